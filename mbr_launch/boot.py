@@ -1,0 +1,76 @@
+"""Worker-side entry point: ``python -u -m mbr_launch.boot (-m MODULE | SCRIPT) [ARGS...]``.
+
+The agent starts every worker through this shim so it can arm diagnostics inside the worker without the
+user editing the script, then runs the script exactly as ``python SCRIPT ARGS`` (or ``python -m MODULE``)
+would: same ``sys.argv``, ``__main__``, and ``sys.path[0]``.
+
+It must stay cheap and must not import torch: scripts may set environment variables (CUDA_VISIBLE_DEVICES,
+NCCL_*) before their own ``import torch``.
+
+What it arms, each driven by an environment variable the agent sets:
+- ``MBR_STACK_FILE``: ``faulthandler`` dumps every thread's Python stack into this file on
+  ``STACK_SIGNAL``. This is the stack-dump path that needs no ptrace rights (py-spy needs them), and it
+  works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
+- ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.autobeat``), when that module exists.
+"""
+
+from __future__ import annotations
+
+import faulthandler
+import os
+import runpy
+import signal
+import sys
+
+# A real-time signal nobody else uses: SIGUSR1/SIGUSR2 belong to users and Slurm preemption.
+STACK_SIGNAL = signal.SIGRTMIN + 5
+STACK_FILE_ENV = "MBR_STACK_FILE"
+AUTOBEAT_ENV = "MBR_AUTOBEAT"
+
+_stack_file = None  # kept open for the life of the process: faulthandler writes to its fd
+
+
+def arm_stack_dump() -> None:
+    global _stack_file
+    path = os.environ.get(STACK_FILE_ENV)
+    if not path:
+        return
+    _stack_file = open(path, "a", buffering=1)
+    faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+
+
+def arm_autobeat() -> None:
+    if os.environ.get(AUTOBEAT_ENV, "0") in ("", "0"):
+        return
+    try:
+        from mbr_launch.autobeat import install  # type: ignore[attr-defined]
+    except ImportError:
+        return
+    install()
+
+
+def run_target(argv: list[str]) -> None:
+    """Run ``argv`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) as the ``__main__`` program."""
+    if not argv:
+        raise SystemExit("usage: python -m mbr_launch.boot (-m MODULE | SCRIPT) [ARGS...]")
+    if argv[0] == "-m":
+        module, args = argv[1], argv[2:]
+        sys.argv = [module, *args]
+        # `python -m` puts the working directory first on sys.path; `-m mbr_launch.boot` already did.
+        runpy.run_module(module, run_name="__main__", alter_sys=True)
+        return
+    script, args = argv[0], argv[1:]
+    sys.argv = [script, *args]
+    # `python script.py` puts the script's directory first, not the working directory.
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main() -> None:
+    arm_stack_dump()
+    arm_autobeat()
+    run_target(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
