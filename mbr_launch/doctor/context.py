@@ -1,0 +1,156 @@
+"""Everything a check may read, in one frozen object: declared settings plus injected probes.
+
+Checks read nothing global (no ``os.environ``, no sockets of their own): the launcher builds one
+``DoctorContext`` from its flags and the real probes, tests build one from a matrix of values and fakes.
+Derived views (the effective in-process-restart settings, the loaded Megatron-Bridge config) are
+computed once per context and cached, so each check sees the same answer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from mbr_launch.doctor import mbridge, probes
+from mbr_launch.doctor.mbridge import BridgeConfig, ConfigError, InProcessRestart
+from mbr_launch.doctor.probes import Limit, NvmlView, Versions
+
+# torch's default for NCCL process groups (ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout).
+TORCH_NCCL_DEFAULT_PG_TIMEOUT_S = 600.0
+
+
+@dataclass(frozen=True)
+class DoctorContext:
+    env: Mapping[str, str] = field(default_factory=dict)
+    nproc_per_node: str = "1"
+    nnodes: str = "1"  # "N" or "MIN:MAX"
+    rdzv_backend: str = "c10d"
+    rdzv_endpoint: str = ""
+    standalone: bool = False
+    master_addr: str | None = None
+    master_port: int | None = None
+    log_dir: str | None = None
+    launcher: str = "mbr-launch"  # who starts the workers: mbr-launch, ft_launcher, torchrun, srun, none
+    ft_enabled: bool = False  # the user declared fault-tolerance settings (flags or ft_launcher-style)
+    config_path: str | None = None  # Megatron-Bridge YAML
+    inprocess: Mapping[str, Any] | None = None  # declared in-process-restart settings
+    pg_timeout_s: float | None = None  # declared process-group (NCCL watchdog) timeout
+    disk_paths: tuple[str, ...] = ()
+    rdzv_timeout_s: float = 2.0  # how long a reachability probe may wait
+    # Probes: real by default, replaced in tests.
+    versions: Callable[[], Versions] = probes.versions
+    nvml: Callable[[], NvmlView] = probes.nvml
+    ulimits: Callable[[], Mapping[str, Limit]] = probes.ulimits
+    shm_bytes: Callable[[], int | None] = probes.shm_bytes
+    disk_free: Callable[[str], int] = probes.disk_free
+    port_free: Callable[[str, int], bool] = probes.port_free
+    reachable: Callable[[str, int, float], bool] = probes.reachable
+    resolve: Callable[[str], list[str]] = probes.resolve
+    local_addresses: Callable[[], set[str]] = probes.local_addresses
+    rdma_devices: Callable[[], list[str]] = probes.rdma_devices
+    other_launchers: Callable[[], list[tuple[int, str]]] = probes.other_launchers
+
+    @classmethod
+    def from_values(cls, **kwargs: Any) -> DoctorContext:
+        """Build a context; unspecified values take defaults, ``env`` defaults to ``os.environ``.
+
+        Accepts ``disk_paths`` as any iterable and ``master_port``/``pg_timeout_s`` as strings, the
+        way a CLI hands them over.
+        """
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = set(kwargs) - names
+        if unknown:
+            raise TypeError(f"unknown DoctorContext fields: {', '.join(sorted(unknown))}")
+        kwargs.setdefault("env", dict(os.environ))
+        kwargs["env"] = dict(kwargs["env"])
+        kwargs["disk_paths"] = tuple(kwargs.get("disk_paths") or ())
+        for key, conv in (("master_port", int), ("pg_timeout_s", float)):
+            if kwargs.get(key) is not None:
+                kwargs[key] = conv(kwargs[key])
+        for key in ("nproc_per_node", "nnodes"):
+            if key in kwargs:
+                kwargs[key] = str(kwargs[key])
+        return cls(**kwargs)
+
+    # ---- derived views -------------------------------------------------------------------------
+
+    @cached_property
+    def bridge(self) -> BridgeConfig | ConfigError | None:
+        """The loaded Megatron-Bridge config, the error that stopped loading it, or None without one."""
+        if not self.config_path:
+            return None
+        try:
+            return mbridge.load(self.config_path)
+        except ConfigError as exc:
+            return exc
+
+    @property
+    def bridge_ok(self) -> BridgeConfig | None:
+        return self.bridge if isinstance(self.bridge, BridgeConfig) else None
+
+    @cached_property
+    def effective_env(self) -> Mapping[str, str]:
+        # Bridge applies config env_vars as defaults; the process environment wins (ConfigContainer).
+        base = dict(self.bridge_ok.env_vars) if self.bridge_ok else {}
+        base.update(self.env)
+        return base
+
+    @cached_property
+    def ipr(self) -> InProcessRestart | None:
+        """Effective in-process-restart settings when enabled or declared, else None.
+
+        Layers: Bridge defaults < config ``inprocess_restart`` < declared ``inprocess``. Declaring
+        settings without ``enabled`` counts as enabling it: why else declare them.
+        """
+        cfg = self.bridge_ok.inprocess_restart if self.bridge_ok else None
+        values = dataclasses.asdict(cfg) if cfg else {}
+        if self.inprocess is not None:
+            values.update(self.inprocess)
+            if "enabled" not in self.inprocess:
+                values["enabled"] = True
+        if not values.get("enabled"):
+            return None
+        known = {f.name for f in dataclasses.fields(InProcessRestart)}
+        return InProcessRestart(**{k: v for k, v in values.items() if k in known})
+
+    @property
+    def ft_declared(self) -> bool:
+        ft = self.bridge_ok.ft if self.bridge_ok else None
+        return self.ft_enabled or bool(ft and ft.enable_ft_package)
+
+    @property
+    def pg_timeout(self) -> tuple[float, str]:
+        """(seconds, where it came from) of the process-group timeout the NCCL watchdog enforces."""
+        if self.pg_timeout_s is not None:
+            return self.pg_timeout_s, "declared process-group timeout"
+        cfg = self.bridge_ok
+        if cfg and cfg.declared_dist_timeout:
+            return cfg.dist.distributed_timeout_minutes * 60, "dist.distributed_timeout_minutes"
+        if cfg:
+            return cfg.dist.distributed_timeout_minutes * 60, "Megatron default distributed_timeout_minutes=10"
+        return TORCH_NCCL_DEFAULT_PG_TIMEOUT_S, "torch's NCCL default (none declared)"
+
+    @property
+    def max_nodes(self) -> int:
+        return parse_nnodes(self.nnodes)[1]
+
+    @property
+    def on_slurm(self) -> bool:
+        return "SLURM_JOB_ID" in self.env or "SLURM_PROCID" in self.env
+
+
+def parse_nnodes(nnodes: str) -> tuple[int, int]:
+    """"N" -> (N, N); "MIN:MAX" -> (MIN, MAX). Raises ValueError quoting the input."""
+    text = str(nnodes).strip()
+    lo, _, hi = text.partition(":")
+    try:
+        low, high = int(lo), int(hi or lo)
+    except ValueError:
+        raise ValueError(f"--nnodes must be N or MIN:MAX, got {nnodes!r}") from None
+    if low < 1 or high < low:
+        raise ValueError(f"--nnodes must satisfy 1 <= MIN <= MAX, got {nnodes!r}")
+    return low, high

@@ -1,0 +1,96 @@
+"""GPUs through NVML: how many the job may use vs --nproc-per-node, memory health, recovery actions.
+
+NVML sees every GPU on the host regardless of CUDA_VISIBLE_DEVICES, so the count honours that variable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor.probes import NvmlView
+from mbr_launch.doctor.registry import Finding, check, error, ok, skip, warn
+
+
+def _no_gpu(view: NvmlView) -> Finding:
+    return skip(f"no GPU ({view.reason or 'NVML reports none'})")
+
+
+def visible_count(view: NvmlView, env: Mapping[str, str]) -> tuple[int, str]:
+    cvd = env.get("CUDA_VISIBLE_DEVICES")
+    if cvd is None:
+        return len(view.gpus), f"{len(view.gpus)} GPU(s)"
+    # CUDA stops at the first invalid entry; "" or "-1" hides all.
+    entries = [e.strip() for e in cvd.split(",")] if cvd.strip() else []
+    usable = []
+    for e in entries:
+        if not e or e.startswith("-"):
+            break
+        usable.append(e)
+    return min(len(usable), len(view.gpus)), f"{len(view.gpus)} GPU(s), CUDA_VISIBLE_DEVICES={cvd!r}"
+
+
+@check("gpu.count", "GPUs vs --nproc-per-node")
+def count(ctx: DoctorContext) -> Finding:
+    view = ctx.nvml()
+    nproc = ctx.nproc_per_node.strip().lower()
+    if nproc == "cpu":
+        return ok("--nproc-per-node cpu: workers do not use GPUs")
+    if not view.available or not view.gpus:
+        return _no_gpu(view)
+    n, saw = visible_count(view, ctx.env)
+    if nproc in ("gpu", "auto"):
+        if n == 0:
+            return error(f"{saw}: none visible for --nproc-per-node {nproc}", "fix CUDA_VISIBLE_DEVICES")
+        return ok(f"{saw}; --nproc-per-node {nproc} starts {n} worker(s)")
+    try:
+        want = int(nproc)
+    except ValueError:
+        return error(f"--nproc-per-node {ctx.nproc_per_node!r} is not a number, gpu, cpu or auto",
+                     "pass --nproc-per-node N or gpu")
+    if want > n:
+        return error(f"{saw} visible but --nproc-per-node {want}: ranks would share or lack GPUs",
+                     f"use --nproc-per-node {n} (or gpu), or make more GPUs visible")
+    if want < n:
+        return warn(f"{saw} visible, --nproc-per-node {want}: {n - want} GPU(s) idle",
+                    f"use --nproc-per-node {n} (or gpu), or hide the spare GPUs with CUDA_VISIBLE_DEVICES")
+    return ok(f"{saw}, one per worker")
+
+
+@check("gpu.memory", "GPU memory health: ECC errors, retired pages, row remapping")
+def memory(ctx: DoctorContext) -> Finding:
+    view = ctx.nvml()
+    if not view.available or not view.gpus:
+        return _no_gpu(view)
+    errors, warnings = [], []
+    for g in view.gpus:
+        tag = f"GPU{g.index} ({g.name})"
+        if g.remap_failure:
+            errors.append(f"{tag}: row remapping failed")
+        if g.remap_pending or g.retired_pending:
+            warnings.append(f"{tag}: {'row remap' if g.remap_pending else 'page retirement'} pending a GPU reset")
+        if g.ecc_uncorrected:
+            warnings.append(f"{tag}: {g.ecc_uncorrected} uncorrectable ECC error(s) since driver load")
+    if errors:
+        return error("; ".join(errors + warnings),
+                     "drain this node and have the GPU replaced (row remapping failure is permanent)")
+    if warnings:
+        return warn("; ".join(warnings), "drain the node and reset the GPU (`nvidia-smi -r -i <index>`) before training")
+    return ok(f"{len(view.gpus)} GPU(s): no pending retirement/remapping, no uncorrectable ECC errors")
+
+
+@check("gpu.recovery", "GPU recovery action pending (NVML)")
+def recovery(ctx: DoctorContext) -> Finding:
+    view = ctx.nvml()
+    if not view.available or not view.gpus:
+        return _no_gpu(view)
+    pending = [(g.index, g.recovery_action) for g in view.gpus if g.recovery_action not in (None, "none")]
+    known = [g for g in view.gpus if g.recovery_action is not None]
+    if pending:
+        listed = ", ".join(f"GPU{i}: {a}" for i, a in pending)
+        return error(f"NVML asks for recovery: {listed}",
+                     "drain the node and perform the action (gpu_reset: `nvidia-smi -r`; node_reboot: reboot)")
+    if not known:
+        return skip(f"driver {view.driver or '?'} does not report recovery actions")
+    return ok(f"{len(known)} GPU(s): no recovery action pending")
+

@@ -1,0 +1,294 @@
+"""Real probes of the machine, each a plain function the context holds as an injectable callable.
+
+Checks never call these directly: they read ``ctx.<probe>()`` so tests can substitute the machine's view
+(a GPU that reports a pending reset, a 64 MiB /dev/shm) while the defaults exercise the real host.
+Every probe is cheap, bounded in time, and returns data rather than raising where it can.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import resource
+import shutil
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Versions:
+    torch: str | None
+    nccl: str | None  # None: this torch has no NCCL (CPU build) or torch is missing
+    nvrx: str | None
+    cuda: str | None
+    torch_error: str = ""  # why torch could not be imported, when it could not
+
+
+@dataclass(frozen=True)
+class GpuInfo:
+    index: int
+    name: str
+    uuid: str = ""
+    ecc_uncorrected: int | None = None  # volatile (since driver load) uncorrectable ECC errors
+    retired_pending: bool | None = None  # page retirement waiting for a GPU reset
+    remap_pending: bool | None = None  # row remapping waiting for a GPU reset
+    remap_failure: bool | None = None  # row remapping failed: the GPU needs replacing
+    recovery_action: str | None = None  # NVML's recommended recovery action; "none" when healthy
+
+
+@dataclass(frozen=True)
+class NvmlView:
+    available: bool
+    reason: str = ""  # why NVML is unavailable
+    driver: str = ""
+    gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
+
+
+@dataclass(frozen=True)
+class Limit:
+    soft: int | None  # None means unlimited
+    hard: int | None
+
+
+def versions() -> Versions:
+    nvrx = _dist_version("nvidia-resiliency-ext")
+    try:
+        import torch  # noqa: PLC0415 - heavy; only when the check runs
+    except Exception as exc:  # a broken torch install raises more than ImportError
+        return Versions(torch=None, nccl=None, nvrx=nvrx, cuda=None, torch_error=f"{type(exc).__name__}: {exc}")
+    nccl = None
+    cuda = torch.version.cuda
+    if cuda is not None:
+        try:
+            raw = torch.cuda.nccl.version()
+            nccl = ".".join(str(p) for p in raw) if isinstance(raw, tuple) else _nccl_int(int(raw))
+        except Exception:  # CUDA build without NCCL (rare): leave it unknown
+            nccl = None
+    return Versions(torch=torch.__version__, nccl=nccl, nvrx=nvrx, cuda=cuda)
+
+
+def _nccl_int(code: int) -> str:
+    # Old torch returned NCCL_VERSION_CODE: major*10000 + minor*100 + patch (>= 2.9).
+    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+
+
+def _dist_version(name: str) -> str | None:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+# NVML's nvmlGpuRecoveryAction_t values, named as the fix text should say them.
+_RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
+
+
+def nvml() -> NvmlView:
+    try:
+        import pynvml  # noqa: PLC0415 - nvidia-ml-py; optional
+    except ImportError:
+        return NvmlView(available=False, reason="nvidia-ml-py is not installed")
+    try:
+        pynvml.nvmlInit()
+    except Exception as exc:
+        return NvmlView(available=False, reason=f"NVML init failed ({exc}); no NVIDIA driver on this machine")
+    try:
+        driver = _s(pynvml.nvmlSystemGetDriverVersion())
+        gpus = tuple(_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount()))
+        return NvmlView(available=True, driver=driver, gpus=gpus)
+    except Exception as exc:
+        return NvmlView(available=False, reason=f"NVML query failed: {exc}")
+    finally:
+        try:
+            pynvml.nvmlShutdown()
+        except Exception:
+            pass
+
+
+def _gpu(nv, index: int) -> GpuInfo:  # type: ignore[no-untyped-def] - pynvml is untyped
+    h = nv.nvmlDeviceGetHandleByIndex(index)
+
+    def opt(fn, *args):  # type: ignore[no-untyped-def]
+        # Each query is optional: consumer GPUs lack ECC, older drivers lack row remapping.
+        try:
+            return fn(h, *args)
+        except Exception:
+            return None
+
+    ecc = opt(nv.nvmlDeviceGetTotalEccErrors, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
+    retired = opt(nv.nvmlDeviceGetRetiredPagesPendingStatus)
+    remap = opt(nv.nvmlDeviceGetRemappedRows)  # (corr, unc, isPending, failureOccurred)
+    recovery = None
+    field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
+    if field_id is not None:
+        values = opt(nv.nvmlDeviceGetFieldValues, [field_id])
+        if values and values[0].nvmlReturn == 0:
+            code = int(values[0].value.uiVal)
+            recovery = _RECOVERY_NAMES.get(code, f"action {code}")
+    return GpuInfo(
+        index=index,
+        name=_s(nv.nvmlDeviceGetName(h)),
+        uuid=_s(opt(nv.nvmlDeviceGetUUID) or ""),
+        ecc_uncorrected=None if ecc is None else int(ecc),
+        retired_pending=None if retired is None else bool(retired),
+        remap_pending=None if remap is None else bool(remap[2]),
+        remap_failure=None if remap is None else bool(remap[3]),
+        recovery_action=recovery,
+    )
+
+
+def _s(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def ulimits() -> dict[str, Limit]:
+    def lim(kind: int) -> Limit:
+        soft, hard = resource.getrlimit(kind)
+        inf = resource.RLIM_INFINITY
+        return Limit(None if soft == inf else soft, None if hard == inf else hard)
+
+    return {"nofile": lim(resource.RLIMIT_NOFILE), "memlock": lim(resource.RLIMIT_MEMLOCK)}
+
+
+def shm_bytes(path: str = "/dev/shm") -> int | None:
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
+def disk_free(path: str) -> int:
+    """Free bytes where ``path`` lives, or would be created: the nearest existing ancestor."""
+    p = Path(path).absolute()
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return shutil.disk_usage(p).free
+
+
+def port_free(host: str, port: int) -> bool:
+    # SO_REUSEADDR so a port in TIME_WAIT reads as free (TCPStore binds the same way); a LISTEN socket
+    # on any local address still makes the bind fail. Bind the wildcard: TCPStore listens on all.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("", port))
+        except OSError:
+            return False
+    return True
+
+
+def reachable(host: str, port: int, timeout: float) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def resolve(host: str) -> list[str]:
+    """Addresses ``host`` resolves to; empty when it does not resolve."""
+    try:
+        return sorted({ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
+    except (OSError, UnicodeError):
+        return []
+
+
+def local_addresses() -> set[str]:
+    import psutil  # noqa: PLC0415
+
+    addrs = {"127.0.0.1", "::1"}
+    for entries in psutil.net_if_addrs().values():
+        addrs.update(e.address.split("%")[0] for e in entries if e.family in (socket.AF_INET, socket.AF_INET6))
+    return addrs
+
+
+def rdma_devices() -> list[str]:
+    try:
+        return sorted(os.listdir("/sys/class/infiniband"))
+    except OSError:
+        return []
+
+
+_LAUNCHER_MARKERS = (
+    ("ft_launcher", "ft_launcher"),
+    ("mbr-launch", "mbr-launch"),
+    ("mbr_launch", "mbr-launch"),
+    ("torchrun", "torchrun"),
+    ("torch.distributed.run", "torchrun"),
+    ("torch.distributed.launch", "torchrun"),
+)
+
+
+def launcher_of(cmdline: Sequence[str]) -> str | None:
+    """Which launcher a command line is, judged by its first three words (python -m X, or X itself)."""
+    for word in cmdline[:3]:
+        base = os.path.basename(word)
+        for marker, name in _LAUNCHER_MARKERS:
+            if base == marker or base.startswith(marker + " ") or word == marker:
+                return name
+    return None
+
+
+def parent_cmdlines(limit: int = 8) -> list[list[str]]:
+    import psutil  # noqa: PLC0415
+
+    out: list[list[str]] = []
+    try:
+        proc = psutil.Process().parent()
+        while proc is not None and len(out) < limit:
+            try:
+                out.append(proc.cmdline())
+            except psutil.Error:
+                break
+            proc = proc.parent()
+    except psutil.Error:
+        pass
+    return out
+
+
+def detect_launcher(env: Mapping[str, str], parents: Sequence[Sequence[str]] | None = None) -> str:
+    """Who started this process: mbr-launch, ft_launcher, torchrun, srun, or "none".
+
+    Env first (it survives wrapper scripts): our agent exports MBR_* and ft_launcher exports
+    FT_RANK_MONITOR_IPC_SOCKET; TORCHELASTIC_RUN_ID without either means plain torchrun. Then the
+    parents' command lines, for a torchrun that has not exported anything recognisable.
+    """
+    if any(k.startswith("MBR_") and k != "MBR_TEST_SESSION" for k in env):
+        return "mbr-launch"
+    if "FT_RANK_MONITOR_IPC_SOCKET" in env or "FT_LAUNCHER_IPC_SOCKET" in env:
+        return "ft_launcher"
+    if "TORCHELASTIC_RUN_ID" in env:
+        return "torchrun"
+    for cmd in parent_cmdlines() if parents is None else parents:
+        name = launcher_of(cmd)
+        if name is not None:
+            return name
+    if "SLURM_STEP_ID" in env:
+        return "srun"
+    return "none"
+
+
+def other_launchers() -> list[tuple[int, str]]:
+    """Launcher processes on this host outside our own process tree (pid, command line)."""
+    import psutil  # noqa: PLC0415
+
+    me = psutil.Process()
+    mine = {me.pid}
+    try:
+        mine.update(p.pid for p in me.parents())
+        mine.update(p.pid for p in me.children(recursive=True))
+    except psutil.Error:
+        pass
+    found = []
+    for proc in psutil.process_iter(["pid", "cmdline"]):
+        cmd = proc.info.get("cmdline") or []
+        if proc.info["pid"] in mine or not cmd:
+            continue
+        name = launcher_of(cmd)
+        # A worker of another launcher runs mbr_launch.boot, not a launcher: only count agents.
+        if name is not None and "mbr_launch.boot" not in cmd and "doctor" not in cmd:
+            found.append((proc.info["pid"], " ".join(cmd)[:200]))
+    return found

@@ -1,0 +1,84 @@
+"""The check table: what a check returns, how one is registered, and the error for a bad check id.
+
+Check modules register themselves with ``@check(id, title, cheap=...)``; ``checks.run_checks`` imports
+them all and walks the table in registration order, so the report order is stable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+if TYPE_CHECKING:
+    from mbr_launch.doctor.context import DoctorContext
+
+Severity = Literal["ok", "warn", "error", "skip", "info"]
+SEVERITIES: tuple[Severity, ...] = ("ok", "warn", "error", "skip", "info")
+
+
+class DoctorError(Exception):
+    """A misuse of the doctor itself (e.g. ``--skip-check`` with an id that does not exist)."""
+
+
+@dataclass(frozen=True)
+class CheckResult:
+    id: str
+    severity: Severity
+    title: str
+    saw: str
+    fix: str = ""
+
+
+@dataclass(frozen=True)
+class Finding:
+    """What a check function returns: the registry adds id and title to make a ``CheckResult``."""
+
+    severity: Severity
+    saw: str
+    fix: str = ""
+
+
+CheckFn = Callable[["DoctorContext"], "Finding | CheckResult | Iterable[CheckResult]"]
+
+
+@dataclass(frozen=True)
+class Check:
+    id: str
+    title: str
+    cheap: bool
+    fn: CheckFn
+
+
+REGISTRY: dict[str, Check] = {}
+
+
+def check(id: str, title: str, *, cheap: bool = True) -> Callable[[CheckFn], CheckFn]:
+    def register(fn: CheckFn) -> CheckFn:
+        if id in REGISTRY:
+            raise RuntimeError(f"check id {id!r} registered twice")
+        REGISTRY[id] = Check(id=id, title=title, cheap=cheap, fn=fn)
+        return fn
+
+    return register
+
+
+# Short constructors keep each check readable as a decision table.
+def ok(saw: str) -> Finding:
+    return Finding("ok", saw)
+
+
+def warn(saw: str, fix: str) -> Finding:
+    return Finding("warn", saw, fix)
+
+
+def error(saw: str, fix: str) -> Finding:
+    return Finding("error", saw, fix)
+
+
+def skip(saw: str) -> Finding:
+    return Finding("skip", saw)
+
+
+def info(saw: str, fix: str = "") -> Finding:
+    return Finding("info", saw, fix)

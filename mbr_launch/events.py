@@ -1,0 +1,89 @@
+"""The JSON-lines event log: one object per line, written as things happen and never rewritten.
+
+Schema (every line): ``{"v": 1, "ts": ISO-8601 UTC, "t": seconds since launch, "event": NAME, "node":
+hostname, "group_rank": int|null, ...event fields}``. Event names and their fields are listed in
+``EVENT_FIELDS``; README.md documents them and a test validates logs against this table.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any, TextIO
+
+SCHEMA_VERSION = 1
+
+# event name -> fields it always carries (besides the common ones)
+EVENT_FIELDS: dict[str, tuple[str, ...]] = {
+    "start": ("argv", "run_id", "nproc_per_node", "nnodes", "max_restarts", "log_dir"),
+    "rendezvous": ("round", "group_world_size", "world_size", "rank_offset", "master_addr",
+                   "master_port", "restart_count", "seconds"),
+    "worker_start": ("rank", "local_rank", "pid", "round"),
+    "worker_exit": ("rank", "local_rank", "pid", "round", "exit_code", "signal", "seconds"),
+    "hang": ("rank", "local_rank", "pid", "round", "kind", "section", "timeout", "elapsed",
+             "last_heartbeat_age", "open_sections"),
+    "stacks": ("round", "method", "paths"),
+    "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail"),
+    "stop": ("round", "reason", "origin"),
+    "restart": ("round", "restart_count", "max_restarts"),
+    "workload_request": ("rank", "action", "description"),
+    "monitor_lost": ("round", "exit_code"),
+    "signal": ("signal",),
+    "end": ("exit_code", "reason", "seconds"),
+}
+
+
+class EventLog:
+    """Appends events to ``path`` (and keeps them in memory for the end-of-run summary)."""
+
+    def __init__(self, path: Path | None, *, node: str, clock=time.monotonic) -> None:
+        self._clock = clock
+        self._t0 = clock()
+        self._node = node
+        self._lock = threading.Lock()
+        self.group_rank: int | None = None
+        self.records: list[dict[str, Any]] = []
+        self._file: TextIO | None = None
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            self._file = open(path, "a", buffering=1)
+        self.path = path
+
+    def emit(self, event: str, **fields: Any) -> dict[str, Any]:
+        if event not in EVENT_FIELDS:
+            raise ValueError(f"unknown event {event!r}")
+        record = {"v": SCHEMA_VERSION, "ts": datetime.now(timezone.utc).isoformat(timespec="milliseconds"),
+                  "t": round(self._clock() - self._t0, 4), "event": event, "node": self._node,
+                  "group_rank": self.group_rank}
+        for name in EVENT_FIELDS[event]:
+            record[name] = fields.pop(name, None)
+        record.update(fields)
+        with self._lock:
+            self.records.append(record)
+            if self._file:
+                self._file.write(json.dumps(record, default=str) + "\n")
+        return record
+
+    def close(self) -> None:
+        if self._file:
+            self._file.close()
+            self._file = None
+
+
+def validate(record: dict[str, Any]) -> list[str]:
+    """Problems with one parsed event line (empty when it matches the schema)."""
+    problems = []
+    for key in ("v", "ts", "t", "event", "node", "group_rank"):
+        if key not in record:
+            problems.append(f"missing {key}")
+    event = record.get("event")
+    if event not in EVENT_FIELDS:
+        problems.append(f"unknown event {event!r}")
+        return problems
+    for name in EVENT_FIELDS[event]:
+        if name not in record:
+            problems.append(f"{event}: missing {name}")
+    return problems

@@ -1,0 +1,19 @@
+"""The launcher's exit codes (documented in README.md and the man page)."""
+
+OK = 0  # every worker of every node succeeded
+FAILED = 1  # workers failed and the job did not recover (restart budget spent, or a no-restart exit code)
+USAGE = 2  # bad command line, configuration or environment: nothing was started
+RENDEZVOUS = 3  # the rendezvous failed: timed out, closed, or its store host was lost
+INTERNAL = 4  # a bug or an unexpected error in mbr-launch itself
+# 128 + N: the launcher was stopped by signal N (e.g. 143 for SIGTERM, 130 for SIGINT), after it forwarded
+# the signal to the workers and stopped them.
+
+TABLE = (
+    (OK, "every worker of every node succeeded"),
+    (FAILED, "workers failed and the job did not recover (restart budget spent, a no-restart exit code, "
+             "or a worker asked to shut the workload down)"),
+    (USAGE, "bad command line, configuration or environment; nothing was started"),
+    (RENDEZVOUS, "the rendezvous failed (timed out, closed, or its store host was lost)"),
+    (INTERNAL, "an unexpected error inside mbr-launch (please report it)"),
+    ("128+N", "stopped by signal N after forwarding it to the workers (143 SIGTERM, 130 SIGINT)"),
+)

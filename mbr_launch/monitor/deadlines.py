@@ -1,0 +1,292 @@
+"""Heartbeat and section deadlines of one rank: pure state, no IO, the clock passed in as ``now``.
+
+Semantics follow NVRx 0.4.1 ``RankMonitorServer``, but as deadlines instead of a periodic poll, so the
+server can sleep exactly until the next one:
+
+- the initial heartbeat timeout runs from client init until the first heartbeat, the subsequent one
+  from the last heartbeat;
+- each open section runs its own timeout from its open; the out-of-section timeout runs while no
+  section is open, from init or from the close that left none open;
+- ``None`` disables a timeout; an update replaces the effective timeouts at once, open sections
+  included (NVRx re-reads ``cfg`` on every check);
+- a section name without a configured timeout can still be opened (the 0.4.1 server accepts it; its
+  client raises afterwards) and never expires. NVRx would crash its checker on the KeyError instead.
+
+Lifecycle of a rank, one per ``arm`` from the agent::
+
+        arm                 init                   deadline passed
+    ────────► ARMED ───────────────► MONITORING ──────────────────► EXPIRED
+                ▲  ◄────────────────      │ ▲ heartbeat/section/update  │ (messages acked, ignored)
+                │      disconnect         └─┘ init (re-init)            │
+                │                                                       │
+                └──────────── arm (restart: fresh state) ◄──────────────┴── DISARMED ◄── disarm (any)
+
+Each arm produces at most one verdict: after EXPIRED nothing expires again until the next arm.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Mapping, Optional
+
+Timeout = Optional[float]
+
+
+class Phase(enum.Enum):
+    ARMED = "armed"  # socket ready, no client initialised: no timers (as NVRx before InitMsg)
+    MONITORING = "monitoring"
+    EXPIRED = "expired"
+    DISARMED = "disarmed"
+
+
+class Event(enum.Enum):
+    ARM = "arm"
+    INIT = "init"
+    MESSAGE = "message"  # heartbeat, section, config update
+    DISCONNECT = "disconnect"
+    EXPIRE = "expire"
+    DISARM = "disarm"
+
+
+class InvalidTransition(Exception):
+    def __init__(self, phase: Phase, event: Event) -> None:
+        super().__init__(f"{event.value} is not valid in state {phase.value}")
+        self.phase, self.event = phase, event
+
+
+_P, _E = Phase, Event
+TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
+    (_P.ARMED, _E.ARM): _P.ARMED,
+    (_P.ARMED, _E.INIT): _P.MONITORING,
+    (_P.ARMED, _E.DISCONNECT): _P.ARMED,  # a connection that closed before InitMsg
+    (_P.ARMED, _E.DISARM): _P.DISARMED,
+    (_P.MONITORING, _E.ARM): _P.ARMED,
+    (_P.MONITORING, _E.INIT): _P.MONITORING,
+    (_P.MONITORING, _E.MESSAGE): _P.MONITORING,
+    (_P.MONITORING, _E.DISCONNECT): _P.ARMED,
+    (_P.MONITORING, _E.EXPIRE): _P.EXPIRED,
+    (_P.MONITORING, _E.DISARM): _P.DISARMED,
+    (_P.EXPIRED, _E.ARM): _P.ARMED,
+    (_P.EXPIRED, _E.INIT): _P.EXPIRED,
+    (_P.EXPIRED, _E.MESSAGE): _P.EXPIRED,
+    (_P.EXPIRED, _E.DISCONNECT): _P.EXPIRED,
+    (_P.EXPIRED, _E.DISARM): _P.DISARMED,
+    (_P.DISARMED, _E.ARM): _P.ARMED,
+    (_P.DISARMED, _E.DISARM): _P.DISARMED,
+}
+
+
+class Kind(str, enum.Enum):
+    INITIAL_HEARTBEAT = "initial_heartbeat"
+    HEARTBEAT = "heartbeat"
+    SECTION = "section"
+    OUT_OF_SECTION = "out_of_section"
+
+
+@dataclass
+class Timeouts:
+    initial: Timeout = None
+    subsequent: Timeout = None
+    sections: dict[str, Timeout] = field(default_factory=dict)
+    out_of_section: Timeout = None
+
+    def copy(self) -> "Timeouts":
+        return Timeouts(self.initial, self.subsequent, dict(self.sections), self.out_of_section)
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "initial": self.initial,
+            "subsequent": self.subsequent,
+            "sections": dict(self.sections),
+            "out_of_section": self.out_of_section,
+        }
+
+
+@dataclass(frozen=True)
+class Verdict:
+    kind: Kind
+    section: Optional[str]  # the section that timed out, for Kind.SECTION
+    timeout: float
+    elapsed: float  # how long the timed span had run at ``now``
+
+
+class SectionError(Exception):
+    """Open of an open section or close of a closed one: NVRx answers ErrorMsg with this cause."""
+
+
+@dataclass
+class RankWatch:
+    configured: Timeouts
+    phase: Phase = Phase.DISARMED
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    armed_at: float = 0.0
+    init_at: Optional[float] = None
+    last_hb: Optional[float] = None
+    heartbeats: int = 0
+    open_sections: dict[str, float] = field(default_factory=dict)  # name -> opened at
+    oos_since: Optional[float] = None
+    # Cached deadlines so the per-message cost does not grow with the number of timeouts configured.
+    hb_deadline: Optional[float] = None
+    sec_deadline: Optional[float] = None
+    sec_deadline_name: Optional[str] = None  # None with sec_deadline set: out-of-section
+
+    def _go(self, event: Event) -> None:
+        try:
+            self.phase = TRANSITIONS[(self.phase, event)]
+        except KeyError:
+            raise InvalidTransition(self.phase, event) from None
+
+    # ---- agent-driven -----------------------------------------------------------------------------------
+
+    def arm(self, now: float) -> None:
+        self._go(Event.ARM)
+        self.timeouts = self.configured.copy()
+        self.armed_at = now
+        self._reset_session()
+
+    def disarm(self) -> None:
+        self._go(Event.DISARM)
+        self._reset_session()
+
+    def expire(self) -> None:
+        self._go(Event.EXPIRE)
+        self.hb_deadline = self.sec_deadline = None
+
+    # ---- client-driven ----------------------------------------------------------------------------------
+
+    def init(self, now: float) -> None:
+        self._go(Event.INIT)
+        if self.phase is Phase.EXPIRED:
+            return
+        self._reset_session()
+        self.init_at = self.oos_since = now
+        self._recompute_hb()
+        self._recompute_sections()
+
+    def disconnect(self) -> None:
+        self._go(Event.DISCONNECT)
+        if self.phase is Phase.ARMED:
+            self._reset_session()
+
+    def heartbeat(self, now: float) -> bool:
+        """Record a heartbeat; True if it was the first one of this session."""
+        self._go(Event.MESSAGE)
+        if self.phase is Phase.EXPIRED:
+            return False
+        self.last_hb = now
+        self.heartbeats += 1
+        sub = self.timeouts.subsequent
+        self.hb_deadline = None if sub is None else now + sub
+        return self.heartbeats == 1
+
+    def open_section(self, name: str, now: float) -> None:
+        self._go(Event.MESSAGE)
+        if self.phase is Phase.EXPIRED:
+            return
+        if name in self.open_sections:
+            raise SectionError(f"Section '{name}' is already open.")
+        self.open_sections[name] = now
+        self.oos_since = None
+        self._recompute_sections()
+
+    def close_section(self, name: str, now: float) -> None:
+        self._go(Event.MESSAGE)
+        if self.phase is Phase.EXPIRED:
+            return
+        if name not in self.open_sections:
+            raise SectionError(f"Section '{name}' is not open.")
+        del self.open_sections[name]
+        if not self.open_sections:
+            self.oos_since = now
+        self._recompute_sections()
+
+    def close_all_sections(self, now: float) -> None:
+        self._go(Event.MESSAGE)
+        if self.phase is Phase.EXPIRED:
+            return
+        self.open_sections.clear()
+        self.oos_since = now
+        self._recompute_sections()
+
+    def update_timeouts(
+        self,
+        *,
+        initial: Timeout = None,
+        subsequent: Timeout = None,
+        sections: Optional[Mapping[str, Timeout]] = None,
+        out_of_section: Timeout = None,
+        update_hb: bool,
+        update_sections: bool,
+    ) -> None:
+        self._go(Event.MESSAGE)
+        if update_hb:
+            self.timeouts.initial, self.timeouts.subsequent = initial, subsequent
+        if update_sections:
+            # NVRx replaces the whole mapping, it does not merge.
+            self.timeouts.sections = dict(sections or {})
+            self.timeouts.out_of_section = out_of_section
+        if self.phase is Phase.MONITORING:
+            self._recompute_hb()
+            self._recompute_sections()
+
+    # ---- internals --------------------------------------------------------------------------------------
+
+    def _reset_session(self) -> None:
+        self.init_at = self.last_hb = self.oos_since = None
+        self.heartbeats = 0
+        self.open_sections.clear()
+        self.hb_deadline = self.sec_deadline = self.sec_deadline_name = None
+
+    def _recompute_hb(self) -> None:
+        if self.last_hb is None:
+            start, t = self.init_at, self.timeouts.initial
+        else:
+            start, t = self.last_hb, self.timeouts.subsequent
+        self.hb_deadline = None if (t is None or start is None) else start + t
+
+    def _recompute_sections(self) -> None:
+        # O(open sections): a handful at most, and nothing else grows with traffic.
+        best: Optional[float] = None
+        best_name: Optional[str] = None
+        if self.open_sections:
+            limits = self.timeouts.sections
+            for name, opened in self.open_sections.items():
+                t = limits.get(name)
+                if t is not None and (best is None or opened + t < best):
+                    best, best_name = opened + t, name
+        elif self.oos_since is not None and self.timeouts.out_of_section is not None:
+            best = self.oos_since + self.timeouts.out_of_section
+        self.sec_deadline, self.sec_deadline_name = best, best_name
+
+
+def next_deadline(w: RankWatch) -> Optional[float]:
+    """The earliest monotonic time at which ``w`` could expire, or None if nothing is timed."""
+    if w.phase is not Phase.MONITORING:
+        return None
+    hb, sec = w.hb_deadline, w.sec_deadline
+    if hb is None:
+        return sec
+    if sec is None:
+        return hb
+    return hb if hb <= sec else sec
+
+
+def next_verdict(w: RankWatch, now: float) -> Optional[Verdict]:
+    """The timeout that has run out at ``now`` (the earliest, if several), else None."""
+    deadline = next_deadline(w)
+    if deadline is None or now < deadline:
+        return None
+    if w.hb_deadline is not None and w.hb_deadline == deadline:
+        if w.last_hb is None:
+            assert w.init_at is not None and w.timeouts.initial is not None
+            return Verdict(Kind.INITIAL_HEARTBEAT, None, w.timeouts.initial, now - w.init_at)
+        assert w.timeouts.subsequent is not None
+        return Verdict(Kind.HEARTBEAT, None, w.timeouts.subsequent, now - w.last_hb)
+    name = w.sec_deadline_name
+    if name is not None:
+        t = w.timeouts.sections[name]
+        assert t is not None
+        return Verdict(Kind.SECTION, name, t, now - w.open_sections[name])
+    assert w.oos_since is not None and w.timeouts.out_of_section is not None
+    return Verdict(Kind.OUT_OF_SECTION, None, w.timeouts.out_of_section, now - w.oos_since)

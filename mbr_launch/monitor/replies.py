@@ -1,0 +1,142 @@
+"""Reply frames for the NVRx 0.4.1 client, written as raw pickle opcodes.
+
+The client unpickles replies into real NVRx objects (``OkMsg``, ``ErrorMsg``, ``FaultToleranceConfig``),
+but the monitor cannot import those classes (NVRx imports torch). So we emit the pickle ourselves:
+``GLOBAL module\\nname`` + ``EMPTY_TUPLE NEWOBJ`` (``cls.__new__(cls)``, as pickle does for these classes)
++ the instance dict + ``BUILD``; ``signal.Signals`` goes through ``REDUCE`` like any Enum. Only the value
+types used below are supported. The result is what ``ForkingPickler.dumps`` would produce, give or take
+memo opcodes.
+"""
+
+from __future__ import annotations
+
+import signal
+import struct
+from typing import Any, Mapping
+
+from .protocol import HEADER
+
+_DATA = "nvidia_resiliency_ext.fault_tolerance.data"
+_CONFIG = "nvidia_resiliency_ext.fault_tolerance.config"
+
+_PROTO4 = b"\x80\x04"
+_STOP = b"."
+_MARK, _SETITEMS, _APPENDS, _BUILD, _NEWOBJ, _REDUCE = b"(", b"u", b"e", b"b", b"\x81", b"R"
+_EMPTY_TUPLE, _EMPTY_DICT, _EMPTY_LIST, _TUPLE1 = b")", b"}", b"]", b"\x85"
+
+
+class Obj:
+    """``module.name`` instance with ``state`` as its ``__dict__``."""
+
+    __slots__ = ("module", "name", "state")
+
+    def __init__(self, module: str, name: str, state: Mapping[str, Any]) -> None:
+        self.module, self.name, self.state = module, name, state
+
+
+class EnumMember:
+    """``module.name(value)``, e.g. ``signal.Signals(9)``."""
+
+    __slots__ = ("module", "name", "value")
+
+    def __init__(self, module: str, name: str, value: int) -> None:
+        self.module, self.name, self.value = module, name, value
+
+
+def _global(module: str, name: str) -> bytes:
+    return b"c" + module.encode() + b"\n" + name.encode() + b"\n"
+
+
+def _encode(value: Any) -> bytes:
+    if value is None:
+        return b"N"
+    if value is True:
+        return b"\x88"
+    if value is False:
+        return b"\x89"
+    if isinstance(value, int):
+        if 0 <= value < 256:
+            return b"K" + bytes((value,))
+        if -(2**31) <= value < 2**31:
+            return b"J" + struct.pack("<i", value)
+        raw = value.to_bytes((value.bit_length() + 8) // 8, "little", signed=True)
+        return b"\x8a" + bytes((len(raw),)) + raw  # LONG1
+    if isinstance(value, float):
+        return b"G" + struct.pack(">d", value)
+    if isinstance(value, str):
+        raw = value.encode("utf-8", "surrogatepass")
+        return b"X" + struct.pack("<I", len(raw)) + raw
+    if isinstance(value, bytes):
+        return b"B" + struct.pack("<I", len(value)) + value
+    if isinstance(value, dict):
+        if not value:
+            return _EMPTY_DICT
+        items = b"".join(_encode(k) + _encode(v) for k, v in value.items())
+        return _EMPTY_DICT + _MARK + items + _SETITEMS
+    if isinstance(value, list):
+        if not value:
+            return _EMPTY_LIST
+        return _EMPTY_LIST + _MARK + b"".join(_encode(v) for v in value) + _APPENDS
+    if isinstance(value, EnumMember):
+        return _global(value.module, value.name) + _encode(value.value) + _TUPLE1 + _REDUCE
+    if isinstance(value, Obj):
+        head = _global(value.module, value.name) + _EMPTY_TUPLE + _NEWOBJ
+        return head + (_encode(dict(value.state)) + _BUILD if value.state else b"")
+    raise TypeError(f"cannot encode {type(value).__name__}")
+
+
+def dumps(value: Any) -> bytes:
+    return _PROTO4 + _encode(value) + _STOP
+
+
+def frame(payload: bytes) -> bytes:
+    return HEADER.pack(len(payload)) + payload
+
+
+def ok_msg(**attrs: Any) -> bytes:
+    return dumps(Obj(_DATA, "OkMsg", attrs))
+
+
+def error_msg(cause: str) -> bytes:
+    return dumps(Obj(_DATA, "ErrorMsg", {"cause": cause}))
+
+
+# NVRx 0.4.1 FaultToleranceConfig fields and defaults, in declaration order.
+CONFIG_DEFAULTS: Mapping[str, Any] = {
+    "workload_check_interval": 5.0,
+    "initial_rank_heartbeat_timeout": 3600.0,
+    "rank_heartbeat_timeout": 2700.0,
+    "rank_section_timeouts": {},
+    "rank_out_of_section_timeout": None,
+    "node_health_check_interval": 5.0,
+    "safety_factor": 5.0,
+    "rank_termination_signal": "SIGKILL",
+    "log_level": 20,
+    "restart_check_interval": 60.0,
+    "enable_nic_monitor": False,
+    "pci_topo_file": None,
+    "link_down_path_template": None,
+}
+
+
+def signal_number(name: str | int) -> int:
+    if isinstance(name, int):
+        return signal.Signals(name).value
+    key = name.upper()
+    return signal.Signals[key if key.startswith("SIG") else "SIG" + key].value
+
+
+def ft_config(cfg: Mapping[str, Any]) -> Obj:
+    """A ``FaultToleranceConfig`` with ``cfg`` over the 0.4.1 defaults (unknown keys are dropped).
+
+    BUILD sets ``__dict__`` directly, so ``__post_init__`` does not run: values must already have the
+    types NVRx expects (``Signals``, int log level, dict of sections).
+    """
+    state = {k: cfg.get(k, default) for k, default in CONFIG_DEFAULTS.items()}
+    state["rank_termination_signal"] = EnumMember("signal", "Signals", signal_number(state["rank_termination_signal"]))
+    state["rank_section_timeouts"] = dict(state["rank_section_timeouts"] or {})
+    return Obj(_CONFIG, "FaultToleranceConfig", state)
+
+
+OK_FRAME = frame(ok_msg())
+WORKLOAD_OK_FRAME = frame(dumps(b"ok"))

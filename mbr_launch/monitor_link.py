@@ -1,0 +1,116 @@
+"""The agent's end of the rank monitor process (``python -m mbr_launch.monitor.server``).
+
+Commands go down the monitor's stdin as JSON lines; events come back on its stdout and are handed to the
+agent through ``on_event`` (from a reader thread: the callback must only enqueue). Replies to commands
+(``ready``, ``armed``, ``snapshot``) are waited for here, with timeouts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable
+
+REPLIES = ("ready", "armed", "snapshot")
+
+
+class MonitorError(RuntimeError):
+    pass
+
+
+class MonitorLink:
+    def __init__(self, on_event: Callable[[dict[str, Any]], None], *, env: dict[str, str] | None = None) -> None:
+        self._on_event = on_event
+        self._env = env
+        self._proc: subprocess.Popen | None = None
+        self._replies: dict[str, queue.SimpleQueue] = {name: queue.SimpleQueue() for name in REPLIES}
+        self._write_lock = threading.Lock()
+        self.pidfd: int | None = None
+        self.launcher_socket: str | None = None
+
+    def start(self, sock_dir: Path, cfg: dict[str, Any], timeout: float = 30.0) -> None:
+        # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills
+        # every armed worker's process group (grandchildren included) before it exits.
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "mbr_launch.monitor.server"],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, start_new_session=True,
+        )
+        self.pidfd = os.pidfd_open(self._proc.pid)
+        threading.Thread(target=self._read, daemon=True, name="monitor-events").start()
+        self._send({"op": "configure", "dir": str(sock_dir), "cfg": cfg})
+        ready = self._wait("ready", timeout)
+        self.launcher_socket = ready.get("launcher_socket")
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc else None
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll() if self._proc else None
+
+    def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0) -> None:
+        self._send({"op": "arm", "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
+                    "socket": socket})
+        self._wait("armed", timeout)
+
+    def set_pid(self, *, local_rank: int, pid: int) -> None:
+        self._send({"op": "pid", "local_rank": local_rank, "pid": pid, "pgid": pid})
+
+    def disarm(self, local_rank: int) -> None:
+        self._send({"op": "disarm", "local_rank": local_rank})
+
+    def snapshot(self, timeout: float = 2.0) -> dict[str, Any]:
+        self._send({"op": "snapshot"})
+        return self._wait("snapshot", timeout)
+
+    def close(self, timeout: float = 5.0) -> None:
+        if not self._proc:
+            return
+        try:
+            self._send({"op": "exit"})
+        except MonitorError:
+            pass
+        try:
+            self._proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self._proc.kill()
+            self._proc.wait()
+        if self.pidfd is not None:
+            os.close(self.pidfd)
+            self.pidfd = None
+
+    # -- plumbing ---------------------------------------------------------------------------------
+
+    def _send(self, command: dict[str, Any]) -> None:
+        assert self._proc and self._proc.stdin
+        data = (json.dumps(command) + "\n").encode()
+        with self._write_lock:
+            try:
+                self._proc.stdin.write(data)
+                self._proc.stdin.flush()
+            except (BrokenPipeError, ValueError, OSError) as err:
+                raise MonitorError(f"rank monitor is gone: {err}") from None
+
+    def _wait(self, name: str, timeout: float) -> dict[str, Any]:
+        try:
+            return self._replies[name].get(timeout=timeout)
+        except queue.Empty:
+            raise MonitorError(f"rank monitor did not answer '{name}' within {timeout:.0f} s") from None
+
+    def _read(self) -> None:
+        assert self._proc and self._proc.stdout
+        for raw in iter(self._proc.stdout.readline, b""):
+            try:
+                event = json.loads(raw)
+            except ValueError:
+                continue
+            name = event.get("ev")
+            if name in self._replies:
+                self._replies[name].put(event)
+            else:
+                self._on_event(event)

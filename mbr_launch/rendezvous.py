@@ -1,0 +1,242 @@
+"""Rendezvous through torch's own elastic machinery, with fresh state every round.
+
+torchrun shares the rendezvous TCPStore with the workers and reuses its port across restart rounds, so a
+restarted round can read the previous round's keys and fail in ``init_process_group`` (pytorch#135712).
+Here every round gets:
+- torch's round-prefixed store (c10d) or an attempt-prefixed one (static) for agent coordination;
+- a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``);
+- a rank layout agreed through that round store (nodes may run different numbers of workers).
+
+The agent's cross-node control messages (``stop``, ``done``) live under keys of the round, so a late
+message from an old round can never be read by a new one.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch.distributed import PrefixStore, Store, TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousHandler
+from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
+
+from .config import LaunchConfig
+
+
+class RendezvousFailed(RuntimeError):
+    """The rendezvous could not complete (timeout, closed, store unreachable)."""
+
+
+@dataclass(frozen=True)
+class Round:
+    """One admitted membership: what a node needs to start its workers."""
+
+    index: int  # this agent's count of rounds joined (0, 1, ...)
+    group_rank: int
+    group_world_size: int
+    world_size: int
+    rank_offset: int  # global rank of this node's local rank 0
+    master_addr: str
+    master_port: int
+    restart_count: int  # job-wide failures so far (the same on every node)
+    token: str  # unique per round; prefixes the job-level control keys
+    store: Store  # the round's coordination store (torch's, round-prefixed)
+    control: Store  # keys of this round's control messages (stop, done), on our own prefix
+    control_prefix: str
+    store_host: str  # the rendezvous TCPStore, for extra client connections (watchers)
+    store_port: int
+
+    def connect_control(self, timeout: float = 30.0) -> Store:
+        """A new client connection to this round's control keys (one per thread)."""
+        client = TCPStore(self.store_host, self.store_port, is_master=False, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=timeout))
+        return PrefixStore(self.control_prefix, client)
+
+
+def _disable_shared_store() -> None:
+    # Read by DynamicRendezvousHandler.next_rendezvous at call time: pick a fresh free port on group
+    # rank 0 for the workers instead of handing them the agent's own store (the torchrun restart bug).
+    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
+
+
+class Rendezvous:
+    """Joins rounds of torch's c10d (or static) rendezvous and lays out ranks."""
+
+    def __init__(self, cfg: LaunchConfig) -> None:
+        self._cfg = cfg
+        self._handler: RendezvousHandler | None = None
+        self._joined = 0
+        self._control: TCPStore | None = None  # our own client, for job-level keys
+
+    # -- construction ----------------------------------------------------------------------------
+
+    def _create_handler(self) -> RendezvousHandler:
+        cfg = self._cfg
+        params = RendezvousParameters(
+            backend=cfg.rdzv_backend,
+            endpoint=cfg.rdzv_endpoint,
+            run_id=cfg.run_id,
+            min_nodes=cfg.min_nodes,
+            max_nodes=cfg.max_nodes,
+            local_addr=cfg.local_addr,
+            **cfg.rdzv_configs,
+        )
+        _disable_shared_store()
+        try:
+            return get_rendezvous_handler(params)
+        except Exception as err:  # torch raises many types here; all mean "cannot start"
+            raise RendezvousFailed(f"cannot set up the {cfg.rdzv_backend} rendezvous at "
+                                   f"{cfg.rdzv_endpoint or '(none)'}: {err}") from err
+
+    @property
+    def handler(self) -> RendezvousHandler:
+        if self._handler is None:
+            self._handler = self._create_handler()
+        return self._handler
+
+    # -- rounds -----------------------------------------------------------------------------------
+
+    def next_round(self) -> Round:
+        try:
+            info: Any = self.handler.next_rendezvous()
+        except Exception as err:
+            raise RendezvousFailed(f"rendezvous failed: {type(err).__name__}: {err}") from err
+        if isinstance(info, tuple):  # torch 2.3 returns (store, rank, world_size)
+            store, group_rank, group_world_size = info
+            bootstrap = None
+        else:
+            store, group_rank, group_world_size = info.store, info.rank, info.world_size
+            bootstrap = info.bootstrap_store_info
+        index = self._joined
+        self._joined += 1
+        if self._cfg.rdzv_backend == "static":
+            # The static store is the same object every round: give each attempt its own key space.
+            store = PrefixStore(f"mbr/attempt{index}", store)
+            bootstrap = None
+        if bootstrap is None:
+            from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+
+            bootstrap = RendezvousStoreInfo.build(group_rank, store, local_addr=self._cfg.local_addr)
+        return self._lay_out(store, index, group_rank, group_world_size, bootstrap.master_addr,
+                             bootstrap.master_port)
+
+    def _lay_out(self, store: Store, index: int, group_rank: int, group_world_size: int,
+                 master_addr: str, master_port: int) -> Round:
+        timeout = datetime.timedelta(seconds=self._cfg.rdzv_timeout)
+        store.set_timeout(timeout)
+        store.set(f"mbr/lws/{group_rank}", str(self._cfg.nproc_per_node))
+        if group_rank == 0:
+            store.set("mbr/token", uuid.uuid4().hex[:12])
+            store.set("mbr/restarts", str(self._restart_count_from_job(store)))
+        sizes = [int(store.get(f"mbr/lws/{r}")) for r in range(group_world_size)]
+        token = store.get("mbr/token").decode()
+        restarts = int(store.get("mbr/restarts"))
+        base = _base_store(store)
+        prefix = f"mbr/job/{self._cfg.run_id}/round/{token}"
+        return Round(index=index, group_rank=group_rank, group_world_size=group_world_size,
+                     world_size=sum(sizes), rank_offset=sum(sizes[:group_rank]),
+                     master_addr=master_addr, master_port=master_port, restart_count=restarts,
+                     token=token, store=store, control=PrefixStore(prefix, base), control_prefix=prefix,
+                     store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)))
+
+    def _restart_count_from_job(self, store: Store) -> int:
+        return int(self.job_store(store).add("restarts", 0))
+
+    # -- job-level keys (survive rounds) ----------------------------------------------------------
+
+    def job_store(self, round_store: Store) -> Store:
+        """Keys that outlive a round: the job-wide restart count."""
+        return PrefixStore(f"mbr/job/{self._cfg.run_id}", _base_store(round_store))
+
+    def record_failure(self, rnd: Round) -> int:
+        """Count one failed round, once for the whole job; returns the new count."""
+        first = rnd.control.compare_set("failed", "", "1") == b"1"
+        job = self.job_store(rnd.store)
+        if first:
+            return int(job.add("restarts", 1))
+        return int(job.add("restarts", 0))
+
+    def num_nodes_waiting(self) -> int:
+        try:
+            return self.handler.num_nodes_waiting()
+        except Exception:
+            return 0
+
+    def shutdown(self) -> None:
+        if self._handler is not None:
+            try:
+                self._handler.shutdown()
+            except Exception:
+                pass
+
+
+def _base_store(store: Store) -> Store:
+    while isinstance(store, PrefixStore):
+        store = store.underlying_store
+    return store
+
+
+class StopWatcher:
+    """Waits in a thread for a peer's ``stop`` message of one round; wakes the agent through a callback.
+
+    A blocking ``store.wait`` on its own client connection (torch store clients serialise their
+    operations, so sharing one with the agent's main thread would stall the agent).
+    """
+
+    KEY = "stop"
+
+    def __init__(self, rnd: Round, on_stop: Callable[[dict], None], *, key: str = KEY) -> None:
+        self._round = rnd
+        self._key = key
+        self._connect = rnd.connect_control
+        self._on_stop = on_stop
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"stop-watch-{rnd.index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+        except Exception:
+            return
+        while not self._cancelled.is_set():
+            try:
+                store.wait([self._key], datetime.timedelta(seconds=5))
+            except Exception:
+                continue
+            if self._cancelled.is_set():
+                return
+            try:
+                message = json.loads(store.get(self._key).decode())
+            except Exception:
+                message = {"reason": "peer requested stop"}
+            self._on_stop(message)
+            return
+
+
+def publish_stop(rnd: Round, message: dict) -> bool:
+    """Tell every node of the round to stop its workers; True when this call was the first."""
+    payload = json.dumps(message)
+    return rnd.control.compare_set(StopWatcher.KEY, "", payload).decode() == payload
+
+
+def read_stop(rnd: Round) -> dict | None:
+    if not rnd.control.check([StopWatcher.KEY]):
+        return None
+    return json.loads(rnd.control.get(StopWatcher.KEY).decode())
+
+
+def local_hostname() -> str:
+    return socket.gethostname()

@@ -1,0 +1,401 @@
+"""Every launcher setting, declared once.
+
+The CLI options, the environment variables, the config-file keys, the man page, the shell completions
+and the README options table are all generated from ``SETTINGS``. Precedence when resolving a value:
+command line > environment (``MBR_*`` first, then torchrun's ``PET_*``) > config file > default.
+
+Resolution is pure: ``resolve(cli, environ, config_file)`` takes plain mappings, so tests need no
+process state. Values are parsed and validated by each setting's ``parse`` function, which raises
+``SettingError`` with a message that names the flag and the bad value.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+TORCHRUN = "torchrun"
+FAULT = "Fault tolerance"
+POLICY = "Restart policy"
+SLURM = "Slurm"
+LOGGING = "Logging"
+PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING)
+
+
+class SettingError(ValueError):
+    """A setting has a value we cannot use; the message says which and what to do."""
+
+
+Parser = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # attribute name on the resolved config, and key in the config file's `mbr_launch:` section
+    flags: tuple[str, ...]  # first is the canonical flag; the rest are aliases (torchrun, ft_launcher)
+    kind: type  # str, int, float or bool (bool settings are flags that take no value)
+    default: Any
+    help: str
+    panel: str
+    parse: Parser | None = None  # str/raw -> typed value; raises SettingError
+    env: tuple[str, ...] = ()  # extra environment names besides MBR_<NAME>
+    ft_key: str | None = None  # key in ft_launcher's YAML `fault_tolerance:` section
+    torchrun_dest: str | None = None  # dest in torch.distributed.run.get_args_parser()
+    choices: tuple[str, ...] = ()
+    metavar: str = ""
+    hidden: bool = False  # accepted for compatibility, not shown in help
+
+    @property
+    def envvars(self) -> tuple[str, ...]:
+        return (f"MBR_{self.name.upper()}", *self.env)
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+
+# ---- parsers -------------------------------------------------------------------------------------
+
+
+def _fail(setting: str, value: Any, why: str) -> SettingError:
+    return SettingError(f"{setting}: {why} (got {value!r})")
+
+
+def _as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingError(f"expected a boolean (1/0, true/false), got {value!r}")
+
+
+def non_negative(name: str, kind: type) -> Parser:
+    def parse(value: Any) -> Any:
+        try:
+            number = kind(value)
+        except (TypeError, ValueError):
+            raise _fail(name, value, f"expected a {kind.__name__}") from None
+        if number != number or number < 0:  # NaN compares unequal to itself
+            raise _fail(name, value, "must be zero or positive")
+        return number
+
+    return parse
+
+
+def optional_timeout(name: str) -> Parser:
+    """Seconds > 0, or none/null/off to disable the timeout (NVRx treats None as infinite)."""
+
+    def parse(value: Any) -> float | None:
+        if value is None or str(value).strip().lower() in ("none", "null", "off", ""):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise _fail(name, value, "expected seconds (a number) or 'none'") from None
+        if not number > 0 or number == float("inf"):
+            raise _fail(name, value, "must be a positive number of seconds, or 'none' to disable")
+        return number
+
+    return parse
+
+
+def section_timeouts(value: Any) -> dict[str, float | None]:
+    """``setup:600,step:180,checkpointing:420`` (or a mapping from a config file)."""
+    flag = "--ft-rank-section-timeouts"
+    if isinstance(value, Mapping):
+        items = [(str(k), v) for k, v in value.items()]
+    else:
+        text = str(value).strip()
+        if not text:
+            return {}
+        items = []
+        for part in text.split(","):
+            name, sep, seconds = part.partition(":")
+            if not sep:
+                raise _fail(flag, value, f"'{part}' is not NAME:SECONDS")
+            items.append((name.strip(), seconds.strip()))
+    result: dict[str, float | None] = {}
+    for name, seconds in items:
+        if not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise _fail(flag, value, f"bad section name {name!r}")
+        if name in result:
+            raise _fail(flag, value, f"section {name!r} is given twice")
+        result[name] = optional_timeout(f"{flag} {name}")(seconds)
+    return result
+
+
+def signal_name(name: str) -> Parser:
+    def parse(value: Any) -> str:
+        text = str(value).strip().upper()
+        if text.isdigit():
+            try:
+                return signal.Signals(int(text)).name
+            except ValueError:
+                raise _fail(name, value, "unknown signal number") from None
+        if not text.startswith("SIG"):
+            text = "SIG" + text
+        if text not in signal.Signals.__members__:
+            raise _fail(name, value, "unknown signal name (e.g. SIGTERM, SIGKILL)")
+        return text
+
+    return parse
+
+
+def signal_list(name: str) -> Parser:
+    def parse(value: Any) -> tuple[str, ...]:
+        parts = [p for p in str(value).split(",") if p.strip()]
+        return tuple(signal_name(name)(p) for p in parts)
+
+    return parse
+
+
+def choice(name: str, options: tuple[str, ...]) -> Parser:
+    def parse(value: Any) -> str:
+        text = str(value).strip()
+        if text not in options:
+            raise _fail(name, value, f"choose one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def comma_list(value: Any) -> tuple[str, ...]:
+    """torchrun's comma list, where ',,' escapes a comma."""
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value)
+    text = str(value)
+    if not text:
+        return ()
+    placeholder = "\0"
+    return tuple(p.replace(placeholder, ",") for p in text.replace(",,", placeholder).split(","))
+
+
+def exit_code_list(name: str) -> Parser:
+    def parse(value: Any) -> tuple[int, ...]:
+        if isinstance(value, (list, tuple)):
+            parts = [str(v) for v in value]
+        else:
+            parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        codes = []
+        for part in parts:
+            if not part.isdigit() or not 0 <= int(part) <= 255:
+                raise _fail(name, value, f"{part!r} is not an exit code 0-255")
+            codes.append(int(part))
+        return tuple(codes)
+
+    return parse
+
+
+# ---- the declaration -----------------------------------------------------------------------------
+
+
+def _torchrun(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
+              pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
+              metavar: str = "", panel: str = TORCHRUN) -> Setting:
+    dashed = "--" + name.replace("_", "-")
+    flags = [dashed] + ([f"--{name}"] if "_" in name else [])
+    if short:
+        flags.insert(0, short)
+    env = (f"PET_{name.upper()}",) if pet else ()
+    return Setting(name=name, flags=tuple(flags), kind=kind, default=default, help=help, panel=panel,
+                   parse=parse, env=env, torchrun_dest=name, choices=choices, metavar=metavar)
+
+
+def _ft(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
+        parse: Parser | None = None, panel: str = FAULT, metavar: str = "") -> Setting:
+    """A setting that ft_launcher also has: accept its spellings exactly."""
+    flags = []
+    if native:
+        flags.append(native)
+    flags += [f"--ft-{ft_name.replace('_', '-')}", f"--ft-{ft_name}", f"--ft-param-{ft_name}"]
+    unique = tuple(dict.fromkeys(flags))
+    return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
+                   parse=parse, ft_key=ft_name, metavar=metavar)
+
+
+SETTINGS: tuple[Setting, ...] = (
+    # -- torchrun: every flag of torch.distributed.run.get_args_parser(), same names and defaults --
+    _torchrun("nnodes", str, "1:1", "Number of nodes, or the range of nodes in form MIN:MAX.",
+              metavar="N|MIN:MAX"),
+    _torchrun("nproc_per_node", str, "1", "Number of workers per node: an integer, auto, cpu, gpu or xpu.",
+              metavar="N"),
+    _torchrun("rdzv_backend", str, "static", "Rendezvous backend: c10d (or static; etcd is not supported).",
+              metavar="NAME"),
+    _torchrun("rdzv_endpoint", str, "", "Rendezvous endpoint, HOST[:PORT] (c10d default port 29400).",
+              metavar="HOST:PORT"),
+    _torchrun("rdzv_id", str, "none", "User-defined id of the job; all agents of one job use the same.",
+              metavar="ID"),
+    _torchrun("rdzv_conf", str, "", "Extra rendezvous configuration: KEY=VALUE,... (e.g. join_timeout=600).",
+              metavar="K=V,..."),
+    _torchrun("standalone", bool, False,
+              "Single-node job: start a local c10d rendezvous on a free port; overrides the rdzv flags."),
+    _torchrun("max_restarts", int, 0, "Restarts allowed after worker failures, counted for the whole job.",
+              parse=non_negative("--max-restarts", int), metavar="N"),
+    _torchrun("monitor_interval", float, 0.1,
+              "Seconds between membership checks (failures are detected by events, not by this poll).",
+              parse=non_negative("--monitor-interval", float), metavar="SECONDS"),
+    _torchrun("start_method", str, "spawn",
+              "Accepted for torchrun compatibility; workers are always fresh processes (spawn semantics).",
+              parse=choice("--start-method", ("spawn", "fork", "forkserver")),
+              choices=("spawn", "fork", "forkserver")),
+    _torchrun("event_log_handler", str, "null", "torchelastic event handler name (accepted for compatibility).",
+              metavar="NAME"),
+    _torchrun("role", str, "default", "User-defined role of the workers (ROLE_NAME).", metavar="NAME"),
+    _torchrun("module", bool, False, "Run the training script as a module, like 'python -m'.", short="-m"),
+    _torchrun("no_python", bool, False, "Execute the training script directly instead of with python."),
+    _torchrun("run_path", bool, False, "Run the script with runpy.run_path (torchrun compatibility)."),
+    _torchrun("log_dir", str, None,
+              "Directory for logs, stack dumps and the event log (a per-run sub-directory is created).",
+              metavar="DIR", panel=LOGGING),
+    _torchrun("redirects", str, "0",
+              "Redirect std streams of workers into log files: 0 none, 1 stdout, 2 stderr, 3 both, or per "
+              "local rank '0:1,1:2'.", short="-r", metavar="SPEC", panel=LOGGING),
+    _torchrun("tee", str, "0", "Tee std streams into log files and the console (same format as --redirects).",
+              short="-t", metavar="SPEC", panel=LOGGING),
+    _torchrun("local_ranks_filter", str, "",
+              "Only show the console output of these local ranks (e.g. 0,1); log files keep everything.",
+              metavar="RANKS", panel=LOGGING),
+    _torchrun("duplicate_stdout_filters", str, "",
+              "Copy worker stdout lines matching any of these comma-separated strings to "
+              "filtered_stdout.log (',,' escapes a comma).", parse=comma_list, metavar="FILTERS",
+              panel=LOGGING),
+    _torchrun("duplicate_stderr_filters", str, "",
+              "Copy worker stderr lines matching any of these strings to filtered_stderr.log.",
+              parse=comma_list, metavar="FILTERS", panel=LOGGING),
+    _torchrun("node_rank", int, 0, "Rank of this node (static rendezvous only).",
+              parse=non_negative("--node-rank", int), metavar="N"),
+    _torchrun("master_addr", str, "127.0.0.1", "Address of the rank-0 node (static rendezvous only).",
+              metavar="HOST"),
+    _torchrun("master_port", int, None,
+              "Port of the rank-0 node's store (static rendezvous only); workers get a fresh port each round.",
+              parse=non_negative("--master-port", int), metavar="PORT"),
+    _torchrun("local_addr", str, None, "Address of this node (default: its FQDN).", metavar="HOST"),
+    _torchrun("logs_specs", str, None, "torchrun.logs_specs entry point (not supported: mbr-launch writes "
+              "its own log layout).", pet=False, metavar="NAME", panel=LOGGING),
+    _torchrun("numa_binding", str, None, "Bind workers to the CPUs of a NUMA node: node, socket, exclusive, "
+              "core-complex.", pet=False,
+              parse=choice("--numa-binding", ("node", "socket", "exclusive", "core-complex")),
+              choices=("node", "socket", "exclusive", "core-complex")),
+    _torchrun("signals_to_handle", str, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+              "Signals the launcher catches and forwards to the workers before stopping them.",
+              parse=signal_list("--signals-to-handle"), metavar="SIGNALS"),
+    _torchrun("shutdown_timeout", int, None,
+              "Seconds a stopped worker gets between SIGTERM and SIGKILL (default "
+              "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).",
+              parse=non_negative("--shutdown-timeout", int), metavar="SECONDS"),
+    _torchrun("virtual_local_rank", bool, False,
+              "Set LOCAL_RANK=0 in every worker and point CUDA_VISIBLE_DEVICES at its own GPU."),
+    # -- fault tolerance: ft_launcher's flags as they are, plus readable names --
+    Setting(name="config", flags=("--config", "--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path"),
+            kind=str, default=None, panel=FAULT, env=("PET_FT_CFG_PATH",), metavar="FILE",
+            help="YAML config file: an 'mbr_launch:' section with any setting, and/or ft_launcher's "
+                 "'fault_tolerance:' section as it is."),
+    _ft("initial_heartbeat_timeout", "initial_rank_heartbeat_timeout", float, 3600.0,
+        "Seconds from a rank's start until its first heartbeat ('none' disables).",
+        native="--initial-heartbeat-timeout", parse=optional_timeout("--ft-initial-rank-heartbeat-timeout"),
+        metavar="SECONDS"),
+    _ft("heartbeat_timeout", "rank_heartbeat_timeout", float, 2700.0,
+        "Seconds allowed between two heartbeats of a rank ('none' disables).",
+        native="--heartbeat-timeout", parse=optional_timeout("--ft-rank-heartbeat-timeout"),
+        metavar="SECONDS"),
+    _ft("section_timeouts", "rank_section_timeouts", str, {},
+        "Per-section timeouts, e.g. setup:600,step:180,checkpointing:420.", native="--section-timeouts",
+        parse=section_timeouts, metavar="NAME:SECONDS,..."),
+    _ft("out_of_section_timeout", "rank_out_of_section_timeout", float, None,
+        "Seconds a rank may spend outside any section ('none' disables).", native="--out-of-section-timeout",
+        parse=optional_timeout("--ft-rank-out-of-section-timeout"), metavar="SECONDS"),
+    _ft("workload_check_interval", "workload_check_interval", float, 5.0,
+        "Accepted for ft_launcher compatibility; deadlines here are timers, not polls.",
+        parse=non_negative("--ft-workload-check-interval", float), metavar="SECONDS"),
+    _ft("safety_factor", "safety_factor", float, 5.0,
+        "Multiplier the NVRx client applies to observed intervals when it calculates timeouts.",
+        parse=non_negative("--ft-safety-factor", float), metavar="X"),
+    _ft("rank_termination_signal", "rank_termination_signal", str, "SIGKILL",
+        "Accepted for ft_launcher compatibility: a hung group gets SIGTERM, then SIGKILL after "
+        "--hang-kill-grace.", parse=signal_name("--ft-rank-termination-signal"), metavar="SIGNAL"),
+    _ft("ft_log_level", "log_level", str, "INFO", "Log level handed to NVRx clients.",
+        parse=choice("--ft-log-level", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")), metavar="LEVEL"),
+    _ft("node_health_check_interval", "node_health_check_interval", float, 5.0,
+        "Accepted for ft_launcher compatibility.",
+        parse=non_negative("--ft-node-health-check-interval", float), metavar="SECONDS"),
+    _ft("restart_check_interval", "restart_check_interval", float, 60.0,
+        "Accepted for ft_launcher compatibility.",
+        parse=non_negative("--ft-restart-check-interval", float), metavar="SECONDS"),
+    _ft("enable_nic_monitor", "enable_nic_monitor", bool, False,
+        "Accepted for ft_launcher compatibility (NVRx NIC monitor in the client).", parse=_as_bool),
+    _ft("pci_topo_file", "pci_topo_file", str, None, "Accepted for ft_launcher compatibility.",
+        metavar="FILE"),
+    _ft("link_down_path_template", "link_down_path_template", str, None,
+        "Accepted for ft_launcher compatibility.", metavar="TEMPLATE"),
+    Setting(name="rank_monitor", flags=("--rank-monitor",), kind=str, default="on", panel=FAULT,
+            parse=choice("--rank-monitor", ("on", "off")), choices=("on", "off"),
+            help="Serve NVRx RankMonitorClient connections (FT_RANK_MONITOR_IPC_SOCKET) and enforce "
+                 "their heartbeat and section timeouts."),
+    Setting(name="stack_dump", flags=("--stack-dump",), kind=str, default="auto", panel=FAULT,
+            parse=choice("--stack-dump", ("auto", "py-spy", "faulthandler", "off")),
+            choices=("auto", "py-spy", "faulthandler", "off"),
+            help="How stacks of hung ranks are captured before they are killed: py-spy (needs ptrace), "
+                 "faulthandler (needs nothing), auto (py-spy, falling back to faulthandler)."),
+    Setting(name="hang_kill_grace", flags=("--hang-kill-grace",), kind=float, default=3.0, panel=FAULT,
+            parse=non_negative("--hang-kill-grace", float), metavar="SECONDS",
+            help="Seconds a hung worker gets between SIGTERM and SIGKILL (crashes use --shutdown-timeout)."),
+    # -- restart policy --
+    Setting(name="no_restart_exit_codes", flags=("--no-restart-exit-codes",), kind=str, default=(2, 17),
+            panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
+            help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
+                 "17: Megatron failed validation)."),
+    # -- logging --
+    Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING,
+            help="Print only worker output and errors, not the launcher's progress lines."),
+)
+
+BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
+
+
+@dataclass(frozen=True)
+class Resolved:
+    values: dict[str, Any]
+    sources: dict[str, str] = field(default_factory=dict)  # name -> "cli" | "env:NAME" | "config" | "default"
+
+    def __getitem__(self, name: str) -> Any:
+        return self.values[name]
+
+
+def parse_value(setting: Setting, raw: Any) -> Any:
+    if raw is None:
+        return None
+    if setting.kind is bool:
+        try:
+            return _as_bool(raw)
+        except SettingError as err:
+            raise SettingError(f"{setting.flag}: {err}") from None
+    if setting.parse:
+        return setting.parse(raw)
+    if setting.kind in (int, float):
+        try:
+            return setting.kind(raw)
+        except (TypeError, ValueError):
+            raise _fail(setting.flag, raw, f"expected a {setting.kind.__name__}") from None
+    return str(raw)
+
+
+def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Mapping[str, Any]) -> Resolved:
+    """Pick each setting's value by precedence and parse it."""
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    for setting in SETTINGS:
+        raw, source = setting.default, "default"
+        if cli.get(setting.name) is not None:
+            raw, source = cli[setting.name], "cli"
+        elif (env_name := next((e for e in setting.envvars if environ.get(e, "") != ""), None)):
+            raw, source = environ[env_name], f"env:{env_name}"
+        elif setting.name in config_file:
+            raw, source = config_file[setting.name], "config"
+        values[setting.name] = raw if source == "default" and not isinstance(raw, str) else parse_value(setting, raw)
+        sources[setting.name] = source
+    return Resolved(values=values, sources=sources)

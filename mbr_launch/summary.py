@@ -1,0 +1,108 @@
+"""Failure records and the end-of-run summary.
+
+Nothing is lost: each failure is a typed record (which rank, which node, cause, exit code or signal, last
+open section, stack dump), kept for the summary and written to the event log.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .workers import SIGNAL_HINTS, ExitStatus
+
+
+@dataclass(frozen=True)
+class ErrorFile:
+    """What a worker's ``@record``-decorated entry point wrote to TORCHELASTIC_ERROR_FILE."""
+
+    message: str
+    traceback: str
+    timestamp: int
+
+    @staticmethod
+    def read(path: Path) -> "ErrorFile | None":
+        try:
+            data = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return None
+        message = data.get("message", data)
+        if isinstance(message, str):
+            return ErrorFile(message=message, traceback="", timestamp=0)
+        extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+        try:
+            stamp = int(extra.get("timestamp", 0))
+        except (TypeError, ValueError):
+            stamp = 0
+        return ErrorFile(message=str(message.get("message", "")), traceback=str(extra.get("py_callstack", "")),
+                         timestamp=stamp)
+
+
+@dataclass
+class FailureRecord:
+    round: int
+    rank: int
+    local_rank: int
+    node: str
+    group_rank: int
+    cause: str  # "crash" | "hang" | "monitor" | "peer" | "signal"
+    status: ExitStatus | None
+    pid: int | None = None
+    section: str | None = None
+    detail: str = ""
+    error_file: ErrorFile | None = None
+    stacks: str | None = None  # path of the stack dump
+    stack_summary: str | None = None
+
+    def describe(self) -> str:
+        where = f"rank {self.rank} (local rank {self.local_rank}) on {self.node}"
+        what = self.detail or (self.status.describe() if self.status else self.cause)
+        if self.section:
+            what += f", in section '{self.section}'"
+        return f"{where}: {what}"
+
+    def to_event(self) -> dict[str, Any]:
+        return {"round": self.round, "rank": self.rank, "local_rank": self.local_rank, "cause": self.cause,
+                "exit_code": self.status.code if self.status else None,
+                "signal": self.status.signal if self.status else None, "section": self.section,
+                "detail": self.detail, "pid": self.pid, "stacks": self.stacks}
+
+
+@dataclass
+class RunSummary:
+    failures: list[FailureRecord] = field(default_factory=list)
+    restarts: int = 0
+    exit_code: int = 0
+    reason: str = ""
+
+    def root_cause(self) -> FailureRecord | None:
+        """The failure whose error file has the earliest timestamp, else the first recorded."""
+        with_files = [f for f in self.failures if f.error_file and f.error_file.timestamp]
+        if with_files:
+            return min(with_files, key=lambda f: f.error_file.timestamp)  # type: ignore[union-attr]
+        return self.failures[0] if self.failures else None
+
+    def render(self) -> str:
+        lines = []
+        if not self.failures:
+            return ""
+        lines.append("=" * 72)
+        lines.append(f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))")
+        for record in self.failures:
+            lines.append(f"  round {record.round}: {record.describe()}")
+            if record.stacks:
+                lines.append(f"      stacks: {record.stacks}" +
+                             (f"  [{record.stack_summary}]" if record.stack_summary else ""))
+        root = self.root_cause()
+        if root and root.error_file and root.error_file.traceback:
+            lines.append(f"Root cause (first error, rank {root.rank}): {root.error_file.message}")
+            lines.extend("  " + line for line in root.error_file.traceback.rstrip().splitlines())
+        lines.append(f"Result: {self.reason} (exit code {self.exit_code})")
+        lines.append("=" * 72)
+        return "\n".join(lines)
+
+
+def hint_for(signal_name: str | None) -> str:
+    return SIGNAL_HINTS.get(signal_name or "", "")

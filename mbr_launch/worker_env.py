@@ -1,0 +1,53 @@
+"""The environment of one worker: torchrun's variables, exactly, plus our fault-tolerance sockets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Mapping
+
+from .config import LaunchConfig
+from .rendezvous import Round
+
+# Set in the agent process only (see rendezvous.py); not part of what the user gave the workers.
+_AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
+
+
+def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[str, str], *,
+               error_file: Path, stack_file: Path | None, monitor_socket: str | None,
+               launcher_socket: str | None) -> dict[str, str]:
+    env = {k: v for k, v in environ.items() if k not in _AGENT_ONLY}
+    rank = rnd.rank_offset + local_rank
+    env.update({
+        "LOCAL_RANK": str(local_rank),
+        "RANK": str(rank),
+        "GROUP_RANK": str(rnd.group_rank),
+        "ROLE_RANK": str(rank),
+        "ROLE_NAME": cfg.role,
+        "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
+        "WORLD_SIZE": str(rnd.world_size),
+        "GROUP_WORLD_SIZE": str(rnd.group_world_size),
+        "ROLE_WORLD_SIZE": str(rnd.world_size),
+        "MASTER_ADDR": rnd.master_addr,
+        "MASTER_PORT": str(rnd.master_port),
+        "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count),
+        "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
+        "TORCHELASTIC_RUN_ID": cfg.run_id,
+        # Workers never share the agent's store: each round gets a fresh MASTER_PORT.
+        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
+        "TORCHELASTIC_ERROR_FILE": str(error_file),
+    })
+    if cfg.omp_num_threads is not None:
+        env["OMP_NUM_THREADS"] = cfg.omp_num_threads
+    if cfg.virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        visible = environ.get("CUDA_VISIBLE_DEVICES")
+        devices = visible.split(",") if visible else None
+        env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip() if devices else str(local_rank)
+    if monitor_socket:
+        env["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_socket
+    if launcher_socket:
+        env["FT_LAUNCHER_IPC_SOCKET"] = launcher_socket
+    if stack_file is not None and cfg.use_boot and cfg.stack_dump in ("auto", "faulthandler"):
+        env["MBR_STACK_FILE"] = str(stack_file)
+    return env

@@ -1,0 +1,238 @@
+"""Worker processes: spawn, watch, stop.
+
+Each worker starts in its own session (so the whole process group, DataLoader workers included, can be
+signalled) with a parent-death signal (so a SIGKILLed agent cannot orphan it). Exits are observed through
+pidfds: the agent's selector wakes when a worker dies, with no polling.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import select
+import signal
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import BinaryIO, Callable, Sequence
+
+_PR_SET_PDEATHSIG = 1
+_libc = ctypes.CDLL(None, use_errno=True)
+
+SIGNAL_HINTS = {
+    "SIGKILL": "killed: out of memory (check dmesg) or killed by the scheduler?",
+    "SIGSEGV": "segmentation fault: a crash in native code (CUDA, NCCL, an extension)",
+    "SIGABRT": "aborted: an assertion or a C++ exception (NCCL watchdog timeouts abort too)",
+    "SIGBUS": "bus error: /dev/shm too small or a broken memory-mapped file?",
+    "SIGTERM": "terminated by someone else (scheduler, user, preemption?)",
+    "SIGINT": "interrupted (Ctrl-C)",
+    "SIGFPE": "arithmetic error in native code",
+    "SIGILL": "illegal instruction: a binary built for another CPU?",
+}
+
+
+@dataclass(frozen=True)
+class ExitStatus:
+    code: int | None  # exit code when it exited
+    signal: str | None  # signal name when a signal killed it
+
+    @property
+    def ok(self) -> bool:
+        return self.code == 0
+
+    @staticmethod
+    def from_returncode(returncode: int) -> "ExitStatus":
+        if returncode < 0:
+            try:
+                return ExitStatus(code=None, signal=signal.Signals(-returncode).name)
+            except ValueError:
+                return ExitStatus(code=None, signal=f"signal {-returncode}")
+        return ExitStatus(code=returncode, signal=None)
+
+    def describe(self) -> str:
+        if self.signal:
+            hint = SIGNAL_HINTS.get(self.signal)
+            return f"{self.signal}" + (f" ({hint})" if hint else "")
+        return f"exit code {self.code}"
+
+
+@dataclass
+class WorkerSpec:
+    local_rank: int
+    rank: int
+    argv: Sequence[str]
+    env: dict[str, str]
+    stdout: BinaryIO | int | None  # None: inherit; a file or subprocess.PIPE
+    stderr: BinaryIO | int | None
+
+
+@dataclass
+class Worker:
+    spec: WorkerSpec
+    proc: subprocess.Popen
+    pidfd: int
+    started: float
+    status: ExitStatus | None = None
+    ended: float | None = None
+    pumps: list[threading.Thread] = field(default_factory=list)
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    @property
+    def local_rank(self) -> int:
+        return self.spec.local_rank
+
+    @property
+    def rank(self) -> int:
+        return self.spec.rank
+
+    @property
+    def alive(self) -> bool:
+        return self.status is None
+
+    def reap(self) -> ExitStatus | None:
+        """Collect the exit status if the process has ended (non-blocking)."""
+        if self.status is None:
+            code = self.proc.poll()
+            if code is not None:
+                self.status = ExitStatus.from_returncode(code)
+                self.ended = time.monotonic()
+                _close(self.pidfd)
+        return self.status
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
+
+
+def _child_setup(parent_pid: int) -> Callable[[], None]:
+    def setup() -> None:
+        # Runs in the child between fork and exec. The death signal fires when the *thread* that forked
+        # us exits, so the agent only spawns from its main thread.
+        _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent_pid:  # the agent died before prctl took effect
+            os._exit(1)
+
+    return setup
+
+
+def spawn(spec: WorkerSpec, *, cwd: str | None = None) -> Worker:
+    proc = subprocess.Popen(
+        list(spec.argv),
+        env=spec.env,
+        cwd=cwd,
+        stdin=subprocess.DEVNULL,
+        stdout=spec.stdout,
+        stderr=spec.stderr,
+        start_new_session=True,
+        preexec_fn=_child_setup(os.getpid()),
+        close_fds=True,
+    )
+    return Worker(spec=spec, proc=proc, pidfd=os.pidfd_open(proc.pid), started=time.monotonic())
+
+
+def signal_group(worker: Worker, sig: int) -> None:
+    """Signal the worker's whole process group; a group already gone is not an error."""
+    try:
+        os.killpg(worker.pid, sig)
+    except (ProcessLookupError, PermissionError):
+        try:
+            os.kill(worker.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def wait_any(workers: Sequence[Worker], timeout: float | None) -> list[Worker]:
+    """Block until at least one live worker exits or ``timeout`` passes; returns the ones that ended."""
+    live = {w.pidfd: w for w in workers if w.alive}
+    if not live:
+        return []
+    ready, _, _ = select.select(list(live), [], [], timeout)
+    ended = []
+    for fd in ready:
+        worker = live[fd]
+        if worker.reap() is not None:
+            ended.append(worker)
+    return ended
+
+
+def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, grace: float = 30.0,
+             on_escalate: Callable[[Worker], None] | None = None) -> None:
+    """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left.
+
+    Groups are signalled again with SIGKILL even after the leader exited, so grandchildren die too.
+    """
+    targets = list(workers)
+    for worker in targets:
+        if worker.alive:
+            signal_group(worker, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
+            signal_group(worker, first_signal)
+    deadline = time.monotonic() + grace
+    while any(w.alive for w in targets):
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        wait_any(targets, remaining)
+    for worker in targets:
+        if worker.alive and on_escalate:
+            on_escalate(worker)
+        signal_group(worker, signal.SIGKILL)
+    for worker in targets:
+        if worker.alive:
+            worker.proc.wait()
+            worker.reap()
+    for worker in targets:
+        for pump in worker.pumps:
+            pump.join(timeout=2.0)
+
+
+# ---- output ---------------------------------------------------------------------------------------
+
+
+class OutputPump:
+    """Copies one worker stream line by line to a log file and/or the console with a rank prefix."""
+
+    _console_lock = threading.Lock()
+
+    def __init__(self, source: BinaryIO, *, prefix: bytes, console: BinaryIO | None,
+                 logfile: Path | None, filters: Sequence[str] = (), filtered: BinaryIO | None = None) -> None:
+        self._source = source
+        self._prefix = prefix
+        self._console = console
+        self._logfile = logfile
+        self._filters = [f.encode() for f in filters if f]
+        self._filtered = filtered
+
+    def start(self) -> threading.Thread:
+        thread = threading.Thread(target=self._run, daemon=True, name=f"pump{self._prefix!r}")
+        thread.start()
+        return thread
+
+    def _run(self) -> None:
+        log = open(self._logfile, "ab") if self._logfile else None
+        try:
+            for line in iter(self._source.readline, b""):
+                if log:
+                    log.write(line)
+                    log.flush()
+                if self._filtered is not None and any(f in line for f in self._filters):
+                    with self._console_lock:
+                        self._filtered.write(self._prefix + line)
+                        self._filtered.flush()
+                if self._console is not None:
+                    with self._console_lock:
+                        self._console.write(self._prefix + line)
+                        self._console.flush()
+        except (OSError, ValueError):
+            pass
+        finally:
+            if log:
+                log.close()
+            self._source.close()
