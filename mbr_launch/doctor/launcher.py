@@ -115,13 +115,13 @@ def group_rank(ctx: DoctorContext) -> Finding:
     node_rank = env.get("NODE_RANK")
     if node_rank is not None and node_rank.strip() != raw.strip():
         return warn(f"GROUP_RANK={raw} but NODE_RANK={node_rank}: two different node indices", fix)
-    if rank == 0 and (host := _rdzv_host(ctx)) and not _is_local(ctx, host):
+    if rank == 0 and (host := rdzv_host(ctx)) and not is_local_host(ctx, host):
         return warn(f"GROUP_RANK=0 on a node that does not host the rendezvous ({host}): is GROUP_RANK=0 set on "
                     "every node? Duplicate infrastructure ranks make NVRx fail", fix)
     return ok(f"GROUP_RANK={rank} (unique across nodes is your scheduler's job; doctor sees one node)")
 
 
-def _rdzv_host(ctx: DoctorContext) -> str | None:
+def rdzv_host(ctx: DoctorContext) -> str | None:
     if ctx.standalone:
         return None
     if ctx.rdzv_endpoint:
@@ -129,7 +129,7 @@ def _rdzv_host(ctx: DoctorContext) -> str | None:
     return ctx.master_addr
 
 
-def _is_local(ctx: DoctorContext, host: str) -> bool:
+def is_local_host(ctx: DoctorContext, host: str) -> bool:
     addrs = ctx.resolve(host)
     return bool(addrs) and bool(set(addrs) & ctx.local_addresses())
 

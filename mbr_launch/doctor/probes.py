@@ -12,6 +12,7 @@ import os
 import resource
 import shutil
 import socket
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -87,7 +88,10 @@ _RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 
 
 def nvml() -> NvmlView:
     try:
-        import pynvml  # noqa: PLC0415 - nvidia-ml-py; optional
+        with warnings.catch_warnings():
+            # NVRx pulls in the deprecated "pynvml" shim, which warns on import; the API is nvidia-ml-py's.
+            warnings.simplefilter("ignore", FutureWarning)
+            import pynvml  # noqa: PLC0415 - optional
     except ImportError:
         return NvmlView(available=False, reason="nvidia-ml-py is not installed")
     try:
@@ -227,7 +231,7 @@ def launcher_of(cmdline: Sequence[str]) -> str | None:
     for word in cmdline[:3]:
         base = os.path.basename(word)
         for marker, name in _LAUNCHER_MARKERS:
-            if base == marker or base.startswith(marker + " ") or word == marker:
+            if base == marker or word == marker:
                 return name
     return None
 

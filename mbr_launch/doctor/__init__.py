@@ -1,0 +1,51 @@
+"""``mbr-launch doctor``: named preflight checks (ok / warn / error, what was seen, the fix).
+
+Public API (the CLI and the launcher call these; nothing here imports typer):
+- ``DoctorContext.from_values(...)``: the declared settings plus injectable probes.
+- ``run_checks(ctx, only_cheap=..., skip=...)``: the results; the launcher runs the cheap ones.
+- ``run_doctor(ctx, deep=..., as_json=..., skip=...)``: print a table or JSON, return 0 / 1 / 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+from mbr_launch.doctor.checks import check_ids, run_checks
+from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor.probes import detect_launcher
+from mbr_launch.doctor.registry import CheckResult, DoctorError
+from mbr_launch.doctor.report import exit_code, render_problems, render_table, to_json
+
+if TYPE_CHECKING:
+    from rich.console import Console
+
+__all__ = [
+    "CheckResult", "DoctorContext", "DoctorError", "check_ids", "detect_launcher", "exit_code",
+    "preflight", "render_table", "run_checks", "run_doctor", "to_json",
+]
+
+
+def run_doctor(
+    ctx: DoctorContext, *, deep: bool, as_json: bool, skip: Iterable[str] = frozenset(), console: Console | None = None
+) -> int:
+    """Run the checks (all of them with ``deep``, else the cheap ones), print, return the exit code."""
+    results = run_checks(ctx, only_cheap=not deep, skip=set(skip))
+    if as_json:
+        print(to_json(results), flush=True)  # plain stdout: rich would wrap and colour the JSON
+    else:
+        render_table(results, console or _console())
+    return exit_code(results)
+
+
+def preflight(ctx: DoctorContext, *, skip: Iterable[str] = frozenset(), console: Console | None = None) -> bool:
+    """The launcher's gate: run the cheap checks, print warnings and errors with fixes, True to go on."""
+    results = run_checks(ctx, only_cheap=True, skip=set(skip))
+    render_problems(results, console or _console(stderr=True))
+    return exit_code(results) < 2
+
+
+def _console(*, stderr: bool = False) -> Console:
+    from rich.console import Console  # noqa: PLC0415
+
+    return Console(stderr=stderr)

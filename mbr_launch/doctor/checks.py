@@ -1,0 +1,54 @@
+"""Run the registered checks: ``run_checks(ctx, only_cheap=..., skip=...)``.
+
+Importing the check modules fills the registry; their import order is the report order. A check that
+raises becomes an ``error`` result naming the exception: the doctor must report, never crash.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from mbr_launch.doctor import bridge_checks, gpu, host, inprocess, launcher  # noqa: F401 - registers
+from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor.registry import REGISTRY, CheckResult, DoctorError, Finding, check
+
+
+@check("deep.gpu", "GPU GEMM and NCCL all-reduce self-test", cheap=False)
+def _deep(ctx: DoctorContext) -> list[CheckResult]:
+    # Imported here, not at the top: ``python -m mbr_launch.doctor.deep`` must find the module unimported.
+    from mbr_launch.doctor.deep import run_deep  # noqa: PLC0415
+
+    return run_deep()
+
+__all__ = ["CheckResult", "DoctorError", "check_ids", "run_checks"]
+
+
+def check_ids(*, only_cheap: bool = False) -> list[str]:
+    return [c.id for c in REGISTRY.values() if c.cheap or not only_cheap]
+
+
+def run_checks(ctx: DoctorContext, *, only_cheap: bool = False, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
+    skip = set(skip)
+    unknown = skip - set(REGISTRY)
+    if unknown:
+        raise DoctorError(f"unknown check id(s) {', '.join(sorted(unknown))}; valid ids: {', '.join(REGISTRY)}")
+    results: list[CheckResult] = []
+    for c in REGISTRY.values():
+        if only_cheap and not c.cheap:
+            continue
+        if c.id in skip:
+            results.append(CheckResult(c.id, "skip", c.title, "skipped by --skip-check", ""))
+            continue
+        try:
+            out = c.fn(ctx)
+        except Exception as exc:  # a broken probe must not hide the other checks
+            results.append(CheckResult(c.id, "error", c.title, f"check crashed: {type(exc).__name__}: {exc}",
+                                       "report this to the mbr-launch maintainers; --skip-check " + c.id))
+            continue
+        if isinstance(out, Finding):
+            results.append(CheckResult(c.id, out.severity, c.title, out.saw, out.fix))
+        elif isinstance(out, CheckResult):
+            results.append(out)
+        else:
+            results.extend(out)
+    return results

@@ -1,0 +1,203 @@
+"""Doctor checks against the real machine: real sockets, directories, rlimits, launcher detection, the
+``--deep`` module as a subprocess, and ``run_doctor``'s output. No probe is faked here."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from mbr_launch.doctor import DoctorContext, detect_launcher, preflight, run_checks, run_doctor, to_json
+from mbr_launch.doctor.probes import NvmlView
+
+pytestmark = pytest.mark.timeout(60)
+REPO = Path(__file__).resolve().parents[1]
+
+
+def result(ctx: DoctorContext, check_id: str) -> dict:
+    [r] = [c for c in json.loads(to_json(run_checks(ctx)))["checks"] if c["id"] == check_id]
+    return r
+
+
+def real(**kw) -> DoctorContext:
+    kw.setdefault("env", {})
+    return DoctorContext.from_values(**kw)
+
+
+def test_port_in_use_by_a_real_listener(port):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        r = result(real(rdzv_endpoint=f"127.0.0.1:{port}"), "rdzv.port")
+        assert r["severity"] == "error" and str(port) in r["saw"] and "ss -ltnp" in r["fix"]
+        r = result(real(rdzv_endpoint=f"localhost:{port}", nnodes="2"), "rdzv.port")
+        assert r["severity"] == "warn"  # multi-node: maybe another agent of this job on this host
+    assert result(real(rdzv_endpoint=f"127.0.0.1:{port}"), "rdzv.port")["severity"] == "ok"
+
+
+def test_rendezvous_endpoint_matrix(port):
+    assert result(real(standalone=True, nnodes="2"), "rdzv.endpoint")["severity"] == "ok"
+    assert result(real(rdzv_endpoint=f"127.0.0.1:{port}", nnodes="2"), "rdzv.endpoint")["severity"] == "ok"
+    assert result(real(nnodes="2"), "rdzv.endpoint")["severity"] == "error"
+    assert result(real(rdzv_endpoint="node:port", nnodes="2"), "rdzv.endpoint")["severity"] == "error"
+    r = result(real(rdzv_endpoint="no-such-host.invalid:29400", nnodes="2"), "rdzv.endpoint")
+    assert r["severity"] == "error" and "does not resolve" in r["saw"]
+
+
+def test_remote_endpoint_reachable_or_not(port):
+    # A non-local address of this host is not available in every sandbox; use a real listener reached
+    # through a probe that treats nothing as local, so the reachability path runs against real sockets.
+    not_local = dict(local_addresses=lambda: set(), rdzv_timeout_s=1.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", port))
+        s.listen()
+        r = result(real(rdzv_endpoint=f"127.0.0.1:{port}", nnodes="2", **not_local), "rdzv.endpoint")
+        assert r["severity"] == "ok" and "accepts connections" in r["saw"]
+    r = result(real(rdzv_endpoint=f"127.0.0.1:{port}", nnodes="2", **not_local), "rdzv.endpoint")
+    assert r["severity"] == "warn" and "has not started yet" in r["saw"]
+
+
+def test_log_dir_matrix(tmp_path):
+    assert result(real(log_dir=str(tmp_path)), "fs.log_dir")["severity"] == "ok"
+    r = result(real(log_dir=str(tmp_path / "new" / "deeper")), "fs.log_dir")
+    assert r["severity"] == "ok" and "will be created" in r["saw"]
+    afile = tmp_path / "afile"
+    afile.write_text("x")
+    r = result(real(log_dir=str(afile / "logs")), "fs.log_dir")  # root ignores mode bits, not this
+    assert r["severity"] == "error" and "not a directory" in r["saw"]
+    r = result(real(log_dir="/proc/mbr-logs"), "fs.log_dir")
+    assert r["severity"] == "error" and "cannot write" in r["saw"]
+    assert result(real(), "fs.log_dir")["severity"] == "skip"
+    assert not list(tmp_path.glob(".mbr-doctor-*"))  # the write probe cleans up
+
+
+def test_disk_real(tmp_path):
+    r = result(real(disk_paths=[str(tmp_path), str(tmp_path / "not" / "yet")]), "fs.disk")
+    assert r["severity"] in ("ok", "warn", "error") and str(tmp_path) in r["saw"]
+
+
+def test_shm_real():
+    r = result(real(), "fs.shm")
+    assert r["severity"] in ("ok", "warn", "error") and "/dev/shm" in r["saw"]
+
+
+SNIPPET = (
+    "import json; from mbr_launch.doctor import DoctorContext, run_checks, to_json;"
+    "rs = run_checks(DoctorContext.from_values(env={}, nnodes='{nnodes}', rdzv_endpoint='127.0.0.1:1'));"
+    "print(to_json([r for r in rs if r.id == '{check}']))"
+)
+
+
+def in_prlimit(limit: str, check: str, nnodes: str = "1") -> dict:
+    code = SNIPPET.replace("{nnodes}", nnodes).replace("{check}", check)
+    out = subprocess.run(["prlimit", limit, sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=60, cwd=REPO, check=True)
+    [r] = json.loads(out.stdout)["checks"]
+    return r
+
+
+def _hard(kind: int) -> int:
+    import resource
+
+    hard = resource.getrlimit(kind)[1]
+    return sys.maxsize if hard == resource.RLIM_INFINITY else hard
+
+
+@pytest.mark.parametrize(("limit", "severity"), [("--nofile=256:256", "error"), ("--nofile=4096:4096", "warn"),
+                                                 ("--nofile=65536:65536", "ok")])
+def test_nofile_real_rlimit(limit, severity):
+    import resource
+
+    if int(limit.split(":")[-1]) > _hard(resource.RLIMIT_NOFILE):
+        pytest.skip("this sandbox's hard nofile limit is below 65536 and we may not raise it")
+    r = in_prlimit(limit, "limits.nofile")
+    assert r["severity"] == severity, r
+
+
+def test_memlock_real_rlimit():
+    import resource
+
+    if _hard(resource.RLIMIT_MEMLOCK) != sys.maxsize:
+        pytest.skip("memlock hard limit is finite here: cannot show the unlimited case")
+    assert in_prlimit("--memlock=unlimited:unlimited", "limits.memlock", nnodes="2")["severity"] == "ok"
+    r = in_prlimit("--memlock=65536:65536", "limits.memlock", nnodes="2")
+    _assert_limited_memlock(r)
+
+
+def test_memlock_limited_real_rlimit():
+    _assert_limited_memlock(in_prlimit("--memlock=65536:65536", "limits.memlock", nnodes="2"))
+    assert in_prlimit("--memlock=65536:65536", "limits.memlock", nnodes="1")["severity"] == "ok"
+
+
+def _assert_limited_memlock(r: dict) -> None:
+    expected = "error" if os.path.isdir("/sys/class/infiniband") and os.listdir("/sys/class/infiniband") else "info"
+    assert r["severity"] == expected and "65536" in r["saw"]
+
+
+def test_detect_launcher_from_env_and_parents():
+    assert detect_launcher({"TORCHELASTIC_RUN_ID": "x"}, parents=[]) == "torchrun"
+    assert detect_launcher({"TORCHELASTIC_RUN_ID": "x", "MBR_STACK_FILE": "/f"}, parents=[]) == "mbr-launch"
+    assert detect_launcher({"TORCHELASTIC_RUN_ID": "x", "FT_RANK_MONITOR_IPC_SOCKET": "/s"}, parents=[]) == "ft_launcher"
+    assert detect_launcher({}, parents=[["/usr/bin/python3", "-m", "torch.distributed.run", "t.py"]]) == "torchrun"
+    assert detect_launcher({}, parents=[["/venv/bin/torchrun", "--nproc-per-node", "2"]]) == "torchrun"
+    assert detect_launcher({"SLURM_STEP_ID": "0"}, parents=[["bash"]]) == "srun"
+    assert detect_launcher({}, parents=[["bash"]]) == "none"
+
+
+def test_detect_plain_torchrun_through_a_real_parent(tmp_path):
+    # A real process named torchrun starts python, which asks who launched it.
+    fake = tmp_path / "torchrun"
+    fake.write_text(f"#!/bin/sh\n{sys.executable} -c 'from mbr_launch.doctor import detect_launcher; "
+                    "print(detect_launcher({}))'\n")
+    fake.chmod(0o755)
+    out = subprocess.run([str(fake)], capture_output=True, text=True, timeout=30, cwd=REPO, check=True)
+    assert out.stdout.strip() == "torchrun"
+
+
+def test_deep_skips_cleanly_without_cuda():
+    out = subprocess.run([sys.executable, "-m", "mbr_launch.doctor.deep", "--timeout", "30"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    report = json.loads(out.stdout)
+    try:
+        import torch
+        has_cuda = torch.cuda.is_available()
+    except ImportError:
+        has_cuda = False
+    if has_cuda:
+        pytest.skip("CUDA present: the skip path does not apply")
+    assert out.returncode == 0, out.stderr
+    assert report["checks"] == [{"id": "deep.gpu", "severity": "skip", "title": report["checks"][0]["title"],
+                                 "saw": "no GPU (CUDA not available)", "fix": ""}]
+    assert report["summary"]["skip"] == 1
+
+
+def test_run_doctor_json_and_table(capsys):
+    ctx = real(env={}, inprocess={}, nvml=lambda: NvmlView(False, "no driver"))
+    code = run_doctor(ctx, deep=True, as_json=True, skip={"limits.nofile"})
+    report = json.loads(capsys.readouterr().out)
+    assert code == 2  # IPR env vars missing
+    ids = [c["id"] for c in report["checks"]]
+    assert "deep.gpu" in ids and len(ids) == len(set(ids))
+    from rich.console import Console
+
+    buf = io.StringIO()
+    code = run_doctor(ctx, deep=False, as_json=False, skip=set(), console=Console(file=buf, width=200))
+    text = buf.getvalue()
+    assert code == 2 and "ipr.nvls" in text and "NCCL_NVLS_ENABLE" in text and "deep.gpu" not in text
+
+
+def test_preflight_prints_fixes_and_refuses_on_errors():
+    from rich.console import Console
+
+    buf = io.StringIO()
+    assert not preflight(real(env={}, inprocess={}), console=Console(file=buf, width=200))
+    assert "export NCCL_NVLS_ENABLE=0" in buf.getvalue() and "--skip-check ipr.nvls" in buf.getvalue()
+    env = {"TORCH_CPP_LOG_LEVEL": "error", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"}
+    buf = io.StringIO()
+    assert preflight(real(env=env, inprocess={}), skip={"fs.shm", "limits.nofile"}, console=Console(file=buf))
