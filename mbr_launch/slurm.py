@@ -311,10 +311,10 @@ class SlurmEnv:
         """An error message when this step does not run exactly one mbr-launch on every node."""
         if not self.in_step:
             if self.num_nodes > 1:
-                # The batch script runs once, on the first node: the other nodes would never join.
+                # A batch script (or salloc shell) runs once: the other nodes would never join.
                 return (
-                    f"mbr-launch is running in the batch script of a {self.num_nodes}-node job, so only "
-                    f"{self._this_node()} runs it; start it on every node with "
+                    f"mbr-launch is running outside an srun step (in the batch script or salloc shell) of a "
+                    f"{self.num_nodes}-node job, so only {self._this_node()} runs it; start it on every node with "
                     "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...`"
                 )
             return None

@@ -165,11 +165,20 @@ def test_batch_script() -> None:
     assert env.run_id() == "slurm-7-batch-r0"
     # The allocation's 3 tasks per node do not matter: the batch script runs once, on n1 only.
     msg = env.check_one_launcher_per_node()
-    assert msg is not None and "batch script of a 2-node job" in msg and "srun" in msg
+    assert msg is not None and "outside an srun step" in msg and "2-node job" in msg and "srun" in msg
     one_node = SlurmEnv.from_environ({**BATCH_SCRIPT, "SLURM_JOB_NODELIST": "n1", "SLURM_NODELIST": "n1",
                                       "SLURM_NNODES": "1", "SLURM_JOB_NUM_NODES": "1",
                                       "SLURM_TASKS_PER_NODE": "3"})
     assert one_node is not None and one_node.check_one_launcher_per_node() is None
+
+
+def test_salloc_shell() -> None:
+    # `salloc -N2` runs its shell on the submit host: no node id, no slurmd node name, no step.
+    env = SlurmEnv.from_environ({"SLURM_JOB_ID": "2", "SLURM_JOB_NODELIST": "n[1-2]", "SLURM_NNODES": "2",
+                                 "SLURM_TASKS_PER_NODE": "1(x2)"})
+    assert env is not None and not env.in_step and env.node_id is None and env.hostname is None
+    assert env.tasks_on_this_node() is None
+    assert "so only this node runs it" in (env.check_one_launcher_per_node() or "")
 
 
 def test_run_id_differs_per_step_and_requeue() -> None:
