@@ -1,7 +1,5 @@
 """``python -m mbr_launch`` is ``mbr-launch``."""
 
-import sys
+from .cli import entry
 
-from .cli import main
-
-sys.exit(main())
+entry()

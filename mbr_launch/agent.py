@@ -512,6 +512,11 @@ class Agent:
             self._stop_workers(grace=self.cfg.shutdown_timeout)
         except Exception:
             pass
+        # A thread blocked inside a torch store call at interpreter exit aborts the process.
+        for watcher in self._watchers:
+            watcher.cancel()
+        for watcher in self._watchers:
+            watcher.join(StopWatcher.POLL + 1.0)
         if self._monitor:
             self._monitor.close()
         if self._rdzv:

@@ -91,7 +91,10 @@ def _error(message: str) -> None:
 
 def _run_app(application: typer.Typer, argv: list[str], prog: str) -> int:
     try:
-        application(args=argv, prog_name=prog, standalone_mode=False)
+        # Without standalone mode the parser returns the command's exit code instead of raising.
+        result = application(args=argv, prog_name=prog, standalone_mode=False)
+        if isinstance(result, int):
+            return result
     except typer.Exit as done:
         return int(done.exit_code)
     except typer.Abort:
@@ -128,4 +131,9 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def entry() -> None:
-    sys.exit(main())
+    code = main()
+    # Everything of ours is stopped and flushed by now; skip interpreter teardown, where torch's C++
+    # objects still referenced by stray threads could abort the process and change the exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -191,6 +191,8 @@ class StopWatcher:
     """
 
     KEY = "stop"
+    # How long one blocking wait lasts: bounds how long a cancelled watcher lingers (joined at exit).
+    POLL = 1.0
 
     def __init__(self, rnd: Round, on_stop: Callable[[dict], None], *, key: str = KEY) -> None:
         self._round = rnd
@@ -206,6 +208,10 @@ class StopWatcher:
     def cancel(self) -> None:
         self._cancelled.set()
 
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
     def _run(self) -> None:
         try:
             store = self._connect()
@@ -213,7 +219,7 @@ class StopWatcher:
             return
         while not self._cancelled.is_set():
             try:
-                store.wait([self._key], datetime.timedelta(seconds=5))
+                store.wait([self._key], datetime.timedelta(seconds=self.POLL))
             except Exception:
                 continue
             if self._cancelled.is_set():

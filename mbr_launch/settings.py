@@ -124,7 +124,10 @@ def section_timeouts(value: Any) -> dict[str, float | None]:
             raise _fail(flag, value, f"bad section name {name!r}")
         if name in result:
             raise _fail(flag, value, f"section {name!r} is given twice")
-        result[name] = optional_timeout(f"{flag} {name}")(seconds)
+        try:
+            result[name] = optional_timeout(flag)(seconds)
+        except SettingError:
+            raise _fail(flag, value, f"section {name!r} needs positive seconds or 'none', not {seconds!r}") from None
     return result
 
 

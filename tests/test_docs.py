@@ -1,0 +1,202 @@
+"""The generated docs (man page, completions, README table) match ``SETTINGS`` and work in real tools.
+
+Shell and man tests need zsh, fish, man-db and groff (Debian packages of the same names); each is skipped
+with a reason when its tool is missing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import shutil
+import subprocess
+import sys
+
+import pytest
+
+from mbr_launch import docgen
+from mbr_launch.settings import PANELS, SETTINGS, Setting
+
+from .conftest import REPO
+
+TIMEOUT = 30  # seconds for any one tool; the machine is shared, so be generous
+pytestmark = pytest.mark.timeout(90)
+
+
+def _run(args: list[str], **kwargs) -> subprocess.CompletedProcess:
+    env = {**os.environ, "LC_ALL": "C.UTF-8", **kwargs.pop("env", {})}
+    return subprocess.run(args, capture_output=True, text=True, timeout=TIMEOUT, cwd=REPO, env=env, **kwargs)
+
+
+def _need(tool: str) -> None:
+    if shutil.which(tool) is None:
+        pytest.skip(f"{tool} is not installed (apt-get install zsh fish man-db groff)")
+
+
+# ---- drift ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("path", [*docgen.RENDERERS, "README.md"])
+def test_committed_file_is_current(path: str):
+    expected = docgen.expected_files(REPO)[path]
+    assert (REPO / path).read_text() == expected, f"{path} is stale: run scripts/gen-docs"
+
+
+def _with_help_changed(settings: tuple[Setting, ...]) -> tuple[Setting, ...]:
+    return tuple(dataclasses.replace(s, help=s.help + " Changed.") if s.name == "nproc_per_node" else s
+                 for s in settings)
+
+
+def _with_alias_added(settings: tuple[Setting, ...]) -> tuple[Setting, ...]:
+    return tuple(dataclasses.replace(s, flags=(*s.flags, "--nprocs")) if s.name == "nproc_per_node" else s
+                 for s in settings)
+
+
+@pytest.mark.parametrize(("change", "stale"), [
+    (_with_help_changed, {"man/mbr-launch.1", "completions/_mbr-launch", "completions/mbr-launch.fish",
+                          "README.md"}),
+    (_with_alias_added, {*docgen.RENDERERS, "README.md"}),
+])
+def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
+    """Proves the drift test can fail: a changed declaration makes the committed files stale."""
+    committed_man = (REPO / "man/mbr-launch.1").read_text()
+    monkeypatch.setattr(docgen, "SETTINGS", change(SETTINGS))
+    assert docgen.render_man() != committed_man
+    assert set(docgen.stale_files(REPO)) == stale
+    assert docgen.main(["--check"]) == 1
+    assert "stale: man/mbr-launch.1" in capsys.readouterr().err
+
+
+def test_write_touches_only_the_readme_region(tmp_path):
+    before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- options:start --> not a marker line\n"
+    (tmp_path / "README.md").write_text(f"{before}<!-- options:start -->\nold table\n<!-- options:end -->{after}")
+    assert docgen.main(["--check"], root=tmp_path) == 1
+    assert docgen.main(["--write"], root=tmp_path) == 0
+    readme = (tmp_path / "README.md").read_text()
+    assert readme.startswith(before + "<!-- options:start -->\n") and readme.endswith("<!-- options:end -->" + after)
+    assert "old table" not in readme and "`--nproc-per-node N`" in readme
+    assert docgen.main(["--check"], root=tmp_path) == 0
+
+
+# ---- the CLI agrees with the declaration ---------------------------------------------------------
+
+
+def test_cli_parses_every_declared_flag():
+    import typer
+
+    from mbr_launch.cli import app
+
+    command = typer.main.get_command(app)
+    options = {p.name: set(p.opts) for p in command.params if p.name in {s.name for s in SETTINGS}}
+    for setting in SETTINGS:
+        assert options.get(setting.name) == set(setting.flags), setting.name
+        value = "7" if setting.kind is not bool else None
+        for flag in setting.flags:
+            args = [flag, *([value] if value else []), "train.py"]
+            context = command.make_context("mbr-launch", args)
+            assert context.params[setting.name] == (value or True), (flag, context.params[setting.name])
+            assert context.params["training_script"] == "train.py"
+
+
+def _help_text() -> str:
+    result = _run([sys.executable, "-m", "mbr_launch", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+def test_help_groups_options_in_panels_in_order():
+    text = _help_text()
+    used = [p for p in PANELS if any(s.panel == p and not s.hidden for s in SETTINGS)]
+    positions = [text.find(f"─ {panel} ─") for panel in used]
+    assert -1 not in positions, dict(zip(used, positions))
+    shown = [used[positions.index(p)] for p in sorted(positions)]
+    assert shown == used, f"panels out of order: {shown}"
+
+
+def test_help_shows_defaults_and_environment():
+    # option_help's "[default: ...] [env: ...]" must not be swallowed as rich markup.
+    text = _help_text()
+    assert "MBR_NPROC_PER_NODE" in text and "[default: 1:1]" in text
+
+
+# ---- real tools ----------------------------------------------------------------------------------
+
+
+def _bash_complete(line: str) -> list[str]:
+    script = ('source completions/mbr-launch.bash && complete -p mbr-launch >/dev/null || exit 9\n'
+              'read -ra COMP_WORDS <<<"$1"; [[ $1 == *" " ]] && COMP_WORDS+=("")\n'
+              'COMP_CWORD=$(( ${#COMP_WORDS[@]} - 1 )); _mbr_launch_complete; printf "%s\\n" "${COMPREPLY[@]}"')
+    result = _run(["bash", "--norc", "--noprofile", "-c", script, "bash", line])
+    assert result.returncode == 0 and not result.stderr, result
+    return result.stdout.split()
+
+
+def test_bash_completion():
+    result = _run(["bash", "--norc", "-c", "source completions/mbr-launch.bash && complete -p mbr-launch"])
+    assert result.returncode == 0 and "_mbr_launch_complete" in result.stdout, result
+    assert {"--nproc-per-node", "--nproc_per_node"} <= set(_bash_complete("mbr-launch --nproc"))
+    assert _bash_complete("mbr-launch --start-method f") == ["fork", "forkserver"]
+    assert _bash_complete("mbr-launch --start-method = f") == ["fork", "forkserver"]
+    assert "doctor" in _bash_complete("mbr-launch do")
+    assert "--skip-check" in _bash_complete("mbr-launch doctor --sk")
+    assert _bash_complete("mbr-launch --nnodes 2 train.py --npr") == []  # the script's own arguments
+
+
+def test_zsh_completion_loads():
+    _need("zsh")
+    for script in ("autoload -U compinit; compinit -u; source completions/_mbr-launch; print $_comps[mbr-launch]",
+                   "fpath=(completions $fpath); autoload -U compinit; compinit -u -D; print $_comps[mbr-launch]"):
+        result = _run(["zsh", "-f", "-c", script])
+        assert result.returncode == 0 and not result.stderr and result.stdout.strip() == "_mbr-launch", result
+
+
+# Type a line into an interactive zsh on a pseudo-terminal, press TAB, and print what compadd was given.
+_ZSH_CAPTURE = r"""
+zmodload zsh/zpty
+zpty z zsh -f -i
+zpty -w z "PROMPT=''; fpath=($PWD/completions \$fpath); autoload -U compinit; compinit -u -D"
+zpty -w z 'compadd () { if [[ ${@[1,(i)(-|--)]} == *-(O|A|D)\ * ]]; then builtin compadd "$@"; return; fi;
+  local -a hits; builtin compadd -A hits "$@"; (( $#hits )) && print -rl -- MATCH:$^hits >/dev/tty;
+  builtin compadd "$@"; }'
+zpty -w z "zstyle ':completion:*' menu no; print -r -- REA''DY"
+zpty -r -m z out '*READY*'
+zpty -w -n z "$1"$'\t'
+zpty -w z $'\C-uprint -r -- DO\'\'NE'
+zpty -r -m z out '*DONE*'
+print -r -- "${out//$'\r'/}"
+zpty -d z
+"""
+
+
+def _zsh_complete(line: str) -> set[str]:
+    result = _run(["zsh", "-f", "-c", _ZSH_CAPTURE, "zsh", line])
+    assert result.returncode == 0, result
+    return set(re.findall(r"MATCH:(\S+)", result.stdout))  # terminal escapes may precede a match
+
+
+def test_zsh_completion_completes():
+    _need("zsh")
+    assert {"--nproc-per-node", "--nproc_per_node"} <= _zsh_complete("mbr-launch --nproc")
+    assert _zsh_complete("mbr-launch --numa-binding ") == {"node", "socket", "exclusive", "core-complex"}
+
+
+def test_fish_completion():
+    _need("fish")
+    result = _run(["fish", "-n", "completions/mbr-launch.fish"])
+    assert result.returncode == 0 and not result.stderr, result
+    result = _run(["fish", "--no-config", "-c", "source completions/mbr-launch.fish; complete -C'mbr-launch --nproc'"])
+    assert result.returncode == 0 and not result.stderr, result
+    assert {"--nproc-per-node", "--nproc_per_node"} <= {line.split("\t")[0] for line in result.stdout.splitlines()}
+
+
+def test_man_page_renders():
+    _need("man")
+    _need("groff")
+    result = _run(["groff", "-man", "-Tutf8", "-ww", "-z", "man/mbr-launch.1"])
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    result = _run(["man", "-P", "cat", "-l", "man/mbr-launch.1"], env={"MANWIDTH": "100", "MANPAGER": "cat"})
+    assert result.returncode == 0 and not result.stderr, result.stderr
+    for needle in ("OPTIONS", "Fault tolerance", "--nproc-per-node", "EXIT STATUS", "MBR_NPROC_PER_NODE",
+                   "--kill-on-bad-exit=0"):
+        assert needle in result.stdout, needle

@@ -1,0 +1,93 @@
+"""Pure setting resolution and parsing: precedence, strict values, config files."""
+
+from __future__ import annotations
+
+import pytest
+
+from mbr_launch.api import build_launch_config
+from mbr_launch.config import ConfigError, load_config_file
+from mbr_launch.settings import SettingError, resolve, section_timeouts
+
+
+def test_precedence_cli_env_config_default():
+    file_values = {"max_restarts": 7, "monitor_interval": 3}
+    r = resolve({}, {}, file_values)
+    assert r["max_restarts"] == 7 and r.sources["max_restarts"] == "config"
+    r = resolve({}, {"PET_MAX_RESTARTS": "5"}, file_values)
+    assert r["max_restarts"] == 5 and r.sources["max_restarts"] == "env:PET_MAX_RESTARTS"
+    r = resolve({}, {"PET_MAX_RESTARTS": "5", "MBR_MAX_RESTARTS": "6"}, file_values)
+    assert r["max_restarts"] == 6
+    r = resolve({"max_restarts": "2"}, {"MBR_MAX_RESTARTS": "6"}, file_values)
+    assert r["max_restarts"] == 2 and r.sources["max_restarts"] == "cli"
+    assert resolve({}, {}, {})["max_restarts"] == 0
+
+
+def test_section_timeouts_parse():
+    assert section_timeouts("setup:600,step:180,checkpointing:420") == {
+        "setup": 600.0, "step": 180.0, "checkpointing": 420.0}
+    assert section_timeouts("step:none") == {"step": None}
+    assert section_timeouts("") == {}
+
+
+@pytest.mark.parametrize("bad", ["step:abc", "step:-1", "step:180,step:200", "step", ":5", "step:0",
+                                 "st ep:5", "step:inf"])
+def test_section_timeouts_strict(bad):
+    with pytest.raises(SettingError) as err:
+        section_timeouts(bad)
+    assert "--ft-rank-section-timeouts" in str(err.value)
+
+
+@pytest.mark.parametrize("name,value", [("heartbeat_timeout", "-3"), ("heartbeat_timeout", "abc"),
+                                        ("max_restarts", "-1"), ("max_restarts", "x"),
+                                        ("rank_termination_signal", "SIGNOPE"),
+                                        ("signals_to_handle", "SIGTERM,BOGUS"),
+                                        ("stack_dump", "gdb")])
+def test_bad_values_raise(name, value):
+    with pytest.raises(SettingError):
+        resolve({name: value}, {}, {})
+
+
+def test_config_file_sections(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("fault_tolerance:\n  rank_heartbeat_timeout: 12\n  rank_section_timeouts:\n"
+                    "    step: 5\nmbr_launch:\n  max_restarts: 3\n")
+    values = load_config_file(str(path))
+    assert values == {"heartbeat_timeout": 12, "section_timeouts": {"step": 5}, "max_restarts": 3}
+
+
+@pytest.mark.parametrize("text,needle", [
+    ("fault_tolerance:\n  rank_heartbeat_timout: 12\n", "fault_tolerance.rank_heartbeat_timout"),
+    ("mbr_launch:\n  max_restart: 3\n", "mbr_launch.max_restart"),
+    ("other:\n  x: 1\n", "'other'"),
+])
+def test_config_file_unknown_keys_are_named(tmp_path, text, needle):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError) as err:
+        load_config_file(str(path))
+    assert needle in str(err.value)
+
+
+def test_build_config_standalone(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    cfg = build_launch_config(cli={"standalone": True, "nproc_per_node": "2"}, script=str(script), environ={})
+    assert cfg.rdzv_backend == "c10d" and cfg.rdzv_endpoint == "localhost:0" and cfg.nproc_per_node == 2
+    assert cfg.omp_num_threads == "1"
+    cfg = build_launch_config(cli={"standalone": True, "nproc_per_node": "2"}, script=str(script),
+                              environ={"OMP_NUM_THREADS": "4"})
+    assert cfg.omp_num_threads is None
+
+
+@pytest.mark.parametrize("cli,needle", [
+    ({"nnodes": "0"}, "--nnodes"), ({"nnodes": "3:2"}, "--nnodes"), ({"nnodes": "a"}, "--nnodes"),
+    ({"nproc_per_node": "-1"}, "--nproc-per-node"), ({"nproc_per_node": "two"}, "--nproc-per-node"),
+    ({"redirects": "9"}, "--redirects"), ({"nnodes": "2", "rdzv_backend": "c10d"}, "--rdzv-endpoint"),
+    ({"rdzv_backend": "etcd", "rdzv_endpoint": "x:1"}, "etcd"), ({"local_ranks_filter": "a"}, "--local-ranks"),
+])
+def test_build_config_rejects(tmp_path, cli, needle):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(ConfigError) as err:
+        build_launch_config(cli=cli, script=str(script), environ={})
+    assert needle in str(err.value)
