@@ -3,29 +3,76 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+import sys
+from typing import TYPE_CHECKING, Any, Mapping
 
 from .config import ConfigError, LaunchConfig, build_config, load_config_file
-from .settings import SettingError, resolve
+from .settings import Resolved, SettingError, resolve
+
+if TYPE_CHECKING:
+    from .doctor import DoctorContext
+
+
+def resolve_settings(*, cli: Mapping[str, Any], environ: Mapping[str, str]) -> Resolved:
+    """Every setting's value by precedence: command line > environment > config file > default."""
+    try:
+        config_path = cli.get("config") or environ.get("MBR_CONFIG") or environ.get("PET_FT_CFG_PATH") or None
+        file_values = load_config_file(config_path) if config_path else {}
+        return resolve(cli, environ, file_values)
+    except SettingError as err:
+        raise ConfigError(str(err)) from None
 
 
 def build_launch_config(*, cli: Mapping[str, Any], script: str | None, script_args: tuple[str, ...] = (),
                         environ: Mapping[str, str] | None = None) -> LaunchConfig:
     """Resolve every setting (command line > environment > config file > default) and validate."""
     environ = os.environ if environ is None else environ
-    try:
-        config_path = cli.get("config") or environ.get("MBR_CONFIG") or environ.get("PET_FT_CFG_PATH") or None
-        file_values = load_config_file(config_path) if config_path else {}
-        resolved = resolve(cli, environ, file_values)
-    except SettingError as err:
-        raise ConfigError(str(err)) from None
+    resolved = resolve_settings(cli=cli, environ=environ)
     return build_config(resolved, script=script, script_args=script_args, environ=environ)
+
+
+def doctor_context(resolved: Resolved, *, environ: Mapping[str, str], launcher: str) -> "DoctorContext":
+    """What the doctor checks, from the same settings a launch uses."""
+    from .doctor import DoctorContext
+    from .settings import FAULT, SETTINGS
+
+    v = resolved.values
+    ft_declared = any(s.panel == FAULT and resolved.sources.get(s.name) != "default"
+                      for s in SETTINGS if s.name not in ("config", "rank_monitor", "stack_dump", "hang_kill_grace"))
+    return DoctorContext.from_values(
+        env=dict(environ), nproc_per_node=v["nproc_per_node"], nnodes=v["nnodes"],
+        rdzv_backend="c10d" if v["standalone"] else v["rdzv_backend"],
+        rdzv_endpoint="" if v["standalone"] else v["rdzv_endpoint"], standalone=v["standalone"],
+        master_addr=v["master_addr"], master_port=v["master_port"], log_dir=v["log_dir"], launcher=launcher,
+        ft_enabled=ft_declared, config_path=v["config"], pg_timeout_s=v["pg_timeout"],
+        disk_paths=[v["log_dir"]] if v["log_dir"] else [],
+    )
+
+
+def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
+    """The cheap doctor checks before any worker starts; False when an error must stop the launch."""
+    from .doctor import DoctorError, preflight as run_preflight
+
+    skip = set(cfg.settings["skip_check"])
+    if "all" in skip:
+        return True
+    ctx = doctor_context(cfg.settings, environ=environ, launcher="mbr-launch")
+    try:
+        return run_preflight(ctx, skip=skip)
+    except DoctorError as err:
+        raise ConfigError(f"--skip-check: {err}") from None
 
 
 def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> int:
     """Run this node's agent until the job ends; returns the launcher's exit code (see exitcodes).
 
     ``environ`` is what the workers inherit (default: this process's environment)."""
+    from . import exitcodes
     from .agent import Agent
 
-    return Agent(cfg, environ=dict(environ) if environ is not None else None).run()
+    env = dict(os.environ if environ is None else environ)
+    if not preflight(cfg, environ=env):
+        print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with --skip-check ID",
+              file=sys.stderr, flush=True)
+        return exitcodes.USAGE
+    return Agent(cfg, environ=env).run()

@@ -10,12 +10,15 @@ from __future__ import annotations
 import inspect
 import os
 import sys
+import warnings
 from typing import Annotated, Any, Optional
 
 import typer
 
 from . import exitcodes
-from .settings import SETTINGS, Setting
+from rich.markup import escape
+
+from .settings import SETTINGS, Setting, default_text, in_panel_order
 
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 DOCTOR = "doctor"
@@ -23,20 +26,17 @@ DOCTOR = "doctor"
 
 def option_help(setting: Setting) -> str:
     """The help text with the default and environment variables, as shown by --help and the man page."""
-    default = setting.default
-    if isinstance(default, dict):
-        default = ",".join(f"{k}:{v}" for k, v in default.items())
-    elif isinstance(default, tuple):
-        default = ",".join(str(v) for v in default)
+    default = default_text(setting)
     parts = [setting.help]
-    if setting.kind is not bool and default not in (None, ""):
+    if setting.kind is not bool and default:
         parts.append(f"[default: {default}]")
     parts.append(f"[env: {', '.join(setting.envvars)}]")
     return " ".join(parts)
 
 
 def _parameter(setting: Setting) -> inspect.Parameter:
-    option = typer.Option(*setting.flags, help=option_help(setting), rich_help_panel=setting.panel,
+    # escape: rich would read "[default: 1:1]" as a style tag and drop it
+    option = typer.Option(*setting.flags, help=escape(option_help(setting)), rich_help_panel=setting.panel,
                           show_default=False, metavar=setting.metavar or None, hidden=setting.hidden)
     kind = Optional[bool] if setting.kind is bool else Optional[str]
     return inspect.Parameter(setting.name, inspect.Parameter.KEYWORD_ONLY, default=None,
@@ -51,7 +51,7 @@ def _launch(**values: Any) -> None:
 
 
 _launch.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-    [*(_parameter(s) for s in SETTINGS),
+    [*(_parameter(s) for s in in_panel_order(SETTINGS)),
      inspect.Parameter("training_script", inspect.Parameter.KEYWORD_ONLY, default=None,
                        annotation=Annotated[Optional[str], typer.Argument(metavar="SCRIPT", show_default=False,
                                                                           help="Training script (or module with -m).")]),
@@ -115,6 +115,8 @@ def main(argv: list[str] | None = None) -> int:
     # The agent's own store clients time out on purpose (watchers); keep torch's C++ warnings about it
     # out of the user's console. Workers get the user's setting, not this one.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    # torch.cuda imports the deprecated pynvml that nvidia-resiliency-ext pulls in: not the user's concern.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     try:
         if argv and argv[0] == DOCTOR:
             from .doctor_cli import doctor_app

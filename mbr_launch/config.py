@@ -138,8 +138,10 @@ def load_config_file(path: str) -> dict[str, Any]:
     values: dict[str, Any] = {}
     for key, section in data.items():
         if key not in ("mbr_launch", "fault_tolerance"):
-            raise ConfigError(f"--config: unknown top-level key {key!r} in {path}; "
-                              "expected 'mbr_launch' or 'fault_tolerance'")
+            if key in _bridge_sections():
+                continue  # Megatron-Bridge resiliency settings: checked by the doctor preflight
+            raise ConfigError(f"--config: unknown top-level key {key!r} in {path}; expected 'mbr_launch', "
+                              "'fault_tolerance' or a Megatron-Bridge section (ft, inprocess_restart, ...)")
         if section is None:
             continue
         if not isinstance(section, dict):
@@ -151,6 +153,12 @@ def load_config_file(path: str) -> dict[str, Any]:
                 raise ConfigError(f"--config: unknown key '{key}.{name}' in {path}")
             values[setting.name] = value
     return values
+
+
+def _bridge_sections() -> frozenset[str]:
+    from .doctor.mbridge import known_sections
+
+    return known_sections()
 
 
 # ---- building ------------------------------------------------------------------------------------

@@ -18,7 +18,7 @@ from typing import Sequence
 
 from . import exitcodes
 from .cli import option_help
-from .settings import PANELS, SETTINGS, Setting
+from .settings import PANELS, SETTINGS, Setting, default_text
 
 ROOT = Path(__file__).resolve().parents[1]
 README_START = "<!-- options:start -->"
@@ -68,15 +68,7 @@ def _completes(setting: Setting) -> str:
 
 
 def _default_text(setting: Setting) -> str:
-    # Same spelling as cli.option_help, which does not expose its formatting on its own.
-    default = setting.default
-    if setting.kind is bool:
-        return "on" if default else "off"
-    if isinstance(default, dict):
-        return ",".join(f"{k}:{v}" for k, v in default.items())
-    if isinstance(default, tuple):
-        return ",".join(str(v) for v in default)
-    return "" if default is None else str(default)
+    return default_text(setting)
 
 
 def _doctor_flags() -> list[tuple[str, str]]:

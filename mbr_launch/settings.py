@@ -20,7 +20,8 @@ FAULT = "Fault tolerance"
 POLICY = "Restart policy"
 SLURM = "Slurm"
 LOGGING = "Logging"
-PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING)
+CHECKS = "Preflight checks"
+PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING, CHECKS)
 
 
 class SettingError(ValueError):
@@ -351,12 +352,37 @@ SETTINGS: tuple[Setting, ...] = (
             panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
             help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
                  "17: Megatron failed validation)."),
+    # -- preflight checks (mbr-launch doctor) --
+    Setting(name="skip_check", flags=("--skip-check",), kind=str, default="", panel=CHECKS,
+            parse=comma_list, metavar="IDS",
+            help="Doctor check ids to skip before launching (comma-separated; 'all' skips the preflight). "
+                 "Errors stop the launch; `mbr-launch doctor` lists the ids."),
+    Setting(name="pg_timeout", flags=("--pg-timeout",), kind=float, default=None, panel=CHECKS,
+            parse=non_negative("--pg-timeout", float), metavar="SECONDS",
+            help="The process-group (NCCL watchdog) timeout your script passes to init_process_group, so "
+                 "the checks can compare it with the in-process-restart hard_timeout."),
     # -- logging --
     Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING,
             help="Print only worker output and errors, not the launcher's progress lines."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+
+
+def default_text(setting: Setting) -> str:
+    """The default as people type it (shared by --help, the man page and the README table)."""
+    default = setting.default
+    if setting.kind is bool:
+        return "on" if default else "off"
+    if isinstance(default, dict):
+        return ",".join(f"{k}:{v}" for k, v in default.items())
+    if isinstance(default, tuple):
+        return ",".join(str(v) for v in default)
+    return "" if default is None else str(default)
+
+
+def in_panel_order(settings: "tuple[Setting, ...] | list[Setting]") -> list[Setting]:
+    return sorted(settings, key=lambda s: PANELS.index(s.panel))
 BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
 
 

@@ -154,6 +154,8 @@ _LOOSE: dict[str, type] = {"checkpoint": Checkpoint, "train": Train, "dist": Dis
 _OTHER_SECTIONS = frozenset(
     "rng model optimizer optimizer_config_override_provider ddp validation scheduler dataset logger tokenizer "
     "profiling peft comm_overlap mixed_precision tensor_inspect env_vars".split()
+    # mbr-launch's own sections of the same file (checked by mbr_launch.config)
+    + ["mbr_launch", "fault_tolerance"]
 )
 _IGNORED_KEYS = frozenset({"_target_", "_partial_"})  # Hydra-style markers Bridge writes into YAML
 _TYPES: dict[str, tuple[type, ...]] = {
@@ -254,3 +256,8 @@ def _unknown(key: str, known: Any) -> str:
     hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
     return "unknown key" + hint
 
+
+
+def known_sections() -> frozenset[str]:
+    """Top-level keys a Megatron-Bridge config may have (mbr-launch's own file may carry them too)."""
+    return frozenset(_STRICT) | frozenset(_LOOSE) | _OTHER_SECTIONS | _IGNORED_KEYS
