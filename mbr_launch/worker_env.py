@@ -36,6 +36,8 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TORCHELASTIC_ERROR_FILE": str(error_file),
+        # torchrun exports its handled signals to the workers' environment; scripts may read it.
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(cfg.signals_to_handle),
     })
     if cfg.omp_num_threads is not None:
         env["OMP_NUM_THREADS"] = cfg.omp_num_threads
