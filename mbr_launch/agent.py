@@ -97,7 +97,7 @@ class Agent:
                 return self._finish(exitcodes.RENDEZVOUS, f"rendezvous failed: {err}")
             signum = self._pending_signal()
             if signum is not None:
-                return self._finish(128 + signum, f"stopped by {signal.Signals(signum).name}")
+                return self._finish_signaled(signum, rnd)
             self._round = rnd
             assert self.log
             self.log.group_rank = rnd.group_rank
@@ -112,8 +112,7 @@ class Agent:
             result = self._run_round(rnd)
             if result.outcome is Outcome.SIGNALED:
                 assert result.signum is not None
-                name = signal.Signals(result.signum).name
-                return self._finish(128 + result.signum, f"launcher received {name}")
+                return self._finish_signaled(result.signum, rnd)
             if result.outcome is Outcome.SUCCEEDED:
                 return self._finish(exitcodes.OK, "all workers succeeded")
             # FAILED locally or STOPPED by a peer: the stop message decides for the whole job.
@@ -200,9 +199,16 @@ class Agent:
         name = signal.Signals(signum).name
         assert self.log
         self.log.emit("signal", signal=name)
-        self.say(f"received {name}: forwarding it to the workers, then stopping them "
-                 f"(grace {self.cfg.shutdown_timeout:.0f} s)")
-        self._stop_workers(first_signal=signum, grace=self.cfg.shutdown_timeout)
+        cfg = self.cfg
+        if name in cfg.preempt_signals:
+            forward, grace = signal.Signals[cfg.preempt_forward_signal], cfg.preempt_grace
+            self.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
+            self.say(f"PREEMPTION ({name}): sending {forward.name} to the workers so they can checkpoint, "
+                     f"then stopping them after {grace:g} s")
+        else:
+            forward, grace = signal.Signals(signum), cfg.shutdown_timeout
+            self.say(f"received {name}: forwarding it to the workers, then stopping them (grace {grace:g} s)")
+        self._stop_workers(first_signal=forward, grace=grace)
         message = {"reason": f"{name} on node {self.node}", "origin": self.node, "final": True,
                    "exit_code": exitcodes.FAILED}
         try:
@@ -489,7 +495,7 @@ class Agent:
             except OSError:
                 pass
 
-        for name in self.cfg.signals_to_handle:
+        for name in dict.fromkeys((*self.cfg.signals_to_handle, *self.cfg.preempt_signals)):
             sig = signal.Signals[name]
             old[sig] = signal.signal(sig, handler)
         return old
@@ -503,9 +509,14 @@ class Agent:
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="mbr-"))
         self.log = EventLog(self.run_dir / "events.jsonl", node=self.node)
+        slurm = cfg.slurm
         self.log.emit("start", argv=sys.argv, run_id=cfg.run_id, nproc_per_node=cfg.nproc_per_node,
                       nnodes=f"{cfg.min_nodes}:{cfg.max_nodes}", max_restarts=cfg.max_restarts,
-                      log_dir=str(self.run_dir))
+                      log_dir=str(self.run_dir),
+                      slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
+                             "restart_count": slurm.restart_count} if slurm else None)
+        for warning in cfg.warnings:
+            self.say(f"WARNING: {warning}")
 
     def _teardown(self, old_handlers: dict[int, Any]) -> None:
         try:
@@ -534,6 +545,17 @@ class Agent:
             self.sock_dir.rmdir()
         if self.log:
             self.log.close()
+
+    def _finish_signaled(self, signum: int, rnd: Round | None) -> int:
+        name = signal.Signals(signum).name
+        if name not in self.cfg.preempt_signals:
+            return self._finish(128 + signum, f"launcher received {name}")
+        from .preemption import maybe_requeue
+
+        requeued = maybe_requeue(self.cfg, rnd.group_rank if rnd else self.cfg.node_rank, self.say)
+        if self.log and requeued is not None:
+            self.log.emit("requeue", job=self.cfg.slurm.job_id if self.cfg.slurm else None, ok=requeued)
+        return self._finish(exitcodes.PREEMPTED, f"preempted by {name}" + (" (job requeued)" if requeued else ""))
 
     def _finish(self, code: int, reason: str) -> int:
         self.summary.exit_code, self.summary.reason = code, reason

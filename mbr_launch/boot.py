@@ -11,6 +11,7 @@ What it arms, each driven by an environment variable the agent sets:
 - ``MBR_STACK_FILE``: ``faulthandler`` dumps every thread's Python stack into this file on
   ``STACK_SIGNAL``. This is the stack-dump path that needs no ptrace rights (py-spy needs them), and it
   works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
+- ``MBR_IGNORE_SIGNALS``: preemption signals to ignore (Slurm sends them to workers directly too).
 - ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.autobeat``), when that module exists.
 """
 
@@ -26,6 +27,7 @@ import sys
 STACK_SIGNAL = signal.SIGRTMIN + 5
 STACK_FILE_ENV = "MBR_STACK_FILE"
 AUTOBEAT_ENV = "MBR_AUTOBEAT"
+IGNORE_SIGNALS_ENV = "MBR_IGNORE_SIGNALS"
 
 _stack_file = None  # kept open for the life of the process: faulthandler writes to its fd
 
@@ -37,6 +39,17 @@ def arm_stack_dump() -> None:
         return
     _stack_file = open(path, "a", buffering=1)
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+
+
+def ignore_preemption_signals() -> None:
+    """Ignore the preemption signals Slurm sends to every process of the step (e.g. SIGUSR1): the agent
+    answers them by sending the workers the forward signal (SIGTERM). A script that installs its own
+    handler for one of them still gets it."""
+    for name in filter(None, os.environ.get(IGNORE_SIGNALS_ENV, "").split(",")):
+        try:
+            signal.signal(signal.Signals[name], signal.SIG_IGN)
+        except (KeyError, ValueError, OSError):
+            pass
 
 
 def arm_autobeat() -> None:
@@ -67,6 +80,7 @@ def run_target(argv: list[str]) -> None:
 
 
 def main() -> None:
+    ignore_preemption_signals()
     arm_stack_dump()
     arm_autobeat()
     run_target(sys.argv[1:])

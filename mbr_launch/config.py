@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import yaml
 
 from .settings import BY_FT_KEY, BY_NAME, Resolved, SettingError
+from .slurm import SlurmEnv, SlurmError
 
 
 class ConfigError(ValueError):
@@ -116,7 +117,14 @@ class LaunchConfig:
     hang_kill_grace: float
     no_restart_exit_codes: tuple[int, ...]
     quiet: bool
+    slurm: "SlurmEnv | None"
+    preempt_signals: tuple[str, ...]
+    preempt_forward_signal: str
+    preempt_grace: float
+    requeue_on_preemption: bool
+    max_requeues: int | None
     settings: Resolved
+    warnings: tuple[str, ...] = ()
 
 
 # ---- config file ---------------------------------------------------------------------------------
@@ -262,9 +270,52 @@ def _resolve_entrypoint(script: str, module: bool, no_python: bool, run_path: bo
     return (script,), False
 
 
+def _slurm_defaults(resolved: Resolved, environ: Mapping[str, str]) -> tuple[dict[str, Any], SlurmEnv | None,
+                                                                            list[str]]:
+    """Values derived from the Slurm step for the settings the user left at their defaults."""
+    v = dict(resolved.values)
+    if v["slurm"] == "off" or v["standalone"]:
+        return v, None, []
+    try:
+        slurm = SlurmEnv.from_environ(environ)
+    except SlurmError as err:
+        raise ConfigError(str(err)) from None
+    if slurm is None:
+        if v["slurm"] == "on":
+            raise ConfigError("--slurm on: this is not a Slurm job (SLURM_JOB_ID is not set)")
+        return v, None, []
+    problem = slurm.check_one_launcher_per_node()
+    if problem:
+        raise ConfigError(problem)
+    warnings = [w for w in (slurm.kill_on_bad_exit_warning(),) if w]
+    def untouched(name: str) -> bool:
+        return resolved.sources.get(name) == "default"
+
+    if untouched("nnodes"):
+        v["nnodes"] = str(slurm.nnodes())
+    if untouched("rdzv_backend"):
+        v["rdzv_backend"] = "c10d"
+    if untouched("rdzv_id"):
+        v["rdzv_id"] = slurm.run_id()
+    if untouched("rdzv_endpoint") and v["rdzv_backend"] == "c10d":
+        port = v["slurm_rdzv_port"] or _slurm_port(slurm)
+        v["rdzv_endpoint"] = slurm.rdzv_endpoint(port)
+    if untouched("node_rank") and slurm.node_id is not None:
+        v["node_rank"] = slurm.node_rank()
+    return v, slurm, warnings
+
+
+def _slurm_port(slurm: SlurmEnv) -> int:
+    # Every node computes the same port; different jobs (and steps, and requeues) get different ones.
+    import zlib
+
+    key = f"{slurm.job_id}.{slurm.step_id}.{slurm.restart_count}".encode()
+    return 20000 + zlib.crc32(key) % 20000
+
+
 def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[str, ...],
                  environ: Mapping[str, str]) -> LaunchConfig:
-    v = resolved.values
+    v, slurm, warnings = _slurm_defaults(resolved, environ)
     if not script:
         raise ConfigError("missing the training script: mbr-launch [OPTIONS] SCRIPT [ARGS...]")
     min_nodes, max_nodes = parse_nnodes(v["nnodes"])
@@ -301,7 +352,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         if backend == "static" and v["node_rank"] == 0:
             raise ConfigError(f"port {port} on {host} is already in use: rank 0 must host the store there; "
                               "pick a free --master-port")
-        if backend == "c10d" and max_nodes == 1 and not _listener_is_launcher(port):
+        if backend == "c10d" and max_nodes == 1 and slurm is None and not _listener_is_launcher(port):
             raise ConfigError(f"port {port} on {host} is in use by another program; pick a free port "
                               "in --rdzv-endpoint (or use --standalone)")
 
@@ -359,7 +410,11 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         omp_num_threads="1" if "OMP_NUM_THREADS" not in environ and nproc > 1 else None,
         ft=ft, rank_monitor=v["rank_monitor"] == "on", stack_dump=v["stack_dump"],
         hang_kill_grace=v["hang_kill_grace"], no_restart_exit_codes=v["no_restart_exit_codes"],
-        quiet=v["quiet"], settings=resolved,
+        quiet=v["quiet"], slurm=slurm, preempt_signals=v["preempt_signals"],
+        preempt_forward_signal=v["preempt_forward_signal"],
+        preempt_grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),
+        requeue_on_preemption=v["requeue_on_preemption"], max_requeues=v["max_requeues"],
+        settings=resolved, warnings=tuple(warnings),
     )
 
 

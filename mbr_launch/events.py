@@ -32,6 +32,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "workload_request": ("rank", "action", "description"),
     "monitor_lost": ("round", "exit_code"),
     "signal": ("signal",),
+    "preemption": ("signal", "forward", "grace"),
+    "requeue": ("job", "ok"),
     "end": ("exit_code", "reason", "seconds"),
 }
 

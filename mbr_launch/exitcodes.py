@@ -5,7 +5,8 @@ FAILED = 1  # workers failed and the job did not recover (restart budget spent, 
 USAGE = 2  # bad command line, configuration or environment: nothing was started
 RENDEZVOUS = 3  # the rendezvous failed: timed out, closed, or its store host was lost
 INTERNAL = 4  # a bug or an unexpected error in mbr-launch itself
-# 128 + N: the launcher was stopped by signal N (e.g. 143 for SIGTERM, 130 for SIGINT), after it forwarded
+PREEMPTED = 5  # a preemption signal arrived: workers were asked to checkpoint, then stopped
+# 128 + N: the launcher was stopped by signal N (e.g. 130 for SIGINT, 129 for SIGHUP), after it forwarded
 # the signal to the workers and stopped them.
 
 TABLE = (
@@ -15,5 +16,8 @@ TABLE = (
     (USAGE, "bad command line, configuration or environment; nothing was started"),
     (RENDEZVOUS, "the rendezvous failed (timed out, closed, or its store host was lost)"),
     (INTERNAL, "an unexpected error inside mbr-launch (please report it)"),
-    ("128+N", "stopped by signal N after forwarding it to the workers (143 SIGTERM, 130 SIGINT)"),
+    (PREEMPTED, "preempted (a --preempt-signals signal, e.g. SIGTERM from scancel or SIGUSR1 from "
+                "srun --signal): the workers were asked to checkpoint, then stopped (and the job requeued "
+                "with --requeue-on-preemption)"),
+    ("128+N", "stopped by another handled signal N after forwarding it to the workers (130 SIGINT)"),
 )

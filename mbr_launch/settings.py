@@ -352,6 +352,33 @@ SETTINGS: tuple[Setting, ...] = (
             panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
             help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
                  "17: Megatron failed validation)."),
+    # -- Slurm and preemption --
+    Setting(name="slurm", flags=("--slurm",), kind=str, default="auto", panel=SLURM,
+            parse=choice("--slurm", ("auto", "on", "off")), choices=("auto", "on", "off"),
+            help="Derive --nnodes, --rdzv-endpoint, --rdzv-id and the c10d backend from the Slurm step "
+                 "(auto: when SLURM_JOB_ID is set). Flags you give explicitly always win."),
+    Setting(name="slurm_rdzv_port", flags=("--slurm-rdzv-port",), kind=int, default=None, panel=SLURM,
+            parse=non_negative("--slurm-rdzv-port", int), metavar="PORT",
+            help="Port of the rendezvous store on the step's first node (default: derived from the job and "
+                 "step ids, so two jobs sharing a node do not collide)."),
+    Setting(name="preempt_signals", flags=("--preempt-signals",), kind=str, default="SIGTERM,SIGUSR1",
+            panel=SLURM, parse=signal_list("--preempt-signals"), metavar="SIGNALS",
+            help="Signals that mean preemption (scancel, srun --signal=USR1@60): the workers get "
+                 "--preempt-forward-signal to checkpoint, --preempt-grace seconds, then SIGKILL; exit code 5."),
+    Setting(name="preempt_forward_signal", flags=("--preempt-forward-signal",), kind=str, default="SIGTERM",
+            panel=SLURM, parse=signal_name("--preempt-forward-signal"), metavar="SIGNAL",
+            help="Signal sent to the workers on preemption (Megatron-Bridge saves a checkpoint on SIGTERM). "
+                 "Workers ignore the other preemption signals, which Slurm also delivers to them directly."),
+    Setting(name="preempt_grace", flags=("--preempt-grace",), kind=float, default=None, panel=SLURM,
+            parse=non_negative("--preempt-grace", float), metavar="SECONDS",
+            help="Seconds the workers get to checkpoint after a preemption signal (default: "
+                 "--shutdown-timeout)."),
+    Setting(name="requeue_on_preemption", flags=("--requeue-on-preemption",), kind=bool, default=False,
+            panel=SLURM, help="After a preemption, node 0 runs `scontrol requeue $SLURM_JOB_ID` so the job "
+                              "comes back and resumes from its checkpoint."),
+    Setting(name="max_requeues", flags=("--max-requeues",), kind=int, default=None, panel=SLURM,
+            parse=non_negative("--max-requeues", int), metavar="N",
+            help="Requeue at most N times in the life of the job (compared with SLURM_RESTART_COUNT)."),
     # -- preflight checks (mbr-launch doctor) --
     Setting(name="skip_check", flags=("--skip-check",), kind=str, default="", panel=CHECKS,
             parse=comma_list, metavar="IDS",

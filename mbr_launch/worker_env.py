@@ -46,6 +46,11 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         visible = environ.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else None
         env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip() if devices else str(local_rank)
+    ignored = [sig for sig in cfg.preempt_signals if sig != cfg.preempt_forward_signal]
+    if ignored and cfg.use_boot:
+        # Slurm delivers scancel/srun --signal to every process of the step: without this a worker would
+        # die of SIGUSR1's default action before the agent asks it to checkpoint.
+        env["MBR_IGNORE_SIGNALS"] = ",".join(ignored)
     if monitor_socket:
         env["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_socket
     if launcher_socket:

@@ -91,3 +91,43 @@ def test_build_config_rejects(tmp_path, cli, needle):
     with pytest.raises(ConfigError) as err:
         build_launch_config(cli=cli, script=str(script), environ={})
     assert needle in str(err.value)
+
+
+SLURM_STEP = {"SLURM_JOB_ID": "812", "SLURM_STEP_ID": "0", "SLURM_STEP_NODELIST": "gpu-a[01-02]",
+              "SLURM_STEP_NUM_NODES": "2", "SLURM_NODEID": "1", "SLURM_PROCID": "1",
+              "SLURM_STEP_TASKS_PER_NODE": "1(x2)", "SLURMD_NODENAME": "gpu-a02"}
+
+
+def test_slurm_derives_what_torchrun_makes_people_type(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    cfg = build_launch_config(cli={"nproc_per_node": "2"}, script=str(script), environ=SLURM_STEP)
+    assert (cfg.min_nodes, cfg.max_nodes) == (2, 2)
+    assert cfg.rdzv_backend == "c10d" and cfg.rdzv_endpoint.startswith("gpu-a01:")
+    assert cfg.run_id == "slurm-812-0-r0" and cfg.slurm and cfg.slurm.hostname == "gpu-a02"
+    # every node derives the same endpoint
+    other = build_launch_config(cli={}, script=str(script), environ={**SLURM_STEP, "SLURM_NODEID": "0"})
+    assert other.rdzv_endpoint == cfg.rdzv_endpoint
+    # explicit flags win
+    cfg = build_launch_config(cli={"rdzv_endpoint": "h:1234", "nnodes": "1:2", "rdzv_id": "mine"},
+                              script=str(script), environ=SLURM_STEP)
+    assert (cfg.rdzv_endpoint, cfg.min_nodes, cfg.run_id) == ("h:1234", 1, "mine")
+    # requeues get a new run id (stale rendezvous state is never reused)
+    cfg = build_launch_config(cli={}, script=str(script), environ={**SLURM_STEP, "SLURM_RESTART_COUNT": "1"})
+    assert cfg.run_id == "slurm-812-0-r1"
+
+
+def test_slurm_more_than_one_task_per_node_is_refused(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    with pytest.raises(ConfigError) as err:
+        build_launch_config(cli={}, script=str(script),
+                            environ={**SLURM_STEP, "SLURM_STEP_TASKS_PER_NODE": "4(x2)"})
+    assert "once per node" in str(err.value) and "--ntasks-per-node=1" in str(err.value)
+
+
+def test_slurm_kill_on_bad_exit_warns(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("")
+    cfg = build_launch_config(cli={}, script=str(script), environ={**SLURM_STEP, "SLURM_KILL_BAD_EXIT": "1"})
+    assert any("--kill-on-bad-exit=0" in w for w in cfg.warnings)

@@ -1,9 +1,15 @@
 """The per-node rank monitor process: ``python -m mbr_launch.monitor.server``.
 
-The agent drives it with JSON lines on stdin and reads JSON lines (events) from stdout; see
-``control.py`` for the vocabulary. Workers' ``RankMonitorClient`` (NVRx 0.4.1, unchanged) connect to the
-per-rank sockets the agent arms. One thread, one ``epoll`` loop: its timeout is the earliest rank
-deadline, so an expiry is reported a millisecond or so after it happens instead of on a poll interval.
+The agent drives it with JSON lines on stdin and reads events from stdout (``control.py`` lists them).
+Workers' unchanged NVRx 0.4.1 ``RankMonitorClient`` connect to the per-rank sockets the agent arms.
+
+Threads: the main thread runs an ``epoll`` loop over stdin, the listening sockets and a wake-up pipe; its
+timeout is the earliest rank deadline, so an expiry is reported about a millisecond after it happens
+instead of on a poll interval. Each client connection gets a thread doing blocking ``recv``/``sendall``:
+measured against a single epoll loop it saves ~10 us per round trip (no ``epoll_wait`` and no Python
+dispatch between the client's separate header and payload writes). One lock guards all rank state; a
+connection thread wakes the main thread only when it makes a deadline earlier than the planned wake-up
+(heartbeats only ever move deadlines later).
 
 The monitor never kills on expiry; it reports and the agent decides. The one exception is the agent's
 death: stdin EOF means nobody is left to clean up, so every armed worker's process group is SIGKILLed.
@@ -21,6 +27,7 @@ import signal
 import socket
 import struct
 import sys
+import threading
 import time
 from typing import Any, Callable, Optional
 
@@ -28,7 +35,6 @@ from . import replies
 from .control import ControlError, Emitter, LineReader, check_private_dir, configured_timeouts, parse_socket_path
 from .deadlines import InvalidTransition, Phase, RankWatch, SectionError, next_deadline, next_verdict
 from .protocol import (
-    HEADER,
     Authkey,
     Decoder,
     Heartbeat,
@@ -43,25 +49,20 @@ from .protocol import (
     frame_length,
 )
 
-_IN = select.EPOLLIN
-_OUT = select.EPOLLOUT
 _PEERCRED = struct.Struct("3i")
-_RECV = 1 << 16
 
 
 class Conn:
-    __slots__ = ("sock", "fd", "slot", "buf", "out")
+    __slots__ = ("sock", "slot", "dropped")
 
     def __init__(self, sock: socket.socket, slot: Optional["Slot"]) -> None:
         self.sock = sock
-        self.fd = sock.fileno()
         self.slot = slot  # None: a launcher-socket (workload request) connection
-        self.buf = bytearray()
-        self.out = b""
+        self.dropped = False  # detached from its slot; the serving thread closes the socket
 
 
 class Slot:
-    """One local rank: its listening socket, its current client connection and its deadlines."""
+    """One local rank: its listening socket, its client connections and its deadlines."""
 
     def __init__(self, local_rank: int, watch: RankWatch) -> None:
         self.local_rank = local_rank
@@ -76,17 +77,31 @@ class Slot:
         self.watch = watch
 
 
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = sock.recv(n)
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            raise EOFError
+        data += more
+    return data
+
+
 class Monitor:
     def __init__(self, emit: Callable[[dict[str, Any]], None], clock: Callable[[], float] = time.monotonic) -> None:
-        self.emit = emit
+        self.emit = emit  # called with self.lock held: events never interleave
         self.clock = clock
+        self.lock = threading.Lock()
         self.ep = select.epoll()
+        self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self.ep.register(self.wake_r, select.EPOLLIN)
         self.cfg: Optional[dict[str, Any]] = None
         self.dir = ""
         self.slots: dict[int, Slot] = {}
         self.listeners: dict[int, tuple[socket.socket, Optional[Slot]]] = {}
-        self.conns: dict[int, Conn] = {}
-        self.launcher: Optional[socket.socket] = None
+        self.conns: set[Conn] = set()
+        self.threads: set[threading.Thread] = set()
+        self.launcher_path: Optional[str] = None
         self.decoder = Decoder()
         self.next_check: Optional[float] = None  # may be early (then we recompute), never late
         self.running = True
@@ -101,7 +116,7 @@ class Monitor:
             Invalid: self._on_invalid,
         }
 
-    # ---- control channel ---------------------------------------------------------------------------------
+    # ---- control channel (main thread, lock held) ----------------------------------------------------------
 
     def handle_control(self, msg: dict[str, Any]) -> None:
         op = msg.get("op")
@@ -126,9 +141,9 @@ class Monitor:
         except (KeyError, ValueError, TypeError) as exc:
             raise ControlError(f"configure: bad cfg: {exc}") from None
         self.dir, self.cfg = directory, cfg
-        path = os.path.join(directory, "launcher.sock")
-        self.launcher = self._listen(path, None)
-        self.emit({"ev": "ready", "launcher_socket": path})
+        self.launcher_path = os.path.join(directory, "launcher.sock")
+        self._listen(self.launcher_path, None)
+        self.emit({"ev": "ready", "launcher_socket": self.launcher_path})
 
     def op_arm(self, msg: dict[str, Any]) -> None:
         local_rank = _int(msg, "local_rank")
@@ -138,7 +153,7 @@ class Monitor:
             assert self.cfg is not None
             slot = self.slots[local_rank] = Slot(local_rank, RankWatch(configured_timeouts(self.cfg)))
         for conn in list(slot.conns):
-            self._close(conn, notify=False)
+            self._drop(conn)
         if slot.listener is not None and slot.path != path:
             self._unlisten(slot)
         if slot.listener is None:
@@ -158,7 +173,7 @@ class Monitor:
         slot = self._slot(msg)
         slot.watch.disarm()
         for conn in list(slot.conns):
-            self._close(conn, notify=False)
+            self._drop(conn)
         self.emit({"ev": "disarmed", "local_rank": slot.local_rank})
 
     def op_snapshot(self, msg: dict[str, Any]) -> None:
@@ -182,20 +197,17 @@ class Monitor:
                 pass  # already gone
         self.running = False
 
-    # ---- rank sockets --------------------------------------------------------------------------------------
+    # ---- sockets -------------------------------------------------------------------------------------------
 
     def _listen(self, path: str, slot: Optional[Slot]) -> socket.socket:
-        try:
-            os.unlink(path)  # a stale socket from a previous monitor; the directory is ours alone
-        except FileNotFoundError:
-            pass
+        _unlink(path)  # a stale socket from an earlier monitor: the directory is private to the agent
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(path)
         os.chmod(path, 0o600)
         sock.listen(64)
         sock.setblocking(False)
         self.listeners[sock.fileno()] = (sock, slot)
-        self.ep.register(sock.fileno(), _IN)
+        self.ep.register(sock.fileno(), select.EPOLLIN)
         return sock
 
     def _unlisten(self, slot: Slot) -> None:
@@ -213,111 +225,107 @@ class Monitor:
             except BlockingIOError:
                 return
             uid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
-            if (uid not in (0, os.geteuid())) or (slot is not None and slot.watch.phase is Phase.DISARMED):
+            if uid not in (0, os.geteuid()) or (slot is not None and slot.watch.phase is Phase.DISARMED):
                 sock.close()
                 continue
-            sock.setblocking(False)
+            sock.setblocking(True)
             conn = Conn(sock, slot)
-            self.conns[conn.fd] = conn
+            self.conns.add(conn)
             if slot is not None:
                 slot.conns.add(conn)
-            self.ep.register(conn.fd, _IN)
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.add(thread)
+            thread.start()
 
-    def _close(self, conn: Conn, *, notify: bool) -> None:
-        if self.conns.pop(conn.fd, None) is None:
-            return
-        self.ep.unregister(conn.fd)
-        conn.sock.close()
+    def _detach(self, conn: Conn) -> bool:
+        """Unlink ``conn`` from its slot (lock held); True if it was the rank's active client."""
         slot = conn.slot
         if slot is None:
-            return
+            return False
         slot.conns.discard(conn)
-        if slot.active is conn:
-            slot.active = None
-            if slot.watch.phase is not Phase.DISARMED:
-                slot.watch.disconnect()
-            if notify:
-                self.emit({"ev": "disconnected", "local_rank": slot.local_rank})
+        if slot.active is not conn:
+            return False
+        slot.active = None
+        if slot.watch.phase is not Phase.DISARMED:
+            slot.watch.disconnect()
+        return True
 
-    def _readable(self, conn: Conn) -> None:
-        try:
-            data = conn.sock.recv(_RECV)
-        except (ConnectionResetError, BlockingIOError) as exc:
-            if isinstance(exc, BlockingIOError):
-                return
-            data = b""
-        if not data:
-            self._close(conn, notify=True)
+    def _drop(self, conn: Conn) -> None:
+        """Monitor-initiated close (lock held): detach now; shutdown wakes the thread, which closes."""
+        if conn.dropped:
             return
-        buf = conn.buf
+        conn.dropped = True
+        self._detach(conn)
         try:
-            if not buf and len(data) > 4 and HEADER.unpack_from(data)[0] == len(data) - 4:
-                self._frame(conn, data[4:])  # the common case: exactly one whole frame
-                return
-            buf += data
-            while len(buf) >= 4:
-                n = frame_length(bytes(buf[:4]))
-                if len(buf) < 4 + n:
-                    break
-                payload = bytes(buf[4 : 4 + n])
-                del buf[: 4 + n]
-                self._frame(conn, payload)
-                if conn.fd not in self.conns:
-                    return
-        except ProtocolError as exc:
-            where = f"local rank {conn.slot.local_rank}" if conn.slot else "launcher socket"
-            self.emit({"ev": "error", "message": f"{where}: {exc}; connection dropped"})
-            self._close(conn, notify=True)
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
-    def _frame(self, conn: Conn, payload: bytes) -> None:
+    # ---- connection threads ----------------------------------------------------------------------------------
+
+    def _serve(self, conn: Conn) -> None:
+        sock = conn.sock
+        try:
+            while True:
+                header = sock.recv(4)
+                if not header:
+                    break
+                if len(header) < 4:
+                    header += _recv_exact(sock, 4 - len(header))
+                reply = self._frame(conn, _recv_exact(sock, frame_length(header)))
+                if reply is None:
+                    break
+                sock.sendall(reply)
+        except ProtocolError as exc:
+            with self.lock:
+                where = f"local rank {conn.slot.local_rank}" if conn.slot else "launcher socket"
+                self.emit({"ev": "error", "message": f"{where}: {exc}; connection dropped"})
+        except (OSError, EOFError):
+            pass
+        finally:
+            with self.lock:
+                if not conn.dropped:
+                    conn.dropped = True
+                    if self._detach(conn) and conn.slot is not None:
+                        self.emit({"ev": "disconnected", "local_rank": conn.slot.local_rank})
+                self.conns.discard(conn)
+                self.threads.discard(threading.current_thread())
+            sock.close()
+
+    def _frame(self, conn: Conn, payload: bytes) -> Optional[bytes]:
         slot = conn.slot
         if slot is None:
             req = decode_workload_request(payload)
-            self.emit({"ev": "workload_request", "rank": req.rank, "action": req.action, "description": req.description})
-            self._send(conn, replies.WORKLOAD_OK_FRAME)
-            return
-        req = self.decoder.decode(payload)
-        try:
-            reply = self.handlers[type(req)](slot, conn, req)
-        except (SectionError, InvalidTransition) as exc:
-            reply = replies.frame(replies.error_msg(str(exc)))
-        self._send(conn, reply)
-        d = next_deadline(slot.watch)
-        if d is not None and (self.next_check is None or d < self.next_check):
-            self.next_check = d
+            with self.lock:
+                self.emit({"ev": "workload_request", "rank": req.rank, "action": req.action,
+                           "description": req.description})
+            return replies.WORKLOAD_OK_FRAME
+        req = self.decoder.decode(payload)  # pure, outside the lock
+        handler = self.handlers[type(req)]
+        with self.lock:
+            if conn.dropped:
+                return None
+            try:
+                reply = handler(slot, conn, req)
+            except (SectionError, InvalidTransition) as exc:
+                reply = replies.frame(replies.error_msg(str(exc)))
+            d = next_deadline(slot.watch)
+            nc = self.next_check
+            wake = d is not None and (nc is None or d < nc)
+            if wake:
+                self.next_check = d
+        if wake:
+            try:
+                os.write(self.wake_w, b"\0")
+            except BlockingIOError:
+                pass  # the pipe is full of wake-ups already
+        return reply
 
-    def _send(self, conn: Conn, data: bytes) -> None:
-        if conn.out:
-            conn.out += data
-            return
-        try:
-            sent = conn.sock.send(data)
-        except BlockingIOError:
-            sent = 0
-        except OSError:
-            self._close(conn, notify=True)
-            return
-        if sent < len(data):
-            conn.out = data[sent:]
-            self.ep.modify(conn.fd, _IN | _OUT)
-
-    def _writable(self, conn: Conn) -> None:
-        try:
-            sent = conn.sock.send(conn.out)
-        except BlockingIOError:
-            return
-        except OSError:
-            self._close(conn, notify=True)
-            return
-        conn.out = conn.out[sent:]
-        if not conn.out:
-            self.ep.modify(conn.fd, _IN)
-
-    # ---- requests: each returns the reply frame ----------------------------------------------------------
+    # ---- requests (lock held): each returns the reply frame ------------------------------------------------
 
     def _on_heartbeat(self, slot: Slot, conn: Conn, req: Heartbeat) -> bytes:
         if slot.active is not conn:
-            return _not_initialised()
+            return _NOT_INITIALISED
         if slot.watch.heartbeat(self.clock()):
             self.emit({"ev": "first_heartbeat", "local_rank": slot.local_rank, "rank": slot.rank,
                        "t": round(self.clock() - slot.watch.armed_at, 6)})
@@ -325,47 +333,42 @@ class Monitor:
 
     def _on_open(self, slot: Slot, conn: Conn, req: SectionOpen) -> bytes:
         if slot.active is not conn:
-            return _not_initialised()
+            return _NOT_INITIALISED
         slot.watch.open_section(req.name, self.clock())
         return replies.OK_FRAME
 
     def _on_close(self, slot: Slot, conn: Conn, req: SectionClose) -> bytes:
         if slot.active is not conn:
-            return _not_initialised()
+            return _NOT_INITIALISED
         slot.watch.close_section(req.name, self.clock())
         return replies.OK_FRAME
 
     def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
         if slot.active is not conn:
-            return _not_initialised()
+            return _NOT_INITIALISED
         slot.watch.close_all_sections(self.clock())
         return replies.OK_FRAME
 
     def _on_authkey(self, slot: Slot, conn: Conn, req: Authkey) -> bytes:
-        # NVRx adopts the client's authkey to receive Managers and tensors; we accept neither.
+        # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
         return replies.OK_FRAME
 
     def _on_init(self, slot: Slot, conn: Conn, req: Init) -> bytes:
         if slot.active is not None and slot.active is not conn:
-            # A new client took over (the old one's EOF may not be processed yet): it owns the rank now.
-            old, slot.active = slot.active, None
-            slot.conns.discard(old)
-            old.slot = None
-            self._close(old, notify=False)
-            if slot.watch.phase is Phase.MONITORING:
-                slot.watch.disconnect()
+            # A new client took over before the old one's EOF was seen: the newest owns the rank.
+            self._drop(slot.active)
         slot.watch.init(self.clock())
         slot.active = conn
         slot.client_pid = req.pid
         if slot.rank is None:
             slot.rank = req.rank
-        self.emit({"ev": "connected", "local_rank": slot.local_rank, "rank": req.rank if req.rank is not None else slot.rank,
-                   "pid": req.pid})
+        self.emit({"ev": "connected", "local_rank": slot.local_rank,
+                   "rank": req.rank if req.rank is not None else slot.rank, "pid": req.pid})
         return replies.frame(replies.ok_msg(cfg=replies.ft_config(self._effective_cfg(slot))))
 
     def _on_update(self, slot: Slot, conn: Conn, req: UpdateConfig) -> bytes:
         if slot.active is not conn:
-            return _not_initialised()
+            return _NOT_INITIALISED
         hb, sec = req.hb, req.section
         slot.watch.update_timeouts(
             initial=hb.initial if hb else None,
@@ -392,14 +395,14 @@ class Monitor:
     def _on_invalid(self, slot: Slot, conn: Conn, req: Invalid) -> bytes:
         return replies.frame(replies.error_msg(req.cause))
 
-    # ---- deadlines ---------------------------------------------------------------------------------------
+    # ---- deadlines (lock held) ---------------------------------------------------------------------------
 
     def check_deadlines(self, now: float) -> None:
         earliest: Optional[float] = None
         for slot in self.slots.values():
-            verdict = next_verdict(slot.watch, now)
+            w = slot.watch
+            verdict = next_verdict(w, now)
             if verdict is not None:
-                w = slot.watch
                 self.emit({
                     "ev": "expired",
                     "local_rank": slot.local_rank,
@@ -414,12 +417,12 @@ class Monitor:
                     "monotonic": now,
                 })
                 w.expire()
-            d = next_deadline(slot.watch)
+            d = next_deadline(w)
             if d is not None and (earliest is None or d < earliest):
                 earliest = d
         self.next_check = earliest
 
-    # ---- helpers -------------------------------------------------------------------------------------------
+    # ---- helpers -----------------------------------------------------------------------------------------
 
     def _slot(self, msg: dict[str, Any]) -> Slot:
         local_rank = _int(msg, "local_rank")
@@ -449,66 +452,80 @@ class Monitor:
             "timeouts": w.timeouts.as_dict(),
         }
 
-    def close_all(self) -> None:
-        for conn in list(self.conns.values()):
-            self._close(conn, notify=False)
-        for slot in self.slots.values():
-            if slot.listener is not None:
-                self._unlisten(slot)
-        if self.launcher is not None:
-            self.launcher.close()
-            _unlink(os.path.join(self.dir, "launcher.sock"))
-        self.ep.close()
-
-    # ---- the loop ------------------------------------------------------------------------------------------
+    # ---- the main loop -----------------------------------------------------------------------------------
 
     def run(self, stdin_fd: int) -> None:
         reader = LineReader()
-        self.ep.register(stdin_fd, _IN)
-        conns, listeners, clock = self.conns, self.listeners, self.clock
+        self.ep.register(stdin_fd, select.EPOLLIN)
+        clock = self.clock
         while self.running:
-            nc = self.next_check
+            nc = self.next_check  # a stale read is fine: writers that move it earlier also wake us
             timeout = -1.0 if nc is None else max(0.0, nc - clock())
             try:
                 events = self.ep.poll(timeout)
             except InterruptedError:
                 continue
-            for fd, mask in events:
-                conn = conns.get(fd)
-                if conn is not None:
-                    if mask & _OUT and conn.out:
-                        self._writable(conn)
-                    if mask & (_IN | select.EPOLLHUP | select.EPOLLERR) and fd in conns:
-                        self._readable(conn)
+            for fd, _ in events:
+                if fd == self.wake_r:
+                    _drain(fd)
                 elif fd == stdin_fd:
                     self._control(stdin_fd, reader)
-                elif fd in listeners:
-                    self._accept(*listeners[fd])
-            nc = self.next_check
-            if nc is not None:
-                now = clock()
-                if now >= nc:
-                    self.check_deadlines(now)
+                elif fd in self.listeners:
+                    with self.lock:
+                        self._accept(*self.listeners[fd])
+            with self.lock:
+                nc = self.next_check
+                if nc is not None:
+                    now = clock()
+                    if now >= nc:
+                        self.check_deadlines(now)
 
     def _control(self, fd: int, reader: LineReader) -> None:
         data = os.read(fd, 1 << 16)
-        if not data:
-            self.ep.unregister(fd)
-            self.agent_gone()
-            return
-        for msg in reader.feed(data):
-            try:
-                if isinstance(msg, ControlError):
-                    raise msg
-                self.handle_control(msg)
-            except (ControlError, InvalidTransition, OSError) as exc:
-                self.emit({"ev": "error", "message": str(exc), "op": msg.get("op") if isinstance(msg, dict) else None})
-            if not self.running:
+        with self.lock:
+            if not data:
+                self.ep.unregister(fd)
+                self.agent_gone()
                 return
+            for msg in reader.feed(data):
+                try:
+                    if isinstance(msg, ControlError):
+                        raise msg
+                    self.handle_control(msg)
+                except (ControlError, InvalidTransition, OSError) as exc:
+                    op = msg.get("op") if isinstance(msg, dict) else None
+                    self.emit({"ev": "error", "message": str(exc), "op": op})
+                if not self.running:
+                    return
+
+    def close_all(self, join_timeout: float = 1.0) -> None:
+        with self.lock:
+            for conn in list(self.conns):
+                self._drop(conn)
+            for slot in self.slots.values():
+                if slot.listener is not None:
+                    self._unlisten(slot)
+            for fd, (sock, _) in list(self.listeners.items()):
+                sock.close()
+            self.listeners.clear()
+            if self.launcher_path:
+                _unlink(self.launcher_path)
+            threads = list(self.threads)
+        deadline = time.monotonic() + join_timeout
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        self.ep.close()
 
 
-def _not_initialised() -> bytes:
-    return replies.frame(replies.error_msg("not initialised: send InitMsg first"))
+_NOT_INITIALISED = replies.frame(replies.error_msg("not initialised: send InitMsg first"))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
 
 
 def _int(msg: dict[str, Any], key: str) -> int:
@@ -530,10 +547,10 @@ def _unlink(path: str) -> None:
 
 
 def main() -> int:
-    # See the module docstring: the agent owns our lifetime, job-wide signals must not end it.
+    # The agent owns our lifetime (see the module docstring): job-wide signals must not end it.
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    emitter = Emitter(1)
+    emitter = Emitter(sys.stdout.fileno())
     monitor = Monitor(emitter.emit)
     emitter.on_broken = monitor.agent_gone
     try:
