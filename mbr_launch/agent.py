@@ -1,28 +1,30 @@
 """The per-node agent: rendezvous, spawn, watch, decide, restart.
 
 One loop with fixed steps (``run``): join a round -> start the workers -> wait for the next event ->
-act -> repeat. Events arrive on one queue: worker exits (pidfds), rank monitor verdicts, peer stop
-messages, signals (handlers only enqueue), membership checks (a timer). The wait is a ``select`` over the
-worker pidfds, the monitor's pidfd and a wake-up pipe that every thread and signal handler writes to.
+ask the policy -> act -> repeat. Events arrive on one queue: worker exits (pidfds), rank monitor verdicts,
+peer stop messages, lost peers, signals (handlers only enqueue), membership checks (a timer). The wait is
+a ``select`` over the worker pidfds, the monitor's pidfd and a wake-up pipe that every thread and signal
+handler writes to.
 
 Round states::
 
     JOINING --> RUNNING --> SUCCEEDED --> (all nodes done) --> exit 0
-                   |  \\--> FAILED (local crash / hang / monitor lost) --+--> budget left --> JOINING
-                   |                                                    \\-> budget spent --> exit 1
-                   \\--> STOPPED (peer's failure, membership change) ----> JOINING (or exit 1 if final)
+                   |  \\--> FAILED (crash / hang / lost monitor / lost peer) --> policy:
+                   |          restart job   --> stop message to all nodes --> JOINING
+                   |          restart node/rank --> respawn locally --> RUNNING
+                   |          exclude node  --> leave the rendezvous --> exit 6 (the others go on)
+                   |          stop          --> final stop message --> exit 1
+                   \\--> STOPPED (a peer's message, membership change) --> JOINING (or exit if final)
 """
 
 from __future__ import annotations
 
 import enum
-import json
 import os
 import queue
 import select
 import signal
 import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -34,22 +36,25 @@ from typing import Any
 from . import exitcodes
 from .config import LaunchConfig
 from .events import EventLog
+from .launching import WorkerGroup
+from .peers import PeerWatch
+from .policy import Action, FailureFacts, decide
 from .rendezvous import Rendezvous, RendezvousFailed, Round, StopWatcher, publish_stop, read_stop
 from .summary import ErrorFile, FailureRecord, RunSummary
-from .workers import ExitStatus, OutputPump, Worker, WorkerSpec, spawn, stop_all, wait_any
+from .workers import Worker
 
 
 class Outcome(enum.Enum):
     SUCCEEDED = "succeeded"
-    FAILED = "failed"
-    STOPPED = "stopped"  # by a peer's message
+    RESTART = "restart"  # a new rendezvous round, decided by us or a peer
+    FINAL = "final"  # the job ends (message says why and with which code)
+    EXCLUDED = "excluded"  # this node leaves the job
     SIGNALED = "signaled"
 
 
 @dataclass
 class RoundResult:
     outcome: Outcome
-    failures: list[FailureRecord] = field(default_factory=list)
     message: dict[str, Any] = field(default_factory=dict)
     signum: int | None = None
 
@@ -62,15 +67,23 @@ class Agent:
         self.summary = RunSummary()
         self._events: queue.SimpleQueue = queue.SimpleQueue()
         self._wake_r, self._wake_w = -1, -1
-        self._monitor = None
+        self._monitor: Any = None
         self._rdzv: Rendezvous | None = None
         self._round: Round | None = None
-        self._workers: list[Worker] = []
-        self._watchers: list[StopWatcher] = []
+        self.group: WorkerGroup | None = None
+        self._threads: list[Any] = []  # this round's watcher threads (StopWatcher, PeerWatch)
         self._t0 = time.monotonic()
+        self._round_started = 0.0
+        self._heartbeats: set[int] = set()  # local ranks that sent a first heartbeat this round
+        self._quick_failures = 0  # consecutive failures of short-lived rounds (a crash loop)
         self.run_dir: Path | None = None
         self.sock_dir: Path | None = None
         self.log: EventLog | None = None
+        self._leave_rendezvous = False
+
+    @property
+    def workers(self) -> list[Worker]:
+        return self.group.workers if self.group else []
 
     # ---- top level ------------------------------------------------------------------------------
 
@@ -94,7 +107,7 @@ class Agent:
             try:
                 rnd = self._rdzv.next_round()
             except RendezvousFailed as err:
-                return self._finish(exitcodes.RENDEZVOUS, f"rendezvous failed: {err}")
+                return self._finish(exitcodes.RENDEZVOUS, str(err))
             signum = self._pending_signal()
             if signum is not None:
                 return self._finish_signaled(signum, rnd)
@@ -105,9 +118,6 @@ class Agent:
                           world_size=rnd.world_size, rank_offset=rnd.rank_offset,
                           master_addr=rnd.master_addr, master_port=rnd.master_port,
                           restart_count=rnd.restart_count, seconds=round(time.monotonic() - began, 3))
-            if rnd.restart_count > cfg.max_restarts:
-                return self._finish(exitcodes.FAILED, "restart budget exhausted "
-                                    f"({rnd.restart_count - 1} of {cfg.max_restarts} restarts used)")
             self.summary.restarts = rnd.restart_count
             result = self._run_round(rnd)
             if result.outcome is Outcome.SIGNALED:
@@ -115,49 +125,62 @@ class Agent:
                 return self._finish_signaled(result.signum, rnd)
             if result.outcome is Outcome.SUCCEEDED:
                 return self._finish(exitcodes.OK, "all workers succeeded")
-            # FAILED locally or STOPPED by a peer: the stop message decides for the whole job.
-            decision = result.message
-            if decision.get("final"):
-                code = int(decision.get("exit_code", exitcodes.FAILED))
-                return self._finish(code, decision.get("reason", "job failed"))
-            self.log.emit("restart", round=rnd.index, restart_count=decision.get("restart_count"),
-                          max_restarts=cfg.max_restarts)
-            self.say(f"restarting workers: {decision.get('reason', '')} "
-                     f"(restart {decision.get('restart_count', '?')} of {cfg.max_restarts})")
+            if result.outcome is Outcome.EXCLUDED:
+                self._leave_rendezvous = True
+                return self._finish(exitcodes.EXCLUDED, result.message.get("reason", "node excluded"))
+            message = result.message
+            if result.outcome is Outcome.FINAL or message.get("final"):
+                return self._finish(int(message.get("exit_code", exitcodes.FAILED)),
+                                    message.get("reason", "job failed"))
+            self.log.emit("restart", round=rnd.index, restart_count=message.get("restart_count"),
+                          max_restarts=cfg.max_restarts, scope="job", backoff=message.get("backoff", 0))
+            if not message.get("membership"):
+                self.say(f"restarting all ranks: {message.get('reason', '')} "
+                         f"(restart {message.get('restart_count', '?')} of {cfg.max_restarts})")
+            if not self._sleep(float(message.get("backoff", 0) or 0)):
+                signum = self._pending_signal()
+                assert signum is not None
+                return self._finish_signaled(signum, rnd)
 
     # ---- one round ------------------------------------------------------------------------------
 
     def _run_round(self, rnd: Round) -> RoundResult:
         self._drain_stale_events()
-        self._watchers = [StopWatcher(rnd, lambda msg: self._post("peer_stop", msg))]
-        self._watchers[0].start()
+        self._heartbeats = set()
+        self._round_started = time.monotonic()
+        stop_watch = StopWatcher(rnd, lambda msg: self._post("peer_stop", msg))
+        peer_watch = PeerWatch(rnd, timeout=self.cfg.peer_timeout, on_lost=lambda ev: self._post("peer", ev))
+        self._threads = [stop_watch, peer_watch]
+        for thread in self._threads:
+            thread.start()
+        assert self.group
         try:
-            self._workers = self._start_workers(rnd)
-            result = self._watch(rnd)
+            self.group.start(rnd)
+            self.say(f"started {len(self.workers)} workers, ranks {rnd.rank_offset}-"
+                     f"{rnd.rank_offset + len(self.workers) - 1} of {rnd.world_size} (round {rnd.index}, "
+                     f"restart {rnd.restart_count}, master {rnd.master_addr}:{rnd.master_port})")
+            return self._watch(rnd)
         finally:
-            for watcher in self._watchers:
-                watcher.cancel()
-            self._stop_workers(grace=self.cfg.shutdown_timeout)
-        return result
+            for thread in self._threads:
+                thread.cancel()
+            self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
 
     def _watch(self, rnd: Round) -> RoundResult:
         """Wait for events until this round ends for this node."""
         cfg = self.cfg
         check_membership = cfg.rdzv_backend == "c10d" and not cfg.standalone
-        next_membership_check = time.monotonic() + max(cfg.monitor_interval, 0.5)
+        interval = max(cfg.monitor_interval, 0.5)
+        next_membership_check = time.monotonic() + interval
         local_done = False
+        assert self.group
         while True:
             timeout = max(0.0, next_membership_check - time.monotonic()) if check_membership else None
             self._wait_events(timeout)
-            # 1. reap workers
-            for worker in self._workers:
-                if worker.alive:
-                    worker.reap()
-            failed = [w for w in self._workers if w.status is not None and not w.status.ok
-                      and not getattr(w, "_recorded", False)]
+            failed = [w for w in self.group.reap(rnd) if w.status is not None and not w.status.ok]
             if failed and not local_done:
-                return self._local_failure(rnd, [self._crash_record(rnd, w) for w in failed])
-            # 2. queued events
+                result = self._failure(rnd, [self._crash_record(rnd, w) for w in failed])
+                if result is not None:
+                    return result
             while True:
                 try:
                     kind, payload = self._events.get_nowait()
@@ -166,38 +189,38 @@ class Agent:
                 result = self._dispatch(rnd, kind, payload, local_done)
                 if result is not None:
                     return result
-            # 3. local success?
-            if not local_done and self._workers and all(w.status is not None and w.status.ok
-                                                         for w in self._workers):
+            if not local_done and self.group.all_succeeded():
                 local_done = True
                 if self._node_done(rnd):
                     return RoundResult(Outcome.SUCCEEDED)
                 self.say("local workers finished; waiting for the other nodes")
-            # 4. membership
             if check_membership and time.monotonic() >= next_membership_check:
-                next_membership_check = time.monotonic() + max(cfg.monitor_interval, 0.5)
+                next_membership_check = time.monotonic() + interval
                 if not local_done and self._rdzv and self._rdzv.num_nodes_waiting() > 0:
                     message = {"reason": "a node is waiting to join", "origin": self.node, "final": False,
                                "restart_count": rnd.restart_count, "membership": True}
                     publish_stop(rnd, message)
-                    return RoundResult(Outcome.STOPPED, message=read_stop(rnd) or message)
+                    self.group.stop(rnd, grace=cfg.shutdown_timeout)
+                    return RoundResult(Outcome.RESTART, message=read_stop(rnd) or message)
 
     def _dispatch(self, rnd: Round, kind: str, payload: Any, local_done: bool) -> RoundResult | None:
         if kind == "signal":
             return self._handle_signal(rnd, payload)
         if kind == "peer_stop":
             return self._handle_peer_stop(rnd, payload)
-        if kind == "monitor" and not local_done:
-            return self._handle_monitor_event(rnd, payload)
+        if kind == "peer":
+            return self._handle_lost_peer(rnd, payload)
         if kind == "all_done":
             return RoundResult(Outcome.SUCCEEDED)
+        if kind == "monitor" and not local_done:
+            return self._handle_monitor_event(rnd, payload)
         return None
 
     # ---- handlers -------------------------------------------------------------------------------
 
     def _handle_signal(self, rnd: Round, signum: int) -> RoundResult:
         name = signal.Signals(signum).name
-        assert self.log
+        assert self.log and self.group
         self.log.emit("signal", signal=name)
         cfg = self.cfg
         if name in cfg.preempt_signals:
@@ -208,7 +231,7 @@ class Agent:
         else:
             forward, grace = signal.Signals(signum), cfg.shutdown_timeout
             self.say(f"received {name}: forwarding it to the workers, then stopping them (grace {grace:g} s)")
-        self._stop_workers(first_signal=forward, grace=grace)
+        self.group.stop(rnd, first_signal=forward, grace=grace)
         message = {"reason": f"{name} on node {self.node}", "origin": self.node, "final": True,
                    "exit_code": exitcodes.FAILED}
         try:
@@ -218,16 +241,35 @@ class Agent:
         return RoundResult(Outcome.SIGNALED, signum=signum)
 
     def _handle_peer_stop(self, rnd: Round, message: dict) -> RoundResult:
-        assert self.log
+        assert self.log and self.group
         self.log.emit("stop", round=rnd.index, reason=message.get("reason"), origin=message.get("origin"))
-        if message.get("origin") != self.node or message.get("group_rank") != rnd.group_rank:
+        if message.get("group_rank") != rnd.group_rank:
             self.say(f"stopping local workers: {message.get('reason')} (from {message.get('origin')})")
-        self._stop_workers(grace=self.cfg.shutdown_timeout)
-        return RoundResult(Outcome.STOPPED, message=message)
+        self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+        return RoundResult(Outcome.FINAL if message.get("final") else Outcome.RESTART, message=message)
+
+    def _handle_lost_peer(self, rnd: Round, event: dict) -> RoundResult | None:
+        assert self.log and self.group
+        kind = event.get("kind")
+        detail = event.get("detail") or (f"the agent of group rank {event.get('group_rank')} has been silent "
+                                         f"for {event.get('silent_for')} s (dead or cut off)")
+        self.log.emit("peer_lost", round=rnd.index, kind=kind, detail=detail)
+        if kind == "store_lost":
+            self.say(f"LOST THE RENDEZVOUS STORE: {detail}; stopping local workers")
+            self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+            return RoundResult(Outcome.FINAL, message={"reason": f"lost the rendezvous store: {detail}",
+                                                       "exit_code": exitcodes.RENDEZVOUS, "final": True})
+        record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=f"group rank {event.get('group_rank')}",
+                               group_rank=int(event.get("group_rank", -1)), cause="peer", status=None,
+                               detail=detail)
+        return self._failure(rnd, [record], nodes_lost=1)
 
     def _handle_monitor_event(self, rnd: Round, event: dict) -> RoundResult | None:
         name = event.get("ev")
         assert self.log
+        if name == "first_heartbeat":
+            self._heartbeats.add(int(event.get("local_rank", -1)))
+            return None
         if name == "expired":
             return self._hang(rnd, event)
         if name == "monitor_exit":
@@ -236,77 +278,110 @@ class Agent:
                                    group_rank=rnd.group_rank, cause="monitor", status=None,
                                    detail=f"the rank monitor process died (exit {event.get('code')}); "
                                           "hang detection was lost, so the round is restarted")
-            return self._local_failure(rnd, [record])
+            self._start_monitor(restart=True)
+            return self._failure(rnd, [record])
         if name == "workload_request":
             self.log.emit("workload_request", rank=event.get("rank"), action=event.get("action"),
                           description=event.get("description"))
-            if event.get("action") == "ShutdownWorkload":
+            action = event.get("action")
+            if action in ("ShutdownWorkload", "ExcludeThisNode"):
                 record = FailureRecord(round=rnd.index, rank=int(event.get("rank", -1)), local_rank=-1,
-                                       node=self.node, group_rank=rnd.group_rank, cause="request",
-                                       status=None, detail=f"worker asked to shut down the workload: "
-                                                           f"{event.get('description')}")
-                return self._local_failure(rnd, [record], final=True)
+                                       node=self.node, group_rank=rnd.group_rank, cause="request", status=None,
+                                       detail=f"rank {event.get('rank')} requested {action}: "
+                                              f"{event.get('description')}")
+                return self._failure(rnd, [record], shutdown=action == "ShutdownWorkload",
+                                     exclude=action == "ExcludeThisNode")
         return None
 
-    def _hang(self, rnd: Round, event: dict) -> RoundResult:
+    def _hang(self, rnd: Round, event: dict) -> RoundResult | None:
         from . import hangs
 
-        assert self.log
-        worker = next((w for w in self._workers if w.local_rank == event.get("local_rank")), None)
-        self.log.emit("hang", round=rnd.index, rank=event.get("rank"), local_rank=event.get("local_rank"),
+        assert self.log and self.group
+        local_rank = int(event.get("local_rank", -1))
+        worker = self.group.by_local_rank(local_rank)
+        if worker is None or not worker.alive:
+            return None  # already gone: its exit is (or will be) handled as a crash
+        self.log.emit("hang", round=rnd.index, rank=event.get("rank"), local_rank=local_rank,
                       pid=event.get("pid"), kind=event.get("kind"), section=event.get("section"),
                       timeout=event.get("timeout"), elapsed=event.get("elapsed"),
                       last_heartbeat_age=event.get("last_heartbeat_age"),
                       open_sections=event.get("open_sections"))
-        self.say(f"HANG: rank {event.get('rank')} {hangs.describe(event)}; dumping stacks, then stopping "
-                 "the workers")
+        self.say(f"HANG: rank {event.get('rank')} {hangs.describe(event)}; dumping stacks, then stopping it")
         dumps = hangs.dump_all(self, rnd)
-        record = FailureRecord(round=rnd.index, rank=int(event.get("rank", -1)),
-                               local_rank=int(event.get("local_rank", -1)), node=self.node,
-                               group_rank=rnd.group_rank, cause="hang", status=None,
-                               pid=worker.pid if worker else None, section=event.get("section"),
-                               detail=hangs.describe(event))
-        hung_dump = next((d for d in dumps if d.get("local_rank") == record.local_rank), None)
-        if hung_dump:
-            record.stacks, record.stack_summary = hung_dump.get("path"), hung_dump.get("summary")
-        self._stop_workers(grace=self.cfg.hang_kill_grace)
-        return self._local_failure(rnd, [record])
+        record = FailureRecord(round=rnd.index, rank=worker.rank, local_rank=local_rank, node=self.node,
+                               group_rank=rnd.group_rank, cause="hang", status=None, pid=worker.pid,
+                               section=event.get("section"), detail=hangs.describe(event))
+        hung = next((d for d in dumps if d.get("local_rank") == local_rank), None)
+        if hung:
+            record.stacks, record.stack_summary = hung.get("path"), hung.get("summary")
+        self.group.stop(rnd, local_ranks=[local_rank], grace=self.cfg.hang_kill_grace)
+        return self._failure(rnd, [record])
 
     def _crash_record(self, rnd: Round, worker: Worker) -> FailureRecord:
-        worker._recorded = True  # type: ignore[attr-defined]
         assert worker.status is not None
         error_file = ErrorFile.read(Path(worker.spec.env["TORCHELASTIC_ERROR_FILE"]))
-        section = self._last_section(worker.local_rank)
         return FailureRecord(round=rnd.index, rank=worker.rank, local_rank=worker.local_rank, node=self.node,
                              group_rank=rnd.group_rank, cause="crash", status=worker.status, pid=worker.pid,
-                             section=section, error_file=error_file)
+                             section=self._last_section(worker.local_rank), error_file=error_file)
 
-    def _local_failure(self, rnd: Round, records: list[FailureRecord], *, final: bool = False) -> RoundResult:
-        """Record, decide for the whole job (first reporter wins), stop local workers."""
-        assert self.log and self._rdzv
+    # ---- the policy applied ---------------------------------------------------------------------
+
+    def _failure(self, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,
+                 exclude: bool = False, nodes_lost: int = 0) -> RoundResult | None:
+        """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart)."""
+        assert self.log and self._rdzv and self.group
         cfg = self.cfg
         for record in records:
             self.summary.failures.append(record)
-            self.log.emit("failure", **record.to_event())
+            self.log.emit("failure", **record.to_event(), startup=not self._heartbeats)
             self.say(f"FAILURE: {record.describe()}")
         first = records[0]
-        no_restart = first.status is not None and first.status.code in cfg.no_restart_exit_codes
-        count = self._rdzv.record_failure(rnd)
-        reason = first.describe()
-        if no_restart:
-            final, reason = True, f"{reason}; exit code {first.status.code} is not restarted"  # type: ignore[union-attr]
-        elif count > cfg.max_restarts and not final:
-            final = True
-            reason = f"{reason}; restart budget exhausted ({cfg.max_restarts} restarts allowed)"
+        restarts, startup_restarts = self._rdzv.counts(rnd)
+        node_failures = self._rdzv.count_node_failure(rnd, self.node) if first.cause in ("crash", "hang") else 0
+        round_seconds = time.monotonic() - self._round_started
+        facts = FailureFacts(
+            cause=first.cause, exit_code=first.status.code if first.status else None,
+            startup=not self._heartbeats, round_seconds=round_seconds, restarts_used=restarts,
+            startup_restarts_used=startup_restarts, node_failures=node_failures,
+            quick_failures=self._quick_failures, exclude_requested=exclude, shutdown_requested=shutdown,
+            nodes_left=rnd.group_world_size - 1 - nodes_lost + self._rdzv.num_nodes_waiting())
+        decision = decide(cfg.policy, facts)
+        self._quick_failures = self._quick_failures + 1 if round_seconds < cfg.policy.crash_loop_window else 0
+        reason = f"{first.describe()}; {decision.reason}" if decision.action is not Action.RESTART \
+            else first.describe()
+
+        if decision.action is Action.RESTART and decision.scope != "job":
+            total = self._rdzv.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
+            ranks = sorted({r.local_rank for r in records}) if decision.scope == "rank" else None
+            self.group.stop(rnd, local_ranks=ranks, grace=cfg.shutdown_timeout)
+            self.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.max_restarts,
+                          scope=decision.scope, backoff=decision.backoff)
+            self.say(f"restarting {'this node' if ranks is None else 'rank(s) ' + str([rnd.rank_offset + r for r in ranks])}"
+                     f" only (--restart-scope {decision.scope}; restart {total} of {cfg.max_restarts})")
+            if not self._sleep(decision.backoff):
+                return self._handle_signal(rnd, self._pending_signal() or signal.SIGTERM)
+            self._heartbeats = set() if ranks is None else self._heartbeats - set(ranks)
+            self.group.start(rnd, ranks, restart_count=total)
+            return None
+
+        if decision.action is Action.EXCLUDE_NODE:
+            message = {"reason": f"node {self.node} leaves the job: {decision.reason}", "origin": self.node,
+                       "group_rank": rnd.group_rank, "final": False, "exclude": self.node,
+                       "restart_count": rnd.restart_count}
+            self.log.emit("exclude", round=rnd.index, reason=decision.reason)
+            publish_stop(rnd, message)
+            self.group.stop(rnd, grace=cfg.shutdown_timeout)
+            return RoundResult(Outcome.EXCLUDED, message=message)
+
+        final = decision.action is Action.STOP
+        total = rnd.restart_count if final else self._rdzv.count_restart(
+            rnd, startup=decision.counts_as_startup, once_per_round=True)
         message = {"reason": reason, "origin": self.node, "group_rank": rnd.group_rank, "final": final,
-                   "exit_code": exitcodes.FAILED, "restart_count": count}
+                   "exit_code": exitcodes.FAILED, "restart_count": total, "backoff": decision.backoff}
         publish_stop(rnd, message)
-        decided = read_stop(rnd) or message
-        self._stop_workers(grace=cfg.shutdown_timeout)
-        # Consequences of the stop (siblings killed by us) are not failures of their own.
-        for worker in self._workers:
-            worker._recorded = True  # type: ignore[attr-defined]
-        return RoundResult(Outcome.FAILED, failures=records, message=decided)
+        decided = read_stop(rnd) or message  # when two nodes fail at once, the first message wins
+        self.group.stop(rnd, grace=cfg.shutdown_timeout)
+        return RoundResult(Outcome.FINAL if decided.get("final") else Outcome.RESTART, message=decided)
 
     def _node_done(self, rnd: Round) -> bool:
         """Mark this node done; True when every node of the round is done."""
@@ -315,93 +390,9 @@ class Agent:
             rnd.control.set("all_done", "1")
             return True
         watcher = StopWatcher(rnd, lambda _msg: self._post("all_done", None), key="all_done")
-        self._watchers.append(watcher)
+        self._threads.append(watcher)
         watcher.start()
         return False
-
-    # ---- workers --------------------------------------------------------------------------------
-
-    def _start_workers(self, rnd: Round) -> list[Worker]:
-        from .worker_env import worker_env
-
-        cfg = self.cfg
-        assert self.run_dir and self.log
-        attempt_dir = self.run_dir / f"attempt_{rnd.index}"
-        workers = []
-        sockets = {}
-        if self._monitor:
-            for local_rank in range(cfg.nproc_per_node):
-                sockets[local_rank] = str(self.sock_dir / f"rmon{local_rank}.sock")  # type: ignore[operator]
-                self._monitor.arm(local_rank=local_rank, rank=rnd.rank_offset + local_rank,
-                                  socket=sockets[local_rank])
-        for local_rank in range(cfg.nproc_per_node):
-            rank_dir = attempt_dir / str(local_rank)
-            rank_dir.mkdir(parents=True, exist_ok=True)
-            env = worker_env(cfg, rnd, local_rank, self.environ, error_file=rank_dir / "error.json",
-                             stack_file=rank_dir / "stacks.faulthandler.txt",
-                             monitor_socket=sockets.get(local_rank),
-                             launcher_socket=self._monitor.launcher_socket if self._monitor else None)
-            argv = [a.replace("${local_rank}", str(local_rank)) for a in
-                    (*cfg.entrypoint, *cfg.training_script_args)]
-            spec = WorkerSpec(local_rank=local_rank, rank=rnd.rank_offset + local_rank, argv=argv, env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-            worker = spawn(spec)
-            worker.pumps = self._pumps(worker, rank_dir)
-            if self._monitor:
-                self._monitor.set_pid(local_rank=local_rank, pid=worker.pid)
-            self.log.emit("worker_start", rank=spec.rank, local_rank=local_rank, pid=worker.pid, round=rnd.index)
-            workers.append(worker)
-        self.say(f"started {len(workers)} workers, ranks {rnd.rank_offset}-{rnd.rank_offset + len(workers) - 1} "
-                 f"of {rnd.world_size} (round {rnd.index}, restart {rnd.restart_count}, "
-                 f"master {rnd.master_addr}:{rnd.master_port})")
-        return workers
-
-    def _pumps(self, worker: Worker, rank_dir: Path) -> list:
-        cfg = self.cfg
-        lr = worker.local_rank
-        show = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
-        pumps = []
-        for bit, stream, name, console, filters in (
-            (1, worker.proc.stdout, "stdout", sys.stdout.buffer, cfg.duplicate_stdout_filters),
-            (2, worker.proc.stderr, "stderr", sys.stderr.buffer, cfg.duplicate_stderr_filters),
-        ):
-            redirected = bool(cfg.redirects.for_rank(lr) & bit)
-            teed = bool(cfg.tee.for_rank(lr) & bit)
-            logfile = rank_dir / f"{name}.log" if (redirected or teed) else None
-            to_console = console if show and (teed or not redirected) else None
-            filtered = None
-            if filters:
-                filtered = self._filtered_file(name)
-            pump = OutputPump(stream, prefix=f"[rank{worker.rank}]:".encode(), console=to_console,
-                              logfile=logfile, filters=filters, filtered=filtered)
-            pumps.append(pump.start())
-        return pumps
-
-    def _filtered_file(self, name: str):
-        assert self.run_dir
-        attr = f"_filtered_{name}"
-        if not hasattr(self, attr):
-            setattr(self, attr, open(self.run_dir / f"filtered_{name}.log", "ab"))
-        return getattr(self, attr)
-
-    def _stop_workers(self, *, first_signal: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        if not self._workers:
-            return
-        if self._monitor:
-            for worker in self._workers:
-                try:
-                    self._monitor.disarm(worker.local_rank)
-                except Exception:
-                    pass
-        stop_all(self._workers, first_signal=first_signal, grace=grace,
-                 on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:.0f} s: SIGKILL"))
-        assert self.log and self._round
-        for worker in self._workers:
-            if not getattr(worker, "_exit_logged", False) and worker.status is not None:
-                worker._exit_logged = True  # type: ignore[attr-defined]
-                self.log.emit("worker_exit", rank=worker.rank, local_rank=worker.local_rank, pid=worker.pid,
-                              round=self._round.index, exit_code=worker.status.code, signal=worker.status.signal,
-                              seconds=round((worker.ended or time.monotonic()) - worker.started, 3))
 
     def _last_section(self, local_rank: int) -> str | None:
         if not self._monitor:
@@ -417,15 +408,16 @@ class Agent:
 
     # ---- monitor --------------------------------------------------------------------------------
 
-    def _start_monitor(self) -> None:
+    def _start_monitor(self, restart: bool = False) -> None:
         if not self.cfg.rank_monitor:
             return
         from .monitor_link import MonitorLink
 
-        env = dict(self.environ)
-        self._monitor = MonitorLink(lambda ev: self._post("monitor", ev), env=env)
+        self._monitor = MonitorLink(lambda ev: self._post("monitor", ev), env=dict(self.environ))
         assert self.sock_dir
         self._monitor.start(self.sock_dir, self.cfg.ft.as_nvrx_dict())
+        if self.group:
+            self.group.monitor = self._monitor
 
     # ---- events, signals, plumbing --------------------------------------------------------------
 
@@ -438,7 +430,7 @@ class Agent:
             pass
 
     def _wait_events(self, timeout: float | None) -> None:
-        fds = [self._wake_r] + [w.pidfd for w in self._workers if w.alive]
+        fds = [self._wake_r] + (self.group.pidfds() if self.group else [])
         monitor_fd = self._monitor.pidfd if self._monitor else None
         if monitor_fd is not None:
             fds.append(monitor_fd)
@@ -456,9 +448,21 @@ class Agent:
             os.close(monitor_fd)
             self._monitor.pidfd = None
             self._monitor = None
+            if self.group:
+                self.group.monitor = None
             self._post("monitor", {"ev": "monitor_exit", "code": code})
 
+    def _sleep(self, seconds: float) -> bool:
+        """Back-off that a signal interrupts; False when a signal arrived."""
+        deadline = time.monotonic() + seconds
+        while (remaining := deadline - time.monotonic()) > 0:
+            if self._pending_signal() is not None:
+                return False
+            select.select([self._wake_r], [], [], remaining)
+        return self._pending_signal() is None
+
     def _drain_stale_events(self) -> None:
+        """Drop events of the previous round (late monitor verdicts, peer messages); keep signals."""
         keep = []
         while True:
             try:
@@ -509,6 +513,8 @@ class Agent:
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="mbr-"))
         self.log = EventLog(self.run_dir / "events.jsonl", node=self.node)
+        self.group = WorkerGroup(cfg, environ=self.environ, run_dir=self.run_dir, sock_dir=self.sock_dir,
+                                 log=self.log, monitor=None, say=self.say)
         slurm = cfg.slurm
         self.log.emit("start", argv=sys.argv, run_id=cfg.run_id, nproc_per_node=cfg.nproc_per_node,
                       nnodes=f"{cfg.min_nodes}:{cfg.max_nodes}", max_restarts=cfg.max_restarts,
@@ -519,19 +525,24 @@ class Agent:
             self.say(f"WARNING: {warning}")
 
     def _teardown(self, old_handlers: dict[int, Any]) -> None:
-        try:
-            self._stop_workers(grace=self.cfg.shutdown_timeout)
-        except Exception:
-            pass
+        if self.group:
+            try:
+                self.group.stop(self._round, grace=self.cfg.shutdown_timeout)
+            except Exception:
+                pass
+            self.group.close()
         # A thread blocked inside a torch store call at interpreter exit aborts the process.
-        for watcher in self._watchers:
-            watcher.cancel()
-        for watcher in self._watchers:
-            watcher.join(StopWatcher.POLL + 1.0)
+        for thread in self._threads:
+            thread.cancel()
+        for thread in self._threads:
+            thread.join(StopWatcher.POLL + 1.0)
         if self._monitor:
             self._monitor.close()
         if self._rdzv:
-            self._rdzv.shutdown()
+            if self._leave_rendezvous:
+                self._rdzv.leave()
+            else:
+                self._rdzv.shutdown()
         for sig, old in old_handlers.items():
             signal.signal(sig, old)
         for fd in (self._wake_r, self._wake_w):
@@ -568,12 +579,5 @@ class Agent:
         return code
 
     def say(self, message: str) -> None:
-        if not self.cfg.quiet or message.startswith(("FAILURE", "HANG")):
+        if not self.cfg.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
             print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)
-
-
-def json_dumps(data: Any) -> str:
-    return json.dumps(data, default=str)
-
-
-__all__ = ["Agent", "ExitStatus", "wait_any"]

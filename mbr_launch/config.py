@@ -17,6 +17,7 @@ from typing import Any, Mapping
 import yaml
 
 from .settings import BY_FT_KEY, BY_NAME, Resolved, SettingError
+from .policy import RestartPolicy
 from .slurm import SlurmEnv, SlurmError
 
 
@@ -124,6 +125,8 @@ class LaunchConfig:
     requeue_on_preemption: bool
     max_requeues: int | None
     settings: Resolved
+    policy: "RestartPolicy" = None  # type: ignore[assignment]
+    peer_timeout: float = 5.0
     warnings: tuple[str, ...] = ()
 
 
@@ -415,6 +418,13 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         preempt_grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),
         requeue_on_preemption=v["requeue_on_preemption"], max_requeues=v["max_requeues"],
         settings=resolved, warnings=tuple(warnings),
+        policy=RestartPolicy(scope=v["restart_scope"], max_restarts=v["max_restarts"],
+                             max_startup_restarts=v["max_startup_restarts"],
+                             no_restart_exit_codes=v["no_restart_exit_codes"],
+                             max_node_failures=v["max_node_failures"], backoff=v["restart_backoff"],
+                             backoff_max=v["restart_backoff_max"], crash_loop_window=v["crash_loop_window"],
+                             min_nodes=min_nodes),
+        peer_timeout=v["peer_timeout"] or 5.0,
     )
 
 

@@ -6,6 +6,7 @@ USAGE = 2  # bad command line, configuration or environment: nothing was started
 RENDEZVOUS = 3  # the rendezvous failed: timed out, closed, or its store host was lost
 INTERNAL = 4  # a bug or an unexpected error in mbr-launch itself
 PREEMPTED = 5  # a preemption signal arrived: workers were asked to checkpoint, then stopped
+EXCLUDED = 6  # this node was excluded from the job (it failed too often, or a worker asked); the rest go on
 # 128 + N: the launcher was stopped by signal N (e.g. 130 for SIGINT, 129 for SIGHUP), after it forwarded
 # the signal to the workers and stopped them.
 
@@ -19,5 +20,7 @@ TABLE = (
     (PREEMPTED, "preempted (a --preempt-signals signal, e.g. SIGTERM from scancel or SIGUSR1 from "
                 "srun --signal): the workers were asked to checkpoint, then stopped (and the job requeued "
                 "with --requeue-on-preemption)"),
+    (EXCLUDED, "this node left the job (its ranks failed --max-node-failures times, or a worker sent NVRx "
+               "ExcludeThisNode); the other nodes go on without it"),
     ("128+N", "stopped by another handled signal N after forwarding it to the workers (130 SIGINT)"),
 )

@@ -42,7 +42,7 @@ def dump_all(agent: "Agent", rnd: "Round") -> list[dict[str, Any]]:
     targets = [StackTarget(rank=w.rank, local_rank=w.local_rank, pid=w.pid,
                            faulthandler_file=Path(w.spec.env["MBR_STACK_FILE"])
                            if "MBR_STACK_FILE" in w.spec.env else None)
-               for w in agent._workers if w.alive]
+               for w in agent.workers if w.alive]
     try:
         dumps = dump_stacks(targets, out_dir, method=cfg.stack_dump, timeout=10.0)
     except Exception as err:  # diagnosis must never block the recovery

@@ -18,6 +18,7 @@ import json
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -79,6 +80,13 @@ class Rendezvous:
 
     def _create_handler(self) -> RendezvousHandler:
         cfg = self._cfg
+        conf = dict(cfg.rdzv_configs)
+        if cfg.rdzv_backend == "c10d":
+            # torch's 5 s x 3 keep-alive keeps a dead node in the rendezvous for 15 s; ours follows the
+            # peer timeout so the survivors' next round forms as soon as they have noticed the loss.
+            interval = max(1, int(cfg.peer_timeout // 3) or 1)
+            conf.setdefault("keep_alive_interval", interval)
+            conf.setdefault("keep_alive_max_attempt", 3)
         params = RendezvousParameters(
             backend=cfg.rdzv_backend,
             endpoint=cfg.rdzv_endpoint,
@@ -86,7 +94,7 @@ class Rendezvous:
             min_nodes=cfg.min_nodes,
             max_nodes=cfg.max_nodes,
             local_addr=cfg.local_addr,
-            **cfg.rdzv_configs,
+            **conf,
         )
         _disable_shared_store()
         try:
@@ -147,21 +155,49 @@ class Rendezvous:
                      store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)))
 
     def _restart_count_from_job(self, store: Store) -> int:
-        return int(self.job_store(store).add("restarts", 0))
+        job = self.job_store(store)
+        return int(job.add("restarts", 0)) + int(job.add("startup_restarts", 0))
 
     # -- job-level keys (survive rounds) ----------------------------------------------------------
 
     def job_store(self, round_store: Store) -> Store:
-        """Keys that outlive a round: the job-wide restart count."""
+        """Keys that outlive a round: the job-wide restart counts and per-node failure counts."""
         return PrefixStore(f"mbr/job/{self._cfg.run_id}", _base_store(round_store))
 
-    def record_failure(self, rnd: Round) -> int:
-        """Count one failed round, once for the whole job; returns the new count."""
-        first = rnd.control.compare_set("failed", "", "1") == b"1"
+    def counts(self, rnd: Round) -> tuple[int, int]:
+        """(restarts, startup restarts) used so far by the whole job."""
         job = self.job_store(rnd.store)
-        if first:
-            return int(job.add("restarts", 1))
-        return int(job.add("restarts", 0))
+        return int(job.add("restarts", 0)), int(job.add("startup_restarts", 0))
+
+    def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
+        """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
+        this round spends it (several nodes may see the same failure). Returns the total restarts."""
+        if once_per_round and rnd.control.compare_set("failed", "", "1") != b"1":
+            return sum(self.counts(rnd))
+        job = self.job_store(rnd.store)
+        job.add("startup_restarts" if startup else "restarts", 1)
+        return sum(self.counts(rnd))
+
+    def count_node_failure(self, rnd: Round, node: str) -> int:
+        return int(self.job_store(rnd.store).add(f"node_failures/{node}", 1))
+
+    def leave(self) -> None:
+        """Leave the rendezvous without closing it for the others (an excluded node).
+
+        torch has no public call for this: ``next_rendezvous`` runs the same exit operation first. If
+        the private API is not there, our keep-alive simply expires and the others drop us."""
+        handler = self._handler
+        if handler is None:
+            return
+        try:
+            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
+
+            handler._stop_heartbeats()  # type: ignore[attr-defined]
+            deadline = time.monotonic() + 10
+            handler._op_executor.run(_RendezvousExitOp(), deadline)  # type: ignore[attr-defined]
+        except Exception:
+            pass
+        self._handler = None
 
     def num_nodes_waiting(self) -> int:
         try:

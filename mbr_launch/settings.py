@@ -348,10 +348,37 @@ SETTINGS: tuple[Setting, ...] = (
             parse=non_negative("--hang-kill-grace", float), metavar="SECONDS",
             help="Seconds a hung worker gets between SIGTERM and SIGKILL (crashes use --shutdown-timeout)."),
     # -- restart policy --
+    Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY,
+            parse=choice("--restart-scope", ("job", "node", "rank")), choices=("job", "node", "rank"),
+            help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
+                 "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
+                 "recover in process)."),
+    Setting(name="max_startup_restarts", flags=("--max-startup-restarts",), kind=int, default=None,
+            panel=POLICY, parse=non_negative("--max-startup-restarts", int), metavar="N",
+            help="A separate budget for failures before any local rank's first heartbeat (counted apart "
+                 "from later ones); default: they share --max-restarts."),
+    Setting(name="max_node_failures", flags=("--max-node-failures",), kind=int, default=0, panel=POLICY,
+            parse=non_negative("--max-node-failures", int), metavar="K",
+            help="Exclude a node whose ranks failed K times (0: never); with --nnodes MIN:MAX a spare "
+                 "agent takes its place and the job goes on while MIN nodes remain."),
+    Setting(name="restart_backoff", flags=("--restart-backoff",), kind=float, default=1.0, panel=POLICY,
+            parse=non_negative("--restart-backoff", float), metavar="SECONDS",
+            help="First delay of a crash loop (rounds failing within --crash-loop-window); doubles each "
+                 "time up to --restart-backoff-max. An isolated failure restarts at once."),
+    Setting(name="restart_backoff_max", flags=("--restart-backoff-max",), kind=float, default=30.0,
+            panel=POLICY, parse=non_negative("--restart-backoff-max", float), metavar="SECONDS",
+            help="Longest crash-loop delay."),
+    Setting(name="crash_loop_window", flags=("--crash-loop-window",), kind=float, default=30.0, panel=POLICY,
+            parse=non_negative("--crash-loop-window", float), metavar="SECONDS",
+            help="A round that fails sooner than this after it started is part of a crash loop."),
+    Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=5.0, panel=POLICY,
+            parse=non_negative("--peer-timeout", float), metavar="SECONDS",
+            help="Seconds of silence after which another node's agent counts as lost (dead or cut off); "
+                 "the survivors stop their workers and go on per the policy instead of waiting for NCCL."),
     Setting(name="no_restart_exit_codes", flags=("--no-restart-exit-codes",), kind=str, default=(2, 17),
             panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
             help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
-                 "17: Megatron failed validation)."),
+                 "17: Megatron failed validation; 16, resume to disambiguate, restarts)."),
     # -- Slurm and preemption --
     Setting(name="slurm", flags=("--slurm",), kind=str, default="auto", panel=SLURM,
             parse=choice("--slurm", ("auto", "on", "off")), choices=("auto", "on", "off"),

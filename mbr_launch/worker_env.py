@@ -14,7 +14,7 @@ _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
 
 def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[str, str], *,
                error_file: Path, stack_file: Path | None, monitor_socket: str | None,
-               launcher_socket: str | None) -> dict[str, str]:
+               launcher_socket: str | None, restart_count: int | None = None) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in _AGENT_ONLY}
     rank = rnd.rank_offset + local_rank
     env.update({
@@ -29,7 +29,7 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         "ROLE_WORLD_SIZE": str(rnd.world_size),
         "MASTER_ADDR": rnd.master_addr,
         "MASTER_PORT": str(rnd.master_port),
-        "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count),
+        "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count if restart_count is None else restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
         "TORCHELASTIC_RUN_ID": cfg.run_id,
         # Workers never share the agent's store: each round gets a fresh MASTER_PORT.

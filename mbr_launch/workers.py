@@ -77,6 +77,7 @@ class Worker:
     status: ExitStatus | None = None
     ended: float | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
+    noticed: bool = False  # the agent has seen (and logged) this worker's exit
 
     @property
     def pid(self) -> int:

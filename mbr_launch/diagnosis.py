@@ -1,0 +1,264 @@
+"""Stack dumps of hung ranks, taken by the agent before it kills them.
+
+Two ways to get a Python stack out of a process that is stuck:
+
+- py-spy reads the target's memory from outside (ptrace rights needed: root, CAP_SYS_PTRACE, or Yama
+  ``ptrace_scope`` 0/1 with us as an ancestor). Its default mode briefly stops the target for a
+  consistent picture, which fails on a SIGSTOPped process; ``--nonblocking`` reads without stopping,
+  so it is the retry.
+- faulthandler, armed inside every worker by ``mbr_launch.boot``: on ``STACK_SIGNAL`` its C signal
+  handler writes every thread's stack into the file named by ``MBR_STACK_FILE``. No ptrace needed, and
+  it works while a busy loop holds the GIL; a stopped process gets SIGCONT first.
+
+``dump_stacks`` runs py-spy for all ranks in parallel and falls back to faulthandler for the ranks
+py-spy could not do. Each dump is saved as ``rank{R}.txt`` with a header, and summarised in one line
+(the innermost frame of the main thread) for the failure summary.
+"""
+
+from __future__ import annotations
+
+import datetime
+import linecache
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Optional, Sequence
+
+from mbr_launch.boot import STACK_SIGNAL
+
+Method = Literal["auto", "py-spy", "faulthandler"]
+
+
+@dataclass(frozen=True)
+class StackTarget:
+    rank: int
+    local_rank: int
+    pid: int
+    faulthandler_file: Optional[Path] = None  # the worker's MBR_STACK_FILE
+
+
+@dataclass(frozen=True)
+class StackDump:
+    rank: int
+    local_rank: int
+    pid: int
+    method: str  # "py-spy", "faulthandler", or "none" when every way failed
+    path: Optional[Path]
+    summary: str  # e.g. "hang at train.py:42: time.sleep(600)"; the failure reason for "none"
+
+
+@dataclass(frozen=True)
+class Frame:
+    function: str
+    filename: str
+    line: int
+
+
+def find_py_spy() -> Optional[str]:
+    """py-spy on PATH, or next to this interpreter (a venv that is not activated)."""
+    found = shutil.which("py-spy")
+    if found:
+        return found
+    beside = Path(sys.executable).parent / "py-spy"
+    return str(beside) if os.access(beside, os.X_OK) else None
+
+
+def dump_stacks(
+    targets: Sequence[StackTarget], out_dir: Path, *, method: Method = "auto", timeout: float = 10.0
+) -> list[StackDump]:
+    """Dump every target's Python stacks into ``out_dir``; never raises for a target that fails.
+
+    ``timeout`` bounds the whole call; with ``auto`` a share of it is kept for the fallback.
+    """
+    out_dir.mkdir(parents=True, exist_ok=True)
+    deadline = time.monotonic() + timeout
+    results: dict[int, StackDump] = {}
+    failures: dict[int, str] = {}
+    py_spy = find_py_spy() if method in ("auto", "py-spy") else None
+    if method in ("auto", "py-spy"):
+        if py_spy is None:
+            failures = {t.pid: "py-spy not found" for t in targets}
+        else:
+            budget = deadline - min(2.0, timeout / 3) if method == "auto" else deadline
+            for target, text, error in _py_spy_all(py_spy, targets, budget):
+                if text is not None:
+                    results[target.pid] = _save(target, out_dir, "py-spy", text, _py_spy_main_frame(text))
+                else:
+                    failures[target.pid] = error or "py-spy failed"
+    if method == "faulthandler" or (method == "auto" and failures):
+        todo = [t for t in targets if t.pid not in results]
+        for target, text, error in _faulthandler_all(todo, deadline):
+            if text is not None:
+                results[target.pid] = _save(target, out_dir, "faulthandler", text, _faulthandler_main_frame(text))
+            else:
+                failures[target.pid] = "; ".join(x for x in (failures.get(target.pid), error) if x)
+    return [
+        results.get(t.pid) or StackDump(t.rank, t.local_rank, t.pid, "none", None, failures.get(t.pid, "no dump"))
+        for t in targets
+    ]
+
+
+# ---- py-spy ---------------------------------------------------------------------------------------------
+
+
+def _py_spy_all(
+    exe: str, targets: Sequence[StackTarget], deadline: float
+) -> list[tuple[StackTarget, Optional[str], Optional[str]]]:
+    """Blocking mode for all targets in parallel, then ``--nonblocking`` for those it failed on."""
+    first = _run_parallel([[exe, "dump", "--full-filenames", "--pid", str(t.pid)] for t in targets], deadline)
+    retry = [i for i, (ok, _) in enumerate(first) if not ok]
+    again = [[exe, "dump", "--full-filenames", "--nonblocking", "--pid", str(targets[i].pid)] for i in retry]
+    second = _run_parallel(again, deadline)
+    for i, res in zip(retry, second):
+        if res[0]:
+            first[i] = res
+        else:
+            first[i] = (False, f"{_last_line(first[i][1])}; --nonblocking: {_last_line(res[1])}")
+    return [(t, out if ok else None, None if ok else out) for t, (ok, out) in zip(targets, first)]
+
+
+def _run_parallel(cmds: list[list[str]], deadline: float) -> list[tuple[bool, str]]:
+    procs = [subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for c in cmds]
+    results: list[tuple[bool, str]] = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.communicate()
+            results.append((False, "timed out"))
+            continue
+        ok = proc.returncode == 0 and "Thread " in out
+        results.append((ok, out if ok else (err.strip() or out.strip() or f"exit {proc.returncode}")))
+    return results
+
+
+def _last_line(text: str) -> str:
+    # py-spy prints "Error: ...", a "Caused by:" chain and a backtrace: the Error line says it best.
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    return next((ln for ln in lines if ln.startswith("Error:")), lines[-1] if lines else "failed")
+
+
+_PY_SPY_THREAD = re.compile(r'^Thread (\d+) \(([^)]*)\)(?::\s*"(.*)")?')
+_PY_SPY_FRAME = re.compile(r"^\s+(.+?) \((.+):(\d+)\)\s*$")
+
+
+def _py_spy_main_frame(text: str) -> Optional[Frame]:
+    """Innermost frame of the thread named MainThread (else the first thread listed)."""
+    blocks: list[tuple[str, list[Frame]]] = []
+    for line in text.splitlines():
+        head = _PY_SPY_THREAD.match(line)
+        if head:
+            blocks.append((head.group(3) or "", []))
+            continue
+        frame = _PY_SPY_FRAME.match(line)
+        if frame and blocks:
+            blocks[-1][1].append(Frame(frame.group(1), frame.group(2), int(frame.group(3))))
+    main = next((b for b in blocks if b[0] == "MainThread" and b[1]), None) or next((b for b in blocks if b[1]), None)
+    return main[1][0] if main else None
+
+
+# ---- faulthandler ----------------------------------------------------------------------------------------
+
+
+def _faulthandler_all(
+    targets: Sequence[StackTarget], deadline: float
+) -> list[tuple[StackTarget, Optional[str], Optional[str]]]:
+    sizes: dict[int, int] = {}
+    errors: dict[int, str] = {}
+    for t in targets:
+        if t.faulthandler_file is None:
+            errors[t.pid] = "no faulthandler file"
+            continue
+        try:
+            sizes[t.pid] = t.faulthandler_file.stat().st_size
+        except OSError as exc:
+            errors[t.pid] = f"faulthandler file: {exc.strerror}"
+            continue
+        try:
+            os.kill(t.pid, signal.SIGCONT)  # a stopped process runs no signal handlers
+            os.kill(t.pid, STACK_SIGNAL)
+        except ProcessLookupError:
+            errors[t.pid] = "process is gone"
+        except PermissionError as exc:
+            errors[t.pid] = f"cannot signal: {exc.strerror}"
+    texts = _wait_for_growth({t.pid: t for t in targets if t.pid not in errors}, sizes, deadline)
+    out = []
+    for t in targets:
+        text = texts.get(t.pid)
+        out.append((t, text, None if text else errors.get(t.pid, "faulthandler wrote nothing in time")))
+    return out
+
+
+def _wait_for_growth(pending: dict[int, StackTarget], sizes: dict[int, int], deadline: float) -> dict[int, str]:
+    """The bytes each file gained, once it stopped growing for a moment (the handler writes in pieces)."""
+    texts: dict[int, str] = {}
+    last: dict[int, tuple[int, float]] = {}
+    settle = 0.05
+    while pending and time.monotonic() < deadline:
+        now = time.monotonic()
+        for pid, t in list(pending.items()):
+            assert t.faulthandler_file is not None
+            size = t.faulthandler_file.stat().st_size
+            if size <= sizes[pid]:
+                continue
+            prev = last.get(pid)
+            if prev is None or prev[0] != size:
+                last[pid] = (size, now)
+            elif now - prev[1] >= settle:
+                with open(t.faulthandler_file, "rb") as f:
+                    f.seek(sizes[pid])
+                    texts[pid] = f.read(size - sizes[pid]).decode(errors="replace")
+                del pending[pid]
+        time.sleep(0.01)
+    return texts
+
+
+_FH_THREAD = re.compile(r"^(Current thread|Thread) (0x[0-9a-f]+)")
+_FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
+
+
+def _faulthandler_main_frame(text: str) -> Optional[Frame]:
+    """faulthandler names no threads: the main one is the stack not started by ``threading``."""
+    blocks: list[list[Frame]] = []
+    for line in text.splitlines():
+        if _FH_THREAD.match(line):
+            blocks.append([])
+            continue
+        frame = _FH_FRAME.match(line)
+        if frame and blocks:
+            blocks[-1].append(Frame(frame.group(3), frame.group(1), int(frame.group(2))))
+    blocks = [b for b in blocks if b]
+    main = next((b for b in blocks if not _is_thread_bootstrap(b[-1])), None) or (blocks[0] if blocks else None)
+    return main[0] if main else None
+
+
+def _is_thread_bootstrap(frame: Frame) -> bool:
+    return frame.function == "_bootstrap" and os.path.basename(frame.filename) == "threading.py"
+
+
+# ---- output ------------------------------------------------------------------------------------------------
+
+
+def summarize(frame: Optional[Frame]) -> str:
+    if frame is None:
+        return "no Python frame found"
+    where = f"{frame.function} at {os.path.basename(frame.filename)}:{frame.line}"
+    source = linecache.getline(frame.filename, frame.line).strip() if os.path.isabs(frame.filename) else ""
+    return f"{where}: {source[:80]}" if source else where
+
+
+def _save(target: StackTarget, out_dir: Path, method: str, text: str, frame: Optional[Frame]) -> StackDump:
+    path = out_dir / f"rank{target.rank}.txt"
+    header = (
+        f"# method: {method}\n# rank: {target.rank} (local rank {target.local_rank})\n# pid: {target.pid}\n"
+        f"# time: {datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')}\n\n"
+    )
+    path.write_text(header + text)
+    return StackDump(target.rank, target.local_rank, target.pid, method, path, summarize(frame))

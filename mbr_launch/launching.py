@@ -1,0 +1,146 @@
+"""This node's worker group: start (or restart) local ranks, route their output, stop them, log exits."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, BinaryIO, Callable
+
+from .config import LaunchConfig
+from .events import EventLog
+from .rendezvous import Round
+from .worker_env import worker_env
+from .workers import OutputPump, Worker, WorkerSpec, spawn, stop_all
+
+
+class WorkerGroup:
+    def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str], run_dir: Path, sock_dir: Path,
+                 log: EventLog, monitor: Any, say: Callable[[str], None]) -> None:
+        self.cfg = cfg
+        self.environ = environ
+        self.run_dir = run_dir
+        self.sock_dir = sock_dir
+        self.log = log
+        self.monitor = monitor  # MonitorLink or None
+        self.say = say
+        self.workers: list[Worker] = []
+        self._filtered: dict[str, BinaryIO] = {}
+
+    # ---- start ----------------------------------------------------------------------------------
+
+    def start(self, rnd: Round, local_ranks: list[int] | None = None, *, restart_count: int | None = None) -> None:
+        """Start ``local_ranks`` (default: all) for ``rnd``; a restarted rank replaces its old entry."""
+        ranks = list(range(self.cfg.nproc_per_node)) if local_ranks is None else local_ranks
+        count = rnd.restart_count if restart_count is None else restart_count
+        for local_rank in ranks:
+            worker = self._spawn(rnd, local_rank, count)
+            self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
+        self.workers.sort(key=lambda w: w.local_rank)
+
+    def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:
+        cfg = self.cfg
+        rank = rnd.rank_offset + local_rank
+        rank_dir = self.run_dir / f"attempt_{rnd.index}" / str(local_rank)
+        if restart_count != rnd.restart_count:  # a rank/node-scope restart inside the round
+            rank_dir = self.run_dir / f"attempt_{rnd.index}.{restart_count}" / str(local_rank)
+        rank_dir.mkdir(parents=True, exist_ok=True)
+        sock = None
+        if self.monitor:
+            sock = str(self.sock_dir / f"rmon{local_rank}.sock")
+            self.monitor.arm(local_rank=local_rank, rank=rank, socket=sock)
+        env = worker_env(cfg, rnd, local_rank, self.environ, error_file=rank_dir / "error.json",
+                         stack_file=rank_dir / "stacks.faulthandler.txt", monitor_socket=sock,
+                         launcher_socket=self.monitor.launcher_socket if self.monitor else None,
+                         restart_count=restart_count)
+        argv = [a.replace("${local_rank}", str(local_rank)) for a in (*cfg.entrypoint, *cfg.training_script_args)]
+        spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE)
+        worker = spawn(spec)
+        worker.pumps = self._pumps(worker, rank_dir)
+        if self.monitor:
+            self.monitor.set_pid(local_rank=local_rank, pid=worker.pid)
+        self.log.emit("worker_start", rank=rank, local_rank=local_rank, pid=worker.pid, round=rnd.index,
+                      restart_count=restart_count)
+        return worker
+
+    def _pumps(self, worker: Worker, rank_dir: Path) -> list:
+        cfg = self.cfg
+        lr = worker.local_rank
+        show = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
+        pumps = []
+        for bit, stream, name, console, filters in (
+            (1, worker.proc.stdout, "stdout", sys.stdout.buffer, cfg.duplicate_stdout_filters),
+            (2, worker.proc.stderr, "stderr", sys.stderr.buffer, cfg.duplicate_stderr_filters),
+        ):
+            redirected = bool(cfg.redirects.for_rank(lr) & bit)
+            teed = bool(cfg.tee.for_rank(lr) & bit)
+            logfile = rank_dir / f"{name}.log" if (redirected or teed) else None
+            to_console = console if show and (teed or not redirected) else None
+            filtered = self._filtered_file(name) if filters else None
+            pump = OutputPump(stream, prefix=f"[rank{worker.rank}]:".encode(), console=to_console,
+                              logfile=logfile, filters=filters, filtered=filtered)
+            pumps.append(pump.start())
+        return pumps
+
+    def _filtered_file(self, name: str) -> BinaryIO:
+        if name not in self._filtered:
+            self._filtered[name] = open(self.run_dir / f"filtered_{name}.log", "ab")
+        return self._filtered[name]
+
+    # ---- watch ----------------------------------------------------------------------------------
+
+    def reap(self, rnd: Round) -> list[Worker]:
+        """Workers that ended since the last call (each reported once)."""
+        ended = []
+        for worker in self.workers:
+            if worker.alive:
+                worker.reap()
+            if worker.status is not None and not worker.noticed:
+                worker.noticed = True
+                self._log_exit(rnd, worker)
+                ended.append(worker)
+        return ended
+
+    def pidfds(self) -> list[int]:
+        return [w.pidfd for w in self.workers if w.alive]
+
+    def all_succeeded(self) -> bool:
+        return bool(self.workers) and all(w.status is not None and w.status.ok for w in self.workers)
+
+    def by_local_rank(self, local_rank: int) -> Worker | None:
+        return next((w for w in self.workers if w.local_rank == local_rank), None)
+
+    # ---- stop -----------------------------------------------------------------------------------
+
+    def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None,
+             first_signal: int = signal.SIGTERM, grace: float = 30.0) -> None:
+        """Staged stop of ``local_ranks`` (default all); their exits are logged but not reported as new."""
+        targets = [w for w in self.workers if local_ranks is None or w.local_rank in local_ranks]
+        if not targets:
+            return
+        if self.monitor:
+            for worker in targets:
+                try:
+                    self.monitor.disarm(worker.local_rank)
+                except Exception:
+                    pass
+        stop_all(targets, first_signal=first_signal, grace=grace,
+                 on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"))
+        for worker in targets:
+            if not worker.noticed:
+                worker.noticed = True
+                if rnd is not None:
+                    self._log_exit(rnd, worker)
+
+    def close(self) -> None:
+        for handle in self._filtered.values():
+            handle.close()
+
+    def _log_exit(self, rnd: Round, worker: Worker) -> None:
+        assert worker.status is not None
+        self.log.emit("worker_exit", rank=worker.rank, local_rank=worker.local_rank, pid=worker.pid,
+                      round=rnd.index, exit_code=worker.status.code, signal=worker.status.signal,
+                      seconds=round((worker.ended or time.monotonic()) - worker.started, 3))

@@ -1,0 +1,82 @@
+"""Noticing peers that vanish, within a bounded window, instead of waiting for NCCL (pytorch#111646).
+
+Each agent bumps a counter in the round's control keys every ``interval``. Group rank 0 watches every
+peer's counter; the others watch rank 0's. A counter that has not moved for ``timeout`` seconds (measured
+on the watcher's own monotonic clock, so clocks need not agree) means that agent is dead or cut off.
+O(N) store traffic per interval, not O(N^2).
+
+When the store itself stops answering for ``timeout`` seconds, this node has lost the rendezvous host (or
+its own network): it is reported as ``store_lost`` so the agent can end with a clear message.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Callable
+
+from .rendezvous import Round
+
+
+class PeerWatch:
+    def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[dict], None],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self._round = rnd
+        self._timeout = timeout
+        self._interval = max(0.05, timeout / 4)
+        self._on_lost = on_lost
+        self._clock = clock
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"peer-watch-{rnd.index}", daemon=True)
+
+    def start(self) -> None:
+        if self._round.group_world_size > 1:
+            self._thread.start()
+
+    def cancel(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def watched(self) -> list[int]:
+        me, size = self._round.group_rank, self._round.group_world_size
+        return [r for r in range(size) if r != me] if me == 0 else [0]
+
+    def _run(self) -> None:
+        try:
+            store = self._round.connect_control(timeout=self._timeout)
+        except Exception as err:
+            self._on_lost({"kind": "store_lost", "detail": f"cannot reach the rendezvous store: {err}"})
+            return
+        keys = [f"hb/{r}" for r in self.watched()]
+        try:
+            for key in keys:
+                store.add(key, 0)  # create missing counters so multi_get never blocks on a late peer
+        except Exception:
+            pass
+        last: dict[str, tuple[bytes, float]] = {}
+        store_ok_at = self._clock()
+        own = f"hb/{self._round.group_rank}"
+        while not self._stop.wait(self._interval):
+            now = self._clock()
+            try:
+                store.add(own, 1)
+                values = store.multi_get(keys)
+                store_ok_at = now
+            except Exception as err:
+                if now - store_ok_at >= self._timeout:
+                    self._on_lost({"kind": "store_lost", "detail": f"the rendezvous store at "
+                                   f"{self._round.store_host}:{self._round.store_port} has not answered for "
+                                   f"{now - store_ok_at:.1f} s ({type(err).__name__})"})
+                    return
+                continue
+            for key, value in zip(keys, values):
+                seen = last.get(key)
+                if seen is None or seen[0] != value:
+                    last[key] = (value, now)
+                elif now - seen[1] >= self._timeout:
+                    self._on_lost({"kind": "peer_lost", "group_rank": int(key.split("/")[1]),
+                                   "silent_for": round(now - seen[1], 2)})
+                    return

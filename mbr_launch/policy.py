@@ -1,0 +1,104 @@
+"""The restart policy: failure facts in, one decision out. Pure: no IO, no clocks, no store.
+
+Scopes:
+- ``job``  (default, torchrun's semantics): every rank of every node stops; a new rendezvous round starts.
+- ``node``: only this node's ranks restart, with the same ranks and master address; the other nodes keep
+  running (for workloads that recover in process: NVRx in-process restart, torchft).
+- ``rank``: only the failed rank's process restarts.
+
+Budgets are job-wide (the agent keeps the counts in the rendezvous store, so every node agrees):
+failures before the first heartbeat of a round ("startup" failures) count against
+``max_startup_restarts`` when it is set, and against ``max_restarts`` otherwise; all later failures count
+against ``max_restarts``. Some exit codes are never restarted. A node whose ranks failed
+``max_node_failures`` times, or whose worker asked for it, is excluded: it leaves and the job goes on
+without it (spares join through the rendezvous) as long as at least MIN nodes remain.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+
+class Action(enum.Enum):
+    RESTART = "restart"  # restart at the decision's scope
+    EXCLUDE_NODE = "exclude_node"  # this node leaves; the others re-rendezvous without it
+    STOP = "stop"  # end the job
+
+
+SCOPES = ("job", "node", "rank")
+
+
+@dataclass(frozen=True)
+class RestartPolicy:
+    scope: str = "job"
+    max_restarts: int = 0
+    max_startup_restarts: int | None = None
+    no_restart_exit_codes: tuple[int, ...] = (2, 17)
+    max_node_failures: int = 0  # 0: never exclude a node for its failures
+    backoff: float = 1.0  # first delay of a crash loop (doubles each time)
+    backoff_max: float = 30.0
+    crash_loop_window: float = 30.0  # a round that fails sooner than this after it started is "quick"
+    min_nodes: int = 1
+
+
+@dataclass(frozen=True)
+class FailureFacts:
+    cause: str  # "crash" | "hang" | "monitor" | "peer" | "request"
+    exit_code: int | None = None
+    startup: bool = False  # no local rank had sent a heartbeat yet in this round
+    round_seconds: float = 0.0  # how long the failed round had run
+    restarts_used: int = 0  # job-wide restarts counted so far (before this failure)
+    startup_restarts_used: int = 0
+    node_failures: int = 1  # this node's failures so far, this one included
+    quick_failures: int = 0  # consecutive quick failures before this one (crash loop length)
+    exclude_requested: bool = False  # a worker sent NVRx ExcludeThisNode
+    shutdown_requested: bool = False  # a worker sent NVRx ShutdownWorkload
+    nodes_left: int = 1  # nodes that would remain in the job without this one (spares included)
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: Action
+    scope: str
+    reason: str
+    backoff: float = 0.0
+    counts_as_startup: bool = False
+
+
+def backoff_delay(policy: RestartPolicy, facts: FailureFacts) -> float:
+    """No delay for an isolated failure; 1, 2, 4, ... seconds (capped) while failures come quickly."""
+    if facts.round_seconds >= policy.crash_loop_window or facts.quick_failures == 0:
+        return 0.0
+    return min(policy.backoff_max, policy.backoff * 2 ** (facts.quick_failures - 1))
+
+
+def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
+    if facts.shutdown_requested:
+        return Decision(Action.STOP, "job", "a worker asked to shut the workload down")
+    if facts.exit_code is not None and facts.exit_code in policy.no_restart_exit_codes:
+        return Decision(Action.STOP, "job", f"exit code {facts.exit_code} is not restarted "
+                                            f"(--no-restart-exit-codes)")
+    exclude_reason = None
+    if facts.exclude_requested:
+        exclude_reason = "a worker asked to exclude this node"
+    elif policy.max_node_failures and facts.node_failures >= policy.max_node_failures:
+        exclude_reason = f"this node failed {facts.node_failures} times (--max-node-failures {policy.max_node_failures})"
+    if exclude_reason:
+        if facts.nodes_left >= policy.min_nodes:
+            return Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
+        return Decision(Action.STOP, "job", f"{exclude_reason}, but only {facts.nodes_left} node(s) would remain "
+                                            f"(--nnodes needs at least {policy.min_nodes})")
+    startup = facts.startup and policy.max_startup_restarts is not None
+    if startup:
+        assert policy.max_startup_restarts is not None
+        if facts.startup_restarts_used >= policy.max_startup_restarts:
+            return Decision(Action.STOP, "job", f"startup restart budget exhausted "
+                                                f"({policy.max_startup_restarts} allowed before the first heartbeat)",
+                            counts_as_startup=True)
+    elif facts.restarts_used >= policy.max_restarts:
+        return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)")
+    # A dead peer or a lost monitor cannot be mended by restarting one rank.
+    scope = policy.scope if facts.cause in ("crash", "hang") else "job"
+    return Decision(Action.RESTART, scope, "restarting", backoff=backoff_delay(policy, facts),
+                    counts_as_startup=startup)
