@@ -12,14 +12,13 @@ server can sleep exactly until the next one:
 - a section name without a configured timeout can still be opened (the 0.4.1 server accepts it; its
   client raises afterwards) and never expires. NVRx would crash its checker on the KeyError instead.
 
-Lifecycle of a rank, one per ``arm`` from the agent::
+Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state starts over)::
 
-        arm                 init                   deadline passed
-    ────────► ARMED ───────────────► MONITORING ──────────────────► EXPIRED
-                ▲  ◄────────────────      │ ▲ heartbeat/section/update  │ (messages acked, ignored)
-                │      disconnect         └─┘ init (re-init)            │
-                │                                                       │
-                └──────────── arm (restart: fresh state) ◄──────────────┴── DISARMED ◄── disarm (any)
+    DISARMED --arm--> ARMED --init--> MONITORING --deadline passed--> EXPIRED
+                        ^                 |  ^                          |
+                        +---disconnect----+  +-- heartbeat, section,    +-- messages acked, ignored
+                                                 update, re-init
+    any state --disarm--> DISARMED
 
 Each arm produces at most one verdict: after EXPIRED nothing expires again until the next arm.
 """
