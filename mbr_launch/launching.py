@@ -121,14 +121,16 @@ class WorkerGroup:
         targets = [w for w in self.workers if local_ranks is None or w.local_rank in local_ranks]
         if not targets:
             return
+        stop_all(targets, first_signal=first_signal, grace=grace,
+                 on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"))
+        # Disarm only after the groups are reaped: until then the monitor must still be able to kill them
+        # should this agent die mid-stop. Verdicts that arrive meanwhile find the rank gone and are ignored.
         if self.monitor:
             for worker in targets:
                 try:
                     self.monitor.disarm(worker.local_rank)
                 except Exception:
                     pass
-        stop_all(targets, first_signal=first_signal, grace=grace,
-                 on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"))
         for worker in targets:
             if not worker.noticed:
                 worker.noticed = True

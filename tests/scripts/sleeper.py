@@ -1,0 +1,28 @@
+"""A worker with no collectives, for restart-scope tests: its life does not depend on its peers.
+
+  --ready-file F       append "RANK RESTART PID TIME" at start
+  --crash R:N,...      rank R exits 1 after --crash-after seconds when TORCHELASTIC_RESTART_COUNT is N
+  --crash-if-env VAR   exit 1 (after --crash-after) whenever VAR is set in the environment
+  --run-seconds S      then exit 0
+"""
+import argparse
+import os
+import sys
+import time
+
+p = argparse.ArgumentParser()
+p.add_argument("--ready-file")
+p.add_argument("--crash", default="")
+p.add_argument("--crash-if-env", default=None)
+p.add_argument("--crash-after", type=float, default=0.5)
+p.add_argument("--run-seconds", type=float, default=3.0)
+args = p.parse_args()
+rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if args.ready_file:
+    with open(args.ready_file, "a") as f:
+        f.write(f"{rank} {restart} {os.getpid()} {time.time()}\n")
+crash = f"{rank}:{restart}" in args.crash.split(",") or bool(args.crash_if_env and os.environ.get(args.crash_if_env))
+if crash:
+    time.sleep(args.crash_after)
+    sys.exit(1)
+time.sleep(args.run_seconds)
