@@ -1,0 +1,115 @@
+"""Hang detection end to end: the real NVRx RankMonitorClient in real workers under mbr-launch."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+import pytest
+
+from .helpers import SCRIPTS, run_launcher
+
+FT_WORKER = str(SCRIPTS / "ft_worker.py")
+pytestmark = pytest.mark.timeout(150)
+TIMEOUT = 1.5
+SLACK = 0.5  # detection must land within timeout + 0.5 s on this 2-core machine
+
+# kind -> (timeout flags, stack method)
+CASES = {
+    "heartbeat": (["--heartbeat-timeout", str(TIMEOUT), "--section-timeouts", "step:none"], "py-spy"),
+    "section": (["--heartbeat-timeout", "60", "--section-timeouts", f"step:{TIMEOUT}"], "faulthandler"),
+    "oos": (["--heartbeat-timeout", "60", "--section-timeouts", "step:none", "--out-of-section-timeout",
+             str(TIMEOUT)], "py-spy"),
+    # faulthandler needs the process to run (it is resumed first), so a stopped one is read by py-spy
+    "sigstop": (["--heartbeat-timeout", str(TIMEOUT), "--section-timeouts", "step:none"], "py-spy"),
+    "busy": (["--heartbeat-timeout", str(TIMEOUT), "--section-timeouts", "step:none"], "faulthandler"),
+}
+EXPECTED_KIND = {"heartbeat": "heartbeat", "section": "section", "oos": "out_of_section", "sigstop": "heartbeat",
+                 "busy": "heartbeat"}
+
+
+def _events(log_dir: Path) -> list[dict]:
+    return [json.loads(line) for line in next(log_dir.glob("*/events.jsonl")).read_text().splitlines()]
+
+
+@pytest.mark.parametrize("hang", list(CASES))
+def test_hang_is_detected_dumped_and_restarted(tmp_path, hang):
+    flags, method = CASES[hang]
+    ready = tmp_path / "ready"
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path),
+                        "--stack-dump", method, "--hang-kill-grace", "1", *flags, FT_WORKER, "--hang", hang,
+                        "--ready-file", str(ready)], timeout=120)
+    assert res.returncode == 0, res.stderr
+    events = _events(tmp_path)
+    hangs = [e for e in events if e["event"] == "hang"]
+    assert len(hangs) == 1, hangs
+    h = hangs[0]
+    assert (h["rank"], h["kind"]) == (1, EXPECTED_KIND[hang])
+    if hang == "section":
+        assert h["section"] == "step"
+    # detection latency past the timeout, as the monitor measured it ...
+    assert TIMEOUT <= h["elapsed"] <= TIMEOUT + SLACK, h
+    # ... and from the worker's own clock: it printed when it started hanging
+    started = float(re.search(rf"rank 1 hanging: {hang} at ([0-9.]+)", res.stdout).group(1))
+    detected = _wall(h["ts"])
+    assert detected - started <= TIMEOUT + SLACK + 0.1, (detected - started)
+    # stacks of every local rank, by the requested method, naming the hung function
+    stacks = [e for e in events if e["event"] == "stacks"]
+    assert stacks and stacks[0]["method"] == [method], stacks
+    hung_dump = next(p for p in stacks[0]["paths"] if p.endswith("rank1.txt"))
+    assert "hang_now" in Path(hung_dump).read_text()
+    assert "stacks:" in res.stderr and "hang_now" in res.stderr  # summarised in the failure summary
+    # the group restarted and finished
+    restarts = sorted(tuple(map(int, line.split()[:2])) for line in ready.read_text().splitlines())
+    assert restarts == [(0, 0), (0, 1), (1, 0), (1, 1)]
+
+
+def _wall(iso: str) -> float:
+    from datetime import datetime
+
+    return datetime.fromisoformat(iso).timestamp()
+
+
+def test_calculated_timeouts_survive_a_restart(tmp_path):
+    """Attempt 0 calculates section timeouts and saves state_dict(); attempt 1 loads it and hangs in 'step':
+    the hang is caught by the calculated timeout, not the configured 60 s."""
+    state = tmp_path / "ft_state.json"
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path),
+                        "--no-restart-exit-codes", "17", "--heartbeat-timeout", "60",
+                        "--section-timeouts", "step:60", "--out-of-section-timeout", "60", "--stack-dump", "off",
+                        FT_WORKER, "--state", str(state), "--steps", "20", "--hang", "section",
+                        "--hang-restart", "1"], timeout=140)
+    assert res.returncode == 0, res.stderr
+    saved = json.loads(state.read_text())["current_timeouts"]["section"]["section"]["step"]
+    assert saved < 60
+    hangs = [e for e in _events(tmp_path) if e["event"] == "hang"]
+    assert len(hangs) == 1 and hangs[0]["section"] == "step"
+    assert hangs[0]["timeout"] == pytest.approx(saved), (hangs[0], saved)
+    assert hangs[0]["elapsed"] <= saved + SLACK
+
+
+def test_dead_monitor_is_an_infrastructure_failure(tmp_path):
+    """NVRx users report killed monitors go unnoticed (nvrx#182); here the agent restarts the round."""
+    import psutil
+
+    from .helpers import finish, start_launcher
+
+    ready = tmp_path / "ready"
+    proc = start_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path),
+                           "--section-timeouts", "step:none", FT_WORKER, "--steps", "60", "--step-time", "0.1",
+                           "--ready-file", str(ready)])
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (ready.exists() and len(ready.read_text().splitlines()) >= 2):
+        time.sleep(0.1)
+    monitors = [p for p in psutil.Process(proc.pid).children(recursive=True)
+                if "mbr_launch.monitor.server" in " ".join(p.cmdline())]
+    assert len(monitors) == 1
+    monitors[0].kill()
+    _out, err = finish(proc, 120)
+    assert proc.returncode == 0, err
+    assert "rank monitor process died" in err
+    events = _events(tmp_path)
+    assert [e["event"] for e in events].count("monitor_lost") == 1
+    assert sorted(tuple(map(int, l.split()[:2])) for l in ready.read_text().splitlines()) == [(0, 0), (0, 1), (1, 0), (1, 1)]
