@@ -156,9 +156,9 @@ SRUN = {"SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0", "SLURM_PROCID": "0", "SLURM_N
     [
         ({}, True, False, "skip"),
         (SRUN, False, False, "ok"),
-        ({**SRUN, "SLURM_KILL_ON_BAD_EXIT": "0"}, True, False, "ok"),
-        ({**SRUN, "SLURM_KILL_ON_BAD_EXIT": "1"}, True, False, "error"),
-        ({**SRUN, "SLURM_KILL_ON_BAD_EXIT": "1"}, False, True, "warn"),
+        ({**SRUN, "SLURM_KILL_BAD_EXIT": "0"}, True, False, "ok"),
+        ({**SRUN, "SLURM_KILL_BAD_EXIT": "1"}, True, False, "error"),
+        ({**SRUN, "SLURM_KILL_BAD_EXIT": "1"}, False, True, "warn"),
         (SRUN, True, False, "warn"),  # unknown: says how to verify
         (SRUN, False, True, "info"),
     ],
@@ -204,8 +204,16 @@ def test_launchers_per_node(env, launcher, others, severity):
     ],
 )
 def test_group_rank(env, nnodes, endpoint, ft, severity):
-    r = result(ctx(env=env, nnodes=nnodes, rdzv_endpoint=endpoint, ft_enabled=ft), "launcher.group_rank")
+    """The pitfall of ft_launcher/torchrun launches off Slurm (NVRx reads GROUP_RANK from the environment)."""
+    r = result(ctx(env=env, nnodes=nnodes, rdzv_endpoint=endpoint, ft_enabled=ft, launcher="ft_launcher"),
+               "launcher.group_rank")
     assert r["severity"] == severity, r
+
+
+def test_group_rank_is_set_by_mbr_launch():
+    r = result(ctx(env={}, nnodes="2", rdzv_endpoint="127.0.0.1:29400", ft_enabled=True, launcher="mbr-launch"),
+               "launcher.group_rank")
+    assert r["severity"] == "ok" and "from the rendezvous" in r["saw"]
 
 
 # ---- GPUs --------------------------------------------------------------------------------------------

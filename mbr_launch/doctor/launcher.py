@@ -6,9 +6,9 @@ Slurm facts come straight from the step's environment (SLURM_STEP_ID, SLURM_STEP
 
 from __future__ import annotations
 
-import re
 
 from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.slurm import SlurmError, parse_tasks_per_node
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
 
 FT_LAUNCHERS = {"mbr-launch", "ft_launcher"}
@@ -38,26 +38,30 @@ def kill_on_bad_exit(ctx: DoctorContext) -> Finding:
         return skip("not inside an srun step")
     if ctx.ipr is None and not ctx.ft_declared:
         return ok("no in-process restart or fault tolerance: srun may kill the step on a bad exit")
-    value = env.get("SLURM_KILL_ON_BAD_EXIT")
+    value = env.get("SLURM_KILL_BAD_EXIT")
     what = "in-process restart" if ctx.ipr else "fault tolerance"
-    fix = ("start the step with `srun --kill-on-bad-exit=0 ...`, or `export SLURM_KILL_ON_BAD_EXIT=0` before srun "
+    fix = ("start the step with `srun --kill-on-bad-exit=0 ...`, or `export SLURM_KILL_BAD_EXIT=0` before srun "
            "(srun reads it and tasks inherit it, so doctor can verify it)")
     if value is not None and value.strip() == "0":
-        return ok("SLURM_KILL_ON_BAD_EXIT=0")
+        return ok("SLURM_KILL_BAD_EXIT=0")
     if value is not None and value.strip() != "0":
-        saw = f"SLURM_KILL_ON_BAD_EXIT={value}: srun kills every task when one exits non-zero, defeating {what}"
+        saw = f"SLURM_KILL_BAD_EXIT={value}: srun kills every task when one exits non-zero, defeating {what}"
         return error(saw, fix) if ctx.ipr else warn(saw, fix)
     # srun does not export the flag to tasks; say how to verify instead of guessing.
-    saw = ("srun's kill-on-bad-exit setting is not visible to tasks (SLURM_KILL_ON_BAD_EXIT unset); "
+    saw = ("srun's kill-on-bad-exit setting is not visible to tasks (SLURM_KILL_BAD_EXIT unset); "
            "the default comes from slurm.conf KillOnBadExit (check `scontrol show config | grep KillOnBadExit`)")
     return warn(saw, fix) if ctx.ipr else info(saw, fix)
 
 
-def tasks_per_node(spec: str) -> int:
-    """Max tasks on any node from SLURM_STEP_TASKS_PER_NODE, e.g. "2(x3),1" -> 2."""
-    counts = [int(m.group(1)) for m in re.finditer(r"(\d+)(?:\(x\d+\))?", spec)]
-    if not counts:
-        raise ValueError(f"cannot parse tasks per node {spec!r}")
+def tasks_per_node(spec: str, node_id: str | None = None) -> int:
+    """Tasks on this node (SLURM_NODEID) from Slurm's compressed list, e.g. "2(x3),1"; the most on any node
+    when the node id is unknown."""
+    try:
+        counts = parse_tasks_per_node(spec)
+    except SlurmError as exc:
+        raise ValueError(str(exc)) from None
+    if node_id is not None and node_id.isdigit() and int(node_id) < len(counts):
+        return counts[int(node_id)]
     return max(counts)
 
 
@@ -71,7 +75,7 @@ def per_node(ctx: DoctorContext) -> Finding:
         spec = env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_NTASKS_PER_NODE")
         if spec:
             try:
-                n = tasks_per_node(spec)
+                n = tasks_per_node(spec, env.get("SLURM_NODEID"))
             except ValueError as exc:
                 return warn(str(exc), "report this Slurm value to the mbr-launch maintainers")
             if n > 1:
@@ -95,6 +99,8 @@ def per_node(ctx: DoctorContext) -> Finding:
 def group_rank(ctx: DoctorContext) -> Finding:
     if ctx.max_nodes <= 1:
         return ok("single node: GROUP_RANK not needed")
+    if ctx.launcher == "mbr-launch":
+        return ok("mbr-launch gives every worker GROUP_RANK from the rendezvous: unique per node")
     if ctx.on_slurm:
         return ok("on Slurm: NVRx takes the infrastructure rank from SLURM_PROCID")
     env = ctx.env
