@@ -92,6 +92,8 @@ class Agent:
         old_handlers = self._install_signals()
         try:
             self._prepare_dirs()
+            assert self.group
+            self.group.start_standbys()  # warm workers prepare while the rendezvous runs
             self._start_monitor()
             return self._loop()
         finally:

@@ -13,6 +13,9 @@ What it arms, each driven by an environment variable the agent sets:
   works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
 - ``MBR_IGNORE_SIGNALS``: preemption signals to ignore (Slurm sends them to workers directly too).
 - ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.autobeat``), when that module exists.
+- ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.standby.serve`` pre-imports what
+  the standby level says, waits for its assignment (environment, working directory) and applies it; all
+  the above is then armed from the assigned environment, as in a fresh worker.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ STACK_SIGNAL = signal.SIGRTMIN + 5
 STACK_FILE_ENV = "MBR_STACK_FILE"
 AUTOBEAT_ENV = "MBR_AUTOBEAT"
 IGNORE_SIGNALS_ENV = "MBR_IGNORE_SIGNALS"
+STANDBY_ENV = "MBR_STANDBY_CHANNEL"
 
 _stack_file = None  # kept open for the life of the process: faulthandler writes to its fd
 
@@ -80,6 +84,10 @@ def run_target(argv: list[str]) -> None:
 
 
 def main() -> None:
+    if STANDBY_ENV in os.environ:  # a warm standby (mbr_launch.standby): first wait to become a rank
+        from mbr_launch.standby import serve
+
+        serve()
     ignore_preemption_signals()
     arm_stack_dump()
     arm_autobeat()

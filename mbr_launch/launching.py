@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, BinaryIO, Callable
 
 from .config import LaunchConfig
 from .events import EventLog
 from .rendezvous import Round
+from .standby import REPLENISH_DELAY, StandbyPool, standby_env
 from .worker_env import worker_env
 from .workers import OutputPump, Worker, WorkerSpec, spawn, stop_all
 
@@ -28,6 +31,33 @@ class WorkerGroup:
         self.say = say
         self.workers: list[Worker] = []
         self._filtered: dict[str, BinaryIO] = {}
+        self.standby: StandbyPool | None = None
+        self._envs: dict[int, dict[str, str]] = {}  # the latest environment of each local rank
+
+    def start_standbys(self) -> None:
+        """Start one warm standby per local rank (``--standby``); call before the first round."""
+        level = self.cfg.settings.values.get("standby", "off")
+        if level == "off" or not self.cfg.use_boot:
+            return
+        self.standby = StandbyPool(level=level, prepare=self._standby)
+        self.standby.fill(range(self.cfg.nproc_per_node))
+
+    def _argv(self, local_rank: int) -> list[str]:
+        cfg = self.cfg
+        return [a.replace("${local_rank}", str(local_rank)) for a in (*cfg.entrypoint, *cfg.training_script_args)]
+
+    def _standby(self, local_rank: int) -> tuple[list[str], dict[str, str]] | None:
+        env = self._envs.get(local_rank)
+        if env is None:  # before the first round: the round's values are filled in when it is taken
+            placeholder = SimpleNamespace(rank_offset=0, group_rank=0, world_size=0, group_world_size=0,
+                                          master_addr="", master_port=0, restart_count=0)
+            try:
+                env = worker_env(self.cfg, placeholder, local_rank, self.environ,  # type: ignore[arg-type]
+                                 error_file=Path(os.devnull), stack_file=None, monitor_socket=None,
+                                 launcher_socket=None)
+            except Exception:
+                return None  # no standby until a real environment is known
+        return self._argv(local_rank), standby_env(env)
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -39,6 +69,8 @@ class WorkerGroup:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
+        if self.standby:  # replacements prepare in the background once these ranks are under way
+            self.standby.fill(ranks, delay=REPLENISH_DELAY)
 
     def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:
         cfg = self.cfg
@@ -55,15 +87,20 @@ class WorkerGroup:
                          stack_file=rank_dir / "stacks.faulthandler.txt", monitor_socket=sock,
                          launcher_socket=self.monitor.launcher_socket if self.monitor else None,
                          restart_count=restart_count)
-        argv = [a.replace("${local_rank}", str(local_rank)) for a in (*cfg.entrypoint, *cfg.training_script_args)]
+        argv = self._argv(local_rank)
         spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)
-        worker = spawn(spec)
+        self._envs[local_rank] = env
+        worker = self.standby.take(spec) if self.standby else None
+        if worker is None:
+            worker = spawn(spec)
         worker.pumps = self._pumps(worker, rank_dir)
         if self.monitor:
             self.monitor.set_pid(local_rank=local_rank, pid=worker.pid)
+        warm = {"standby_age": worker.standby_age} if worker.standby_age is not None else \
+            {"standby_miss": self.standby.last_miss} if self.standby else {}
         self.log.emit("worker_start", rank=rank, local_rank=local_rank, pid=worker.pid, round=rnd.index,
-                      restart_count=restart_count)
+                      restart_count=restart_count, standby=worker.standby_age is not None, **warm)
         return worker
 
     def _pumps(self, worker: Worker, rank_dir: Path) -> list:
@@ -138,6 +175,8 @@ class WorkerGroup:
                     self._log_exit(rnd, worker)
 
     def close(self) -> None:
+        if self.standby:
+            self.standby.close()
         for handle in self._filtered.values():
             handle.close()
 

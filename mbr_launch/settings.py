@@ -347,6 +347,14 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="hang_kill_grace", flags=("--hang-kill-grace",), kind=float, default=3.0, panel=FAULT,
             parse=non_negative("--hang-kill-grace", float), metavar="SECONDS",
             help="Seconds a hung worker gets between SIGTERM and SIGKILL (crashes use --shutdown-timeout)."),
+    Setting(name="standby", flags=("--standby",), kind=str, default="torch", panel=FAULT,
+            parse=choice("--standby", ("off", "interpreter", "torch", "cuda")),
+            choices=("off", "interpreter", "torch", "cuda"),
+            help="Warm standby workers: one process per local rank that starts ahead of time and becomes the "
+                 "rank at the next (re)start. interpreter: Python only (exactly a fresh process); torch: also "
+                 "`import torch`, no CUDA (env vars a script sets before its own `import torch` come too late, "
+                 "except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: also a CUDA "
+                 "context on device LOCAL_RANK; off: fresh processes only."),
     # -- restart policy --
     Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY,
             parse=choice("--restart-scope", ("job", "node", "rank")), choices=("job", "node", "rank"),

@@ -78,6 +78,7 @@ class Worker:
     ended: float | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
     noticed: bool = False  # the agent has seen (and logged) this worker's exit
+    standby_age: float | None = None  # seconds it waited as a warm standby (None: started fresh)
 
     @property
     def pid(self) -> int:
@@ -124,7 +125,7 @@ def _child_setup(parent_pid: int) -> Callable[[], None]:
     return setup
 
 
-def spawn(spec: WorkerSpec, *, cwd: str | None = None) -> Worker:
+def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] = ()) -> Worker:
     proc = subprocess.Popen(
         list(spec.argv),
         env=spec.env,
@@ -135,6 +136,7 @@ def spawn(spec: WorkerSpec, *, cwd: str | None = None) -> Worker:
         start_new_session=True,
         preexec_fn=_child_setup(os.getpid()),
         close_fds=True,
+        pass_fds=tuple(pass_fds),
     )
     return Worker(spec=spec, proc=proc, pidfd=os.pidfd_open(proc.pid), started=time.monotonic())
 

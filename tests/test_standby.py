@@ -1,0 +1,270 @@
+"""Warm standby workers (``--standby``): real launches, real gloo, real restarts.
+
+Each worker runs a probe that records, at its first line, how it sees the world (pid, process start time,
+``sys.argv``, ``__name__``, ``sys.path``, environment, whether torch is already imported), so a standby's
+view can be compared with a fresh process's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from mbr_launch.standby import assigned, mismatched_keys, standby_env
+
+from .helpers import finish, launcher_env, run_launcher, start_launcher
+
+pytestmark = pytest.mark.timeout(120)
+
+# Written at the top of every probe: nothing may run before it.
+PROBE_HEAD = '''\
+import json, os, sys, time
+_stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
+RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "name": __name__,
+          "argv": list(sys.argv), "path": list(sys.path), "cwd": os.getcwd(), "orig_argv": list(sys.orig_argv),
+          "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK")}
+OUT = os.environ.get("PROBE_OUT") or sys.argv[sys.argv.index("--out") + 1]
+def save(**extra):
+    RECORD.update(extra)
+    name = f"{os.environ.get('RANK', 'direct')}.{os.environ.get('TORCHELASTIC_RESTART_COUNT', 0)}.json"
+    with open(os.path.join(OUT, name), "w") as f:
+        json.dump(RECORD, f)
+'''
+
+TRAIN_PROBE = PROBE_HEAD + '''\
+import signal
+import torch
+import torch.distributed as dist
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+save(threads=torch.get_num_threads())
+dist.init_process_group("gloo")
+t = torch.ones(1)
+dist.all_reduce(t)
+if os.path.exists(os.path.join(OUT, "crash")) and dist.get_rank() == 1 and restart == 0:
+    with open(os.path.join(OUT, "killed"), "w") as f:
+        f.write(str(time.clock_gettime(time.CLOCK_BOOTTIME)))
+    os.kill(os.getpid(), signal.SIGKILL)
+dist.all_reduce(t)
+dist.destroy_process_group()
+'''
+
+# A module that configures torch through the environment before importing it.
+OMP_PROBE = PROBE_HEAD + '''\
+os.environ["OMP_NUM_THREADS"] = "3"
+os.environ["KMP_BLOCKTIME"] = "7"
+import torch
+save(threads=torch.get_num_threads())
+'''
+
+
+def _events(log_dir: Path) -> list[dict]:
+    (path,) = log_dir.glob("*/events.jsonl")
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _records(out: Path) -> dict[tuple[str, int], dict]:
+    found = {}
+    for path in out.glob("*.json"):
+        rank, restart, _ = path.name.split(".")
+        found[(rank, int(restart))] = json.loads(path.read_text())
+    return found
+
+
+def _launch(tmp_path: Path, name: str, flags: list[str], *, crash: bool = False) -> tuple[Path, Path, str]:
+    out, logs = tmp_path / name, tmp_path / f"{name}-logs"
+    out.mkdir()
+    if crash:
+        (out / "crash").touch()
+    script = tmp_path / "probe.py"
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), *flags, str(script),
+                        "--out", str(out)])
+    assert res.returncode == 0, res.stderr
+    return out, logs, res.stderr
+
+
+def _same_view(warm: dict, fresh: dict, warm_out: Path, fresh_out: Path) -> None:
+    """A standby's first line sees what a fresh process's does, up to this run's own values."""
+    def norm(value):
+        return json.loads(json.dumps(value).replace(str(warm_out), str(fresh_out)))
+
+    for key in ("name", "argv", "path", "cwd", "orig_argv"):
+        assert norm(warm[key]) == fresh[key], key
+    assert sorted(warm["env"]) == sorted(fresh["env"])
+    # Each run has its own ports, run id, log and socket paths.
+    differ = {k for k in warm["env"] if warm["env"][k] != fresh["env"][k]
+              and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID") and not warm["env"][k].startswith("/")}
+    assert not differ, {k: (warm["env"][k], fresh["env"][k]) for k in differ}
+
+
+def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tmp_path):
+    (tmp_path / "probe.py").write_text(TRAIN_PROBE)
+    warm_out, warm_logs, _ = _launch(tmp_path, "warm", ["--max-restarts", "1", "--standby", "torch"], crash=True)
+    fresh_out, fresh_logs, _ = _launch(tmp_path, "fresh", ["--max-restarts", "1", "--standby", "off"])
+
+    warm, fresh = _records(warm_out), _records(fresh_out)
+    assert sorted(warm) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
+    events = _events(warm_logs)
+    starts = [e for e in events if e["event"] == "worker_start"]
+    assert [(e["round"], e["standby"]) for e in starts] == [(0, True), (0, True), (1, True), (1, True)]
+    assert {e["pid"] for e in starts} == {r["pid"] for r in warm.values()}
+    # The restarted ranks are processes that existed before the failure, with torch imported at their start.
+    killed = float((warm_out / "killed").read_text())
+    for rank in ("0", "1"):
+        assert warm[(rank, 1)]["created"] < killed - 0.05, (warm[(rank, 1)]["created"], killed)
+    assert all(r["torch_preloaded"] for r in warm.values())
+
+    # Each rank's environment is the round's: its rank, the round's MASTER_PORT, the restart count.
+    ports = {e["round"]: e["master_port"] for e in events if e["event"] == "rendezvous"}
+    assert ports[0] != ports[1]
+    for (rank, restart), record in warm.items():
+        env = record["env"]
+        assert (env["RANK"], env["LOCAL_RANK"], env["TORCHELASTIC_RESTART_COUNT"]) == (rank, rank, str(restart))
+        assert env["MASTER_PORT"] == str(ports[restart]) and env["WORLD_SIZE"] == "2"
+        assert env["OMP_NUM_THREADS"] == "1" and record["threads"] == 1
+        assert "MBR_STANDBY_FD" not in env
+        assert f"attempt_{restart}" in env["TORCHELASTIC_ERROR_FILE"]
+
+    # --standby off: fresh processes, torch not imported before the script's first line.
+    assert [e["standby"] for e in _events(fresh_logs) if e["event"] == "worker_start"] == [False, False]
+    assert not any(r["torch_preloaded"] for r in fresh.values())
+    for rank in ("0", "1"):
+        _same_view(warm[(rank, 0)], fresh[(rank, 0)], warm_out, fresh_out)
+        assert warm[(rank, 0)]["argv"][0] == str(tmp_path / "probe.py")
+        assert warm[(rank, 0)]["path"][0] == str(tmp_path)
+
+
+@pytest.mark.parametrize("level", ["interpreter", "torch"])
+def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
+    """`python -m` semantics, and a module that sets OMP_NUM_THREADS=3 before `import torch` (the launcher
+    sets 1 for 2 ranks), compared with a plain `python -m` run: interpreter imports torch afresh; torch
+    re-applies the thread count at the module's `import torch` and warns about what it cannot repair
+    (KMP_BLOCKTIME)."""
+    pkg = tmp_path / "probes"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("")
+    (pkg / "omp.py").write_text(OMP_PROBE)
+    out, direct_out = tmp_path / "out", tmp_path / "direct"
+    out.mkdir()
+    direct_out.mkdir()
+    logs = tmp_path / "logs"
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), "--standby", level,
+                        "-m", "probes.omp", "--out", str(out)], cwd=tmp_path)
+    assert res.returncode == 0, res.stderr
+    assert all(e["standby"] for e in _events(logs) if e["event"] == "worker_start")
+    direct = subprocess.run([sys.executable, "-m", "probes.omp", "--out", str(out)], cwd=tmp_path,
+                            env={**launcher_env(), "PROBE_OUT": str(direct_out)},
+                            capture_output=True, text=True, timeout=60)
+    assert direct.returncode == 0, direct.stderr
+    fresh = _records(direct_out)[("direct", 0)]
+    for (rank, _), record in _records(out).items():
+        # What a fresh import picks (3, or fewer on a machine with fewer physical cores: MKL caps it)
+        assert record["threads"] == fresh["threads"] > 1, (level, record["threads"], fresh["threads"])
+        assert record["torch_preloaded"] is (level == "torch")
+        assert record["name"] == fresh["name"] == "__main__"
+        assert record["argv"] == fresh["argv"] == [str(pkg / "omp.py"), "--out", str(out)]
+        assert record["path"] == fresh["path"] and record["path"][0] == str(tmp_path)
+        assert record["orig_argv"][-5:] == ["mbr_launch.boot", "-m", "probes.omp", "--out", str(out)]
+    warned = "KMP_BLOCKTIME set before `import torch` may have no effect" in res.stderr
+    assert warned is (level == "torch"), res.stderr
+    assert "OMP_NUM_THREADS set before" not in res.stderr
+
+
+def test_sigkill_of_launcher_leaves_no_standbys_or_workers(tmp_path):
+    import psutil
+
+    script = tmp_path / "wait.py"
+    script.write_text("import sys, time\nopen(sys.argv[1] + '.' + __import__('os').environ['RANK'], 'w')\n"
+                      "time.sleep(60)\n")
+    proc = start_launcher(["--standalone", "--nproc-per-node", "2", "--standby", "interpreter", str(script),
+                           str(tmp_path / "ready")])
+    try:
+        deadline = time.monotonic() + 40
+        while time.monotonic() < deadline:
+            # Standbys show the command line they will run: two workers plus two replacement standbys.
+            kids = [k for k in psutil.Process(proc.pid).children(recursive=True) if str(script) in k.cmdline()]
+            if len(kids) == 4 and len(list(tmp_path.glob("ready.*"))) == 2:
+                break
+            time.sleep(0.1)
+        else:
+            raise AssertionError("workers and replacement standbys did not start")
+        pids = [k.pid for k in kids]
+    finally:
+        proc.kill()
+        finish(proc, 10)
+    deadline = time.monotonic() + 2
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"
+                                              for p in pids):
+        time.sleep(0.05)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+    assert not alive, f"still alive after the launcher was SIGKILLed: {alive}"
+
+
+def test_unused_standbys_are_killed_on_a_normal_exit(tmp_path):
+    """The autouse leftover check covers every test; here the pool is asked directly too."""
+    from mbr_launch.standby import StandbyPool
+
+    env = {**launcher_env(), "LOCAL_RANK": "0"}
+    argv = [sys.executable, "-u", "-m", "mbr_launch.boot", str(tmp_path / "never.py")]
+    pool = StandbyPool(level="interpreter", prepare=lambda _lr: (argv, dict(env)))
+    pool.fill([0, 1])
+    pids = pool.pids()
+    assert len(pids) == 2
+    pool.close()
+    assert not [p for p in pids if os.path.exists(f"/proc/{p}")]
+
+
+def test_env_matching_rules():
+    worker = {"PATH": "/bin", "RANK": "3", "MASTER_PORT": "1234", "OMP_NUM_THREADS": "1",
+              "MBR_IGNORE_SIGNALS": "SIGUSR1", "MBR_STACK_FILE": "/x", "TORCHELASTIC_RESTART_COUNT": "0"}
+    standby = standby_env(worker)
+    assert standby == {"PATH": "/bin", "OMP_NUM_THREADS": "1", "MBR_IGNORE_SIGNALS": "SIGUSR1"}
+    assert standby_env({"MBR_TEST_SESSION": "x"}) == {"MBR_TEST_SESSION": "x"}  # markers stay
+    assert mismatched_keys(standby, {**worker, "RANK": "5", "MASTER_PORT": "99", "FT_X": "1"}) == []
+    assert mismatched_keys(standby, {**worker, "OMP_NUM_THREADS": "4"}) == ["OMP_NUM_THREADS"]
+    assert mismatched_keys(standby, {k: v for k, v in worker.items() if k != "PATH"}) == ["PATH"]
+    assert all(assigned(k) for k in ("RANK", "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "MBR_AUTOBEAT"))
+    assert not any(assigned(k) for k in ("LOCAL_RANK", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS", "PYTHONPATH"))
+
+
+def test_a_mismatched_environment_falls_back_to_a_fresh_process(tmp_path):
+    """A standby started with another OMP_NUM_THREADS is not used (and is killed)."""
+    from mbr_launch.standby import StandbyPool
+    from mbr_launch.workers import WorkerSpec
+
+    script = tmp_path / "hello.py"
+    script.write_text("print('hello')\n")
+    argv = [sys.executable, "-u", "-m", "mbr_launch.boot", str(script)]
+    env = {**launcher_env(), "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
+    pool = StandbyPool(level="interpreter", prepare=lambda _lr: (argv, dict(env)))
+    pool.fill([0])
+    (old,) = pool.pids()
+    spec = WorkerSpec(local_rank=0, rank=0, argv=argv, env={**env, "OMP_NUM_THREADS": "2"},
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert pool.take(spec) is None
+    assert pool.last_miss == "environment differs in OMP_NUM_THREADS"
+    assert not os.path.exists(f"/proc/{old}")
+    pool.fill([0])
+    worker = pool.take(WorkerSpec(**{**spec.__dict__, "env": dict(env)}))
+    assert worker is not None and worker.standby_age is not None
+    out, _ = worker.proc.communicate(timeout=30)
+    assert out == b"hello\n" and worker.proc.returncode == 0
+    os.close(worker.pidfd)
+    pool.close()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/nvidia0"), reason="needs a GPU")
+def test_cuda_level_has_a_context_on_local_rank(tmp_path):
+    script = tmp_path / "cuda_probe.py"
+    script.write_text("import os, sys\npre = 'torch' in sys.modules\nimport torch\n"
+                      "print('CUDA', os.environ['LOCAL_RANK'], pre, torch.cuda.is_initialized(), "
+                      "torch.cuda.current_device())\n")
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--standby", "cuda", str(script)])
+    assert res.returncode == 0, res.stderr
+    assert "[rank0]:CUDA 0 True True 0" in res.stdout and "[rank1]:CUDA 1 True True 1" in res.stdout
