@@ -46,7 +46,7 @@ def restart_trial(launcher: h.Launcher, root: Path, index: int, *, nproc: int, g
         rec["startup"] = max(r.time for r in ready0.values()) - t.proc.t0_wall
         victim = ready0[nproc - 1]
         since = t.proc.stderr_size()
-        t_kill = time.time()
+        t_kill = rec["t_kill"] = time.time()
         os.kill(victim.pid, signal.SIGKILL)
         state, ready1 = h.wait_ready(t.proc, t.ready_file, restart=1, nproc=nproc, timeout=deadline)
         if state == "ready":
