@@ -48,7 +48,7 @@ def dump_all(agent: "Agent", rnd: "Round") -> list[dict[str, Any]]:
     except Exception as err:  # diagnosis must never block the recovery
         agent.say(f"stack dump failed: {err}")
         return []
-    records = [{"local_rank": d.local_rank, "rank": d.rank, "path": str(d.path), "method": d.method,
+    records = [{"local_rank": d.local_rank, "rank": d.rank, "path": str(d.path) if d.path else None, "method": d.method,
                 "summary": d.summary} for d in dumps]
     if agent.log:
         agent.log.emit("stacks", round=rnd.index, method=sorted({r["method"] for r in records}),

@@ -6,7 +6,12 @@ on the watcher's own monotonic clock, so clocks need not agree) means that agent
 O(N) store traffic per interval, not O(N^2).
 
 When the store itself stops answering for ``timeout`` seconds, this node has lost the rendezvous host (or
-its own network): it is reported as ``store_lost`` so the agent can end with a clear message.
+its own network). A store call on a connection whose packets are dropped never returns (torch's client does
+not time out there), so the verdict cannot come from this thread: it records when the store last answered
+(``silent_for``) and the agent's loop compares that with the timeout.
+
+The same thread also asks the rendezvous whether nodes wait to join (``membership``), so that no blocking
+store call happens in the agent's main loop.
 """
 
 from __future__ import annotations
@@ -20,18 +25,28 @@ from .rendezvous import Round
 
 class PeerWatch:
     def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[dict], None],
+                 waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._round = rnd
         self._timeout = timeout
         self._interval = max(0.05, timeout / 4)
         self._on_lost = on_lost
+        self._waiting = waiting
+        self._on_waiting = on_waiting
         self._clock = clock
+        self.last_ok = clock()  # when the store last answered this thread
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"peer-watch-{rnd.index}", daemon=True)
 
     def start(self) -> None:
-        if self._round.group_world_size > 1:
+        if self._round.group_world_size > 1 or self._waiting is not None:
             self._thread.start()
+
+    def silent_for(self) -> float:
+        """Seconds since the store last answered (0 when there is nothing to watch)."""
+        if not self._thread.is_alive():
+            return 0.0
+        return self._clock() - self.last_ok
 
     def cancel(self) -> None:
         self._stop.set()
@@ -63,8 +78,12 @@ class PeerWatch:
             now = self._clock()
             try:
                 store.add(own, 1)
-                values = store.multi_get(keys)
-                store_ok_at = now
+                values = store.multi_get(keys) if keys else []
+                store_ok_at = self.last_ok = self._clock()
+                if self._waiting is not None and self._on_waiting is not None:
+                    count = self._waiting()
+                    if count > 0:
+                        self._on_waiting(count)
             except Exception as err:
                 if now - store_ok_at >= self._timeout:
                     self._on_lost({"kind": "store_lost", "detail": f"the rendezvous store at "

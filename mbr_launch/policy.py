@@ -55,6 +55,7 @@ class FailureFacts:
     exclude_requested: bool = False  # a worker sent NVRx ExcludeThisNode
     shutdown_requested: bool = False  # a worker sent NVRx ShutdownWorkload
     nodes_left: int = 1  # nodes that would remain in the job without this one (spares included)
+    nodes_remaining: int = 1  # nodes still alive after this failure, this one included (spares included)
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,9 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
             return Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
         return Decision(Action.STOP, "job", f"{exclude_reason}, but only {facts.nodes_left} node(s) would remain "
                                             f"(--nnodes needs at least {policy.min_nodes})")
+    if facts.cause == "peer" and facts.nodes_remaining < policy.min_nodes:
+        return Decision(Action.STOP, "job", f"only {facts.nodes_remaining} node(s) remain and --nnodes needs at "
+                                            f"least {policy.min_nodes}")
     startup = facts.startup and policy.max_startup_restarts is not None
     if startup:
         assert policy.max_startup_restarts is not None

@@ -199,6 +199,20 @@ class Rendezvous:
             pass
         self._handler = None
 
+    def spare_count(self) -> int:
+        """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX.
+
+        ``num_nodes_waiting`` counts only the wait list; spares sit in torch's redundancy list, which has no
+        public accessor, so read the synced state the same way ``num_nodes_waiting`` does."""
+        handler = self.handler
+        try:
+            with handler._heartbeat_lock:  # type: ignore[attr-defined]
+                handler._state_holder.sync()  # type: ignore[attr-defined]
+                state = handler._state_holder.state  # type: ignore[attr-defined]
+                return len(state.wait_list) + len(getattr(state, "redundancy_list", ()))
+        except Exception:
+            return self.num_nodes_waiting()
+
     def num_nodes_waiting(self) -> int:
         try:
             return self.handler.num_nodes_waiting()

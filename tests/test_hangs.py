@@ -57,9 +57,9 @@ def test_hang_is_detected_dumped_and_restarted(tmp_path, hang):
     assert detected - started <= TIMEOUT + SLACK + 0.1, (detected - started)
     # stacks of every local rank, by the requested method, naming the hung function
     stacks = [e for e in events if e["event"] == "stacks"]
-    assert stacks and stacks[0]["method"] == [method], stacks
-    hung_dump = next(p for p in stacks[0]["paths"] if p.endswith("rank1.txt"))
-    assert "hang_now" in Path(hung_dump).read_text()
+    assert stacks and method in stacks[0]["method"], stacks  # rank 0 may have finished meanwhile ("none")
+    hung_dump = Path(next(p for p in stacks[0]["paths"] if p and p.endswith("rank1.txt"))).read_text()
+    assert f"# method: {method}" in hung_dump and "hang_now" in hung_dump
     assert "stacks:" in res.stderr and "hang_now" in res.stderr  # summarised in the failure summary
     # the group restarted and finished
     restarts = sorted(tuple(map(int, line.split()[:2])) for line in ready.read_text().splitlines())

@@ -66,3 +66,10 @@ def test_backoff_only_in_a_crash_loop():
     assert [backoff_delay(policy, FailureFacts(cause="crash", round_seconds=2, quick_failures=k))
             for k in (1, 2, 3, 4, 5)] == [1, 2, 4, 5, 5]
     assert backoff_delay(policy, FailureFacts(cause="crash", round_seconds=60, quick_failures=4)) == 0
+
+
+def test_lost_peer_restarts_only_while_min_nodes_remain():
+    policy = RestartPolicy(max_restarts=3, min_nodes=2)
+    assert decide(policy, FailureFacts(cause="peer", nodes_remaining=2)).action is Action.RESTART
+    d = decide(policy, FailureFacts(cause="peer", nodes_remaining=1))
+    assert d.action is Action.STOP and "only 1 node(s) remain" in d.reason

@@ -1,0 +1,57 @@
+"""A last-resort bound on store calls that can block forever.
+
+torch's TCPStore client does not time out on a connection whose packets are silently dropped (a node cut
+off from the network): a blocking call in the agent's main thread would then hang the agent, and its
+workers with it. The agent wraps its store calls in ``guard.around(...)``; if one takes longer than its
+bound, a watchdog thread runs ``on_expire`` (which stops the workers and ends the process): nothing can
+unblock the stuck thread, but nothing of ours outlives it either.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from typing import Callable, Iterator
+
+
+class StoreGuard:
+    def __init__(self, on_expire: Callable[[str, float], None], *, clock: Callable[[], float] = time.monotonic,
+                 tick: float = 0.25) -> None:
+        self._on_expire = on_expire
+        self._clock = clock
+        self._tick = tick
+        self._lock = threading.Lock()
+        self._deadline: float | None = None
+        self._what = ""
+        self._started = 0.0
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="store-guard", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        if self._thread.is_alive():
+            self._thread.join(self._tick * 4)
+
+    @contextlib.contextmanager
+    def around(self, seconds: float, what: str) -> Iterator[None]:
+        with self._lock:
+            outer = (self._deadline, self._what, self._started)
+            now = self._clock()
+            self._deadline, self._what, self._started = now + seconds, what, now
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._deadline, self._what, self._started = outer
+
+    def _run(self) -> None:
+        while not self._closed.wait(self._tick):
+            with self._lock:
+                deadline, what, started = self._deadline, self._what, self._started
+            if deadline is not None and self._clock() > deadline:
+                self._on_expire(what, self._clock() - started)
+                return
