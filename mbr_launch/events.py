@@ -3,6 +3,38 @@
 Schema (every line): ``{"v": 1, "ts": ISO-8601 UTC, "t": seconds since launch, "event": NAME, "node":
 hostname, "group_rank": int|null, ...event fields}``. Event names and their fields are listed in
 ``EVENT_FIELDS``; README.md documents them and a test validates logs against this table.
+
+==================  =========================================================================================
+event               fields (besides the common ones; any may be null where it does not apply)
+==================  =========================================================================================
+start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir)
+rendezvous          round, group_world_size, world_size, rank_offset, master_addr, master_port, restart_count,
+                    seconds (to join)
+worker_start        rank, local_rank, pid, round
+worker_exit         rank, local_rank, pid, round, exit_code, signal (name), seconds (lifetime)
+hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartbeat|section|out_of_section|
+                    step), section, timeout, elapsed, last_heartbeat_age, open_sections
+stacks              round, method (list), paths (stack dump files, one per local rank)
+failure             round, rank, local_rank, cause (crash|hang|monitor|peer|request|straggler), exit_code,
+                    signal, section, detail
+stop                round, reason, origin (node that asked)
+restart             round, restart_count, max_restarts, scope (job|node|rank), backoff
+exclude             round, reason
+peer_lost           round, kind, detail
+workload_request    rank, action, description
+monitor_lost        round, exit_code
+signal              signal
+preemption          signal, forward, grace
+requeue             job, ok
+first_step          round, rank, local_rank, seconds (from the worker's start to its first optimizer step)
+progress            round, started, first_step, last_step, checkpoint, ended (all log ``t`` values), cause
+                    (failure|stop|end), steps: one attempt of this node's workers, for goodput
+straggler           round, interval, threshold, stragglers (ranks), ranks (list of {rank, relative,
+                    individual, median, best, samples})
+goodput             wall, goodput (fraction), seconds ({startup, productive, lost, detection, restart,
+                    other}), failures (list of {round, cause, lost, detection, restart})
+end                 exit_code, reason, seconds
+==================  =========================================================================================
 """
 
 from __future__ import annotations
@@ -36,6 +68,10 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "signal": ("signal",),
     "preemption": ("signal", "forward", "grace"),
     "requeue": ("job", "ok"),
+    "first_step": ("round", "rank", "local_rank", "seconds"),
+    "progress": ("round", "started", "first_step", "last_step", "checkpoint", "ended", "cause", "steps"),
+    "straggler": ("round", "interval", "threshold", "stragglers", "ranks"),
+    "goodput": ("wall", "goodput", "seconds", "failures"),
     "end": ("exit_code", "reason", "seconds"),
 }
 
@@ -70,6 +106,10 @@ class EventLog:
             if self._file:
                 self._file.write(json.dumps(record, default=str) + "\n")
         return record
+
+    def t_of(self, monotonic: float) -> float:
+        """A ``time.monotonic()`` value as this log's ``t`` (seconds since launch)."""
+        return round(monotonic - self._t0, 4)
 
     def close(self) -> None:
         if self._file:

@@ -79,14 +79,16 @@ class WorkerGroup:
         if restart_count != rnd.restart_count:  # a rank/node-scope restart inside the round
             rank_dir = self.run_dir / f"attempt_{rnd.index}.{restart_count}" / str(local_rank)
         rank_dir.mkdir(parents=True, exist_ok=True)
-        sock = None
+        sock = beats = None
         if self.monitor:
             sock = str(self.sock_dir / f"rmon{local_rank}.sock")
-            self.monitor.arm(local_rank=local_rank, rank=rank, socket=sock)
+            if cfg.use_boot and cfg.settings["autobeat"] == "on":
+                beats = str(self.sock_dir / f"steps{local_rank}.sock")
+            self.monitor.arm(local_rank=local_rank, rank=rank, socket=sock, step_socket=beats)
         env = worker_env(cfg, rnd, local_rank, self.environ, error_file=rank_dir / "error.json",
                          stack_file=rank_dir / "stacks.faulthandler.txt", monitor_socket=sock,
                          launcher_socket=self.monitor.launcher_socket if self.monitor else None,
-                         restart_count=restart_count)
+                         restart_count=restart_count, autobeat_socket=beats)
         argv = self._argv(local_rank)
         spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)

@@ -33,7 +33,8 @@ class MonitorLink:
         self.pidfd: int | None = None
         self.launcher_socket: str | None = None
 
-    def start(self, sock_dir: Path, cfg: dict[str, Any], timeout: float = 30.0) -> None:
+    def start(self, sock_dir: Path, cfg: dict[str, Any], timeout: float = 30.0, *,
+              steps: dict[str, Any] | None = None) -> None:
         # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills
         # every armed worker's process group (grandchildren included) before it exits.
         self._proc = subprocess.Popen(
@@ -42,7 +43,7 @@ class MonitorLink:
         )
         self.pidfd = os.pidfd_open(self._proc.pid)
         threading.Thread(target=self._read, daemon=True, name="monitor-events").start()
-        self._send({"op": "configure", "dir": str(sock_dir), "cfg": cfg})
+        self._send({"op": "configure", "dir": str(sock_dir), "cfg": cfg, "steps": steps or {}})
         ready = self._wait("ready", timeout)
         self.launcher_socket = ready.get("launcher_socket")
 
@@ -53,9 +54,10 @@ class MonitorLink:
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._proc else None
 
-    def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0) -> None:
+    def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
+            step_socket: str | None = None) -> None:
         self._send({"op": "arm", "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
-                    "socket": socket})
+                    "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
         self._wait("armed", timeout)
 
     def set_pid(self, *, local_rank: int, pid: int) -> None:

@@ -194,6 +194,21 @@ def exit_code_list(name: str) -> Parser:
     return parse
 
 
+def fraction(name: str) -> Parser:
+    """A number between 0 and 1 (a score threshold)."""
+
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise _fail(name, value, "expected a number between 0 and 1") from None
+        if not 0.0 <= number <= 1.0:
+            raise _fail(name, value, "must be between 0 and 1")
+        return number
+
+    return parse
+
+
 # ---- the declaration -----------------------------------------------------------------------------
 
 
@@ -426,6 +441,37 @@ SETTINGS: tuple[Setting, ...] = (
     # -- logging --
     Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING,
             help="Print only worker output and errors, not the launcher's progress lines."),
+    # -- zero-code resiliency: automatic step heartbeats, stragglers, live status --
+    Setting(name="autobeat", flags=("--autobeat",), kind=str, default="on", panel=FAULT,
+            parse=choice("--autobeat", ("on", "off")), choices=("on", "off"),
+            help="Heartbeat after every optimizer step of an unmodified script (a torch optimizer hook the "
+                 "launcher installs in each worker; needs --rank-monitor on). Feeds --step-timeout, "
+                 "straggler scores and goodput."),
+    Setting(name="initial_step_timeout", flags=("--initial-step-timeout",), kind=float, default=3600.0,
+            panel=FAULT, parse=optional_timeout("--initial-step-timeout"), metavar="SECONDS",
+            help="Seconds from a rank's start to its first optimizer step, which includes start-up, "
+                 "compilation and data warm-up ('none' disables)."),
+    Setting(name="step_timeout", flags=("--step-timeout",), kind=float, default=1800.0, panel=FAULT,
+            parse=optional_timeout("--step-timeout"), metavar="SECONDS",
+            help="Seconds allowed between two optimizer steps of a rank, evaluation and checkpointing "
+                 "included ('none' disables). Not applied to ranks whose script uses the NVRx "
+                 "RankMonitorClient: its own heartbeat timeouts apply."),
+    Setting(name="straggler_threshold", flags=("--straggler-threshold",), kind=float, default=0.7,
+            panel=FAULT, parse=fraction("--straggler-threshold"), metavar="SCORE",
+            help="Report a rank as a straggler when its relative score (fastest median step / its median) "
+                 "or individual score (its best / its current) is below this."),
+    Setting(name="straggler_interval", flags=("--straggler-interval",), kind=float, default=300.0,
+            panel=FAULT, parse=non_negative("--straggler-interval", float), metavar="SECONDS",
+            help="Seconds between straggler reports (0 disables them)."),
+    Setting(name="stop_on_straggler", flags=("--stop-on-straggler",), kind=bool, default=False, panel=FAULT,
+            help="Stop the job (exit code 1) when a straggler is reported."),
+    Setting(name="status", flags=("--status",), kind=str, default="auto", panel=LOGGING,
+            parse=choice("--status", ("auto", "live", "plain", "off")), choices=("auto", "live", "plain", "off"),
+            help="Per-rank status (state, heartbeat age, section, step time, restarts): live (a table, on a "
+                 "terminal), plain (a line every --status-interval), auto (live on a terminal, else plain)."),
+    Setting(name="status_interval", flags=("--status-interval",), kind=float, default=30.0, panel=LOGGING,
+            parse=non_negative("--status-interval", float), metavar="SECONDS",
+            help="Seconds between plain status lines (0 disables them)."),
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}

@@ -76,6 +76,7 @@ class RunSummary:
     restarts: int = 0
     exit_code: int = 0
     reason: str = ""
+    goodput: str = ""  # goodput.Goodput.render() of this node, when workers made steps
 
     def root_cause(self) -> FailureRecord | None:
         """The failure whose error file has the earliest timestamp, else the first recorded."""
@@ -87,7 +88,7 @@ class RunSummary:
     def render(self) -> str:
         lines = []
         if not self.failures:
-            return ""
+            return self.goodput
         lines.append("=" * 72)
         lines.append(f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))")
         for record in self.failures:
@@ -99,6 +100,8 @@ class RunSummary:
         if root and root.error_file and root.error_file.traceback:
             lines.append(f"Root cause (first error, rank {root.rank}): {root.error_file.message}")
             lines.extend("  " + line for line in root.error_file.traceback.rstrip().splitlines())
+        if self.goodput:
+            lines.append(self.goodput)
         lines.append(f"Result: {self.reason} (exit code {self.exit_code})")
         lines.append("=" * 72)
         return "\n".join(lines)

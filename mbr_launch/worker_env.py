@@ -14,7 +14,8 @@ _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
 
 def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[str, str], *,
                error_file: Path, stack_file: Path | None, monitor_socket: str | None,
-               launcher_socket: str | None, restart_count: int | None = None) -> dict[str, str]:
+               launcher_socket: str | None, restart_count: int | None = None,
+               autobeat_socket: str | None = None) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in _AGENT_ONLY}
     rank = rnd.rank_offset + local_rank
     env.update({
@@ -55,6 +56,9 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         env["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_socket
     if launcher_socket:
         env["FT_LAUNCHER_IPC_SOCKET"] = launcher_socket
+    if autobeat_socket and cfg.use_boot:
+        env["MBR_AUTOBEAT"] = "1"  # mbr_launch.boot installs the optimizer-step hook (mbr_launch.autobeat)
+        env["MBR_AUTOBEAT_SOCKET"] = autobeat_socket
     if stack_file is not None and cfg.use_boot and cfg.stack_dump in ("auto", "faulthandler"):
         env["MBR_STACK_FILE"] = str(stack_file)
     return env

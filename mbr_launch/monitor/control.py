@@ -1,8 +1,11 @@
 """The agent <-> monitor control channel: JSON lines on the monitor's stdin and stdout.
 
 Agent -> monitor (one object per line):
-  {"op":"configure","dir":D,"cfg":{...FaultToleranceConfig fields...}}  -> {"ev":"ready","launcher_socket":..}
-  {"op":"arm","local_rank":L,"rank":R,"pid":P|null,"pgid":G|null,"socket":D/rmonL.sock} -> {"ev":"armed",..}
+  {"op":"configure","dir":D,"cfg":{...FaultToleranceConfig fields...},
+   "steps":{"initial":S|null,"subsequent":S|null,"report_interval":S,"status_interval":S|null}}
+                                                                          -> {"ev":"ready","launcher_socket":..}
+  {"op":"arm","local_rank":L,"rank":R,"pid":P|null,"pgid":G|null,"socket":D/rmonL.sock,
+   "step_socket":D/stepsL.sock|absent}                                    -> {"ev":"armed",..}
   {"op":"pid","local_rank":L,"pid":P,"pgid":G}                            (no reply)
   {"op":"disarm","local_rank":L}                                          -> {"ev":"disarmed","local_rank":L}
   {"op":"snapshot"}                                                       -> {"ev":"snapshot","ranks":[..]}
@@ -11,6 +14,14 @@ Agent -> monitor (one object per line):
 
 Monitor -> agent, unsolicited: connected, first_heartbeat, expired, timeouts_updated, workload_request,
 disconnected, error. A bad control line yields {"ev":"error","message":..,"op":..} and nothing else.
+
+Automatic step beats (``steps.py``; a datagram socket per rank when ``arm`` names one):
+  {"ev":"first_step","local_rank":L,"rank":R,"t":seconds since arm,"monotonic":M}
+  {"ev":"expired",...,"kind":"step","step":last step index}            (step deadline passed)
+  {"ev":"steps","ranks":[{"local_rank":L,"rank":R,"nvrx_client":bool,"steps":N,"index":I,
+     "periods":[s..],"cpu":[s..],"first":M,"last":M,"checkpoint":M|null}]}   at most every report_interval
+  {"ev":"status","ranks":[..as in snapshot..]}                          every status_interval, when set
+  (M: time.monotonic() of this host, the agent's clock too.)
 """
 
 from __future__ import annotations

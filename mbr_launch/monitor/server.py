@@ -32,8 +32,17 @@ import time
 from typing import Any, Callable, Optional
 
 from . import replies
-from .control import ControlError, Emitter, LineReader, check_private_dir, configured_timeouts, parse_socket_path
+from .control import (
+    ControlError,
+    Emitter,
+    LineReader,
+    _timeout,
+    check_private_dir,
+    configured_timeouts,
+    parse_socket_path,
+)
 from .deadlines import InvalidTransition, Phase, RankWatch, SectionError, next_deadline, next_verdict
+from .steps import BEAT, StepWatch, is_checkpoint_section
 from .protocol import (
     Authkey,
     Decoder,
@@ -75,6 +84,13 @@ class Slot:
         self.active: Optional[Conn] = None  # the connection whose InitMsg started this session
         self.client_pid: Optional[int] = None
         self.watch = watch
+        self.steps = StepWatch()
+        self.step_sock: Optional[socket.socket] = None  # automatic step beats (datagrams), when armed with one
+        self.step_path = ""
+
+    def deadline(self) -> Optional[float]:
+        d, s = next_deadline(self.watch), self.steps.deadline
+        return s if d is None else d if s is None else min(d, s)
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -104,6 +120,12 @@ class Monitor:
         self.launcher_path: Optional[str] = None
         self.decoder = Decoder()
         self.next_check: Optional[float] = None  # may be early (then we recompute), never late
+        self.step_socks: dict[int, Slot] = {}
+        self.step_timeouts: tuple[Optional[float], Optional[float]] = (None, None)  # initial, subsequent
+        self.report_interval = 1.0
+        self.report_at: Optional[float] = None  # when pending step times go to the agent
+        self.status_interval: Optional[float] = None  # periodic status events for the agent's display
+        self.status_at: Optional[float] = None
         self.running = True
         self.handlers: dict[type, Callable[[Slot, Conn, Any], bytes]] = {
             Heartbeat: self._on_heartbeat,
@@ -140,6 +162,16 @@ class Monitor:
             replies.ft_config(cfg)
         except (KeyError, ValueError, TypeError) as exc:
             raise ControlError(f"configure: bad cfg: {exc}") from None
+        steps = msg.get("steps") or {}
+        if not isinstance(steps, dict):
+            raise ControlError("configure: steps must be an object")
+        initial = _timeout("steps.initial", steps.get("initial"))
+        subsequent = _timeout("steps.subsequent", steps.get("subsequent"))
+        interval = _timeout("steps.report_interval", steps.get("report_interval", 1.0))
+        self.step_timeouts, self.report_interval = (initial, subsequent), interval or 1.0
+        self.status_interval = _timeout("steps.status_interval", steps.get("status_interval")) or None
+        if self.status_interval:
+            self.status_at = self.clock() + self.status_interval
         self.dir, self.cfg = directory, cfg
         self.launcher_path = os.path.join(directory, "launcher.sock")
         self._listen(self.launcher_path, None)
@@ -162,7 +194,9 @@ class Monitor:
         slot.rank = _opt_int(msg, "rank")
         slot.pid, slot.pgid = _opt_int(msg, "pid"), _opt_int(msg, "pgid")
         slot.client_pid = None
-        slot.watch.arm(self.clock())
+        now = self.clock()
+        slot.watch.arm(now)
+        self._arm_steps(slot, msg.get("step_socket"), now)
         self.emit({"ev": "armed", "local_rank": local_rank})
 
     def op_pid(self, msg: dict[str, Any]) -> None:
@@ -172,6 +206,7 @@ class Monitor:
     def op_disarm(self, msg: dict[str, Any]) -> None:
         slot = self._slot(msg)
         slot.watch.disarm()
+        slot.steps.disarm()
         for conn in list(slot.conns):
             self._drop(conn)
         self.emit({"ev": "disarmed", "local_rank": slot.local_rank})
@@ -342,7 +377,10 @@ class Monitor:
     def _on_close(self, slot: Slot, conn: Conn, req: SectionClose) -> bytes:
         if slot.active is not conn:
             return _NOT_INITIALISED
-        slot.watch.close_section(req.name, self.clock())
+        now = self.clock()
+        slot.watch.close_section(req.name, now)
+        if is_checkpoint_section(req.name):
+            slot.steps.checkpoint_closed(now)
         return replies.OK_FRAME
 
     def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
@@ -360,6 +398,7 @@ class Monitor:
             # A new client took over before the old one's EOF was seen: the newest owns the rank.
             self._drop(slot.active)
         slot.watch.init(self.clock())
+        slot.steps.yield_to_client()  # the script heartbeats itself: no double heartbeats
         slot.active = conn
         slot.client_pid = req.pid
         if slot.rank is None:
@@ -419,7 +458,21 @@ class Monitor:
                     "monotonic": now,
                 })
                 w.expire()
-            d = next_deadline(w)
+                slot.steps.expire()  # one verdict per arm
+            step = slot.steps.verdict(now)
+            if step is not None:
+                self.emit({
+                    "ev": "expired", "local_rank": slot.local_rank, "rank": slot.rank,
+                    "pid": slot.pid if slot.pid is not None else slot.client_pid, "kind": "step",
+                    "section": None, "timeout": step[0], "elapsed": round(step[1], 6),
+                    "open_sections": list(w.open_sections), "step": slot.steps.last_index,
+                    "last_heartbeat_age": None if slot.steps.last_at is None else round(now - slot.steps.last_at, 6),
+                    "monotonic": now,
+                })
+                slot.steps.expire()
+                if w.phase is Phase.MONITORING:
+                    w.expire()
+            d = slot.deadline()
             if d is not None and (earliest is None or d < earliest):
                 earliest = d
         self.next_check = earliest
@@ -452,7 +505,87 @@ class Monitor:
             "open_sections": list(w.open_sections),
             "heartbeats": w.heartbeats,
             "timeouts": w.timeouts.as_dict(),
+            "steps": slot.steps.steps,
+            "step": slot.steps.last_index,
+            "last_step_age": None if slot.steps.last_at is None else round(now - slot.steps.last_at, 6),
+            "last_step_time": slot.steps.last_period,
+            "step_deadline_enforced": slot.steps.armed and slot.steps.enforced,
+            "first_step_at": slot.steps.first_at,
+            "last_step_at": slot.steps.last_at,
+            "checkpoint_at": slot.steps.checkpoint_at,
         }
+
+    # ---- automatic step beats (main thread, lock held) ------------------------------------------------------
+
+    def _arm_steps(self, slot: Slot, path: Any, now: float) -> None:
+        if path is None:
+            slot.steps.disarm()
+            if slot.step_sock is not None:
+                self._close_step_sock(slot)
+            return
+        path = parse_socket_path(path, self.dir)
+        if slot.step_sock is not None and slot.step_path != path:
+            self._close_step_sock(slot)
+        if slot.step_sock is None:
+            _unlink(path)
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
+            sock.bind(path)
+            os.chmod(path, 0o600)
+            slot.step_sock, slot.step_path = sock, path
+            self.step_socks[sock.fileno()] = slot
+            self.ep.register(sock.fileno(), select.EPOLLIN)
+        else:
+            self._read_beats(slot, now, discard=True)  # beats of the previous worker
+        slot.steps.initial, slot.steps.subsequent = self.step_timeouts
+        slot.steps.arm(now)
+        d = slot.steps.deadline
+        if d is not None and (self.next_check is None or d < self.next_check):
+            self.next_check = d
+
+    def _close_step_sock(self, slot: Slot) -> None:
+        assert slot.step_sock is not None
+        self.step_socks.pop(slot.step_sock.fileno(), None)
+        try:
+            self.ep.unregister(slot.step_sock.fileno())
+        except (OSError, ValueError):
+            pass
+        slot.step_sock.close()
+        _unlink(slot.step_path)
+        slot.step_sock, slot.step_path = None, ""
+
+    def _read_beats(self, slot: Slot, now: float, discard: bool = False) -> None:
+        sock = slot.step_sock
+        assert sock is not None
+        while True:
+            try:
+                data = sock.recv(64)
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError:
+                return
+            if discard or len(data) != BEAT.size:
+                continue
+            index, period, cpu, flags = BEAT.unpack(data)
+            if slot.steps.beat(now, index, period, cpu, flags):
+                self.emit({"ev": "first_step", "local_rank": slot.local_rank, "rank": slot.rank,
+                           "t": round(now - slot.steps.armed_at, 6), "monotonic": now})
+                # the first step replaces the initial timeout with the (usually much shorter) step timeout
+                d = slot.steps.deadline
+                if d is not None and (self.next_check is None or d < self.next_check):
+                    self.next_check = d
+            if self.report_at is None:
+                self.report_at = now + self.report_interval
+
+    def report_steps(self) -> None:
+        ranks = []
+        for _, slot in sorted(self.slots.items()):
+            report = slot.steps.take_report()
+            if report is not None:
+                ranks.append({"local_rank": slot.local_rank, "rank": slot.rank,
+                              "nvrx_client": not slot.steps.enforced, **report})
+        self.report_at = None
+        if ranks:
+            self.emit({"ev": "steps", "ranks": ranks})
 
     # ---- the main loop -----------------------------------------------------------------------------------
 
@@ -462,6 +595,9 @@ class Monitor:
         clock = self.clock
         while self.running:
             nc = self.next_check  # a stale read is fine: writers that move it earlier also wake us
+            for ra in (self.report_at, self.status_at):
+                if ra is not None and (nc is None or ra < nc):
+                    nc = ra
             timeout = -1.0 if nc is None else max(0.0, nc - clock())
             try:
                 events = self.ep.poll(timeout)
@@ -475,12 +611,22 @@ class Monitor:
                 elif fd in self.listeners:
                     with self.lock:
                         self._accept(*self.listeners[fd])
+                elif fd in self.step_socks:
+                    with self.lock:
+                        self._read_beats(self.step_socks[fd], clock())
             with self.lock:
                 nc = self.next_check
                 if nc is not None:
                     now = clock()
                     if now >= nc:
                         self.check_deadlines(now)
+                if self.report_at is not None and clock() >= self.report_at:
+                    self.report_steps()
+                if self.status_at is not None and clock() >= self.status_at:
+                    self.status_at = clock() + self.status_interval
+                    now = clock()
+                    if self.slots:
+                        self.emit({"ev": "status", "ranks": [self._describe(s, now) for _, s in sorted(self.slots.items())]})
 
     def _control(self, fd: int, reader: LineReader) -> None:
         data = os.read(fd, 1 << 16)
@@ -507,6 +653,8 @@ class Monitor:
             for slot in self.slots.values():
                 if slot.listener is not None:
                     self._unlisten(slot)
+                if slot.step_sock is not None:
+                    self._close_step_sock(slot)
             for fd, (sock, _) in list(self.listeners.items()):
                 sock.close()
             self.listeners.clear()

@@ -1,0 +1,115 @@
+"""Step deadlines and step-time records of one rank, fed by automatic step heartbeats: pure, no IO.
+
+A worker started with ``MBR_AUTOBEAT`` sends a datagram after every optimizer step (``mbr_launch.autobeat``).
+The ``initial`` timeout runs from ``arm`` (the worker's spawn) to its first step, which includes start-up,
+imports, compilation and data warm-up; ``subsequent`` runs from each step to the next. ``None`` disables.
+
+No double heartbeats: once an NVRx ``RankMonitorClient`` initialises on the rank (``yield_to_client``), the
+script has taken control of its own heartbeats and timeouts, and step beats stop driving deadlines for the
+rest of this arm. They are still recorded, for straggler scores and goodput.
+
+A ``FINISHED`` beat (the script called ``destroy_process_group``, or is exiting) stops the step clock: the
+time after the last step (final save, teardown) is no hang. A later step starts it again.
+
+Each arm produces at most one verdict (``expire`` stops the clock until the next ``arm``).
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+from typing import Optional
+
+BEAT = struct.Struct("<IffI")  # same layout as mbr_launch.autobeat.BEAT (the monitor must not import it)
+FIRST = 1
+FINISHED = 2  # the script is done stepping (destroy_process_group, exit): the step clock stops
+
+
+@dataclass
+class StepWatch:
+    initial: Optional[float] = None
+    subsequent: Optional[float] = None
+    armed: bool = False
+    armed_at: float = 0.0
+    enforced: bool = True  # False once an NVRx client owns the rank's liveness
+    expired: bool = False
+    steps: int = 0  # beats received this arm (beats dropped by a full queue are not counted)
+    last_index: int = 0  # the worker's own step counter, from the last beat
+    first_at: Optional[float] = None
+    last_at: Optional[float] = None
+    last_period: Optional[float] = None
+    checkpoint_at: Optional[float] = None  # the last close of a section named checkpoint*/ckpt*
+    deadline: Optional[float] = None
+    # Not yet reported to the agent: (step period, CPU seconds) of steps after the first.
+    pending: list[tuple[float, float]] = field(default_factory=list)
+    pending_first: bool = False  # the first step arrived since the last report
+
+    def arm(self, now: float) -> None:
+        self.armed, self.armed_at, self.enforced, self.expired = True, now, True, False
+        self.steps = self.last_index = 0
+        self.first_at = self.last_at = self.last_period = self.checkpoint_at = None
+        self.pending = []
+        self.pending_first = False
+        self.deadline = None if self.initial is None else now + self.initial
+
+    def disarm(self) -> None:
+        self.armed = False
+        self.deadline = None
+        self.pending = []
+
+    def yield_to_client(self) -> None:
+        self.enforced = False
+        self.deadline = None
+
+    def beat(self, now: float, index: int, period: float, cpu: float, flags: int) -> bool:
+        """Record one step; True if it was the first of this arm."""
+        if not self.armed:
+            return False
+        if flags & FINISHED:
+            self.deadline = None
+            return False
+        self.steps += 1
+        self.last_index, self.last_at = index, now
+        first = self.first_at is None
+        if first:
+            self.first_at = now
+            self.pending_first = True
+        if not (flags & FIRST):  # the first step's period includes the process start-up
+            self.last_period = period
+            self.pending.append((period, cpu))
+        if self.enforced and not self.expired:
+            self.deadline = None if self.subsequent is None else now + self.subsequent
+        return first
+
+    def checkpoint_closed(self, now: float) -> None:
+        self.checkpoint_at = now
+
+    def verdict(self, now: float) -> Optional[tuple[float, float]]:
+        """(timeout, elapsed) when the step deadline has passed at ``now``, else None."""
+        if self.deadline is None or now < self.deadline or self.expired or not self.enforced:
+            return None
+        if self.last_at is None:
+            assert self.initial is not None
+            return self.initial, now - self.armed_at
+        assert self.subsequent is not None
+        return self.subsequent, now - self.last_at
+
+    def expire(self) -> None:
+        self.expired = True
+        self.deadline = None
+
+    def take_report(self) -> Optional[dict[str, object]]:
+        """What the agent has not seen yet (None if nothing), in the ``steps`` event's shape."""
+        if not self.pending and not self.pending_first:
+            return None
+        periods = [round(p, 6) for p, _ in self.pending]
+        cpu = [round(c, 6) for _, c in self.pending]
+        self.pending = []
+        self.pending_first = False
+        return {"steps": self.steps, "index": self.last_index, "periods": periods, "cpu": cpu,
+                "first": self.first_at, "last": self.last_at, "checkpoint": self.checkpoint_at}
+
+
+def is_checkpoint_section(name: str) -> bool:
+    lowered = name.lower()
+    return lowered.startswith(("checkpoint", "ckpt", "save"))

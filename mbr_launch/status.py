@@ -1,0 +1,238 @@
+"""The agent's view of its ranks' progress: step beats in, straggler reports, goodput records and the
+per-rank status display out.
+
+``Telemetry`` is fed the rank monitor's ``first_step``, ``steps`` and ``status`` events by the agent loop and
+ticked from it; it never blocks and starts no thread of its own (rich's ``Live`` is refreshed by hand). It
+keeps the current attempt ("segment") of this node: when the first and last steps were made, the last
+checkpoint, how many steps; ``end`` writes that as a ``progress`` event, from which ``goodput.compute``
+splits the run's time.
+
+Status display (``--status``): ``live`` is a rich table on stderr, one row per local rank (rank, state, age of
+the last heartbeat or step, open sections, last step time, restarts), redrawn when the monitor sends a
+status update (twice a second); ``plain`` prints the same as one line every ``--status-interval`` seconds;
+``auto`` is live on a terminal and plain otherwise.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, TextIO
+
+from .straggler import Report, StragglerCheck
+
+if TYPE_CHECKING:
+    from .config import LaunchConfig
+    from .events import EventLog
+
+LIVE_REFRESH = 0.5  # seconds between the monitor's status updates in live mode
+
+
+@dataclass
+class Segment:
+    round: int
+    started: float  # monotonic
+    first_step: float | None = None
+    last_step: float | None = None
+    checkpoint: float | None = None
+    steps: int = 0
+
+
+class Telemetry:
+    def __init__(self, cfg: "LaunchConfig", log: "EventLog", say: Callable[[str], None], *,
+                 clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None,
+                 snapshot: Callable[[], dict[str, Any] | None] | None = None) -> None:
+        s = cfg.settings
+        self.log, self.say, self.clock = log, say, clock
+        self.snapshot = snapshot  # the monitor's snapshot: the latest steps, not yet reported in a batch
+        self.enabled = bool(cfg.rank_monitor and cfg.use_boot and s["autobeat"] == "on")
+        self.step_timeouts = (s["initial_step_timeout"], s["step_timeout"])
+        self.check = StragglerCheck(interval=s["straggler_interval"], threshold=s["straggler_threshold"])
+        self.stop_on_straggler = bool(s["stop_on_straggler"])
+        self.segment: Segment | None = None
+        self.starts: dict[int, int] = {}  # local rank -> times started
+        self.rows: dict[int, dict[str, Any]] = {}  # local rank -> last status from the monitor
+        self.stream = stream or sys.stderr
+        mode = s["status"]
+        if mode == "auto":
+            mode = "live" if _isatty(self.stream) and cfg.rank_monitor else "plain"
+        self.mode = mode if cfg.rank_monitor else "off"
+        self.plain_interval = float(s["status_interval"])
+        self.next_plain = clock() + self.plain_interval if self.mode == "plain" and self.plain_interval > 0 else None
+        self._live: Any = None
+
+    # ---- what the monitor and the workers need --------------------------------------------------
+
+    def monitor_config(self) -> dict[str, Any]:
+        initial, subsequent = self.step_timeouts
+        interval = LIVE_REFRESH if self.mode == "live" else self.plain_interval if self.mode == "plain" else 0
+        return {"initial": initial, "subsequent": subsequent, "report_interval": 1.0,
+                "status_interval": interval or None}
+
+    # ---- segments ---------------------------------------------------------------------------------
+
+    def begin(self, round_index: int, local_ranks: list[int]) -> None:
+        """Workers (re)started: a new attempt; one still open ends as stopped (a peer's stop, a signal)."""
+        now = self.clock()
+        if self.segment is not None:
+            self.end("stop")
+        self.segment = Segment(round=round_index, started=now)
+        for lr in local_ranks:
+            self.starts[lr] = self.starts.get(lr, 0) + 1
+        if self.check.next_due() is not None and not self.check.started:
+            self.check.start(now)
+
+    def end(self, cause: str, detail: str = "") -> None:
+        seg, self.segment = self.segment, None
+        if seg is None:
+            return
+        ended = self.clock()
+        self._catch_up(seg)
+        t = self.log.t_of
+        self.log.emit("progress", round=seg.round, started=t(seg.started), ended=t(ended),
+                      first_step=None if seg.first_step is None else t(seg.first_step),
+                      last_step=None if seg.last_step is None else t(seg.last_step),
+                      checkpoint=None if seg.checkpoint is None else t(seg.checkpoint), cause=cause,
+                      steps=seg.steps, cause_detail=detail or None)
+
+    # ---- monitor events -----------------------------------------------------------------------------
+
+    def _catch_up(self, seg: Segment) -> None:
+        """Steps batched in the monitor but not yet reported (at most one report interval's worth)."""
+        if self.snapshot is None or not self.enabled:
+            return
+        try:
+            snap = self.snapshot() or {}
+        except Exception:
+            return
+        for entry in snap.get("ranks", []):
+            self._merge(seg, entry.get("first_step_at"), entry.get("last_step_at"), entry.get("checkpoint_at"))
+            if entry.get("local_rank") == 0 and entry.get("steps"):
+                seg.steps = max(seg.steps, int(entry["steps"]))
+
+    @staticmethod
+    def _merge(seg: Segment, first: Any, last: Any, checkpoint: Any) -> None:
+        if isinstance(first, (int, float)) and first >= seg.started:
+            seg.first_step = first if seg.first_step is None else min(seg.first_step, first)
+        if isinstance(last, (int, float)) and last >= seg.started:
+            seg.last_step = max(seg.last_step or last, last)
+        if isinstance(checkpoint, (int, float)) and checkpoint >= seg.started:
+            seg.checkpoint = max(seg.checkpoint or checkpoint, checkpoint)
+
+    def on_first_step(self, event: dict[str, Any]) -> None:
+        seg = self.segment
+        mono = event.get("monotonic")
+        if seg is not None and isinstance(mono, (int, float)):
+            seg.first_step = mono if seg.first_step is None else min(seg.first_step, mono)
+            seg.last_step = max(seg.last_step or mono, mono)
+        if seg is not None:
+            self.log.emit("first_step", round=seg.round, rank=event.get("rank"), local_rank=event.get("local_rank"),
+                          seconds=event.get("t"))
+
+    def on_steps(self, event: dict[str, Any]) -> None:
+        seg = self.segment
+        for entry in event.get("ranks", []):
+            rank, lr = entry.get("rank"), entry.get("local_rank")
+            if isinstance(rank, int):
+                self.check.add(rank, entry.get("cpu") or [])
+            row = self.rows.setdefault(lr, {"local_rank": lr, "rank": rank})
+            if entry.get("periods"):
+                row["last_step_time"] = entry["periods"][-1]
+            row["step"] = entry.get("index")
+            if seg is None:
+                continue
+            self._merge(seg, entry.get("first"), entry.get("last"), entry.get("checkpoint"))
+            if lr == 0 or not seg.steps:
+                seg.steps = max(seg.steps, int(entry.get("steps") or 0))
+
+    def on_status(self, event: dict[str, Any]) -> None:
+        for entry in event.get("ranks", []):
+            self.rows.setdefault(entry.get("local_rank"), {}).update(entry)
+        if self.mode == "live":
+            self._draw_live()
+
+    # ---- the loop's timer ---------------------------------------------------------------------------
+
+    def next_tick(self) -> float | None:
+        times = [t for t in (self.check.next_due() if self.check.started else None, self.next_plain) if t is not None]
+        return min(times) if times else None
+
+    def tick(self, round_index: int) -> Report | None:
+        """Due work: a straggler report (returned, already printed and logged), a plain status line."""
+        now = self.clock()
+        report = self.check.due(now) if self.check.started else None
+        if report is not None:
+            for line in report.lines():
+                self.say(line)
+            self.log.emit("straggler", round=round_index, **report.to_event())
+        if self.next_plain is not None and now >= self.next_plain:
+            self.next_plain = now + self.plain_interval
+            if self.rows:
+                self.say("status: " + "; ".join(_plain(r, self.starts) for _, r in sorted(self.rows.items(),
+                                                                                        key=lambda kv: kv[0] or 0)))
+        return report
+
+    def close(self) -> None:
+        if self._live is not None:
+            try:
+                self._live.stop()
+            except Exception:
+                pass
+            self._live = None
+
+    # ---- rendering ----------------------------------------------------------------------------------
+
+    def table(self) -> Any:
+        from rich.table import Table
+
+        table = Table(title="mbr-launch ranks", title_justify="left", expand=False)
+        for name in ("local", "rank", "state", "heartbeat", "section", "step", "step time", "restarts"):
+            table.add_column(name, justify="right" if name not in ("state", "section") else "left")
+        for lr, row in sorted(self.rows.items(), key=lambda kv: kv[0] or 0):
+            cells = _cells(row, self.starts)
+            table.add_row(*cells)
+        return table
+
+    def _draw_live(self) -> None:
+        try:
+            if self._live is None:
+                from rich.console import Console
+                from rich.live import Live
+
+                self._live = Live(self.table(), console=Console(file=self.stream), auto_refresh=False,
+                                  redirect_stdout=False, redirect_stderr=False, transient=True)
+                self._live.start()
+            else:
+                self._live.update(self.table(), refresh=True)
+        except Exception:
+            self.mode = "off"  # a display problem must never disturb the supervision
+
+
+def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
+    age = row.get("last_heartbeat_age")
+    step_age = row.get("last_step_age")
+    if step_age is not None and (age is None or step_age < age):
+        age = step_age
+    step_time = row.get("last_step_time")
+    lr = row.get("local_rank")
+    state = str(row.get("state", "?"))
+    if state == "armed" and row.get("steps"):
+        state = "stepping"  # no NVRx client, but automatic step beats
+    return [str(lr), str(row.get("rank", "?")), state,
+            "-" if age is None else f"{age:.1f} s ago", ",".join(row.get("open_sections") or []) or "-",
+            str(row.get("step") or 0), "-" if step_time is None else f"{step_time * 1e3:.1f} ms",
+            str(max(0, starts.get(lr, 1) - 1)) if isinstance(lr, int) else "0"]
+
+
+def _plain(row: dict[str, Any], starts: dict[int, int]) -> str:
+    lr, rank, state, hb, section, step, step_time, restarts = _cells(row, starts)
+    return (f"rank {rank} (local {lr}) {state}, heartbeat {hb}, section {section}, step {step} "
+            f"({step_time}), restarts {restarts}")
+
+
+def _isatty(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except (AttributeError, ValueError):
+        return False

@@ -1,0 +1,52 @@
+"""A plain torchrun-style training script with no resiliency code at all: gloo DDP, an MLP, SGD.
+
+  --steps N                 optimizer steps (default 200)
+  --hidden H --batch B      model width and batch: the compute of one step
+  --sleep-rank R --sleep-at-step N   rank R sleeps 3600 s before step N, on the first attempt only (a hang)
+  --slow-rank R             rank R does every step's forward and backward twice (a 2x slower device)
+"""
+import argparse
+import os
+import time
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+p = argparse.ArgumentParser()
+p.add_argument("--steps", type=int, default=200)
+p.add_argument("--hidden", type=int, default=384)
+p.add_argument("--batch", type=int, default=64)
+p.add_argument("--sleep-rank", type=int, default=-1)
+p.add_argument("--sleep-at-step", type=int, default=-1)
+p.add_argument("--slow-rank", type=int, default=-1)
+args = p.parse_args()
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+torch.manual_seed(0)
+model = DDP(torch.nn.Sequential(torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(),
+                                torch.nn.Linear(args.hidden, 10)))
+opt = torch.optim.SGD(model.parameters(), lr=0.01)
+x, y = torch.randn(args.batch, args.hidden), torch.randint(0, 10, (args.batch,))
+print(f"rank {rank} restart {restart} training", flush=True)
+
+
+def sleep_now(step):
+    print(f"rank {rank} sleeping at step {step} at {time.time():.3f}", flush=True)
+    time.sleep(3600)
+
+
+for step in range(args.steps):
+    if rank == args.sleep_rank and step == args.sleep_at_step and restart == 0:
+        sleep_now(step)
+    opt.zero_grad()
+    if rank == args.slow_rank:
+        with model.no_sync():  # the same work again, without a second all-reduce
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+    torch.nn.functional.cross_entropy(model(x), y).backward()
+    opt.step()
+dist.destroy_process_group()
+print(f"rank {rank} restart {restart} done {args.steps} steps", flush=True)

@@ -1,0 +1,248 @@
+"""The worker-side step hook (``mbr_launch.autobeat``) and the monitor's step deadlines."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from mbr_launch.monitor.steps import BEAT, FINISHED, FIRST, StepWatch
+
+REPO = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.timeout(120)
+
+
+def _python(code: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    full = {**os.environ, "PYTHONWARNINGS": "ignore", **(env or {})}
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True, text=True,
+                          timeout=90, env=full, cwd=REPO)
+
+
+@pytest.fixture
+def beat_socket():
+    directory = tempfile.mkdtemp(prefix="mbr-test-")
+    path = os.path.join(directory, "steps0.sock")
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    sock.bind(path)
+    sock.settimeout(10)
+    yield path, sock
+    sock.close()
+    os.unlink(path)
+    os.rmdir(directory)
+
+
+def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket):
+    path, sock = beat_socket
+    res = _python("""
+        import sys
+        from mbr_launch import autobeat
+        assert autobeat.install()
+        assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "install imported torch"
+        assert not autobeat.installed()
+        import torch
+        import torch.distributed as dist
+        assert autobeat.installed(), "hook not registered by import torch"
+        assert getattr(dist.destroy_process_group, "__mbr_autobeat__", False)
+        assert not [f for f in sys.meta_path if type(f).__name__ == "_Finder"], "finder left on sys.meta_path"
+        m = torch.nn.Linear(4, 4)
+        a, b = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(3):
+            m(torch.randn(2, 4)).sum().backward()
+            a.step()
+            b.step()  # a second optimizer: not a second training step
+        print("ok")
+    """, {"MBR_AUTOBEAT_SOCKET": path})
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+    beats = [BEAT.unpack(sock.recv(64)) for _ in range(4)]
+    assert [b[0] for b in beats[:3]] == [1, 2, 3]
+    assert beats[0][3] == FIRST and beats[1][3] == 0 and beats[2][3] == 0
+    assert all(0 < b[1] < 5 and b[2] >= 0 for b in beats[1:3])
+    assert beats[3][3] == FINISHED  # at exit
+    sock.settimeout(0.2)
+    with pytest.raises(socket.timeout):
+        sock.recv(64)
+
+
+def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
+    path, _sock = beat_socket
+    script = tmp_path / "s.py"
+    script.write_text("import sys, torch\nfrom mbr_launch import autobeat\n"
+                      "print('hooked' if autobeat.installed() else 'clean', "
+                      "[type(f).__name__ for f in sys.meta_path if type(f).__name__ == '_Finder'])\n")
+    for flag, expected in (("0", "clean []"), ("1", "hooked []")):
+        res = subprocess.run([sys.executable, "-m", "mbr_launch.boot", str(script)], capture_output=True, text=True,
+                             timeout=90, cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore",
+                                                         "MBR_AUTOBEAT": flag, "MBR_AUTOBEAT_SOCKET": path})
+        assert res.stdout.strip() == expected, res.stderr
+
+
+def test_autobeat_off_sets_no_worker_environment():
+    from mbr_launch.api import build_launch_config
+    from mbr_launch.worker_env import worker_env
+
+    script = str(REPO / "tests" / "scripts" / "plain_sgd.py")
+    off = build_launch_config(cli={"autobeat": "off", "standalone": True, "skip_check": "all"}, script=script,
+                              script_args=(), environ={})
+    assert off.settings["autobeat"] == "off"
+    on = build_launch_config(cli={"standalone": True, "skip_check": "all"}, script=script, script_args=(),
+                             environ={})
+    assert on.settings["autobeat"] == "on" and on.settings["step_timeout"] == 1800.0
+    assert on.settings["initial_step_timeout"] == 3600.0 and on.settings["straggler_threshold"] == 0.7
+
+
+# ---- StepWatch: pure deadlines ----------------------------------------------------------------------------
+
+
+def test_step_deadlines_initial_then_subsequent():
+    w = StepWatch(initial=60.0, subsequent=2.0)
+    w.arm(100.0)
+    assert w.deadline == 160.0
+    assert w.verdict(159.9) is None and w.verdict(160.0) == (60.0, 60.0)
+    assert w.beat(110.0, 1, 9.0, 8.0, FIRST) is True
+    assert w.deadline == 112.0 and w.pending == []  # the first step's period is start-up, not a step
+    assert w.beat(111.0, 2, 1.0, 0.5, 0) is False
+    assert w.verdict(113.5) == (2.0, pytest.approx(2.5))
+    w.expire()
+    assert w.verdict(1000.0) is None  # one verdict per arm
+    report = w.take_report()
+    assert report is not None and report["periods"] == [1.0] and report["cpu"] == [0.5] and report["steps"] == 2
+    assert w.take_report() is None
+
+
+def test_finished_stops_the_clock_until_the_next_step():
+    w = StepWatch(initial=None, subsequent=2.0)
+    w.arm(0.0)
+    assert w.deadline is None
+    w.beat(1.0, 1, 1.0, 1.0, FIRST)
+    w.beat(2.0, 1, 0.0, 0.0, FINISHED)
+    assert w.deadline is None and w.steps == 1
+    w.beat(50.0, 2, 48.0, 1.0, 0)
+    assert w.deadline == 52.0
+
+
+def test_an_nvrx_client_takes_over_the_deadlines():
+    w = StepWatch(initial=60.0, subsequent=2.0)
+    w.arm(0.0)
+    w.yield_to_client()
+    w.beat(1.0, 1, 1.0, 1.0, FIRST)
+    w.beat(2.0, 2, 1.0, 1.0, 0)
+    assert w.deadline is None and w.verdict(1e6) is None
+    assert w.take_report()["periods"] == [1.0]  # still recorded for stragglers and goodput
+
+
+# ---- the monitor process --------------------------------------------------------------------------------
+
+
+class MonitorProc:
+    def __init__(self, directory: str, steps: dict) -> None:
+        self.proc = subprocess.Popen([sys.executable, "-m", "mbr_launch.monitor.server"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, cwd=REPO)
+        self.send({"op": "configure", "dir": directory, "cfg": {"initial_rank_heartbeat_timeout": 30,
+                                                                 "rank_heartbeat_timeout": 30}, "steps": steps})
+        assert self.wait("ready")
+
+    def send(self, msg: dict) -> None:
+        assert self.proc.stdin
+        self.proc.stdin.write((json.dumps(msg) + "\n").encode())
+        self.proc.stdin.flush()
+
+    def wait(self, name: str, timeout: float = 10.0) -> dict:
+        import select
+
+        assert self.proc.stdout
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            if not ready:
+                break
+            event = json.loads(self.proc.stdout.readline())
+            if event.get("ev") == name:
+                return event
+        raise AssertionError(f"no {name} event within {timeout} s")
+
+    def close(self) -> None:
+        self.send({"op": "exit"})
+        self.proc.wait(10)
+
+
+def test_monitor_expires_a_silent_rank_and_reports_step_times():
+    directory = tempfile.mkdtemp(prefix="mbr-test-")
+    mon = MonitorProc(directory, {"initial": 30, "subsequent": 0.5, "report_interval": 0.2})
+    try:
+        path = os.path.join(directory, "steps0.sock")
+        mon.send({"op": "arm", "local_rank": 0, "rank": 3, "socket": os.path.join(directory, "rmon0.sock"),
+                  "step_socket": path})
+        mon.wait("armed")
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        client.connect(path)
+        client.send(BEAT.pack(1, 5.0, 4.0, FIRST))
+        first = mon.wait("first_step")
+        assert (first["local_rank"], first["rank"]) == (0, 3)
+        for i in range(2, 5):
+            client.send(BEAT.pack(i, 0.01 * i, 0.005 * i, 0))
+        steps = mon.wait("steps")
+        (entry,) = steps["ranks"]
+        assert entry["periods"] == pytest.approx([0.02, 0.03, 0.04]) and entry["steps"] == 4
+        assert entry["nvrx_client"] is False
+        t0 = time.monotonic()
+        expired = mon.wait("expired")
+        assert expired["kind"] == "step" and expired["rank"] == 3 and expired["step"] == 4
+        assert 0.5 <= expired["elapsed"] < 0.5 + 0.5 and time.monotonic() - t0 < 1.5
+        client.close()
+    finally:
+        mon.close()
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
+    """A script using RankMonitorClient owns its liveness: step beats no longer expire, NVRx timeouts do."""
+    directory = tempfile.mkdtemp(prefix="mbr-test-")
+    mon = MonitorProc(directory, {"initial": 30, "subsequent": 0.5, "report_interval": 0.2})
+    worker = None
+    try:
+        path, rmon = os.path.join(directory, "steps0.sock"), os.path.join(directory, "rmon0.sock")
+        mon.send({"op": "arm", "local_rank": 0, "rank": 0, "socket": rmon, "step_socket": path})
+        mon.wait("armed")
+        worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
+            from mbr_launch import autobeat
+            assert autobeat.install()  # what the boot shim does under the launcher
+            import time, torch
+            from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+            c = RankMonitorClient()
+            c.init_workload_monitoring()
+            m = torch.nn.Linear(2, 2); opt = torch.optim.SGD(m.parameters(), lr=0.1)
+            for _ in range(3):
+                m(torch.ones(1, 2)).sum().backward(); opt.step(); c.send_heartbeat()
+            print("stepped", flush=True)
+            time.sleep(60)
+        """)], cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore", "FT_RANK_MONITOR_IPC_SOCKET": rmon,
+                              "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
+                              "MBR_AUTOBEAT": "1", "MBR_AUTOBEAT_SOCKET": path}, stdout=subprocess.PIPE,
+                              text=True)
+        assert mon.wait("connected", 60)
+        steps = mon.wait("steps", 60)
+        assert steps["ranks"][0]["nvrx_client"] is True
+        mon.send({"op": "snapshot"})
+        snap = mon.wait("snapshot")
+        assert snap["ranks"][0]["step_deadline_enforced"] is False
+        # the NVRx heartbeat timeout (30 s here) applies, not the 0.5 s step timeout
+        with pytest.raises(AssertionError):
+            mon.wait("expired", 3.0)
+    finally:
+        if worker is not None:
+            worker.kill()
+            worker.wait()
+        mon.close()
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
