@@ -27,6 +27,7 @@ import signal
 import socket
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -40,6 +41,7 @@ from .launching import WorkerGroup
 from .peers import PeerWatch
 from .policy import Action, FailureFacts, decide
 from .rendezvous import Rendezvous, RendezvousFailed, Round, StopWatcher, publish_stop, read_stop
+from .storeguard import StoreGuard
 from .status import Telemetry
 from .summary import ErrorFile, FailureRecord, RunSummary
 from .workers import Worker
@@ -73,6 +75,8 @@ class Agent:
         self._round: Round | None = None
         self.group: WorkerGroup | None = None
         self._threads: list[Any] = []  # this round's watcher threads (StopWatcher, PeerWatch)
+        self._peer_watch: PeerWatch | None = None
+        self._guard = StoreGuard(self._store_hung)
         self._t0 = time.monotonic()
         self._round_started = 0.0
         self._heartbeats: set[int] = set()  # local ranks that sent a first heartbeat this round
@@ -81,7 +85,9 @@ class Agent:
         self.sock_dir: Path | None = None
         self.log: EventLog | None = None
         self.telemetry: Telemetry | None = None  # step beats: stragglers, goodput, status display
-        self._leave_rendezvous = False
+        # How to part from the rendezvous at exit: close it for all (the job is over), leave it (this node
+        # is excluded, the others go on), or nothing (its store is unreachable).
+        self._farewell = "close"
 
     @property
     def workers(self) -> list[Worker]:
@@ -92,6 +98,7 @@ class Agent:
     def run(self) -> int:
         self._wake_r, self._wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         old_handlers = self._install_signals()
+        self._guard.start()
         try:
             self._prepare_dirs()
             assert self.group
@@ -109,7 +116,8 @@ class Agent:
             self.say(f"joining rendezvous ({cfg.rdzv_backend} {cfg.rdzv_endpoint}, "
                      f"nodes {cfg.min_nodes}:{cfg.max_nodes})")
             try:
-                rnd = self._rdzv.next_round()
+                with self._guard.around(cfg.rdzv_timeout + 60, "joining the rendezvous"):
+                    rnd = self._rdzv.next_round()
             except RendezvousFailed as err:
                 return self._finish(exitcodes.RENDEZVOUS, str(err))
             signum = self._pending_signal()
@@ -130,7 +138,7 @@ class Agent:
             if result.outcome is Outcome.SUCCEEDED:
                 return self._finish(exitcodes.OK, "all workers succeeded")
             if result.outcome is Outcome.EXCLUDED:
-                self._leave_rendezvous = True
+                self._farewell = "leave"
                 return self._finish(exitcodes.EXCLUDED, result.message.get("reason", "node excluded"))
             message = result.message
             if result.outcome is Outcome.FINAL or message.get("final"):
@@ -152,9 +160,14 @@ class Agent:
         self._drain_stale_events()
         self._heartbeats = set()
         self._round_started = time.monotonic()
+        cfg = self.cfg
         stop_watch = StopWatcher(rnd, lambda msg: self._post("peer_stop", msg))
-        peer_watch = PeerWatch(rnd, timeout=self.cfg.peer_timeout, on_lost=lambda ev: self._post("peer", ev))
-        self._threads = [stop_watch, peer_watch]
+        membership = cfg.rdzv_backend == "c10d" and not cfg.standalone
+        assert self._rdzv
+        self._peer_watch = PeerWatch(rnd, timeout=cfg.peer_timeout, on_lost=lambda ev: self._post("peer", ev),
+                                     waiting=self._rdzv.num_nodes_waiting if membership else None,
+                                     on_waiting=lambda count: self._post("membership", count))
+        self._threads = [stop_watch, self._peer_watch]
         for thread in self._threads:
             thread.start()
         assert self.group
@@ -174,14 +187,11 @@ class Agent:
     def _watch(self, rnd: Round) -> RoundResult:
         """Wait for events until this round ends for this node."""
         cfg = self.cfg
-        check_membership = cfg.rdzv_backend == "c10d" and not cfg.standalone
-        interval = max(cfg.monitor_interval, 0.5)
-        next_membership_check = time.monotonic() + interval
+        tick = min(0.5, cfg.peer_timeout / 4)
         local_done = False
         assert self.group
         while True:
-            timeout = max(0.0, next_membership_check - time.monotonic()) if check_membership else None
-            self._wait_events(timeout)
+            self._wait_events(tick)
             failed = [w for w in self.group.reap(rnd) if w.status is not None and not w.status.ok]
             if failed and not local_done:
                 result = self._failure(rnd, [self._crash_record(rnd, w) for w in failed])
@@ -205,14 +215,12 @@ class Agent:
                 if self._node_done(rnd):
                     return RoundResult(Outcome.SUCCEEDED)
                 self.say("local workers finished; waiting for the other nodes")
-            if check_membership and time.monotonic() >= next_membership_check:
-                next_membership_check = time.monotonic() + interval
-                if not local_done and self._rdzv and self._rdzv.num_nodes_waiting() > 0:
-                    message = {"reason": "a node is waiting to join", "origin": self.node, "final": False,
-                               "restart_count": rnd.restart_count, "membership": True}
-                    publish_stop(rnd, message)
-                    self.group.stop(rnd, grace=cfg.shutdown_timeout)
-                    return RoundResult(Outcome.RESTART, message=read_stop(rnd) or message)
+            # A store call on a cut-off link never returns, so silence is judged here, by arithmetic.
+            silent = self._peer_watch.silent_for() if self._peer_watch else 0.0
+            if silent > cfg.peer_timeout:
+                return self._handle_lost_peer(rnd, {"kind": "store_lost", "detail": (
+                    f"the rendezvous store at {rnd.store_host}:{rnd.store_port} has not answered for "
+                    f"{silent:.1f} s (this node may be cut off)")})  # type: ignore[return-value]
 
     def _dispatch(self, rnd: Round, kind: str, payload: Any, local_done: bool) -> RoundResult | None:
         if kind == "signal":
@@ -223,6 +231,15 @@ class Agent:
             return self._handle_lost_peer(rnd, payload)
         if kind == "all_done":
             return RoundResult(Outcome.SUCCEEDED)
+        if kind == "membership" and not local_done:
+            message = {"reason": f"{payload} node(s) waiting to join", "origin": self.node, "final": False,
+                       "restart_count": rnd.restart_count, "membership": True}
+            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "announcing a membership change"):
+                publish_stop(rnd, message)
+                decided = read_stop(rnd) or message
+            assert self.group
+            self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+            return RoundResult(Outcome.FINAL if decided.get("final") else Outcome.RESTART, message=decided)
         if kind == "monitor" and not local_done:
             return self._handle_monitor_event(rnd, payload)
         return None
@@ -246,7 +263,8 @@ class Agent:
         message = {"reason": f"{name} on node {self.node}", "origin": self.node, "final": True,
                    "exit_code": exitcodes.FAILED}
         try:
-            publish_stop(rnd, message)
+            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "telling the other nodes about the signal"):
+                publish_stop(rnd, message)
         except Exception:
             pass  # the store may be gone too; our own exit does not depend on it
         return RoundResult(Outcome.SIGNALED, signum=signum)
@@ -266,6 +284,7 @@ class Agent:
                                          f"for {event.get('silent_for')} s (dead or cut off)")
         self.log.emit("peer_lost", round=rnd.index, kind=kind, detail=detail)
         if kind == "store_lost":
+            self._farewell = "none"  # nothing to tell a store we cannot reach
             self.say(f"LOST THE RENDEZVOUS STORE: {detail}; stopping local workers")
             self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
             return RoundResult(Outcome.FINAL, message={"reason": f"lost the rendezvous store: {detail}",
@@ -380,22 +399,26 @@ class Agent:
         if self.telemetry:
             self.telemetry.end("failure", records[0].cause)
         first = records[0]
-        restarts, startup_restarts = self._rdzv.counts(rnd)
-        node_failures = self._rdzv.count_node_failure(rnd, self.node) if first.cause in ("crash", "hang") else 0
+        with self._guard.around(self.cfg.peer_timeout * 2 + 5, "recording a failure in the rendezvous store"):
+            restarts, startup_restarts = self._rdzv.counts(rnd)
+            node_failures = self._rdzv.count_node_failure(rnd, self.node) if first.cause in ("crash", "hang") else 0
+            waiting = self._rdzv.spare_count()
         round_seconds = time.monotonic() - self._round_started
         facts = FailureFacts(
             cause=first.cause, exit_code=first.status.code if first.status else None,
             startup=not self._heartbeats, round_seconds=round_seconds, restarts_used=restarts,
             startup_restarts_used=startup_restarts, node_failures=node_failures,
             quick_failures=self._quick_failures, exclude_requested=exclude, shutdown_requested=shutdown,
-            nodes_left=rnd.group_world_size - 1 - nodes_lost + self._rdzv.num_nodes_waiting())
+            nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
+            nodes_remaining=rnd.group_world_size - nodes_lost + waiting)
         decision = decide(cfg.policy, facts)
         self._quick_failures = self._quick_failures + 1 if round_seconds < cfg.policy.crash_loop_window else 0
         reason = f"{first.describe()}; {decision.reason}" if decision.action is not Action.RESTART \
             else first.describe()
 
         if decision.action is Action.RESTART and decision.scope != "job":
-            total = self._rdzv.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
+            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "counting a restart"):
+                total = self._rdzv.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
             ranks = sorted({r.local_rank for r in records}) if decision.scope == "rank" else None
             self.group.stop(rnd, local_ranks=ranks, grace=cfg.shutdown_timeout)
             self.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.max_restarts,
@@ -415,26 +438,30 @@ class Agent:
                        "group_rank": rnd.group_rank, "final": False, "exclude": self.node,
                        "restart_count": rnd.restart_count}
             self.log.emit("exclude", round=rnd.index, reason=decision.reason)
-            publish_stop(rnd, message)
+            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "announcing the exclusion"):
+                publish_stop(rnd, message)
             self.group.stop(rnd, grace=cfg.shutdown_timeout)
             return RoundResult(Outcome.EXCLUDED, message=message)
 
         final = decision.action is Action.STOP
-        total = rnd.restart_count if final else self._rdzv.count_restart(
-            rnd, startup=decision.counts_as_startup, once_per_round=True)
         message = {"reason": reason, "origin": self.node, "group_rank": rnd.group_rank, "final": final,
-                   "exit_code": exitcodes.FAILED, "restart_count": total, "backoff": decision.backoff}
-        publish_stop(rnd, message)
-        decided = read_stop(rnd) or message  # when two nodes fail at once, the first message wins
+                   "exit_code": exitcodes.FAILED, "restart_count": rnd.restart_count, "backoff": decision.backoff}
+        with self._guard.around(self.cfg.peer_timeout * 2 + 5, "announcing the failure to the other nodes"):
+            if not final:
+                message["restart_count"] = self._rdzv.count_restart(rnd, startup=decision.counts_as_startup,
+                                                                    once_per_round=True)
+            publish_stop(rnd, message)
+            decided = read_stop(rnd) or message  # when two nodes fail at once, the first message wins
         self.group.stop(rnd, grace=cfg.shutdown_timeout)
         return RoundResult(Outcome.FINAL if decided.get("final") else Outcome.RESTART, message=decided)
 
     def _node_done(self, rnd: Round) -> bool:
         """Mark this node done; True when every node of the round is done."""
-        done = int(rnd.control.add("done_count", 1))
-        if done >= rnd.group_world_size:
-            rnd.control.set("all_done", "1")
-            return True
+        with self._guard.around(self.cfg.peer_timeout * 2 + 5, "reporting this node done"):
+            done = int(rnd.control.add("done_count", 1))
+            if done >= rnd.group_world_size:
+                rnd.control.set("all_done", "1")
+                return True
         watcher = StopWatcher(rnd, lambda _msg: self._post("all_done", None), key="all_done")
         self._threads.append(watcher)
         watcher.start()
@@ -587,11 +614,13 @@ class Agent:
             thread.join(StopWatcher.POLL + 1.0)
         if self._monitor:
             self._monitor.close()
-        if self._rdzv:
-            if self._leave_rendezvous:
-                self._rdzv.leave()
-            else:
-                self._rdzv.shutdown()
+        if self._rdzv and self._farewell != "none":
+            # Bounded: on a dead link these calls would never return.
+            part = self._rdzv.leave if self._farewell == "leave" else self._rdzv.shutdown
+            farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
+            farewell.start()
+            farewell.join(5.0)
+        self._guard.close()
         for sig, old in old_handlers.items():
             signal.signal(sig, old)
         for fd in (self._wake_r, self._wake_w):
@@ -605,6 +634,26 @@ class Agent:
             self.sock_dir.rmdir()
         if self.log:
             self.log.close()
+
+    def _store_hung(self, what: str, seconds: float) -> None:
+        """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""
+        for worker in self.workers:
+            try:
+                os.killpg(worker.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
+                  f"from {self.cfg.rdzv_endpoint})")
+        print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
+        try:
+            if self.log:
+                self.log.emit("end", exit_code=exitcodes.RENDEZVOUS, reason=reason,
+                              seconds=round(time.monotonic() - self._t0, 3))
+                self.log.close()
+            if self._monitor:
+                self._monitor.close(timeout=2)
+        finally:
+            os._exit(exitcodes.RENDEZVOUS)
 
     def _finish_signaled(self, signum: int, rnd: Round | None) -> int:
         name = signal.Signals(signum).name
