@@ -404,12 +404,31 @@ def render_readme_table() -> str:
     return "\n".join(out) + "\n"
 
 
-def replace_region(readme: str, table: str) -> str:
-    """``readme`` with the text between the options markers replaced by ``table``."""
-    start, end = readme.find(README_START), readme.find(README_END)
+def render_exit_codes() -> str:
+    out = [f"<!-- {GENERATED} -->", "", "| code | meaning |", "|---|---|"]
+    out += [f"| `{code}` | {_md(text)} |" for code, text in exitcodes.TABLE]
+    return "\n".join(out) + "\n"
+
+
+def render_events() -> str:
+    from .events import EVENT_FIELDS
+
+    out = [f"<!-- {GENERATED} (events.EVENT_FIELDS; field meanings in mbr_launch/events.py) -->", "",
+           "| event | fields besides the common ones |", "|---|---|"]
+    out += [f"| `{name}` | {', '.join(f'`{f}`' for f in fields)} |" for name, fields in EVENT_FIELDS.items()]
+    return "\n".join(out) + "\n"
+
+
+def replace_region(readme: str, table: str, name: str = "options") -> str:
+    """``readme`` with the text between the ``name`` markers replaced by ``table``."""
+    begin, finish = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    start, end = readme.find(begin), readme.find(finish)
     if start < 0 or end < start:
-        raise ValueError(f"README.md lacks the markers {README_START} ... {README_END}")
-    return readme[: start + len(README_START)] + "\n" + table + readme[end:]
+        raise ValueError(f"README.md lacks the markers {begin} ... {finish}")
+    return readme[: start + len(begin)] + "\n" + table + readme[end:]
+
+
+README_REGIONS = {"options": render_readme_table, "exitcodes": render_exit_codes, "events": render_events}
 
 
 # ---- files ---------------------------------------------------------------------------------------
@@ -425,7 +444,10 @@ RENDERERS = {
 def expected_files(root: Path) -> dict[str, str]:
     """Relative path -> the content it should have (README.md: its current text with a fresh table)."""
     files = {path: render() for path, render in RENDERERS.items()}
-    files["README.md"] = replace_region((root / "README.md").read_text(), render_readme_table())
+    readme = (root / "README.md").read_text()
+    for name, render in README_REGIONS.items():
+        readme = replace_region(readme, render(), name)
+    files["README.md"] = readme
     return files
 
 

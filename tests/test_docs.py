@@ -70,12 +70,15 @@ def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
 
 def test_write_touches_only_the_readme_region(tmp_path):
     before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- options:start --> not a marker line\n"
-    (tmp_path / "README.md").write_text(f"{before}<!-- options:start -->\nold table\n<!-- options:end -->{after}")
+    others = "".join(f"<!-- {n}:start -->\nold {n}\n<!-- {n}:end -->\n" for n in ("exitcodes", "events"))
+    (tmp_path / "README.md").write_text(f"{others}{before}<!-- options:start -->\nold table\n<!-- options:end -->{after}")
     assert docgen.main(["--check"], root=tmp_path) == 1
     assert docgen.main(["--write"], root=tmp_path) == 0
     readme = (tmp_path / "README.md").read_text()
-    assert readme.startswith(before + "<!-- options:start -->\n") and readme.endswith("<!-- options:end -->" + after)
+    assert before + "<!-- options:start -->\n" in readme and readme.endswith("<!-- options:end -->" + after)
     assert "old table" not in readme and "`--nproc-per-node N`" in readme
+    assert "old exitcodes" not in readme and "| `5` | preempted" in readme
+    assert "old events" not in readme and "| `hang` |" in readme
     assert docgen.main(["--check"], root=tmp_path) == 0
 
 
