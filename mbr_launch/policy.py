@@ -44,7 +44,7 @@ class RestartPolicy:
 
 @dataclass(frozen=True)
 class FailureFacts:
-    cause: str  # "crash" | "hang" | "monitor" | "peer" | "request"
+    cause: str  # "crash" | "hang" | "monitor" | "peer" | "request" | "straggler"
     exit_code: int | None = None
     startup: bool = False  # no local rank had sent a heartbeat yet in this round
     round_seconds: float = 0.0  # how long the failed round had run
@@ -76,7 +76,9 @@ def backoff_delay(policy: RestartPolicy, facts: FailureFacts) -> float:
 
 def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.shutdown_requested:
-        return Decision(Action.STOP, "job", "a worker asked to shut the workload down")
+        why = "a straggler was detected (--stop-on-straggler)" if facts.cause == "straggler" \
+            else "a worker asked to shut the workload down"
+        return Decision(Action.STOP, "job", why)
     if facts.exit_code is not None and facts.exit_code in policy.no_restart_exit_codes:
         return Decision(Action.STOP, "job", f"exit code {facts.exit_code} is not restarted "
                                             f"(--no-restart-exit-codes)")
