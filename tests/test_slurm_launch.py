@@ -218,11 +218,6 @@ CUT_DEADLINE = 40.0
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.xfail(strict=False, reason=(
-    "the cut node's launcher (n2) never ends on its own: its main loop blocks in Rendezvous.num_nodes_waiting "
-    "(torch DynamicRendezvousHandler.num_nodes_waiting waits for _heartbeat_lock, held by the keep-alive "
-    "thread stuck in a TCPStore get on the black-holed connection; rdzv read_timeout does not bound it), and "
-    "PeerWatch is itself stuck in store.add, so no store_lost is posted; n2 ends only when Slurm signals it"))
 def test_cut_node_link_ends_both_launchers(slurm_clean: SlurmCluster, tmp_path: Path) -> None:
     """Take n2's link down mid-training (job-scope policy, one restart allowed). The survivor notices the
     silent peer, stops its worker, and with the budget left re-rendezvouses, which cannot complete

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Run the GPU benchmarks on a lent 2-GPU machine (python3 there has CUDA torch; carry .whl with the NVRx and
+# py-spy wheels). Writes logs and RESULTS fragments under $OUT (or benchmarks/out/gpu).
+#   usage: bash benchmarks/gpu_run.sh [cold|restart|hang|deep|all] [trials]
+set -uo pipefail
+cd "$(dirname "$0")/.."
+WHAT=${1:-all}; TRIALS=${2:-10}
+DEST=${OUT:-benchmarks/out/gpu}; mkdir -p "$DEST"
+export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the host's rule
+export PYTHONUNBUFFERED=1 PYTHONWARNINGS=ignore
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit 1
+  export PYTHONPATH=/tmp/site:$PWD${PYTHONPATH:+:$PYTHONPATH} PATH=/tmp/site/bin:$PATH
+fi
+mkdir -p /tmp/site/bin
+printf '#!/bin/sh\nexec python3 -m mbr_launch "$@"\n' > /tmp/site/bin/mbr-launch && chmod +x /tmp/site/bin/mbr-launch
+export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+{ nvidia-smi -L; python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())'; python3 -c 'import nvidia_resiliency_ext, importlib.metadata as m; print("nvrx", m.version("nvidia-resiliency-ext"))'; uname -a; nproc; date -u; } 2>&1 | tee "$DEST/machine.txt"
+run() { echo "== $*"; timeout 560 "$@" 2>&1 | tail -n 60; }
+case $WHAT in
+  deep|all) run python3 -m mbr_launch.doctor.deep --timeout 90 > "$DEST/deep.json"; cat "$DEST/deep.json" | head -c 3000 ;;
+esac
+case $WHAT in
+  cold|all) run python3 benchmarks/bench_cold.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
+esac
+case $WHAT in
+  restart|all) run python3 benchmarks/bench_restart.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
+esac
+case $WHAT in
+  hang|all) [ -f benchmarks/bench_hang.py ] && run python3 benchmarks/bench_hang.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
+esac
+exit 0
