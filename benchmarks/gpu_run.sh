@@ -18,7 +18,11 @@ export PATH=/tmp/site/bin:$PATH PYTHONPATH=$PWD:/tmp/site${PYTHONPATH:+:$PYTHONP
 { nvidia-smi -L; python3 -c 'import torch, sys; print("python", sys.version.split()[0], "torch", torch.__version__, "cuda", torch.version.cuda, "nccl", ".".join(map(str, torch.cuda.nccl.version())), "gpus", torch.cuda.device_count())'; python3 -c 'import nvidia_resiliency_ext, importlib.metadata as m; print("nvrx", m.version("nvidia-resiliency-ext"))'; uname -a; nproc; date -u; } 2>&1 | tee "$DEST/machine.txt"
 run() { echo "== $*"; timeout 560 "$@" 2>&1 | tail -n 60; }
 case $WHAT in
-  deep|all) run python3 -m mbr_launch.doctor.deep --timeout 90 > "$DEST/deep.json"; cat "$DEST/deep.json" | head -c 3000 ;;
+  deep|all|quick) timeout 120 python3 -m mbr_launch.doctor.deep --timeout 60 > "$DEST/deep.json" 2> "$DEST/deep.err"; echo "deep rc=$?"; head -c 2500 "$DEST/deep.json" ;;
+esac
+case $WHAT in
+  quick) run python3 benchmarks/bench_restart.py --gpu --trials "$TRIALS" --deadline 40 --mbr-source tree --no-reference \
+           --launchers mbr-launch,torchrun,ft_launcher --out "$DEST/RESULTS-gpu.md" ;;
 esac
 case $WHAT in
   cold|all) run python3 benchmarks/bench_cold.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;

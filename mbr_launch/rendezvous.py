@@ -143,6 +143,10 @@ class Rendezvous:
         if group_rank == 0:
             store.set("mbr/token", uuid.uuid4().hex[:12])
             store.set("mbr/restarts", str(self._restart_count_from_job(store)))
+            store.set("mbr/master_port", str(pick_master_port()))
+        # torch picks an ephemeral port (bind 0, close): outgoing connections (NCCL's many sockets) can take
+        # it before rank 0's store binds it (EADDRINUSE, seen on 2 H200s). Ours lies below that range.
+        master_port = int(store.get("mbr/master_port"))
         sizes = [int(store.get(f"mbr/lws/{r}")) for r in range(group_world_size)]
         token = store.get("mbr/token").decode()
         restarts = int(store.get("mbr/restarts"))
@@ -225,6 +229,32 @@ class Rendezvous:
                 self._handler.shutdown()
             except Exception:
                 pass
+
+
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def pick_master_port(attempts: int = 64) -> int:
+    """A free port outside the kernel's ephemeral range, so no outgoing connection can take it meanwhile."""
+    import random
+
+    low, high = _ephemeral_range()
+    candidates = (range(10000, low) if low > 11000 else range(high + 1, 65536)) or range(20000, 30000)
+    for port in random.sample(candidates, min(attempts, len(candidates))):
+        with socket.socket() as sock:
+            try:
+                sock.bind(("", port))
+            except OSError:
+                continue
+            return port
+    from torch.distributed.elastic.utils.distributed import get_free_port
+
+    return get_free_port()
 
 
 def _base_store(store: Store) -> Store:
