@@ -40,6 +40,7 @@ def _mbr(level: str) -> h.Launcher:
 
 def launchers(names: str, mbr_path: Path | None) -> list[h.Launcher]:
     table = {"mbr-torch": _mbr("torch"), "mbr-off": _mbr("off"), "mbr-interpreter": _mbr("interpreter"),
+             "mbr-cuda": _mbr("cuda"),
              "torchrun": h.LAUNCHERS["torchrun-noshare"], "import-torch": h.LAUNCHERS["import-torch"]}
     chosen = []
     for name in filter(None, (n.strip() for n in names.split(","))):
@@ -53,7 +54,8 @@ def launchers(names: str, mbr_path: Path | None) -> list[h.Launcher]:
     return chosen
 
 
-def restart_trial(launcher: h.Launcher, root: Path, index: int, *, settle: float, deadline: float) -> dict:
+def restart_trial(launcher: h.Launcher, root: Path, index: int, *, settle: float, deadline: float,
+                  gpu: bool) -> dict:
     rec: dict = {"phase": "restart", "launcher": launcher.name, "trial": index, "ok": False, "latency": None,
                  "reason": ""}
     if launcher.reference:
@@ -64,7 +66,7 @@ def restart_trial(launcher: h.Launcher, root: Path, index: int, *, settle: float
 
     def spec(d: Path) -> h.LaunchSpec:
         return h.LaunchSpec(nproc=2, max_restarts=1, log_dir=d / "logs",
-                            worker=h.worker_argv(d / "ready", hold=settle + deadline + 60, gpu=False))
+                            worker=h.worker_argv(d / "ready", hold=settle + deadline + 60, gpu=gpu))
 
     with h.Trial(launcher, spec, root, index) as t:
         assert t.proc
@@ -91,10 +93,10 @@ def restart_trial(launcher: h.Launcher, root: Path, index: int, *, settle: float
     return rec
 
 
-def cold_trial(launcher: h.Launcher, root: Path, index: int, *, timeout: float) -> dict:
+def cold_trial(launcher: h.Launcher, root: Path, index: int, *, timeout: float, gpu: bool) -> dict:
     def spec(d: Path) -> h.LaunchSpec:
         return h.LaunchSpec(nproc=2, max_restarts=0, log_dir=d / "logs",
-                            worker=h.worker_argv(d / "ready", hold=0, gpu=False, steps=0))
+                            worker=h.worker_argv(d / "ready", hold=0, gpu=gpu, steps=0))
 
     rec = h.run_to_exit(launcher, spec, root, index, timeout=timeout)
     rec["phase"] = "cold"
@@ -109,8 +111,8 @@ def cold_trial(launcher: h.Launcher, root: Path, index: int, *, timeout: float) 
 def render(records: list[dict], chosen: list[h.Launcher], args: argparse.Namespace) -> str:
     names = [l.name for l in chosen]
     notes = {l.name: l.note for l in chosen}
-    out = ["## Warm standbys: restart and cold launch, 2 ranks, gloo on CPU", "",
-           *h.machine_lines(gpu=False, mbr_code=args.mbr_code), f"- command: `{h.command_line()}`",
+    out = [f"## Warm standbys: restart and cold launch, 2 ranks, {'nccl on GPUs' if args.gpu else 'gloo on CPU'}",
+           "", *h.machine_lines(gpu=args.gpu, mbr_code=args.mbr_code), f"- command: `{h.command_line()}`",
            f"- load average at end {os.getloadavg()[0]:.2f}; timings over successful trials only; "
            f"restart: kill after {args.settle:g} s of steady all_reduces", "",
            "torchrun: `torchrun --standalone --nproc-per-node 2 --max-restarts 1` with "
@@ -159,7 +161,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--launchers", default="mbr-torch,mbr-off,torchrun,import-torch",
-                        help="mbr-torch, mbr-off, mbr-interpreter, torchrun (no shared store), import-torch")
+                        help="mbr-torch, mbr-off, mbr-interpreter, mbr-cuda, torchrun (no shared store), "
+                             "import-torch")
     parser.add_argument("--phases", default="restart,cold")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of steady running before the kill")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per phase of a trial")
@@ -167,6 +170,7 @@ def main() -> int:
     parser.add_argument("--raw", type=Path, default=None)
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--mbr-source", choices=["head", "tree"], default="head")
+    parser.add_argument("--gpu", action="store_true", help="nccl on cuda:LOCAL_RANK instead of gloo on CPU")
     args = parser.parse_args()
     h.stop_on_sigterm()
     root = h.work_dir("standby")
@@ -178,9 +182,10 @@ def main() -> int:
             for i in range(args.trials):
                 for launcher in h.rotate(chosen, i):
                     if phase == "restart":
-                        rec = restart_trial(launcher, root / phase, i, settle=args.settle, deadline=args.deadline)
+                        rec = restart_trial(launcher, root / phase, i, settle=args.settle, deadline=args.deadline,
+                                            gpu=args.gpu)
                     else:
-                        rec = cold_trial(launcher, root / phase, i, timeout=args.deadline)
+                        rec = cold_trial(launcher, root / phase, i, timeout=args.deadline, gpu=args.gpu)
                     records.append(rec)
                     value = rec.get("latency") if phase == "restart" else rec.get("wall")
                     print(f"[{phase} {i + 1}/{args.trials}] {launcher.name:16s} "
