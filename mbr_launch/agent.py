@@ -63,8 +63,10 @@ class RoundResult:
 
 
 class Agent:
-    def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str] | None = None) -> None:
+    def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str] | None = None,
+                 standby: Any = None) -> None:
         self.cfg = cfg
+        self._early_standby = standby  # a StandbyPool the launcher started before importing torch
         self.environ = dict(os.environ if environ is None else environ)
         self.node = socket.gethostname()
         self.summary = RunSummary()
@@ -102,7 +104,7 @@ class Agent:
         try:
             self._prepare_dirs()
             assert self.group
-            self.group.start_standbys()  # warm workers prepare while the rendezvous runs
+            self.group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
             self._start_monitor()
             return self._loop()
         finally:

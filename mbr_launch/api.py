@@ -68,11 +68,22 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> in
 
     ``environ`` is what the workers inherit (default: this process's environment)."""
     from . import exitcodes
-    from .agent import Agent
+    from .standby import early_pool
 
     env = dict(os.environ if environ is None else environ)
-    if not preflight(cfg, environ=env):
-        print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with --skip-check ID",
-              file=sys.stderr, flush=True)
-        return exitcodes.USAGE
-    return Agent(cfg, environ=env).run()
+    # Warm workers start first: their interpreters and `import torch` overlap the launcher's own imports,
+    # preflight and rendezvous (cold launch); nothing above this line imports torch.
+    pool = early_pool(cfg, env)
+    try:
+        if not preflight(cfg, environ=env):
+            print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
+                  "--skip-check ID", file=sys.stderr, flush=True)
+            return exitcodes.USAGE
+        from .agent import Agent
+
+        agent = Agent(cfg, environ=env, standby=pool)
+        pool = None  # the agent owns it now (closed with its worker group)
+        return agent.run()
+    finally:
+        if pool is not None:
+            pool.close()

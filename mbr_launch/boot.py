@@ -84,11 +84,13 @@ def run_target(argv: list[str]) -> None:
 
 
 def main() -> None:
+    # First, also in a waiting standby: Slurm signals every process of the step, standbys included.
+    ignore_preemption_signals()
     if STANDBY_ENV in os.environ:  # a warm standby (mbr_launch.standby): first wait to become a rank
         from mbr_launch.standby import serve
 
         serve()
-    ignore_preemption_signals()
+        ignore_preemption_signals()  # the assignment's environment decides
     arm_stack_dump()
     arm_autobeat()
     run_target(sys.argv[1:])

@@ -2,19 +2,17 @@
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, BinaryIO, Callable
 
 from .config import LaunchConfig
 from .events import EventLog
 from .rendezvous import Round
-from .standby import REPLENISH_DELAY, StandbyPool, standby_env
+from .standby import REPLENISH_DELAY, StandbyPool, early_pool, first_assignment, standby_env
 from .worker_env import worker_env
 from .workers import OutputPump, Worker, WorkerSpec, spawn, stop_all
 
@@ -34,13 +32,12 @@ class WorkerGroup:
         self.standby: StandbyPool | None = None
         self._envs: dict[int, dict[str, str]] = {}  # the latest environment of each local rank
 
-    def start_standbys(self) -> None:
-        """Start one warm standby per local rank (``--standby``); call before the first round."""
-        level = self.cfg.settings.values.get("standby", "off")
-        if level == "off" or not self.cfg.use_boot:
-            return
-        self.standby = StandbyPool(level=level, prepare=self._standby)
-        self.standby.fill(range(self.cfg.nproc_per_node))
+    def start_standbys(self, pool: StandbyPool | None = None) -> None:
+        """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
+        (``--standby``); call before the first round."""
+        self.standby = pool or early_pool(self.cfg, self.environ)
+        if self.standby:
+            self.standby.prepare = self._standby  # refills know the latest real environment
 
     def _argv(self, local_rank: int) -> list[str]:
         cfg = self.cfg
@@ -49,14 +46,7 @@ class WorkerGroup:
     def _standby(self, local_rank: int) -> tuple[list[str], dict[str, str]] | None:
         env = self._envs.get(local_rank)
         if env is None:  # before the first round: the round's values are filled in when it is taken
-            placeholder = SimpleNamespace(rank_offset=0, group_rank=0, world_size=0, group_world_size=0,
-                                          master_addr="", master_port=0, restart_count=0)
-            try:
-                env = worker_env(self.cfg, placeholder, local_rank, self.environ,  # type: ignore[arg-type]
-                                 error_file=Path(os.devnull), stack_file=None, monitor_socket=None,
-                                 launcher_socket=None)
-            except Exception:
-                return None  # no standby until a real environment is known
+            return first_assignment(self.cfg, self.environ, local_rank)
         return self._argv(local_rank), standby_env(env)
 
     # ---- start ----------------------------------------------------------------------------------

@@ -59,6 +59,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 if TYPE_CHECKING:
+    from .config import LaunchConfig
     from .workers import Worker, WorkerSpec
 
 LEVELS = ("off", "interpreter", "torch", "cuda")
@@ -99,6 +100,33 @@ def mismatched_keys(standby: Mapping[str, str], worker: Mapping[str, str]) -> li
 
 
 # ---- agent side ----------------------------------------------------------------------------------
+
+
+def first_assignment(cfg: "LaunchConfig", environ: Mapping[str, str],
+                     local_rank: int) -> "tuple[list[str], dict[str, str]]":
+    """(argv, standby environment) of a local rank before any round is known: the round's values are
+    filled in when the standby is taken. Imports no torch, so the launcher can start standbys first."""
+    from types import SimpleNamespace
+
+    from .worker_env import worker_env
+
+    placeholder = SimpleNamespace(rank_offset=0, group_rank=0, world_size=0, group_world_size=0,
+                                  master_addr="", master_port=0, restart_count=0)
+    env = worker_env(cfg, placeholder, local_rank, environ, error_file=Path(os.devnull),  # type: ignore[arg-type]
+                     stack_file=None, monitor_socket=None, launcher_socket=None)
+    argv = [a.replace("${local_rank}", str(local_rank)) for a in (*cfg.entrypoint, *cfg.training_script_args)]
+    return argv, standby_env(env)
+
+
+def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool | None":
+    """Start the standbys before the launcher itself imports torch, so the workers' start-up overlaps the
+    launcher's (cold launch); None when standbys are off."""
+    level = cfg.settings.values.get("standby", "off")
+    if level == "off" or not cfg.use_boot:
+        return None
+    pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank))
+    pool.fill(range(cfg.nproc_per_node))
+    return pool
 
 
 @dataclass

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Mapping
+from typing import TYPE_CHECKING, Mapping
 
 from .config import LaunchConfig
-from .rendezvous import Round
+
+if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
+    from .rendezvous import Round
 
 # Set in the agent process only (see rendezvous.py); not part of what the user gave the workers.
 _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)

@@ -114,15 +114,24 @@ def _close(fd: int) -> None:
         pass
 
 
-def _child_setup(parent_pid: int) -> Callable[[], None]:
+def _child_setup(parent_pid: int, ignore: Sequence[int] = ()) -> Callable[[], None]:
     def setup() -> None:
         # Runs in the child between fork and exec. The death signal fires when the *thread* that forked
         # us exits, so the agent only spawns from its main thread.
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the agent died before prctl took effect
             os._exit(1)
+        # Ignored signals stay ignored across exec: this closes the window while the interpreter starts,
+        # before boot can ignore Slurm's preemption signals itself (a signal then would kill the process).
+        for sig in ignore:
+            signal.signal(sig, signal.SIG_IGN)
 
     return setup
+
+
+def _ignored_signals(env: dict[str, str]) -> tuple[int, ...]:
+    names = [n for n in env.get("MBR_IGNORE_SIGNALS", "").split(",") if n in signal.Signals.__members__]
+    return tuple(signal.Signals[n] for n in names)
 
 
 def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] = ()) -> Worker:
@@ -134,7 +143,7 @@ def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] =
         stdout=spec.stdout,
         stderr=spec.stderr,
         start_new_session=True,
-        preexec_fn=_child_setup(os.getpid()),
+        preexec_fn=_child_setup(os.getpid(), _ignored_signals(spec.env)),
         close_fds=True,
         pass_fds=tuple(pass_fds),
     )

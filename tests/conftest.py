@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# The Slurm test-cluster fixtures (slurm_cluster, slurm_clean) for every test module.
+pytest_plugins = ["tests.slurm_cluster"]
+
 MARKER = "MBR_TEST_SESSION"
 # Cluster daemons started by the Slurm fixture legitimately outlive single tests.
 _DAEMONS = {"slurmctld", "slurmd", "slurmstepd", "munged"}

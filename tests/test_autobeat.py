@@ -86,7 +86,6 @@ def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
 
 def test_autobeat_off_sets_no_worker_environment():
     from mbr_launch.api import build_launch_config
-    from mbr_launch.worker_env import worker_env
 
     script = str(REPO / "tests" / "scripts" / "plain_sgd.py")
     off = build_launch_config(cli={"autobeat": "off", "standalone": True, "skip_check": "all"}, script=script,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -11,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from .conftest import free_port
-from .helpers import SCRIPTS, finish, launcher_env, start_launcher
+from .helpers import SCRIPTS, finish, launcher_env
 
 TRAIN = str(SCRIPTS / "train.py")
 ENVDUMP = str(SCRIPTS / "envdump.py")

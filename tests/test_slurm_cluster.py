@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import REPO, SlurmCluster, slurm_clean, slurm_cluster  # noqa: F401
+from tests.slurm_cluster import REPO, SlurmCluster
 
 pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
 

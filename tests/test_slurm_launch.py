@@ -28,7 +28,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import REPO, ClusterError, SlurmCluster, slurm_clean, slurm_cluster  # noqa: F401
+from tests.slurm_cluster import REPO, ClusterError, SlurmCluster
 
 pytestmark = [pytest.mark.slurm]
 

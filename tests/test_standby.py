@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -48,6 +47,7 @@ dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
 if os.path.exists(os.path.join(OUT, "crash")) and dist.get_rank() == 1 and restart == 0:
+    time.sleep(1.0)  # warm ranks reach this point within ms: let the replacements be started first
     with open(os.path.join(OUT, "killed"), "w") as f:
         f.write(str(time.clock_gettime(time.CLOCK_BOOTTIME)))
     os.kill(os.getpid(), signal.SIGKILL)
