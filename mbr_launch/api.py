@@ -63,10 +63,12 @@ def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
         raise ConfigError(f"--skip-check: {err}") from None
 
 
-def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> int:
+def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_after: bool = False) -> int:
     """Run this node's agent until the job ends; returns the launcher's exit code (see exitcodes).
 
-    ``environ`` is what the workers inherit (default: this process's environment)."""
+    ``environ`` is what the workers inherit (default: this process's environment). ``exit_after``: the
+    caller ends the process with ``os._exit`` right after (the CLI), so lingering watcher threads need no
+    join."""
     from . import exitcodes
     from .standby import early_pool
 
@@ -81,7 +83,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None) -> in
             return exitcodes.USAGE
         from .agent import Agent
 
-        agent = Agent(cfg, environ=env, standby=pool)
+        agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
         pool = None  # the agent owns it now (closed with its worker group)
         return agent.run()
     finally:

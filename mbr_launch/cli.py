@@ -82,7 +82,7 @@ def run_launch(values: dict[str, Any], script: str | None, script_args: tuple[st
     except ConfigError as err:
         _error(str(err))
         return exitcodes.USAGE
-    return launch(cfg, environ=USER_ENV)
+    return launch(cfg, environ=USER_ENV, exit_after=True)
 
 
 def _error(message: str) -> None:
