@@ -84,9 +84,9 @@ class Rendezvous:
         if cfg.rdzv_backend == "c10d":
             # torch's 5 s x 3 keep-alive keeps a dead node in the rendezvous for 15 s; ours follows the
             # peer timeout so the survivors' next round forms as soon as they have noticed the loss.
-            interval = max(1, int(cfg.peer_timeout // 3) or 1)
+            interval = max(1, int(cfg.peer_timeout // 3))  # torch takes whole seconds
             conf.setdefault("keep_alive_interval", interval)
-            conf.setdefault("keep_alive_max_attempt", 3)
+            conf.setdefault("keep_alive_max_attempt", max(2, min(3, int(cfg.peer_timeout // interval))))
         params = RendezvousParameters(
             backend=cfg.rdzv_backend,
             endpoint=cfg.rdzv_endpoint,
