@@ -78,15 +78,14 @@ def _wait_state(pid: int, state: str) -> None:
 
 
 def _check(dumps, method: str, script: Path) -> None:
-    expected = {
-        0: f"hang_sleep at train.py:{SLEEP_LINE}: time.sleep(600)",
-        1: f"hang_busy at train.py:{BUSY_LINE}: x += 1",
-        2: f"hang_sleep at train.py:{SLEEP_LINE}: time.sleep(600)",
-    }
+    sleeping = {f"hang_sleep at train.py:{SLEEP_LINE}: time.sleep(600)"}
+    # A busy loop is caught on either of its two lines, wherever the signal lands.
+    busy = {f"hang_busy at train.py:{BUSY_LINE}: x += 1", f"hang_busy at train.py:{BUSY_LINE - 1}: while True:"}
+    expected = {0: sleeping, 1: busy, 2: sleeping}
     assert [d.rank for d in dumps] == [0, 1, 2]
     for d in dumps:
         assert d.method == method, d
-        assert d.summary == expected[d.rank], d
+        assert d.summary in expected[d.rank], d
         assert d.path is not None and d.path.name == f"rank{d.rank}.txt"
         text = d.path.read_text()
         assert text.startswith(f"# method: {method}\n") and f"# pid: {d.pid}\n" in text

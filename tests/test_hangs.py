@@ -77,7 +77,7 @@ def test_calculated_timeouts_survive_a_restart(tmp_path):
     the hang is caught by the calculated timeout, not the configured 60 s."""
     state = tmp_path / "ft_state.json"
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path),
-                        "--no-restart-exit-codes", "17", "--heartbeat-timeout", "60",
+                        "--no-restart-exit-codes", "17", "--heartbeat-timeout", "60", "--ft-safety-factor", "20",
                         "--section-timeouts", "step:60", "--out-of-section-timeout", "60", "--stack-dump", "off",
                         FT_WORKER, "--state", str(state), "--steps", "20", "--hang", "section",
                         "--hang-restart", "1"], timeout=140)
