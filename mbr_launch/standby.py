@@ -64,7 +64,7 @@ if TYPE_CHECKING:
 
 LEVELS = ("off", "interpreter", "torch", "cuda")
 CHANNEL_ENV = "MBR_STANDBY_CHANNEL"  # FD:LEVEL:DELAY, set in standbys only
-REPLENISH_DELAY = 3.0  # seconds a replacement standby waits before preloading (see the module docstring)
+REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (see the module docstring)
 
 # The worker variables that change from round to round: a standby starts without them and gets them with
 # its assignment.
