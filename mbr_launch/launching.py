@@ -12,7 +12,7 @@ from typing import Any, BinaryIO, Callable
 from .config import LaunchConfig
 from .events import EventLog
 from .rendezvous import Round
-from .standby import REPLENISH_DELAY, StandbyPool, early_pool, first_assignment, standby_env
+from .standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from .worker_env import worker_env
 from .workers import OutputPump, Worker, WorkerSpec, spawn, stop_all
 
@@ -60,7 +60,7 @@ class WorkerGroup:
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
         if self.standby:  # replacements prepare in the background once these ranks are under way
-            self.standby.fill(ranks, delay=REPLENISH_DELAY)
+            self.standby.fill(ranks, delay=replenish_delay(self.cfg.nproc_per_node))
 
     def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:
         cfg = self.cfg

@@ -65,6 +65,14 @@ if TYPE_CHECKING:
 LEVELS = ("off", "interpreter", "torch", "cuda")
 CHANNEL_ENV = "MBR_STANDBY_CHANNEL"  # FD:LEVEL:DELAY, set in standbys only
 REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (see the module docstring)
+# With few cores per rank, replacements importing torch right away slow down the ranks that are starting
+# (measured on 2 cores: a failure just after a restart then took 1.6x ft_launcher's time): wait longer there.
+REPLENISH_DELAY_FEW_CORES = 3.0
+
+
+def replenish_delay(local_world_size: int, cpus: int | None = None) -> float:
+    cpus = cpus if cpus is not None else (os.cpu_count() or 1)
+    return REPLENISH_DELAY if cpus >= 4 * max(1, local_world_size) else REPLENISH_DELAY_FEW_CORES
 
 # The worker variables that change from round to round: a standby starts without them and gets them with
 # its assignment.

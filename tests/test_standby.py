@@ -268,3 +268,10 @@ def test_cuda_level_has_a_context_on_local_rank(tmp_path):
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--standby", "cuda", str(script)])
     assert res.returncode == 0, res.stderr
     assert "[rank0]:CUDA 0 True True 0" in res.stdout and "[rank1]:CUDA 1 True True 1" in res.stdout
+
+
+def test_replacements_wait_longer_on_few_cores():
+    from mbr_launch.standby import REPLENISH_DELAY, REPLENISH_DELAY_FEW_CORES, replenish_delay
+
+    assert replenish_delay(2, cpus=2) == REPLENISH_DELAY_FEW_CORES
+    assert replenish_delay(8, cpus=128) == REPLENISH_DELAY < REPLENISH_DELAY_FEW_CORES
