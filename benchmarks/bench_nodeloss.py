@@ -313,11 +313,7 @@ def main() -> int:
     finally:
         h.finish_dir(root, args.keep)
     text = render(records, names, args)
-    print("\n" + text)
-    h.write_raw(args.raw, records)
-    if args.out:
-        h.write_section(args.out, SECTION, text)
-    return 0
+    return h.publish(args, SECTION, text, records)
 
 
 if __name__ == "__main__":

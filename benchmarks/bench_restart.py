@@ -187,11 +187,7 @@ def main() -> int:
     finally:
         h.finish_dir(root, args.keep)
     text = render(records, names, ref, args)
-    print("\n" + text)
-    h.write_raw(args.raw, records)
-    if args.out:
-        h.write_section(args.out, SECTION, text)
-    return 0
+    return h.publish(args, SECTION, text, records)
 
 
 def reference_run(launcher: h.Launcher, root: Path, index: int) -> float | None:

@@ -549,3 +549,12 @@ def read_events(log_dir: Path) -> list[dict]:
             except json.JSONDecodeError:
                 pass
     return out
+
+
+def publish(args: argparse.Namespace, section: str, text: str, records: list) -> int:
+    """Print a bench's report, keep its raw trials (--raw) and write its RESULTS.md section (--out)."""
+    print("\n" + text)
+    write_raw(args.raw, records)
+    if args.out:
+        write_section(args.out, section, text)
+    return 0
