@@ -91,14 +91,7 @@ def render(records: list[dict], names: list[str], refs: list[str], args: argpars
                 if (s := h.summarize([b[key] for b in bds]))]
         out += ["mbr-launch cold-launch breakdown (events.jsonl timestamps, ms resolution; medians per segment):",
                 "", h.table(["segment", "median", "p25 / p75"], rows), ""]
-    failures = [r for r in records if not r["ok"]]
-    if failures:
-        out += ["Failed trials:", ""] + [f"- {r['launcher']} trial {r['trial']}: {r['reason']}" for r in failures]
-        out.append("")
-    left = [r for r in records if r.get("leftovers")]
-    if left:
-        out += ["Processes still alive after the launcher exited (killed by the harness): " + "; ".join(
-            f"{r['launcher']} trial {r['trial']}: {r['leftovers']}" for r in left) + ".", ""]
+    out += h.failure_lines(records)
     return "\n".join(out)
 
 

@@ -292,14 +292,7 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace, rpc:
         methods = sorted({b["method"] for b in bds})
         out += [f"{name} breakdown from events.jsonl (median (p25 / p75); stack method {', '.join(methods)}):", "",
                 h.table(["segment", "seconds"], brows), ""]
-    failures = [r for r in records if not r["ok"]]
-    if failures:
-        out += ["Failed trials:", ""] + [f"- {r['launcher']} trial {r['trial']}: {r['reason']}" for r in failures]
-        out.append("")
-    left = [r for r in records if r.get("leftovers")]
-    if left:
-        out += ["Processes alive after the launcher exited (killed by the bench): " + "; ".join(
-            f"{r['launcher']} trial {r['trial']}: {r['leftovers']}" for r in left) + ".", ""]
+    out += h.failure_lines(records)
     if rpc:
         out += [("Reference, client RPC cost (`python benchmarks/bench_monitor_rpc.py`, run once after the main "
                 "bench; another owner's script):"), "", rpc.strip(), ""]
@@ -355,10 +348,7 @@ def main() -> int:
             h.write_section(args.out, SECTION, text)
         return 0
     h.stop_on_sigterm()
-    names = [n.strip() for n in args.launchers.split(",") if n.strip()]
-    bad = [n for n in names if n not in VARIANTS]
-    if bad or not names:
-        raise SystemExit(f"--launchers: unknown {bad or 'empty list'}; choose from {', '.join(CHOICES)}")
+    names = h.variant_names(args.launchers, VARIANTS, CHOICES)
     root = h.work_dir("hang")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
     args.commands = ""

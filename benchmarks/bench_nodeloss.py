@@ -288,10 +288,7 @@ def main() -> int:
             h.write_section(args.out, SECTION, text)
         return 0
     h.stop_on_sigterm()
-    names = [n.strip() for n in args.launchers.split(",") if n.strip()]
-    bad = [n for n in names if n not in VARIANTS]
-    if bad or not names:
-        raise SystemExit(f"--launchers: unknown {bad or 'empty list'}; choose from {', '.join(CHOICES)}")
+    names = h.variant_names(args.launchers, VARIANTS, CHOICES)
     root = h.work_dir("nodeloss")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
     args.commands = ""

@@ -145,14 +145,7 @@ def render(records: list[dict], names: list[str], ref: list[float], args: argpar
         out += ["mbr-launch restart breakdown (events.jsonl timestamps, ms resolution; medians per segment):", "",
                 h.table(["segment", "median", "p25 / p75"], brows), "",
                 "First failure event: " + "; ".join(f"{k} ({v}x)" for k, v in causes.items()) + ".", ""]
-    failures = [r for r in records if not r["ok"]]
-    if failures:
-        out += ["Failed trials:", ""] + [f"- {r['launcher']} trial {r['trial']}: {r['reason']}" for r in failures]
-        out.append("")
-    left = [r for r in records if r.get("leftovers")]
-    if left:
-        out += ["Processes still alive after the launcher exited (killed by the harness): " + "; ".join(
-            f"{r['launcher']} trial {r['trial']}: {r['leftovers']}" for r in left) + ".", ""]
+    out += h.failure_lines(records)
     return "\n".join(out)
 
 

@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = REPO / "benchmarks" / "workers"
@@ -558,3 +558,26 @@ def publish(args: argparse.Namespace, section: str, text: str, records: list) ->
     if args.out:
         write_section(args.out, section, text)
     return 0
+
+
+def failure_lines(records: list[dict]) -> list[str]:
+    """The report's lines about failed trials and processes a launcher left behind (none when clean)."""
+    out: list[str] = []
+    failures = [r for r in records if not r["ok"]]
+    if failures:
+        out += ["Failed trials:", ""] + [f"- {r['launcher']} trial {r['trial']}: {r['reason']}" for r in failures]
+        out.append("")
+    left = [r for r in records if r.get("leftovers")]
+    if left:
+        out += ["Processes still alive after the launcher exited (killed by the harness): " + "; ".join(
+            f"{r['launcher']} trial {r['trial']}: {r['leftovers']}" for r in left) + ".", ""]
+    return out
+
+
+def variant_names(spec: str, variants: Mapping, choices: Sequence[str]) -> list[str]:
+    """``--launchers a,b`` checked against a bench's own variants; a clear exit on an unknown name."""
+    names = [n.strip() for n in spec.split(",") if n.strip()]
+    bad = [n for n in names if n not in variants]
+    if bad or not names:
+        raise SystemExit(f"--launchers: unknown {bad or 'empty list'}; choose from {', '.join(choices)}")
+    return names
