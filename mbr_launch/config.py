@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import signal
 import socket
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -446,10 +445,6 @@ def _listener_is_launcher(port: int) -> bool:
     except Exception:
         return True  # cannot tell: do not refuse a possibly legitimate peer
     return False
-
-
-def signal_numbers(names: tuple[str, ...]) -> list[signal.Signals]:
-    return [signal.Signals[name] for name in names]
 
 
 __all__ = ["ConfigError", "LaunchConfig", "build_config", "load_config_file", "SettingError", "StdSpec"]

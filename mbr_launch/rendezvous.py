@@ -322,7 +322,3 @@ def read_stop(rnd: Round) -> dict | None:
     if not rnd.control.check([StopWatcher.KEY]):
         return None
     return json.loads(rnd.control.get(StopWatcher.KEY).decode())
-
-
-def local_hostname() -> str:
-    return socket.gethostname()

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .workers import SIGNAL_HINTS, ExitStatus
+from .workers import ExitStatus
 
 
 @dataclass(frozen=True)
@@ -105,7 +105,3 @@ class RunSummary:
         lines.append(f"Result: {self.reason} (exit code {self.exit_code})")
         lines.append("=" * 72)
         return "\n".join(lines)
-
-
-def hint_for(signal_name: str | None) -> str:
-    return SIGNAL_HINTS.get(signal_name or "", "")
