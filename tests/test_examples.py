@@ -24,7 +24,7 @@ def test_plain_example_recovers_from_an_injected_crash(tmp_path):
 
 def test_megatron_style_example_hang_caught_by_saved_timeouts(tmp_path):
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--log-dir", str(tmp_path),
-                        "--ft-rank-section-timeouts", "setup:600,step:180,checkpointing:420",
+                        "--ft-safety-factor", "20", "--ft-rank-section-timeouts", "setup:600,step:180,checkpointing:420",
                         "--ft-rank-out-of-section-timeout", "300",
                         str(REPO / "examples/train_megatron_style.py"), "--iters", "40", "--hang-at", "25",
                         "--ckpt-dir", str(tmp_path / "ckpt")])
