@@ -13,6 +13,7 @@ the same rotation as a yardstick. mbr-launch's restarts are broken down from its
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 import sys
@@ -27,7 +28,7 @@ from bench_cold import breakdown as cold_breakdown  # noqa: E402
 from bench_restart import breakdown as restart_breakdown  # noqa: E402
 
 SECTION = "bench_standby"
-RESTART_TARGET, COLD_TARGET = 0.35, 0.8  # the targets, as fractions of torchrun's time
+RESTART_TARGET, GPU_RESTART_TARGET, COLD_TARGET = 0.35, 0.4, 0.8  # the targets, fractions of torchrun's
 
 
 def _mbr(level: str) -> h.Launcher:
@@ -41,7 +42,8 @@ def _mbr(level: str) -> h.Launcher:
 def launchers(names: str, mbr_path: Path | None) -> list[h.Launcher]:
     table = {"mbr-torch": _mbr("torch"), "mbr-off": _mbr("off"), "mbr-interpreter": _mbr("interpreter"),
              "mbr-cuda": _mbr("cuda"),
-             "torchrun": h.LAUNCHERS["torchrun-noshare"], "import-torch": h.LAUNCHERS["import-torch"]}
+             "torchrun": h.LAUNCHERS["torchrun-noshare"], "torchrun-shared": h.LAUNCHERS["torchrun"],
+             "ft_launcher": h.LAUNCHERS["ft_launcher"], "import-torch": h.LAUNCHERS["import-torch"]}
     chosen = []
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name not in table:
@@ -111,16 +113,20 @@ def cold_trial(launcher: h.Launcher, root: Path, index: int, *, timeout: float, 
 def render(records: list[dict], chosen: list[h.Launcher], args: argparse.Namespace) -> str:
     names = [l.name for l in chosen]
     notes = {l.name: l.note for l in chosen}
-    out = [f"## Warm standbys: restart and cold launch, 2 ranks, {'nccl on GPUs' if args.gpu else 'gloo on CPU'}",
+    out = [f"## {args.title}, 2 ranks, {'nccl on GPUs' if args.gpu else 'gloo on CPU'}",
            "", *h.machine_lines(gpu=args.gpu, mbr_code=args.mbr_code), f"- command: `{h.command_line()}`",
            f"- load average at end {os.getloadavg()[0]:.2f}; timings over successful trials only; "
            f"restart: kill after {args.settle:g} s of steady all_reduces", "",
            "torchrun: `torchrun --standalone --nproc-per-node 2 --max-restarts 1` with "
            "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 (its restarts fail without it).", ""]
-    for phase, key, target, title in (("restart", "latency", RESTART_TARGET, "kill -> both restarted ranks ready"),
+    restart_target = GPU_RESTART_TARGET if args.gpu else RESTART_TARGET
+    for phase, key, target, title in (("restart", "latency", restart_target, "kill -> both restarted ranks ready"),
                                       ("cold", "wall", COLD_TARGET, "launcher start -> exit")):
         by = {n: [r for r in records if r["phase"] == phase and r["launcher"] == n] for n in names}
+        if not any(by.values()):
+            continue
         stats = {n: h.summarize([r[key] for r in rs if r["ok"]]) for n, rs in by.items()}
+        with_ft = bool(by.get("ft_launcher"))
         rows = []
         for n, rs in by.items():
             if not rs:
@@ -134,10 +140,12 @@ def render(records: list[dict], chosen: list[h.Launcher], args: argparse.Namespa
             rows.append([n + (f" ({notes[n]})" if notes[n] else ""),
                          f"{sum(r['ok'] for r in rs)}/{len(rs)}", h.fmt_s(stats[n] and stats[n].median),
                          h.fmt_iqr(stats[n]), *extra, h.ratio(stats[n], stats.get("torchrun")),
-                         f"{pair.median:.2f}x" if pair and n != "torchrun" else "-"])
+                         f"{pair.median:.2f}x" if pair and n != "torchrun" else "-",
+                         *([h.ratio(stats[n], stats.get("ft_launcher"))] if with_ft else [])])
         header = ["launcher", "ok", f"median {title}", "p25 / p75",
                   *(["median start -> first all_reduce"] if phase == "cold" else []),
-                  "ratio of medians vs torchrun", f"paired per-trial ratio (target <= {target}x)"]
+                  "ratio of medians vs torchrun", f"paired per-trial ratio vs torchrun (target <= {target}x)",
+                  *(["ratio of medians vs ft_launcher"] if with_ft else [])]
         out += [f"### {phase.capitalize()}: {title}", "", h.table(header, rows), ""]
         for n in names:
             bds = [r["breakdown"] for r in by.get(n, []) if r.get("breakdown")]
@@ -162,7 +170,7 @@ def main() -> int:
     parser.add_argument("--trials", type=int, default=10)
     parser.add_argument("--launchers", default="mbr-torch,mbr-off,torchrun,import-torch",
                         help="mbr-torch, mbr-off, mbr-interpreter, mbr-cuda, torchrun (no shared store), "
-                             "import-torch")
+                             "torchrun-shared (torch's default store), ft_launcher, import-torch")
     parser.add_argument("--phases", default="restart,cold")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of steady running before the kill")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per phase of a trial")
@@ -171,15 +179,21 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--mbr-source", choices=["head", "tree"], default="head")
     parser.add_argument("--gpu", action="store_true", help="nccl on cuda:LOCAL_RANK instead of gloo on CPU")
+    parser.add_argument("--first-trial", type=int, default=0,
+                        help="number the trials from N (to continue an earlier run given with --merge)")
+    parser.add_argument("--merge", type=Path, action="append", default=[],
+                        help="also report the trials in this --raw file of an earlier run (repeatable)")
+    parser.add_argument("--section", default=SECTION, help="the RESULTS.md section this report replaces")
+    parser.add_argument("--title", default="Warm standbys: restart and cold launch")
     args = parser.parse_args()
     h.stop_on_sigterm()
     root = h.work_dir("standby")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
     chosen = launchers(args.launchers, mbr_path)
-    records: list[dict] = []
+    records: list[dict] = [rec for path in args.merge for rec in json.loads(path.read_text())]
     try:
         for phase in args.phases.split(","):
-            for i in range(args.trials):
+            for i in range(args.first_trial, args.first_trial + args.trials):
                 for launcher in h.rotate(chosen, i):
                     if phase == "restart":
                         rec = restart_trial(launcher, root / phase, i, settle=args.settle, deadline=args.deadline,
@@ -187,8 +201,9 @@ def main() -> int:
                     else:
                         rec = cold_trial(launcher, root / phase, i, timeout=args.deadline, gpu=args.gpu)
                     records.append(rec)
+                    h.write_raw(args.raw, records)  # after every trial: a run cut short keeps what it measured
                     value = rec.get("latency") if phase == "restart" else rec.get("wall")
-                    print(f"[{phase} {i + 1}/{args.trials}] {launcher.name:16s} "
+                    print(f"[{phase} {i + 1}/{args.first_trial + args.trials}] {launcher.name:16s} "
                           + (f"ok {value:.3f} s" if rec["ok"] else f"FAILED: {rec['reason']}"), flush=True)
     except KeyboardInterrupt:
         print("interrupted: reporting the trials so far", file=sys.stderr)
@@ -199,7 +214,7 @@ def main() -> int:
     h.write_raw(args.raw, records)
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)
-        h.write_section(args.out, SECTION, text)
+        h.write_section(args.out, args.section, text)
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU benchmarks on a lent 2-GPU machine (python3 there has CUDA torch; carry .whl with the NVRx and
 # py-spy wheels). Writes logs and RESULTS fragments under $OUT (or benchmarks/out/gpu).
-#   usage: bash benchmarks/gpu_run.sh [cold|restart|hang|deep|all] [trials]
+#   usage: bash benchmarks/gpu_run.sh [standby|cold|restart|hang|deep|all] [trials]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}; TRIALS=${2:-10}
@@ -23,6 +23,14 @@ esac
 case $WHAT in
   quick) run python3 benchmarks/bench_restart.py --gpu --trials "$TRIALS" --deadline 40 --mbr-source tree --no-reference \
            --launchers mbr-launch,torchrun,ft_launcher --out "$DEST/RESULTS-gpu.md" ;;
+esac
+case $WHAT in
+  # Warm standbys (--standby cuda) against torchrun and ft_launcher; FIRST/MERGE continue an earlier run.
+  standby|all) run python3 benchmarks/bench_standby.py --gpu --phases restart --settle 5 --deadline 40 \
+           --launchers "${LAUNCHERS:-mbr-cuda,torchrun,ft_launcher}" --trials "$TRIALS" --first-trial "${FIRST:-0}" \
+           ${MERGE:+--merge "$MERGE"} --mbr-source tree --raw "$DEST/standby-raw.json" --section gpu_standby \
+           --title "Restart with warm standbys on 2×H200: mbr-launch, torchrun and ft_launcher in one run" \
+           --out "$DEST/RESULTS-gpu.md" ;;
 esac
 case $WHAT in
   cold|all) run python3 benchmarks/bench_cold.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
