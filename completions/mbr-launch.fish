@@ -144,7 +144,7 @@ complete -c mbr-launch -n $options -l max-startup-restarts -x -d 'A separate bud
 complete -c mbr-launch -n $options -l max-node-failures -x -d 'Exclude a node whose ranks failed K times (0: never); with --nnodes MIN:MAX a spare agent takes its place and the job goes on while MIN nodes remain.'
 complete -c mbr-launch -n $options -l restart-backoff -x -d 'First delay of a crash loop (rounds failing within --crash-loop-window); doubles each time up to --restart-backoff-max. An isolated failure restarts at once.'
 complete -c mbr-launch -n $options -l restart-backoff-max -x -d 'Longest crash-loop delay.'
-complete -c mbr-launch -n $options -l crash-loop-window -x -d 'A round that fails sooner than this after it started is part of a crash loop.'
+complete -c mbr-launch -n $options -l crash-loop-window -x -d 'A round that fails sooner than this after it started, before any heartbeat (no step done), is part of a crash loop.'
 complete -c mbr-launch -n $options -l peer-timeout -x -d 'Seconds of silence after which another node\'s agent counts as lost (dead or cut off); the survivors stop their workers and go on per the policy instead of waiting for NCCL.'
 complete -c mbr-launch -n $options -l no-restart-exit-codes -x -d 'Worker exit codes that end the job instead of restarting it (2: bad configuration, 17: Megatron failed validation; 16, resume to disambiguate, restarts).'
 complete -c mbr-launch -n $options -l slurm -x -a 'auto on off' -d 'Derive --nnodes, --rdzv-endpoint, --rdzv-id and the c10d backend from the Slurm step (auto: when SLURM_JOB_ID is set). Flags you give explicitly always win.'

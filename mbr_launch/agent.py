@@ -39,7 +39,7 @@ from .config import LaunchConfig
 from .events import EventLog
 from .launching import WorkerGroup
 from .peers import PeerWatch
-from .policy import Action, FailureFacts, decide
+from .policy import Action, FailureFacts, decide, quick_failure
 from .rendezvous import Rendezvous, RendezvousFailed, Round, StopWatcher, publish_stop, read_stop
 from .storeguard import StoreGuard
 from .status import Telemetry
@@ -415,7 +415,7 @@ class Agent:
             nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
             nodes_remaining=rnd.group_world_size - nodes_lost + waiting)
         decision = decide(cfg.policy, facts)
-        self._quick_failures = self._quick_failures + 1 if round_seconds < cfg.policy.crash_loop_window else 0
+        self._quick_failures = self._quick_failures + 1 if quick_failure(cfg.policy, facts) else 0
         reason = f"{first.describe()}; {decision.reason}" if decision.action is not Action.RESTART \
             else first.describe()
 

@@ -67,9 +67,16 @@ class Decision:
     counts_as_startup: bool = False
 
 
+def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
+    """Whether this failure extends a crash loop: the round died within the window *and* before any local rank's
+    first heartbeat. A round that trained (a heartbeat, e.g. after an optimizer step) was healthy however short
+    it was: faults 20 s apart in a job with fast steps are bad luck, and backing off would only waste good time."""
+    return facts.startup and facts.round_seconds < policy.crash_loop_window
+
+
 def backoff_delay(policy: RestartPolicy, facts: FailureFacts) -> float:
-    """No delay for an isolated failure; 1, 2, 4, ... seconds (capped) while failures come quickly."""
-    if facts.round_seconds >= policy.crash_loop_window or facts.quick_failures == 0:
+    """No delay for an isolated failure; 1, 2, 4, ... seconds (capped) while rounds keep dying young."""
+    if not quick_failure(policy, facts) or facts.quick_failures == 0:
         return 0.0
     return min(policy.backoff_max, policy.backoff * 2 ** (facts.quick_failures - 1))
 

@@ -393,7 +393,8 @@ SETTINGS: tuple[Setting, ...] = (
             help="Longest crash-loop delay."),
     Setting(name="crash_loop_window", flags=("--crash-loop-window",), kind=float, default=30.0, panel=POLICY,
             parse=non_negative("--crash-loop-window", float), metavar="SECONDS",
-            help="A round that fails sooner than this after it started is part of a crash loop."),
+            help="A round that fails sooner than this after it started, before any heartbeat (no step "
+                 "done), is part of a crash loop."),
     Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=5.0, panel=POLICY,
             parse=non_negative("--peer-timeout", float), metavar="SECONDS",
             help="Seconds of silence after which another node's agent counts as lost (dead or cut off); "

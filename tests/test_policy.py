@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.policy import Action, FailureFacts, RestartPolicy, backoff_delay, decide
+from mbr_launch.policy import Action, FailureFacts, RestartPolicy, backoff_delay, decide, quick_failure
 
 
 def test_job_scope_restart_within_budget():
@@ -62,10 +62,20 @@ def test_worker_requests():
 
 def test_backoff_only_in_a_crash_loop():
     policy = RestartPolicy(backoff=1.0, backoff_max=5.0, crash_loop_window=30)
-    assert backoff_delay(policy, FailureFacts(cause="crash", round_seconds=2, quick_failures=0)) == 0
-    assert [backoff_delay(policy, FailureFacts(cause="crash", round_seconds=2, quick_failures=k))
+    young = dict(cause="crash", startup=True, round_seconds=2)  # died before any heartbeat, 2 s in
+    assert backoff_delay(policy, FailureFacts(**young, quick_failures=0)) == 0
+    assert [backoff_delay(policy, FailureFacts(**young, quick_failures=k))
             for k in (1, 2, 3, 4, 5)] == [1, 2, 4, 5, 5]
-    assert backoff_delay(policy, FailureFacts(cause="crash", round_seconds=60, quick_failures=4)) == 0
+    assert backoff_delay(policy, FailureFacts(cause="crash", startup=True, round_seconds=60, quick_failures=4)) == 0
+
+
+def test_a_round_that_stepped_is_not_a_crash_loop_however_short():
+    policy = RestartPolicy(backoff=1.0, crash_loop_window=30)
+    stepped = FailureFacts(cause="crash", startup=False, round_seconds=2, quick_failures=3)
+    assert not quick_failure(policy, stepped)
+    assert backoff_delay(policy, stepped) == 0
+    assert quick_failure(policy, FailureFacts(cause="crash", startup=True, round_seconds=29.9))
+    assert not quick_failure(policy, FailureFacts(cause="crash", startup=True, round_seconds=30))
 
 
 def test_lost_peer_restarts_only_while_min_nodes_remain():

@@ -90,3 +90,16 @@ def test_slow_rank_is_reported_as_a_straggler(tmp_path):
     assert all(0 not in e["stragglers"] or e["ranks"][0]["individual"] < 0.7 for e in reports)
     assert "STRAGGLER: rank 1: relative score 0." in res.stderr
     _goodput_ok(events, res.stderr, failures=0)
+
+
+def test_rounds_that_stepped_restart_without_crash_loop_backoff(tmp_path):
+    # Every round makes a few optimizer steps (autobeat heartbeats), then rank 1 dies: short rounds, but not a
+    # crash loop, so no back-off even with a large --restart-backoff.
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "2", "--restart-backoff", "20",
+                        "--log-dir", str(tmp_path), PLAIN, "--steps", "50", "--hidden", "32",
+                        "--crash-rank", "1", "--crash-at-step", "5"], timeout=150)
+    assert res.returncode == 1, res.stderr[-3000:]
+    events = _events(tmp_path)
+    failures = [e for e in events if e["event"] == "failure"]
+    assert len(failures) == 3 and all(e["startup"] is False and e["rank"] == 1 for e in failures), failures
+    assert [e["backoff"] for e in events if e["event"] == "restart"] == [0.0, 0.0]

@@ -4,6 +4,7 @@
   --hidden H --batch B      model width and batch: the compute of one step
   --sleep-rank R --sleep-at-step N   rank R sleeps 3600 s before step N, on the first attempt only (a hang)
   --slow-rank R             rank R does every step's forward and backward twice (a 2x slower device)
+  --crash-rank R --crash-at-step N   rank R exits 1 before step N, on every attempt (a fault after progress)
 """
 import argparse
 import os
@@ -20,6 +21,8 @@ p.add_argument("--batch", type=int, default=64)
 p.add_argument("--sleep-rank", type=int, default=-1)
 p.add_argument("--sleep-at-step", type=int, default=-1)
 p.add_argument("--slow-rank", type=int, default=-1)
+p.add_argument("--crash-rank", type=int, default=-1)
+p.add_argument("--crash-at-step", type=int, default=-1)
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -42,6 +45,9 @@ def sleep_now(step):
 for step in range(args.steps):
     if rank == args.sleep_rank and step == args.sleep_at_step and restart == 0:
         sleep_now(step)
+    if rank == args.crash_rank and step == args.crash_at_step:
+        print(f"rank {rank} crashing at step {step}", flush=True)
+        os._exit(1)
     opt.zero_grad()
     if rank == args.slow_rank:
         with model.no_sync():  # the same work again, without a second all-reduce
