@@ -181,20 +181,9 @@ def main() -> int:
     root = h.work_dir("goodput")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
     launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=mbr_path)
-    records: list[dict] = []
-    try:
-        for i in range(args.trials):
-            for launcher in h.rotate(launchers, i):
-                rec = goodput_trial(launcher, root, i, args)
-                records.append(rec)
-                h.write_raw(args.raw, records)
-                status = (f"goodput {rec['goodput']:.1%}, {len(rec['kills'])} faults, final step {rec['final_step']}"
-                          if rec.get("goodput") is not None else f"FAILED: {rec['reason']}")
-                print(f"[{i + 1}/{args.trials}] {launcher.name:17s} {status}", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the runs so far", file=sys.stderr)
-    finally:
-        h.finish_dir(root, args.keep)
+    records = h.interleave(launchers, args.trials, lambda launcher, i: goodput_trial(launcher, root, i, args),
+                           lambda r: f"goodput {r.get('goodput', 0.0):.1%}, {len(r['kills'])} faults, final step "
+                                     f"{r['final_step']}", root=root, keep=args.keep, raw=args.raw)
     return h.publish(args, SECTION, render(records, [l.name for l in launchers], args), records)
 
 

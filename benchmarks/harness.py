@@ -32,7 +32,7 @@ import uuid
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
 REPO = Path(__file__).resolve().parents[1]
 WORKERS = REPO / "benchmarks" / "workers"
@@ -516,6 +516,28 @@ def stop_on_sigterm() -> None:
     def handler(_signum: int, _frame: object) -> None:
         raise KeyboardInterrupt
     signal.signal(signal.SIGTERM, handler)
+
+
+def interleave(items: Sequence, trials: int, run: Callable[[Any, int], dict], status: Callable[[dict], str], *,
+               root: Path, keep: bool, raw: Path | None = None, first: int = 0) -> list[dict]:
+    """Trial i runs every item once, in an order rotated by i; prints a status line per run and keeps the raw
+    records after each (a run cut short keeps what it measured). Ctrl-C/SIGTERM stop early with the records so
+    far; the trial directories under root are removed at the end unless keep."""
+    records: list[dict] = []
+    try:
+        for i in range(first, first + trials):
+            for item in rotate(items, i):
+                rec = run(item, i)
+                records.append(rec)
+                write_raw(raw, records)
+                ok = rec.get("ok", True)
+                print(f"[{i + 1}/{first + trials}] {rec.get('launcher', ''):21s} "
+                      + (status(rec) if ok else f"FAILED: {rec.get('reason', '')}"), flush=True)
+    except KeyboardInterrupt:
+        print("interrupted: reporting the trials so far", file=sys.stderr)
+    finally:
+        finish_dir(root, keep)
+    return records
 
 
 def work_dir(prefix: str) -> Path:

@@ -9,7 +9,8 @@ log's ``t`` (seconds since launch). The run's wall time is split, without overla
 - productive: from an attempt's first step to its last step, minus lost work;
 - lost: work a failure threw away. A plain script restarts from its beginning, so that is the failed
   attempt's whole stepping time; when the script marks its checkpoints with an NVRx section whose name starts
-  with ``checkpoint``, ``ckpt`` or ``save``, only the steps after the last such section closed are lost;
+  with ``checkpoint``, ``ckpt`` or ``save``, or saves a dict with ``torch.save`` (seen by the automatic step
+  heartbeat), only the steps after the last such checkpoint are lost;
 - detection: a failed attempt's last step -> the failure was detected (for a hang, about the step timeout);
 - restart: detection -> the first step of the next attempt (stop, back-off, rendezvous, start-up again);
 - other: after the last step of a successful attempt (final save, teardown), and after the last attempt.

@@ -11,7 +11,8 @@ standby replaces ``os.environ`` with ``env`` exactly, changes to ``cwd``, and co
 normal path, which runs the script as ``python script.py`` (or ``python -m module``) would: same
 ``sys.argv``, ``sys.orig_argv``, ``__main__`` and ``sys.path[0]``. A new
 standby for that local rank is started at once and prepares itself in the background (after ``DELAY``
-seconds, so it does not compete for CPU with the ranks that are starting). The agent falls back to a fresh
+seconds, so it does not compete for CPU with the ranks that are starting; an assignment that comes during
+that wait runs the script at once with nothing preloaded, as a fresh process would). The agent falls back to a fresh
 process when no standby is ready, when one died, or when the worker's environment differs from the
 standby's in anything not ``assigned``; standbys never used are killed when the agent exits (and by the
 parent-death signal if it is killed).
@@ -261,9 +262,11 @@ def serve() -> None:
     channel, delay = int(fd), float(delay_text)
     ignored = _ignore_preemption_signals()
     startup_env = dict(os.environ)
-    if delay > 0:
-        select.select([channel], [], [], delay)  # an assignment that arrives ends the wait
-    _preload(level)
+    # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
+    # with nothing preloaded: preloading now would only delay a script that may not need it.
+    early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    if not early:
+        _preload(level)
     message = _read_message(channel)
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
@@ -275,7 +278,7 @@ def serve() -> None:
     if assignment["cwd"] != os.getcwd():
         os.chdir(assignment["cwd"])
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.boot` sets it; run_target replaces it for a script
-    if level in ("torch", "cuda"):
+    if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level)
 
 

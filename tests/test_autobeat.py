@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.monitor.steps import BEAT, FINISHED, FIRST, StepWatch
+from mbr_launch.monitor.steps import BEAT, CHECKPOINT, FINISHED, FIRST, StepWatch
 
 REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.timeout(120)
@@ -245,3 +245,36 @@ def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
         for name in os.listdir(directory):
             os.unlink(os.path.join(directory, name))
         os.rmdir(directory)
+
+
+@pytest.mark.parametrize("torch_first", [False, True], ids=["hooked-at-import", "torch-already-imported"])
+def test_torch_save_of_a_dict_marks_a_checkpoint(beat_socket, tmp_path, torch_first):
+    path, sock = beat_socket
+    res = _python(f"""
+        {"import torch" if torch_first else ""}
+        from mbr_launch import autobeat
+        assert autobeat.install()
+        import torch
+        assert getattr(torch.save, "__mbr_autobeat__", False) and torch.save is torch.serialization.save
+        m = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        torch.save(torch.zeros(3), {str(tmp_path / "t.pt")!r})  # a tensor: no checkpoint
+        torch.save({{"model": m.state_dict(), "step": 1}}, {str(tmp_path / "c.pt")!r})
+        print("ok")
+    """, {"MBR_AUTOBEAT_SOCKET": path})
+    assert res.returncode == 0 and "ok" in res.stdout, res.stderr
+    flags = [BEAT.unpack(sock.recv(64))[3] for _ in range(3)]
+    assert flags == [FIRST, CHECKPOINT, FINISHED]
+
+
+def test_a_checkpoint_beat_is_reported_and_is_not_a_step():
+    watch = StepWatch(initial=10.0, subsequent=2.0)
+    watch.arm(0.0)
+    watch.beat(1.0, 1, 1.0, 0.5, FIRST)
+    assert watch.take_report()["steps"] == 1
+    assert watch.beat(1.5, 1, 0.0, 0.0, CHECKPOINT) is False
+    report = watch.take_report()
+    assert report is not None and report["checkpoint"] == 1.5 and report["steps"] == 1 and report["periods"] == []
+    assert watch.deadline == 3.0  # still from the step at 1.0: a save does not extend the step deadline

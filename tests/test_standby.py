@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.standby import assigned, mismatched_keys, standby_env
+from mbr_launch.standby import assigned, mismatched_keys, replenish_delay, standby_env
 
 from .helpers import finish, launcher_env, run_launcher, start_launcher
 
@@ -47,7 +47,9 @@ dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
 if os.path.exists(os.path.join(OUT, "crash")) and dist.get_rank() == 1 and restart == 0:
-    time.sleep(1.0)  # warm ranks reach this point within ms: let the replacements be started first
+    # Let the replacements get past their replenish delay (an assignment that comes during it gets a fresh
+    # start, nothing preloaded); once they preload, an assignment waits for the preload to finish.
+    time.sleep(float(os.environ["PROBE_SETTLE"]))
     with open(os.path.join(OUT, "killed"), "w") as f:
         f.write(str(time.clock_gettime(time.CLOCK_BOOTTIME)))
     os.kill(os.getpid(), signal.SIGKILL)
@@ -77,14 +79,16 @@ def _records(out: Path) -> dict[tuple[str, int], dict]:
     return found
 
 
-def _launch(tmp_path: Path, name: str, flags: list[str], *, crash: bool = False) -> tuple[Path, Path, str]:
+def _launch(tmp_path: Path, name: str, flags: list[str], *, crash: bool = False,
+            settle: float | None = None) -> tuple[Path, Path, str]:
     out, logs = tmp_path / name, tmp_path / f"{name}-logs"
     out.mkdir()
     if crash:
         (out / "crash").touch()
     script = tmp_path / "probe.py"
+    settle = replenish_delay(2) + 0.5 if settle is None else settle
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), *flags, str(script),
-                        "--out", str(out)])
+                        "--out", str(out)], env=launcher_env(PROBE_SETTLE=str(settle)))
     assert res.returncode == 0, res.stderr
     return out, logs, res.stderr
 
@@ -101,6 +105,20 @@ def _same_view(warm: dict, fresh: dict, warm_out: Path, fresh_out: Path) -> None
     differ = {k for k in warm["env"] if warm["env"][k] != fresh["env"][k]
               and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID") and not warm["env"][k].startswith("/")}
     assert not differ, {k: (warm["env"][k], fresh["env"][k]) for k in differ}
+
+
+def test_a_standby_assigned_during_its_replenish_delay_starts_fresh(tmp_path):
+    # The crash comes at once, while the replacements still wait out their delay: they run the script with
+    # nothing preloaded (as a fresh process would) instead of importing torch first.
+    if replenish_delay(2) < 3:
+        pytest.skip("the crash must come within the replenish delay: 3 s only with few cores per rank")
+    (tmp_path / "probe.py").write_text(TRAIN_PROBE)
+    out, logs, _ = _launch(tmp_path, "early", ["--max-restarts", "1", "--standby", "torch"], crash=True, settle=0)
+    records = _records(out)
+    assert [records[(r, 0)]["torch_preloaded"] for r in ("0", "1")] == [True, True]
+    assert [records[(r, 1)]["torch_preloaded"] for r in ("0", "1")] == [False, False]
+    starts = [e for e in _events(logs) if e["event"] == "worker_start"]
+    assert [(e["round"], e["standby"]) for e in starts] == [(0, True), (0, True), (1, True), (1, True)]
 
 
 def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tmp_path):

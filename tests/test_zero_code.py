@@ -103,3 +103,21 @@ def test_rounds_that_stepped_restart_without_crash_loop_backoff(tmp_path):
     failures = [e for e in events if e["event"] == "failure"]
     assert len(failures) == 3 and all(e["startup"] is False and e["rank"] == 1 for e in failures), failures
     assert [e["backoff"] for e in events if e["event"] == "restart"] == [0.0, 0.0]
+
+
+def test_torch_save_checkpoints_bound_the_lost_work_in_goodput(tmp_path):
+    # rank 0 saves a dict with torch.save every 10 steps; rank 1 dies before step 35 on each attempt. The
+    # autobeat hook marks each save, so a failure loses only the steps after the last save (30..35).
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path),
+                        PLAIN, "--steps", "60", "--hidden", "32", "--crash-rank", "1", "--crash-at-step", "35",
+                        "--save-every", "10", "--save", str(tmp_path / "ckpt.pt")], timeout=150)
+    assert res.returncode == 1, res.stderr[-3000:]
+    events = _events(tmp_path)
+    segments = [e for e in events if e["event"] == "progress"]
+    assert len(segments) == 2
+    for seg in segments:
+        assert seg["checkpoint"] is not None and seg["first_step"] < seg["checkpoint"] <= seg["last_step"], seg
+    (good,) = [e for e in events if e["event"] == "goodput"]
+    for seg, cost in zip(segments, good["failures"]):
+        assert cost["lost"] == pytest.approx(seg["last_step"] - seg["checkpoint"], abs=0.01), (seg, cost)
+        assert cost["lost"] < seg["last_step"] - seg["first_step"]

@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
+import pg  # workers/pg.py (the script's folder is first on sys.path)
 import torch
 import torch.distributed as dist
 
@@ -33,16 +33,7 @@ p.add_argument("--gpu", action="store_true")
 args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-if args.gpu:
-    if not torch.cuda.is_available():
-        print("collective.py: --gpu given but CUDA is not available", file=sys.stderr, flush=True)
-        sys.exit(2)
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-else:
-    device = torch.device("cpu")
-    dist.init_process_group("gloo")
+device = pg.init(args.gpu, "collective.py")
 rank = dist.get_rank()
 t = torch.ones(1, device=device)
 dist.all_reduce(t)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 from pathlib import Path
 
+import pg  # workers/pg.py (the script's folder is first on sys.path)
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -37,16 +37,7 @@ p.add_argument("--gpu", action="store_true")
 args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
-if args.gpu:
-    if not torch.cuda.is_available():
-        print("goodput_train.py: --gpu given but CUDA is not available", file=sys.stderr, flush=True)
-        sys.exit(2)
-    device = torch.device("cuda", int(os.environ["LOCAL_RANK"]))
-    torch.cuda.set_device(device)
-    dist.init_process_group("nccl", device_id=device)
-else:
-    device = torch.device("cpu")
-    dist.init_process_group("gloo")
+device = pg.init(args.gpu, "goodput_train.py")
 rank = dist.get_rank()
 torch.manual_seed(0)
 net = torch.nn.Sequential(torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))

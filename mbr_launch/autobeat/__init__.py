@@ -20,6 +20,13 @@ that spins in a synchronize does, so on GPUs the scores see host-side slowness o
 Several optimizers: only the first optimizer that steps is counted (until it is garbage-collected), so a
 GAN's two optimizers or a per-group optimizer list still give one beat per training step.
 
+Checkpoints: ``torch.save`` is wrapped (when ``torch.serialization`` is imported; ``torch.save`` is the same
+function) so that saving a dict (a state dict, or ``{"model": ..., "optimizer": ..., "step": ...}``) sends a
+beat flagged ``CHECKPOINT`` once the save has returned. Goodput then counts only the steps after the last
+checkpoint as lost when a failure comes, instead of the attempt's whole stepping time. Saves of anything
+else (a tensor, a list of metrics) are not checkpoints. In a job where only rank 0 saves, nodes without
+rank 0 never see a checkpoint and report their lost work pessimistically.
+
 End of training: the time after the last step (teardown, a final save) is no hang. A beat flagged
 ``FINISHED`` is sent when the script calls ``torch.distributed.destroy_process_group`` (wrapped when
 ``torch.distributed.distributed_c10d`` is imported, before ``torch.distributed`` re-exports it) and at
@@ -36,15 +43,18 @@ import struct
 import sys
 import time
 import weakref
+from collections.abc import Mapping
 from typing import Any, Optional
 
 SOCKET_ENV = "MBR_AUTOBEAT_SOCKET"
 TARGET = "torch.optim.optimizer"
 C10D = "torch.distributed.distributed_c10d"
+SERIALIZATION = "torch.serialization"
 # step index (u32), step period (f32 s), CPU time of the stepping thread in that period (f32 s), flags (u32)
 BEAT = struct.Struct("<IffI")
 FIRST = 1  # flags: the first step of this process (its period runs from install(), i.e. includes start-up)
 FINISHED = 2  # flags: the script is done stepping (destroy_process_group, exit): not a step
+CHECKPOINT = 4  # flags: torch.save of a dict has just returned: not a step
 
 _state: Optional["_Beater"] = None
 
@@ -79,19 +89,26 @@ class _Beater:
         self.last, self.last_cpu = now, cpu
 
     def finished(self) -> None:
+        self._mark(FINISHED)
+
+    def checkpoint(self) -> None:
+        self._mark(CHECKPOINT)
+
+    def _mark(self, flags: int) -> None:
         try:
-            self.sock.send(BEAT.pack(self.step & 0xFFFFFFFF, 0.0, 0.0, FINISHED))
+            self.sock.send(BEAT.pack(self.step & 0xFFFFFFFF, 0.0, 0.0, flags))
         except OSError:
             pass
 
 
 class _Finder:
-    """A meta-path finder that hooks the loaders of ``torch.optim.optimizer`` and
-    ``torch.distributed.distributed_c10d`` when they are imported, then takes itself off ``sys.meta_path``."""
+    """A meta-path finder that hooks the loaders of ``torch.optim.optimizer``,
+    ``torch.distributed.distributed_c10d`` and ``torch.serialization`` when they are imported, then takes
+    itself off ``sys.meta_path``."""
 
     def __init__(self, beater: _Beater) -> None:
         self.beater = beater
-        self.waiting = {TARGET, C10D}
+        self.waiting = set(_HOOKS)
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
         if name not in self.waiting:
@@ -112,7 +129,7 @@ class _Finder:
 
             def exec_and_hook(module: Any) -> None:
                 exec_module(module)
-                (_register if name == TARGET else _wrap_destroy)(module, beater)
+                _HOOKS[name](module, beater)
 
             # The loader is a fresh object per find_spec: patching it touches nobody else's import.
             spec.loader.exec_module = exec_and_hook
@@ -148,6 +165,25 @@ def _wrap_destroy(module: Any, beater: _Beater) -> None:
     module.destroy_process_group = destroy_process_group
 
 
+def _wrap_save(module: Any, beater: _Beater) -> None:
+    original = getattr(module, "save", None)
+    if original is None or getattr(original, "__mbr_autobeat__", False):
+        return
+
+    @functools.wraps(original)
+    def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(obj, *args, **kwargs)
+        if isinstance(obj, Mapping):  # after the save returned: a save that raised is no checkpoint
+            beater.checkpoint()
+        return result
+
+    save.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    module.save = save
+
+
+_HOOKS = {TARGET: _register, C10D: _wrap_destroy, SERIALIZATION: _wrap_save}
+
+
 def install(path: Optional[str] = None) -> bool:
     """Arrange for step heartbeats to ``path`` (default ``$MBR_AUTOBEAT_SOCKET``). True when armed."""
     global _state
@@ -170,6 +206,12 @@ def install(path: Optional[str] = None) -> bool:
             dist = sys.modules.get("torch.distributed")
             if dist is not None and hasattr(dist, "destroy_process_group"):
                 dist.destroy_process_group = c10d.destroy_process_group
+        serialization = sys.modules.get(SERIALIZATION)
+        torch = sys.modules.get("torch")
+        if serialization is not None:
+            _wrap_save(serialization, beater)
+            if torch is not None and hasattr(torch, "save"):
+                torch.save = serialization.save
     else:
         sys.meta_path.insert(0, _Finder(beater))
     return True

@@ -23,6 +23,7 @@ from typing import Optional
 BEAT = struct.Struct("<IffI")  # same layout as mbr_launch.autobeat.BEAT (the monitor must not import it)
 FIRST = 1
 FINISHED = 2  # the script is done stepping (destroy_process_group, exit): the step clock stops
+CHECKPOINT = 4  # torch.save of a dict returned: lost work starts after it (goodput); not a step
 
 
 @dataclass
@@ -38,18 +39,19 @@ class StepWatch:
     first_at: Optional[float] = None
     last_at: Optional[float] = None
     last_period: Optional[float] = None
-    checkpoint_at: Optional[float] = None  # the last close of a section named checkpoint*/ckpt*
+    checkpoint_at: Optional[float] = None  # last close of a checkpoint*/ckpt*/save* section, or torch.save
     deadline: Optional[float] = None
     # Not yet reported to the agent: (step period, CPU seconds) of steps after the first.
     pending: list[tuple[float, float]] = field(default_factory=list)
     pending_first: bool = False  # the first step arrived since the last report
+    pending_checkpoint: bool = False  # a checkpoint was marked since the last report
 
     def arm(self, now: float) -> None:
         self.armed, self.armed_at, self.enforced, self.expired = True, now, True, False
         self.steps = self.last_index = 0
         self.first_at = self.last_at = self.last_period = self.checkpoint_at = None
         self.pending = []
-        self.pending_first = False
+        self.pending_first = self.pending_checkpoint = False
         self.deadline = None if self.initial is None else now + self.initial
 
     def disarm(self) -> None:
@@ -64,6 +66,9 @@ class StepWatch:
     def beat(self, now: float, index: int, period: float, cpu: float, flags: int) -> bool:
         """Record one step; True if it was the first of this arm."""
         if not self.armed:
+            return False
+        if flags & CHECKPOINT:
+            self.checkpoint_closed(now)
             return False
         if flags & FINISHED:
             self.deadline = None
@@ -83,6 +88,7 @@ class StepWatch:
 
     def checkpoint_closed(self, now: float) -> None:
         self.checkpoint_at = now
+        self.pending_checkpoint = True
 
     def verdict(self, now: float) -> Optional[tuple[float, float]]:
         """(timeout, elapsed) when the step deadline has passed at ``now``, else None."""
@@ -100,12 +106,12 @@ class StepWatch:
 
     def take_report(self) -> Optional[dict[str, object]]:
         """What the agent has not seen yet (None if nothing), in the ``steps`` event's shape."""
-        if not self.pending and not self.pending_first:
+        if not self.pending and not self.pending_first and not self.pending_checkpoint:
             return None
         periods = [round(p, 6) for p, _ in self.pending]
         cpu = [round(c, 6) for _, c in self.pending]
         self.pending = []
-        self.pending_first = False
+        self.pending_first = self.pending_checkpoint = False
         return {"steps": self.steps, "index": self.last_index, "periods": periods, "cpu": cpu,
                 "first": self.first_at, "last": self.last_at, "checkpoint": self.checkpoint_at}
 

@@ -5,6 +5,7 @@
   --sleep-rank R --sleep-at-step N   rank R sleeps 3600 s before step N, on the first attempt only (a hang)
   --slow-rank R             rank R does every step's forward and backward twice (a 2x slower device)
   --crash-rank R --crash-at-step N   rank R exits 1 before step N, on every attempt (a fault after progress)
+  --save-every N --save PATH          rank 0 saves {"model", "opt", "step"} with torch.save every N steps
 """
 import argparse
 import os
@@ -23,6 +24,8 @@ p.add_argument("--sleep-at-step", type=int, default=-1)
 p.add_argument("--slow-rank", type=int, default=-1)
 p.add_argument("--crash-rank", type=int, default=-1)
 p.add_argument("--crash-at-step", type=int, default=-1)
+p.add_argument("--save-every", type=int, default=0)
+p.add_argument("--save", default=None)
 args = p.parse_args()
 
 dist.init_process_group("gloo")
@@ -54,5 +57,7 @@ for step in range(args.steps):
             torch.nn.functional.cross_entropy(model(x), y).backward()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
+    if args.save_every and (step + 1) % args.save_every == 0 and rank == 0:
+        torch.save({"model": model.module.state_dict(), "opt": opt.state_dict(), "step": step + 1}, args.save)
 dist.destroy_process_group()
 print(f"rank {rank} restart {restart} done {args.steps} steps", flush=True)
