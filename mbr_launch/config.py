@@ -374,6 +374,9 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             raise ConfigError("--local-ranks-filter: expected local ranks like 0,1,2 "
                               f"(got {v['local_ranks_filter']!r})") from None
 
+    if v["standby_preload"] and v["standby"] == "off":
+        raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
+
     if v["logs_specs"] is not None:
         raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
     if v["log_dir"] is not None and Path(v["log_dir"]).exists() and not Path(v["log_dir"]).is_dir():

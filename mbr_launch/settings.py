@@ -178,6 +178,20 @@ def comma_list(value: Any) -> tuple[str, ...]:
     return tuple(p.replace(placeholder, ",") for p in text.replace(",,", placeholder).split(","))
 
 
+def module_list(name: str) -> Parser:
+    """Comma-separated dotted module names (``torch._dynamo,megatron.core``)."""
+
+    def parse(value: Any) -> tuple[str, ...]:
+        parts = [str(v).strip() for v in value] if isinstance(value, (list, tuple)) \
+            else [p.strip() for p in str(value).split(",") if p.strip()]
+        for part in parts:
+            if not all(piece.isidentifier() for piece in part.split(".")):
+                raise _fail(name, value, f"{part!r} is not a module name like torch._dynamo")
+        return tuple(parts)
+
+    return parse
+
+
 def exit_code_list(name: str) -> Parser:
     def parse(value: Any) -> tuple[int, ...]:
         if isinstance(value, (list, tuple)):
@@ -370,6 +384,11 @@ SETTINGS: tuple[Setting, ...] = (
                  "`import torch`, no CUDA (env vars a script sets before its own `import torch` come too late, "
                  "except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: also a CUDA "
                  "context on device LOCAL_RANK; off: fresh processes only."),
+    Setting(name="standby_preload", flags=("--standby-preload",), kind=str, default=(), panel=FAULT,
+            parse=module_list("--standby-preload"), metavar="MODULES",
+            help="Modules each standby also imports ahead of time (comma-separated), e.g. torch._dynamo, "
+                 "which DistributedDataParallel and torch.compile import on first use (about 1.5 s), or "
+                 "megatron.core. Their import-time environment variables are the standby's, as with torch."),
     # -- restart policy --
     Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY,
             parse=choice("--restart-scope", ("job", "node", "rank")), choices=("job", "node", "rank"),

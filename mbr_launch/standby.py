@@ -65,6 +65,7 @@ if TYPE_CHECKING:
 
 LEVELS = ("off", "interpreter", "torch", "cuda")
 CHANNEL_ENV = "MBR_STANDBY_CHANNEL"  # FD:LEVEL:DELAY, set in standbys only
+PRELOAD_ENV = "MBR_STANDBY_PRELOAD"  # --standby-preload's modules, comma-separated, set in standbys only
 REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (see the module docstring)
 # With few cores per rank, replacements importing torch right away slow down the ranks that are starting
 # (measured on 2 cores: a failure just after a restart then took 1.6x ft_launcher's time): wait longer there.
@@ -133,7 +134,8 @@ def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool 
     level = cfg.settings.values.get("standby", "off")
     if level == "off" or not cfg.use_boot:
         return None
-    pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank))
+    pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank),
+                       preload=cfg.settings.values.get("standby_preload", ()))
     pool.fill(range(cfg.nproc_per_node))
     return pool
 
@@ -151,10 +153,11 @@ class StandbyPool:
     parent-death signal belongs to the thread that spawned)."""
 
     def __init__(self, *, level: str, prepare: Callable[[int], "tuple[Sequence[str], dict[str, str]] | None"],
-                 cwd: str | None = None) -> None:
+                 cwd: str | None = None, preload: Sequence[str] = ()) -> None:
         if level not in LEVELS[1:]:
             raise ValueError(f"standby level {level!r}: choose one of {', '.join(LEVELS[1:])}")
         self.level = level
+        self.preload = tuple(preload)  # modules imported after the level's own preloading
         self.prepare = prepare  # local rank -> (worker argv, standby environment); None: cannot tell yet
         self.cwd = cwd or os.getcwd()
         self._ready: dict[int, Standby] = {}
@@ -180,7 +183,8 @@ class StandbyPool:
             pass
         os.set_blocking(write_end, False)
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
-                          env={**env, CHANNEL_ENV: f"{read_end}:{self.level}:{delay:g}"},
+                          env={**env, CHANNEL_ENV: f"{read_end}:{self.level}:{delay:g}",
+                               **({PRELOAD_ENV: ",".join(self.preload)} if self.preload else {})},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             process = spawn(spec, cwd=self.cwd, pass_fds=(read_end,))
@@ -260,6 +264,7 @@ def serve() -> None:
     own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
     fd, level, delay_text = os.environ.pop(CHANNEL_ENV).split(":")
     channel, delay = int(fd), float(delay_text)
+    modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
     ignored = _ignore_preemption_signals()
     startup_env = dict(os.environ)
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
@@ -267,6 +272,7 @@ def serve() -> None:
     early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
     if not early:
         _preload(level)
+        _preload_modules(modules)
     message = _read_message(channel)
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
@@ -293,6 +299,18 @@ def _ignore_preemption_signals() -> list[signal.Signals]:
         except (KeyError, ValueError, OSError):
             pass
     return ignored
+
+
+def _preload_modules(modules: Sequence[str]) -> None:
+    """--standby-preload: a module that fails to import is left for the script to meet on its own import."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - reported, then the script decides
+            print(f"mbr-launch: warm standby: could not preload {name} ({type(err).__name__}: {err}); the script "
+                  "will import it itself", file=sys.stderr, flush=True)
 
 
 def _preload(level: str) -> None:

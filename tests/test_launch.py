@@ -224,6 +224,8 @@ def test_preemption_signal_to_every_process_lets_workers_checkpoint(tmp_path):
     (["--nnodes", "two", TRAIN], "--nnodes"),
     (["--ft-rank-section-timeouts", "step:abc", TRAIN], "step:abc"),
     ([], "missing the training script"),
+    (["--standby-preload", "torch._dynamo,not a module", TRAIN], "'not a module' is not a module name"),
+    (["--standby", "off", "--standby-preload", "wave", TRAIN], "--standby-preload needs standbys"),
 ])
 def test_bad_input_one_line_exit_2(args, needle):
     res = run_launcher(args, timeout=30)

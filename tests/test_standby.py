@@ -26,7 +26,8 @@ pytestmark = pytest.mark.timeout(120)
 PROBE_HEAD = '''\
 import json, os, sys, time
 _stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
-RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "name": __name__,
+RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "wave_preloaded": "wave" in sys.modules,
+          "name": __name__,
           "argv": list(sys.argv), "path": list(sys.path), "cwd": os.getcwd(), "orig_argv": list(sys.orig_argv),
           "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK")}
 OUT = os.environ.get("PROBE_OUT") or sys.argv[sys.argv.index("--out") + 1]
@@ -105,6 +106,18 @@ def _same_view(warm: dict, fresh: dict, warm_out: Path, fresh_out: Path) -> None
     differ = {k for k in warm["env"] if warm["env"][k] != fresh["env"][k]
               and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID") and not warm["env"][k].startswith("/")}
     assert not differ, {k: (warm["env"][k], fresh["env"][k]) for k in differ}
+
+
+def test_standby_preload_imports_more_modules_ahead(tmp_path):
+    # --standby-preload wave (a module nothing else imports), and one that does not exist: reported on the
+    # rank's output, and the job runs on. Both the first ranks and the restarted ones start with wave loaded.
+    (tmp_path / "probe.py").write_text(TRAIN_PROBE)
+    out, _logs, stderr = _launch(tmp_path, "preload", ["--max-restarts", "1", "--standby-preload",
+                                                       "wave,no_such_module_mbr"], crash=True)
+    records = _records(out)
+    assert sorted(records) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
+    assert all(r["wave_preloaded"] and r["torch_preloaded"] for r in records.values()), records
+    assert "could not preload no_such_module_mbr (ModuleNotFoundError" in stderr
 
 
 def test_a_standby_assigned_during_its_replenish_delay_starts_fresh(tmp_path):
