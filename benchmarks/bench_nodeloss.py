@@ -57,7 +57,7 @@ NOSHARE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
 # name -> (argv builder, kill the victim's workers too, note, extra env)
 VARIANTS: dict[str, tuple] = {
     "mbr-launch": (_mbr("--peer-timeout", "2"), False, "--peer-timeout 2; SIGKILL agent", {}),
-    "mbr-launch-pt5": (_mbr(), False, "--peer-timeout 5 (default); SIGKILL agent", {}),
+    "mbr-launch-pt5": (_mbr("--peer-timeout", "5"), False, "--peer-timeout 5; SIGKILL agent", {}),
     "torchrun": (_torchrun, False, "SIGKILL agent (its worker is orphaned)", {}),
     "torchrun-node": (_torchrun, True, "SIGKILL agent and its worker (whole node gone)", {}),
     "torchrun-noshare": (_torchrun, False, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1; SIGKILL agent", NOSHARE),

@@ -125,7 +125,7 @@ class LaunchConfig:
     max_requeues: int | None
     settings: Resolved
     policy: "RestartPolicy" = None  # type: ignore[assignment]
-    peer_timeout: float = 5.0
+    peer_timeout: float = 15.0
     warnings: tuple[str, ...] = ()
 
 

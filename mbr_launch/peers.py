@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Callable
+from typing import Any, Callable
 
 from .rendezvous import Round
 
@@ -59,11 +59,28 @@ class PeerWatch:
         me, size = self._round.group_rank, self._round.group_world_size
         return [r for r in range(size) if r != me] if me == 0 else [0]
 
+    def _connect(self) -> Any:
+        """A control connection, retried until the store has been unreachable for ``timeout``: a store host
+        that is slow to accept (many agents connecting at once on a loaded machine reset or time out some
+        connections) is not a lost store."""
+        while not self._stop.is_set():
+            left = self._timeout - (self._clock() - self.last_ok)
+            try:
+                store = self._round.connect_control(timeout=max(1.0, left))
+                self.last_ok = self._clock()
+                return store
+            except Exception as err:
+                if self._clock() - self.last_ok >= self._timeout:
+                    self._on_lost({"kind": "store_lost", "detail": f"cannot reach the rendezvous store at "
+                                   f"{self._round.store_host}:{self._round.store_port} for "
+                                   f"{self._clock() - self.last_ok:.1f} s: {err}"})
+                    return None
+                self._stop.wait(self._interval)
+        return None
+
     def _run(self) -> None:
-        try:
-            store = self._round.connect_control(timeout=self._timeout)
-        except Exception as err:
-            self._on_lost({"kind": "store_lost", "detail": f"cannot reach the rendezvous store: {err}"})
+        store = self._connect()
+        if store is None:
             return
         keys = [f"hb/{r}" for r in self.watched()]
         try:
@@ -72,7 +89,7 @@ class PeerWatch:
         except Exception:
             pass
         last: dict[str, tuple[bytes, float]] = {}
-        store_ok_at = self._clock()
+        store_ok_at = self.last_ok
         own = f"hb/{self._round.group_rank}"
         while not self._stop.wait(self._interval):
             now = self._clock()

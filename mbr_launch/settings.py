@@ -414,10 +414,12 @@ SETTINGS: tuple[Setting, ...] = (
             parse=non_negative("--crash-loop-window", float), metavar="SECONDS",
             help="A round that fails sooner than this after it started, before any heartbeat (no step "
                  "done), is part of a crash loop."),
-    Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=5.0, panel=POLICY,
+    Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=15.0, panel=POLICY,
             parse=non_negative("--peer-timeout", float), metavar="SECONDS",
-            help="Seconds of silence after which another node's agent counts as lost (dead or cut off); "
-                 "the survivors stop their workers and go on per the policy instead of waiting for NCCL."),
+            help="Seconds of silence after which another node's agent (or the rendezvous store) counts as "
+                 "lost (dead or cut off); the survivors stop their workers and go on per the policy instead "
+                 "of waiting for NCCL. A dead worker is noticed at once regardless; this bounds silent "
+                 "network cuts. Below about 10 s, a heavily loaded store host can be taken for lost."),
     Setting(name="no_restart_exit_codes", flags=("--no-restart-exit-codes",), kind=str, default=(2, 17),
             panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
             help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "

@@ -211,7 +211,7 @@ def test_sigterm_requeues_and_resumes(slurm_clean: SlurmCluster, tmp_path: Path)
     assert [(e["node"], e["ok"]) for e in requeues] == [("n1", True)]  # node 0 alone asks
 
 
-# After the cut: --peer-timeout (default 5 s), --shutdown-timeout 5 s to kill the worker blocked in gloo,
+# After the cut: --peer-timeout 5 s, --shutdown-timeout 5 s to kill the worker blocked in gloo,
 # then join_timeout 15 s for the re-rendezvous that cannot form; the survivor ends ~25 s after the cut.
 # Heal before SlurmdTimeout (60 s) so Slurm never steps in.
 CUT_DEADLINE = 40.0
@@ -227,7 +227,7 @@ def test_cut_node_link_ends_both_launchers(slurm_clean: SlurmCluster, tmp_path: 
     name = f"mbrtest-{uuid.uuid4().hex[:8]}"
     srun = subprocess.Popen(
         ["srun", f"--job-name={name}", "-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=0", MBR_LAUNCH,
-         "--nproc-per-node", "1", "--max-restarts", "1", "--shutdown-timeout", "5",
+         "--nproc-per-node", "1", "--max-restarts", "1", "--shutdown-timeout", "5", "--peer-timeout", "5",
          "--rdzv-conf", "join_timeout=15", "--log-dir", str(logs), PREEMPTIBLE, "--steps", "100000",
          "--ckpt-dir", str(tmp_path / "ckpt"), "--log", str(log)],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=LAUNCH_ENV, cwd="/tmp",
