@@ -12,7 +12,9 @@ normal path, which runs the script as ``python script.py`` (or ``python -m modul
 ``sys.argv``, ``sys.orig_argv``, ``__main__`` and ``sys.path[0]``. A new
 standby for that local rank is started at once and prepares itself in the background (after ``DELAY``
 seconds, so it does not compete for CPU with the ranks that are starting; an assignment that comes during
-that wait runs the script at once with nothing preloaded, as a fresh process would). The agent falls back to a fresh
+that wait runs the script at once with nothing preloaded, as a fresh process would; so does one that comes
+while the host is far oversubscribed, above ``SATURATED_LOAD_PER_CPU`` runnable processes per CPU, when
+standbys hold off their preloading). The agent falls back to a fresh
 process when no standby is ready, when one died, or when the worker's environment differs from the
 standby's in anything not ``assigned``; standbys never used are killed when the agent exits (and by the
 parent-death signal if it is killed).
@@ -70,6 +72,13 @@ REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (
 # With few cores per rank, replacements importing torch right away slow down the ranks that are starting
 # (measured on 2 cores: a failure just after a restart then took 1.6x ft_launcher's time): wait longer there.
 REPLENISH_DELAY_FEW_CORES = 3.0
+
+
+# A standby does not start preloading while the 1-minute load average is above this many runnable processes
+# per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
+# than with --standby off); it checks again every SATURATION_RECHECK seconds.
+SATURATED_LOAD_PER_CPU = 4.0
+SATURATION_RECHECK = 1.0
 
 
 def replenish_delay(local_world_size: int, cpus: int | None = None) -> float:
@@ -270,6 +279,8 @@ def serve() -> None:
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
     early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    while not early and _saturated():
+        early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
     if not early:
         _preload(level)
         _preload_modules(modules)
@@ -286,6 +297,15 @@ def serve() -> None:
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.boot` sets it; run_target replaces it for a script
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level)
+
+
+def _saturated() -> bool:
+    """The host is far oversubscribed (many agents on few cores): a preload now would slow every process that
+    is starting, and a restart would wait for it; wait until the load drops (or the assignment comes)."""
+    try:
+        return os.getloadavg()[0] > SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
+    except OSError:
+        return False
 
 
 def _ignore_preemption_signals() -> list[signal.Signals]:

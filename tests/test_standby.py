@@ -306,3 +306,13 @@ def test_replacements_wait_longer_on_few_cores():
 
     assert replenish_delay(2, cpus=2) == REPLENISH_DELAY_FEW_CORES
     assert replenish_delay(8, cpus=128) == REPLENISH_DELAY < REPLENISH_DELAY_FEW_CORES
+
+
+def test_standbys_hold_off_preloading_on_a_far_oversubscribed_host(monkeypatch):
+    import mbr_launch.standby as standby
+
+    monkeypatch.setattr(standby.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(standby.os, "getloadavg", lambda: (30.0, 20.0, 10.0))  # 32 agents on 2 cores
+    assert standby._saturated()
+    monkeypatch.setattr(standby.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # a busy test machine
+    assert not standby._saturated()
