@@ -60,7 +60,9 @@ def _last_ready(ready: Path, restart: int, n: int, procs: list[h.Proc], deadline
 def _why(procs: list[h.Proc], what: str) -> str:
     """The failure, with the stderr of the first agent that exited non-zero (else agent 0's)."""
     bad = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), 0)
-    return h.failure_reason(procs[bad], f"{what} (agent {bad})")
+    codes = sorted({p.returncode for p in procs if p.returncode is not None})
+    return h.failure_reason(procs[bad], f"{what} (agent {bad} exit code {procs[bad].returncode}; exit codes "
+                                        f"seen {codes})")
 
 
 def scale_trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr_env: dict[str, str]) -> dict:
