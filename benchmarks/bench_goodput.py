@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 
 SECTION = "bench_goodput"
-CHOICES = ["mbr-launch", "torchrun-noshare", "ft_launcher", "torchrun"]
+CHOICES = ["mbr-launch", "torchrun-noshare", "ft_launcher", "torchrun", "mbr-launch-dynamo"]
 DEFAULT = "mbr-launch,torchrun-noshare,ft_launcher"
 WORKER = h.WORKERS / "goodput_train.py"
 
@@ -109,7 +109,7 @@ def goodput_trial(launcher: h.Launcher, root: Path, index: int, args: argparse.N
         rec["faults"] = per_fault(progress, rec["kills"])
         if rec["ok"] and rec["step_time"]:
             rec["goodput"] = rec["final_step"] * rec["step_time"] / rec["wall"]
-        if launcher.name == "mbr-launch":
+        if launcher.name.startswith("mbr-launch"):
             own = [e for e in h.read_events(t.spec.log_dir) if e["event"] == "goodput"]
             rec["own_goodput"] = own[-1]["goodput"] if own else None
     rec["leftovers"] = t.leftovers
@@ -158,10 +158,10 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace) -> s
     out += [h.table(["launcher", "runs ok", "faults", "restarts", "final step", "median step", "goodput",
                      "vs torchrun-noshare", "vs ft_launcher", "median kill -> next step", "median steps lost"],
                     rows), ""]
-    own = [r["own_goodput"] for r in records if r.get("own_goodput") is not None]
+    own = [f"{r['launcher']} {r['own_goodput']:.1%}" for r in records if r.get("own_goodput") is not None]
     if own:
         out += [f"mbr-launch's own goodput record (events.jsonl `goodput`, productive step time / wall, from its "
-                f"step heartbeats): {', '.join(f'{g:.1%}' for g in own)}.", ""]
+                f"step heartbeats): {', '.join(own)}.", ""]
     out += h.failure_lines(records)
     return "\n".join(out)
 

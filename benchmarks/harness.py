@@ -102,6 +102,9 @@ def _import_torch(_s: LaunchSpec) -> list[str]:
 
 LAUNCHERS: dict[str, Launcher] = {
     "mbr-launch": Launcher("mbr-launch", _mbr),
+    "mbr-launch-dynamo": Launcher("mbr-launch-dynamo", lambda s: [*_mbr(s)[:1], "--standby-preload", "torch._dynamo",
+                                                                    *_mbr(s)[1:]],
+                                  note="--standby-preload torch._dynamo"),
     "torchrun": Launcher("torchrun", _torchrun, note="default: workers share the rendezvous TCPStore"),
     "torchrun-noshare": Launcher("torchrun-noshare", _torchrun, env={"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
                                  note="TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"),
@@ -122,7 +125,7 @@ def pick_launchers(text: str, allowed: Sequence[str], *, mbr_path: Path | None =
     if mbr_path is None:
         return chosen
     path = os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)
-    return [replace(l, env={**l.env, "PYTHONPATH": path}) if l.name == "mbr-launch" else l for l in chosen]
+    return [replace(l, env={**l.env, "PYTHONPATH": path}) if l.name.startswith("mbr-launch") else l for l in chosen]
 
 
 def mbr_source(which: str, root: Path) -> tuple[Path | None, str]:

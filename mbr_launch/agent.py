@@ -20,6 +20,7 @@ Round states::
 from __future__ import annotations
 
 import enum
+import functools
 import os
 import queue
 import select
@@ -39,12 +40,18 @@ from .config import LaunchConfig
 from .events import EventLog
 from .launching import WorkerGroup
 from .peers import PeerWatch
-from .policy import Action, FailureFacts, decide, quick_failure
-from .rendezvous import Rendezvous, RendezvousFailed, Round, StopWatcher, publish_stop, read_stop
+from .policy import Action, FailureFacts, decide, keep_store_host, quick_failure
+from .rendezvous import (Rendezvous, RendezvousClosed, RendezvousFailed, Round, StopWatcher, hosts_store,
+                         publish_stop, read_stop)
 from .storeguard import StoreGuard
 from .status import Telemetry
 from .summary import ErrorFile, FailureRecord, RunSummary
 from .workers import Worker
+
+
+# Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
+# outside the round (spares): they poll about once a second and should read "closed", not find it gone.
+SPARE_LINGER = 3.0
 
 
 class Outcome(enum.Enum):
@@ -121,6 +128,9 @@ class Agent:
             try:
                 with self._guard.around(cfg.rdzv_timeout + 60, "joining the rendezvous"):
                     rnd = self._rdzv.next_round()
+            except RendezvousClosed as err:
+                self._farewell = "none"  # closed already, by the node that ended the job
+                return self._finish(exitcodes.OK, str(err))
             except RendezvousFailed as err:
                 return self._finish(exitcodes.RENDEZVOUS, str(err))
             signum = self._pending_signal()
@@ -415,6 +425,11 @@ class Agent:
             nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
             nodes_remaining=rnd.group_world_size - nodes_lost + waiting)
         decision = decide(cfg.policy, facts)
+        if decision.action is Action.EXCLUDE_NODE and hosts_store(rnd.store_port):
+            # Leaving would take the rendezvous store down with this process, and every other node with it.
+            decision = keep_store_host(decision, restarts_used=restarts, max_restarts=cfg.policy.max_restarts)
+            self.say(f"this node hosts the rendezvous store ({rnd.store_host}:{rnd.store_port}), so it stays: "
+                     f"{decision.reason}")
         self._quick_failures = self._quick_failures + 1 if quick_failure(cfg.policy, facts) else 0
         reason = f"{first.describe()}; {decision.reason}" if decision.action is not Action.RESTART \
             else first.describe()
@@ -621,7 +636,8 @@ class Agent:
             self._monitor.close()
         if self._rdzv and self._farewell != "none":
             # Bounded: on a dead link these calls would never return.
-            part = self._rdzv.leave if self._farewell == "leave" else self._rdzv.shutdown
+            part = self._rdzv.leave if self._farewell == "leave" else functools.partial(self._rdzv.shutdown,
+                                                                                        linger=SPARE_LINGER)
             farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
             farewell.start()
             farewell.join(5.0)

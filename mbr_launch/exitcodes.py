@@ -11,7 +11,8 @@ EXCLUDED = 6  # this node was excluded from the job (it failed too often, or a w
 # the signal to the workers and stopped them.
 
 TABLE = (
-    (OK, "every worker of every node succeeded"),
+    (OK, "every worker of every node succeeded; or, for an agent still waiting to join a round (a spare), "
+         "the job ended on the other nodes, which report its outcome"),
     (FAILED, "workers failed and the job did not recover (restart budget spent, a no-restart exit code, "
              "or a worker asked to shut the workload down)"),
     (USAGE, "bad command line, configuration or environment; nothing was started"),

@@ -115,3 +115,12 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     scope = policy.scope if facts.cause in ("crash", "hang") else "job"
     return Decision(Action.RESTART, scope, "restarting", backoff=backoff_delay(policy, facts),
                     counts_as_startup=startup)
+
+
+def keep_store_host(decision: Decision, *, restarts_used: int, max_restarts: int) -> Decision:
+    """An exclusion turned down because the node hosts the rendezvous store (its exit would end every node):
+    a job-wide restart while the budget lasts, else the end of the job."""
+    why = f"not excluded although {decision.reason}"
+    if restarts_used >= max_restarts:
+        return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({max_restarts} restarts allowed)")
+    return Decision(Action.RESTART, "job", f"{why}; restarting instead")

@@ -24,7 +24,12 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch.distributed import PrefixStore, Store, TCPStore
-from torch.distributed.elastic.rendezvous import RendezvousParameters
+from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
+
+try:  # torch >= 2.3: what a node still waiting to join gets when the rendezvous is closed
+    from torch.distributed.elastic.rendezvous.api import RendezvousGracefulExitError
+except ImportError:  # pragma: no cover - older torch raises RendezvousClosedError there
+    RendezvousGracefulExitError = RendezvousClosedError  # type: ignore[misc,assignment]
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
@@ -33,6 +38,10 @@ from .config import LaunchConfig
 
 class RendezvousFailed(RuntimeError):
     """The rendezvous could not complete (timeout, closed, store unreachable)."""
+
+
+class RendezvousClosed(RendezvousFailed):
+    """The other nodes closed the rendezvous: the job ended while this node waited to join a round."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +68,19 @@ class Round:
         client = TCPStore(self.store_host, self.store_port, is_master=False, wait_for_workers=False,
                           timeout=datetime.timedelta(seconds=timeout))
         return PrefixStore(self.control_prefix, client)
+
+
+def hosts_store(port: int) -> bool:
+    """Whether this process listens on ``port``: it is the rendezvous store's host (torch's c10d backend
+    serves the store from the first agent on the endpoint's machine)."""
+    import psutil
+
+    try:
+        proc = psutil.Process()
+        connections = getattr(proc, "net_connections", None) or proc.connections
+        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections("tcp"))
+    except (psutil.Error, OSError):
+        return False
 
 
 def _disable_shared_store() -> None:
@@ -114,6 +136,9 @@ class Rendezvous:
     def next_round(self) -> Round:
         try:
             info: Any = self.handler.next_rendezvous()
+        except (RendezvousClosedError, RendezvousGracefulExitError) as err:
+            raise RendezvousClosed("the job ended on the other nodes (the rendezvous was closed) while this node "
+                                   "waited to join a round") from err
         except Exception as err:
             raise RendezvousFailed(f"rendezvous failed: {type(err).__name__}: {err}") from err
         if isinstance(info, tuple):  # torch 2.3 returns (store, rank, world_size)
@@ -223,12 +248,20 @@ class Rendezvous:
         except Exception:
             return 0
 
-    def shutdown(self) -> None:
-        if self._handler is not None:
-            try:
-                self._handler.shutdown()
-            except Exception:
-                pass
+    def shutdown(self, *, linger: float = 0.0) -> None:
+        """Close the rendezvous for every node. ``linger``: when this process serves the store and agents
+        wait outside the round, keep serving it that long, so that they read "closed" (they poll about once a
+        second) instead of finding the store gone."""
+        if self._handler is None:
+            return
+        waiting = self.spare_count() if linger > 0 else 0
+        try:
+            self._handler.shutdown()
+        except Exception:
+            pass
+        _, _, port = (self._cfg.rdzv_endpoint or "").rpartition(":")
+        if waiting and port.isdigit() and hosts_store(int(port)):
+            time.sleep(linger)
 
 
 def _ephemeral_range() -> tuple[int, int]:

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.policy import Action, FailureFacts, RestartPolicy, backoff_delay, decide, quick_failure
+from mbr_launch.policy import (Action, Decision, FailureFacts, RestartPolicy, backoff_delay, decide,
+                               keep_store_host, quick_failure)
 
 
 def test_job_scope_restart_within_budget():
@@ -83,3 +84,11 @@ def test_lost_peer_restarts_only_while_min_nodes_remain():
     assert decide(policy, FailureFacts(cause="peer", nodes_remaining=2)).action is Action.RESTART
     d = decide(policy, FailureFacts(cause="peer", nodes_remaining=1))
     assert d.action is Action.STOP and "only 1 node(s) remain" in d.reason
+
+
+def test_the_store_host_is_restarted_not_excluded_while_the_budget_lasts():
+    excluded = Decision(Action.EXCLUDE_NODE, "job", "this node failed 1 times (--max-node-failures 1)")
+    d = keep_store_host(excluded, restarts_used=1, max_restarts=3)
+    assert d.action is Action.RESTART and d.scope == "job" and "not excluded although this node failed" in d.reason
+    d = keep_store_host(excluded, restarts_used=3, max_restarts=3)
+    assert d.action is Action.STOP and "restart budget exhausted" in d.reason

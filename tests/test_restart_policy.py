@@ -26,13 +26,23 @@ def _lines(path: Path) -> list[tuple[int, int, int, float]]:
             (line.split() for line in path.read_text().splitlines())]
 
 
-def _agents(n: int, nnodes: str, args: list[str], *, envs: list[dict] | None = None, port: int | None = None):
+def _agents(n: int, nnodes: str, args: list[str], *, envs: list[dict] | None = None, port: int | None = None,
+            host: int = 0):
+    """n agents on localhost; agent `host` hosts the rendezvous store (is_host), as the endpoint's machine
+    does on a cluster. Unpinned, whichever agent creates its handler first would host it."""
     port = port or free_port()
     procs = []
     for i in range(n):
         env = launcher_env(**(envs[i] if envs else {}))
+        pin = f"is_host={1 if i == host else 0}"
+        agent_args = list(args)
+        if "--rdzv-conf" in agent_args:
+            at = agent_args.index("--rdzv-conf") + 1
+            agent_args[at] = f"{agent_args[at]},{pin}"
+        else:
+            agent_args = ["--rdzv-conf", pin, *agent_args]
         procs.append(subprocess.Popen([*LAUNCHER, "--nnodes", nnodes, "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                                       f"127.0.0.1:{port}", "--rdzv-id", f"p{port}", *args],
+                                       f"127.0.0.1:{port}", "--rdzv-id", f"p{port}", *agent_args],
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
                                       start_new_session=True))
         time.sleep(0.3)
@@ -94,6 +104,22 @@ def test_exclusion_lets_a_spare_take_over(tmp_path):
         assert "leaves the job" in outs[1][1]
     else:
         pytest.skip("the crashing agent stayed a spare in this run (nothing to exclude)")
+
+
+def test_the_node_hosting_the_store_is_not_excluded(tmp_path):
+    """The crashing agent hosts the rendezvous store: leaving would end every node (exit 3), so it stays and
+    the job restarts until its budget is spent; nobody exits 6 or 3."""
+    ready = tmp_path / "ready"
+    envs = [{}, {"CRASH_ME": "1"}, {}]
+    procs = _agents(3, "2:2", ["--nproc-per-node", "1", "--max-restarts", "2", "--max-node-failures", "1",
+                               "--restart-backoff", "0", SLEEPER, "--ready-file", str(ready), "--crash-if-env",
+                               "CRASH_ME", "--run-seconds", "3"], envs=envs, host=1)
+    outs = [finish(p, 170) for p in procs]
+    codes = [p.returncode for p in procs]
+    if "hosts the rendezvous store" not in outs[1][1]:
+        pytest.skip("the crashing agent stayed a spare in this run (nothing to exclude)")
+    assert 6 not in codes and 3 not in codes, (codes, outs)
+    assert codes[1] == 1 and "restart budget exhausted" in outs[1][1], outs[1][1]
 
 
 def test_crash_loop_backs_off(tmp_path):
