@@ -636,8 +636,11 @@ class Agent:
             self._monitor.close()
         if self._rdzv and self._farewell != "none":
             # Bounded: on a dead link these calls would never return.
-            part = self._rdzv.leave if self._farewell == "leave" else functools.partial(self._rdzv.shutdown,
-                                                                                        linger=SPARE_LINGER)
+            if self._farewell == "leave":
+                part = self._rdzv.leave
+            else:
+                hosting = self._round is not None and hosts_store(self._round.store_port)
+                part = functools.partial(self._rdzv.shutdown, linger=SPARE_LINGER if hosting else 0.0)
             farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
             farewell.start()
             farewell.join(5.0)

@@ -25,6 +25,7 @@ import os
 import runpy
 import signal
 import sys
+from typing import Mapping
 
 # A real-time signal nobody else uses: SIGUSR1/SIGUSR2 belong to users and Slurm preemption.
 STACK_SIGNAL = signal.SIGRTMIN + 5
@@ -45,14 +46,20 @@ def arm_stack_dump() -> None:
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
 
 
+def preemption_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+    """The signals ``MBR_IGNORE_SIGNALS`` names (unknown names are skipped)."""
+    names = environ.get(IGNORE_SIGNALS_ENV, "").split(",")
+    return tuple(signal.Signals[n] for n in names if n in signal.Signals.__members__)
+
+
 def ignore_preemption_signals() -> None:
     """Ignore the preemption signals Slurm sends to every process of the step (e.g. SIGUSR1): the agent
     answers them by sending the workers the forward signal (SIGTERM). A script that installs its own
     handler for one of them still gets it."""
-    for name in filter(None, os.environ.get(IGNORE_SIGNALS_ENV, "").split(",")):
+    for sig in preemption_signals(os.environ):
         try:
-            signal.signal(signal.Signals[name], signal.SIG_IGN)
-        except (KeyError, ValueError, OSError):
+            signal.signal(sig, signal.SIG_IGN)
+        except (ValueError, OSError):
             pass
 
 

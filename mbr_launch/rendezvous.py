@@ -249,9 +249,9 @@ class Rendezvous:
             return 0
 
     def shutdown(self, *, linger: float = 0.0) -> None:
-        """Close the rendezvous for every node. ``linger``: when this process serves the store and agents
-        wait outside the round, keep serving it that long, so that they read "closed" (they poll about once a
-        second) instead of finding the store gone."""
+        """Close the rendezvous for every node. ``linger`` (given by the store's host): when agents wait
+        outside the round, return only after that long, so that they read "closed" (they poll about once a
+        second) instead of finding the store gone with this process."""
         if self._handler is None:
             return
         waiting = self.spare_count() if linger > 0 else 0
@@ -259,8 +259,7 @@ class Rendezvous:
             self._handler.shutdown()
         except Exception:
             pass
-        _, _, port = (self._cfg.rdzv_endpoint or "").rpartition(":")
-        if waiting and port.isdigit() and hosts_store(int(port)):
+        if waiting:
             time.sleep(linger)
 
 

@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
+from .boot import preemption_signals
+
 if TYPE_CHECKING:
     from .config import LaunchConfig
     from .workers import Worker, WorkerSpec
@@ -274,8 +276,7 @@ def serve() -> None:
     fd, level, delay_text = os.environ.pop(CHANNEL_ENV).split(":")
     channel, delay = int(fd), float(delay_text)
     modules = [m for m in os.environ.pop(PRELOAD_ENV, "").split(",") if m]
-    ignored = _ignore_preemption_signals()
-    startup_env = dict(os.environ)
+    startup_env = dict(os.environ)  # boot has already ignored its preemption signals
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
     early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
@@ -288,7 +289,7 @@ def serve() -> None:
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
     assignment = json.loads(message)
-    for sig in ignored:  # boot re-applies what the worker's own environment asks for
+    for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
     os.environ.clear()
     os.environ.update(assignment["env"])
@@ -306,19 +307,6 @@ def _saturated() -> bool:
         return os.getloadavg()[0] > SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
     except OSError:
         return False
-
-
-def _ignore_preemption_signals() -> list[signal.Signals]:
-    """Slurm sends preemption signals to every process of the step, standbys included."""
-    ignored = []
-    for name in filter(None, os.environ.get("MBR_IGNORE_SIGNALS", "").split(",")):
-        try:
-            sig = signal.Signals[name]
-            signal.signal(sig, signal.SIG_IGN)
-            ignored.append(sig)
-        except (KeyError, ValueError, OSError):
-            pass
-    return ignored
 
 
 def _preload_modules(modules: Sequence[str]) -> None:

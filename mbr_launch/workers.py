@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
+from .boot import preemption_signals
+
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
@@ -129,11 +131,6 @@ def _child_setup(parent_pid: int, ignore: Sequence[int] = ()) -> Callable[[], No
     return setup
 
 
-def _ignored_signals(env: dict[str, str]) -> tuple[int, ...]:
-    names = [n for n in env.get("MBR_IGNORE_SIGNALS", "").split(",") if n in signal.Signals.__members__]
-    return tuple(signal.Signals[n] for n in names)
-
-
 def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] = ()) -> Worker:
     proc = subprocess.Popen(
         list(spec.argv),
@@ -143,7 +140,7 @@ def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] =
         stdout=spec.stdout,
         stderr=spec.stderr,
         start_new_session=True,
-        preexec_fn=_child_setup(os.getpid(), _ignored_signals(spec.env)),
+        preexec_fn=_child_setup(os.getpid(), preemption_signals(spec.env)),
         close_fds=True,
         pass_fds=tuple(pass_fds),
     )
