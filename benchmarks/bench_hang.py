@@ -332,14 +332,11 @@ def main() -> int:
     parser.add_argument("--mbr-code", default="", help="with --from-raw: which mbr_launch code those runs used")
     args = parser.parse_args()
     if args.from_raw:
-        import json
-        records = []
-        for k, path in enumerate(args.from_raw):
-            for rec in json.loads(path.read_text()):
-                if args.logs_root and rec.get("blamed") is None:
-                    rec["blamed"] = blamed_rank(rec["launcher"], args.logs_root[k] / f"{rec['trial']:03d}-{rec['launcher']}")
-                rec["trial"] += 1000 * k
-                records.append(rec)
+        records = h.load_raw(args.from_raw)
+        for rec in records:
+            k, trial = divmod(rec["trial"], 1000)
+            if args.logs_root and rec.get("blamed") is None:
+                rec["blamed"] = blamed_rank(rec["launcher"], args.logs_root[k] / f"{trial:03d}-{rec['launcher']}")
         names = [n for n in CHOICES if any(r["launcher"] == n for r in records)]
         rpc = args.rpc_text.read_text() if args.rpc_text else ""
         text = render(records, names, args, rpc)
@@ -352,9 +349,8 @@ def main() -> int:
     root = h.work_dir("hang")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
     args.commands = ""
-    pypath = os.pathsep.join(p for p in (str(mbr_path or ""), os.environ.get("PYTHONPATH", "")) if p)
-    launchers = [h.Launcher(v.name, v.argv, {**v.env, "PYTHONPATH": pypath}, note=v.note)
-                 if mbr_path and v.name.startswith("mbr-launch") else v for v in (VARIANTS[n] for n in names)]
+    launchers = [h.Launcher(v.name, v.argv, {**v.env, **h.mbr_env(mbr_path)}, note=v.note)
+                 if v.name.startswith("mbr-launch") else v for v in (VARIANTS[n] for n in names)]
     records: list[dict] = []
     rpc = ""
     try:

@@ -275,12 +275,7 @@ def main() -> int:
     parser.add_argument("--mbr-code", default="", help="with --from-raw: which mbr_launch code those runs used")
     args = parser.parse_args()
     if args.from_raw:
-        import json
-        records = []
-        for k, path in enumerate(args.from_raw):
-            for rec in json.loads(path.read_text()):
-                rec["trial"] += 1000 * k
-                records.append(rec)
+        records = h.load_raw(args.from_raw)
         names = [n for n in CHOICES if any(r["launcher"] == n for r in records)]
         text = render(records, names, args)
         print(text)
@@ -292,9 +287,7 @@ def main() -> int:
     root = h.work_dir("nodeloss")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
     args.commands = ""
-    mbr_env = {}
-    if mbr_path:
-        mbr_env["PYTHONPATH"] = os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)
+    mbr_env = h.mbr_env(mbr_path)
     records: list[dict] = []
     try:
         for i in range(args.trials):

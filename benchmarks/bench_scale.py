@@ -151,8 +151,7 @@ def main() -> int:
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
     root = h.work_dir("scale")
     mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    mbr_env = {"PYTHONPATH": os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)} \
-        if mbr_path else {}
+    mbr_env = h.mbr_env(mbr_path)
     records = h.interleave(names, args.trials, lambda name, i: scale_trial(name, root, i, args, mbr_env),
                            lambda r: f"all started {r['rendezvous']:.2f} s, restarted {r['restart']:.2f} s",
                            root=root, keep=args.keep, raw=args.raw)

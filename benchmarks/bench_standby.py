@@ -49,9 +49,8 @@ def launchers(names: str, mbr_path: Path | None) -> list[h.Launcher]:
         if name not in table:
             raise SystemExit(f"--launchers: unknown {name!r}; choose from {', '.join(table)}")
         launcher = replace(table[name], name=name)
-        if mbr_path is not None and name.startswith("mbr-"):
-            path = os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)
-            launcher = replace(launcher, env={**launcher.env, "PYTHONPATH": path})
+        if name.startswith("mbr-"):
+            launcher = replace(launcher, env={**launcher.env, **h.mbr_env(mbr_path)})
         chosen.append(launcher)
     return chosen
 

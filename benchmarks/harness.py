@@ -124,8 +124,26 @@ def pick_launchers(text: str, allowed: Sequence[str], *, mbr_path: Path | None =
     chosen = [LAUNCHERS[n] for n in names]
     if mbr_path is None:
         return chosen
-    path = os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)
-    return [replace(l, env={**l.env, "PYTHONPATH": path}) if l.name.startswith("mbr-launch") else l for l in chosen]
+    return [replace(l, env={**l.env, **mbr_env(mbr_path)}) if l.name.startswith("mbr-launch") else l for l in chosen]
+
+
+def mbr_env(mbr_path: Path | None) -> dict[str, str]:
+    """The environment that makes mbr-launch (agent, monitor, worker shim) import mbr_launch from mbr_path
+    (a --mbr-source snapshot); empty when the installed code runs."""
+    if mbr_path is None:
+        return {}
+    return {"PYTHONPATH": os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)}
+
+
+def load_raw(paths: Sequence[Path]) -> list[dict]:
+    """The trials of several --raw files (earlier runs) for one report; file k's trials are renumbered
+    from 1000*k so that runs never share a trial number (paired ratios pair within a run only)."""
+    records = []
+    for k, path in enumerate(paths):
+        for rec in json.loads(Path(path).read_text()):
+            rec["trial"] += 1000 * k
+            records.append(rec)
+    return records
 
 
 def mbr_source(which: str, root: Path) -> tuple[Path | None, str]:
