@@ -1,4 +1,4 @@
-"""Per-step cost of the automatic step heartbeat (``mbr_launch.autobeat``) on a ~10 ms optimizer step.
+"""Per-step cost of the automatic step heartbeat (``mbr_launch.shim.autobeat``) on a ~10 ms optimizer step.
 
 One process, no launcher: a small MLP's forward, backward and ``optimizer.step()`` with the batch size
 calibrated so one step takes about 10 ms. Blocks of steps run alternately with and without the hook
@@ -53,7 +53,7 @@ def main() -> int:
     while not os.path.exists(path):
         time.sleep(0.01)
 
-    from mbr_launch import autobeat
+    from mbr_launch.shim import autobeat
 
     assert autobeat.install(path)
     import torch

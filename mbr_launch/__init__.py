@@ -1,6 +1,6 @@
 """mbr-launch: a fault-tolerant, drop-in replacement for torchrun.
 
-Kept import-light on purpose: workers import ``mbr_launch.boot`` before the user's script, so nothing
+Kept import-light on purpose: workers import ``mbr_launch.shim.boot`` before the user's script, so nothing
 here may pull in torch, typer or rich.
 """
 

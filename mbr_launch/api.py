@@ -6,11 +6,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
-from .config import ConfigError, LaunchConfig, build_config, load_config_file
-from .settings import Resolved, SettingError, resolve
+from mbr_launch.config.build import ConfigError, LaunchConfig, build_config, load_config_file
+from mbr_launch.config.settings import Resolved, SettingError, resolve
 
 if TYPE_CHECKING:
-    from .doctor import DoctorContext
+    from mbr_launch.doctor import DoctorContext
 
 
 def resolve_settings(*, cli: Mapping[str, Any], environ: Mapping[str, str]) -> Resolved:
@@ -33,8 +33,8 @@ def build_launch_config(*, cli: Mapping[str, Any], script: str | None, script_ar
 
 def doctor_context(resolved: Resolved, *, environ: Mapping[str, str], launcher: str) -> "DoctorContext":
     """What the doctor checks, from the same settings a launch uses."""
-    from .doctor import DoctorContext
-    from .settings import FAULT, SETTINGS
+    from mbr_launch.doctor import DoctorContext
+    from mbr_launch.config.settings import FAULT, SETTINGS
 
     v = resolved.values
     ft_declared = any(s.panel == FAULT and resolved.sources.get(s.name) != "default"
@@ -51,7 +51,7 @@ def doctor_context(resolved: Resolved, *, environ: Mapping[str, str], launcher: 
 
 def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
     """The cheap doctor checks before any worker starts; False when an error must stop the launch."""
-    from .doctor import DoctorError, preflight as run_preflight
+    from mbr_launch.doctor import DoctorError, preflight as run_preflight
 
     skip = set(cfg.settings["skip_check"])
     if "all" in skip:
@@ -69,8 +69,8 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     ``environ`` is what the workers inherit (default: this process's environment). ``exit_after``: the
     caller ends the process with ``os._exit`` right after (the CLI), so lingering watcher threads need no
     join."""
-    from . import exitcodes
-    from .standby import early_pool
+    from mbr_launch.report import exitcodes
+    from mbr_launch.workers.standby import early_pool
 
     env = dict(os.environ if environ is None else environ)
     # Warm workers start first: their interpreters and `import torch` overlap the launcher's own imports,
@@ -81,7 +81,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
             print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
                   "--skip-check ID", file=sys.stderr, flush=True)
             return exitcodes.USAGE
-        from .agent import Agent
+        from mbr_launch.agent.supervisor import Agent
 
         agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
         pool = None  # the agent owns it now (closed with its worker group)

@@ -1,4 +1,4 @@
-"""The worker-side step hook (``mbr_launch.autobeat``) and the monitor's step deadlines."""
+"""The worker-side step hook (``mbr_launch.shim.autobeat``) and the monitor's step deadlines."""
 
 from __future__ import annotations
 
@@ -43,7 +43,7 @@ def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket
     path, sock = beat_socket
     res = _python("""
         import sys
-        from mbr_launch import autobeat
+        from mbr_launch.shim import autobeat
         assert autobeat.install()
         assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "install imported torch"
         assert not autobeat.installed()
@@ -78,7 +78,7 @@ def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
                       "print('hooked' if autobeat.installed() else 'clean', "
                       "[type(f).__name__ for f in sys.meta_path if type(f).__name__ == '_Finder'])\n")
     for flag, expected in (("0", "clean []"), ("1", "hooked []")):
-        res = subprocess.run([sys.executable, "-m", "mbr_launch.boot", str(script)], capture_output=True, text=True,
+        res = subprocess.run([sys.executable, "-m", "mbr_launch.shim.boot", str(script)], capture_output=True, text=True,
                              timeout=90, cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore",
                                                          "MBR_AUTOBEAT": flag, "MBR_AUTOBEAT_SOCKET": path})
         assert res.stdout.strip() == expected, res.stderr
@@ -213,7 +213,7 @@ def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
         mon.send({"op": "arm", "local_rank": 0, "rank": 0, "socket": rmon, "step_socket": path})
         mon.wait("armed")
         worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
-            from mbr_launch import autobeat
+            from mbr_launch.shim import autobeat
             assert autobeat.install()  # what the boot shim does under the launcher
             import time, torch
             from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
@@ -252,7 +252,7 @@ def test_torch_save_of_a_dict_marks_a_checkpoint(beat_socket, tmp_path, torch_fi
     path, sock = beat_socket
     res = _python(f"""
         {"import torch" if torch_first else ""}
-        from mbr_launch import autobeat
+        from mbr_launch.shim import autobeat
         assert autobeat.install()
         import torch
         assert getattr(torch.save, "__mbr_autobeat__", False) and torch.save is torch.serialization.save

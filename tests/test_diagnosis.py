@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch import diagnosis
-from mbr_launch.diagnosis import StackTarget, dump_stacks
+from mbr_launch.workers import stacks as diagnosis
+from mbr_launch.workers.stacks import StackTarget, dump_stacks
 
 pytestmark = pytest.mark.timeout(90)
 REPO = Path(__file__).resolve().parents[1]
@@ -41,7 +41,7 @@ BUSY_LINE = TRAIN.splitlines().index("        x += 1") + 1
 
 @pytest.fixture
 def hung(tmp_path):
-    """Start workers via ``python -m mbr_launch.boot train.py MODE``; yields a factory of StackTargets."""
+    """Start workers via ``python -m mbr_launch.shim.boot train.py MODE``; yields a factory of StackTargets."""
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
     procs: list[subprocess.Popen] = []
@@ -49,7 +49,7 @@ def hung(tmp_path):
     def start(rank: int, mode: str) -> StackTarget:
         stack_file = tmp_path / f"stack-rank{rank}.log"
         env = dict(os.environ, MBR_STACK_FILE=str(stack_file), PYTHONPATH=str(REPO))
-        proc = subprocess.Popen([sys.executable, "-m", "mbr_launch.boot", str(script), mode], env=env,
+        proc = subprocess.Popen([sys.executable, "-m", "mbr_launch.shim.boot", str(script), mode], env=env,
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         procs.append(proc)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"

@@ -15,8 +15,8 @@ import sys
 
 import pytest
 
-from mbr_launch import docgen
-from mbr_launch.settings import PANELS, SETTINGS, Setting
+from tools import docgen
+from mbr_launch.config.settings import PANELS, SETTINGS, Setting
 
 from .conftest import REPO
 
@@ -88,7 +88,7 @@ def test_write_touches_only_the_readme_region(tmp_path):
 def test_cli_parses_every_declared_flag():
     import typer
 
-    from mbr_launch.cli import app
+    from mbr_launch.cli.app import app
 
     command = typer.main.get_command(app)
     options = {p.name: set(p.opts) for p in command.params if p.name in {s.name for s in SETTINGS}}

@@ -7,7 +7,7 @@ import argparse
 import pytest
 from torch.distributed.run import get_args_parser
 
-from mbr_launch.settings import SETTINGS, resolve
+from mbr_launch.config.settings import SETTINGS, resolve
 
 BY_DEST = {s.torchrun_dest: s for s in SETTINGS if s.torchrun_dest}
 
@@ -45,7 +45,7 @@ def test_same_names_default_and_env(action: argparse.Action):
 def test_cli_accepts_every_flag_spelling():
     import typer
 
-    from mbr_launch.cli import app
+    from mbr_launch.cli.app import app
 
     command = typer.main.get_command(app)
     names = {opt for param in command.params for opt in getattr(param, "opts", [])}

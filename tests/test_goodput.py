@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.goodput import CATEGORIES, compute
+from mbr_launch.decide.goodput import CATEGORIES, compute
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.events import validate
+from mbr_launch.report.events import validate
 
 from .helpers import SCRIPTS, finish, launcher_env, run_launcher, start_launcher
 

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import pytest
 from torch.distributed import PrefixStore, TCPStore
 
-from mbr_launch.peers import PeerWatch
-from mbr_launch.rendezvous import Round
+from mbr_launch.cluster.peers import PeerWatch
+from mbr_launch.cluster.rendezvous import Round
 
 pytestmark = pytest.mark.timeout(60)
 

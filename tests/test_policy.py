@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.policy import (Action, Decision, FailureFacts, RestartPolicy, backoff_delay, decide,
+from mbr_launch.decide.policy import (Action, Decision, FailureFacts, RestartPolicy, backoff_delay, decide,
                                keep_store_host, quick_failure)
 
 

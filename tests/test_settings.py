@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mbr_launch.api import build_launch_config
-from mbr_launch.config import ConfigError, load_config_file
-from mbr_launch.settings import SettingError, resolve, section_timeouts
+from mbr_launch.config.build import ConfigError, load_config_file
+from mbr_launch.config.settings import SettingError, resolve, section_timeouts
 
 
 def test_precedence_cli_env_config_default():

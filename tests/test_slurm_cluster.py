@@ -44,7 +44,7 @@ def test_slurm_env_inside_a_real_step(slurm_clean: SlurmCluster) -> None:
     """SlurmEnv.from_environ agrees with what Slurm really exports to one launcher per node."""
     code = textwrap.dedent("""
         import os
-        from mbr_launch.slurm import SlurmEnv
+        from mbr_launch.config.slurm import SlurmEnv
         e = SlurmEnv.from_environ(os.environ)
         print(e.hostname, e.node_rank(), e.nnodes(), e.rdzv_endpoint(29400), e.run_id(),
               e.tasks_on_this_node(), e.in_step, e.check_one_launcher_per_node(), e.kill_on_bad_exit)
@@ -98,7 +98,7 @@ def test_torch_store_across_nodes(slurm_clean: SlurmCluster, port: int) -> None:
         import os, time
         from datetime import timedelta
         import torch.distributed as dist
-        from mbr_launch.slurm import SlurmEnv
+        from mbr_launch.config.slurm import SlurmEnv
         e = SlurmEnv.from_environ(os.environ)
         host, port = e.rdzv_endpoint({port}).rsplit(":", 1)
         store = dist.TCPStore(host, int(port), world_size=2, is_master=e.node_rank() == 0,

@@ -1,4 +1,4 @@
-"""Fast tests of mbr_launch.slurm over tables of environment variables (no cluster needed).
+"""Fast tests of mbr_launch.config.slurm over tables of environment variables (no cluster needed).
 
 The env tables are trimmed copies of what Slurm 22.05 really exported on the local test cluster.
 """
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from mbr_launch.slurm import SlurmEnv, SlurmError, parse_nodelist, parse_tasks_per_node
+from mbr_launch.config.slurm import SlurmEnv, SlurmError, parse_nodelist, parse_tasks_per_node
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.standby import assigned, mismatched_keys, replenish_delay, standby_env
+from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, standby_env
 
 from .helpers import finish, launcher_env, run_launcher, start_launcher
 
@@ -201,7 +201,7 @@ def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
         assert record["name"] == fresh["name"] == "__main__"
         assert record["argv"] == fresh["argv"] == [str(pkg / "omp.py"), "--out", str(out)]
         assert record["path"] == fresh["path"] and record["path"][0] == str(tmp_path)
-        assert record["orig_argv"][-5:] == ["mbr_launch.boot", "-m", "probes.omp", "--out", str(out)]
+        assert record["orig_argv"][-5:] == ["mbr_launch.shim.boot", "-m", "probes.omp", "--out", str(out)]
     warned = "KMP_BLOCKTIME set before `import torch` may have no effect" in res.stderr
     assert warned is (level == "torch"), res.stderr
     assert "OMP_NUM_THREADS set before" not in res.stderr
@@ -239,10 +239,10 @@ def test_sigkill_of_launcher_leaves_no_standbys_or_workers(tmp_path):
 
 def test_unused_standbys_are_killed_on_a_normal_exit(tmp_path):
     """The autouse leftover check covers every test; here the pool is asked directly too."""
-    from mbr_launch.standby import StandbyPool
+    from mbr_launch.workers.standby import StandbyPool
 
     env = {**launcher_env(), "LOCAL_RANK": "0"}
-    argv = [sys.executable, "-u", "-m", "mbr_launch.boot", str(tmp_path / "never.py")]
+    argv = [sys.executable, "-u", "-m", "mbr_launch.shim.boot", str(tmp_path / "never.py")]
     pool = StandbyPool(level="interpreter", prepare=lambda _lr: (argv, dict(env)))
     pool.fill([0, 1])
     pids = pool.pids()
@@ -266,12 +266,12 @@ def test_env_matching_rules():
 
 def test_a_mismatched_environment_falls_back_to_a_fresh_process(tmp_path):
     """A standby started with another OMP_NUM_THREADS is not used (and is killed)."""
-    from mbr_launch.standby import StandbyPool
-    from mbr_launch.workers import WorkerSpec
+    from mbr_launch.workers.standby import StandbyPool
+    from mbr_launch.workers.process import WorkerSpec
 
     script = tmp_path / "hello.py"
     script.write_text("print('hello')\n")
-    argv = [sys.executable, "-u", "-m", "mbr_launch.boot", str(script)]
+    argv = [sys.executable, "-u", "-m", "mbr_launch.shim.boot", str(script)]
     env = {**launcher_env(), "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
     pool = StandbyPool(level="interpreter", prepare=lambda _lr: (argv, dict(env)))
     pool.fill([0])
@@ -302,14 +302,14 @@ def test_cuda_level_has_a_context_on_local_rank(tmp_path):
 
 
 def test_replacements_wait_longer_on_few_cores():
-    from mbr_launch.standby import REPLENISH_DELAY, REPLENISH_DELAY_FEW_CORES, replenish_delay
+    from mbr_launch.workers.standby import REPLENISH_DELAY, REPLENISH_DELAY_FEW_CORES, replenish_delay
 
     assert replenish_delay(2, cpus=2) == REPLENISH_DELAY_FEW_CORES
     assert replenish_delay(8, cpus=128) == REPLENISH_DELAY < REPLENISH_DELAY_FEW_CORES
 
 
 def test_standbys_hold_off_preloading_on_a_far_oversubscribed_host(monkeypatch):
-    import mbr_launch.standby as standby
+    import mbr_launch.workers.standby as standby
 
     monkeypatch.setattr(standby.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(standby.os, "getloadavg", lambda: (30.0, 20.0, 10.0))  # 32 agents on 2 cores

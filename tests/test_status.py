@@ -7,9 +7,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from mbr_launch.events import EventLog, validate
-from mbr_launch.settings import resolve
-from mbr_launch.status import Telemetry
+from mbr_launch.report.events import EventLog, validate
+from mbr_launch.config.settings import resolve
+from mbr_launch.agent.telemetry import Telemetry
 
 pytestmark = pytest.mark.timeout(10)
 

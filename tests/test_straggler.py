@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.straggler import Score, StragglerCheck, scores
+from mbr_launch.decide.straggler import Score, StragglerCheck, scores
 
 pytestmark = pytest.mark.timeout(10)
 

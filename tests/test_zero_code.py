@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.events import validate
+from mbr_launch.report.events import validate
 
 from .helpers import SCRIPTS, run_launcher
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.slurm import SlurmError, parse_tasks_per_node
+from mbr_launch.config.slurm import SlurmError, parse_tasks_per_node
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
 
 FT_LAUNCHERS = {"mbr-launch", "ft_launcher"}

@@ -154,7 +154,7 @@ _LOOSE: dict[str, type] = {"checkpoint": Checkpoint, "train": Train, "dist": Dis
 _OTHER_SECTIONS = frozenset(
     "rng model optimizer optimizer_config_override_provider ddp validation scheduler dataset logger tokenizer "
     "profiling peft comm_overlap mixed_precision tensor_inspect env_vars".split()
-    # mbr-launch's own sections of the same file (checked by mbr_launch.config)
+    # mbr-launch's own sections of the same file (checked by mbr_launch.config.build)
     + ["mbr_launch", "fault_tolerance"]
 )
 _IGNORED_KEYS = frozenset({"_target_", "_partial_"})  # Hydra-style markers Bridge writes into YAML

@@ -32,7 +32,7 @@ import os
 import stat
 from typing import Any, Callable, Iterator, Optional, Union
 
-from .deadlines import Timeouts
+from mbr_launch.monitor.deadlines import Timeouts
 
 
 class ControlError(Exception):

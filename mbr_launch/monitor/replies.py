@@ -14,7 +14,7 @@ import signal
 import struct
 from typing import Any, Mapping
 
-from .protocol import HEADER
+from mbr_launch.monitor.protocol import HEADER
 
 _DATA = "nvidia_resiliency_ext.fault_tolerance.data"
 _CONFIG = "nvidia_resiliency_ext.fault_tolerance.config"

@@ -31,8 +31,8 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
-from . import replies
-from .control import (
+from mbr_launch.monitor import replies
+from mbr_launch.monitor.control import (
     ControlError,
     Emitter,
     LineReader,
@@ -41,9 +41,9 @@ from .control import (
     configured_timeouts,
     parse_socket_path,
 )
-from .deadlines import InvalidTransition, Phase, RankWatch, SectionError, next_deadline, next_verdict
-from .steps import BEAT, StepWatch, is_checkpoint_section
-from .protocol import (
+from mbr_launch.monitor.deadlines import InvalidTransition, Phase, RankWatch, SectionError, next_deadline, next_verdict
+from mbr_launch.monitor.steps import BEAT, StepWatch, is_checkpoint_section
+from mbr_launch.monitor.protocol import (
     Authkey,
     Decoder,
     Heartbeat,

@@ -1,6 +1,6 @@
 """Step deadlines and step-time records of one rank, fed by automatic step heartbeats: pure, no IO.
 
-A worker started with ``MBR_AUTOBEAT`` sends a datagram after every optimizer step (``mbr_launch.autobeat``).
+A worker started with ``MBR_AUTOBEAT`` sends a datagram after every optimizer step (``mbr_launch.shim.autobeat``).
 The ``initial`` timeout runs from ``arm`` (the worker's spawn) to its first step, which includes start-up,
 imports, compilation and data warm-up; ``subsequent`` runs from each step to the next. ``None`` disables.
 
@@ -20,7 +20,7 @@ import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-BEAT = struct.Struct("<IffI")  # same layout as mbr_launch.autobeat.BEAT (the monitor must not import it)
+BEAT = struct.Struct("<IffI")  # same layout as mbr_launch.shim.autobeat.BEAT (the monitor must not import it)
 FIRST = 1
 FINISHED = 2  # the script is done stepping (destroy_process_group, exit): the step clock stops
 CHECKPOINT = 4  # torch.save of a dict returned: lost work starts after it (goodput); not a step

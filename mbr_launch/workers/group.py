@@ -9,12 +9,12 @@ import time
 from pathlib import Path
 from typing import Any, BinaryIO, Callable
 
-from .config import LaunchConfig
-from .events import EventLog
-from .rendezvous import Round
-from .standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
-from .worker_env import worker_env
-from .workers import OutputPump, Worker, WorkerSpec, spawn, stop_all
+from mbr_launch.config.build import LaunchConfig
+from mbr_launch.report.events import EventLog
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
+from mbr_launch.workers.env import worker_env
+from mbr_launch.workers.process import OutputPump, Worker, WorkerSpec, spawn, stop_all
 
 
 class WorkerGroup:

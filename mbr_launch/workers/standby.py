@@ -3,7 +3,7 @@
 A new worker process spends most of its start-up importing torch (seconds), and on GPUs creating its CUDA
 context. None of that depends on the round, so the agent keeps one standby process per local rank that did
 it in advance. A standby is started like a worker, with the worker's own command line (``python -u -m
-mbr_launch.boot SCRIPT ARGS``: ``ps`` shows what it will run), own session, parent-death signal and output
+mbr_launch.shim.boot SCRIPT ARGS``: ``ps`` shows what it will run), own session, parent-death signal and output
 pipes, and with the worker's environment minus the variables that change each round (``ROUND_KEYS``), plus
 ``MBR_STANDBY_CHANNEL=FD:LEVEL:DELAY``, which makes ``boot`` call ``serve`` first. When the agent starts a
 rank it sends the standby its assignment over that pipe, one JSON message ``{"argv", "env", "cwd"}``; the
@@ -22,7 +22,7 @@ parent-death signal if it is killed).
 What each ``--standby`` level pre-initialises before the script's first line:
 
 - ``off``: nothing; every worker is a fresh process (as before standbys existed).
-- ``interpreter``: the interpreter and ``mbr_launch.boot`` only. Exactly equivalent to a fresh process.
+- ``interpreter``: the interpreter and ``mbr_launch.shim.boot`` only. Exactly equivalent to a fresh process.
 - ``torch`` (default): also ``import torch`` (which imports numpy when present) with no CUDA
   initialisation. Anything the script changes *before* its own ``import torch`` that torch (or numpy, MKL,
   OpenMP) reads at import time is too late. One case is repaired: when the script changed
@@ -61,11 +61,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
-from .boot import preemption_signals
+from mbr_launch.shim.boot import preemption_signals
 
 if TYPE_CHECKING:
-    from .config import LaunchConfig
-    from .workers import Worker, WorkerSpec
+    from mbr_launch.config.build import LaunchConfig
+    from mbr_launch.workers.process import Worker, WorkerSpec
 
 LEVELS = ("off", "interpreter", "torch", "cuda")
 CHANNEL_ENV = "MBR_STANDBY_CHANNEL"  # FD:LEVEL:DELAY, set in standbys only
@@ -129,7 +129,7 @@ def first_assignment(cfg: "LaunchConfig", environ: Mapping[str, str],
     filled in when the standby is taken. Imports no torch, so the launcher can start standbys first."""
     from types import SimpleNamespace
 
-    from .worker_env import worker_env
+    from mbr_launch.workers.env import worker_env
 
     placeholder = SimpleNamespace(rank_offset=0, group_rank=0, world_size=0, group_world_size=0,
                                   master_addr="", master_port=0, restart_count=0)
@@ -184,7 +184,7 @@ class StandbyPool:
                 self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay)
 
     def _start(self, local_rank: int, argv: Sequence[str], env: dict[str, str], *, delay: float) -> Standby:
-        from .workers import WorkerSpec, spawn
+        from mbr_launch.workers.process import WorkerSpec, spawn
 
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
@@ -206,7 +206,7 @@ class StandbyPool:
     def take(self, spec: "WorkerSpec") -> "Worker | None":
         """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when there is
         no usable one and the caller must spawn a fresh process."""
-        from .workers import Worker
+        from mbr_launch.workers.process import Worker
 
         self.last_miss = None
         standby = self._ready.pop(spec.local_rank, None)
@@ -243,7 +243,7 @@ class StandbyPool:
         return None
 
     def _discard(self, standby: Standby) -> None:
-        from .workers import signal_group
+        from mbr_launch.workers.process import signal_group
 
         process = standby.process
         signal_group(process, signal.SIGKILL)
@@ -295,7 +295,7 @@ def serve() -> None:
     os.environ.update(assignment["env"])
     if assignment["cwd"] != os.getcwd():
         os.chdir(assignment["cwd"])
-        sys.path[0] = os.getcwd()  # as `python -m mbr_launch.boot` sets it; run_target replaces it for a script
+        sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level)
 

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
-from .straggler import Report, StragglerCheck
+from mbr_launch.decide.straggler import Report, StragglerCheck
 
 if TYPE_CHECKING:
-    from .config import LaunchConfig
-    from .events import EventLog
+    from mbr_launch.config.build import LaunchConfig
+    from mbr_launch.report.events import EventLog
 
 LIVE_REFRESH = 0.5  # seconds between the monitor's status updates in live mode
 

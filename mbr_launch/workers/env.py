@@ -5,10 +5,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from .config import LaunchConfig
+from mbr_launch.config.build import LaunchConfig
 
 if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
-    from .rendezvous import Round
+    from mbr_launch.cluster.rendezvous import Round
 
 # Set in the agent process only (see rendezvous.py); not part of what the user gave the workers.
 _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
@@ -59,7 +59,7 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
     if launcher_socket:
         env["FT_LAUNCHER_IPC_SOCKET"] = launcher_socket
     if autobeat_socket and cfg.use_boot:
-        env["MBR_AUTOBEAT"] = "1"  # mbr_launch.boot installs the optimizer-step hook (mbr_launch.autobeat)
+        env["MBR_AUTOBEAT"] = "1"  # mbr_launch.shim.boot installs the optimizer-step hook (mbr_launch.shim.autobeat)
         env["MBR_AUTOBEAT_SOCKET"] = autobeat_socket
     if stack_file is not None and cfg.use_boot and cfg.stack_dump in ("auto", "faulthandler"):
         env["MBR_STACK_FILE"] = str(stack_file)

@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from .config import LaunchConfig
+from mbr_launch.config.build import LaunchConfig
 
 
 class RendezvousFailed(RuntimeError):

@@ -20,7 +20,7 @@ import threading
 import time
 from typing import Any, Callable
 
-from .rendezvous import Round
+from mbr_launch.cluster.rendezvous import Round
 
 
 class PeerWatch:

@@ -8,15 +8,15 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from . import exitcodes
-from .cli import CONTEXT, USER_ENV, _error, _parameter
-from .settings import SETTINGS, in_panel_order
+from mbr_launch.report import exitcodes
+from mbr_launch.cli.app import CONTEXT, USER_ENV, _error, _parameter
+from mbr_launch.config.settings import SETTINGS, in_panel_order
 
 
 def _doctor(**values: Any) -> None:
-    from .api import doctor_context, resolve_settings
-    from .config import ConfigError
-    from .doctor import DoctorError, detect_launcher, run_doctor
+    from mbr_launch.api import doctor_context, resolve_settings
+    from mbr_launch.config.build import ConfigError
+    from mbr_launch.doctor import DoctorError, detect_launcher, run_doctor
 
     as_json, deep = bool(values.pop("json")), bool(values.pop("deep"))
     values.pop("training_script", None)

@@ -15,10 +15,10 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from . import exitcodes
+from mbr_launch.report import exitcodes
 from rich.markup import escape
 
-from .settings import SETTINGS, Setting, default_text, in_panel_order
+from mbr_launch.config.settings import SETTINGS, Setting, default_text, in_panel_order
 
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 DOCTOR = "doctor"
@@ -74,8 +74,8 @@ USER_ENV: dict[str, str] = dict(os.environ)
 
 
 def run_launch(values: dict[str, Any], script: str | None, script_args: tuple[str, ...]) -> int:
-    from .api import build_launch_config, launch
-    from .config import ConfigError
+    from mbr_launch.api import build_launch_config, launch
+    from mbr_launch.config.build import ConfigError
 
     try:
         cfg = build_launch_config(cli=values, script=script, script_args=script_args, environ=USER_ENV)
@@ -119,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     try:
         if argv and argv[0] == DOCTOR:
-            from .doctor_cli import doctor_app
+            from mbr_launch.cli.doctor import doctor_app
 
             return _run_app(doctor_app, argv[1:], "mbr-launch doctor")
         return _run_app(app, argv, "mbr-launch")

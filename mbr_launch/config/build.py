@@ -15,9 +15,9 @@ from typing import Any, Mapping
 
 import yaml
 
-from .settings import BY_FT_KEY, BY_NAME, Resolved, SettingError
-from .policy import RestartPolicy
-from .slurm import SlurmEnv, SlurmError
+from mbr_launch.config.settings import BY_FT_KEY, BY_NAME, Resolved, SettingError
+from mbr_launch.decide.policy import RestartPolicy
+from mbr_launch.config.slurm import SlurmEnv, SlurmError
 
 
 class ConfigError(ValueError):
@@ -102,7 +102,7 @@ class LaunchConfig:
     entrypoint: tuple[str, ...]  # argv of one worker, before per-rank env
     training_script: str
     training_script_args: tuple[str, ...]
-    use_boot: bool  # run through mbr_launch.boot (False with --no-python)
+    use_boot: bool  # run through mbr_launch.shim.boot (False with --no-python)
     log_dir: str | None
     redirects: StdSpec
     tee: StdSpec
@@ -166,7 +166,7 @@ def load_config_file(path: str) -> dict[str, Any]:
 
 
 def _bridge_sections() -> frozenset[str]:
-    from .doctor.mbridge import known_sections
+    from mbr_launch.doctor.mbridge import known_sections
 
     return known_sections()
 
@@ -263,9 +263,9 @@ def _resolve_entrypoint(script: str, module: bool, no_python: bool, run_path: bo
         if not Path(script).is_file():
             raise ConfigError(f"training script {script} does not exist; check the path "
                               "(or pass -m for a module)")
-        return (python, "-u", "-m", "mbr_launch.boot", script), True
+        return (python, "-u", "-m", "mbr_launch.shim.boot", script), True
     if module:
-        return (python, "-u", "-m", "mbr_launch.boot", "-m", script), True
+        return (python, "-u", "-m", "mbr_launch.shim.boot", "-m", script), True
     # --no-python: the script is a program of its own
     if shutil.which(script) is None and not Path(script).is_file():
         raise ConfigError(f"program {script} (--no-python) was not found on PATH")

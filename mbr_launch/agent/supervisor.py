@@ -35,18 +35,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import exitcodes
-from .config import LaunchConfig
-from .events import EventLog
-from .launching import WorkerGroup
-from .peers import PeerWatch
-from .policy import Action, FailureFacts, decide, keep_store_host, quick_failure
-from .rendezvous import (Rendezvous, RendezvousClosed, RendezvousFailed, Round, StopWatcher, hosts_store,
+from mbr_launch.report import exitcodes
+from mbr_launch.config.build import LaunchConfig
+from mbr_launch.report.events import EventLog
+from mbr_launch.workers.group import WorkerGroup
+from mbr_launch.cluster.peers import PeerWatch
+from mbr_launch.decide.policy import Action, FailureFacts, decide, keep_store_host, quick_failure
+from mbr_launch.cluster.rendezvous import (Rendezvous, RendezvousClosed, RendezvousFailed, Round, StopWatcher, hosts_store,
                          publish_stop, read_stop)
-from .storeguard import StoreGuard
-from .status import Telemetry
-from .summary import ErrorFile, FailureRecord, RunSummary
-from .workers import Worker
+from mbr_launch.cluster.storeguard import StoreGuard
+from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.report.summary import ErrorFile, FailureRecord, RunSummary
+from mbr_launch.workers.process import Worker
 
 
 # Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
@@ -343,7 +343,7 @@ class Agent:
         return None
 
     def _hang(self, rnd: Round, event: dict) -> RoundResult | None:
-        from . import hangs
+        from mbr_launch.agent import hangs
 
         assert self.log and self.group
         local_rank = int(event.get("local_rank", -1))
@@ -382,7 +382,7 @@ class Agent:
 
     def _goodput(self) -> None:
         """Goodput of this node's run, from its event log: into the summary and the log."""
-        from .goodput import compute
+        from mbr_launch.decide.goodput import compute
 
         assert self.log
         if not any(r.get("event") == "progress" for r in self.log.records):
@@ -502,7 +502,7 @@ class Agent:
     def _start_monitor(self, restart: bool = False) -> None:
         if not self.cfg.rank_monitor:
             return
-        from .monitor_link import MonitorLink
+        from mbr_launch.monitor.link import MonitorLink
 
         self._monitor = MonitorLink(lambda ev: self._post("monitor", ev), env=dict(self.environ))
         assert self.sock_dir
@@ -683,7 +683,7 @@ class Agent:
         name = signal.Signals(signum).name
         if name not in self.cfg.preempt_signals:
             return self._finish(128 + signum, f"launcher received {name}")
-        from .preemption import maybe_requeue
+        from mbr_launch.cluster.requeue import maybe_requeue
 
         requeued = maybe_requeue(self.cfg, rnd.group_rank if rnd else self.cfg.node_rank, self.say)
         if self.log and requeued is not None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .workers import ExitStatus
+from mbr_launch.workers.process import ExitStatus
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from typing import Callable
 
-from .config import LaunchConfig
+from mbr_launch.config.build import LaunchConfig
 
 
 def requeue_allowed(cfg: LaunchConfig) -> tuple[bool, str]:

@@ -7,7 +7,7 @@
 A rank is a straggler when either score is below the threshold (default 0.7, Megatron-Bridge's choice).
 ``StragglerCheck`` collects the step times of each interval (``--straggler-interval``), scores them when
 the interval is over, and starts the next one; ranks with fewer than ``min_samples`` steps in an interval
-are left out of it. The step time used is each rank's own busy time (``mbr_launch.autobeat``): in
+are left out of it. The step time used is each rank's own busy time (``mbr_launch.shim.autobeat``): in
 synchronous training the step period is the same for every rank, because the fast ones wait for the slow.
 """
 

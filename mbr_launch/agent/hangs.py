@@ -6,8 +6,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .agent import Agent
-    from .rendezvous import Round
+    from mbr_launch.agent.supervisor import Agent
+    from mbr_launch.cluster.rendezvous import Round
 
 KIND_TEXT = {
     "initial_heartbeat": "sent no first heartbeat",
@@ -36,7 +36,7 @@ def dump_all(agent: "Agent", rnd: "Round") -> list[dict[str, Any]]:
     cfg = agent.cfg
     if cfg.stack_dump == "off" or agent.run_dir is None:
         return []
-    from .diagnosis import StackTarget, dump_stacks
+    from mbr_launch.workers.stacks import StackTarget, dump_stacks
 
     out_dir = agent.run_dir / f"attempt_{rnd.index}" / "stacks"
     targets = [StackTarget(rank=w.rank, local_rank=w.local_rank, pid=w.pid,

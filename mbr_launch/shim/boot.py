@@ -1,4 +1,4 @@
-"""Worker-side entry point: ``python -u -m mbr_launch.boot (-m MODULE | SCRIPT) [ARGS...]``.
+"""Worker-side entry point: ``python -u -m mbr_launch.shim.boot (-m MODULE | SCRIPT) [ARGS...]``.
 
 The agent starts every worker through this shim so it can arm diagnostics inside the worker without the
 user editing the script, then runs the script exactly as ``python SCRIPT ARGS`` (or ``python -m MODULE``)
@@ -12,8 +12,8 @@ What it arms, each driven by an environment variable the agent sets:
   ``STACK_SIGNAL``. This is the stack-dump path that needs no ptrace rights (py-spy needs them), and it
   works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
 - ``MBR_IGNORE_SIGNALS``: preemption signals to ignore (Slurm sends them to workers directly too).
-- ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.autobeat``), when that module exists.
-- ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.standby.serve`` pre-imports what
+- ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.shim.autobeat``), when that module exists.
+- ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.workers.standby.serve`` pre-imports what
   the standby level says, waits for its assignment (environment, working directory) and applies it; all
   the above is then armed from the assigned environment, as in a fresh worker.
 """
@@ -67,7 +67,7 @@ def arm_autobeat() -> None:
     if os.environ.get(AUTOBEAT_ENV, "0") in ("", "0"):
         return
     try:
-        from mbr_launch.autobeat import install  # type: ignore[attr-defined]
+        from mbr_launch.shim.autobeat import install  # type: ignore[attr-defined]
     except ImportError:
         return
     install()
@@ -76,11 +76,11 @@ def arm_autobeat() -> None:
 def run_target(argv: list[str]) -> None:
     """Run ``argv`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) as the ``__main__`` program."""
     if not argv:
-        raise SystemExit("usage: python -m mbr_launch.boot (-m MODULE | SCRIPT) [ARGS...]")
+        raise SystemExit("usage: python -m mbr_launch.shim.boot (-m MODULE | SCRIPT) [ARGS...]")
     if argv[0] == "-m":
         module, args = argv[1], argv[2:]
         sys.argv = [module, *args]
-        # `python -m` puts the working directory first on sys.path; `-m mbr_launch.boot` already did.
+        # `python -m` puts the working directory first on sys.path; `-m mbr_launch.shim.boot` already did.
         runpy.run_module(module, run_name="__main__", alter_sys=True)
         return
     script, args = argv[0], argv[1:]
@@ -93,8 +93,8 @@ def run_target(argv: list[str]) -> None:
 def main() -> None:
     # First, also in a waiting standby: Slurm signals every process of the step, standbys included.
     ignore_preemption_signals()
-    if STANDBY_ENV in os.environ:  # a warm standby (mbr_launch.standby): first wait to become a rank
-        from mbr_launch.standby import serve
+    if STANDBY_ENV in os.environ:  # a warm standby (mbr_launch.workers.standby): first wait to become a rank
+        from mbr_launch.workers.standby import serve
 
         serve()
         ignore_preemption_signals()  # the assignment's environment decides

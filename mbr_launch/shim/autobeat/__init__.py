@@ -1,6 +1,6 @@
 """Automatic step heartbeats for unmodified scripts: a heartbeat after every optimizer step.
 
-``install()`` runs in every worker before the user's script (``mbr_launch.boot`` calls it when the agent sets
+``install()`` runs in every worker before the user's script (``mbr_launch.shim.boot`` calls it when the agent sets
 ``MBR_AUTOBEAT``). It must not import torch: scripts may set ``CUDA_VISIBLE_DEVICES`` or ``NCCL_*`` before
 their own ``import torch``. So it only puts a finder on ``sys.meta_path`` that waits for
 ``torch.optim.optimizer`` (imported by ``import torch``). When that module has executed, the finder

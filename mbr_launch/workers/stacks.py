@@ -6,7 +6,7 @@ Two ways to get a Python stack out of a process that is stuck:
   ``ptrace_scope`` 0/1 with us as an ancestor). Its default mode briefly stops the target for a
   consistent picture, which fails on a SIGSTOPped process; ``--nonblocking`` reads without stopping,
   so it is the retry.
-- faulthandler, armed inside every worker by ``mbr_launch.boot``: on ``STACK_SIGNAL`` its C signal
+- faulthandler, armed inside every worker by ``mbr_launch.shim.boot``: on ``STACK_SIGNAL`` its C signal
   handler writes every thread's stack into the file named by ``MBR_STACK_FILE``. No ptrace needed, and
   it works while a busy loop holds the GIL; a stopped process gets SIGCONT first.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
-from mbr_launch.boot import STACK_SIGNAL
+from mbr_launch.shim.boot import STACK_SIGNAL
 
 Method = Literal["auto", "py-spy", "faulthandler"]
 

@@ -1,0 +1,1 @@
+"""What crosses nodes: torch's c10d rendezvous, stop messages, peer liveness, the store guard, Slurm requeue."""

@@ -1,0 +1,1 @@
+"""Settings (each declared once), their pure parsers, the typed launch configuration and its validation."""

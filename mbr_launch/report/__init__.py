@@ -1,0 +1,1 @@
+"""What a run leaves behind: the event log, the failure summary, exit codes."""

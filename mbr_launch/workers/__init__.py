@@ -1,0 +1,1 @@
+"""Worker processes of this node: spawning (own session, parent-death signal, pidfd), output, environment, standbys, stacks."""
