@@ -81,7 +81,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
             print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
                   "--skip-check ID", file=sys.stderr, flush=True)
             return exitcodes.USAGE
-        from mbr_launch.agent.supervisor import Agent
+        from mbr_launch.agent.lifecycle import Agent
 
         agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
         pool = None  # the agent owns it now (closed with its worker group)

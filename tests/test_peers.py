@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import pytest
 from torch.distributed import PrefixStore, TCPStore
 
-from mbr_launch.cluster.peers import PeerWatch
+from mbr_launch.cluster.peers import PeerWatch, Silence, StoreLost
 from mbr_launch.cluster.rendezvous import Round
 
 pytestmark = pytest.mark.timeout(60)
@@ -36,7 +36,7 @@ def _free_port() -> int:
 
 
 def _watch(rnd: _Round, timeout: float) -> tuple[PeerWatch, list[dict]]:
-    lost: list[dict] = []
+    lost: list[Silence] = []
     watch = PeerWatch(rnd, timeout=timeout, on_lost=lost.append)  # type: ignore[arg-type]
     watch.start()
     return watch, lost
@@ -90,6 +90,6 @@ def test_a_store_that_never_answers_is_lost_after_the_timeout():
     while time.monotonic() < end and not lost:
         time.sleep(0.05)
     watch.join(10)
-    assert len(lost) == 1 and lost[0]["kind"] == "store_lost", lost
-    assert f"127.0.0.1:{port}" in lost[0]["detail"]
+    assert len(lost) == 1 and isinstance(lost[0], StoreLost), lost
+    assert f"127.0.0.1:{port}" in lost[0].detail
     assert 2.0 <= time.monotonic() - started < 6.0

@@ -4,85 +4,86 @@ from __future__ import annotations
 
 import pytest
 
+from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.policy import (Action, Decision, FailureFacts, RestartPolicy, backoff_delay, decide,
                                keep_store_host, quick_failure)
 
 
 def test_job_scope_restart_within_budget():
-    d = decide(RestartPolicy(max_restarts=2), FailureFacts(cause="crash", exit_code=1, restarts_used=1))
+    d = decide(RestartPolicy(max_restarts=2), FailureFacts(cause=Cause.CRASH, exit_code=1, restarts_used=1))
     assert (d.action, d.scope) == (Action.RESTART, "job")
 
 
 def test_budget_exhausted_stops():
-    d = decide(RestartPolicy(max_restarts=2), FailureFacts(cause="crash", exit_code=1, restarts_used=2))
+    d = decide(RestartPolicy(max_restarts=2), FailureFacts(cause=Cause.CRASH, exit_code=1, restarts_used=2))
     assert d.action is Action.STOP and "budget exhausted" in d.reason
 
 
 @pytest.mark.parametrize("code,action", [(17, Action.STOP), (2, Action.STOP), (16, Action.RESTART), (1, Action.RESTART)])
 def test_no_restart_exit_codes(code, action):
-    d = decide(RestartPolicy(max_restarts=5), FailureFacts(cause="crash", exit_code=code))
+    d = decide(RestartPolicy(max_restarts=5), FailureFacts(cause=Cause.CRASH, exit_code=code))
     assert d.action is action
 
 
 @pytest.mark.parametrize("scope", ["node", "rank"])
 def test_local_scopes_apply_to_crashes_and_hangs_only(scope):
     policy = RestartPolicy(scope=scope, max_restarts=3)
-    assert decide(policy, FailureFacts(cause="crash", exit_code=1)).scope == scope
-    assert decide(policy, FailureFacts(cause="hang")).scope == scope
-    assert decide(policy, FailureFacts(cause="peer")).scope == "job"
-    assert decide(policy, FailureFacts(cause="monitor")).scope == "job"
+    assert decide(policy, FailureFacts(cause=Cause.CRASH, exit_code=1)).scope == scope
+    assert decide(policy, FailureFacts(cause=Cause.HANG)).scope == scope
+    assert decide(policy, FailureFacts(cause=Cause.PEER)).scope == "job"
+    assert decide(policy, FailureFacts(cause=Cause.MONITOR)).scope == "job"
 
 
 def test_startup_failures_have_their_own_budget():
     policy = RestartPolicy(max_restarts=1, max_startup_restarts=3)
-    d = decide(policy, FailureFacts(cause="crash", startup=True, restarts_used=1, startup_restarts_used=2))
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, startup=True, restarts_used=1, startup_restarts_used=2))
     assert d.action is Action.RESTART and d.counts_as_startup
-    d = decide(policy, FailureFacts(cause="crash", startup=True, startup_restarts_used=3))
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, startup=True, startup_restarts_used=3))
     assert d.action is Action.STOP and "startup" in d.reason
     # later failures still use the main budget
-    d = decide(policy, FailureFacts(cause="crash", startup=False, restarts_used=1, startup_restarts_used=0))
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, startup=False, restarts_used=1, startup_restarts_used=0))
     assert d.action is Action.STOP
     # without a startup budget, startup failures share the main one (torchrun's behaviour)
-    d = decide(RestartPolicy(max_restarts=1), FailureFacts(cause="crash", startup=True, restarts_used=1))
+    d = decide(RestartPolicy(max_restarts=1), FailureFacts(cause=Cause.CRASH, startup=True, restarts_used=1))
     assert d.action is Action.STOP and not d.counts_as_startup
 
 
 def test_exclusion_after_k_failures_needs_min_nodes():
     policy = RestartPolicy(max_restarts=9, max_node_failures=2, min_nodes=2)
-    assert decide(policy, FailureFacts(cause="crash", node_failures=1, nodes_left=2)).action is Action.RESTART
-    assert decide(policy, FailureFacts(cause="crash", node_failures=2, nodes_left=2)).action is Action.EXCLUDE_NODE
-    d = decide(policy, FailureFacts(cause="crash", node_failures=2, nodes_left=1))
+    assert decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=1, nodes_left=2)).action is Action.RESTART
+    assert decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=2, nodes_left=2)).action is Action.EXCLUDE_NODE
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=2, nodes_left=1))
     assert d.action is Action.STOP and "at least 2" in d.reason
 
 
 def test_worker_requests():
     policy = RestartPolicy(max_restarts=9, min_nodes=1)
-    assert decide(policy, FailureFacts(cause="request", exclude_requested=True, nodes_left=1)).action is Action.EXCLUDE_NODE
-    assert decide(policy, FailureFacts(cause="request", shutdown_requested=True)).action is Action.STOP
+    assert decide(policy, FailureFacts(cause=Cause.REQUEST, exclude_requested=True, nodes_left=1)).action is Action.EXCLUDE_NODE
+    assert decide(policy, FailureFacts(cause=Cause.REQUEST, shutdown_requested=True)).action is Action.STOP
 
 
 def test_backoff_only_in_a_crash_loop():
     policy = RestartPolicy(backoff=1.0, backoff_max=5.0, crash_loop_window=30)
-    young = dict(cause="crash", startup=True, round_seconds=2)  # died before any heartbeat, 2 s in
+    young = dict(cause=Cause.CRASH, startup=True, round_seconds=2)  # died before any heartbeat, 2 s in
     assert backoff_delay(policy, FailureFacts(**young, quick_failures=0)) == 0
     assert [backoff_delay(policy, FailureFacts(**young, quick_failures=k))
             for k in (1, 2, 3, 4, 5)] == [1, 2, 4, 5, 5]
-    assert backoff_delay(policy, FailureFacts(cause="crash", startup=True, round_seconds=60, quick_failures=4)) == 0
+    assert backoff_delay(policy, FailureFacts(cause=Cause.CRASH, startup=True, round_seconds=60, quick_failures=4)) == 0
 
 
 def test_a_round_that_stepped_is_not_a_crash_loop_however_short():
     policy = RestartPolicy(backoff=1.0, crash_loop_window=30)
-    stepped = FailureFacts(cause="crash", startup=False, round_seconds=2, quick_failures=3)
+    stepped = FailureFacts(cause=Cause.CRASH, startup=False, round_seconds=2, quick_failures=3)
     assert not quick_failure(policy, stepped)
     assert backoff_delay(policy, stepped) == 0
-    assert quick_failure(policy, FailureFacts(cause="crash", startup=True, round_seconds=29.9))
-    assert not quick_failure(policy, FailureFacts(cause="crash", startup=True, round_seconds=30))
+    assert quick_failure(policy, FailureFacts(cause=Cause.CRASH, startup=True, round_seconds=29.9))
+    assert not quick_failure(policy, FailureFacts(cause=Cause.CRASH, startup=True, round_seconds=30))
 
 
 def test_lost_peer_restarts_only_while_min_nodes_remain():
     policy = RestartPolicy(max_restarts=3, min_nodes=2)
-    assert decide(policy, FailureFacts(cause="peer", nodes_remaining=2)).action is Action.RESTART
-    d = decide(policy, FailureFacts(cause="peer", nodes_remaining=1))
+    assert decide(policy, FailureFacts(cause=Cause.PEER, nodes_remaining=2)).action is Action.RESTART
+    d = decide(policy, FailureFacts(cause=Cause.PEER, nodes_remaining=1))
     assert d.action is Action.STOP and "only 1 node(s) remain" in d.reason
 
 

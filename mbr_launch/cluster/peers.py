@@ -18,13 +18,38 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, Union
 
 from mbr_launch.cluster.rendezvous import Round
 
 
+@dataclass(frozen=True)
+class PeerLost:
+    """The agent of ``group_rank`` has been silent for ``silent_for`` seconds: dead or cut off."""
+
+    group_rank: int
+    silent_for: float
+
+    def describe(self) -> str:
+        return f"the agent of group rank {self.group_rank} has been silent for {self.silent_for} s (dead or cut off)"
+
+
+@dataclass(frozen=True)
+class StoreLost:
+    """The rendezvous store stopped answering this node: it may be cut off."""
+
+    detail: str
+
+    def describe(self) -> str:
+        return self.detail
+
+
+Silence = Union[PeerLost, StoreLost]
+
+
 class PeerWatch:
-    def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[dict], None],
+    def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[Silence], None],
                  waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._round = rnd
@@ -71,9 +96,8 @@ class PeerWatch:
                 return store
             except Exception as err:
                 if self._clock() - self.last_ok >= self._timeout:
-                    self._on_lost({"kind": "store_lost", "detail": f"cannot reach the rendezvous store at "
-                                   f"{self._round.store_host}:{self._round.store_port} for "
-                                   f"{self._clock() - self.last_ok:.1f} s: {err}"})
+                    self._on_lost(StoreLost(f"cannot reach the rendezvous store at {self._round.store_host}:"
+                                            f"{self._round.store_port} for {self._clock() - self.last_ok:.1f} s: {err}"))
                     return None
                 self._stop.wait(self._interval)
         return None
@@ -103,9 +127,9 @@ class PeerWatch:
                         self._on_waiting(count)
             except Exception as err:
                 if now - store_ok_at >= self._timeout:
-                    self._on_lost({"kind": "store_lost", "detail": f"the rendezvous store at "
-                                   f"{self._round.store_host}:{self._round.store_port} has not answered for "
-                                   f"{now - store_ok_at:.1f} s ({type(err).__name__})"})
+                    self._on_lost(StoreLost(f"the rendezvous store at {self._round.store_host}:"
+                                            f"{self._round.store_port} has not answered for {now - store_ok_at:.1f} s "
+                                            f"({type(err).__name__})"))
                     return
                 continue
             for key, value in zip(keys, values):
@@ -113,6 +137,5 @@ class PeerWatch:
                 if seen is None or seen[0] != value:
                     last[key] = (value, now)
                 elif now - seen[1] >= self._timeout:
-                    self._on_lost({"kind": "peer_lost", "group_rank": int(key.split("/")[1]),
-                                   "silent_for": round(now - seen[1], 2)})
+                    self._on_lost(PeerLost(group_rank=int(key.split("/")[1]), silent_for=round(now - seen[1], 2)))
                     return

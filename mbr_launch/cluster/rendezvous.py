@@ -7,21 +7,19 @@ Here every round gets:
 - a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``);
 - a rank layout agreed through that round store (nodes may run different numbers of workers).
 
-The agent's cross-node control messages (``stop``, ``done``) live under keys of the round, so a late
-message from an old round can never be read by a new one.
+The agent's cross-node control messages (``stop``, ``done``: ``cluster.stops``) live under keys of the round, so
+a late message from an old round can never be read by a new one.
 """
 
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import socket
-import threading
 import time
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from torch.distributed import PrefixStore, Store, TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousClosedError, RendezvousParameters
@@ -293,64 +291,3 @@ def _base_store(store: Store) -> Store:
     while isinstance(store, PrefixStore):
         store = store.underlying_store
     return store
-
-
-class StopWatcher:
-    """Waits in a thread for a peer's ``stop`` message of one round; wakes the agent through a callback.
-
-    A blocking ``store.wait`` on its own client connection (torch store clients serialise their
-    operations, so sharing one with the agent's main thread would stall the agent).
-    """
-
-    KEY = "stop"
-    # How long one blocking wait lasts: bounds how long a cancelled watcher lingers (joined at exit).
-    POLL = 1.0
-
-    def __init__(self, rnd: Round, on_stop: Callable[[dict], None], *, key: str = KEY) -> None:
-        self._round = rnd
-        self._key = key
-        self._connect = rnd.connect_control
-        self._on_stop = on_stop
-        self._cancelled = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"stop-watch-{rnd.index}", daemon=True)
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def cancel(self) -> None:
-        self._cancelled.set()
-
-    def join(self, timeout: float) -> None:
-        if self._thread.is_alive():
-            self._thread.join(timeout)
-
-    def _run(self) -> None:
-        try:
-            store = self._connect()
-        except Exception:
-            return
-        while not self._cancelled.is_set():
-            try:
-                store.wait([self._key], datetime.timedelta(seconds=self.POLL))
-            except Exception:
-                continue
-            if self._cancelled.is_set():
-                return
-            try:
-                message = json.loads(store.get(self._key).decode())
-            except Exception:
-                message = {"reason": "peer requested stop"}
-            self._on_stop(message)
-            return
-
-
-def publish_stop(rnd: Round, message: dict) -> bool:
-    """Tell every node of the round to stop its workers; True when this call was the first."""
-    payload = json.dumps(message)
-    return rnd.control.compare_set(StopWatcher.KEY, "", payload).decode() == payload
-
-
-def read_stop(rnd: Round) -> dict | None:
-    if not rnd.control.check([StopWatcher.KEY]):
-        return None
-    return json.loads(rnd.control.get(StopWatcher.KEY).decode())

@@ -19,6 +19,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+from mbr_launch.decide.causes import Cause
+
 
 class Action(enum.Enum):
     RESTART = "restart"  # restart at the decision's scope
@@ -44,7 +46,7 @@ class RestartPolicy:
 
 @dataclass(frozen=True)
 class FailureFacts:
-    cause: str  # "crash" | "hang" | "monitor" | "peer" | "request" | "straggler"
+    cause: Cause
     exit_code: int | None = None
     startup: bool = False  # no local rank had sent a heartbeat yet in this round
     round_seconds: float = 0.0  # how long the failed round had run
@@ -56,6 +58,7 @@ class FailureFacts:
     shutdown_requested: bool = False  # a worker sent NVRx ShutdownWorkload
     nodes_left: int = 1  # nodes that would remain in the job without this one (spares included)
     nodes_remaining: int = 1  # nodes still alive after this failure, this one included (spares included)
+    hosts_store: bool = False  # this node serves the rendezvous store: its exit would end every node
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class Decision:
     reason: str
     backoff: float = 0.0
     counts_as_startup: bool = False
+    kept_for_store: bool = False  # an exclusion turned down because this node hosts the rendezvous store
 
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
@@ -83,7 +87,7 @@ def backoff_delay(policy: RestartPolicy, facts: FailureFacts) -> float:
 
 def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.shutdown_requested:
-        why = "a straggler was detected (--stop-on-straggler)" if facts.cause == "straggler" \
+        why = "a straggler was detected (--stop-on-straggler)" if facts.cause is Cause.STRAGGLER \
             else "a worker asked to shut the workload down"
         return Decision(Action.STOP, "job", why)
     if facts.exit_code is not None and facts.exit_code in policy.no_restart_exit_codes:
@@ -96,10 +100,13 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
         exclude_reason = f"this node failed {facts.node_failures} times (--max-node-failures {policy.max_node_failures})"
     if exclude_reason:
         if facts.nodes_left >= policy.min_nodes:
-            return Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
+            excluded = Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
+            if facts.hosts_store:  # leaving would take the rendezvous store, and every other node, down
+                return keep_store_host(excluded, restarts_used=facts.restarts_used, max_restarts=policy.max_restarts)
+            return excluded
         return Decision(Action.STOP, "job", f"{exclude_reason}, but only {facts.nodes_left} node(s) would remain "
                                             f"(--nnodes needs at least {policy.min_nodes})")
-    if facts.cause == "peer" and facts.nodes_remaining < policy.min_nodes:
+    if facts.cause is Cause.PEER and facts.nodes_remaining < policy.min_nodes:
         return Decision(Action.STOP, "job", f"only {facts.nodes_remaining} node(s) remain and --nnodes needs at "
                                             f"least {policy.min_nodes}")
     startup = facts.startup and policy.max_startup_restarts is not None
@@ -111,8 +118,7 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
                             counts_as_startup=True)
     elif facts.restarts_used >= policy.max_restarts:
         return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)")
-    # A dead peer or a lost monitor cannot be mended by restarting one rank.
-    scope = policy.scope if facts.cause in ("crash", "hang") else "job"
+    scope = policy.scope if facts.cause.mendable_locally else "job"
     return Decision(Action.RESTART, scope, "restarting", backoff=backoff_delay(policy, facts),
                     counts_as_startup=startup)
 
@@ -122,5 +128,6 @@ def keep_store_host(decision: Decision, *, restarts_used: int, max_restarts: int
     a job-wide restart while the budget lasts, else the end of the job."""
     why = f"not excluded although {decision.reason}"
     if restarts_used >= max_restarts:
-        return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({max_restarts} restarts allowed)")
-    return Decision(Action.RESTART, "job", f"{why}; restarting instead")
+        return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({max_restarts} restarts allowed)",
+                        kept_for_store=True)
+    return Decision(Action.RESTART, "job", f"{why}; restarting instead", kept_for_store=True)

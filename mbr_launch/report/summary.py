@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from mbr_launch.decide.causes import Cause
 from mbr_launch.workers.process import ExitStatus
 
 
@@ -47,7 +48,7 @@ class FailureRecord:
     local_rank: int
     node: str
     group_rank: int
-    cause: str  # "crash" | "hang" | "monitor" | "peer" | "signal"
+    cause: Cause
     status: ExitStatus | None
     pid: int | None = None
     section: str | None = None
@@ -58,13 +59,13 @@ class FailureRecord:
 
     def describe(self) -> str:
         where = f"rank {self.rank} (local rank {self.local_rank}) on {self.node}"
-        what = self.detail or (self.status.describe() if self.status else self.cause)
+        what = self.detail or (self.status.describe() if self.status else self.cause.value)
         if self.section:
             what += f", in section '{self.section}'"
         return f"{where}: {what}"
 
     def to_event(self) -> dict[str, Any]:
-        return {"round": self.round, "rank": self.rank, "local_rank": self.local_rank, "cause": self.cause,
+        return {"round": self.round, "rank": self.rank, "local_rank": self.local_rank, "cause": self.cause.value,
                 "exit_code": self.status.code if self.status else None,
                 "signal": self.status.signal if self.status else None, "section": self.section,
                 "detail": self.detail, "pid": self.pid, "stacks": self.stacks}

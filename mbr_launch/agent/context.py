@@ -1,0 +1,118 @@
+"""What the supervisor loop and its handlers share: the collaborators (injected, so tests replay scripted
+histories through the real loop with fakes and a fake clock) and the little state that outlives one event.
+
+Each collaborator is a ``Protocol`` naming only what the agent calls; ``agent.lifecycle`` wires the real
+ones (torch's rendezvous, worker processes, the rank monitor process, the round's store).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, ContextManager, Protocol, Sequence
+
+from mbr_launch.agent.messages import Departure, Event
+from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.config.build import LaunchConfig
+from mbr_launch.report.events import EventLog
+from mbr_launch.report.summary import RunSummary
+from mbr_launch.workers.process import Worker
+
+
+class Group(Protocol):
+    """This node's workers (``workers.group.WorkerGroup``)."""
+
+    workers: list[Worker]
+
+    def start(self, rnd: Round, local_ranks: list[int] | None = None, *, restart_count: int | None = None) -> None: ...
+    def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None,
+             first_signal: int = signal.SIGTERM, grace: float = 30.0) -> None: ...
+    def reap(self, rnd: Round) -> list[Worker]: ...
+    def pidfds(self) -> list[int]: ...
+    def all_succeeded(self) -> bool: ...
+    def by_local_rank(self, local_rank: int) -> Worker | None: ...
+
+
+class Membership(Protocol):
+    """The rendezvous and the job-wide counts it keeps (``cluster.rendezvous.Rendezvous``)."""
+
+    def next_round(self) -> Round: ...
+    def counts(self, rnd: Round) -> tuple[int, int]: ...
+    def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int: ...
+    def count_node_failure(self, rnd: Round, node: str) -> int: ...
+    def spare_count(self) -> int: ...
+
+
+class Watch(Protocol):
+    """The threads that watch one round for this agent (``agent.watch.RoundWatch``)."""
+
+    def silent_for(self) -> float: ...
+    def watch_all_done(self) -> None: ...
+    def cancel(self) -> None: ...
+
+
+class Cluster(Protocol):
+    """Cross-node operations of one round (``agent.watch.StoreCluster``)."""
+
+    def watch(self, rnd: Round, post: Callable[[Event], None]) -> Watch: ...
+    def publish(self, rnd: Round, message: StopMessage) -> bool: ...
+    def read(self, rnd: Round) -> StopMessage | None: ...
+    def mark_done(self, rnd: Round) -> bool: ...
+    def hosts_store(self, rnd: Round) -> bool: ...
+
+
+class Monitor(Protocol):
+    """The rank monitor process as the loop sees it (``agent.monitoring.MonitorHandle``)."""
+
+    @property
+    def pidfd(self) -> int | None: ...
+    def reap(self) -> int | None: ...
+    def restart(self) -> None: ...
+    def last_section(self, local_rank: int) -> str | None: ...
+
+
+class Guard(Protocol):
+    def around(self, seconds: float, what: str) -> ContextManager[None]: ...
+
+
+@dataclass
+class StackRecord:
+    local_rank: int
+    rank: int
+    path: str | None
+    method: str
+    summary: str
+
+
+@dataclass
+class Context:
+    cfg: LaunchConfig
+    node: str
+    log: EventLog
+    say: Callable[[str], None]
+    group: Group
+    rendezvous: Membership
+    cluster: Cluster
+    monitor: Monitor
+    wakeup: Wakeup
+    guard: Guard
+    clock: Callable[[], float]
+    dump_stacks: Callable[[Round], Sequence[StackRecord]]
+    run_dir: Path
+    started: float  # when the agent started, on ``clock``
+    telemetry: Telemetry | None = None
+    round: Round | None = None  # the latest round joined
+    summary: RunSummary = field(default_factory=RunSummary)
+    heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up in this round
+    quick_failures: int = 0  # consecutive failures of rounds that died young (a crash loop)
+    round_started: float = 0.0
+    departure: Departure = Departure.CLOSE
+    watch: Watch | None = None  # this round's
+
+    def store_call(self, what: str) -> ContextManager[None]:
+        """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3)."""
+        return self.guard.around(self.cfg.peer_timeout * 2 + 5, what)

@@ -1,0 +1,47 @@
+"""How a run ends for this node: the summary, goodput, the ``end`` event, and Slurm requeue on preemption."""
+
+from __future__ import annotations
+
+import signal
+import sys
+
+from mbr_launch.agent.context import Context
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.requeue import maybe_requeue
+from mbr_launch.decide.goodput import compute
+from mbr_launch.report import exitcodes
+
+
+def finish(ctx: Context, code: int, reason: str) -> int:
+    ctx.summary.exit_code, ctx.summary.reason = code, reason
+    if ctx.telemetry:
+        ctx.telemetry.end("end" if code == exitcodes.OK else "stop")
+        ctx.telemetry.close()
+    _goodput(ctx)
+    ctx.log.emit("end", exit_code=code, reason=reason, seconds=round(ctx.clock() - ctx.started, 3))
+    text = ctx.summary.render()
+    if text:
+        print(text, file=sys.stderr, flush=True)
+    ctx.say(f"done: {reason} (exit code {code}); logs and events in {ctx.run_dir}")
+    return code
+
+
+def finish_signaled(ctx: Context, signum: int, rnd: Round | None) -> int:
+    """A stop request ends with 128+N, as a shell reports it; a preemption signal with exit 5 (after asking
+    Slurm to requeue the job, where that is allowed)."""
+    name = signal.Signals(signum).name
+    if name not in ctx.cfg.preempt_signals:
+        return finish(ctx, 128 + signum, f"launcher received {name}")
+    requeued = maybe_requeue(ctx.cfg, rnd.group_rank if rnd else ctx.cfg.node_rank, ctx.say)
+    if requeued is not None:
+        ctx.log.emit("requeue", job=ctx.cfg.slurm.job_id if ctx.cfg.slurm else None, ok=requeued)
+    return finish(ctx, exitcodes.PREEMPTED, f"preempted by {name}" + (" (job requeued)" if requeued else ""))
+
+
+def _goodput(ctx: Context) -> None:
+    """Goodput of this node's run, from its event log: into the summary and the log."""
+    if not any(r.get("event") == "progress" for r in ctx.log.records):
+        return
+    result = compute(ctx.log.records, wall=ctx.log.t_of(ctx.clock()))
+    ctx.summary.goodput = result.render()
+    ctx.log.emit("goodput", **result.to_event())

@@ -1,0 +1,107 @@
+"""A failure, from facts to action: record it, gather the facts the policy needs (job-wide counts from the
+store), ask the pure policy, act on its decision (restart here, restart the job, leave, or end)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from mbr_launch.agent.context import Context
+from mbr_launch.agent.messages import Outcome, RoundResult
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.decide.causes import Cause
+from mbr_launch.decide.policy import Action, Decision, FailureFacts, decide, quick_failure
+from mbr_launch.report.summary import ErrorFile, FailureRecord
+from mbr_launch.workers.process import Worker
+
+
+def crash_record(ctx: Context, rnd: Round, worker: Worker) -> FailureRecord:
+    assert worker.status is not None
+    error_file = ErrorFile.read(Path(worker.spec.env["TORCHELASTIC_ERROR_FILE"]))
+    return FailureRecord(round=rnd.index, rank=worker.rank, local_rank=worker.local_rank, node=ctx.node,
+                         group_rank=rnd.group_rank, cause=Cause.CRASH, status=worker.status, pid=worker.pid,
+                         section=ctx.monitor.last_section(worker.local_rank), error_file=error_file)
+
+
+def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,
+                   exclude: bool = False, nodes_lost: int = 0) -> RoundResult | None:
+    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart)."""
+    for record in records:
+        ctx.summary.failures.append(record)
+        ctx.log.emit("failure", **record.to_event(), startup=not ctx.heartbeats)
+        ctx.say(f"FAILURE: {record.describe()}")
+    if ctx.telemetry:
+        ctx.telemetry.end("failure", records[0].cause.value)
+    facts = _facts(ctx, rnd, records[0].cause, records[0], shutdown=shutdown, exclude=exclude, nodes_lost=nodes_lost)
+    decision = decide(ctx.cfg.policy, facts)
+    if decision.kept_for_store:
+        ctx.say(f"this node hosts the rendezvous store ({rnd.store_host}:{rnd.store_port}), so it stays: "
+                f"{decision.reason}")
+    ctx.quick_failures = ctx.quick_failures + 1 if quick_failure(ctx.cfg.policy, facts) else 0
+    if decision.action is Action.RESTART and decision.scope != "job":
+        return _restart_here(ctx, rnd, records, decision)
+    if decision.action is Action.EXCLUDE_NODE:
+        return _leave(ctx, rnd, decision)
+    reason = records[0].describe() if decision.action is Action.RESTART else f"{records[0].describe()}; {decision.reason}"
+    return _stop_round(ctx, rnd, decision, reason)
+
+
+def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shutdown: bool, exclude: bool,
+           nodes_lost: int) -> FailureFacts:
+    with ctx.store_call("recording a failure in the rendezvous store"):
+        restarts, startup_restarts = ctx.rendezvous.counts(rnd)
+        node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if cause.node_fault else 0
+        waiting = ctx.rendezvous.spare_count()
+    return FailureFacts(
+        cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.heartbeats,
+        round_seconds=ctx.clock() - ctx.round_started, restarts_used=restarts,
+        startup_restarts_used=startup_restarts, node_failures=node_failures, quick_failures=ctx.quick_failures,
+        exclude_requested=exclude, shutdown_requested=shutdown,
+        nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
+        nodes_remaining=rnd.group_world_size - nodes_lost + waiting,
+        hosts_store=(exclude or ctx.cfg.policy.max_node_failures > 0) and ctx.cluster.hosts_store(rnd))
+
+
+def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision) -> RoundResult | None:
+    """--restart-scope node|rank: only this node's (or the failed ranks') processes restart; the round goes on."""
+    cfg = ctx.cfg
+    with ctx.store_call("counting a restart"):
+        total = ctx.rendezvous.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
+    ranks = sorted({r.local_rank for r in records}) if decision.scope == "rank" else None
+    ctx.group.stop(rnd, local_ranks=ranks, grace=cfg.shutdown_timeout)
+    ctx.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.max_restarts,
+                 scope=decision.scope, backoff=decision.backoff)
+    which = "this node" if ranks is None else "rank(s) " + str([rnd.rank_offset + r for r in ranks])
+    ctx.say(f"restarting {which} only (--restart-scope {decision.scope}; restart {total} of {cfg.max_restarts})")
+    if not ctx.wakeup.sleep(decision.backoff):
+        return None  # a signal came during the back-off: the loop handles it next
+    ctx.heartbeats = set() if ranks is None else ctx.heartbeats - set(ranks)
+    ctx.group.start(rnd, ranks, restart_count=total)
+    if ctx.telemetry:
+        ctx.telemetry.begin(rnd.index, ranks if ranks is not None else [w.local_rank for w in ctx.group.workers])
+    return None
+
+
+def _leave(ctx: Context, rnd: Round, decision: Decision) -> RoundResult:
+    """This node is excluded: tell the others (they re-form without it, spares join), then go."""
+    message = StopMessage(reason=f"node {ctx.node} leaves the job: {decision.reason}", origin=ctx.node,
+                          group_rank=rnd.group_rank, exclude=ctx.node, restart_count=rnd.restart_count)
+    ctx.log.emit("exclude", round=rnd.index, reason=decision.reason)
+    with ctx.store_call("announcing the exclusion"):
+        ctx.cluster.publish(rnd, message)
+    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    return RoundResult(Outcome.EXCLUDED, message=message)
+
+
+def _stop_round(ctx: Context, rnd: Round, decision: Decision, reason: str) -> RoundResult:
+    """Restart the job (a new round everywhere) or end it: the first stop message of the round wins."""
+    final = decision.action is Action.STOP
+    with ctx.store_call("announcing the failure to the other nodes"):
+        count = rnd.restart_count if final else ctx.rendezvous.count_restart(
+            rnd, startup=decision.counts_as_startup, once_per_round=True)
+        message = StopMessage(reason=reason, origin=ctx.node, group_rank=rnd.group_rank, final=final,
+                              restart_count=count, backoff=decision.backoff)
+        ctx.cluster.publish(rnd, message)
+        decided = ctx.cluster.read(rnd) or message  # when two nodes fail at once, the first message wins
+    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)

@@ -1,0 +1,158 @@
+"""One small handler per kind of event; each returns how the round ends for this node, or None (go on)."""
+
+from __future__ import annotations
+
+import signal
+
+from mbr_launch.agent import hangs
+from mbr_launch.agent.context import Context
+from mbr_launch.agent.failures import handle_failure
+from mbr_launch.agent.messages import (AllDone, Departure, Event, MonitorDied, NodesWaiting, Outcome, PeerStopped,
+                                       Progress, RankExpired, RankStarted, RoundResult, WorkloadRequest)
+from mbr_launch.cluster.peers import PeerLost, StoreLost
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.decide.causes import Cause
+from mbr_launch.report import exitcodes
+from mbr_launch.report.summary import FailureRecord
+
+
+def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundResult | None:
+    if isinstance(event, PeerStopped):
+        return handle_peer_stop(ctx, rnd, event.message)
+    if isinstance(event, (PeerLost, StoreLost)):
+        return handle_silence(ctx, rnd, event)
+    if isinstance(event, AllDone):
+        return RoundResult(Outcome.SUCCEEDED)
+    if local_done:  # this node's workers finished: only the other nodes' news matters now
+        return None
+    if isinstance(event, NodesWaiting):
+        return handle_nodes_waiting(ctx, rnd, event)
+    if isinstance(event, RankStarted):
+        ctx.heartbeats.add(event.local_rank)
+        if event.first_step is not None and ctx.telemetry:
+            ctx.telemetry.on_first_step(dict(event.first_step))
+        return None
+    if isinstance(event, Progress):
+        if ctx.telemetry:
+            (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
+        return None
+    if isinstance(event, RankExpired):
+        return handle_hang(ctx, rnd, event)
+    if isinstance(event, MonitorDied):
+        return handle_monitor_died(ctx, rnd, event)
+    if isinstance(event, WorkloadRequest):
+        return handle_workload_request(ctx, rnd, event)
+    return None
+
+
+def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
+    """Forward the signal (or, for a preemption signal, the forward signal with the preemption grace) to the
+    workers, stop them, tell the other nodes: the job ends."""
+    cfg = ctx.cfg
+    name = signal.Signals(signum).name
+    ctx.log.emit("signal", signal=name)
+    if name in cfg.preempt_signals:
+        forward, grace = signal.Signals[cfg.preempt_forward_signal], cfg.preempt_grace
+        ctx.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
+        ctx.say(f"PREEMPTION ({name}): sending {forward.name} to the workers so they can checkpoint, "
+                f"then stopping them after {grace:g} s")
+    else:
+        forward, grace = signal.Signals(signum), cfg.shutdown_timeout
+        ctx.say(f"received {name}: forwarding it to the workers, then stopping them (grace {grace:g} s)")
+    ctx.group.stop(rnd, first_signal=forward, grace=grace)
+    try:
+        with ctx.store_call("telling the other nodes about the signal"):
+            ctx.cluster.publish(rnd, StopMessage(reason=f"{name} on node {ctx.node}", origin=ctx.node, final=True))
+    except Exception:
+        pass  # the store may be gone too; our own exit does not depend on it
+    return RoundResult(Outcome.SIGNALED, signum=signum)
+
+
+def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundResult:
+    ctx.log.emit("stop", round=rnd.index, reason=message.reason, origin=message.origin)
+    if message.group_rank != rnd.group_rank:
+        ctx.say(f"stopping local workers: {message.reason} (from {message.origin})")
+    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    return RoundResult(Outcome.FINAL if message.final else Outcome.RESTART, message=message)
+
+
+def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> RoundResult:
+    """Nodes wait to join: stop this round everywhere so the next one admits them (no budget spent)."""
+    message = StopMessage(reason=f"{event.count} node(s) waiting to join", origin=ctx.node,
+                          restart_count=rnd.restart_count, membership=True)
+    with ctx.store_call("announcing a membership change"):
+        ctx.cluster.publish(rnd, message)
+        decided = ctx.cluster.read(rnd) or message
+    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)
+
+
+def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> RoundResult | None:
+    if isinstance(event, StoreLost):
+        ctx.log.emit("peer_lost", round=rnd.index, kind="store_lost", detail=event.detail)
+        ctx.departure = Departure.NONE  # nothing to tell a store we cannot reach
+        ctx.say(f"LOST THE RENDEZVOUS STORE: {event.detail}; stopping local workers")
+        ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+        return RoundResult(Outcome.FINAL, message=StopMessage(reason=f"lost the rendezvous store: {event.detail}",
+                                                              exit_code=exitcodes.RENDEZVOUS, final=True))
+    ctx.log.emit("peer_lost", round=rnd.index, kind="peer_lost", detail=event.describe())
+    record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=f"group rank {event.group_rank}",
+                           group_rank=event.group_rank, cause=Cause.PEER, status=None, detail=event.describe())
+    return handle_failure(ctx, rnd, [record], nodes_lost=1)
+
+
+def handle_hang(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
+    worker = ctx.group.by_local_rank(event.local_rank)
+    if worker is None or not worker.alive:
+        return None  # already gone: its exit is (or will be) handled as a crash
+    ctx.log.emit("hang", round=rnd.index, rank=event.rank, local_rank=event.local_rank, pid=event.pid, kind=event.kind,
+                 section=event.section, timeout=event.timeout, elapsed=event.elapsed,
+                 last_heartbeat_age=event.last_heartbeat_age, open_sections=list(event.open_sections) or None)
+    ctx.say(f"HANG: rank {event.rank} {hangs.describe(event)}; dumping stacks, then stopping it")
+    dumps = ctx.dump_stacks(rnd)
+    record = FailureRecord(round=rnd.index, rank=worker.rank, local_rank=event.local_rank, node=ctx.node,
+                           group_rank=rnd.group_rank, cause=Cause.HANG, status=None, pid=worker.pid,
+                           section=event.section, detail=hangs.describe(event))
+    hung = next((d for d in dumps if d.local_rank == event.local_rank), None)
+    if hung:
+        record.stacks, record.stack_summary = hung.path, hung.summary
+    ctx.group.stop(rnd, local_ranks=[event.local_rank], grace=ctx.cfg.hang_kill_grace)
+    return handle_failure(ctx, rnd, [record])
+
+
+def handle_monitor_died(ctx: Context, rnd: Round, event: MonitorDied) -> RoundResult | None:
+    ctx.log.emit("monitor_lost", round=rnd.index, exit_code=event.exit_code)
+    record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=ctx.node, group_rank=rnd.group_rank,
+                           cause=Cause.MONITOR, status=None,
+                           detail=f"the rank monitor process died (exit {event.exit_code}); hang detection was "
+                                  "lost, so the round is restarted")
+    ctx.monitor.restart()
+    return handle_failure(ctx, rnd, [record])
+
+
+def handle_workload_request(ctx: Context, rnd: Round, event: WorkloadRequest) -> RoundResult | None:
+    ctx.log.emit("workload_request", rank=event.rank, action=event.action, description=event.description)
+    if event.action not in ("ShutdownWorkload", "ExcludeThisNode"):
+        return None
+    record = FailureRecord(round=rnd.index, rank=-1 if event.rank is None else event.rank, local_rank=-1,
+                           node=ctx.node, group_rank=rnd.group_rank, cause=Cause.REQUEST, status=None,
+                           detail=f"rank {event.rank} requested {event.action}: {event.description}")
+    return handle_failure(ctx, rnd, [record], shutdown=event.action == "ShutdownWorkload",
+                          exclude=event.action == "ExcludeThisNode")
+
+
+def tick_telemetry(ctx: Context, rnd: Round) -> RoundResult | None:
+    """Straggler check, goodput segments, the plain status line; a straggler may stop the job."""
+    assert ctx.telemetry
+    report = ctx.telemetry.tick(rnd.index)
+    if report is None or not report.stragglers or not ctx.telemetry.stop_on_straggler:
+        return None
+    rank = report.stragglers[0]
+    score = report.scores[rank]
+    local = next((w.local_rank for w in ctx.group.workers if w.rank == rank), -1)
+    record = FailureRecord(round=rnd.index, rank=rank, local_rank=local, node=ctx.node, group_rank=rnd.group_rank,
+                           cause=Cause.STRAGGLER, status=None,
+                           detail=f"straggler: relative score {score.relative:.2f}, individual "
+                                  f"{score.individual:.2f} below {report.threshold:g} (--stop-on-straggler)")
+    return handle_failure(ctx, rnd, [record], shutdown=True)

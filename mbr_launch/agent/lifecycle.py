@@ -1,0 +1,183 @@
+"""The agent's life around the supervisor loop: set up (run folder, event log, worker group and its
+standbys, rank monitor, signal handlers, store guard), run the loop, and tear everything down so that
+nothing of ours outlives the launcher."""
+
+from __future__ import annotations
+
+import functools
+import os
+import signal
+import socket
+import sys
+import tempfile
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+from mbr_launch.agent import hangs
+from mbr_launch.agent.context import Context, StackRecord
+from mbr_launch.agent.loop import Supervisor
+from mbr_launch.agent.messages import Departure
+from mbr_launch.agent.monitoring import MonitorHandle
+from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.agent.watch import StoreCluster
+from mbr_launch.cluster.rendezvous import Rendezvous, Round
+from mbr_launch.cluster.storeguard import StoreGuard
+from mbr_launch.config.build import LaunchConfig
+from mbr_launch.report import exitcodes
+from mbr_launch.report.events import EventLog
+from mbr_launch.workers.group import WorkerGroup
+from mbr_launch.workers.standby import StandbyPool
+
+# Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
+# outside the round (spares): they poll about once a second and should read "closed", not find it gone.
+SPARE_LINGER = 3.0
+
+
+class Agent:
+    def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str] | None = None,
+                 standby: StandbyPool | None = None, exit_after: bool = False,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.cfg = cfg
+        self._exit_after = exit_after  # the process ends (os._exit) as soon as run() returns
+        self._early_standby = standby  # a StandbyPool the launcher started before importing torch
+        self.environ = dict(os.environ if environ is None else environ)
+        self.node = socket.gethostname()
+        self.clock = clock
+        self._started = clock()
+        self.ctx: Context | None = None
+        self._group: WorkerGroup | None = None
+        self._monitor: MonitorHandle | None = None
+        self._cluster: StoreCluster | None = None
+        self._rendezvous: Rendezvous | None = None
+        self._log: EventLog | None = None
+        self._sock_dir: Path | None = None
+
+    def run(self) -> int:
+        wakeup = Wakeup(self.clock)
+        old_handlers = self._install_signals(wakeup)
+        guard = StoreGuard(self._store_hung)
+        guard.start()
+        try:
+            self.ctx = self._assemble(wakeup, guard)
+            return Supervisor(self.ctx).run()
+        finally:
+            self._teardown(guard, wakeup, old_handlers)
+
+    # ---- set up ---------------------------------------------------------------------------------
+
+    def _assemble(self, wakeup: Wakeup, guard: StoreGuard) -> Context:
+        cfg = self.cfg
+        base = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.gettempdir()) / "mbr-launch"
+        base.mkdir(parents=True, exist_ok=True)
+        run_dir = base / f"{cfg.run_id}_{uuid.uuid4().hex[:6]}_{self.node}"
+        run_dir.mkdir(parents=True)
+        # Sockets live in a private directory (0700), never directly in the shared temp dir.
+        self._sock_dir = Path(tempfile.mkdtemp(prefix="mbr-"))
+        log = self._log = EventLog(run_dir / "events.jsonl", node=self.node)
+        group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
+                                          log=log, monitor=None, say=self.say)
+        slurm = cfg.slurm
+        log.emit("start", argv=sys.argv, run_id=cfg.run_id, nproc_per_node=cfg.nproc_per_node,
+                 nnodes=f"{cfg.min_nodes}:{cfg.max_nodes}", max_restarts=cfg.max_restarts, log_dir=str(run_dir),
+                 slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
+                        "restart_count": slurm.restart_count} if slurm else None)
+        for warning in cfg.warnings:
+            self.say(f"WARNING: {warning}")
+        monitor = self._monitor = MonitorHandle(
+            enabled=cfg.rank_monitor, sock_dir=self._sock_dir, ft=cfg.ft.as_nvrx_dict(), steps=None,
+            env=self.environ, post=wakeup.post, on_link=lambda link: setattr(group, "monitor", link))
+        telemetry = Telemetry(cfg, log, self.say, clock=self.clock, snapshot=monitor.snapshot)
+        monitor.steps = telemetry.monitor_config()
+        group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
+        monitor.start()
+        rendezvous = self._rendezvous = Rendezvous(cfg)
+        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.peer_timeout,
+                                     membership=cfg.rdzv_backend == "c10d" and not cfg.standalone)
+        dump = functools.partial(self._dump_stacks, log, run_dir)
+        return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
+                       cluster=self._cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
+                       dump_stacks=dump, run_dir=run_dir, started=self._started, telemetry=telemetry)
+
+    def _dump_stacks(self, log: EventLog, run_dir: Path, rnd: Round) -> list[StackRecord]:
+        assert self._group
+        return hangs.dump_all(self._group.workers, run_dir / f"attempt_{rnd.index}" / "stacks",
+                              method=self.cfg.stack_dump, round_index=rnd.index, log=log, say=self.say)
+
+    def _install_signals(self, wakeup: Wakeup) -> dict[int, Any]:
+        old = {}
+
+        def handler(signum: int, _frame: Any) -> None:
+            wakeup.post_signal(signum)  # only record it: no logging or I/O here (the logging lock can deadlock)
+
+        for name in dict.fromkeys((*self.cfg.signals_to_handle, *self.cfg.preempt_signals)):
+            sig = signal.Signals[name]
+            old[sig] = signal.signal(sig, handler)
+        return old
+
+    # ---- tear down ------------------------------------------------------------------------------
+
+    def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any]) -> None:
+        rnd = self.ctx.round if self.ctx else None
+        if self._group:
+            try:
+                self._group.stop(rnd, grace=self.cfg.shutdown_timeout)
+            except Exception:
+                pass
+            self._group.close()
+        if self._cluster:
+            self._cluster.close(join=not self._exit_after)
+        if self._monitor:
+            self._monitor.close()
+        self._part_from_rendezvous(rnd)
+        guard.close()
+        for sig, old in old_handlers.items():
+            signal.signal(sig, old)
+        wakeup.close()
+        if self._sock_dir:
+            for item in self._sock_dir.iterdir():
+                item.unlink(missing_ok=True)
+            self._sock_dir.rmdir()
+        if self._log:
+            self._log.close()
+
+    def _part_from_rendezvous(self, rnd: Round | None) -> None:
+        departure = self.ctx.departure if self.ctx else Departure.CLOSE
+        if self._rendezvous is None or departure is Departure.NONE:
+            return
+        if departure is Departure.LEAVE:
+            part = self._rendezvous.leave
+        else:
+            hosting = rnd is not None and self._cluster is not None and self._cluster.hosts_store(rnd)
+            part = functools.partial(self._rendezvous.shutdown, linger=SPARE_LINGER if hosting else 0.0)
+        # Bounded: on a dead link these calls would never return.
+        farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
+        farewell.start()
+        farewell.join(5.0)
+
+    def _store_hung(self, what: str, seconds: float) -> None:
+        """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""
+        for worker in self._group.workers if self._group else ():
+            try:
+                os.killpg(worker.pid, signal.SIGKILL)
+            except OSError:
+                pass
+        reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
+                  f"from {self.cfg.rdzv_endpoint})")
+        print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
+        try:
+            if self._log:
+                self._log.emit("end", exit_code=exitcodes.RENDEZVOUS, reason=reason,
+                               seconds=round(self.clock() - self._started, 3))
+                self._log.close()
+            if self._monitor:
+                self._monitor.close(timeout=2)
+        finally:
+            os._exit(exitcodes.RENDEZVOUS)
+
+    def say(self, message: str) -> None:
+        if not self.cfg.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
+            print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)

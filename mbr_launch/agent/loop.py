@@ -1,0 +1,179 @@
+"""The supervisor loop: rounds until the job ends for this node.
+
+Round states::
+
+    JOINING --> RUNNING --> SUCCEEDED --> (all nodes done) --> exit 0
+                   |  \\--> FAILED (crash / hang / lost monitor / lost peer) --> policy:
+                   |          restart job       --> stop message to all nodes --> JOINING
+                   |          restart node/rank --> respawn locally --> RUNNING
+                   |          exclude node      --> leave the rendezvous --> exit 6 (the others go on)
+                   |          stop              --> final stop message --> exit 1
+                   \\--> STOPPED (a peer's message, membership change, signal) --> JOINING (or exit if final)
+
+Inside a round the loop has fixed steps: wait (one ``select`` over the wake-up pipe, the workers' pidfds and
+the monitor's) -> reap exited workers -> dispatch queued events (signals first) -> tick telemetry -> check
+whether this node is done and whether the store still answers. Every collaborator comes in through the
+``Context``, so tests replay scripted histories through this very loop.
+"""
+
+from __future__ import annotations
+
+from mbr_launch.agent.context import Context
+from mbr_launch.agent.ending import finish, finish_signaled
+from mbr_launch.agent.failures import crash_record, handle_failure
+from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, tick_telemetry
+from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
+from mbr_launch.cluster.peers import StoreLost
+from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed, Round
+from mbr_launch.report import exitcodes
+
+
+class Supervisor:
+    def __init__(self, ctx: Context) -> None:
+        self.ctx = ctx
+        self._tick = min(0.5, ctx.cfg.peer_timeout / 4)  # bounds how late silence and telemetry are seen
+
+    def run(self) -> int:
+        """Join a round, run it, act on how it ended; the exit code when the job ends for this node."""
+        while True:
+            rnd = self._join()
+            if isinstance(rnd, int):
+                return rnd
+            code = self._conclude(rnd, self._run_round(rnd))
+            if code is not None:
+                return code
+
+    def _watch(self, rnd: Round) -> RoundResult:
+        """wait -> reap -> dispatch -> tick -> decide, until this round ends for this node."""
+        local_done = False
+        while True:
+            self._wait()
+            result = self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
+            if result is None and not local_done:
+                result = self._tick_telemetry(rnd)
+                if result is None and self.ctx.group.all_succeeded():
+                    local_done = True
+                    result = self._done_here(rnd)
+            if result is not None or (result := self._silence(rnd)) is not None:
+                return result
+
+    # ---- the steps ------------------------------------------------------------------------------
+
+    def _wait(self) -> None:
+        ctx = self.ctx
+        monitor_fd = ctx.monitor.pidfd
+        fds = ctx.group.pidfds() + ([monitor_fd] if monitor_fd is not None else [])
+        ready = ctx.wakeup.wait(fds, self._tick)
+        if monitor_fd is not None and monitor_fd in ready:
+            ctx.wakeup.post(MonitorDied(ctx.monitor.reap()))
+
+    def _reap(self, rnd: Round, local_done: bool) -> RoundResult | None:
+        failed = [w for w in self.ctx.group.reap(rnd) if w.status is not None and not w.status.ok]
+        if not failed or local_done:
+            return None
+        return handle_failure(self.ctx, rnd, [crash_record(self.ctx, rnd, w) for w in failed])
+
+    def _dispatch(self, rnd: Round, local_done: bool) -> RoundResult | None:
+        signum = self.ctx.wakeup.take_signal()
+        if signum is not None:
+            return handle_signal(self.ctx, rnd, signum)
+        for event in self.ctx.wakeup.take_events():
+            result = dispatch(self.ctx, rnd, event, local_done)
+            if result is not None:
+                return result  # the rest belonged to this round; the next one starts without them
+        return None
+
+    def _tick_telemetry(self, rnd: Round) -> RoundResult | None:
+        telemetry = self.ctx.telemetry
+        due = telemetry.next_tick() if telemetry else None
+        return tick_telemetry(self.ctx, rnd) if due is not None and self.ctx.clock() >= due else None
+
+    def _done_here(self, rnd: Round) -> RoundResult | None:
+        """This node's workers all succeeded: the round ends when every node's have."""
+        ctx = self.ctx
+        with ctx.store_call("reporting this node done"):
+            if ctx.cluster.mark_done(rnd):
+                return RoundResult(Outcome.SUCCEEDED)
+        assert ctx.watch is not None
+        ctx.watch.watch_all_done()
+        ctx.say("local workers finished; waiting for the other nodes")
+        return None
+
+    def _silence(self, rnd: Round) -> RoundResult | None:
+        """A store call on a cut-off link never returns, so silence is judged here, by arithmetic."""
+        silent = self.ctx.watch.silent_for() if self.ctx.watch else 0.0
+        if silent <= self.ctx.cfg.peer_timeout:
+            return None
+        return handle_silence(self.ctx, rnd, StoreLost(
+            f"the rendezvous store at {rnd.store_host}:{rnd.store_port} has not answered for {silent:.1f} s "
+            "(this node may be cut off)"))
+
+    # ---- rounds ---------------------------------------------------------------------------------
+
+    def _join(self) -> Round | int:
+        ctx, cfg = self.ctx, self.ctx.cfg
+        began = ctx.clock()
+        ctx.say(f"joining rendezvous ({cfg.rdzv_backend} {cfg.rdzv_endpoint}, nodes {cfg.min_nodes}:{cfg.max_nodes})")
+        try:
+            with ctx.guard.around(cfg.rdzv_timeout + 60, "joining the rendezvous"):
+                rnd = ctx.rendezvous.next_round()
+        except RendezvousClosed as err:
+            ctx.departure = Departure.NONE  # closed already, by the node that ended the job
+            return finish(ctx, exitcodes.OK, str(err))
+        except RendezvousFailed as err:
+            return finish(ctx, exitcodes.RENDEZVOUS, str(err))
+        ctx.round = rnd
+        signum = ctx.wakeup.pending_signal()
+        if signum is not None:
+            return finish_signaled(ctx, signum, rnd)
+        ctx.log.group_rank = rnd.group_rank
+        ctx.log.emit("rendezvous", round=rnd.index, group_world_size=rnd.group_world_size,
+                     world_size=rnd.world_size, rank_offset=rnd.rank_offset, master_addr=rnd.master_addr,
+                     master_port=rnd.master_port, restart_count=rnd.restart_count,
+                     seconds=round(ctx.clock() - began, 3))
+        ctx.summary.restarts = rnd.restart_count
+        return rnd
+
+    def _run_round(self, rnd: Round) -> RoundResult:
+        ctx = self.ctx
+        ctx.wakeup.drop_events()
+        ctx.heartbeats = set()
+        ctx.round_started = ctx.clock()
+        ctx.watch = ctx.cluster.watch(rnd, ctx.wakeup.post)
+        try:
+            ctx.group.start(rnd)
+            if ctx.telemetry:
+                ctx.telemetry.begin(rnd.index, [w.local_rank for w in ctx.group.workers])
+            ctx.say(f"started {len(ctx.group.workers)} workers, ranks {rnd.rank_offset}-"
+                    f"{rnd.rank_offset + len(ctx.group.workers) - 1} of {rnd.world_size} (round {rnd.index}, "
+                    f"restart {rnd.restart_count}, master {rnd.master_addr}:{rnd.master_port})")
+            return self._watch(rnd)
+        finally:
+            ctx.watch.cancel()
+            ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+
+    def _conclude(self, rnd: Round, result: RoundResult) -> int | None:
+        """The exit code when the round's end ends the job for this node; None: join the next round."""
+        ctx = self.ctx
+        if result.outcome is Outcome.SIGNALED:
+            assert result.signum is not None
+            return finish_signaled(ctx, result.signum, rnd)
+        if result.outcome is Outcome.SUCCEEDED:
+            return finish(ctx, exitcodes.OK, "all workers succeeded")
+        message = result.message
+        assert message is not None
+        if result.outcome is Outcome.EXCLUDED:
+            ctx.departure = Departure.LEAVE
+            return finish(ctx, exitcodes.EXCLUDED, message.reason)
+        if result.outcome is Outcome.FINAL or message.final:
+            return finish(ctx, message.exit_code, message.reason)
+        ctx.log.emit("restart", round=rnd.index, restart_count=message.restart_count,
+                     max_restarts=ctx.cfg.max_restarts, scope="job", backoff=message.backoff)
+        if not message.membership:
+            count = "?" if message.restart_count is None else message.restart_count
+            ctx.say(f"restarting all ranks: {message.reason} (restart {count} of {ctx.cfg.max_restarts})")
+        if not ctx.wakeup.sleep(message.backoff):
+            signum = ctx.wakeup.pending_signal()
+            assert signum is not None  # sleep() ends early only for a signal
+            return finish_signaled(ctx, signum, rnd)
+        return None

@@ -1,0 +1,144 @@
+"""Typed values that reach the supervisor loop from other threads and processes, decoded once at the edge.
+
+Producers: the rank monitor's reader thread (``decode_monitor_event``), the peer watch and the stop watchers
+(``cluster``), the wake-up on the monitor's pidfd. Signals travel on their own queue (``wakeup``). Past
+this module no code looks an event up by a string key.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+from typing import Any, Mapping, Union
+
+from mbr_launch.cluster.peers import PeerLost, StoreLost
+from mbr_launch.cluster.stops import StopMessage
+
+
+class Outcome(enum.Enum):
+    """How a round ended for this node."""
+
+    SUCCEEDED = "succeeded"  # every node's workers finished
+    RESTART = "restart"  # a new rendezvous round, decided by us or a peer
+    FINAL = "final"  # the job ends: the stop message says why and with which code
+    EXCLUDED = "excluded"  # this node leaves; the others go on
+    SIGNALED = "signaled"  # the launcher got a signal (preemption or a stop request)
+
+
+class Departure(enum.Enum):
+    """How this agent parts from the rendezvous when it exits."""
+
+    CLOSE = "close"  # the job is over: close it for every node
+    LEAVE = "leave"  # this node is excluded: leave, the others go on
+    NONE = "none"  # nothing to tell: closed already, or its store is unreachable
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    outcome: Outcome
+    message: StopMessage | None = None  # RESTART / FINAL / EXCLUDED: the decision every node acts on
+    signum: int | None = None  # SIGNALED
+
+
+# ---- events ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class PeerStopped:
+    """Another node (or this one, seen through the store) published the round's stop message."""
+
+    message: StopMessage
+
+
+@dataclass(frozen=True)
+class AllDone:
+    """Every node of the round reported its workers done."""
+
+
+@dataclass(frozen=True)
+class NodesWaiting:
+    """Nodes wait to join the rendezvous: the round re-forms to admit them."""
+
+    count: int
+
+
+@dataclass(frozen=True)
+class MonitorDied:
+    """The rank monitor process exited: hang detection is lost until it is restarted."""
+
+    exit_code: int | None
+
+
+@dataclass(frozen=True)
+class RankStarted:
+    """A local rank sent its first heartbeat (or made its first step): it is past start-up."""
+
+    local_rank: int
+    first_step: Mapping[str, Any] | None = None  # the monitor's first_step record, for telemetry
+
+
+@dataclass(frozen=True)
+class RankExpired:
+    """A deadline of one rank passed (the monitor's verdict; the agent decides what it means)."""
+
+    local_rank: int
+    rank: int | None
+    pid: int | None
+    kind: str  # initial_heartbeat | heartbeat | section | out_of_section | step
+    section: str | None = None
+    timeout: float | None = None
+    elapsed: float | None = None
+    last_heartbeat_age: float | None = None
+    open_sections: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """A worker sent NVRx ``WorkloadControlRequest`` (ShutdownWorkload, ExcludeThisNode, Continue)."""
+
+    rank: int | None
+    action: str
+    description: str
+
+
+@dataclass(frozen=True)
+class Progress:
+    """Step beats and status rows for telemetry (``steps``, ``status``). The payload is the
+    monitor's own record, read only by ``agent.telemetry``, which checks each field it uses."""
+
+    kind: str
+    payload: Mapping[str, Any] = field(default_factory=dict)
+
+
+Event = Union[PeerStopped, PeerLost, StoreLost, AllDone, NodesWaiting, MonitorDied, RankStarted, RankExpired,
+              WorkloadRequest, Progress]
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _float(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
+    """One line of the monitor's event stream -> a typed event; None for what the agent does not act on
+    (connected, disconnected, errors, timeouts_updated)."""
+    name = raw.get("ev")
+    local_rank = _int(raw.get("local_rank"))
+    if name in ("first_heartbeat", "first_step") and local_rank is not None:
+        return RankStarted(local_rank, first_step=raw if name == "first_step" else None)
+    if name in ("steps", "status"):
+        return Progress(str(name), raw)
+    if name == "expired" and local_rank is not None:
+        sections = raw.get("open_sections")
+        return RankExpired(local_rank=local_rank, rank=_int(raw.get("rank")), pid=_int(raw.get("pid")),
+                           kind=str(raw.get("kind")), section=raw.get("section") if isinstance(raw.get("section"), str) else None,
+                           timeout=_float(raw.get("timeout")), elapsed=_float(raw.get("elapsed")),
+                           last_heartbeat_age=_float(raw.get("last_heartbeat_age")),
+                           open_sections=tuple(str(s) for s in sections) if isinstance(sections, list) else ())
+    if name == "workload_request":
+        return WorkloadRequest(rank=_int(raw.get("rank")), action=str(raw.get("action")),
+                               description=str(raw.get("description") or ""))
+    return None

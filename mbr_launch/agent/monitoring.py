@@ -1,0 +1,70 @@
+"""The rank monitor process as the agent holds it: start, restart after it died, ask for a rank's open
+sections, close. Its events are decoded into typed values on the reader thread and posted to the loop."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Callable
+
+from mbr_launch.agent.messages import Event, decode_monitor_event
+from mbr_launch.monitor.link import MonitorLink
+
+
+class MonitorHandle:
+    def __init__(self, *, enabled: bool, sock_dir: Path, ft: dict[str, Any], steps: dict[str, Any] | None,
+                 env: dict[str, str], post: Callable[[Event], None],
+                 on_link: Callable[[MonitorLink | None], None]) -> None:
+        self._enabled = enabled
+        self._sock_dir, self._ft, self._env = sock_dir, ft, env
+        self.steps = steps  # the step-deadline settings, from telemetry (set before start)
+        self._post = post
+        self._on_link = on_link  # the worker group arms its ranks through the current link
+        self.link: MonitorLink | None = None
+
+    def start(self) -> None:
+        if not self._enabled:
+            return
+        self.link = MonitorLink(self._on_raw, env=dict(self._env))
+        self.link.start(self._sock_dir, self._ft, steps=self.steps)
+        self._on_link(self.link)
+
+    def _on_raw(self, raw: dict[str, Any]) -> None:
+        event = decode_monitor_event(raw)
+        if event is not None:
+            self._post(event)
+
+    @property
+    def pidfd(self) -> int | None:
+        return self.link.pidfd if self.link else None
+
+    def reap(self) -> int | None:
+        """The monitor exited (its pidfd is readable): forget it; its exit code."""
+        assert self.link is not None
+        code = self.link.exit_code()
+        if self.link.pidfd is not None:
+            os.close(self.link.pidfd)
+            self.link.pidfd = None
+        self.link = None
+        self._on_link(None)
+        return code
+
+    def restart(self) -> None:
+        self.start()
+
+    def snapshot(self) -> dict[str, Any] | None:
+        return self.link.snapshot(timeout=1.0) if self.link else None
+
+    def last_section(self, local_rank: int) -> str | None:
+        try:
+            snap = self.snapshot()
+        except Exception:
+            return None
+        for entry in (snap or {}).get("ranks", []):
+            if entry.get("local_rank") == local_rank and entry.get("open_sections"):
+                return ",".join(entry["open_sections"])
+        return None
+
+    def close(self, timeout: float = 5.0) -> None:
+        if self.link:
+            self.link.close(timeout=timeout)

@@ -1,0 +1,95 @@
+"""How the supervisor loop sleeps and is woken.
+
+Threads (monitor reader, peer watch, stop watchers) ``post`` typed events; signal handlers only append the
+signal number to their own queue (no logging, no locks: gunicorn's rule). Both write a byte to a
+non-blocking pipe, so one ``select`` over that pipe, the workers' pidfds and the monitor's pidfd wakes the
+loop for any of them. Signals have their own queue so that a back-off or a round change can look for one
+without draining and refilling the event queue.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import queue
+import select
+import time
+from typing import Callable, Sequence
+
+from mbr_launch.agent.messages import Event
+
+
+class Wakeup:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
+        # A deque: append and popleft are atomic, so a signal handler may append while the loop reads.
+        self._signals: collections.deque[int] = collections.deque()
+        self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+
+    def post(self, event: Event) -> None:
+        """Thread-safe: queue an event and wake the loop."""
+        self._events.put(event)
+        self._poke()
+
+    def post_signal(self, signum: int) -> None:
+        """Safe in a signal handler: record the signal and wake the loop."""
+        self._signals.append(signum)
+        self._poke()
+
+    def _poke(self) -> None:
+        try:
+            os.write(self._write_fd, b"\0")
+        except OSError:
+            pass  # the pipe is full (the loop is already due to wake) or closed at exit
+
+    def pending_signal(self) -> int | None:
+        return self._signals[0] if self._signals else None
+
+    def take_signal(self) -> int | None:
+        try:
+            return self._signals.popleft()
+        except IndexError:
+            return None
+
+    def take_events(self) -> list[Event]:
+        events = []
+        while True:
+            try:
+                events.append(self._events.get_nowait())
+            except queue.Empty:
+                return events
+
+    def drop_events(self) -> None:
+        """Forget the previous round's events (late monitor verdicts, peer messages); signals stay."""
+        self.take_events()
+
+    def wait(self, fds: Sequence[int], timeout: float | None) -> list[int]:
+        """Block until an event, a signal or one of ``fds`` is ready (or ``timeout``); the ready ``fds``."""
+        if self._signals or self._events.qsize():
+            timeout = 0
+        return self._select(fds, timeout)
+
+    def _select(self, fds: Sequence[int], timeout: float | None) -> list[int]:
+        ready, _, _ = select.select([self._read_fd, *fds], [], [], timeout)
+        if self._read_fd in ready:
+            try:
+                while os.read(self._read_fd, 4096):
+                    pass
+            except BlockingIOError:
+                pass
+        return [fd for fd in ready if fd != self._read_fd]
+
+    def sleep(self, seconds: float) -> bool:
+        """A back-off that a signal interrupts; False when a signal arrived."""
+        deadline = self.clock() + seconds
+        while (remaining := deadline - self.clock()) > 0 and not self._signals:
+            self._select((), remaining)  # events posted meanwhile wait in their queue
+        return not self._signals
+
+    def close(self) -> None:
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

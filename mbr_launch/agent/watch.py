@@ -1,0 +1,78 @@
+"""The agent's side of one round's cross-node traffic: the watcher threads, turned into typed events, and
+the store operations the loop calls (each bounded by the caller through ``Context.store_call``)."""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from mbr_launch.agent.messages import AllDone, Event, NodesWaiting, PeerStopped
+from mbr_launch.cluster.peers import PeerWatch
+from mbr_launch.cluster.rendezvous import Rendezvous, Round, hosts_store
+from mbr_launch.cluster.stops import ALL_DONE_KEY, StopMessage, StopWatcher, mark_done, publish_stop, read_stop
+
+
+class RoundWatch:
+    """A peer's stop message, a silent peer or store, nodes waiting to join, and (once this node is done)
+    every node done: each becomes one event on the agent's queue."""
+
+    def __init__(self, rnd: Round, post: Callable[[Event], None], *, peer_timeout: float,
+                 waiting: Callable[[], int] | None) -> None:
+        self._round, self._post = rnd, post
+        self._peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
+                                on_waiting=lambda count: post(NodesWaiting(count)))
+        self.threads: list[StopWatcher | PeerWatch] = [
+            StopWatcher(rnd, lambda raw: post(PeerStopped(StopMessage.decode(raw)))), self._peers]
+        for thread in self.threads:
+            thread.start()
+
+    def silent_for(self) -> float:
+        return self._peers.silent_for()
+
+    def watch_all_done(self) -> None:
+        watcher = StopWatcher(self._round, lambda _raw: self._post(AllDone()), key=ALL_DONE_KEY)
+        self.threads.append(watcher)
+        watcher.start()
+
+    def cancel(self) -> None:
+        for thread in self.threads:
+            thread.cancel()
+
+    def join(self) -> None:
+        for thread in self.threads:
+            thread.join(StopWatcher.POLL + 1.0)
+
+
+class StoreCluster:
+    """``Cluster`` over the round's store, and the watchers of every round (joined at exit)."""
+
+    def __init__(self, rendezvous: Rendezvous, *, peer_timeout: float, membership: bool) -> None:
+        self._rendezvous = rendezvous
+        self._peer_timeout = peer_timeout
+        self._membership = membership  # c10d, not standalone: nodes may join between rounds
+        self.current: RoundWatch | None = None  # the latest round's (earlier ones were cancelled with their round)
+
+    def watch(self, rnd: Round, post: Callable[[Event], None]) -> RoundWatch:
+        watch = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
+                           waiting=self._rendezvous.num_nodes_waiting if self._membership else None)
+        self.current = watch
+        return watch
+
+    def publish(self, rnd: Round, message: StopMessage) -> bool:
+        return publish_stop(rnd, message)
+
+    def read(self, rnd: Round) -> StopMessage | None:
+        return read_stop(rnd)
+
+    def mark_done(self, rnd: Round) -> bool:
+        return mark_done(rnd)
+
+    def hosts_store(self, rnd: Round) -> bool:
+        return hosts_store(rnd.store_port)
+
+    def close(self, *, join: bool) -> None:
+        """At exit. A thread blocked inside a torch store call at interpreter exit aborts the process: join
+        them, unless the process ends with os._exit right after (the CLI), which saves up to a poll (~1 s)."""
+        if self.current is not None:
+            self.current.cancel()
+            if join:
+                self.current.join()

@@ -1,0 +1,124 @@
+"""Stop messages between the agents of one round, and the "every node is done" mark.
+
+A stop message lives under the round's control keys (``Round.control``), so a late message from an old round
+is never read by a new one. The first message published in a round wins (``compare_set``): when two nodes
+fail at once, both act on the same decision. Messages are decoded once, here, into ``StopMessage``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import threading
+from dataclasses import asdict, dataclass, fields
+from typing import Any, Callable
+
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.report import exitcodes
+
+STOP_KEY = "stop"
+ALL_DONE_KEY = "all_done"
+
+
+@dataclass(frozen=True)
+class StopMessage:
+    """What one node tells every node of the round: stop the workers, then restart (or end the job)."""
+
+    reason: str
+    origin: str = ""  # the node that published it
+    group_rank: int | None = None  # its group rank (None: not from a node's own failure)
+    final: bool = False  # the job ends: no new round
+    exit_code: int = exitcodes.FAILED  # with ``final``: the code every node exits with
+    restart_count: int | None = None  # job-wide restarts counted, this one included
+    backoff: float = 0.0  # seconds to wait before the next round (a crash loop)
+    membership: bool = False  # not a failure: nodes wait to join, so the round re-forms
+    exclude: str | None = None  # the node that leaves the job
+
+    def encode(self) -> str:
+        return json.dumps({k: v for k, v in asdict(self).items() if v is not None})
+
+    @staticmethod
+    def decode(raw: bytes | str) -> "StopMessage":
+        """Never raises: a message we cannot read still stops the round."""
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+        if not isinstance(data, dict):
+            return StopMessage(reason="peer requested stop")
+        kinds = {"reason": str, "origin": str, "group_rank": int, "final": bool, "exit_code": int,
+                 "restart_count": int, "backoff": (int, float), "membership": bool, "exclude": str}
+        known = {f.name for f in fields(StopMessage)}
+        values: dict[str, Any] = {k: v for k, v in data.items()
+                                  if k in known and isinstance(v, kinds[k]) and not (kinds[k] is int and isinstance(v, bool))}
+        values.setdefault("reason", "peer requested stop")
+        return StopMessage(**values)
+
+
+def publish_stop(rnd: Round, message: StopMessage) -> bool:
+    """Tell every node of the round to stop its workers; True when this call was the first."""
+    payload = message.encode()
+    return rnd.control.compare_set(STOP_KEY, "", payload).decode() == payload
+
+
+def read_stop(rnd: Round) -> StopMessage | None:
+    if not rnd.control.check([STOP_KEY]):
+        return None
+    return StopMessage.decode(rnd.control.get(STOP_KEY))
+
+
+def mark_done(rnd: Round) -> bool:
+    """Mark this node's workers done; True when every node of the round is done (then all are told)."""
+    done = int(rnd.control.add("done_count", 1))
+    if done >= rnd.group_world_size:
+        rnd.control.set(ALL_DONE_KEY, "1")
+        return True
+    return False
+
+
+class StopWatcher:
+    """Waits in a thread for a key of one round (a peer's stop message, or "all done"); wakes the agent
+    through a callback that gets the key's value.
+
+    A blocking ``store.wait`` on its own client connection (torch store clients serialise their
+    operations, so sharing one with the agent's main thread would stall the agent).
+    """
+
+    # How long one blocking wait lasts: bounds how long a cancelled watcher lingers (joined at exit).
+    POLL = 1.0
+
+    def __init__(self, rnd: Round, on_value: Callable[[bytes], None], *, key: str = STOP_KEY) -> None:
+        self._key = key
+        self._connect = rnd.connect_control
+        self._on_value = on_value
+        self._cancelled = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"{key}-watch-{rnd.index}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def cancel(self) -> None:
+        self._cancelled.set()
+
+    def join(self, timeout: float) -> None:
+        if self._thread.is_alive():
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            store = self._connect()
+        except Exception:
+            return
+        while not self._cancelled.is_set():
+            try:
+                store.wait([self._key], datetime.timedelta(seconds=self.POLL))
+            except Exception:
+                continue
+            if self._cancelled.is_set():
+                return
+            try:
+                value = store.get(self._key)
+            except Exception:
+                value = b""
+            self._on_value(value)
+            return

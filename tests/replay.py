@@ -1,0 +1,336 @@
+"""Fakes that let a test replay a scripted history through the real supervisor loop (``agent.loop``) without
+spawning a process: the workers, the rendezvous, the round's store, the rank monitor and the clock are fakes;
+the loop, the handlers, the failure path, the pure policy and the event log are the real ones.
+
+A script is a list of steps; the loop's every wait takes the next step (and advances the fake clock by the
+wait's timeout). A step is a callable ``step(world)``: make a worker exit, post an event, deliver a signal.
+When the script runs out while the loop still waits, the test fails instead of spinning.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from mbr_launch import api
+from mbr_launch.agent.context import Context, StackRecord
+from mbr_launch.agent.loop import Supervisor
+from mbr_launch.agent.messages import Event
+from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.cluster.rendezvous import RendezvousFailed, Round
+from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.report.events import EventLog
+from mbr_launch.workers.process import ExitStatus
+
+
+class ScriptExhausted(AssertionError):
+    pass
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@dataclass
+class FakeSpec:
+    env: dict[str, str]
+
+
+@dataclass
+class FakeWorker:
+    rank: int
+    local_rank: int
+    pid: int
+    spec: FakeSpec
+    started: float
+    status: ExitStatus | None = None
+    noticed: bool = False
+
+    @property
+    def alive(self) -> bool:
+        return self.status is None
+
+
+def exited(code: int) -> ExitStatus:
+    return ExitStatus.from_returncode(code)
+
+
+def killed(sig: int) -> ExitStatus:
+    return ExitStatus.from_returncode(-sig)
+
+
+class FakeGroup:
+    def __init__(self, nproc: int, clock: FakeClock) -> None:
+        self.nproc, self.clock = nproc, clock
+        self.workers: list[FakeWorker] = []
+        self.starts: list[tuple[int, list[int] | None]] = []  # (round index, local ranks or None: all)
+        self.stops: list[dict[str, Any]] = []  # each stop() call's arguments, while some rank was alive
+        self._pid = 5000
+
+    def start(self, rnd: Round, local_ranks: list[int] | None = None, *, restart_count: int | None = None) -> None:
+        self.starts.append((rnd.index, local_ranks))
+        for lr in range(self.nproc) if local_ranks is None else local_ranks:
+            self._pid += 1
+            worker = FakeWorker(rank=rnd.rank_offset + lr, local_rank=lr, pid=self._pid, started=self.clock(),
+                                spec=FakeSpec({"TORCHELASTIC_ERROR_FILE": os.devnull}))
+            self.workers = sorted([w for w in self.workers if w.local_rank != lr] + [worker], key=lambda w: w.local_rank)
+
+    def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None, first_signal: int = signal.SIGTERM,
+             grace: float = 30.0) -> None:
+        targets = [w for w in self.workers if (local_ranks is None or w.local_rank in local_ranks) and w.alive]
+        if targets:
+            self.stops.append({"local_ranks": local_ranks, "signal": signal.Signals(first_signal).name, "grace": grace})
+        for worker in targets:
+            worker.status, worker.noticed = killed(first_signal), True
+
+    def reap(self, rnd: Round) -> list[FakeWorker]:
+        ended = [w for w in self.workers if w.status is not None and not w.noticed]
+        for worker in ended:
+            worker.noticed = True
+        return ended
+
+    def pidfds(self) -> list[int]:
+        return []
+
+    def all_succeeded(self) -> bool:
+        return bool(self.workers) and all(w.status is not None and w.status.ok for w in self.workers)
+
+    def by_local_rank(self, local_rank: int) -> FakeWorker | None:
+        return next((w for w in self.workers if w.local_rank == local_rank), None)
+
+
+def make_round(index: int, *, group_rank: int = 0, nodes: int = 1, nproc: int = 2, restart_count: int = 0) -> Round:
+    return Round(index=index, group_rank=group_rank, group_world_size=nodes, world_size=nodes * nproc,
+                 rank_offset=group_rank * nproc, master_addr="127.0.0.1", master_port=20000 + index,
+                 restart_count=restart_count, token=f"t{index}", store=None, control=None,  # type: ignore[arg-type]
+                 control_prefix=f"p{index}", store_host="127.0.0.1", store_port=29999)
+
+
+class FakeRendezvous:
+    """Rounds on demand; the job-wide counts a real store would keep."""
+
+    def __init__(self, *, nodes: int = 1, nproc: int = 2, fail_after: int | None = None, spares: int = 0) -> None:
+        self.nodes, self.nproc, self.fail_after, self.spares = nodes, nproc, fail_after, spares
+        self.joined = 0
+        self.restarts = self.startup_restarts = 0
+        self.node_failures: dict[str, int] = {}
+
+    def next_round(self) -> Round:
+        if self.fail_after is not None and self.joined >= self.fail_after:
+            raise RendezvousFailed("rendezvous failed: scripted")
+        self.joined += 1
+        return make_round(self.joined - 1, nodes=self.nodes, nproc=self.nproc,
+                          restart_count=self.restarts + self.startup_restarts)
+
+    def counts(self, rnd: Round) -> tuple[int, int]:
+        return self.restarts, self.startup_restarts
+
+    def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
+        if startup:
+            self.startup_restarts += 1
+        else:
+            self.restarts += 1
+        return self.restarts + self.startup_restarts
+
+    def count_node_failure(self, rnd: Round, node: str) -> int:
+        self.node_failures[node] = self.node_failures.get(node, 0) + 1
+        return self.node_failures[node]
+
+    def spare_count(self) -> int:
+        return self.spares
+
+
+class FakeWatch:
+    def __init__(self) -> None:
+        self.silent = 0.0
+        self.all_done_watched = False
+        self.cancelled = False
+
+    def silent_for(self) -> float:
+        return self.silent
+
+    def watch_all_done(self) -> None:
+        self.all_done_watched = True
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class FakeCluster:
+    def __init__(self, *, hosts_store: bool = False, all_done: bool = True) -> None:
+        self.published: list[StopMessage] = []
+        self._first: dict[int, StopMessage] = {}
+        self.hosting, self.all_done = hosts_store, all_done
+        self.watches: list[FakeWatch] = []
+
+    def watch(self, rnd: Round, post: Callable[[Event], None]) -> FakeWatch:
+        self.watches.append(FakeWatch())
+        return self.watches[-1]
+
+    def publish(self, rnd: Round, message: StopMessage) -> bool:
+        self.published.append(message)
+        return self._first.setdefault(rnd.index, message) is message
+
+    def read(self, rnd: Round) -> StopMessage | None:
+        return self._first.get(rnd.index)
+
+    def mark_done(self, rnd: Round) -> bool:
+        return self.all_done
+
+    def hosts_store(self, rnd: Round) -> bool:
+        return self.hosting
+
+
+class FakeMonitor:
+    pidfd = None
+
+    def __init__(self) -> None:
+        self.restarts = 0
+
+    def reap(self) -> int | None:
+        return None
+
+    def restart(self) -> None:
+        self.restarts += 1
+
+    def last_section(self, local_rank: int) -> str | None:
+        return None
+
+
+class NoGuard:
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    @contextlib.contextmanager
+    def around(self, seconds: float, what: str) -> Iterator[None]:
+        self.calls.append(what)
+        yield
+
+
+Step = Callable[["World"], None]
+
+
+class ScriptedWakeup(Wakeup):
+    """The real queues; waits and sleeps take scripted steps and fake time instead of blocking."""
+
+    def __init__(self, clock: FakeClock) -> None:
+        super().__init__(clock)
+        self.steps: list[Step] = []
+        self.world: World | None = None
+        self.sleeps: list[float] = []
+        self.waits = 0
+
+    def wait(self, fds: Sequence[int], timeout: float | None) -> list[int]:
+        self.waits += 1
+        if self.waits > 1000:
+            raise ScriptExhausted("the loop waited 1000 times: it does not end")
+        assert isinstance(self.clock, FakeClock) and self.world is not None
+        self.clock.now += timeout or 0.0
+        if self.steps:
+            self.steps.pop(0)(self.world)
+        elif not self.world.idle_ok:
+            raise ScriptExhausted("the script ran out while the loop still waits")
+        return []
+
+    def sleep(self, seconds: float) -> bool:
+        self.sleeps.append(seconds)
+        assert isinstance(self.clock, FakeClock)
+        self.clock.now += seconds
+        return self.pending_signal() is None
+
+
+@dataclass
+class World:
+    ctx: Context
+    group: FakeGroup
+    rendezvous: FakeRendezvous
+    cluster: FakeCluster
+    monitor: FakeMonitor
+    wakeup: ScriptedWakeup
+    clock: FakeClock
+    said: list[str] = field(default_factory=list)
+    dumps: list[int] = field(default_factory=list)  # round index of each stack dump
+    idle_ok: bool = False  # waits past the script's end just pass time (for timers: silence, telemetry)
+
+    def run(self, steps: Sequence[Step]) -> int:
+        self.wakeup.steps = list(steps)
+        return Supervisor(self.ctx).run()
+
+    def events(self, name: str | None = None) -> list[dict[str, Any]]:
+        records = self.ctx.log.records
+        return [r for r in records if name is None or r["event"] == name]
+
+
+def build_world(tmp_path: Path, *cli_args: tuple[str, Any], nodes: int = 1, nproc: int = 2,
+                hosts_store: bool = False, all_done: bool = True, spares: int = 0,
+                fail_after: int | None = None) -> World:
+    cli: dict[str, Any] = {"nproc_per_node": str(nproc), "rank_monitor": "off", "standby": "off",
+                           "log_dir": str(tmp_path), **dict(cli_args)}
+    script = tmp_path / "train.py"
+    script.write_text("")  # never run: the workers are fakes
+    cfg = api.build_launch_config(cli=cli, script=str(script), environ={"PATH": os.environ.get("PATH", "")})
+    clock = FakeClock()
+    wakeup = ScriptedWakeup(clock)
+    group, rendezvous = FakeGroup(nproc, clock), FakeRendezvous(nodes=nodes, nproc=nproc, fail_after=fail_after,
+                                                                spares=spares)
+    cluster, monitor = FakeCluster(hosts_store=hosts_store, all_done=all_done), FakeMonitor()
+    said: list[str] = []
+    dumps: list[int] = []
+
+    def dump(rnd: Round) -> list[StackRecord]:
+        dumps.append(rnd.index)
+        return [StackRecord(local_rank=w.local_rank, rank=w.rank, path=f"/stacks/{w.rank}", method="fake",
+                            summary="somewhere") for w in group.workers if w.alive]
+
+    ctx = Context(cfg=cfg, node="n0", log=EventLog(tmp_path / "events.jsonl", node="n0"), say=said.append,
+                  group=group, rendezvous=rendezvous, cluster=cluster, monitor=monitor, wakeup=wakeup,
+                  guard=NoGuard(), clock=clock, dump_stacks=dump, run_dir=tmp_path, started=clock())
+    world = World(ctx=ctx, group=group, rendezvous=rendezvous, cluster=cluster, monitor=monitor, wakeup=wakeup,
+                  clock=clock, said=said, dumps=dumps)
+    wakeup.world = world
+    return world
+
+
+# ---- steps ---------------------------------------------------------------------------------------------
+
+
+def exit_rank(local_rank: int, code: int = 0) -> Step:
+    def step(world: World) -> None:
+        worker = world.group.by_local_rank(local_rank)
+        assert worker is not None and worker.alive, f"local rank {local_rank} is not running"
+        worker.status = exited(code)
+    return step
+
+
+def all_exit(code: int = 0) -> Step:
+    def step(world: World) -> None:
+        for worker in world.group.workers:
+            if worker.alive:
+                worker.status = exited(code)
+    return step
+
+
+def post(event: Event) -> Step:
+    return lambda world: world.wakeup.post(event)
+
+
+def deliver(signum: int) -> Step:
+    return lambda world: world.wakeup.post_signal(signum)
+
+
+def idle(world: World) -> None:
+    """A wait in which nothing happens."""
+
+
+def silence(seconds: float) -> Step:
+    def step(world: World) -> None:
+        world.ctx.watch.silent = seconds  # type: ignore[union-attr]
+    return step

@@ -1,0 +1,221 @@
+"""Scripted histories replayed through the real supervisor loop, handlers, failure path and policy, with fake
+workers, rendezvous, store and clock (tests/replay.py): no process is spawned, each test takes milliseconds."""
+
+from __future__ import annotations
+
+import signal
+
+import pytest
+
+from mbr_launch.agent.messages import (Departure, MonitorDied, NodesWaiting, PeerStopped, RankExpired, RankStarted,
+                                       WorkloadRequest)
+from mbr_launch.cluster.peers import PeerLost
+from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.report import exitcodes
+from tests.replay import ScriptExhausted, all_exit, build_world, deliver, exit_rank, idle, post, silence
+
+pytestmark = pytest.mark.timeout(20)
+
+
+def causes(world) -> list[str]:
+    return [r["cause"] for r in world.events("failure")]
+
+
+def test_crash_restarts_the_job_then_succeeds(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 3))
+    code = world.run([post(RankStarted(0)), exit_rank(1, code=7), all_exit(0)])
+    assert code == exitcodes.OK
+    assert causes(world) == ["crash"]
+    failure = world.events("failure")[0]
+    assert (failure["rank"], failure["exit_code"], failure["startup"]) == (1, 7, False)
+    assert [m.reason for m in world.cluster.published] == ["rank 1 (local rank 1) on n0: exit code 7"]
+    assert [r["round"] for r in world.events("rendezvous")] == [0, 1]
+    assert world.events("restart")[0]["restart_count"] == 1
+    assert world.group.starts == [(0, None), (1, None)]
+    assert world.events("end")[-1]["exit_code"] == 0
+    assert len(world.ctx.summary.failures) == 1
+
+
+def test_restart_budget_exhausted_ends_the_job(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 1))
+    code = world.run([post(RankStarted(0)), exit_rank(0, code=1), post(RankStarted(0)), exit_rank(1, code=1)])
+    assert code == exitcodes.FAILED
+    assert causes(world) == ["crash", "crash"]
+    assert world.cluster.published[-1].final
+    assert "restart budget exhausted (1 restarts allowed)" in world.events("end")[-1]["reason"]
+
+
+def test_no_restart_exit_code_stops_at_once(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 5))
+    assert world.run([exit_rank(0, code=2)]) == exitcodes.FAILED
+    assert "exit code 2 is not restarted" in world.events("end")[-1]["reason"]
+    assert world.rendezvous.joined == 1
+
+
+def test_hang_dumps_stacks_kills_only_the_hung_rank_first_then_restarts(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 1), ("hang_kill_grace", 1.5))
+    expired = RankExpired(local_rank=1, rank=1, pid=None, kind="section", section="step", timeout=3.0, elapsed=3.2,
+                          open_sections=("step",))
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), post(expired), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.dumps == [0]
+    assert world.group.stops[0] == {"local_ranks": [1], "signal": "SIGTERM", "grace": 1.5}
+    hang = world.events("hang")[0]
+    assert (hang["rank"], hang["kind"], hang["section"]) == (1, "section", "step")
+    assert world.ctx.summary.failures[0].stacks == "/stacks/1"
+    assert any(line.startswith("HANG: rank 1 stayed in section 'step' for 3.20 s") for line in world.said)
+
+
+def test_a_verdict_for_a_rank_already_gone_is_ignored(tmp_path):
+    world = build_world(tmp_path)
+    late = RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")
+
+    def exit_then_verdict(w):
+        exit_rank(0, 0)(w)
+        post(late)(w)
+
+    assert world.run([exit_then_verdict, exit_rank(1, 0)]) == exitcodes.OK
+    assert world.events("hang") == [] and world.dumps == []
+
+
+def test_lost_peer_below_min_nodes_ends_the_job(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 3), nodes=2)
+    code = world.run([post(PeerLost(group_rank=1, silent_for=15.2))])
+    assert code == exitcodes.FAILED
+    assert causes(world) == ["peer"]
+    assert "only 1 node(s) remain and --nnodes needs at least 2" in world.events("end")[-1]["reason"]
+
+
+def test_lost_peer_with_a_spare_restarts_the_job(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 3), nodes=2, spares=1)
+    code = world.run([post(PeerLost(group_rank=1, silent_for=15.2)), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.rendezvous.joined == 2
+
+
+def test_silent_store_is_judged_by_arithmetic_and_ends_with_exit_3(tmp_path):
+    world = build_world(tmp_path, ("peer_timeout", 4.0))
+    code = world.run([idle, silence(4.5)])
+    assert code == exitcodes.RENDEZVOUS
+    assert world.ctx.departure is Departure.NONE
+    assert "has not answered for 4.5 s" in world.events("end")[-1]["reason"]
+
+
+def test_preemption_forwards_sigterm_with_the_grace_and_ends_with_exit_5(tmp_path):
+    world = build_world(tmp_path, ("preempt_grace", 7.0))
+    code = world.run([deliver(signal.SIGUSR1)])
+    assert code == exitcodes.PREEMPTED
+    assert world.group.stops[0] == {"local_ranks": None, "signal": "SIGTERM", "grace": 7.0}
+    assert world.cluster.published[0].final
+    assert [r["signal"] for r in world.events("preemption")] == ["SIGUSR1"]
+
+
+def test_stop_request_signal_ends_with_128_plus_n(tmp_path):
+    world = build_world(tmp_path, ("preempt_signals", "SIGUSR1"))
+    assert world.run([deliver(signal.SIGTERM)]) == 128 + signal.SIGTERM
+    assert world.group.stops[0]["signal"] == "SIGTERM"
+
+
+def test_membership_change_restarts_without_spending_the_budget(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "1:2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"))
+    code = world.run([post(NodesWaiting(1)), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.events("failure") == []
+    assert world.cluster.published[0].membership and world.rendezvous.restarts == 0
+    assert not any(line.startswith("restarting all ranks") for line in world.said)
+
+
+def test_crash_loop_backs_off_1_then_2_seconds(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 3), ("restart_backoff", 1.0))
+    code = world.run([exit_rank(0, 1), exit_rank(0, 1), exit_rank(0, 1), exit_rank(0, 1)])
+    assert code == exitcodes.FAILED
+    assert [r["backoff"] for r in world.events("restart")] == [0.0, 1.0, 2.0]
+    assert world.wakeup.sleeps == [0.0, 1.0, 2.0]
+    assert all(r["startup"] for r in world.events("failure"))
+
+
+def test_a_round_that_trained_does_not_back_off(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 3))
+    steps = [post(RankStarted(0)), exit_rank(0, 1)] * 3 + [all_exit(0)]
+    assert world.run(steps) == exitcodes.OK
+    assert world.wakeup.sleeps == [0.0, 0.0, 0.0]
+
+
+def test_signal_during_back_off_ends_the_run(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 3), ("restart_backoff", 5.0))
+
+    def crash_and_signal(w):
+        exit_rank(0, 1)(w)
+        w.wakeup.sleep = lambda seconds: (w.wakeup.post_signal(signal.SIGINT), False)[1]  # type: ignore[method-assign]
+
+    assert world.run([exit_rank(0, 1), crash_and_signal]) == 128 + signal.SIGINT
+
+
+def test_rank_scope_restarts_only_the_failed_rank_inside_the_round(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 2), ("restart_scope", "rank"))
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), exit_rank(1, 3), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.group.starts == [(0, None), (0, [1])]
+    assert world.rendezvous.joined == 1
+    assert world.events("restart")[0]["scope"] == "rank"
+
+
+def test_node_failures_exclude_this_node(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "1:2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 3), ("max_node_failures", 1), nodes=2)
+    assert world.run([exit_rank(0, 1)]) == exitcodes.EXCLUDED
+    assert world.ctx.departure is Departure.LEAVE
+    assert world.cluster.published[0].exclude == "n0"
+
+
+def test_the_store_host_is_restarted_instead_of_excluded(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "1:2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 3), ("max_node_failures", 1), nodes=2, hosts_store=True)
+    assert world.run([exit_rank(0, 1), all_exit(0)]) == exitcodes.OK
+    assert any("hosts the rendezvous store" in line for line in world.said)
+    assert world.events("exclude") == []
+
+
+def test_peer_stop_message_ends_the_job_with_its_code(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        nodes=2)
+    message = StopMessage(reason="rank 3 crashed on n1", origin="n1", group_rank=1, final=True, exit_code=1)
+    assert world.run([post(PeerStopped(message))]) == 1
+    assert any("stopping local workers: rank 3 crashed on n1 (from n1)" in line for line in world.said)
+
+
+def test_workload_requests_with_odd_ranks_are_handled(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 3))
+    code = world.run([post(WorkloadRequest(rank=None, action="Continue", description="")),
+                      post(WorkloadRequest(rank=None, action="ShutdownWorkload", description="done"))])
+    assert code == exitcodes.FAILED
+    assert causes(world) == ["request"]
+    assert "a worker asked to shut the workload down" in world.events("end")[-1]["reason"]
+
+
+def test_lost_monitor_is_restarted_and_the_round_too(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 1))
+    assert world.run([post(MonitorDied(exit_code=-9)), all_exit(0)]) == exitcodes.OK
+    assert world.monitor.restarts == 1 and causes(world) == ["monitor"]
+
+
+def test_other_nodes_still_running_keep_this_node_waiting(tmp_path):
+    from mbr_launch.agent.messages import AllDone
+
+    world = build_world(tmp_path, nodes=2, all_done=False)
+    assert world.run([all_exit(0), idle, post(AllDone())]) == exitcodes.OK
+    assert world.cluster.watches[0].all_done_watched
+    assert "local workers finished; waiting for the other nodes" in world.said
+
+
+def test_rendezvous_failure_ends_with_exit_3(tmp_path):
+    world = build_world(tmp_path, fail_after=0)
+    assert world.run([]) == exitcodes.RENDEZVOUS
+
+
+def test_a_script_that_runs_out_fails_the_test(tmp_path):
+    world = build_world(tmp_path)
+    with pytest.raises(ScriptExhausted):
+        world.run([idle])
