@@ -5,6 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from mbr_launch.contract import STACK_FILE_ENV
+
 if TYPE_CHECKING:
     from mbr_launch.agent.supervisor import Agent
     from mbr_launch.cluster.rendezvous import Round
@@ -40,8 +42,8 @@ def dump_all(agent: "Agent", rnd: "Round") -> list[dict[str, Any]]:
 
     out_dir = agent.run_dir / f"attempt_{rnd.index}" / "stacks"
     targets = [StackTarget(rank=w.rank, local_rank=w.local_rank, pid=w.pid,
-                           faulthandler_file=Path(w.spec.env["MBR_STACK_FILE"])
-                           if "MBR_STACK_FILE" in w.spec.env else None)
+                           faulthandler_file=Path(w.spec.env[STACK_FILE_ENV])
+                           if STACK_FILE_ENV in w.spec.env else None)
                for w in agent.workers if w.alive]
     try:
         dumps = dump_stacks(targets, out_dir, method=cfg.stack_dump, timeout=10.0)

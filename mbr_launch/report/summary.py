@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from mbr_launch.workers.process import ExitStatus
+from mbr_launch.report.exitstatus import ExitStatus
 
 
 @dataclass(frozen=True)

@@ -14,7 +14,8 @@ from mbr_launch.report.events import EventLog
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
-from mbr_launch.workers.process import OutputPump, Worker, WorkerSpec, spawn, stop_all
+from mbr_launch.workers.output import OutputPump
+from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
 
 
 class WorkerGroup:
