@@ -50,6 +50,15 @@ def test_contract_imports_only_the_standard_library():
     assert all(n.split(".")[0] in sys.stdlib_module_names or n == "__future__" for n in names), names
 
 
+def test_workers_start_through_the_boot_module_the_contract_names():
+    import importlib
+
+    from mbr_launch.contract import BOOT_MODULE
+    from mbr_launch.shim import boot
+
+    assert importlib.import_module(BOOT_MODULE) is boot and hasattr(boot, "main")
+
+
 def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
     code = ("import sys, json; import mbr_launch.shim.boot, mbr_launch.shim.standby, mbr_launch.shim.autobeat; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('mbr_launch', 'torch'))))")
