@@ -24,7 +24,7 @@ from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.rendezvous import RendezvousFailed, Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.report.events import EventLog
-from mbr_launch.workers.process import ExitStatus
+from mbr_launch.report.exitstatus import ExitStatus
 
 
 class ScriptExhausted(AssertionError):

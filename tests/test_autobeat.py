@@ -74,7 +74,7 @@ def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket
 def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
     path, _sock = beat_socket
     script = tmp_path / "s.py"
-    script.write_text("import sys, torch\nfrom mbr_launch import autobeat\n"
+    script.write_text("import sys, torch\nfrom mbr_launch.shim import autobeat\n"
                       "print('hooked' if autobeat.installed() else 'clean', "
                       "[type(f).__name__ for f in sys.meta_path if type(f).__name__ == '_Finder'])\n")
     for flag, expected in (("0", "clean []"), ("1", "hooked []")):

@@ -309,7 +309,7 @@ def test_replacements_wait_longer_on_few_cores():
 
 
 def test_standbys_hold_off_preloading_on_a_far_oversubscribed_host(monkeypatch):
-    import mbr_launch.workers.standby as standby
+    import mbr_launch.shim.standby as standby
 
     monkeypatch.setattr(standby.os, "cpu_count", lambda: 2)
     monkeypatch.setattr(standby.os, "getloadavg", lambda: (30.0, 20.0, 10.0))  # 32 agents on 2 cores

@@ -7,6 +7,7 @@ from typing import Callable, Sequence
 
 from mbr_launch.agent.context import StackRecord
 from mbr_launch.agent.messages import RankExpired
+from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.report.events import EventLog
 from mbr_launch.workers.process import Worker
 from mbr_launch.workers.stacks import StackTarget, dump_stacks
@@ -37,8 +38,8 @@ def dump_all(workers: Sequence[Worker], out_dir: Path, *, method: str, round_ind
     if method == "off":
         return []
     targets = [StackTarget(rank=w.rank, local_rank=w.local_rank, pid=w.pid,
-                           faulthandler_file=Path(w.spec.env["MBR_STACK_FILE"])
-                           if "MBR_STACK_FILE" in w.spec.env else None)
+                           faulthandler_file=Path(w.spec.env[STACK_FILE_ENV])
+                           if STACK_FILE_ENV in w.spec.env else None)
                for w in workers if w.alive]
     try:
         dumps = dump_stacks(targets, out_dir, method=method, timeout=10.0)

@@ -15,6 +15,7 @@ from typing import Any, Mapping
 
 import yaml
 
+from mbr_launch.contract import BOOT_MODULE
 from mbr_launch.config.settings import BY_FT_KEY, BY_NAME, Resolved, SettingError
 from mbr_launch.decide.policy import RestartPolicy
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
@@ -263,9 +264,9 @@ def _resolve_entrypoint(script: str, module: bool, no_python: bool, run_path: bo
         if not Path(script).is_file():
             raise ConfigError(f"training script {script} does not exist; check the path "
                               "(or pass -m for a module)")
-        return (python, "-u", "-m", "mbr_launch.shim.boot", script), True
+        return (python, "-u", "-m", BOOT_MODULE, script), True
     if module:
-        return (python, "-u", "-m", "mbr_launch.shim.boot", "-m", script), True
+        return (python, "-u", "-m", BOOT_MODULE, "-m", script), True
     # --no-python: the script is a program of its own
     if shutil.which(script) is None and not Path(script).is_file():
         raise ConfigError(f"program {script} (--no-python) was not found on PATH")

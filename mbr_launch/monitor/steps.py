@@ -16,14 +16,13 @@ Each arm produces at most one verdict (``expire`` stops the clock until the next
 
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 from typing import Optional
 
-BEAT = struct.Struct("<IffI")  # same layout as mbr_launch.shim.autobeat.BEAT (the monitor must not import it)
-FIRST = 1
-FINISHED = 2  # the script is done stepping (destroy_process_group, exit): the step clock stops
-CHECKPOINT = 4  # torch.save of a dict returned: lost work starts after it (goodput); not a step
+# The beat datagram's layout and flags, shared with the worker side (mbr_launch.shim.autobeat); the server
+# reads BEAT from here. FINISHED stops the step clock; after a CHECKPOINT, lost work starts anew (goodput);
+# neither is a step.
+from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST
 
 
 @dataclass

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mbr_launch.decide.causes import Cause
-from mbr_launch.workers.process import ExitStatus
+from mbr_launch.report.exitstatus import ExitStatus
 
 
 @dataclass(frozen=True)

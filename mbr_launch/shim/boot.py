@@ -13,9 +13,12 @@ What it arms, each driven by an environment variable the agent sets:
   works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
 - ``MBR_IGNORE_SIGNALS``: preemption signals to ignore (Slurm sends them to workers directly too).
 - ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.shim.autobeat``), when that module exists.
-- ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.workers.standby.serve`` pre-imports what
+- ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.shim.standby.serve`` pre-imports what
   the standby level says, waits for its assignment (environment, working directory) and applies it; all
   the above is then armed from the assigned environment, as in a fresh worker.
+
+The variable names and the signal come from ``mbr_launch.contract``, which the agent uses too; the shim
+imports nothing else of mbr_launch.
 """
 
 from __future__ import annotations
@@ -25,14 +28,9 @@ import os
 import runpy
 import signal
 import sys
-from typing import Mapping
 
-# A real-time signal nobody else uses: SIGUSR1/SIGUSR2 belong to users and Slurm preemption.
-STACK_SIGNAL = signal.SIGRTMIN + 5
-STACK_FILE_ENV = "MBR_STACK_FILE"
-AUTOBEAT_ENV = "MBR_AUTOBEAT"
-IGNORE_SIGNALS_ENV = "MBR_IGNORE_SIGNALS"
-STANDBY_ENV = "MBR_STANDBY_CHANNEL"
+from mbr_launch.contract import (AUTOBEAT_ENV, BOOT_MODULE, STACK_FILE_ENV, STACK_SIGNAL, STANDBY_CHANNEL_ENV,
+                                 preemption_signals)
 
 _stack_file = None  # kept open for the life of the process: faulthandler writes to its fd
 
@@ -44,12 +42,6 @@ def arm_stack_dump() -> None:
         return
     _stack_file = open(path, "a", buffering=1)
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
-
-
-def preemption_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
-    """The signals ``MBR_IGNORE_SIGNALS`` names (unknown names are skipped)."""
-    names = environ.get(IGNORE_SIGNALS_ENV, "").split(",")
-    return tuple(signal.Signals[n] for n in names if n in signal.Signals.__members__)
 
 
 def ignore_preemption_signals() -> None:
@@ -66,8 +58,8 @@ def ignore_preemption_signals() -> None:
 def arm_autobeat() -> None:
     if os.environ.get(AUTOBEAT_ENV, "0") in ("", "0"):
         return
-    try:
-        from mbr_launch.shim.autobeat import install  # type: ignore[attr-defined]
+    try:  # imported only when asked for: boot stays cheap in workers that do not use it
+        from mbr_launch.shim.autobeat import install
     except ImportError:
         return
     install()
@@ -76,7 +68,7 @@ def arm_autobeat() -> None:
 def run_target(argv: list[str]) -> None:
     """Run ``argv`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) as the ``__main__`` program."""
     if not argv:
-        raise SystemExit("usage: python -m mbr_launch.shim.boot (-m MODULE | SCRIPT) [ARGS...]")
+        raise SystemExit(f"usage: python -m {BOOT_MODULE} (-m MODULE | SCRIPT) [ARGS...]")
     if argv[0] == "-m":
         module, args = argv[1], argv[2:]
         sys.argv = [module, *args]
@@ -93,8 +85,9 @@ def run_target(argv: list[str]) -> None:
 def main() -> None:
     # First, also in a waiting standby: Slurm signals every process of the step, standbys included.
     ignore_preemption_signals()
-    if STANDBY_ENV in os.environ:  # a warm standby (mbr_launch.workers.standby): first wait to become a rank
-        from mbr_launch.workers.standby import serve
+    if STANDBY_CHANNEL_ENV in os.environ:  # a warm standby: first wait to become a rank
+        # Imported here: only standbys need it, and boot stays cheap in every other worker.
+        from mbr_launch.shim.standby import serve
 
         serve()
         ignore_preemption_signals()  # the assignment's environment decides

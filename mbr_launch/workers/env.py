@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
 from mbr_launch.config.build import LaunchConfig
+from mbr_launch.contract import AUTOBEAT_ENV, AUTOBEAT_SOCKET_ENV, IGNORE_SIGNALS_ENV, STACK_FILE_ENV
 
 if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
     from mbr_launch.cluster.rendezvous import Round
@@ -53,14 +54,14 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
     if ignored and cfg.use_boot:
         # Slurm delivers scancel/srun --signal to every process of the step: without this a worker would
         # die of SIGUSR1's default action before the agent asks it to checkpoint.
-        env["MBR_IGNORE_SIGNALS"] = ",".join(ignored)
+        env[IGNORE_SIGNALS_ENV] = ",".join(ignored)
     if monitor_socket:
         env["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_socket
     if launcher_socket:
         env["FT_LAUNCHER_IPC_SOCKET"] = launcher_socket
     if autobeat_socket and cfg.use_boot:
-        env["MBR_AUTOBEAT"] = "1"  # mbr_launch.shim.boot installs the optimizer-step hook (mbr_launch.shim.autobeat)
-        env["MBR_AUTOBEAT_SOCKET"] = autobeat_socket
+        env[AUTOBEAT_ENV] = "1"  # mbr_launch.shim.boot installs the optimizer-step hook (mbr_launch.shim.autobeat)
+        env[AUTOBEAT_SOCKET_ENV] = autobeat_socket
     if stack_file is not None and cfg.use_boot and cfg.stack_dump in ("auto", "faulthandler"):
-        env["MBR_STACK_FILE"] = str(stack_file)
+        env[STACK_FILE_ENV] = str(stack_file)
     return env

@@ -7,14 +7,17 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
 from mbr_launch.config.build import LaunchConfig
 from mbr_launch.report.events import EventLog
-from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
-from mbr_launch.workers.process import OutputPump, Worker, WorkerSpec, spawn, stop_all
+from mbr_launch.workers.output import OutputPump
+from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
+
+if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
+    from mbr_launch.cluster.rendezvous import Round
 
 
 class WorkerGroup:

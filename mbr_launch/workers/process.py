@@ -2,7 +2,8 @@
 
 Each worker starts in its own session (so the whole process group, DataLoader workers included, can be
 signalled) with a parent-death signal (so a SIGKILLed agent cannot orphan it). Exits are observed through
-pidfds: the agent's selector wakes when a worker dies, with no polling.
+pidfds: the agent's selector wakes when a worker dies, with no polling. Copying their output is
+``mbr_launch.workers.output``; decoding how they ended, ``mbr_launch.report.exitstatus``.
 """
 
 from __future__ import annotations
@@ -15,49 +16,13 @@ import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
-from mbr_launch.shim.boot import preemption_signals
+from mbr_launch.contract import preemption_signals
+from mbr_launch.report.exitstatus import ExitStatus
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
-
-SIGNAL_HINTS = {
-    "SIGKILL": "killed: out of memory (check dmesg) or killed by the scheduler?",
-    "SIGSEGV": "segmentation fault: a crash in native code (CUDA, NCCL, an extension)",
-    "SIGABRT": "aborted: an assertion or a C++ exception (NCCL watchdog timeouts abort too)",
-    "SIGBUS": "bus error: /dev/shm too small or a broken memory-mapped file?",
-    "SIGTERM": "terminated by someone else (scheduler, user, preemption?)",
-    "SIGINT": "interrupted (Ctrl-C)",
-    "SIGFPE": "arithmetic error in native code",
-    "SIGILL": "illegal instruction: a binary built for another CPU?",
-}
-
-
-@dataclass(frozen=True)
-class ExitStatus:
-    code: int | None  # exit code when it exited
-    signal: str | None  # signal name when a signal killed it
-
-    @property
-    def ok(self) -> bool:
-        return self.code == 0
-
-    @staticmethod
-    def from_returncode(returncode: int) -> "ExitStatus":
-        if returncode < 0:
-            try:
-                return ExitStatus(code=None, signal=signal.Signals(-returncode).name)
-            except ValueError:
-                return ExitStatus(code=None, signal=f"signal {-returncode}")
-        return ExitStatus(code=returncode, signal=None)
-
-    def describe(self) -> str:
-        if self.signal:
-            hint = SIGNAL_HINTS.get(self.signal)
-            return f"{self.signal}" + (f" ({hint})" if hint else "")
-        return f"exit code {self.code}"
 
 
 @dataclass
@@ -200,48 +165,3 @@ def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, g
     for worker in targets:
         for pump in worker.pumps:
             pump.join(timeout=2.0)
-
-
-# ---- output ---------------------------------------------------------------------------------------
-
-
-class OutputPump:
-    """Copies one worker stream line by line to a log file and/or the console with a rank prefix."""
-
-    _console_lock = threading.Lock()
-
-    def __init__(self, source: BinaryIO, *, prefix: bytes, console: BinaryIO | None,
-                 logfile: Path | None, filters: Sequence[str] = (), filtered: BinaryIO | None = None) -> None:
-        self._source = source
-        self._prefix = prefix
-        self._console = console
-        self._logfile = logfile
-        self._filters = [f.encode() for f in filters if f]
-        self._filtered = filtered
-
-    def start(self) -> threading.Thread:
-        thread = threading.Thread(target=self._run, daemon=True, name=f"pump{self._prefix!r}")
-        thread.start()
-        return thread
-
-    def _run(self) -> None:
-        log = open(self._logfile, "ab") if self._logfile else None
-        try:
-            for line in iter(self._source.readline, b""):
-                if log:
-                    log.write(line)
-                    log.flush()
-                if self._filtered is not None and any(f in line for f in self._filters):
-                    with self._console_lock:
-                        self._filtered.write(self._prefix + line)
-                        self._filtered.flush()
-                if self._console is not None:
-                    with self._console_lock:
-                        self._console.write(self._prefix + line)
-                        self._console.flush()
-        except (OSError, ValueError):
-            pass
-        finally:
-            if log:
-                log.close()
-            self._source.close()

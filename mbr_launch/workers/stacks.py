@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
-from mbr_launch.shim.boot import STACK_SIGNAL
+from mbr_launch.contract import STACK_SIGNAL
 
 Method = Literal["auto", "py-spy", "faulthandler"]
 

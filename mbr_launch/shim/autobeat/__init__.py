@@ -39,22 +39,19 @@ import atexit
 import functools
 import os
 import socket
-import struct
 import sys
 import time
 import weakref
 from collections.abc import Mapping
 from typing import Any, Optional
 
-SOCKET_ENV = "MBR_AUTOBEAT_SOCKET"
+# The datagram layout and its flags are shared with the rank monitor (mbr_launch.monitor.steps).
+from mbr_launch.contract import AUTOBEAT_SOCKET_ENV as SOCKET_ENV
+from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST
+
 TARGET = "torch.optim.optimizer"
 C10D = "torch.distributed.distributed_c10d"
 SERIALIZATION = "torch.serialization"
-# step index (u32), step period (f32 s), CPU time of the stepping thread in that period (f32 s), flags (u32)
-BEAT = struct.Struct("<IffI")
-FIRST = 1  # flags: the first step of this process (its period runs from install(), i.e. includes start-up)
-FINISHED = 2  # flags: the script is done stepping (destroy_process_group, exit): not a step
-CHECKPOINT = 4  # flags: torch.save of a dict has just returned: not a step
 
 _state: Optional["_Beater"] = None
 

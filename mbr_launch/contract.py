@@ -1,0 +1,89 @@
+"""What the agent and the code inside its workers (``mbr_launch.shim``) agree on; standard library only.
+
+The agent configures each worker through environment variables, signals and a few small wire formats; the
+worker side reads them before the user's script runs. Both sides take the names from here, so neither
+imports the other: the shim stays free of the agent's modules (and of torch), and the agent never imports
+code that is meant to run inside a worker.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import struct
+from typing import Mapping, NamedTuple
+
+# How the agent starts every worker (and standby): ``python -u -m BOOT_MODULE (-m MODULE | SCRIPT) ARGS``.
+BOOT_MODULE = "mbr_launch.shim.boot"
+
+# ---- environment variables the agent sets in a worker's environment ---------------------------------------
+
+# faulthandler dumps every thread's stack into this file on STACK_SIGNAL (boot arms it).
+STACK_FILE_ENV = "MBR_STACK_FILE"
+# "1": boot installs the optimizer-step hook (mbr_launch.shim.autobeat), which sends to AUTOBEAT_SOCKET_ENV.
+AUTOBEAT_ENV = "MBR_AUTOBEAT"
+# The rank monitor's per-rank datagram socket for step beats.
+AUTOBEAT_SOCKET_ENV = "MBR_AUTOBEAT_SOCKET"
+# Comma-separated signal names the worker ignores (Slurm's preemption signals; the agent forwards its own).
+IGNORE_SIGNALS_ENV = "MBR_IGNORE_SIGNALS"
+# ``FD:LEVEL:DELAY``, set in warm standbys only: boot waits on pipe FD for the assignment (see shim.standby).
+STANDBY_CHANNEL_ENV = "MBR_STANDBY_CHANNEL"
+# --standby-preload's modules, comma-separated, set in standbys only.
+STANDBY_PRELOAD_ENV = "MBR_STANDBY_PRELOAD"
+
+# --standby levels, cheapest first: what a standby pre-initialises before the script's first line.
+STANDBY_LEVELS = ("off", "interpreter", "torch", "cuda")
+
+
+# NamedTuples, not dataclasses: boot imports this module in every worker, and dataclasses pulls in inspect.
+class StandbyChannel(NamedTuple):
+    """``MBR_STANDBY_CHANNEL``: where a standby reads its assignment, and how it prepares meanwhile."""
+
+    fd: int  # read end of the assignment pipe, inherited by the standby
+    level: str  # one of STANDBY_LEVELS[1:]
+    delay: float  # seconds to wait before preloading (an assignment during the wait skips preloading)
+
+    def encode(self) -> str:
+        return f"{self.fd}:{self.level}:{self.delay:g}"
+
+    @staticmethod
+    def decode(text: str) -> "StandbyChannel":
+        fd, level, delay = text.split(":")
+        return StandbyChannel(fd=int(fd), level=level, delay=float(delay))
+
+
+class Assignment(NamedTuple):
+    """What the agent sends a standby over its channel, once, when the standby becomes a rank: one JSON
+    message, then the agent closes the pipe (end of message)."""
+
+    argv: tuple[str, ...]  # the worker's command line (the standby already runs it; the agent checked)
+    env: dict[str, str]  # the worker's environment, exactly: the standby replaces os.environ with it
+    cwd: str
+
+    def encode(self) -> bytes:
+        return json.dumps({"argv": list(self.argv), "env": self.env, "cwd": self.cwd}).encode()
+
+    @staticmethod
+    def decode(message: bytes) -> "Assignment":
+        data = json.loads(message)
+        return Assignment(argv=tuple(data["argv"]), env=dict(data["env"]), cwd=data["cwd"])
+
+# ---- signals ---------------------------------------------------------------------------------------------
+
+# A real-time signal nobody else uses: SIGUSR1/SIGUSR2 belong to users and Slurm preemption.
+STACK_SIGNAL = signal.SIGRTMIN + 5
+
+
+def preemption_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]:
+    """The signals ``MBR_IGNORE_SIGNALS`` names (unknown names are skipped)."""
+    names = environ.get(IGNORE_SIGNALS_ENV, "").split(",")
+    return tuple(signal.Signals[n] for n in names if n in signal.Signals.__members__)
+
+
+# ---- step beats (worker -> rank monitor datagrams) -------------------------------------------------------
+
+# step index (u32), step period (f32 s), CPU time of the stepping thread in that period (f32 s), flags (u32)
+BEAT = struct.Struct("<IffI")
+FIRST = 1  # flags: the first step of this process (its period runs from install(), i.e. includes start-up)
+FINISHED = 2  # flags: the script is done stepping (destroy_process_group, exit): not a step
+CHECKPOINT = 4  # flags: torch.save of a dict has just returned: not a step

@@ -1,0 +1,218 @@
+"""A warm standby's own side, inside the process: prepare, wait for the assignment, become the rank.
+
+``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent side, which starts standbys and
+sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says, unless
+an assignment comes during the replenish delay or the host is far oversubscribed (above
+``SATURATED_LOAD_PER_CPU`` runnable processes per CPU); then it reads its ``Assignment`` (argv, env, cwd),
+replaces ``os.environ`` with ``env`` exactly, changes to ``cwd``, and returns to ``boot``, which runs the
+script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv``, ``sys.orig_argv``,
+``__main__`` and ``sys.path[0]``.
+
+What each ``--standby`` level pre-initialises before the script's first line:
+
+- ``off``: nothing; every worker is a fresh process (as before standbys existed).
+- ``interpreter``: the interpreter and ``mbr_launch.shim.boot`` only. Exactly equivalent to a fresh process.
+- ``torch`` (default): also ``import torch`` (which imports numpy when present) with no CUDA
+  initialisation. Anything the script changes *before* its own ``import torch`` that torch (or numpy, MKL,
+  OpenMP) reads at import time is too late. One case is repaired: when the script changed
+  ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) before its first ``import torch`` statement, the standby
+  calls ``torch.set_num_threads`` at that statement with the count a fresh import would have picked (MKL
+  caps it at the physical cores unless ``MKL_DYNAMIC=FALSE``), so ``torch.get_num_threads()`` is what a
+  fresh process would report. Other changed import-time variables (``MKL_*``, ``KMP_*``, ``OPENBLAS_*``,
+  ``TORCH_*``, ``PYTORCH_*``...) are reported with a warning on the rank's stderr. Variables torch reads
+  later (``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, ``TORCH_NCCL_*``, ``PYTORCH_CUDA_ALLOC_CONF``, ``MASTER_*``)
+  work as usual. Imports through ``importlib.import_module("torch")`` are not watched.
+- ``cuda``: also ``torch.cuda.init()`` and a CUDA context on device ``LOCAL_RANK`` (among the devices
+  ``CUDA_VISIBLE_DEVICES`` shows), which stays the current device. A script that changes
+  ``CUDA_VISIBLE_DEVICES`` or other ``CUDA_*`` variables before ``import torch`` is warned that they had no
+  effect. Each GPU then holds a second context (the standby's) while its rank runs.
+
+The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` with
+``--virtual-local-rank``, ``MBR_*``) are in the standby's environment from the start, so they are right at
+every level. Use ``--standby interpreter`` (or ``off``) for scripts that configure torch through the
+environment before importing it; ``--no-python`` never uses standbys.
+
+Runs inside workers: imports only the standard library and ``mbr_launch.contract`` before its level's
+preloading (torch is imported by ``_preload``, late on purpose).
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import sys
+from pathlib import Path
+from typing import Mapping, Sequence
+
+from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, Assignment, StandbyChannel,
+                                 preemption_signals)
+
+# A standby does not start preloading while the 1-minute load average is above this many runnable processes
+# per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
+# than with --standby off); it checks again every SATURATION_RECHECK seconds.
+SATURATED_LOAD_PER_CPU = 4.0
+SATURATION_RECHECK = 1.0
+
+# Variables read when torch (numpy, MKL, OpenMP) is imported; with --standby cuda also CUDA's. Changing one
+# of them before `import torch` has no effect on a standby that imported torch already.
+_IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
+_CUDA_PREFIXES = ("CUDA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "NVIDIA_TF32_OVERRIDE")
+_READ_LATER = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CUDA_ALLOC_CONF")
+
+
+def serve() -> None:
+    """Run by ``boot`` in a standby: prepare, wait for the assignment, apply it; then boot goes on with its
+    own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
+    channel, level, delay = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
+    modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
+    startup_env = dict(os.environ)  # boot has already ignored its preemption signals
+    # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
+    # with nothing preloaded: preloading now would only delay a script that may not need it.
+    early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    while not early and _saturated():
+        early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
+    if not early:
+        _preload(level)
+        _preload_modules(modules)
+    message = _read_message(channel)
+    if not message:
+        os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
+    assignment = Assignment.decode(message)
+    for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
+        signal.signal(sig, signal.SIG_DFL)
+    os.environ.clear()
+    os.environ.update(assignment.env)
+    if assignment.cwd != os.getcwd():
+        os.chdir(assignment.cwd)
+        sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
+    if level in ("torch", "cuda") and not early:
+        _watch_torch_import(startup_env, level)
+
+
+def _saturated() -> bool:
+    """The host is far oversubscribed (many agents on few cores): a preload now would slow every process that
+    is starting, and a restart would wait for it; wait until the load drops (or the assignment comes)."""
+    try:
+        return os.getloadavg()[0] > SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
+    except OSError:
+        return False
+
+
+def _preload_modules(modules: Sequence[str]) -> None:
+    """--standby-preload: a module that fails to import is left for the script to meet on its own import."""
+    import importlib
+
+    for name in modules:
+        try:
+            importlib.import_module(name)
+        except Exception as err:  # noqa: BLE001 - reported, then the script decides
+            print(f"mbr-launch: warm standby: could not preload {name} ({type(err).__name__}: {err}); the script "
+                  "will import it itself", file=sys.stderr, flush=True)
+
+
+def _preload(level: str) -> None:
+    if level == "interpreter":
+        return
+    try:
+        import torch
+    except Exception:
+        return  # the script meets the same error itself, on its own `import torch`
+    if level != "cuda":
+        return
+    try:
+        if torch.cuda.is_available():
+            device = int(os.environ.get("LOCAL_RANK", "0"))
+            if device < torch.cuda.device_count():
+                torch.cuda.set_device(device)
+                torch.cuda.init()
+                torch.empty(1, device=f"cuda:{device}")  # the context itself
+    except Exception:
+        pass  # the script will meet it too; a standby never fails in its place
+
+
+def _read_message(channel: int) -> bytes:
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(channel, 1 << 20)
+        except InterruptedError:
+            continue
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(channel)
+    return b"".join(chunks)
+
+
+def _watch_torch_import(startup_env: Mapping[str, str], level: str) -> None:
+    """At the script's first ``import torch`` (or ``import torch.x``, also from a library it imports; not
+    from mbr_launch's own modules), compare the environment with the one torch was imported with: repair OMP_NUM_THREADS, warn about the
+    rest. The hook removes itself on first use."""
+    import builtins
+
+    original = builtins.__import__
+
+    def hook(name, globals=None, locals=None, fromlist=(), level_=0):  # type: ignore[no-untyped-def]
+        importer = str((globals or {}).get("__name__", ""))
+        if (name == "torch" or name.startswith("torch.")) and not importer.startswith("mbr_launch"):
+            if builtins.__import__ is hook:
+                builtins.__import__ = original
+            if "torch" in sys.modules:
+                try:
+                    _reconcile(startup_env, level)
+                except Exception:
+                    pass  # a repair that fails must not turn into the script's ImportError
+        return original(name, globals, locals, fromlist, level_)
+
+    builtins.__import__ = hook
+
+
+def _read_at_import(key: str, level: str) -> bool:
+    if level == "cuda" and key.startswith(_CUDA_PREFIXES):
+        return True
+    return key.startswith(_IMPORT_TIME_PREFIXES) and not key.startswith(_READ_LATER)
+
+
+def _fresh_thread_count() -> int | None:
+    """The intra-op thread count a fresh ``import torch`` would pick from the environment as it is now
+    (ATen's init_num_threads: MKL's thread count when torch uses MKL, else OpenMP's); None: not known."""
+    import torch
+
+    def number(name: str) -> int | None:
+        value = os.environ.get(name, "").split(",")[0].strip()
+        return int(value) if value.isdigit() and int(value) > 0 else None
+
+    if not torch.backends.mkl.is_available():
+        return number("OMP_NUM_THREADS")
+    count = number("MKL_NUM_THREADS") or number("OMP_NUM_THREADS")
+    if count is not None and os.environ.get("MKL_DYNAMIC", "").upper() != "FALSE":
+        count = min(count, _physical_cores())  # MKL's default: no more threads than physical cores
+    return count
+
+
+def _physical_cores() -> int:
+    cores = set()
+    for topology in Path("/sys/devices/system/cpu").glob("cpu[0-9]*/topology"):
+        try:
+            cores.add(((topology / "physical_package_id").read_text(), (topology / "core_id").read_text()))
+        except OSError:
+            pass
+    return len(cores) or os.cpu_count() or 1
+
+
+def _reconcile(startup_env: Mapping[str, str], level: str) -> None:
+    changed = sorted(k for k in set(startup_env) | set(os.environ)
+                     if startup_env.get(k) != os.environ.get(k) and _read_at_import(k, level))
+    threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+    if any(k in changed for k in threads):
+        count = _fresh_thread_count()
+        if count is not None:
+            import torch
+
+            torch.set_num_threads(count)
+            changed = [k for k in changed if k not in threads]
+    if changed:
+        print(f"mbr-launch: warm standby (--standby {level}): torch was imported before this script ran, so "
+              f"{', '.join(changed)} set before `import torch` may have no effect; use --standby interpreter "
+              "(or off) if it matters", file=sys.stderr, flush=True)
