@@ -1,27 +1,7 @@
-"""The agent <-> monitor control channel: JSON lines on the monitor's stdin and stdout.
+"""The monitor's end of the agent <-> monitor control channel: JSON lines on its stdin and stdout.
 
-Agent -> monitor (one object per line):
-  {"op":"configure","dir":D,"cfg":{...FaultToleranceConfig fields...},
-   "steps":{"initial":S|null,"subsequent":S|null,"report_interval":S,"status_interval":S|null}}
-                                                                          -> {"ev":"ready","launcher_socket":..}
-  {"op":"arm","local_rank":L,"rank":R,"pid":P|null,"pgid":G|null,"socket":D/rmonL.sock,
-   "step_socket":D/stepsL.sock|absent}                                    -> {"ev":"armed",..}
-  {"op":"pid","local_rank":L,"pid":P,"pgid":G}                            (no reply)
-  {"op":"disarm","local_rank":L}                                          -> {"ev":"disarmed","local_rank":L}
-  {"op":"snapshot"}                                                       -> {"ev":"snapshot","ranks":[..]}
-  {"op":"exit"}                                                           (no reply; exit 0)
-  EOF: SIGKILL the process group of every armed worker, exit.
-
-Monitor -> agent, unsolicited: connected, first_heartbeat, expired, timeouts_updated, workload_request,
-disconnected, error. A bad control line yields {"ev":"error","message":..,"op":..} and nothing else.
-
-Automatic step beats (``steps.py``; a datagram socket per rank when ``arm`` names one):
-  {"ev":"first_step","local_rank":L,"rank":R,"t":seconds since arm,"monotonic":M}
-  {"ev":"expired",...,"kind":"step","step":last step index}            (step deadline passed)
-  {"ev":"steps","ranks":[{"local_rank":L,"rank":R,"nvrx_client":bool,"steps":N,"index":I,
-     "periods":[s..],"cpu":[s..],"first":M,"last":M,"checkpoint":M|null}]}   at most every report_interval
-  {"ev":"status","ranks":[..as in snapshot..]}                          every status_interval, when set
-  (M: time.monotonic() of this host, the agent's clock too.)
+``wire.py`` lists the commands and events. Here: writing events, reading command lines, and validating
+the values commands carry (each failure is a ``ControlError``, reported as an ``error`` event).
 """
 
 from __future__ import annotations
@@ -33,6 +13,10 @@ import stat
 from typing import Any, Callable, Iterator, Optional, Union
 
 from mbr_launch.monitor.deadlines import Timeouts
+
+
+# Writes one event to the agent. Always called with the monitor's lock held, so events never interleave.
+Emit = Callable[[dict[str, Any]], None]
 
 
 class ControlError(Exception):
@@ -107,7 +91,8 @@ def parse_socket_path(path: Any, directory: str) -> str:
     return path
 
 
-def _timeout(key: str, value: Any) -> Optional[float]:
+def timeout_value(key: str, value: Any) -> Optional[float]:
+    """A timeout in seconds from a command; ``None`` (JSON null) disables it."""
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value) or value < 0:
@@ -120,8 +105,19 @@ def configured_timeouts(cfg: dict[str, Any]) -> Timeouts:
     if not isinstance(sections, dict):
         raise ControlError("configure: rank_section_timeouts must be an object")
     return Timeouts(
-        initial=_timeout("initial_rank_heartbeat_timeout", cfg.get("initial_rank_heartbeat_timeout")),
-        subsequent=_timeout("rank_heartbeat_timeout", cfg.get("rank_heartbeat_timeout")),
-        sections={str(k): _timeout(f"rank_section_timeouts.{k}", v) for k, v in sections.items()},
-        out_of_section=_timeout("rank_out_of_section_timeout", cfg.get("rank_out_of_section_timeout")),
+        initial=timeout_value("initial_rank_heartbeat_timeout", cfg.get("initial_rank_heartbeat_timeout")),
+        subsequent=timeout_value("rank_heartbeat_timeout", cfg.get("rank_heartbeat_timeout")),
+        sections={str(k): timeout_value(f"rank_section_timeouts.{k}", v) for k, v in sections.items()},
+        out_of_section=timeout_value("rank_out_of_section_timeout", cfg.get("rank_out_of_section_timeout")),
     )
+
+
+def int_field(msg: dict[str, Any], key: str) -> int:
+    value = msg.get(key)
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise ControlError(f"{msg.get('op')}: {key} must be an integer")
+    return value
+
+
+def opt_int_field(msg: dict[str, Any], key: str) -> Optional[int]:
+    return None if msg.get(key) is None else int_field(msg, key)

@@ -1,0 +1,22 @@
+"""How a command fails in front of a person: one line on stderr and an exit code, never a traceback."""
+
+from __future__ import annotations
+
+import sys
+
+from mbr_launch.report import exitcodes
+
+PROG = "mbr-launch"
+
+
+class CommandError(Exception):
+    """A failure the user can fix (bad option, bad config file, unknown check): ``app`` prints the message
+    as one line and exits with ``code``."""
+
+    def __init__(self, message: str, code: int = exitcodes.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error(message: str) -> None:
+    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)

@@ -1,0 +1,55 @@
+"""Command-line options generated from the settings table (``config.settings.SETTINGS``), so the CLI, the
+config file, the man page and the completions cannot drift apart; and the environment they are read from.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Annotated, Any, Callable, Optional
+
+import typer
+from rich.markup import escape
+
+from mbr_launch.config.settings import SETTINGS, Setting, default_text, in_panel_order
+
+# The environment as the user gave it, before the launcher adjusts its own: settings' env vars are read
+# from it and workers inherit it. ``app.main`` takes it again at each call.
+USER_ENV: dict[str, str] = dict(os.environ)
+
+
+def option_help(setting: Setting) -> str:
+    """The help text with the default and environment variables, as shown by --help and the man page."""
+    default = default_text(setting)
+    parts = [setting.help]
+    if setting.kind is not bool and default:
+        parts.append(f"[default: {default}]")
+    parts.append(f"[env: {', '.join(setting.envvars)}]")
+    return " ".join(parts)
+
+
+def setting_parameter(setting: Setting) -> inspect.Parameter:
+    """A keyword-only parameter whose annotation makes typer accept every flag spelling of ``setting``.
+
+    The default is ``None`` (``Optional``) so the settings resolver can tell "not given" from a value
+    and fall back to the config file, the environment and the declared default, in that order."""
+    # escape: rich would read "[default: 1:1]" as a style tag and drop it
+    option = typer.Option(*setting.flags, help=escape(option_help(setting)), rich_help_panel=setting.panel,
+                          show_default=False, metavar=setting.metavar or None, hidden=setting.hidden)
+    kind = Optional[bool] if setting.kind is bool else Optional[str]
+    return inspect.Parameter(setting.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind, option])
+
+
+def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_settings(command: Callable[..., None], *extra: inspect.Parameter) -> Callable[..., None]:
+    """Give ``command(**values)`` one option per setting, in help-panel order, then ``extra``.
+
+    typer reads a command's parameters from its signature; the settings table is data, so the signature
+    is built here instead of being written out."""
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*(setting_parameter(s) for s in in_panel_order(SETTINGS)), *extra])
+    return command

@@ -1,0 +1,128 @@
+"""The agent's commands (``wire.Op``), run on the main thread with the lock held.
+
+Each command validates its message and raises ``ControlError`` on bad input; the server reports that as
+an ``error`` event and goes on.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from mbr_launch.monitor import replies
+from mbr_launch.monitor.beats import StepBeats
+from mbr_launch.monitor.connections import Connections
+from mbr_launch.monitor.control import (
+    ControlError,
+    check_private_dir,
+    configured_timeouts,
+    int_field,
+    opt_int_field,
+    parse_socket_path,
+    timeout_value,
+)
+from mbr_launch.monitor.deadlines import RankWatch
+from mbr_launch.monitor.sockets import Sockets
+from mbr_launch.monitor.state import Shared, Slot
+from mbr_launch.monitor.status import ranks_event
+from mbr_launch.monitor.timers import Timers
+from mbr_launch.monitor.wire import Event, Op
+
+Command = Callable[[dict[str, Any]], None]
+
+
+class Commands:
+    def __init__(self, shared: Shared, sockets: Sockets, connections: Connections, beats: StepBeats,
+                 timers: Timers) -> None:
+        self.shared = shared
+        self.sockets = sockets
+        self.connections = connections
+        self.beats = beats
+        self.timers = timers
+        self.launcher_path = ""  # the workload-request socket, once configured
+        self.ops: dict[str, Command] = {
+            Op.CONFIGURE: self.configure, Op.ARM: self.arm, Op.PID: self.pid, Op.DISARM: self.disarm,
+            Op.SNAPSHOT: self.snapshot, Op.EXIT: self.exit,
+        }
+
+    def handle(self, msg: dict[str, Any]) -> None:
+        op = msg.get("op")
+        command = self.ops.get(op) if isinstance(op, str) else None
+        if command is None:
+            raise ControlError(f"unknown op {op!r}")
+        if op not in (Op.CONFIGURE, Op.EXIT) and self.shared.cfg is None:
+            raise ControlError(f"{op}: send configure first")
+        command(msg)
+
+    def configure(self, msg: dict[str, Any]) -> None:
+        shared = self.shared
+        if shared.cfg is not None:
+            raise ControlError("configure: already configured")
+        directory = check_private_dir(msg.get("dir"))
+        given = msg.get("cfg") or {}
+        if not isinstance(given, dict):
+            raise ControlError("configure: cfg must be an object")
+        cfg = {**replies.CONFIG_DEFAULTS, **given}  # absent keys: NVRx 0.4.1 defaults; null: disabled
+        configured_timeouts(cfg)  # validate before committing
+        try:
+            replies.ft_config(cfg)
+        except (KeyError, ValueError, TypeError) as exc:
+            raise ControlError(f"configure: bad cfg: {exc}") from None
+        steps = msg.get("steps") or {}
+        if not isinstance(steps, dict):
+            raise ControlError("configure: steps must be an object")
+        initial = timeout_value("steps.initial", steps.get("initial"))
+        subsequent = timeout_value("steps.subsequent", steps.get("subsequent"))
+        interval = timeout_value("steps.report_interval", steps.get("report_interval", 1.0))
+        self.beats.timeouts, self.beats.report_interval = (initial, subsequent), interval or 1.0
+        self.timers.set_status_interval(timeout_value("steps.status_interval", steps.get("status_interval")) or None)
+        shared.dir, shared.cfg = directory, cfg
+        self.launcher_path = os.path.join(directory, "launcher.sock")
+        self.sockets.listen(self.launcher_path, None)
+        shared.emit({"ev": Event.READY, "launcher_socket": self.launcher_path})
+
+    def arm(self, msg: dict[str, Any]) -> None:
+        shared = self.shared
+        local_rank = int_field(msg, "local_rank")
+        path = parse_socket_path(msg.get("socket"), shared.dir)
+        slot = shared.slots.get(local_rank)
+        if slot is None:
+            assert shared.cfg is not None
+            slot = shared.slots[local_rank] = Slot(local_rank, RankWatch(configured_timeouts(shared.cfg)))
+        self.connections.drop_slot(slot)
+        if slot.listener is not None and slot.path != path:
+            self.sockets.unlisten(slot)
+        if slot.listener is None:
+            slot.listener = self.sockets.listen(path, slot)
+            slot.path = path
+        slot.rank = opt_int_field(msg, "rank")
+        slot.pid, slot.pgid = opt_int_field(msg, "pid"), opt_int_field(msg, "pgid")
+        slot.client_pid = None
+        now = shared.clock()
+        slot.watch.arm(now)
+        self.beats.arm(slot, msg.get("step_socket"), now)
+        shared.emit({"ev": Event.ARMED, "local_rank": local_rank})
+
+    def pid(self, msg: dict[str, Any]) -> None:
+        slot = self._slot(msg)
+        slot.pid, slot.pgid = opt_int_field(msg, "pid"), opt_int_field(msg, "pgid")
+
+    def disarm(self, msg: dict[str, Any]) -> None:
+        slot = self._slot(msg)
+        slot.watch.disarm()
+        slot.steps.disarm()
+        self.connections.drop_slot(slot)
+        self.shared.emit({"ev": Event.DISARMED, "local_rank": slot.local_rank})
+
+    def snapshot(self, msg: dict[str, Any]) -> None:
+        self.shared.emit(ranks_event(Event.SNAPSHOT, self.shared.sorted_slots(), self.shared.clock()))
+
+    def exit(self, msg: dict[str, Any]) -> None:
+        self.shared.running = False
+
+    def _slot(self, msg: dict[str, Any]) -> Slot:
+        local_rank = int_field(msg, "local_rank")
+        slot = self.shared.slots.get(local_rank)
+        if slot is None:
+            raise ControlError(f"local rank {local_rank} was never armed")
+        return slot

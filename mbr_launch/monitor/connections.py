@@ -1,0 +1,246 @@
+"""Client connections: one thread per connection, and the handling of each NVRx request kind.
+
+Each connection gets a thread doing blocking ``recv``/``sendall``: measured against a single epoll loop it
+saves ~10 us per round trip (no ``epoll_wait`` and no Python dispatch between the client's separate header
+and payload writes). Frames are decoded outside the lock (``protocol.py`` is pure); the handlers run with
+``Shared.lock`` held and return the reply frame. A thread wakes the main thread only when it makes a
+deadline earlier than the planned wake-up (heartbeats only ever move deadlines later).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import struct
+import threading
+from typing import Any, Callable, Optional
+
+from mbr_launch.monitor import replies
+from mbr_launch.monitor.deadlines import InvalidTransition, Phase, SectionError, next_deadline
+from mbr_launch.monitor.protocol import (
+    Authkey,
+    Decoder,
+    Heartbeat,
+    Init,
+    Invalid,
+    ProtocolError,
+    SectionClose,
+    SectionCloseAll,
+    SectionOpen,
+    UpdateConfig,
+    decode_workload_request,
+    frame_length,
+)
+from mbr_launch.monitor.state import Conn, Shared, Slot
+from mbr_launch.monitor.status import timeouts_updated
+from mbr_launch.monitor.steps import is_checkpoint_section
+from mbr_launch.monitor.wire import Event
+
+_PEERCRED = struct.Struct("3i")
+_NOT_INITIALISED = replies.frame(replies.error_msg("not initialised: send InitMsg first"))
+
+Handler = Callable[[Slot, Conn, Any], bytes]
+
+
+def _recv_exact(sock: socket.socket, n: int) -> bytes:
+    data = sock.recv(n)
+    while len(data) < n:
+        more = sock.recv(n - len(data))
+        if not more:
+            raise EOFError
+        data += more
+    return data
+
+
+class Connections:
+    def __init__(self, shared: Shared) -> None:
+        self.shared = shared
+        self.conns: set[Conn] = set()
+        self.threads: set[threading.Thread] = set()
+        self.decoder = Decoder()
+        self.handlers: dict[type, Handler] = {
+            Heartbeat: self._on_heartbeat,
+            SectionOpen: self._on_open,
+            SectionClose: self._on_close,
+            SectionCloseAll: self._on_close_all,
+            Authkey: self._on_authkey,
+            Init: self._on_init,
+            UpdateConfig: self._on_update,
+            Invalid: self._on_invalid,
+        }
+
+    # ---- main thread, lock held ----------------------------------------------------------------------------
+
+    def accept(self, listener: socket.socket, slot: Optional[Slot]) -> None:
+        while True:
+            try:
+                sock, _ = listener.accept()
+            except BlockingIOError:
+                return
+            uid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+            if uid not in (0, os.geteuid()) or (slot is not None and slot.watch.phase is Phase.DISARMED):
+                sock.close()
+                continue
+            sock.setblocking(True)
+            conn = Conn(sock, slot)
+            self.conns.add(conn)
+            if slot is not None:
+                slot.conns.add(conn)
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            self.threads.add(thread)
+            thread.start()
+
+    def drop(self, conn: Conn) -> None:
+        """Monitor-initiated close (lock held): detach now; shutdown wakes the thread, which closes."""
+        if conn.dropped:
+            return
+        conn.dropped = True
+        self._detach(conn)
+        try:
+            conn.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def drop_slot(self, slot: Slot) -> None:
+        for conn in list(slot.conns):
+            self.drop(conn)
+
+    def drop_all(self) -> None:
+        for conn in list(self.conns):
+            self.drop(conn)
+
+    def _detach(self, conn: Conn) -> bool:
+        """Unlink ``conn`` from its slot (lock held); True if it was the rank's active client."""
+        slot = conn.slot
+        if slot is None:
+            return False
+        slot.conns.discard(conn)
+        if slot.active is not conn:
+            return False
+        slot.active = None
+        if slot.watch.phase is not Phase.DISARMED:
+            slot.watch.disconnect()
+        return True
+
+    # ---- connection threads --------------------------------------------------------------------------------
+
+    def _serve(self, conn: Conn) -> None:
+        shared, sock = self.shared, conn.sock
+        try:
+            while True:
+                # Exact reads (header, then payload) measured as fast as one big recv with
+                # SO_RCVLOWAT, and a short garbage frame cannot leave us waiting for more bytes.
+                header = sock.recv(4)
+                if not header:
+                    break
+                if len(header) < 4:
+                    header += _recv_exact(sock, 4 - len(header))
+                reply = self._frame(conn, _recv_exact(sock, frame_length(header)))
+                if reply is None:
+                    break
+                sock.sendall(reply)
+        except ProtocolError as exc:
+            with shared.lock:
+                where = f"local rank {conn.slot.local_rank}" if conn.slot else "launcher socket"
+                shared.emit({"ev": Event.ERROR, "message": f"{where}: {exc}; connection dropped"})
+        except (OSError, EOFError):
+            pass
+        finally:
+            with shared.lock:
+                if not conn.dropped:
+                    conn.dropped = True
+                    if self._detach(conn) and conn.slot is not None:
+                        shared.emit({"ev": Event.DISCONNECTED, "local_rank": conn.slot.local_rank})
+                self.conns.discard(conn)
+                self.threads.discard(threading.current_thread())
+            sock.close()
+
+    def _frame(self, conn: Conn, payload: bytes) -> Optional[bytes]:
+        shared, slot = self.shared, conn.slot
+        if slot is None:
+            work = decode_workload_request(payload)
+            with shared.lock:
+                shared.emit({"ev": Event.WORKLOAD_REQUEST, "rank": work.rank, "action": work.action,
+                             "description": work.description})
+            return replies.WORKLOAD_OK_FRAME
+        req = self.decoder.decode(payload)  # pure, outside the lock
+        handler = self.handlers[type(req)]
+        with shared.lock:
+            if conn.dropped:
+                return None
+            try:
+                reply = handler(slot, conn, req)
+            except (SectionError, InvalidTransition) as exc:
+                reply = replies.frame(replies.error_msg(str(exc)))
+            wake = shared.check_by(next_deadline(slot.watch))
+        if wake:
+            shared.wake()
+        return reply
+
+    # ---- requests (lock held): each returns the reply frame ------------------------------------------------
+
+    def _on_heartbeat(self, slot: Slot, conn: Conn, req: Heartbeat) -> bytes:
+        if slot.active is not conn:
+            return _NOT_INITIALISED
+        clock = self.shared.clock
+        if slot.watch.heartbeat(clock()):
+            self.shared.emit({"ev": Event.FIRST_HEARTBEAT, "local_rank": slot.local_rank, "rank": slot.rank,
+                              "t": round(clock() - slot.watch.armed_at, 6)})
+        return replies.OK_FRAME
+
+    def _on_open(self, slot: Slot, conn: Conn, req: SectionOpen) -> bytes:
+        if slot.active is not conn:
+            return _NOT_INITIALISED
+        slot.watch.open_section(req.name, self.shared.clock())
+        return replies.OK_FRAME
+
+    def _on_close(self, slot: Slot, conn: Conn, req: SectionClose) -> bytes:
+        if slot.active is not conn:
+            return _NOT_INITIALISED
+        now = self.shared.clock()
+        slot.watch.close_section(req.name, now)
+        if is_checkpoint_section(req.name):
+            slot.steps.checkpoint_closed(now)
+        return replies.OK_FRAME
+
+    def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
+        if slot.active is not conn:
+            return _NOT_INITIALISED
+        slot.watch.close_all_sections(self.shared.clock())
+        return replies.OK_FRAME
+
+    def _on_authkey(self, slot: Slot, conn: Conn, req: Authkey) -> bytes:
+        # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
+        return replies.OK_FRAME
+
+    def _on_init(self, slot: Slot, conn: Conn, req: Init) -> bytes:
+        if slot.active is not None and slot.active is not conn:
+            # A new client took over before the old one's EOF was seen: the newest owns the rank.
+            self.drop(slot.active)
+        slot.watch.init(self.shared.clock())
+        slot.steps.yield_to_client()  # the script heartbeats itself: no double heartbeats
+        slot.active = conn
+        slot.client_pid = req.pid
+        if slot.rank is None:
+            slot.rank = req.rank
+        self.shared.emit({"ev": Event.CONNECTED, "local_rank": slot.local_rank,
+                          "rank": req.rank if req.rank is not None else slot.rank, "pid": req.pid})
+        return replies.frame(replies.ok_msg(cfg=replies.ft_config(self.shared.effective_cfg(slot))))
+
+    def _on_update(self, slot: Slot, conn: Conn, req: UpdateConfig) -> bytes:
+        if slot.active is not conn:
+            return _NOT_INITIALISED
+        hb, sec = req.hb, req.section
+        slot.watch.update_timeouts(
+            initial=hb.initial if hb else None,
+            subsequent=hb.subsequent if hb else None,
+            sections=sec.section if sec else None,
+            out_of_section=sec.out_of_section if sec else None,
+            update_hb=hb is not None,
+            update_sections=sec is not None,
+        )
+        self.shared.emit(timeouts_updated(slot, req))
+        return replies.OK_FRAME
+
+    def _on_invalid(self, slot: Slot, conn: Conn, req: Invalid) -> bytes:
+        return replies.frame(replies.error_msg(req.cause))

@@ -1,0 +1,94 @@
+"""The payloads of the monitor's larger events: a rank's status row, expiries, timeout updates.
+
+Pure: each function reads a slot (lock held by the caller) and returns the event as the agent reads it.
+Times are rounded to the microsecond so lines stay short.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional
+
+from mbr_launch.monitor.deadlines import Verdict
+from mbr_launch.monitor.protocol import UpdateConfig
+from mbr_launch.monitor.state import Slot
+from mbr_launch.monitor.wire import STEP_KIND, Event
+
+
+def _age(now: float, since: Optional[float]) -> Optional[float]:
+    return None if since is None else round(now - since, 6)
+
+
+def describe(slot: Slot, now: float) -> dict[str, Any]:
+    """One rank's row in ``snapshot`` and ``status`` events."""
+    w, steps = slot.watch, slot.steps
+    return {
+        "local_rank": slot.local_rank,
+        "rank": slot.rank,
+        "pid": slot.pid,
+        "state": w.phase.value,
+        "connected": slot.active is not None,
+        "last_heartbeat_age": _age(now, w.last_hb),
+        "open_sections": list(w.open_sections),
+        "heartbeats": w.heartbeats,
+        "timeouts": w.timeouts.as_dict(),
+        "steps": steps.steps,
+        "step": steps.last_index,
+        "last_step_age": _age(now, steps.last_at),
+        "last_step_time": steps.last_period,
+        "step_deadline_enforced": steps.armed and steps.enforced,
+        "first_step_at": steps.first_at,
+        "last_step_at": steps.last_at,
+        "checkpoint_at": steps.checkpoint_at,
+    }
+
+
+def ranks_event(name: Event, slots: list[Slot], now: float) -> dict[str, Any]:
+    """A ``snapshot`` or ``status`` event: every rank's row, in local rank order."""
+    return {"ev": name, "ranks": [describe(s, now) for s in slots]}
+
+
+def expired(slot: Slot, verdict: Verdict, now: float) -> dict[str, Any]:
+    """A heartbeat or section deadline passed."""
+    w = slot.watch
+    return {
+        "ev": Event.EXPIRED,
+        "local_rank": slot.local_rank,
+        "rank": slot.rank,
+        "pid": slot.worker_pid(),
+        "kind": verdict.kind.value,
+        "section": verdict.section,
+        "timeout": verdict.timeout,
+        "elapsed": round(verdict.elapsed, 6),
+        "open_sections": list(w.open_sections),
+        "last_heartbeat_age": _age(now, w.last_hb),
+        "monotonic": now,
+    }
+
+
+def step_expired(slot: Slot, timeout: float, elapsed: float, now: float) -> dict[str, Any]:
+    """No step beat came within the step timeout."""
+    return {
+        "ev": Event.EXPIRED, "local_rank": slot.local_rank, "rank": slot.rank,
+        "pid": slot.worker_pid(), "kind": STEP_KIND,
+        "section": None, "timeout": timeout, "elapsed": round(elapsed, 6),
+        "open_sections": list(slot.watch.open_sections), "step": slot.steps.last_index,
+        "last_heartbeat_age": _age(now, slot.steps.last_at),
+        "monotonic": now,
+    }
+
+
+def timeouts_updated(slot: Slot, req: UpdateConfig) -> dict[str, Any]:
+    """The client changed its timeouts (NVRx's calculated timeouts, or the script's own)."""
+    hb, sec = req.hb, req.section
+    return {
+        "ev": Event.TIMEOUTS_UPDATED,
+        "local_rank": slot.local_rank,
+        "hb": None if hb is None else {"initial": hb.initial, "subsequent": hb.subsequent,
+                                       "were_calculated": hb.were_calculated},
+        "section": None if sec is None else {
+            "section": dict(sec.section),
+            "out_of_section": sec.out_of_section,
+            "calculated_sections": list(sec.calculated_sections),
+            "is_out_of_section_calculated": sec.is_out_of_section_calculated,
+        },
+    }

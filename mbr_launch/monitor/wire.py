@@ -1,0 +1,77 @@
+"""The names on the agent <-> monitor control channel, spelled once for both ends.
+
+The channel is JSON lines: commands on the monitor's stdin, events on its stdout. The monitor produces the
+events (``server.py`` and its helpers); the agent decodes them (``link.py``). Both import the names from
+here. ``Op`` and ``Event`` are ``StrEnum``s, so a member is its wire string: it compares equal to the
+string the other end sent, and ``json.dumps`` writes it unchanged.
+
+Agent -> monitor (one object per line):
+  {"op":"configure","dir":D,"cfg":{...FaultToleranceConfig fields...},
+   "steps":{"initial":S|null,"subsequent":S|null,"report_interval":S,"status_interval":S|null}}
+                                                                          -> {"ev":"ready","launcher_socket":..}
+  {"op":"arm","local_rank":L,"rank":R,"pid":P|null,"pgid":G|null,"socket":D/rmonL.sock,
+   "step_socket":D/stepsL.sock|absent}                                    -> {"ev":"armed",..}
+  {"op":"pid","local_rank":L,"pid":P,"pgid":G}                            (no reply)
+  {"op":"disarm","local_rank":L}                                          -> {"ev":"disarmed","local_rank":L}
+  {"op":"snapshot"}                                                       -> {"ev":"snapshot","ranks":[..]}
+  {"op":"exit"}                                                           (no reply; exit 0)
+  EOF: SIGKILL the process group of every armed worker, exit.
+
+Monitor -> agent, unsolicited: connected, first_heartbeat, expired, timeouts_updated, workload_request,
+disconnected, error. A bad control line yields {"ev":"error","message":..,"op":..} and nothing else.
+
+Automatic step beats (``steps.py``; a datagram socket per rank when ``arm`` names one):
+  {"ev":"first_step","local_rank":L,"rank":R,"t":seconds since arm,"monotonic":M}
+  {"ev":"expired",...,"kind":"step","step":last step index}            (step deadline passed)
+  {"ev":"steps","ranks":[{"local_rank":L,"rank":R,"nvrx_client":bool,"steps":N,"index":I,
+     "periods":[s..],"cpu":[s..],"first":M,"last":M,"checkpoint":M|null}]}   at most every report_interval
+  {"ev":"status","ranks":[..as in snapshot..]}                          every status_interval, when set
+  (M: time.monotonic() of this host, the agent's clock too.)
+
+The fields of ``expired``, ``snapshot`` and ``status`` are built in ``status.py``.
+"""
+
+from __future__ import annotations
+
+import enum
+
+SERVER_MODULE = "mbr_launch.monitor.server"  # ``python -m`` this to start a monitor
+
+
+class Op(enum.StrEnum):
+    """The ``op`` of a command from the agent."""
+
+    CONFIGURE = "configure"
+    ARM = "arm"
+    PID = "pid"
+    DISARM = "disarm"
+    SNAPSHOT = "snapshot"
+    EXIT = "exit"
+
+
+class Event(enum.StrEnum):
+    """The ``ev`` of an event from the monitor."""
+
+    # replies to a command
+    READY = "ready"
+    ARMED = "armed"
+    DISARMED = "disarmed"
+    SNAPSHOT = "snapshot"
+    # unsolicited
+    CONNECTED = "connected"
+    DISCONNECTED = "disconnected"
+    FIRST_HEARTBEAT = "first_heartbeat"
+    FIRST_STEP = "first_step"
+    EXPIRED = "expired"
+    TIMEOUTS_UPDATED = "timeouts_updated"
+    WORKLOAD_REQUEST = "workload_request"
+    STEPS = "steps"
+    STATUS = "status"
+    ERROR = "error"
+
+
+# The replies the agent waits for after sending a command (``disarmed`` is not waited for).
+REPLIES = (Event.READY, Event.ARMED, Event.SNAPSHOT)
+
+# ``kind`` of an ``expired`` event: a ``deadlines.Kind`` value, or this one for a missed step beat.
+STEP_KIND = "step"
