@@ -96,34 +96,24 @@ def render(records: list[dict], names: list[str], refs: list[str], args: argpars
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    h.common_args(parser, trials=10, launchers=CHOICES)
-    parser.set_defaults(launchers="mbr-launch,torchrun,ft_launcher")
+    parser = h.bench_parser(__doc__, trials=10, choices=CHOICES, default="mbr-launch,torchrun,ft_launcher")
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds allowed per launch")
     parser.add_argument("--no-reference", action="store_true", help="skip the bare and import-torch yardsticks")
     args = parser.parse_args()
-    h.stop_on_sigterm()
-    root = h.work_dir("cold")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=mbr_path)
+    session = h.start(args, "cold")
+    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path)
     refs = [] if args.no_reference else REFERENCES
     rotation = [*launchers, *(h.LAUNCHERS[n] for n in refs)]
-    records: list[dict] = []
-    try:
-        for i in range(args.trials):
-            for launcher in h.rotate(rotation, i):
-                rec = cold_trial(launcher, root, i, nproc=args.nproc, gpu=args.gpu, timeout=args.timeout)
-                records.append(rec)
-                status = (f"ok wall {rec['wall']:.3f} s" + (f", first all_reduce {rec['first_step']:.3f} s"
-                                                           if rec["first_step"] is not None else "")
-                          if rec["ok"] else f"FAILED: {rec['reason']}")
-                print(f"[{i + 1}/{args.trials}] {launcher.name:17s} {status}", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the trials so far", file=sys.stderr)
-    finally:
-        h.finish_dir(root, args.keep)
-    text = render(records, [l.name for l in launchers], refs, args)
-    return h.publish(args, SECTION, text, records)
+
+    def status(rec: dict) -> str:
+        return f"ok wall {rec['wall']:.3f} s" + (f", first all_reduce {rec['first_step']:.3f} s"
+                                                 if rec["first_step"] is not None else "")
+
+    done = h.run_trials(args, session, h.plan(rotation, args.trials),
+                        lambda step: cold_trial(step.item, session.root, step.trial, nproc=args.nproc, gpu=args.gpu,
+                                                timeout=args.timeout), status, width=17)
+    text = render(done.records, [l.name for l in launchers], refs, args)
+    return h.publish(args, SECTION, text, done.records)
 
 
 if __name__ == "__main__":

@@ -167,9 +167,7 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace) -> s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    h.common_args(parser, trials=1, launchers=CHOICES)
-    parser.set_defaults(launchers=DEFAULT)
+    parser = h.bench_parser(__doc__, trials=1, choices=CHOICES, default=DEFAULT)
     parser.add_argument("--duration", type=float, default=300.0, help="seconds of training per run")
     parser.add_argument("--fault-every", type=float, default=30.0, help="seconds between faults")
     parser.add_argument("--step-time", type=float, default=0.05, help="simulated device work per step")
@@ -177,14 +175,13 @@ def main() -> int:
     parser.add_argument("--max-restarts", type=int, default=100)
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed for the exit after stop")
     args = parser.parse_args()
-    h.stop_on_sigterm()
-    root = h.work_dir("goodput")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=mbr_path)
-    records = h.interleave(launchers, args.trials, lambda launcher, i: goodput_trial(launcher, root, i, args),
-                           lambda r: f"goodput {r.get('goodput', 0.0):.1%}, {len(r['kills'])} faults, final step "
-                                     f"{r['final_step']}", root=root, keep=args.keep, raw=args.raw)
-    return h.publish(args, SECTION, render(records, [l.name for l in launchers], args), records)
+    session = h.start(args, "goodput")
+    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path)
+    done = h.run_trials(args, session, h.plan(launchers, args.trials),
+                        lambda step: goodput_trial(step.item, session.root, step.trial, args),
+                        lambda r: f"goodput {r.get('goodput', 0.0):.1%}, {len(r['kills'])} faults, final step "
+                                  f"{r['final_step']}", width=21)
+    return h.publish(args, SECTION, render(done.records, [l.name for l in launchers], args), done.records)
 
 
 if __name__ == "__main__":

@@ -29,10 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import re
-import select
 import subprocess
 import sys
-import threading
 import time
 from datetime import datetime
 from pathlib import Path
@@ -49,20 +47,20 @@ TIMEOUT_FLAGS = ["--ft-initial-rank-heartbeat-timeout", "60", "--ft-rank-heartbe
 
 def _mbr(*extra: str):
     def argv(s: h.LaunchSpec) -> list[str]:
-        return [h._tool("mbr-launch"), "--standalone", "--nproc-per-node", str(s.nproc), "--max-restarts",
+        return [h.tool("mbr-launch"), "--standalone", "--nproc-per-node", str(s.nproc), "--max-restarts",
                 str(s.max_restarts), "--log-dir", str(s.log_dir), *TIMEOUT_FLAGS, *extra, *s.worker]
     return argv
 
 
 def _ft(*extra: str):
     def argv(s: h.LaunchSpec) -> list[str]:
-        return [h._tool("ft_launcher"), "--standalone", "--nproc-per-node", str(s.nproc), "--max-restarts",
+        return [h.tool("ft_launcher"), "--standalone", "--nproc-per-node", str(s.nproc), "--max-restarts",
                 str(s.max_restarts), *TIMEOUT_FLAGS, *extra, *s.worker]
     return argv
 
 
 def _torchrun(s: h.LaunchSpec) -> list[str]:
-    return [h._tool("torchrun"), "--standalone", "--nproc-per-node", str(s.nproc), "--max-restarts",
+    return [h.tool("torchrun"), "--standalone", "--nproc-per-node", str(s.nproc), "--max-restarts",
             str(s.max_restarts), *s.worker]
 
 
@@ -80,28 +78,6 @@ VARIANTS: dict[str, h.Launcher] = {
 CHOICES = list(VARIANTS)
 DEFAULT = [n for n in CHOICES if n != "mbr-launch-nostandby"]
 BASE = "ft_launcher-0.5"  # ft_launcher's best case: the ratio that flatters it most
-
-
-class ExitWatch:
-    """time.time() at which a process (not our child) exits, from a pidfd, in a thread."""
-
-    def __init__(self, pid: int, timeout: float) -> None:
-        self.t_gone: float | None = None
-        try:
-            self._fd = os.pidfd_open(pid)
-        except ProcessLookupError:
-            self._fd = None
-            self.t_gone = time.time()
-            return
-        self._thread = threading.Thread(target=self._wait, args=(timeout,), daemon=True)
-        self._thread.start()
-
-    def _wait(self, timeout: float) -> None:
-        assert self._fd is not None
-        ready, _, _ = select.select([self._fd], [], [], timeout)
-        if ready:
-            self.t_gone = time.time()
-        os.close(self._fd)
 
 
 def read_hang(path: Path) -> tuple[float, float, int] | None:
@@ -189,7 +165,7 @@ def hang_trial(launcher: h.Launcher, root: Path, index: int, *, deadline: float,
         if state != "ready":
             rec["reason"] = h.failure_reason(t.proc, f"first start: {state} (rc {t.proc.returncode})")
             return rec
-        watch = ExitWatch(ready0[1].pid, timeout=deadline + hang_after + 30)
+        watch = h.ExitWatch(ready0[1].pid, timeout=deadline + hang_after + 30)
         hang_file = t.dir / "hang"
         end = time.monotonic() + hang_after + 30
         while (hung := read_hang(hang_file)) is None and time.monotonic() < end and t.proc.poll() is None:
@@ -232,10 +208,6 @@ def hang_trial(launcher: h.Launcher, root: Path, index: int, *, deadline: float,
 
 # ---- report ---------------------------------------------------------------------------------------------
 
-def _cell(s: h.Summary | None) -> str:
-    return "-" if s is None else f"{s.median:.3f} s ({s.p25:.3f} / {s.p75:.3f})"
-
-
 def render(records: list[dict], names: list[str], args: argparse.Namespace, rpc: str) -> str:
     by = {n: [r for r in records if r["launcher"] == n] for n in names}
     ok = {n: [r for r in by[n] if r["ok"]] for n in names}
@@ -249,9 +221,9 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace, rpc:
         blamed = [r.get("blamed") for r in ok[n] if r.get("blamed") is not None]
         blame = f"{blamed.count(1)}/{len(blamed)}" if blamed else "-"
         restart = h.summarize([r["hang_ready"] - r["gone"] for r in ok[n] if r.get("gone") is not None])
-        rows.append([f"{n} ({v.note})", f"{len(ok[n])}/{len(by[n])}", blame, _cell(summ(n, "detect")),
-                     _cell(summ(n, "detect_own")), _cell(summ(n, "gone")), _cell(restart),
-                     _cell(summ(n, "hang_ready")),
+        rows.append([f"{n} ({v.note})", f"{len(ok[n])}/{len(by[n])}", blame, h.fmt_cell(summ(n, "detect")),
+                     h.fmt_cell(summ(n, "detect_own")), h.fmt_cell(summ(n, "gone")), h.fmt_cell(restart),
+                     h.fmt_cell(summ(n, "hang_ready")),
                      h.ratio(summ(n, "hang_ready"), summ(BASE, "hang_ready")) if BASE in names else "-"])
     out = [f"## Hang detection: rank 1 of 2 stops heartbeating (timeout {TIMEOUT:g} s) -> restarted ranks ready",
            "", *h.machine_lines(gpu=False, mbr_code=args.mbr_code),
@@ -288,7 +260,7 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace, rpc:
         keys = [("stacks", "hang event -> stacks written"), ("kill", "stacks -> hung rank reaped (SIGTERM)"),
                 ("stop", "-> every old rank reaped"), ("rendezvous", "-> next round's rendezvous done"),
                 ("spawn", "-> new ranks spawned"), ("boot", "-> restart-1 ranks ready")]
-        brows = [[label, _cell(h.summarize([b[k] for b in bds]))] for k, label in keys]
+        brows = [[label, h.fmt_cell(h.summarize([b[k] for b in bds]))] for k, label in keys]
         methods = sorted({b["method"] for b in bds})
         out += [f"{name} breakdown from events.jsonl (median (p25 / p75); stack method {', '.join(methods)}):", "",
                 h.table(["segment", "seconds"], brows), ""]
@@ -312,67 +284,51 @@ def run_rpc_bench() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=8)
-    parser.add_argument("--launchers", default=",".join(DEFAULT), help=f"subset of: {', '.join(CHOICES)}")
+    parser = h.bench_parser(__doc__, trials=8, choices=CHOICES, default=DEFAULT, gpu=False, nproc=False,
+                            from_raw=True)
     parser.add_argument("--torchrun-every", type=int, default=2, help="run torchrun every Nth trial (it is slow)")
     parser.add_argument("--hang-after", type=float, default=2.0)
     parser.add_argument("--pg-timeout", type=float, default=20.0)
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per phase")
     parser.add_argument("--no-rpc", action="store_true", help="skip the bench_monitor_rpc.py reference")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--raw", type=Path)
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--mbr-source", choices=["head", "tree"], default="head")
-    parser.add_argument("--from-raw", type=Path, nargs="+", help="only render: records of earlier --raw files "
-                        "(trials of the k-th file numbered from 1000*k, so pairs stay within a run)")
     parser.add_argument("--logs-root", type=Path, nargs="+", help="with --from-raw: the kept trial dirs of each run")
     parser.add_argument("--rpc-text", type=Path, help="with --from-raw: bench_monitor_rpc.py output to include")
-    parser.add_argument("--commands", default="", help="with --from-raw: the commands of those runs, for the text")
-    parser.add_argument("--mbr-code", default="", help="with --from-raw: which mbr_launch code those runs used")
     args = parser.parse_args()
     if args.from_raw:
-        records = h.load_raw(args.from_raw)
-        for rec in records:
-            k, trial = divmod(rec["trial"], 1000)
-            if args.logs_root and rec.get("blamed") is None:
-                rec["blamed"] = blamed_rank(rec["launcher"], args.logs_root[k] / f"{trial:03d}-{rec['launcher']}")
-        names = [n for n in CHOICES if any(r["launcher"] == n for r in records)]
-        rpc = args.rpc_text.read_text() if args.rpc_text else ""
-        text = render(records, names, args, rpc)
-        print(text)
-        if args.out:
-            h.write_section(args.out, SECTION, text)
-        return 0
-    h.stop_on_sigterm()
+        return h.render_raw(args, SECTION, lambda records: render_raw(records, args))
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
-    root = h.work_dir("hang")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    args.commands = ""
-    launchers = [h.Launcher(v.name, v.argv, {**v.env, **h.mbr_env(mbr_path)}, note=v.note)
-                 if v.name.startswith("mbr-launch") else v for v in (VARIANTS[n] for n in names)]
-    records: list[dict] = []
+    session = h.start(args, "hang")
+    launchers = [h.with_mbr_path(VARIANTS[n], session.mbr_path) for n in names]
+
+    def run(step: h.Step) -> dict | None:
+        if step.item.name == "torchrun" and step.trial % max(1, args.torchrun_every):
+            return None  # torchrun waits out its PG timeout: only every Nth trial
+        return hang_trial(step.item, session.root, step.trial, deadline=args.deadline, hang_after=args.hang_after,
+                          pg_timeout=args.pg_timeout)
+
+    def status(rec: dict) -> str:
+        return (f"ok detect {rec.get('detect', float('nan')):+.3f} s, own "
+                f"{rec.get('detect_own', float('nan')):+.3f} s, ready {rec['hang_ready']:.3f} s")
+
+    done = h.run_trials(args, session, h.plan(launchers, args.trials), run, status, width=18)
     rpc = ""
-    try:
-        for i in range(args.trials):
-            for launcher in h.rotate(launchers, i):
-                if launcher.name == "torchrun" and i % max(1, args.torchrun_every):
-                    continue
-                rec = hang_trial(launcher, root, i, deadline=args.deadline, hang_after=args.hang_after,
-                                 pg_timeout=args.pg_timeout)
-                records.append(rec)
-                status = (f"ok detect {rec.get('detect', float('nan')):+.3f} s, own "
-                          f"{rec.get('detect_own', float('nan')):+.3f} s, ready {rec['hang_ready']:.3f} s"
-                          if rec["ok"] else f"FAILED: {rec['reason']}")
-                print(f"[{i + 1}/{args.trials}] {launcher.name:18s} {status}", flush=True)
-        if not args.no_rpc:
+    if not args.no_rpc and not done.interrupted:
+        try:
             rpc = run_rpc_bench()
-    except KeyboardInterrupt:
-        print("interrupted: reporting the trials so far", file=sys.stderr)
-    finally:
-        h.finish_dir(root, args.keep)
-    text = render(records, names, args, rpc)
-    return h.publish(args, SECTION, text, records)
+        except KeyboardInterrupt:
+            print("interrupted: reporting the trials so far", file=sys.stderr)
+    text = render(done.records, names, args, rpc)
+    return h.publish(args, SECTION, text, done.records)
+
+
+def render_raw(records: list[dict], args: argparse.Namespace) -> str:
+    """The report of earlier runs' --raw files; with --logs-root, the blamed rank is read from kept logs."""
+    for rec in records:
+        k, trial = divmod(rec["trial"], 1000)
+        if args.logs_root and rec.get("blamed") is None:
+            rec["blamed"] = blamed_rank(rec["launcher"], args.logs_root[k] / f"{trial:03d}-{rec['launcher']}")
+    rpc = args.rpc_text.read_text() if args.rpc_text else ""
+    return render(records, h.launchers_in(records, CHOICES), args, rpc)
 
 
 if __name__ == "__main__":

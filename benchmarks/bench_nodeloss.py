@@ -36,7 +36,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h
-from bench_hang import ExitWatch
 
 SECTION = "bench_nodeloss"
 NNODES = "2:2"
@@ -45,12 +44,12 @@ AGENTS = 3
 
 def _mbr(*extra: str):
     def argv(flags: list[str], log_dir: Path) -> list[str]:
-        return [h._tool("mbr-launch"), *flags, "--log-dir", str(log_dir), *extra]
+        return [h.tool("mbr-launch"), *flags, "--log-dir", str(log_dir), *extra]
     return argv
 
 
 def _torchrun(flags: list[str], _log_dir: Path) -> list[str]:
-    return [h._tool("torchrun"), *flags]
+    return [h.tool("torchrun"), *flags]
 
 
 NOSHARE = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}
@@ -137,7 +136,7 @@ def nodeloss_trial(name: str, root: Path, index: int, *, deadline: float, mbr_en
         spare = next(i for i in range(AGENTS) if i not in participants)
         victim_worker = seen[victim_rank].pid
         rec.update(victim=victim, spare=spare, round0={r: where[r] for r in sorted(where)})
-        watch = ExitWatch(victim_worker, timeout=deadline + 5)
+        watch = h.ExitWatch(victim_worker, timeout=deadline + 5)
         old_pids = {r.pid for r in seen.values()}
         since = {i: p.stderr_size() for i, p in enumerate(procs)}
         t_kill = rec["t_kill"] = time.time()
@@ -237,73 +236,39 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace) -> s
         keys = [("detect", "kill -> survivor's first failure or peer_lost event"), ("stop", "-> survivor's old worker reaped"),
                 ("rendezvous", "-> new round's rendezvous done (survivor + spare)"),
                 ("spawn", "-> new worker spawned (standby)"), ("boot", "-> both new ranks ready")]
-        brows = [[label, _cell(h.summarize([b[k] for b in bds if b.get(k) is not None]))] for k, label in keys]
+        brows = [[label, h.fmt_cell(h.summarize([b[k] for b in bds if b.get(k) is not None]))] for k, label in keys]
         firsts = sorted({b["first"] for b in bds})
         rcs = sorted({str(b.get("restart_count")) for b in bds})
         out += [(f"{n} breakdown from the survivor's events.jsonl (median (p25 / p75); first event: "
                 f"{', '.join(firsts)}; TORCHELASTIC_RESTART_COUNT of the new round: {', '.join(rcs)}):"), "",
                 h.table(["segment", "seconds"], brows), ""]
-    failures = [r for r in records if not r["ok"]]
-    if failures:
-        out += ["Trials that did not recover:", ""] + [
-            f"- {r['launcher']} trial {r['trial']}: {r['reason'][:600]}" for r in failures]
-        out.append("")
-    left = [r for r in records if r.get("leftovers")]
-    if left:
-        out += ["Processes alive 1 s after the bench SIGKILLed every agent's session at the end of the trial (workers "
-                "in sessions of their own that outlived their agent: orphans), then killed by their env tag: " + "; ".join(
-            f"{r['launcher']} trial {r['trial']}: {r['leftovers']}" for r in left) + ".", ""]
+    out += h.failure_lines(records, heading="Trials that did not recover:", limit=600, leftovers=(
+        "Processes alive 1 s after the bench SIGKILLed every agent's session at the end of the trial (workers "
+        "in sessions of their own that outlived their agent: orphans), then killed by their env tag: "))
     return "\n".join(out)
 
 
-def _cell(s: h.Summary | None) -> str:
-    return "-" if s is None else f"{s.median:.3f} s ({s.p25:.3f} / {s.p75:.3f})"
-
-
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=5)
-    parser.add_argument("--launchers", default=",".join(DEFAULT), help=f"subset of: {', '.join(CHOICES)}")
+    parser = h.bench_parser(__doc__, trials=5, choices=CHOICES, default=DEFAULT, gpu=False, nproc=False,
+                            from_raw=True)
     parser.add_argument("--deadline", type=float, default=40.0, help="seconds allowed per phase")
-    parser.add_argument("--out", type=Path)
-    parser.add_argument("--raw", type=Path)
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--mbr-source", choices=["head", "tree"], default="head")
-    parser.add_argument("--from-raw", type=Path, nargs="+", help="only render: records of earlier --raw files "
-                        "(trials of the k-th file numbered from 1000*k)")
-    parser.add_argument("--commands", default="", help="with --from-raw: the commands of those runs, for the text")
-    parser.add_argument("--mbr-code", default="", help="with --from-raw: which mbr_launch code those runs used")
     args = parser.parse_args()
     if args.from_raw:
-        records = h.load_raw(args.from_raw)
-        names = [n for n in CHOICES if any(r["launcher"] == n for r in records)]
-        text = render(records, names, args)
-        print(text)
-        if args.out:
-            h.write_section(args.out, SECTION, text)
-        return 0
-    h.stop_on_sigterm()
+        return h.render_raw(args, SECTION, lambda records: render(records, h.launchers_in(records, CHOICES), args))
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
-    root = h.work_dir("nodeloss")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    args.commands = ""
-    mbr_env = h.mbr_env(mbr_path)
-    records: list[dict] = []
-    try:
-        for i in range(args.trials):
-            for name in h.rotate(names, i):
-                rec = nodeloss_trial(name, root, i, deadline=args.deadline, mbr_env=mbr_env)
-                records.append(rec)
-                status = (f"ok {rec['latency']:.3f} s (new round on agents {sorted(set(rec['new_agents'].values()))}, "
-                          f"victim {rec['victim']}, spare {rec['spare']})" if rec["ok"]
-                          else f"NOT RECOVERED: {rec['reason'][:300]}")
-                print(f"[{i + 1}/{args.trials}] {name:15s} {status}", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the trials so far", file=sys.stderr)
-    finally:
-        h.finish_dir(root, args.keep)
-    text = render(records, names, args)
-    return h.publish(args, SECTION, text, records)
+    session = h.start(args, "nodeloss")
+    mbr_env = h.mbr_env(session.mbr_path)
+
+    def status(rec: dict) -> str:
+        return (f"ok {rec['latency']:.3f} s (new round on agents {sorted(set(rec['new_agents'].values()))}, "
+                f"victim {rec['victim']}, spare {rec['spare']})")
+
+    done = h.run_trials(args, session, h.plan(names, args.trials),
+                        lambda step: nodeloss_trial(step.item, session.root, step.trial, deadline=args.deadline,
+                                                    mbr_env=mbr_env),
+                        status, width=15, failed=lambda r: f"NOT RECOVERED: {r['reason'][:300]}")
+    text = render(done.records, names, args)
+    return h.publish(args, SECTION, text, done.records)
 
 
 if __name__ == "__main__":

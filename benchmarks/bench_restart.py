@@ -25,6 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
+from mbr_launch.report.events import first_event  # noqa: E402  (harness puts the repository on sys.path)
 
 SECTION = "bench_restart"
 CHOICES = ["mbr-launch", "torchrun", "torchrun-noshare", "ft_launcher"]
@@ -72,11 +73,7 @@ def restart_trial(launcher: h.Launcher, root: Path, index: int, *, nproc: int, g
 
 def breakdown(events: list[dict], t_kill: float, ready1: dict[int, h.Ready]) -> dict | None:
     """Segments of one mbr-launch restart (seconds), from its event timestamps and the ready lines."""
-    def first(name: str, **match) -> dict | None:
-        return next((e for e in events if e["event"] == name and all(e.get(k) == v for k, v in match.items())),
-                    None)
-
-    failure = first("failure", round=0)
+    failure = first_event(events, "failure", round=0)
     rdzv = next((e for e in events if e["event"] == "rendezvous" and (e.get("restart_count") or 0) >= 1), None)
     if not failure or not rdzv or not ready1:
         return None
@@ -150,37 +147,29 @@ def render(records: list[dict], names: list[str], ref: list[float], args: argpar
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    h.common_args(parser, trials=20, launchers=CHOICES)
+    parser = h.bench_parser(__doc__, trials=20, choices=CHOICES)
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per phase")
     parser.add_argument("--no-reference", action="store_true", help='skip the `import torch` yardstick')
     args = parser.parse_args()
-    h.stop_on_sigterm()
-    root = h.work_dir("restart")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=mbr_path)
-    names = [l.name for l in launchers]
+    session = h.start(args, "restart")
+    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path)
     rotation = launchers + ([] if args.no_reference else [h.LAUNCHERS["import-torch"]])
-    records: list[dict] = []
     ref: list[float] = []
-    try:
-        for i in range(args.trials):
-            for launcher in h.rotate(rotation, i):
-                if launcher.reference:
-                    wall = reference_run(launcher, root, i)
-                    if wall is not None:
-                        ref.append(wall)
-                    continue
-                rec = restart_trial(launcher, root, i, nproc=args.nproc, gpu=args.gpu, deadline=args.deadline)
-                records.append(rec)
-                status = f"ok {rec['latency']:.3f} s" if rec["ok"] else f"FAILED: {rec['reason']}"
-                print(f"[{i + 1}/{args.trials}] {launcher.name:17s} {status}", flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the trials so far", file=sys.stderr)
-    finally:
-        h.finish_dir(root, args.keep)
-    text = render(records, names, ref, args)
-    return h.publish(args, SECTION, text, records)
+
+    def run(step: h.Step) -> dict | None:
+        launcher = step.item
+        if launcher.reference:  # the yardstick's wall times go beside the table, not into it
+            wall = reference_run(launcher, session.root, step.trial)
+            if wall is not None:
+                ref.append(wall)
+            return None
+        return restart_trial(launcher, session.root, step.trial, nproc=args.nproc, gpu=args.gpu,
+                             deadline=args.deadline)
+
+    done = h.run_trials(args, session, h.plan(rotation, args.trials), run, lambda r: f"ok {r['latency']:.3f} s",
+                        width=17)
+    text = render(done.records, [l.name for l in launchers], ref, args)
+    return h.publish(args, SECTION, text, done.records)
 
 
 def reference_run(launcher: h.Launcher, root: Path, index: int) -> float | None:

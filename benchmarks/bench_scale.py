@@ -80,7 +80,7 @@ def scale_trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr
     try:
         t0 = time.time()
         for i in range(n):
-            argv = [h._tool(tool), "--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", "1",
+            argv = [h.tool(tool), "--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", "1",
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"s{port}",
                     *extra, *(["--log-dir", str(d / f"logs{i}")] if tool == "mbr-launch" else []), *worker]
             procs.append(h.Proc(argv, env=env, out_dir=d, name=f"agent{i}"))
@@ -142,20 +142,17 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace) -> s
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    h.common_args(parser, trials=3, launchers=CHOICES)
+    parser = h.bench_parser(__doc__, trials=3, choices=CHOICES)
     parser.add_argument("--agents", type=int, default=32)
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds allowed per phase")
     args = parser.parse_args()
-    h.stop_on_sigterm()
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
-    root = h.work_dir("scale")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    mbr_env = h.mbr_env(mbr_path)
-    records = h.interleave(names, args.trials, lambda name, i: scale_trial(name, root, i, args, mbr_env),
-                           lambda r: f"all started {r['rendezvous']:.2f} s, restarted {r['restart']:.2f} s",
-                           root=root, keep=args.keep, raw=args.raw)
-    return h.publish(args, SECTION, render(records, names, args), records)
+    session = h.start(args, "scale")
+    mbr_env = h.mbr_env(session.mbr_path)
+    done = h.run_trials(args, session, h.plan(names, args.trials),
+                        lambda step: scale_trial(step.item, session.root, step.trial, args, mbr_env),
+                        lambda r: f"all started {r['rendezvous']:.2f} s, restarted {r['restart']:.2f} s", width=21)
+    return h.publish(args, SECTION, render(done.records, names, args), done.records)
 
 
 if __name__ == "__main__":

@@ -48,10 +48,7 @@ def launchers(names: str, mbr_path: Path | None) -> list[h.Launcher]:
     for name in filter(None, (n.strip() for n in names.split(","))):
         if name not in table:
             raise SystemExit(f"--launchers: unknown {name!r}; choose from {', '.join(table)}")
-        launcher = replace(table[name], name=name)
-        if name.startswith("mbr-"):
-            launcher = replace(launcher, env={**launcher.env, **h.mbr_env(mbr_path)})
-        chosen.append(launcher)
+        chosen.append(h.with_mbr_path(replace(table[name], name=name), mbr_path))
     return chosen
 
 
@@ -157,27 +154,19 @@ def render(records: list[dict], chosen: list[h.Launcher], args: argparse.Namespa
             if phase == "restart":
                 warm = [all(r.get("warm") or [False]) for r in by[n] if r["ok"]]
                 out += [f"{n}: restarted ranks taken from standbys in {sum(warm)} of {len(warm)} trials.", ""]
-    failures = [r for r in records if not r["ok"]]
-    if failures:
-        out += ["Failed trials:", ""] + [f"- {r['phase']} {r['launcher']} trial {r['trial']}: {r['reason']}"
-                                         for r in failures] + [""]
+    out += h.failure_lines(records, label=lambda r: f"{r['phase']} {r['launcher']} trial {r['trial']}",
+                           leftovers=None)
     return "\n".join(out)
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--trials", type=int, default=10)
-    parser.add_argument("--launchers", default="mbr-torch,mbr-off,torchrun,import-torch",
-                        help="mbr-torch, mbr-off, mbr-interpreter, mbr-cuda, torchrun (no shared store), "
-                             "torchrun-shared (torch's default store), ft_launcher, import-torch")
+    parser = h.bench_parser(__doc__, trials=10, choices=[], default="mbr-torch,mbr-off,torchrun,import-torch",
+                            launchers_help="mbr-torch, mbr-off, mbr-interpreter, mbr-cuda, torchrun (no shared store), "
+                                           "torchrun-shared (torch's default store), ft_launcher, import-torch",
+                            nproc=False)
     parser.add_argument("--phases", default="restart,cold")
     parser.add_argument("--settle", type=float, default=8.0, help="seconds of steady running before the kill")
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed per phase of a trial")
-    parser.add_argument("--out", type=Path, default=None, help="write/replace this bench's section in FILE")
-    parser.add_argument("--raw", type=Path, default=None)
-    parser.add_argument("--keep", action="store_true")
-    parser.add_argument("--mbr-source", choices=["head", "tree"], default="head")
-    parser.add_argument("--gpu", action="store_true", help="nccl on cuda:LOCAL_RANK instead of gloo on CPU")
     parser.add_argument("--first-trial", type=int, default=0,
                         help="number the trials from N (to continue an earlier run given with --merge)")
     parser.add_argument("--merge", type=Path, action="append", default=[],
@@ -185,36 +174,23 @@ def main() -> int:
     parser.add_argument("--section", default=SECTION, help="the RESULTS.md section this report replaces")
     parser.add_argument("--title", default="Warm standbys: restart and cold launch")
     args = parser.parse_args()
-    h.stop_on_sigterm()
-    root = h.work_dir("standby")
-    mbr_path, args.mbr_code = h.mbr_source(args.mbr_source, root)
-    chosen = launchers(args.launchers, mbr_path)
-    records: list[dict] = [rec for path in args.merge for rec in json.loads(path.read_text())]
-    try:
-        for phase in args.phases.split(","):
-            for i in range(args.first_trial, args.first_trial + args.trials):
-                for launcher in h.rotate(chosen, i):
-                    if phase == "restart":
-                        rec = restart_trial(launcher, root / phase, i, settle=args.settle, deadline=args.deadline,
-                                            gpu=args.gpu)
-                    else:
-                        rec = cold_trial(launcher, root / phase, i, timeout=args.deadline, gpu=args.gpu)
-                    records.append(rec)
-                    h.write_raw(args.raw, records)  # after every trial: a run cut short keeps what it measured
-                    value = rec.get("latency") if phase == "restart" else rec.get("wall")
-                    print(f"[{phase} {i + 1}/{args.first_trial + args.trials}] {launcher.name:16s} "
-                          + (f"ok {value:.3f} s" if rec["ok"] else f"FAILED: {rec['reason']}"), flush=True)
-    except KeyboardInterrupt:
-        print("interrupted: reporting the trials so far", file=sys.stderr)
-    finally:
-        h.finish_dir(root, args.keep)
-    text = render(records, chosen, args)
-    print("\n" + text)
-    h.write_raw(args.raw, records)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        h.write_section(args.out, args.section, text)
-    return 0
+    session = h.start(args, "standby")
+    chosen = launchers(args.launchers, session.mbr_path)
+    merged = [rec for path in args.merge for rec in json.loads(path.read_text())]
+
+    def run(step: h.Step) -> dict:
+        root = session.root / step.phase
+        if step.phase == "restart":
+            return restart_trial(step.item, root, step.trial, settle=args.settle, deadline=args.deadline,
+                                 gpu=args.gpu)
+        return cold_trial(step.item, root, step.trial, timeout=args.deadline, gpu=args.gpu)
+
+    def status(rec: dict) -> str:
+        return f"ok {rec.get('latency') if rec['phase'] == 'restart' else rec.get('wall'):.3f} s"
+
+    steps = h.plan(chosen, args.trials, first=args.first_trial, phases=args.phases.split(","))
+    done = h.run_trials(args, session, steps, run, status, width=16, records=merged)
+    return h.publish(args, args.section, render(done.records, chosen, args), done.records)
 
 
 if __name__ == "__main__":

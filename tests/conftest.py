@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import time
 import uuid
 from pathlib import Path
 
 import pytest
+
+from .helpers import free_port
 
 # The Slurm test-cluster fixtures (slurm_cluster, slurm_clean) for every test module.
 pytest_plugins = ["tests.slurm_cluster"]
@@ -80,13 +81,6 @@ def no_leftover_processes(request):
         return
     left = leftover_processes()
     assert not left, "processes left running after the test:\n" + "\n".join(left)
-
-
-def free_port() -> int:
-    """A port nobody listens on right now (never 29500)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -11,6 +12,19 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
 LAUNCHER = [sys.executable, "-m", "mbr_launch"]
+# torch's default MASTER_PORT: a stray torchrun or test job may hold it, so never hand it out.
+DEFAULT_TORCH_PORT = 29500
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now (never 29500). Tests and benchmarks
+    share this one helper (benchmarks/harness imports it from here)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != DEFAULT_TORCH_PORT:
+            return port
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import json
-
 import pytest
+
+from mbr_launch.report.events import read_events
 
 from .helpers import REPO, run_launcher
 
@@ -31,7 +31,7 @@ def test_megatron_style_example_hang_caught_by_saved_timeouts(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "calculated timeouts: step" in res.stdout
     assert "[attempt 1] finished 40 iterations" in res.stdout
-    events = [json.loads(l) for l in next(tmp_path.glob("*/events.jsonl")).read_text().splitlines()]
+    events = read_events(next(tmp_path.glob("*/events.jsonl")))
     hangs = [e for e in events if e["event"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["timeout"] < 60  # the calculated timeout, not the configured 180 s
     assert any(e["event"] == "stacks" for e in events)

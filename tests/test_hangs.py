@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch.report.events import read_events
+
 from .helpers import SCRIPTS, run_launcher
 
 FT_WORKER = str(SCRIPTS / "ft_worker.py")
@@ -31,7 +33,7 @@ EXPECTED_KIND = {"heartbeat": "heartbeat", "section": "section", "oos": "out_of_
 
 
 def _events(log_dir: Path) -> list[dict]:
-    return [json.loads(line) for line in next(log_dir.glob("*/events.jsonl")).read_text().splitlines()]
+    return read_events(next(log_dir.glob("*/events.jsonl")))
 
 
 @pytest.mark.parametrize("hang", list(CASES))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -11,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import validate
+from mbr_launch.report.events import read_events, validate
 
 from .helpers import SCRIPTS, finish, launcher_env, run_launcher, start_launcher
 
@@ -22,7 +21,7 @@ pytestmark = pytest.mark.timeout(120)
 def _events(log_dir: Path) -> list[dict]:
     files = list(log_dir.glob("*/events.jsonl"))
     assert len(files) == 1, files
-    return [json.loads(line) for line in files[0].read_text().splitlines()]
+    return read_events(files[0])
 
 
 def _ready(path: Path) -> list[tuple[int, int]]:

@@ -9,8 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import free_port
-from .helpers import SCRIPTS, finish, launcher_env
+from .helpers import SCRIPTS, finish, free_port, launcher_env
 
 TRAIN = str(SCRIPTS / "train.py")
 ENVDUMP = str(SCRIPTS / "envdump.py")

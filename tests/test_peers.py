@@ -14,6 +14,8 @@ from torch.distributed import PrefixStore, TCPStore
 from mbr_launch.cluster.peers import PeerWatch, Silence, StoreLost
 from mbr_launch.cluster.rendezvous import Round
 
+from .helpers import free_port
+
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -27,12 +29,6 @@ class _Round:
     group_world_size: int = 2
     index: int = 0
     connect_control = Round.connect_control
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _watch(rnd: _Round, timeout: float) -> tuple[PeerWatch, list[dict]]:
@@ -61,7 +57,7 @@ def _resetting_listener(port: int, seconds: float) -> None:
 
 
 def test_a_store_that_resets_connections_for_a_while_is_not_lost():
-    port = _free_port()
+    port = free_port()
     watch, lost = _watch(_Round(store_port=port), timeout=4.0)
     _resetting_listener(port, 1.5)  # retried, not fatal
     server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
@@ -83,7 +79,7 @@ def test_a_store_that_resets_connections_for_a_while_is_not_lost():
 
 
 def test_a_store_that_never_answers_is_lost_after_the_timeout():
-    port = _free_port()
+    port = free_port()
     started = time.monotonic()
     watch, lost = _watch(_Round(store_port=port), timeout=2.0)
     end = time.monotonic() + 10

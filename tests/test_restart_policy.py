@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import os
 import signal
 import subprocess
@@ -12,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import free_port
-from .helpers import SCRIPTS, finish, launcher_env, run_launcher
+from mbr_launch.report.events import read_events
+
+from .helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
 
 SLEEPER = str(SCRIPTS / "sleeper.py")
 TRAIN = str(SCRIPTS / "train.py")
@@ -127,7 +127,7 @@ def test_crash_loop_backs_off(tmp_path):
                         "--log-dir", str(tmp_path), SLEEPER, "--crash", "0:0,0:1,0:2,0:3",
                         "--crash-after", "0"], timeout=120)
     assert res.returncode == 1
-    events = [json.loads(l) for l in next(tmp_path.glob("*/events.jsonl")).read_text().splitlines()]
+    events = read_events(next(tmp_path.glob("*/events.jsonl")))
     backoffs = [e["backoff"] for e in events if e["event"] == "restart"]
     assert backoffs == [0.0, 0.5, 1.0], backoffs
     starts = [e["t"] for e in events if e["event"] == "rendezvous"]

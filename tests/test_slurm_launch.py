@@ -16,7 +16,6 @@ so do the workers' logs and checkpoints.
 
 from __future__ import annotations
 
-import json
 import os
 import shlex
 import signal
@@ -28,6 +27,7 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch.report.events import read_events
 from tests.slurm_cluster import REPO, ClusterError, SlurmCluster
 
 pytestmark = [pytest.mark.slurm]
@@ -59,7 +59,7 @@ def _events(log_dir: Path) -> dict[str, list[dict]]:
     """Every agent's events, keyed by '<run id>/<node>' (run id carries job, step and requeue count)."""
     found = {}
     for path in sorted(log_dir.glob("*/events.jsonl")):
-        events = [json.loads(line) for line in _lines(path)]
+        events = read_events(path)
         if events:
             found[f"{events[0]['run_id']}/{events[0]['node']}"] = events
     return found

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch.report.events import read_events
 from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, standby_env
 
 from .helpers import finish, launcher_env, run_launcher, start_launcher
@@ -69,7 +70,7 @@ save(threads=torch.get_num_threads())
 
 def _events(log_dir: Path) -> list[dict]:
     (path,) = log_dir.glob("*/events.jsonl")
-    return [json.loads(line) for line in path.read_text().splitlines()]
+    return read_events(path)
 
 
 def _records(out: Path) -> dict[tuple[str, int], dict]:

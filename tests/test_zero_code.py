@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import re
 import statistics
 from datetime import datetime
@@ -10,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import validate
+from mbr_launch.report.events import read_events, validate
 
 from .helpers import SCRIPTS, run_launcher
 
@@ -21,8 +20,7 @@ pytestmark = pytest.mark.timeout(200)
 
 
 def _events(log_dir: Path) -> list[dict]:
-    lines = next(log_dir.glob("*/events.jsonl")).read_text().splitlines()
-    records = [json.loads(line) for line in lines]
+    records = read_events(next(log_dir.glob("*/events.jsonl")))
     for record in records:  # every line parses against the documented schema
         assert validate(record) == [], record
     return records

@@ -1,0 +1,7 @@
+"""``python -m tools.docgen --write | --check``."""
+
+import sys
+
+from . import main
+
+sys.exit(main())

@@ -1,0 +1,52 @@
+"""The generated regions of README.md: the options tables, the exit codes and the event names."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from mbr_launch.config.settings import Setting
+from mbr_launch.report import exitcodes
+from mbr_launch.report.events import EVENT_FIELDS
+
+from .common import GENERATED, by_panel, default_shown, metavar
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def options_table(settings: Sequence[Setting]) -> str:
+    """The README's options tables, one per panel."""
+    out = [f"<!-- {GENERATED} -->"]
+    for panel, members in by_panel(settings):
+        out += ["", f"### {panel}", "", "| Flag | Environment | Default | Description |", "|---|---|---|---|"]
+        for setting in members:
+            meta = metavar(setting)
+            # The metavar once, on the canonical flag: the aliases take the same value.
+            flags = ", ".join([f"`{setting.flag}{' ' + meta if meta else ''}`", *(f"`{f}`" for f in setting.flags[1:])])
+            env = ", ".join(f"`{e}`" for e in setting.envvars)
+            default = default_shown(setting)
+            out.append(f"| {_md(flags)} | {env} | {_md(f'`{default}`') if default else ''} | {_md(setting.help)} |")
+    return "\n".join(out) + "\n"
+
+
+def exit_codes() -> str:
+    out = [f"<!-- {GENERATED} -->", "", "| code | meaning |", "|---|---|"]
+    out += [f"| `{code}` | {_md(text)} |" for code, text in exitcodes.TABLE]
+    return "\n".join(out) + "\n"
+
+
+def events_table() -> str:
+    out = [f"<!-- {GENERATED} (events.EVENT_FIELDS; field meanings in mbr_launch/report/events.py) -->", "",
+           "| event | fields besides the common ones |", "|---|---|"]
+    out += [f"| `{name}` | {', '.join(f'`{f}`' for f in fields)} |" for name, fields in EVENT_FIELDS.items()]
+    return "\n".join(out) + "\n"
+
+
+def replace_region(readme: str, table: str, name: str = "options") -> str:
+    """``readme`` with the text between the ``name`` markers replaced by ``table``."""
+    begin, finish = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
+    start, end = readme.find(begin), readme.find(finish)
+    if start < 0 or end < start:
+        raise ValueError(f"README.md lacks the markers {begin} ... {finish}")
+    return readme[: start + len(begin)] + "\n" + table + readme[end:]
