@@ -34,7 +34,7 @@ def describe(event: dict[str, Any]) -> str:
 def dump_all(agent: "Agent", rnd: "Round") -> list[dict[str, Any]]:
     """Stacks of every live local rank (the hung one and its peers, which often show the collective)."""
     cfg = agent.cfg
-    if cfg.stack_dump == "off" or agent.run_dir is None:
+    if cfg.monitor.stack_dump == "off" or agent.run_dir is None:
         return []
     from mbr_launch.workers.stacks import StackTarget, dump_stacks
 
@@ -44,7 +44,7 @@ def dump_all(agent: "Agent", rnd: "Round") -> list[dict[str, Any]]:
                            if "MBR_STACK_FILE" in w.spec.env else None)
                for w in agent.workers if w.alive]
     try:
-        dumps = dump_stacks(targets, out_dir, method=cfg.stack_dump, timeout=10.0)
+        dumps = dump_stacks(targets, out_dir, method=cfg.monitor.stack_dump, timeout=10.0)
     except Exception as err:  # diagnosis must never block the recovery
         agent.say(f"stack dump failed: {err}")
         return []

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from mbr_launch.report import exitcodes
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
 from mbr_launch.workers.group import WorkerGroup
 from mbr_launch.cluster.peers import PeerWatch
@@ -123,10 +123,10 @@ class Agent:
         self._rdzv = Rendezvous(cfg)
         while True:
             began = time.monotonic()
-            self.say(f"joining rendezvous ({cfg.rdzv_backend} {cfg.rdzv_endpoint}, "
-                     f"nodes {cfg.min_nodes}:{cfg.max_nodes})")
+            self.say(f"joining rendezvous ({cfg.rendezvous.backend} {cfg.rendezvous.endpoint}, "
+                     f"nodes {cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes})")
             try:
-                with self._guard.around(cfg.rdzv_timeout + 60, "joining the rendezvous"):
+                with self._guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"):
                     rnd = self._rdzv.next_round()
             except RendezvousClosed as err:
                 self._farewell = "none"  # closed already, by the node that ended the job
@@ -158,10 +158,10 @@ class Agent:
                 return self._finish(int(message.get("exit_code", exitcodes.FAILED)),
                                     message.get("reason", "job failed"))
             self.log.emit("restart", round=rnd.index, restart_count=message.get("restart_count"),
-                          max_restarts=cfg.max_restarts, scope="job", backoff=message.get("backoff", 0))
+                          max_restarts=cfg.policy.max_restarts, scope="job", backoff=message.get("backoff", 0))
             if not message.get("membership"):
                 self.say(f"restarting all ranks: {message.get('reason', '')} "
-                         f"(restart {message.get('restart_count', '?')} of {cfg.max_restarts})")
+                         f"(restart {message.get('restart_count', '?')} of {cfg.policy.max_restarts})")
             if not self._sleep(float(message.get("backoff", 0) or 0)):
                 signum = self._pending_signal()
                 assert signum is not None
@@ -175,9 +175,10 @@ class Agent:
         self._round_started = time.monotonic()
         cfg = self.cfg
         stop_watch = StopWatcher(rnd, lambda msg: self._post("peer_stop", msg))
-        membership = cfg.rdzv_backend == "c10d" and not cfg.standalone
+        membership = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone
         assert self._rdzv
-        self._peer_watch = PeerWatch(rnd, timeout=cfg.peer_timeout, on_lost=lambda ev: self._post("peer", ev),
+        self._peer_watch = PeerWatch(rnd, timeout=cfg.rendezvous.peer_timeout,
+                                     on_lost=lambda ev: self._post("peer", ev),
                                      waiting=self._rdzv.num_nodes_waiting if membership else None,
                                      on_waiting=lambda count: self._post("membership", count))
         self._threads = [stop_watch, self._peer_watch]
@@ -195,12 +196,12 @@ class Agent:
         finally:
             for thread in self._threads:
                 thread.cancel()
-            self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+            self.group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
 
     def _watch(self, rnd: Round) -> RoundResult:
         """Wait for events until this round ends for this node."""
         cfg = self.cfg
-        tick = min(0.5, cfg.peer_timeout / 4)
+        tick = min(0.5, cfg.rendezvous.peer_timeout / 4)
         local_done = False
         assert self.group
         while True:
@@ -230,7 +231,7 @@ class Agent:
                 self.say("local workers finished; waiting for the other nodes")
             # A store call on a cut-off link never returns, so silence is judged here, by arithmetic.
             silent = self._peer_watch.silent_for() if self._peer_watch else 0.0
-            if silent > cfg.peer_timeout:
+            if silent > cfg.rendezvous.peer_timeout:
                 return self._handle_lost_peer(rnd, {"kind": "store_lost", "detail": (
                     f"the rendezvous store at {rnd.store_host}:{rnd.store_port} has not answered for "
                     f"{silent:.1f} s (this node may be cut off)")})  # type: ignore[return-value]
@@ -247,11 +248,11 @@ class Agent:
         if kind == "membership" and not local_done:
             message = {"reason": f"{payload} node(s) waiting to join", "origin": self.node, "final": False,
                        "restart_count": rnd.restart_count, "membership": True}
-            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "announcing a membership change"):
+            with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, "announcing a membership change"):
                 publish_stop(rnd, message)
                 decided = read_stop(rnd) or message
             assert self.group
-            self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+            self.group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
             return RoundResult(Outcome.FINAL if decided.get("final") else Outcome.RESTART, message=decided)
         if kind == "monitor" and not local_done:
             return self._handle_monitor_event(rnd, payload)
@@ -264,19 +265,20 @@ class Agent:
         assert self.log and self.group
         self.log.emit("signal", signal=name)
         cfg = self.cfg
-        if name in cfg.preempt_signals:
-            forward, grace = signal.Signals[cfg.preempt_forward_signal], cfg.preempt_grace
+        if name in cfg.preemption.signals:
+            forward, grace = signal.Signals[cfg.preemption.forward_signal], cfg.preemption.grace
             self.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
             self.say(f"PREEMPTION ({name}): sending {forward.name} to the workers so they can checkpoint, "
                      f"then stopping them after {grace:g} s")
         else:
-            forward, grace = signal.Signals(signum), cfg.shutdown_timeout
+            forward, grace = signal.Signals(signum), cfg.workers.shutdown_timeout
             self.say(f"received {name}: forwarding it to the workers, then stopping them (grace {grace:g} s)")
         self.group.stop(rnd, first_signal=forward, grace=grace)
         message = {"reason": f"{name} on node {self.node}", "origin": self.node, "final": True,
                    "exit_code": exitcodes.FAILED}
         try:
-            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "telling the other nodes about the signal"):
+            with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5,
+                                    "telling the other nodes about the signal"):
                 publish_stop(rnd, message)
         except Exception:
             pass  # the store may be gone too; our own exit does not depend on it
@@ -287,7 +289,7 @@ class Agent:
         self.log.emit("stop", round=rnd.index, reason=message.get("reason"), origin=message.get("origin"))
         if message.get("group_rank") != rnd.group_rank:
             self.say(f"stopping local workers: {message.get('reason')} (from {message.get('origin')})")
-        self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+        self.group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
         return RoundResult(Outcome.FINAL if message.get("final") else Outcome.RESTART, message=message)
 
     def _handle_lost_peer(self, rnd: Round, event: dict) -> RoundResult | None:
@@ -299,7 +301,7 @@ class Agent:
         if kind == "store_lost":
             self._farewell = "none"  # nothing to tell a store we cannot reach
             self.say(f"LOST THE RENDEZVOUS STORE: {detail}; stopping local workers")
-            self.group.stop(rnd, grace=self.cfg.shutdown_timeout)
+            self.group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
             return RoundResult(Outcome.FINAL, message={"reason": f"lost the rendezvous store: {detail}",
                                                        "exit_code": exitcodes.RENDEZVOUS, "final": True})
         record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=f"group rank {event.get('group_rank')}",
@@ -363,7 +365,7 @@ class Agent:
         hung = next((d for d in dumps if d.get("local_rank") == local_rank), None)
         if hung:
             record.stacks, record.stack_summary = hung.get("path"), hung.get("summary")
-        self.group.stop(rnd, local_ranks=[local_rank], grace=self.cfg.hang_kill_grace)
+        self.group.stop(rnd, local_ranks=[local_rank], grace=self.cfg.monitor.hang_kill_grace)
         return self._failure(rnd, [record])
 
     def _tick_telemetry(self, rnd: Round) -> RoundResult | None:
@@ -412,7 +414,8 @@ class Agent:
         if self.telemetry:
             self.telemetry.end("failure", records[0].cause)
         first = records[0]
-        with self._guard.around(self.cfg.peer_timeout * 2 + 5, "recording a failure in the rendezvous store"):
+        with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5,
+                                "recording a failure in the rendezvous store"):
             restarts, startup_restarts = self._rdzv.counts(rnd)
             node_failures = self._rdzv.count_node_failure(rnd, self.node) if first.cause in ("crash", "hang") else 0
             waiting = self._rdzv.spare_count()
@@ -435,14 +438,14 @@ class Agent:
             else first.describe()
 
         if decision.action is Action.RESTART and decision.scope != "job":
-            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "counting a restart"):
+            with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, "counting a restart"):
                 total = self._rdzv.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
             ranks = sorted({r.local_rank for r in records}) if decision.scope == "rank" else None
-            self.group.stop(rnd, local_ranks=ranks, grace=cfg.shutdown_timeout)
-            self.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.max_restarts,
+            self.group.stop(rnd, local_ranks=ranks, grace=cfg.workers.shutdown_timeout)
+            self.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.policy.max_restarts,
                           scope=decision.scope, backoff=decision.backoff)
             self.say(f"restarting {'this node' if ranks is None else 'rank(s) ' + str([rnd.rank_offset + r for r in ranks])}"
-                     f" only (--restart-scope {decision.scope}; restart {total} of {cfg.max_restarts})")
+                     f" only (--restart-scope {decision.scope}; restart {total} of {cfg.policy.max_restarts})")
             if not self._sleep(decision.backoff):
                 return self._handle_signal(rnd, self._pending_signal() or signal.SIGTERM)
             self._heartbeats = set() if ranks is None else self._heartbeats - set(ranks)
@@ -456,26 +459,26 @@ class Agent:
                        "group_rank": rnd.group_rank, "final": False, "exclude": self.node,
                        "restart_count": rnd.restart_count}
             self.log.emit("exclude", round=rnd.index, reason=decision.reason)
-            with self._guard.around(self.cfg.peer_timeout * 2 + 5, "announcing the exclusion"):
+            with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, "announcing the exclusion"):
                 publish_stop(rnd, message)
-            self.group.stop(rnd, grace=cfg.shutdown_timeout)
+            self.group.stop(rnd, grace=cfg.workers.shutdown_timeout)
             return RoundResult(Outcome.EXCLUDED, message=message)
 
         final = decision.action is Action.STOP
         message = {"reason": reason, "origin": self.node, "group_rank": rnd.group_rank, "final": final,
                    "exit_code": exitcodes.FAILED, "restart_count": rnd.restart_count, "backoff": decision.backoff}
-        with self._guard.around(self.cfg.peer_timeout * 2 + 5, "announcing the failure to the other nodes"):
+        with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, "announcing the failure to the other nodes"):
             if not final:
                 message["restart_count"] = self._rdzv.count_restart(rnd, startup=decision.counts_as_startup,
                                                                     once_per_round=True)
             publish_stop(rnd, message)
             decided = read_stop(rnd) or message  # when two nodes fail at once, the first message wins
-        self.group.stop(rnd, grace=cfg.shutdown_timeout)
+        self.group.stop(rnd, grace=cfg.workers.shutdown_timeout)
         return RoundResult(Outcome.FINAL if decided.get("final") else Outcome.RESTART, message=decided)
 
     def _node_done(self, rnd: Round) -> bool:
         """Mark this node done; True when every node of the round is done."""
-        with self._guard.around(self.cfg.peer_timeout * 2 + 5, "reporting this node done"):
+        with self._guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, "reporting this node done"):
             done = int(rnd.control.add("done_count", 1))
             if done >= rnd.group_world_size:
                 rnd.control.set("all_done", "1")
@@ -500,7 +503,7 @@ class Agent:
     # ---- monitor --------------------------------------------------------------------------------
 
     def _start_monitor(self, restart: bool = False) -> None:
-        if not self.cfg.rank_monitor:
+        if not self.cfg.monitor.enabled:
             return
         from mbr_launch.monitor.link import MonitorLink
 
@@ -591,16 +594,16 @@ class Agent:
             except OSError:
                 pass
 
-        for name in dict.fromkeys((*self.cfg.signals_to_handle, *self.cfg.preempt_signals)):
+        for name in dict.fromkeys((*self.cfg.workers.signals_to_handle, *self.cfg.preemption.signals)):
             sig = signal.Signals[name]
             old[sig] = signal.signal(sig, handler)
         return old
 
     def _prepare_dirs(self) -> None:
         cfg = self.cfg
-        base = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.gettempdir()) / "mbr-launch"
+        base = Path(cfg.output.log_dir) if cfg.output.log_dir else Path(tempfile.gettempdir()) / "mbr-launch"
         base.mkdir(parents=True, exist_ok=True)
-        self.run_dir = base / f"{cfg.run_id}_{uuid.uuid4().hex[:6]}_{self.node}"
+        self.run_dir = base / f"{cfg.rendezvous.run_id}_{uuid.uuid4().hex[:6]}_{self.node}"
         self.run_dir.mkdir(parents=True)
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self.sock_dir = Path(tempfile.mkdtemp(prefix="mbr-"))
@@ -608,9 +611,10 @@ class Agent:
         self.group = WorkerGroup(cfg, environ=self.environ, run_dir=self.run_dir, sock_dir=self.sock_dir,
                                  log=self.log, monitor=None, say=self.say)
         slurm = cfg.slurm
-        self.log.emit("start", argv=sys.argv, run_id=cfg.run_id, nproc_per_node=cfg.nproc_per_node,
-                      nnodes=f"{cfg.min_nodes}:{cfg.max_nodes}", max_restarts=cfg.max_restarts,
-                      log_dir=str(self.run_dir),
+        self.log.emit("start", argv=sys.argv, run_id=cfg.rendezvous.run_id,
+                      nproc_per_node=cfg.workers.nproc_per_node,
+                      nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}",
+                      max_restarts=cfg.policy.max_restarts, log_dir=str(self.run_dir),
                       slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
                              "restart_count": slurm.restart_count} if slurm else None)
         for warning in cfg.warnings:
@@ -621,7 +625,7 @@ class Agent:
     def _teardown(self, old_handlers: dict[int, Any]) -> None:
         if self.group:
             try:
-                self.group.stop(self._round, grace=self.cfg.shutdown_timeout)
+                self.group.stop(self._round, grace=self.cfg.workers.shutdown_timeout)
             except Exception:
                 pass
             self.group.close()
@@ -667,7 +671,7 @@ class Agent:
             except OSError:
                 pass
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
-                  f"from {self.cfg.rdzv_endpoint})")
+                  f"from {self.cfg.rendezvous.endpoint})")
         print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
         try:
             if self.log:
@@ -681,11 +685,11 @@ class Agent:
 
     def _finish_signaled(self, signum: int, rnd: Round | None) -> int:
         name = signal.Signals(signum).name
-        if name not in self.cfg.preempt_signals:
+        if name not in self.cfg.preemption.signals:
             return self._finish(128 + signum, f"launcher received {name}")
         from mbr_launch.cluster.requeue import maybe_requeue
 
-        requeued = maybe_requeue(self.cfg, rnd.group_rank if rnd else self.cfg.node_rank, self.say)
+        requeued = maybe_requeue(self.cfg, rnd.group_rank if rnd else self.cfg.rendezvous.node_rank, self.say)
         if self.log and requeued is not None:
             self.log.emit("requeue", job=self.cfg.slurm.job_id if self.cfg.slurm else None, ok=requeued)
         return self._finish(exitcodes.PREEMPTED, f"preempted by {name}" + (" (job requeued)" if requeued else ""))
@@ -705,5 +709,5 @@ class Agent:
         return code
 
     def say(self, message: str) -> None:
-        if not self.cfg.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
+        if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
             print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)

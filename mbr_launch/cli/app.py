@@ -75,7 +75,7 @@ USER_ENV: dict[str, str] = dict(os.environ)
 
 def run_launch(values: dict[str, Any], script: str | None, script_args: tuple[str, ...]) -> int:
     from mbr_launch.api import build_launch_config, launch
-    from mbr_launch.config.build import ConfigError
+    from mbr_launch.config.errors import ConfigError
 
     try:
         cfg = build_launch_config(cli=values, script=script, script_args=script_args, environ=USER_ENV)

@@ -15,7 +15,8 @@ from mbr_launch.config.settings import SETTINGS, in_panel_order
 
 def _doctor(**values: Any) -> None:
     from mbr_launch.api import doctor_context, resolve_settings
-    from mbr_launch.config.build import ConfigError
+    from mbr_launch.config.build import preflight_spec
+    from mbr_launch.config.errors import ConfigError
     from mbr_launch.doctor import DoctorError, detect_launcher, run_doctor
 
     as_json, deep = bool(values.pop("json")), bool(values.pop("deep"))
@@ -23,7 +24,8 @@ def _doctor(**values: Any) -> None:
     try:
         resolved = resolve_settings(cli=values, environ=USER_ENV)
         launcher = detect_launcher(USER_ENV)
-        ctx = doctor_context(resolved, environ=USER_ENV, launcher="mbr-launch" if launcher == "none" else launcher)
+        ctx = doctor_context(preflight_spec(resolved), environ=USER_ENV,
+                             launcher="mbr-launch" if launcher == "none" else launcher)
         skip = {s for s in resolved["skip_check"] if s != "all"}
         code = run_doctor(ctx, deep=deep, as_json=as_json, skip=skip)
     except (ConfigError, DoctorError) as err:
