@@ -6,8 +6,11 @@ import os
 import sys
 from typing import TYPE_CHECKING, Any, Mapping
 
-from mbr_launch.config.build import ConfigError, LaunchConfig, build_config, load_config_file
-from mbr_launch.config.settings import Resolved, SettingError, resolve
+from mbr_launch.config.build import build_config
+from mbr_launch.config.errors import ConfigError, SettingError
+from mbr_launch.config.files import load_config_file
+from mbr_launch.config.model import LaunchConfig, PreflightSpec
+from mbr_launch.config.settings import Resolved, resolve
 
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
@@ -31,21 +34,16 @@ def build_launch_config(*, cli: Mapping[str, Any], script: str | None, script_ar
     return build_config(resolved, script=script, script_args=script_args, environ=environ)
 
 
-def doctor_context(resolved: Resolved, *, environ: Mapping[str, str], launcher: str) -> "DoctorContext":
+def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher: str) -> "DoctorContext":
     """What the doctor checks, from the same settings a launch uses."""
     from mbr_launch.doctor import DoctorContext
-    from mbr_launch.config.settings import FAULT, SETTINGS
 
-    v = resolved.values
-    ft_declared = any(s.panel == FAULT and resolved.sources.get(s.name) != "default"
-                      for s in SETTINGS if s.name not in ("config", "rank_monitor", "stack_dump", "hang_kill_grace"))
     return DoctorContext.from_values(
-        env=dict(environ), nproc_per_node=v["nproc_per_node"], nnodes=v["nnodes"],
-        rdzv_backend="c10d" if v["standalone"] else v["rdzv_backend"],
-        rdzv_endpoint="" if v["standalone"] else v["rdzv_endpoint"], standalone=v["standalone"],
-        master_addr=v["master_addr"], master_port=v["master_port"], log_dir=v["log_dir"], launcher=launcher,
-        ft_enabled=ft_declared, config_path=v["config"], pg_timeout_s=v["pg_timeout"],
-        disk_paths=[v["log_dir"]] if v["log_dir"] else [],
+        env=dict(environ), nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes, rdzv_backend=spec.rdzv_backend,
+        rdzv_endpoint=spec.rdzv_endpoint, standalone=spec.standalone, master_addr=spec.master_addr,
+        master_port=spec.master_port, log_dir=spec.log_dir, launcher=launcher, ft_enabled=spec.ft_declared,
+        config_path=spec.config_path, pg_timeout_s=spec.pg_timeout,
+        disk_paths=[spec.log_dir] if spec.log_dir else [],
     )
 
 
@@ -53,10 +51,10 @@ def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
     """The cheap doctor checks before any worker starts; False when an error must stop the launch."""
     from mbr_launch.doctor import DoctorError, preflight as run_preflight
 
-    skip = set(cfg.settings["skip_check"])
+    skip = set(cfg.preflight.skip_checks)
     if "all" in skip:
         return True
-    ctx = doctor_context(cfg.settings, environ=environ, launcher="mbr-launch")
+    ctx = doctor_context(cfg.preflight, environ=environ, launcher="mbr-launch")
     try:
         return run_preflight(ctx, skip=skip)
     except DoctorError as err:

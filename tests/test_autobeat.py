@@ -90,11 +90,11 @@ def test_autobeat_off_sets_no_worker_environment():
     script = str(REPO / "tests" / "scripts" / "plain_sgd.py")
     off = build_launch_config(cli={"autobeat": "off", "standalone": True, "skip_check": "all"}, script=script,
                               script_args=(), environ={})
-    assert off.settings["autobeat"] == "off"
+    assert off.telemetry.autobeat is False
     on = build_launch_config(cli={"standalone": True, "skip_check": "all"}, script=script, script_args=(),
                              environ={})
-    assert on.settings["autobeat"] == "on" and on.settings["step_timeout"] == 1800.0
-    assert on.settings["initial_step_timeout"] == 3600.0 and on.settings["straggler_threshold"] == 0.7
+    assert on.telemetry.autobeat is True and on.telemetry.step_timeout == 1800.0
+    assert on.telemetry.initial_step_timeout == 3600.0 and on.telemetry.straggler_threshold == 0.7
 
 
 # ---- StepWatch: pure deadlines ----------------------------------------------------------------------------

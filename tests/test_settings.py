@@ -5,8 +5,10 @@ from __future__ import annotations
 import pytest
 
 from mbr_launch.api import build_launch_config
-from mbr_launch.config.build import ConfigError, load_config_file
-from mbr_launch.config.settings import SettingError, resolve, section_timeouts
+from mbr_launch.config.errors import ConfigError, SettingError
+from mbr_launch.config.files import load_config_file
+from mbr_launch.config.parse import section_timeouts
+from mbr_launch.config.settings import resolve
 
 
 def test_precedence_cli_env_config_default():
@@ -72,11 +74,12 @@ def test_build_config_standalone(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("")
     cfg = build_launch_config(cli={"standalone": True, "nproc_per_node": "2"}, script=str(script), environ={})
-    assert cfg.rdzv_backend == "c10d" and cfg.rdzv_endpoint == "localhost:0" and cfg.nproc_per_node == 2
-    assert cfg.omp_num_threads == "1"
+    assert cfg.rendezvous.backend == "c10d" and cfg.rendezvous.endpoint == "localhost:0"
+    assert cfg.workers.nproc_per_node == 2
+    assert cfg.workers.omp_num_threads == "1"
     cfg = build_launch_config(cli={"standalone": True, "nproc_per_node": "2"}, script=str(script),
                               environ={"OMP_NUM_THREADS": "4"})
-    assert cfg.omp_num_threads is None
+    assert cfg.workers.omp_num_threads is None
 
 
 @pytest.mark.parametrize("cli,needle", [
@@ -102,19 +105,19 @@ def test_slurm_derives_what_torchrun_makes_people_type(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("")
     cfg = build_launch_config(cli={"nproc_per_node": "2"}, script=str(script), environ=SLURM_STEP)
-    assert (cfg.min_nodes, cfg.max_nodes) == (2, 2)
-    assert cfg.rdzv_backend == "c10d" and cfg.rdzv_endpoint.startswith("gpu-a01:")
-    assert cfg.run_id == "slurm-812-0-r0" and cfg.slurm and cfg.slurm.hostname == "gpu-a02"
+    assert (cfg.rendezvous.min_nodes, cfg.rendezvous.max_nodes) == (2, 2)
+    assert cfg.rendezvous.backend == "c10d" and cfg.rendezvous.endpoint.startswith("gpu-a01:")
+    assert cfg.rendezvous.run_id == "slurm-812-0-r0" and cfg.slurm and cfg.slurm.hostname == "gpu-a02"
     # every node derives the same endpoint
     other = build_launch_config(cli={}, script=str(script), environ={**SLURM_STEP, "SLURM_NODEID": "0"})
-    assert other.rdzv_endpoint == cfg.rdzv_endpoint
+    assert other.rendezvous.endpoint == cfg.rendezvous.endpoint
     # explicit flags win
     cfg = build_launch_config(cli={"rdzv_endpoint": "h:1234", "nnodes": "1:2", "rdzv_id": "mine"},
                               script=str(script), environ=SLURM_STEP)
-    assert (cfg.rdzv_endpoint, cfg.min_nodes, cfg.run_id) == ("h:1234", 1, "mine")
+    assert (cfg.rendezvous.endpoint, cfg.rendezvous.min_nodes, cfg.rendezvous.run_id) == ("h:1234", 1, "mine")
     # requeues get a new run id (stale rendezvous state is never reused)
     cfg = build_launch_config(cli={}, script=str(script), environ={**SLURM_STEP, "SLURM_RESTART_COUNT": "1"})
-    assert cfg.run_id == "slurm-812-0-r1"
+    assert cfg.rendezvous.run_id == "slurm-812-0-r1"
 
 
 def test_slurm_more_than_one_task_per_node_is_refused(tmp_path):

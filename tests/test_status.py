@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import io
-from types import SimpleNamespace
 
 import pytest
 
 from mbr_launch.report.events import EventLog, validate
+from mbr_launch.config.build import build_config
 from mbr_launch.config.settings import resolve
 from mbr_launch.agent.telemetry import Telemetry
 
@@ -24,10 +24,11 @@ class Clock:
 
 def _telemetry(clock: Clock, stream, **cli):
     settings = resolve({"straggler_interval": "10", "status_interval": "5", **cli}, {}, {})
-    cfg = SimpleNamespace(settings=settings, rank_monitor=True, use_boot=True)
+    # A single node with no port: a private c10d rendezvous, so building asks nothing of the host.
+    cfg = build_config(settings, script=__file__, environ={})
     log = EventLog(None, node="n", clock=clock)
     said: list[str] = []
-    return Telemetry(cfg, log, said.append, clock=clock, stream=stream), log, said  # type: ignore[arg-type]
+    return Telemetry(cfg, log, said.append, clock=clock, stream=stream), log, said
 
 
 def test_segments_stragglers_and_plain_status():

@@ -17,7 +17,7 @@ from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.summary import RunSummary
 from mbr_launch.workers.process import Worker
@@ -115,4 +115,4 @@ class Context:
 
     def store_call(self, what: str) -> ContextManager[None]:
         """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3)."""
-        return self.guard.around(self.cfg.peer_timeout * 2 + 5, what)
+        return self.guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, what)

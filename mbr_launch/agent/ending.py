@@ -30,9 +30,9 @@ def finish_signaled(ctx: Context, signum: int, rnd: Round | None) -> int:
     """A stop request ends with 128+N, as a shell reports it; a preemption signal with exit 5 (after asking
     Slurm to requeue the job, where that is allowed)."""
     name = signal.Signals(signum).name
-    if name not in ctx.cfg.preempt_signals:
+    if name not in ctx.cfg.preemption.signals:
         return finish(ctx, 128 + signum, f"launcher received {name}")
-    requeued = maybe_requeue(ctx.cfg, rnd.group_rank if rnd else ctx.cfg.node_rank, ctx.say)
+    requeued = maybe_requeue(ctx.cfg, rnd.group_rank if rnd else ctx.cfg.rendezvous.node_rank, ctx.say)
     if requeued is not None:
         ctx.log.emit("requeue", job=ctx.cfg.slurm.job_id if ctx.cfg.slurm else None, ok=requeued)
     return finish(ctx, exitcodes.PREEMPTED, f"preempted by {name}" + (" (job requeued)" if requeued else ""))

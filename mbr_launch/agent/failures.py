@@ -68,11 +68,11 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
     with ctx.store_call("counting a restart"):
         total = ctx.rendezvous.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
     ranks = sorted({r.local_rank for r in records}) if decision.scope == "rank" else None
-    ctx.group.stop(rnd, local_ranks=ranks, grace=cfg.shutdown_timeout)
-    ctx.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.max_restarts,
+    ctx.group.stop(rnd, local_ranks=ranks, grace=cfg.workers.shutdown_timeout)
+    ctx.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.policy.max_restarts,
                  scope=decision.scope, backoff=decision.backoff)
     which = "this node" if ranks is None else "rank(s) " + str([rnd.rank_offset + r for r in ranks])
-    ctx.say(f"restarting {which} only (--restart-scope {decision.scope}; restart {total} of {cfg.max_restarts})")
+    ctx.say(f"restarting {which} only (--restart-scope {decision.scope}; restart {total} of {cfg.policy.max_restarts})")
     if not ctx.wakeup.sleep(decision.backoff):
         return None  # a signal came during the back-off: the loop handles it next
     ctx.heartbeats = set() if ranks is None else ctx.heartbeats - set(ranks)
@@ -89,7 +89,7 @@ def _leave(ctx: Context, rnd: Round, decision: Decision) -> RoundResult:
     ctx.log.emit("exclude", round=rnd.index, reason=decision.reason)
     with ctx.store_call("announcing the exclusion"):
         ctx.cluster.publish(rnd, message)
-    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
     return RoundResult(Outcome.EXCLUDED, message=message)
 
 
@@ -103,5 +103,5 @@ def _stop_round(ctx: Context, rnd: Round, decision: Decision, reason: str) -> Ro
                               restart_count=count, backoff=decision.backoff)
         ctx.cluster.publish(rnd, message)
         decided = ctx.cluster.read(rnd) or message  # when two nodes fail at once, the first message wins
-    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
     return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)

@@ -52,13 +52,13 @@ def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
     cfg = ctx.cfg
     name = signal.Signals(signum).name
     ctx.log.emit("signal", signal=name)
-    if name in cfg.preempt_signals:
-        forward, grace = signal.Signals[cfg.preempt_forward_signal], cfg.preempt_grace
+    if name in cfg.preemption.signals:
+        forward, grace = signal.Signals[cfg.preemption.forward_signal], cfg.preemption.grace
         ctx.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
         ctx.say(f"PREEMPTION ({name}): sending {forward.name} to the workers so they can checkpoint, "
                 f"then stopping them after {grace:g} s")
     else:
-        forward, grace = signal.Signals(signum), cfg.shutdown_timeout
+        forward, grace = signal.Signals(signum), cfg.workers.shutdown_timeout
         ctx.say(f"received {name}: forwarding it to the workers, then stopping them (grace {grace:g} s)")
     ctx.group.stop(rnd, first_signal=forward, grace=grace)
     try:
@@ -73,7 +73,7 @@ def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundRes
     ctx.log.emit("stop", round=rnd.index, reason=message.reason, origin=message.origin)
     if message.group_rank != rnd.group_rank:
         ctx.say(f"stopping local workers: {message.reason} (from {message.origin})")
-    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
     return RoundResult(Outcome.FINAL if message.final else Outcome.RESTART, message=message)
 
 
@@ -84,7 +84,7 @@ def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> Round
     with ctx.store_call("announcing a membership change"):
         ctx.cluster.publish(rnd, message)
         decided = ctx.cluster.read(rnd) or message
-    ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+    ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
     return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)
 
 
@@ -93,7 +93,7 @@ def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> Rou
         ctx.log.emit("peer_lost", round=rnd.index, kind="store_lost", detail=event.detail)
         ctx.departure = Departure.NONE  # nothing to tell a store we cannot reach
         ctx.say(f"LOST THE RENDEZVOUS STORE: {event.detail}; stopping local workers")
-        ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+        ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
         return RoundResult(Outcome.FINAL, message=StopMessage(reason=f"lost the rendezvous store: {event.detail}",
                                                               exit_code=exitcodes.RENDEZVOUS, final=True))
     ctx.log.emit("peer_lost", round=rnd.index, kind="peer_lost", detail=event.describe())
@@ -117,7 +117,7 @@ def handle_hang(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | N
     hung = next((d for d in dumps if d.local_rank == event.local_rank), None)
     if hung:
         record.stacks, record.stack_summary = hung.path, hung.summary
-    ctx.group.stop(rnd, local_ranks=[event.local_rank], grace=ctx.cfg.hang_kill_grace)
+    ctx.group.stop(rnd, local_ranks=[event.local_rank], grace=ctx.cfg.monitor.hang_kill_grace)
     return handle_failure(ctx, rnd, [record])
 
 

@@ -26,7 +26,7 @@ from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous, Round
 from mbr_launch.cluster.storeguard import StoreGuard
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
 from mbr_launch.workers.group import WorkerGroup
@@ -71,9 +71,9 @@ class Agent:
 
     def _assemble(self, wakeup: Wakeup, guard: StoreGuard) -> Context:
         cfg = self.cfg
-        base = Path(cfg.log_dir) if cfg.log_dir else Path(tempfile.gettempdir()) / "mbr-launch"
+        base = Path(cfg.output.log_dir) if cfg.output.log_dir else Path(tempfile.gettempdir()) / "mbr-launch"
         base.mkdir(parents=True, exist_ok=True)
-        run_dir = base / f"{cfg.run_id}_{uuid.uuid4().hex[:6]}_{self.node}"
+        run_dir = base / f"{cfg.rendezvous.run_id}_{uuid.uuid4().hex[:6]}_{self.node}"
         run_dir.mkdir(parents=True)
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self._sock_dir = Path(tempfile.mkdtemp(prefix="mbr-"))
@@ -81,22 +81,22 @@ class Agent:
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
         slurm = cfg.slurm
-        log.emit("start", argv=sys.argv, run_id=cfg.run_id, nproc_per_node=cfg.nproc_per_node,
-                 nnodes=f"{cfg.min_nodes}:{cfg.max_nodes}", max_restarts=cfg.max_restarts, log_dir=str(run_dir),
+        log.emit("start", argv=sys.argv, run_id=cfg.rendezvous.run_id, nproc_per_node=cfg.workers.nproc_per_node,
+                 nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
                         "restart_count": slurm.restart_count} if slurm else None)
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
         monitor = self._monitor = MonitorHandle(
-            enabled=cfg.rank_monitor, sock_dir=self._sock_dir, ft=cfg.ft.as_nvrx_dict(), steps=None,
+            enabled=cfg.monitor.enabled, sock_dir=self._sock_dir, ft=cfg.ft.as_nvrx_dict(), steps=None,
             env=self.environ, post=wakeup.post, on_link=lambda link: setattr(group, "monitor", link))
         telemetry = Telemetry(cfg, log, self.say, clock=self.clock, snapshot=monitor.snapshot)
         monitor.steps = telemetry.monitor_config()
         group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
         monitor.start()
         rendezvous = self._rendezvous = Rendezvous(cfg)
-        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.peer_timeout,
-                                     membership=cfg.rdzv_backend == "c10d" and not cfg.standalone)
+        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout,
+                                     membership=cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone)
         dump = functools.partial(self._dump_stacks, log, run_dir)
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
                        cluster=self._cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
@@ -105,7 +105,7 @@ class Agent:
     def _dump_stacks(self, log: EventLog, run_dir: Path, rnd: Round) -> list[StackRecord]:
         assert self._group
         return hangs.dump_all(self._group.workers, run_dir / f"attempt_{rnd.index}" / "stacks",
-                              method=self.cfg.stack_dump, round_index=rnd.index, log=log, say=self.say)
+                              method=self.cfg.monitor.stack_dump, round_index=rnd.index, log=log, say=self.say)
 
     def _install_signals(self, wakeup: Wakeup) -> dict[int, Any]:
         old = {}
@@ -113,7 +113,7 @@ class Agent:
         def handler(signum: int, _frame: Any) -> None:
             wakeup.post_signal(signum)  # only record it: no logging or I/O here (the logging lock can deadlock)
 
-        for name in dict.fromkeys((*self.cfg.signals_to_handle, *self.cfg.preempt_signals)):
+        for name in dict.fromkeys((*self.cfg.workers.signals_to_handle, *self.cfg.preemption.signals)):
             sig = signal.Signals[name]
             old[sig] = signal.signal(sig, handler)
         return old
@@ -124,7 +124,7 @@ class Agent:
         rnd = self.ctx.round if self.ctx else None
         if self._group:
             try:
-                self._group.stop(rnd, grace=self.cfg.shutdown_timeout)
+                self._group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
             except Exception:
                 pass
             self._group.close()
@@ -166,7 +166,7 @@ class Agent:
             except OSError:
                 pass
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
-                  f"from {self.cfg.rdzv_endpoint})")
+                  f"from {self.cfg.rendezvous.endpoint})")
         print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
         try:
             if self._log:
@@ -179,5 +179,5 @@ class Agent:
             os._exit(exitcodes.RENDEZVOUS)
 
     def say(self, message: str) -> None:
-        if not self.cfg.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
+        if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
             print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)

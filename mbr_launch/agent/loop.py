@@ -31,7 +31,7 @@ from mbr_launch.report import exitcodes
 class Supervisor:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._tick = min(0.5, ctx.cfg.peer_timeout / 4)  # bounds how late silence and telemetry are seen
+        self._tick = min(0.5, ctx.cfg.rendezvous.peer_timeout / 4)  # bounds how late silence and telemetry are seen
 
     def run(self) -> int:
         """Join a round, run it, act on how it ended; the exit code when the job ends for this node."""
@@ -102,7 +102,7 @@ class Supervisor:
     def _silence(self, rnd: Round) -> RoundResult | None:
         """A store call on a cut-off link never returns, so silence is judged here, by arithmetic."""
         silent = self.ctx.watch.silent_for() if self.ctx.watch else 0.0
-        if silent <= self.ctx.cfg.peer_timeout:
+        if silent <= self.ctx.cfg.rendezvous.peer_timeout:
             return None
         return handle_silence(self.ctx, rnd, StoreLost(
             f"the rendezvous store at {rnd.store_host}:{rnd.store_port} has not answered for {silent:.1f} s "
@@ -113,9 +113,9 @@ class Supervisor:
     def _join(self) -> Round | int:
         ctx, cfg = self.ctx, self.ctx.cfg
         began = ctx.clock()
-        ctx.say(f"joining rendezvous ({cfg.rdzv_backend} {cfg.rdzv_endpoint}, nodes {cfg.min_nodes}:{cfg.max_nodes})")
+        ctx.say(f"joining rendezvous ({cfg.rendezvous.backend} {cfg.rendezvous.endpoint}, nodes {cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes})")
         try:
-            with ctx.guard.around(cfg.rdzv_timeout + 60, "joining the rendezvous"):
+            with ctx.guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"):
                 rnd = ctx.rendezvous.next_round()
         except RendezvousClosed as err:
             ctx.departure = Departure.NONE  # closed already, by the node that ended the job
@@ -150,7 +150,7 @@ class Supervisor:
             return self._watch(rnd)
         finally:
             ctx.watch.cancel()
-            ctx.group.stop(rnd, grace=ctx.cfg.shutdown_timeout)
+            ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
 
     def _conclude(self, rnd: Round, result: RoundResult) -> int | None:
         """The exit code when the round's end ends the job for this node; None: join the next round."""
@@ -168,10 +168,10 @@ class Supervisor:
         if result.outcome is Outcome.FINAL or message.final:
             return finish(ctx, message.exit_code, message.reason)
         ctx.log.emit("restart", round=rnd.index, restart_count=message.restart_count,
-                     max_restarts=ctx.cfg.max_restarts, scope="job", backoff=message.backoff)
+                     max_restarts=ctx.cfg.policy.max_restarts, scope="job", backoff=message.backoff)
         if not message.membership:
             count = "?" if message.restart_count is None else message.restart_count
-            ctx.say(f"restarting all ranks: {message.reason} (restart {count} of {ctx.cfg.max_restarts})")
+            ctx.say(f"restarting all ranks: {message.reason} (restart {count} of {ctx.cfg.policy.max_restarts})")
         if not ctx.wakeup.sleep(message.backoff):
             signum = ctx.wakeup.pending_signal()
             assert signum is not None  # sleep() ends early only for a signal

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable, TextIO
 from mbr_launch.decide.straggler import Report, StragglerCheck
 
 if TYPE_CHECKING:
-    from mbr_launch.config.build import LaunchConfig
+    from mbr_launch.config.model import LaunchConfig
     from mbr_launch.report.events import EventLog
 
 LIVE_REFRESH = 0.5  # seconds between the monitor's status updates in live mode
@@ -43,22 +43,22 @@ class Telemetry:
     def __init__(self, cfg: "LaunchConfig", log: "EventLog", say: Callable[[str], None], *,
                  clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None,
                  snapshot: Callable[[], dict[str, Any] | None] | None = None) -> None:
-        s = cfg.settings
         self.log, self.say, self.clock = log, say, clock
         self.snapshot = snapshot  # the monitor's snapshot: the latest steps, not yet reported in a batch
-        self.enabled = bool(cfg.rank_monitor and cfg.use_boot and s["autobeat"] == "on")
-        self.step_timeouts = (s["initial_step_timeout"], s["step_timeout"])
-        self.check = StragglerCheck(interval=s["straggler_interval"], threshold=s["straggler_threshold"])
-        self.stop_on_straggler = bool(s["stop_on_straggler"])
+        t = cfg.telemetry
+        self.enabled = bool(cfg.monitor.enabled and cfg.workers.use_boot and t.autobeat)
+        self.step_timeouts = (t.initial_step_timeout, t.step_timeout)
+        self.check = StragglerCheck(interval=t.straggler_interval, threshold=t.straggler_threshold)
+        self.stop_on_straggler = t.stop_on_straggler
         self.segment: Segment | None = None
         self.starts: dict[int, int] = {}  # local rank -> times started
         self.rows: dict[int, dict[str, Any]] = {}  # local rank -> last status from the monitor
         self.stream = stream or sys.stderr
-        mode = s["status"]
+        mode: str = cfg.output.status
         if mode == "auto":
-            mode = "live" if _isatty(self.stream) and cfg.rank_monitor else "plain"
-        self.mode = mode if cfg.rank_monitor else "off"
-        self.plain_interval = float(s["status_interval"])
+            mode = "live" if _isatty(self.stream) and cfg.monitor.enabled else "plain"
+        self.mode = mode if cfg.monitor.enabled else "off"
+        self.plain_interval = cfg.output.status_interval
         self.next_plain = clock() + self.plain_interval if self.mode == "plain" and self.plain_interval > 0 else None
         self._live: Any = None
 

@@ -9,7 +9,8 @@ import typer
 from mbr_launch.api import doctor_context, resolve_settings
 from mbr_launch.cli.errors import CommandError
 from mbr_launch.cli.options import USER_ENV, keyword, with_settings
-from mbr_launch.config.build import ConfigError
+from mbr_launch.config.build import preflight_spec
+from mbr_launch.config.errors import ConfigError
 
 
 def doctor_command(**values: Any) -> None:
@@ -25,7 +26,8 @@ def doctor_command(**values: Any) -> None:
     try:
         resolved = resolve_settings(cli=values, environ=USER_ENV)
         launcher = detect_launcher(USER_ENV)
-        ctx = doctor_context(resolved, environ=USER_ENV, launcher="mbr-launch" if launcher == "none" else launcher)
+        ctx = doctor_context(preflight_spec(resolved), environ=USER_ENV,
+                             launcher="mbr-launch" if launcher == "none" else launcher)
         skip = {s for s in resolved["skip_check"] if s != "all"}
         code = run_doctor(ctx, deep=deep, as_json=as_json, skip=skip)
     except (ConfigError, DoctorError) as err:

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 
 
 class RendezvousFailed(RuntimeError):
@@ -99,29 +99,29 @@ class Rendezvous:
     # -- construction ----------------------------------------------------------------------------
 
     def _create_handler(self) -> RendezvousHandler:
-        cfg = self._cfg
-        conf = dict(cfg.rdzv_configs)
-        if cfg.rdzv_backend == "c10d":
+        rdzv = self._cfg.rendezvous
+        conf = dict(rdzv.conf)
+        if rdzv.backend == "c10d":
             # torch's 5 s x 3 keep-alive keeps a dead node in the rendezvous for 15 s; ours follows the
             # peer timeout so the survivors' next round forms as soon as they have noticed the loss.
-            interval = max(1, int(cfg.peer_timeout // 3))  # torch takes whole seconds
+            interval = max(1, int(rdzv.peer_timeout // 3))  # torch takes whole seconds
             conf.setdefault("keep_alive_interval", interval)
-            conf.setdefault("keep_alive_max_attempt", max(2, min(3, int(cfg.peer_timeout // interval))))
+            conf.setdefault("keep_alive_max_attempt", max(2, min(3, int(rdzv.peer_timeout // interval))))
         params = RendezvousParameters(
-            backend=cfg.rdzv_backend,
-            endpoint=cfg.rdzv_endpoint,
-            run_id=cfg.run_id,
-            min_nodes=cfg.min_nodes,
-            max_nodes=cfg.max_nodes,
-            local_addr=cfg.local_addr,
+            backend=rdzv.backend,
+            endpoint=rdzv.endpoint,
+            run_id=rdzv.run_id,
+            min_nodes=rdzv.min_nodes,
+            max_nodes=rdzv.max_nodes,
+            local_addr=rdzv.local_addr,
             **conf,
         )
         _disable_shared_store()
         try:
             return get_rendezvous_handler(params)
         except Exception as err:  # torch raises many types here; all mean "cannot start"
-            raise RendezvousFailed(f"cannot set up the {cfg.rdzv_backend} rendezvous at "
-                                   f"{cfg.rdzv_endpoint or '(none)'}: {err}") from err
+            raise RendezvousFailed(f"cannot set up the {rdzv.backend} rendezvous at "
+                                   f"{rdzv.endpoint or '(none)'}: {err}") from err
 
     @property
     def handler(self) -> RendezvousHandler:
@@ -147,22 +147,22 @@ class Rendezvous:
             bootstrap = info.bootstrap_store_info
         index = self._joined
         self._joined += 1
-        if self._cfg.rdzv_backend == "static":
+        if self._cfg.rendezvous.backend == "static":
             # The static store is the same object every round: give each attempt its own key space.
             store = PrefixStore(f"mbr/attempt{index}", store)
             bootstrap = None
         if bootstrap is None:
             from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-            bootstrap = RendezvousStoreInfo.build(group_rank, store, local_addr=self._cfg.local_addr)
+            bootstrap = RendezvousStoreInfo.build(group_rank, store, local_addr=self._cfg.rendezvous.local_addr)
         return self._lay_out(store, index, group_rank, group_world_size, bootstrap.master_addr,
                              bootstrap.master_port)
 
     def _lay_out(self, store: Store, index: int, group_rank: int, group_world_size: int,
                  master_addr: str, master_port: int) -> Round:
-        timeout = datetime.timedelta(seconds=self._cfg.rdzv_timeout)
+        timeout = datetime.timedelta(seconds=self._cfg.rendezvous.join_timeout)
         store.set_timeout(timeout)
-        store.set(f"mbr/lws/{group_rank}", str(self._cfg.nproc_per_node))
+        store.set(f"mbr/lws/{group_rank}", str(self._cfg.workers.nproc_per_node))
         if group_rank == 0:
             store.set("mbr/token", uuid.uuid4().hex[:12])
             store.set("mbr/restarts", str(self._restart_count_from_job(store)))
@@ -174,7 +174,7 @@ class Rendezvous:
         token = store.get("mbr/token").decode()
         restarts = int(store.get("mbr/restarts"))
         base = _base_store(store)
-        prefix = f"mbr/job/{self._cfg.run_id}/round/{token}"
+        prefix = f"mbr/job/{self._cfg.rendezvous.run_id}/round/{token}"
         return Round(index=index, group_rank=group_rank, group_world_size=group_world_size,
                      world_size=sum(sizes), rank_offset=sum(sizes[:group_rank]),
                      master_addr=master_addr, master_port=master_port, restart_count=restarts,
@@ -189,7 +189,7 @@ class Rendezvous:
 
     def job_store(self, round_store: Store) -> Store:
         """Keys that outlive a round: the job-wide restart counts and per-node failure counts."""
-        return PrefixStore(f"mbr/job/{self._cfg.run_id}", _base_store(round_store))
+        return PrefixStore(f"mbr/job/{self._cfg.rendezvous.run_id}", _base_store(round_store))
 
     def counts(self, rnd: Round) -> tuple[int, int]:
         """(restarts, startup restarts) used so far by the whole job."""

@@ -6,17 +6,17 @@ import shutil
 import subprocess
 from typing import Callable
 
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 
 
 def requeue_allowed(cfg: LaunchConfig) -> tuple[bool, str]:
-    if not cfg.requeue_on_preemption:
+    if not cfg.preemption.requeue:
         return False, "requeue not enabled (--requeue-on-preemption)"
     if cfg.slurm is None:
         return False, "not a Slurm job"
-    if cfg.max_requeues is not None and cfg.slurm.restart_count >= cfg.max_requeues:
+    if cfg.preemption.max_requeues is not None and cfg.slurm.restart_count >= cfg.preemption.max_requeues:
         return False, (f"requeue budget spent: SLURM_RESTART_COUNT={cfg.slurm.restart_count} "
-                       f">= --max-requeues {cfg.max_requeues}")
+                       f">= --max-requeues {cfg.preemption.max_requeues}")
     return True, ""
 
 
@@ -24,7 +24,7 @@ def maybe_requeue(cfg: LaunchConfig, group_rank: int, say: Callable[[str], None]
     """None when no requeue was attempted (not asked, not node 0), else whether scontrol succeeded."""
     allowed, why = requeue_allowed(cfg)
     if not allowed:
-        if cfg.requeue_on_preemption:
+        if cfg.preemption.requeue:
             say(f"not requeueing: {why}")
         return None
     if group_rank != 0:

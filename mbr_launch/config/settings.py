@@ -11,9 +11,13 @@ process state. Values are parsed and validated by each setting's ``parse`` funct
 
 from __future__ import annotations
 
-import signal
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Mapping
+
+from mbr_launch.config.errors import SettingError
+from mbr_launch.config.parse import (Parser, as_bool, choice, comma_list, exit_code_list, fraction, module_list,
+                                     non_negative, optional_timeout, positive, section_timeouts, signal_list,
+                                     signal_name)
 
 TORCHRUN = "torchrun"
 FAULT = "Fault tolerance"
@@ -22,13 +26,6 @@ SLURM = "Slurm"
 LOGGING = "Logging"
 CHECKS = "Preflight checks"
 PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING, CHECKS)
-
-
-class SettingError(ValueError):
-    """A setting has a value we cannot use; the message says which and what to do."""
-
-
-Parser = Callable[[Any], Any]
 
 
 @dataclass(frozen=True)
@@ -54,173 +51,6 @@ class Setting:
     @property
     def flag(self) -> str:
         return self.flags[0]
-
-
-# ---- parsers -------------------------------------------------------------------------------------
-
-
-def _fail(setting: str, value: Any, why: str) -> SettingError:
-    return SettingError(f"{setting}: {why} (got {value!r})")
-
-
-def _as_bool(value: Any) -> bool:
-    if isinstance(value, bool):
-        return value
-    text = str(value).strip().lower()
-    if text in ("1", "true", "yes", "on"):
-        return True
-    if text in ("0", "false", "no", "off", ""):
-        return False
-    raise SettingError(f"expected a boolean (1/0, true/false), got {value!r}")
-
-
-def non_negative(name: str, kind: type) -> Parser:
-    def parse(value: Any) -> Any:
-        try:
-            number = kind(value)
-        except (TypeError, ValueError):
-            raise _fail(name, value, f"expected a {kind.__name__}") from None
-        if number != number or number < 0:  # NaN compares unequal to itself
-            raise _fail(name, value, "must be zero or positive")
-        return number
-
-    return parse
-
-
-def optional_timeout(name: str) -> Parser:
-    """Seconds > 0, or none/null/off to disable the timeout (NVRx treats None as infinite)."""
-
-    def parse(value: Any) -> float | None:
-        if value is None or str(value).strip().lower() in ("none", "null", "off", ""):
-            return None
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise _fail(name, value, "expected seconds (a number) or 'none'") from None
-        if not number > 0 or number == float("inf"):
-            raise _fail(name, value, "must be a positive number of seconds, or 'none' to disable")
-        return number
-
-    return parse
-
-
-def section_timeouts(value: Any) -> dict[str, float | None]:
-    """``setup:600,step:180,checkpointing:420`` (or a mapping from a config file)."""
-    flag = "--ft-rank-section-timeouts"
-    if isinstance(value, Mapping):
-        items = [(str(k), v) for k, v in value.items()]
-    else:
-        text = str(value).strip()
-        if not text:
-            return {}
-        items = []
-        for part in text.split(","):
-            name, sep, seconds = part.partition(":")
-            if not sep:
-                raise _fail(flag, value, f"'{part}' is not NAME:SECONDS")
-            items.append((name.strip(), seconds.strip()))
-    result: dict[str, float | None] = {}
-    for name, seconds in items:
-        if not name or not name.replace("_", "").replace("-", "").isalnum():
-            raise _fail(flag, value, f"bad section name {name!r}")
-        if name in result:
-            raise _fail(flag, value, f"section {name!r} is given twice")
-        try:
-            result[name] = optional_timeout(flag)(seconds)
-        except SettingError:
-            raise _fail(flag, value, f"section {name!r} needs positive seconds or 'none', not {seconds!r}") from None
-    return result
-
-
-def signal_name(name: str) -> Parser:
-    def parse(value: Any) -> str:
-        text = str(value).strip().upper()
-        if text.isdigit():
-            try:
-                return signal.Signals(int(text)).name
-            except ValueError:
-                raise _fail(name, value, "unknown signal number") from None
-        if not text.startswith("SIG"):
-            text = "SIG" + text
-        if text not in signal.Signals.__members__:
-            raise _fail(name, value, "unknown signal name (e.g. SIGTERM, SIGKILL)")
-        return text
-
-    return parse
-
-
-def signal_list(name: str) -> Parser:
-    def parse(value: Any) -> tuple[str, ...]:
-        parts = [p for p in str(value).split(",") if p.strip()]
-        return tuple(signal_name(name)(p) for p in parts)
-
-    return parse
-
-
-def choice(name: str, options: tuple[str, ...]) -> Parser:
-    def parse(value: Any) -> str:
-        text = str(value).strip()
-        if text not in options:
-            raise _fail(name, value, f"choose one of {', '.join(options)}")
-        return text
-
-    return parse
-
-
-def comma_list(value: Any) -> tuple[str, ...]:
-    """torchrun's comma list, where ',,' escapes a comma."""
-    if isinstance(value, (list, tuple)):
-        return tuple(str(v) for v in value)
-    text = str(value)
-    if not text:
-        return ()
-    placeholder = "\0"
-    return tuple(p.replace(placeholder, ",") for p in text.replace(",,", placeholder).split(","))
-
-
-def module_list(name: str) -> Parser:
-    """Comma-separated dotted module names (``torch._dynamo,megatron.core``)."""
-
-    def parse(value: Any) -> tuple[str, ...]:
-        parts = [str(v).strip() for v in value] if isinstance(value, (list, tuple)) \
-            else [p.strip() for p in str(value).split(",") if p.strip()]
-        for part in parts:
-            if not all(piece.isidentifier() for piece in part.split(".")):
-                raise _fail(name, value, f"{part!r} is not a module name like torch._dynamo")
-        return tuple(parts)
-
-    return parse
-
-
-def exit_code_list(name: str) -> Parser:
-    def parse(value: Any) -> tuple[int, ...]:
-        if isinstance(value, (list, tuple)):
-            parts = [str(v) for v in value]
-        else:
-            parts = [p.strip() for p in str(value).split(",") if p.strip()]
-        codes = []
-        for part in parts:
-            if not part.isdigit() or not 0 <= int(part) <= 255:
-                raise _fail(name, value, f"{part!r} is not an exit code 0-255")
-            codes.append(int(part))
-        return tuple(codes)
-
-    return parse
-
-
-def fraction(name: str) -> Parser:
-    """A number between 0 and 1 (a score threshold)."""
-
-    def parse(value: Any) -> float:
-        try:
-            number = float(value)
-        except (TypeError, ValueError):
-            raise _fail(name, value, "expected a number between 0 and 1") from None
-        if not 0.0 <= number <= 1.0:
-            raise _fail(name, value, "must be between 0 and 1")
-        return number
-
-    return parse
 
 
 # ---- the declaration -----------------------------------------------------------------------------
@@ -359,7 +189,7 @@ SETTINGS: tuple[Setting, ...] = (
         "Accepted for ft_launcher compatibility.",
         parse=non_negative("--ft-restart-check-interval", float), metavar="SECONDS"),
     _ft("enable_nic_monitor", "enable_nic_monitor", bool, False,
-        "Accepted for ft_launcher compatibility (NVRx NIC monitor in the client).", parse=_as_bool),
+        "Accepted for ft_launcher compatibility (NVRx NIC monitor in the client).", parse=as_bool),
     _ft("pci_topo_file", "pci_topo_file", str, None, "Accepted for ft_launcher compatibility.",
         metavar="FILE"),
     _ft("link_down_path_template", "link_down_path_template", str, None,
@@ -415,7 +245,7 @@ SETTINGS: tuple[Setting, ...] = (
             help="A round that fails sooner than this after it started, before any heartbeat (no step "
                  "done), is part of a crash loop."),
     Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=15.0, panel=POLICY,
-            parse=non_negative("--peer-timeout", float), metavar="SECONDS",
+            parse=positive("--peer-timeout", float), metavar="SECONDS",
             help="Seconds of silence after which another node's agent (or the rendezvous store) counts as "
                  "lost (dead or cut off); the survivors stop their workers and go on per the policy instead "
                  "of waiting for NCCL. A dead worker is noticed at once regardless; this bounds silent "
@@ -497,6 +327,7 @@ SETTINGS: tuple[Setting, ...] = (
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
+BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
 
 
 def default_text(setting: Setting) -> str:
@@ -513,7 +344,6 @@ def default_text(setting: Setting) -> str:
 
 def in_panel_order(settings: "tuple[Setting, ...] | list[Setting]") -> list[Setting]:
     return sorted(settings, key=lambda s: PANELS.index(s.panel))
-BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
 
 
 @dataclass(frozen=True)
@@ -530,7 +360,7 @@ def parse_value(setting: Setting, raw: Any) -> Any:
         return None
     if setting.kind is bool:
         try:
-            return _as_bool(raw)
+            return as_bool(raw)
         except SettingError as err:
             raise SettingError(f"{setting.flag}: {err}") from None
     if setting.parse:
@@ -539,7 +369,7 @@ def parse_value(setting: Setting, raw: Any) -> Any:
         try:
             return setting.kind(raw)
         except (TypeError, ValueError):
-            raise _fail(setting.flag, raw, f"expected a {setting.kind.__name__}") from None
+            raise SettingError(f"{setting.flag}: expected a {setting.kind.__name__} (got {raw!r})") from None
     return str(raw)
 
 

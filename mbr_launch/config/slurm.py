@@ -20,6 +20,7 @@ Facts this module relies on, checked on Slurm 22.05 (see tests/test_slurm_cluste
 from __future__ import annotations
 
 import re
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
@@ -284,6 +285,12 @@ class SlurmEnv:
         if not 0 < port < 65536:
             raise SlurmError(f"rendezvous port {port} is outside 1..65535")
         return f"{self.nodelist[0]}:{port}"
+
+    def rdzv_port(self) -> int:
+        """A port every node computes alike, different for other jobs, steps and requeues (which may share
+        the first node), in 20000..39999."""
+        key = f"{self.job_id}.{self.step_id}.{self.restart_count}".encode()
+        return 20000 + zlib.crc32(key) % 20000
 
     def run_id(self) -> str:
         """Unique per job, step and requeue, and equal on every node of one step.

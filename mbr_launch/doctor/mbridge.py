@@ -22,6 +22,9 @@ from typing import Any, Literal
 
 import yaml
 
+from mbr_launch.config.files import (BRIDGE_IGNORED_KEYS, BRIDGE_LOOSE_SECTIONS, BRIDGE_OTHER_SECTIONS,
+                                     BRIDGE_STRICT_SECTIONS, OWN_SECTIONS)
+
 
 class ConfigError(Exception):
     """The file cannot be read or is not a mapping of sections; the message quotes the problem."""
@@ -150,14 +153,12 @@ _STRICT: dict[str, type] = {
     "rerun_state_machine": RerunStateMachine,
 }
 _LOOSE: dict[str, type] = {"checkpoint": Checkpoint, "train": Train, "dist": Dist}
-# ConfigContainer's other sections: known, not about resiliency, so not inspected.
-_OTHER_SECTIONS = frozenset(
-    "rng model optimizer optimizer_config_override_provider ddp validation scheduler dataset logger tokenizer "
-    "profiling peft comm_overlap mixed_precision tensor_inspect env_vars".split()
-    # mbr-launch's own sections of the same file (checked by mbr_launch.config.build)
-    + ["mbr_launch", "fault_tolerance"]
-)
-_IGNORED_KEYS = frozenset({"_target_", "_partial_"})  # Hydra-style markers Bridge writes into YAML
+# The section names are declared in config.files (its loader must accept them); the types above must match.
+assert frozenset(_STRICT) == BRIDGE_STRICT_SECTIONS and frozenset(_LOOSE) == BRIDGE_LOOSE_SECTIONS
+# Known, not about resiliency, so not inspected; plus mbr-launch's own sections of the same file (checked by
+# mbr_launch.config.files).
+_OTHER_SECTIONS = BRIDGE_OTHER_SECTIONS | OWN_SECTIONS
+_IGNORED_KEYS = BRIDGE_IGNORED_KEYS
 _TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
     "int": (int,),
@@ -255,9 +256,3 @@ def _unknown(key: str, known: Any) -> str:
     close = difflib.get_close_matches(key, sorted(known), n=1, cutoff=0.6)
     hint = f"; did you mean {close[0]}?" if close else f"; known: {', '.join(sorted(known))}"
     return "unknown key" + hint
-
-
-
-def known_sections() -> frozenset[str]:
-    """Top-level keys a Megatron-Bridge config may have (mbr-launch's own file may carry them too)."""
-    return frozenset(_STRICT) | frozenset(_LOOSE) | _OTHER_SECTIONS | _IGNORED_KEYS

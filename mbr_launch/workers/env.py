@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import TYPE_CHECKING, Mapping
 
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import AUTOBEAT_ENV, AUTOBEAT_SOCKET_ENV, IGNORE_SIGNALS_ENV, STACK_FILE_ENV
 
 if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
@@ -26,32 +26,32 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         "RANK": str(rank),
         "GROUP_RANK": str(rnd.group_rank),
         "ROLE_RANK": str(rank),
-        "ROLE_NAME": cfg.role,
-        "LOCAL_WORLD_SIZE": str(cfg.nproc_per_node),
+        "ROLE_NAME": cfg.workers.role,
+        "LOCAL_WORLD_SIZE": str(cfg.workers.nproc_per_node),
         "WORLD_SIZE": str(rnd.world_size),
         "GROUP_WORLD_SIZE": str(rnd.group_world_size),
         "ROLE_WORLD_SIZE": str(rnd.world_size),
         "MASTER_ADDR": rnd.master_addr,
         "MASTER_PORT": str(rnd.master_port),
         "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count if restart_count is None else restart_count),
-        "TORCHELASTIC_MAX_RESTARTS": str(cfg.max_restarts),
-        "TORCHELASTIC_RUN_ID": cfg.run_id,
+        "TORCHELASTIC_MAX_RESTARTS": str(cfg.policy.max_restarts),
+        "TORCHELASTIC_RUN_ID": cfg.rendezvous.run_id,
         # Workers never share the agent's store: each round gets a fresh MASTER_PORT.
         "TORCHELASTIC_USE_AGENT_STORE": "False",
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TORCHELASTIC_ERROR_FILE": str(error_file),
         # torchrun exports its handled signals to the workers' environment; scripts may read it.
-        "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(cfg.signals_to_handle),
+        "TORCHELASTIC_SIGNALS_TO_HANDLE": ",".join(cfg.workers.signals_to_handle),
     })
-    if cfg.omp_num_threads is not None:
-        env["OMP_NUM_THREADS"] = cfg.omp_num_threads
-    if cfg.virtual_local_rank:
+    if cfg.workers.omp_num_threads is not None:
+        env["OMP_NUM_THREADS"] = cfg.workers.omp_num_threads
+    if cfg.workers.virtual_local_rank:
         env["LOCAL_RANK"] = "0"
         visible = environ.get("CUDA_VISIBLE_DEVICES")
         devices = visible.split(",") if visible else None
         env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip() if devices else str(local_rank)
-    ignored = [sig for sig in cfg.preempt_signals if sig != cfg.preempt_forward_signal]
-    if ignored and cfg.use_boot:
+    ignored = [sig for sig in cfg.preemption.signals if sig != cfg.preemption.forward_signal]
+    if ignored and cfg.workers.use_boot:
         # Slurm delivers scancel/srun --signal to every process of the step: without this a worker would
         # die of SIGUSR1's default action before the agent asks it to checkpoint.
         env[IGNORE_SIGNALS_ENV] = ",".join(ignored)
@@ -59,9 +59,9 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         env["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_socket
     if launcher_socket:
         env["FT_LAUNCHER_IPC_SOCKET"] = launcher_socket
-    if autobeat_socket and cfg.use_boot:
+    if autobeat_socket and cfg.workers.use_boot:
         env[AUTOBEAT_ENV] = "1"  # mbr_launch.shim.boot installs the optimizer-step hook (mbr_launch.shim.autobeat)
         env[AUTOBEAT_SOCKET_ENV] = autobeat_socket
-    if stack_file is not None and cfg.use_boot and cfg.stack_dump in ("auto", "faulthandler"):
+    if stack_file is not None and cfg.workers.use_boot and cfg.monitor.stack_dump in ("auto", "faulthandler"):
         env[STACK_FILE_ENV] = str(stack_file)
     return env

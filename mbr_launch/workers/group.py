@@ -9,7 +9,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Callable
 
-from mbr_launch.config.build import LaunchConfig
+from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
@@ -43,8 +43,7 @@ class WorkerGroup:
             self.standby.prepare = self._standby  # refills know the latest real environment
 
     def _argv(self, local_rank: int) -> list[str]:
-        cfg = self.cfg
-        return [a.replace("${local_rank}", str(local_rank)) for a in (*cfg.entrypoint, *cfg.training_script_args)]
+        return self.cfg.workers.argv(local_rank)
 
     def _standby(self, local_rank: int) -> tuple[list[str], dict[str, str]] | None:
         env = self._envs.get(local_rank)
@@ -56,14 +55,14 @@ class WorkerGroup:
 
     def start(self, rnd: Round, local_ranks: list[int] | None = None, *, restart_count: int | None = None) -> None:
         """Start ``local_ranks`` (default: all) for ``rnd``; a restarted rank replaces its old entry."""
-        ranks = list(range(self.cfg.nproc_per_node)) if local_ranks is None else local_ranks
+        ranks = list(range(self.cfg.workers.nproc_per_node)) if local_ranks is None else local_ranks
         count = rnd.restart_count if restart_count is None else restart_count
         for local_rank in ranks:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
         if self.standby:  # replacements prepare in the background once these ranks are under way
-            self.standby.fill(ranks, delay=replenish_delay(self.cfg.nproc_per_node))
+            self.standby.fill(ranks, delay=replenish_delay(self.cfg.workers.nproc_per_node))
 
     def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:
         cfg = self.cfg
@@ -75,7 +74,7 @@ class WorkerGroup:
         sock = beats = None
         if self.monitor:
             sock = str(self.sock_dir / f"rmon{local_rank}.sock")
-            if cfg.use_boot and cfg.settings["autobeat"] == "on":
+            if cfg.workers.use_boot and cfg.telemetry.autobeat:
                 beats = str(self.sock_dir / f"steps{local_rank}.sock")
             self.monitor.arm(local_rank=local_rank, rank=rank, socket=sock, step_socket=beats)
         env = worker_env(cfg, rnd, local_rank, self.environ, error_file=rank_dir / "error.json",
@@ -99,16 +98,16 @@ class WorkerGroup:
         return worker
 
     def _pumps(self, worker: Worker, rank_dir: Path) -> list:
-        cfg = self.cfg
+        out = self.cfg.output
         lr = worker.local_rank
-        show = cfg.local_ranks_filter is None or lr in cfg.local_ranks_filter
+        show = out.local_ranks_filter is None or lr in out.local_ranks_filter
         pumps = []
         for bit, stream, name, console, filters in (
-            (1, worker.proc.stdout, "stdout", sys.stdout.buffer, cfg.duplicate_stdout_filters),
-            (2, worker.proc.stderr, "stderr", sys.stderr.buffer, cfg.duplicate_stderr_filters),
+            (1, worker.proc.stdout, "stdout", sys.stdout.buffer, out.duplicate_stdout_filters),
+            (2, worker.proc.stderr, "stderr", sys.stderr.buffer, out.duplicate_stderr_filters),
         ):
-            redirected = bool(cfg.redirects.for_rank(lr) & bit)
-            teed = bool(cfg.tee.for_rank(lr) & bit)
+            redirected = bool(out.redirects.for_rank(lr) & bit)
+            teed = bool(out.tee.for_rank(lr) & bit)
             logfile = rank_dir / f"{name}.log" if (redirected or teed) else None
             to_console = console if show and (teed or not redirected) else None
             filtered = self._filtered_file(name) if filters else None

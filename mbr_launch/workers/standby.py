@@ -39,7 +39,7 @@ from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LE
                                  Assignment, StandbyChannel)
 
 if TYPE_CHECKING:
-    from mbr_launch.config.build import LaunchConfig
+    from mbr_launch.config.model import LaunchConfig
     from mbr_launch.workers.process import Worker, WorkerSpec
 
 LEVELS = STANDBY_LEVELS
@@ -93,19 +93,18 @@ def first_assignment(cfg: "LaunchConfig", environ: Mapping[str, str],
                                   master_addr="", master_port=0, restart_count=0)
     env = worker_env(cfg, placeholder, local_rank, environ, error_file=Path(os.devnull),  # type: ignore[arg-type]
                      stack_file=None, monitor_socket=None, launcher_socket=None)
-    argv = [a.replace("${local_rank}", str(local_rank)) for a in (*cfg.entrypoint, *cfg.training_script_args)]
-    return argv, standby_env(env)
+    return cfg.workers.argv(local_rank), standby_env(env)
 
 
 def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool | None":
     """Start the standbys before the launcher itself imports torch, so the workers' start-up overlaps the
     launcher's (cold launch); None when standbys are off."""
-    level = cfg.settings.values.get("standby", "off")
-    if level == "off" or not cfg.use_boot:
+    level = cfg.standby.level
+    if level == "off" or not cfg.workers.use_boot:
         return None
     pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank),
-                       preload=cfg.settings.values.get("standby_preload", ()))
-    pool.fill(range(cfg.nproc_per_node))
+                       preload=cfg.standby.preload)
+    pool.fill(range(cfg.workers.nproc_per_node))
     return pool
 
 

@@ -1,0 +1,84 @@
+"""What ``build_config`` asks of the machine it runs on, as one injectable value.
+
+Validation needs a few facts only the host knows: how many devices ``--nproc-per-node gpu`` means, whether
+the rendezvous host is this machine, whether its port is taken and by whom. ``HostProbes()`` asks the
+real host; tests pass fakes, so building a config needs no sockets, DNS or torch.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import socket
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+
+def device_count(kind: str) -> int:
+    """Workers that ``--nproc-per-node KIND`` means on this machine (auto: GPUs if any, else CPUs)."""
+    if kind == "cpu":
+        return os.cpu_count() or 1
+    import torch  # late: only these spellings need it, and it costs seconds of start-up
+
+    if kind == "gpu":
+        return torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if kind == "xpu":
+        return torch.xpu.device_count() if hasattr(torch, "xpu") and torch.xpu.is_available() else 0
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return os.cpu_count() or 1
+
+
+def port_taken(host: str, port: int) -> bool:
+    """True when nothing of ours could bind the port on this host (someone else listens on it)."""
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind((host if host not in ("localhost",) else "127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def is_local_host(host: str) -> bool:
+    if host in ("localhost", "127.0.0.1", "::1", "", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        return socket.gethostbyname(host).startswith("127.")
+    except OSError:
+        return False
+
+
+def listener_is_launcher(port: int) -> bool:
+    """Whether the process listening on ``port`` is another mbr-launch agent (a legitimate peer)."""
+    try:
+        import psutil  # late: only a taken port needs it
+
+        for conn in psutil.net_connections(kind="tcp"):
+            if conn.laddr and conn.laddr.port == port and conn.status == psutil.CONN_LISTEN and conn.pid:
+                cmd = " ".join(psutil.Process(conn.pid).cmdline())
+                return "mbr_launch" in cmd or "mbr-launch" in cmd
+    except Exception:
+        return True  # cannot tell: do not refuse a possibly legitimate peer
+    return False
+
+
+def program_exists(program: str) -> bool:
+    """A --no-python program: on PATH, or a file."""
+    return shutil.which(program) is not None or Path(program).is_file()
+
+
+@dataclass(frozen=True)
+class HostProbes:
+    device_count: Callable[[str], int] = device_count
+    is_local_host: Callable[[str], bool] = is_local_host
+    port_taken: Callable[[str, int], bool] = port_taken
+    listener_is_launcher: Callable[[int], bool] = listener_is_launcher
+    is_file: Callable[[str], bool] = lambda path: Path(path).is_file()
+    is_dir: Callable[[str], bool] = lambda path: Path(path).is_dir()
+    exists: Callable[[str], bool] = lambda path: Path(path).exists()
+    program_exists: Callable[[str], bool] = program_exists
+
+
+__all__ = ["HostProbes"]

@@ -1,0 +1,182 @@
+"""The validated launch configuration: one frozen value of nested typed specs, built by ``config.build``.
+
+Each spec groups what one part of the agent reads (the rendezvous, the workers, their output, the rank
+monitor, ...), so a module takes the part it needs and nothing reads raw settings. Values here are
+already checked; code past ``build_config`` never re-validates them.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, fields
+from typing import Any, Literal, Mapping
+
+from mbr_launch.config.slurm import SlurmEnv
+from mbr_launch.decide.policy import RestartPolicy
+
+RdzvBackend = Literal["c10d", "static"]
+StackDump = Literal["auto", "py-spy", "faulthandler", "off"]
+StatusMode = Literal["auto", "live", "plain", "off"]
+StandbyLevel = Literal["off", "interpreter", "torch", "cuda"]
+
+
+@dataclass(frozen=True)
+class StdSpec:
+    """torchrun's -r/-t value: which streams of which local ranks (1 stdout, 2 stderr, 3 both)."""
+
+    default: int = 0
+    per_rank: Mapping[int, int] = field(default_factory=dict)
+
+    def for_rank(self, local_rank: int) -> int:
+        return self.per_rank.get(local_rank, self.default)
+
+
+@dataclass(frozen=True)
+class FaultToleranceSpec:
+    """What the rank monitor enforces, in NVRx FaultToleranceConfig field names."""
+
+    initial_rank_heartbeat_timeout: float | None
+    rank_heartbeat_timeout: float | None
+    rank_section_timeouts: Mapping[str, float | None]
+    rank_out_of_section_timeout: float | None
+    workload_check_interval: float
+    safety_factor: float
+    rank_termination_signal: str
+    log_level: str
+    node_health_check_interval: float
+    restart_check_interval: float
+    enable_nic_monitor: bool
+    pci_topo_file: str | None
+    link_down_path_template: str | None
+
+    def as_nvrx_dict(self) -> dict[str, Any]:
+        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        data["rank_section_timeouts"] = dict(self.rank_section_timeouts)
+        data["log_level"] = logging.getLevelName(self.log_level)
+        return data
+
+
+@dataclass(frozen=True)
+class RendezvousSpec:
+    """How this node finds the others: torchrun's rdzv flags after the standalone and Slurm rules."""
+
+    backend: RdzvBackend
+    endpoint: str  # HOST:PORT; "localhost:0" for a standalone job (a free port is picked)
+    run_id: str
+    min_nodes: int
+    max_nodes: int
+    conf: Mapping[str, Any]  # --rdzv-conf (static: plus "rank")
+    join_timeout: float  # seconds; --rdzv-conf join_timeout, default 600
+    standalone: bool
+    node_rank: int  # static rendezvous; the fallback group rank when none was assigned yet
+    local_addr: str | None
+    peer_timeout: float  # seconds of silence after which another node counts as lost (> 0)
+
+
+@dataclass(frozen=True)
+class WorkersSpec:
+    """This node's workers: what each one runs, its environment's knobs, and how it is stopped."""
+
+    nproc_per_node: int
+    entrypoint: tuple[str, ...]  # argv of one worker, before per-rank env
+    script_args: tuple[str, ...]
+    use_boot: bool  # run through mbr_launch.shim.boot (False with --no-python)
+    role: str
+    omp_num_threads: str | None  # set in workers when the user did not set it
+    virtual_local_rank: bool
+    signals_to_handle: tuple[str, ...]  # caught by the launcher and forwarded
+    shutdown_timeout: float  # seconds between SIGTERM and SIGKILL for a stopped worker
+
+    def argv(self, local_rank: int) -> list[str]:
+        """One worker's command line (torchrun substitutes ``${local_rank}`` in it)."""
+        return [a.replace("${local_rank}", str(local_rank)) for a in (*self.entrypoint, *self.script_args)]
+
+
+@dataclass(frozen=True)
+class MonitorSpec:
+    """The rank monitor and what happens to a rank it calls hung."""
+
+    enabled: bool  # --rank-monitor on
+    stack_dump: StackDump
+    hang_kill_grace: float  # seconds between SIGTERM and SIGKILL for a hung worker
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """Where worker output and the launcher's own lines go."""
+
+    log_dir: str | None
+    redirects: StdSpec
+    tee: StdSpec
+    local_ranks_filter: frozenset[int] | None  # None: every local rank is shown
+    duplicate_stdout_filters: tuple[str, ...]
+    duplicate_stderr_filters: tuple[str, ...]
+    quiet: bool
+    status: StatusMode
+    status_interval: float
+
+
+@dataclass(frozen=True)
+class TelemetrySpec:
+    """Automatic step heartbeats and what is derived from steps (step deadlines, stragglers)."""
+
+    autobeat: bool
+    initial_step_timeout: float | None
+    step_timeout: float | None
+    straggler_threshold: float
+    straggler_interval: float
+    stop_on_straggler: bool
+
+
+@dataclass(frozen=True)
+class PreemptionSpec:
+    signals: tuple[str, ...]  # signals that mean preemption
+    forward_signal: str  # what the workers get
+    grace: float  # seconds to checkpoint before SIGKILL
+    requeue: bool  # --requeue-on-preemption
+    max_requeues: int | None
+
+
+@dataclass(frozen=True)
+class StandbySpec:
+    level: StandbyLevel
+    preload: tuple[str, ...]  # modules each standby imports ahead of time
+
+
+@dataclass(frozen=True)
+class PreflightSpec:
+    """The doctor's view of a launch: the settings as declared (before Slurm and standalone derivations,
+    which the checks judge for themselves) and the checks to skip."""
+
+    skip_checks: tuple[str, ...]
+    nproc_per_node: str
+    nnodes: str
+    rdzv_backend: str
+    rdzv_endpoint: str
+    standalone: bool
+    master_addr: str
+    master_port: int | None
+    log_dir: str | None
+    ft_declared: bool  # the user set some fault-tolerance setting
+    config_path: str | None
+    pg_timeout: float | None
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    rendezvous: RendezvousSpec
+    workers: WorkersSpec
+    output: OutputSpec
+    ft: FaultToleranceSpec
+    monitor: MonitorSpec
+    policy: RestartPolicy
+    preemption: PreemptionSpec
+    standby: StandbySpec
+    telemetry: TelemetrySpec
+    preflight: PreflightSpec
+    slurm: SlurmEnv | None
+    warnings: tuple[str, ...] = ()
+
+
+__all__ = ["FaultToleranceSpec", "LaunchConfig", "MonitorSpec", "OutputSpec", "PreemptionSpec",
+           "PreflightSpec", "RendezvousSpec", "StandbySpec", "StdSpec", "TelemetrySpec", "WorkersSpec"]

@@ -1,0 +1,291 @@
+"""Pure parsers and validators: text (or a config-file value) in, a typed value or a named error out.
+
+The setting parsers (``non_negative``, ``choice``, ...) are factories that close over the flag they
+report, so ``settings.SETTINGS`` can declare each setting's validator beside its flag; they raise
+``SettingError``. The launch-shape parsers (``parse_nnodes``, ``parse_nproc``, ...) raise ``ConfigError``
+and get what they need as arguments (``parse_nproc`` is handed the device counter), so nothing here
+touches the host.
+"""
+
+from __future__ import annotations
+
+import signal
+from typing import Any, Callable, Mapping
+
+from mbr_launch.config.errors import ConfigError, SettingError
+from mbr_launch.config.model import StdSpec
+
+Parser = Callable[[Any], Any]
+
+
+def _fail(setting: str, value: Any, why: str) -> SettingError:
+    return SettingError(f"{setting}: {why} (got {value!r})")
+
+
+# ---- setting parsers -----------------------------------------------------------------------------
+
+
+def as_bool(value: Any) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off", ""):
+        return False
+    raise SettingError(f"expected a boolean (1/0, true/false), got {value!r}")
+
+
+def _number(name: str, kind: type, value: Any) -> Any:
+    try:
+        return kind(value)
+    except (TypeError, ValueError):
+        raise _fail(name, value, f"expected a {kind.__name__}") from None
+
+
+def non_negative(name: str, kind: type) -> Parser:
+    def parse(value: Any) -> Any:
+        number = _number(name, kind, value)
+        if number != number or number < 0:  # NaN compares unequal to itself
+            raise _fail(name, value, "must be zero or positive")
+        return number
+
+    return parse
+
+
+def positive(name: str, kind: type) -> Parser:
+    """For values where zero has no sensible meaning (a silence bound of 0 s would call every peer lost)."""
+
+    def parse(value: Any) -> Any:
+        number = _number(name, kind, value)
+        if not number > 0 or number == float("inf"):  # also refuses NaN
+            raise _fail(name, value, "must be positive")
+        return number
+
+    return parse
+
+
+def optional_timeout(name: str) -> Parser:
+    """Seconds > 0, or none/null/off to disable the timeout (NVRx treats None as infinite)."""
+
+    def parse(value: Any) -> float | None:
+        if value is None or str(value).strip().lower() in ("none", "null", "off", ""):
+            return None
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise _fail(name, value, "expected seconds (a number) or 'none'") from None
+        if not number > 0 or number == float("inf"):
+            raise _fail(name, value, "must be a positive number of seconds, or 'none' to disable")
+        return number
+
+    return parse
+
+
+def section_timeouts(value: Any) -> dict[str, float | None]:
+    """``setup:600,step:180,checkpointing:420`` (or a mapping from a config file)."""
+    flag = "--ft-rank-section-timeouts"
+    if isinstance(value, Mapping):
+        items = [(str(k), v) for k, v in value.items()]
+    else:
+        text = str(value).strip()
+        if not text:
+            return {}
+        items = []
+        for part in text.split(","):
+            name, sep, seconds = part.partition(":")
+            if not sep:
+                raise _fail(flag, value, f"'{part}' is not NAME:SECONDS")
+            items.append((name.strip(), seconds.strip()))
+    result: dict[str, float | None] = {}
+    for name, seconds in items:
+        if not name or not name.replace("_", "").replace("-", "").isalnum():
+            raise _fail(flag, value, f"bad section name {name!r}")
+        if name in result:
+            raise _fail(flag, value, f"section {name!r} is given twice")
+        try:
+            result[name] = optional_timeout(flag)(seconds)
+        except SettingError:
+            raise _fail(flag, value, f"section {name!r} needs positive seconds or 'none', not {seconds!r}") from None
+    return result
+
+
+def signal_name(name: str) -> Parser:
+    def parse(value: Any) -> str:
+        text = str(value).strip().upper()
+        if text.isdigit():
+            try:
+                return signal.Signals(int(text)).name
+            except ValueError:
+                raise _fail(name, value, "unknown signal number") from None
+        if not text.startswith("SIG"):
+            text = "SIG" + text
+        if text not in signal.Signals.__members__:
+            raise _fail(name, value, "unknown signal name (e.g. SIGTERM, SIGKILL)")
+        return text
+
+    return parse
+
+
+def signal_list(name: str) -> Parser:
+    def parse(value: Any) -> tuple[str, ...]:
+        parts = [p for p in str(value).split(",") if p.strip()]
+        return tuple(signal_name(name)(p) for p in parts)
+
+    return parse
+
+
+def choice(name: str, options: tuple[str, ...]) -> Parser:
+    def parse(value: Any) -> str:
+        text = str(value).strip()
+        if text not in options:
+            raise _fail(name, value, f"choose one of {', '.join(options)}")
+        return text
+
+    return parse
+
+
+def comma_list(value: Any) -> tuple[str, ...]:
+    """torchrun's comma list, where ',,' escapes a comma."""
+    if isinstance(value, (list, tuple)):
+        return tuple(str(v) for v in value)
+    text = str(value)
+    if not text:
+        return ()
+    placeholder = "\0"
+    return tuple(p.replace(placeholder, ",") for p in text.replace(",,", placeholder).split(","))
+
+
+def module_list(name: str) -> Parser:
+    """Comma-separated dotted module names (``torch._dynamo,megatron.core``)."""
+
+    def parse(value: Any) -> tuple[str, ...]:
+        parts = [str(v).strip() for v in value] if isinstance(value, (list, tuple)) \
+            else [p.strip() for p in str(value).split(",") if p.strip()]
+        for part in parts:
+            if not all(piece.isidentifier() for piece in part.split(".")):
+                raise _fail(name, value, f"{part!r} is not a module name like torch._dynamo")
+        return tuple(parts)
+
+    return parse
+
+
+def exit_code_list(name: str) -> Parser:
+    def parse(value: Any) -> tuple[int, ...]:
+        if isinstance(value, (list, tuple)):
+            parts = [str(v) for v in value]
+        else:
+            parts = [p.strip() for p in str(value).split(",") if p.strip()]
+        codes = []
+        for part in parts:
+            if not part.isdigit() or not 0 <= int(part) <= 255:
+                raise _fail(name, value, f"{part!r} is not an exit code 0-255")
+            codes.append(int(part))
+        return tuple(codes)
+
+    return parse
+
+
+def fraction(name: str) -> Parser:
+    """A number between 0 and 1 (a score threshold)."""
+
+    def parse(value: Any) -> float:
+        try:
+            number = float(value)
+        except (TypeError, ValueError):
+            raise _fail(name, value, "expected a number between 0 and 1") from None
+        if not 0.0 <= number <= 1.0:
+            raise _fail(name, value, "must be between 0 and 1")
+        return number
+
+    return parse
+
+
+# ---- the launch's shape --------------------------------------------------------------------------
+
+
+def parse_nnodes(text: str) -> tuple[int, int]:
+    parts = text.split(":")
+    try:
+        if len(parts) == 1:
+            low = high = int(parts[0])
+        elif len(parts) == 2:
+            low, high = int(parts[0]), int(parts[1])
+        else:
+            raise ValueError
+    except ValueError:
+        raise ConfigError(f"--nnodes: expected N or MIN:MAX with integers (got {text!r})") from None
+    if not 0 < low <= high:
+        raise ConfigError(f"--nnodes: need 0 < MIN <= MAX (got {text!r})")
+    return low, high
+
+
+def parse_nproc(text: str, device_count: Callable[[str], int]) -> int:
+    """An integer, or a device kind whose count ``device_count`` gives (auto, cpu, gpu, xpu)."""
+    text = text.strip()
+    if text.isdigit() and int(text) > 0:
+        return int(text)
+    if text in ("cpu", "auto", "gpu", "xpu"):
+        count = device_count(text)
+        if count < 1:
+            raise ConfigError(f"--nproc-per-node {text}: no {text} devices found on this machine")
+        return count
+    raise ConfigError(f"--nproc-per-node: expected a positive integer, auto, cpu, gpu or xpu (got {text!r})")
+
+
+def parse_rdzv_conf(text: str) -> dict[str, Any]:
+    conf: dict[str, Any] = {}
+    for part in [p for p in text.split(",") if p.strip()]:
+        key, sep, value = part.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"--rdzv-conf: expected KEY=VALUE,... (got {text!r})")
+        conf[key.strip()] = value.strip()
+    return conf
+
+
+def parse_endpoint(endpoint: str) -> tuple[str, int | None]:
+    """``HOST[:PORT]`` -> (host without IPv6 brackets, port or None)."""
+    host, sep, port = endpoint.rpartition(":")
+    if not sep:
+        return endpoint, None
+    if not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ConfigError(f"--rdzv-endpoint: bad port in {endpoint!r}; expected HOST:PORT")
+    return host.strip("[]"), int(port)
+
+
+def parse_std(flag: str, text: str) -> StdSpec:
+    """torchrun's -r/-t value: 0-3 for every local rank, or LOCAL_RANK:0-3,..."""
+    text = text.strip()
+    try:
+        if ":" not in text:
+            value = int(text or "0")
+            if value not in (0, 1, 2, 3):
+                raise ValueError
+            return StdSpec(default=value)
+        per_rank = {}
+        for part in text.split(","):
+            rank, _, value_text = part.partition(":")
+            if int(value_text) not in (0, 1, 2, 3):
+                raise ValueError
+            per_rank[int(rank)] = int(value_text)
+        return StdSpec(per_rank=per_rank)
+    except ValueError:
+        raise ConfigError(f"{flag}: expected 0-3 or LOCAL_RANK:0-3,... (got {text!r})") from None
+
+
+def parse_ranks_filter(text: str) -> frozenset[int] | None:
+    """--local-ranks-filter: None (show every rank) when empty."""
+    if not text:
+        return None
+    try:
+        return frozenset(int(r) for r in text.split(","))
+    except ValueError:
+        raise ConfigError(f"--local-ranks-filter: expected local ranks like 0,1,2 (got {text!r})") from None
+
+
+def parse_seconds_env(name: str, raw: str) -> float:
+    """A number of seconds read from an environment variable (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)."""
+    try:
+        return float(raw)
+    except ValueError:
+        raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
