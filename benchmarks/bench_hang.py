@@ -298,7 +298,9 @@ def main() -> int:
         return h.render_raw(args, SECTION, lambda records: render_raw(records, args))
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
     session = h.start(args, "hang")
-    launchers = [h.with_mbr_path(VARIANTS[n], session.mbr_path) for n in names]
+    launchers = session.with_baseline([h.with_mbr_path(VARIANTS[n], session.mbr_path) for n in names])
+    VARIANTS.update({l.name: l for l in launchers})  # the baseline's variants, for the report's notes
+    names = [l.name for l in launchers]
 
     def run(step: h.Step) -> dict | None:
         if step.item.name == "torchrun" and step.trial % max(1, args.torchrun_every):

@@ -65,7 +65,7 @@ def restart_trial(launcher: h.Launcher, root: Path, index: int, *, nproc: int, g
                     f"({len(ready1)} of {nproc} ready)" if state == "timeout"
                     else f"launcher exited {t.proc.returncode} before the restarted ranks were ready")
             rec["reason"] = h.failure_reason(t.proc, what, since=since)
-        if launcher.name == "mbr-launch":
+        if launcher.name.split("@")[0] == "mbr-launch":
             rec["breakdown"] = breakdown(h.read_events(t.spec.log_dir), t_kill, ready1)
     rec["leftovers"] = t.leftovers
     return rec
@@ -152,7 +152,7 @@ def main() -> int:
     parser.add_argument("--no-reference", action="store_true", help='skip the `import torch` yardstick')
     args = parser.parse_args()
     session = h.start(args, "restart")
-    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path)
+    launchers = session.with_baseline(h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path))
     rotation = launchers + ([] if args.no_reference else [h.LAUNCHERS["import-torch"]])
     ref: list[float] = []
 

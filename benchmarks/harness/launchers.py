@@ -121,6 +121,28 @@ def mbr_env(mbr_path: Path | None) -> dict[str, str]:
     return {"PYTHONPATH": os.pathsep.join(p for p in (str(mbr_path), os.environ.get("PYTHONPATH", "")) if p)}
 
 
+def snapshot(rev: str, dest: Path) -> Path:
+    """``git archive REV mbr_launch`` unpacked (and byte-compiled) into ``dest``: code that nobody edits while a
+    bench runs."""
+    dest.mkdir(parents=True)
+    archive = subprocess.run(["git", "archive", rev, "mbr_launch"], cwd=REPO, capture_output=True, timeout=60,
+                             check=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=60)
+    # Byte-compile now, or the first trial pays for it (the live tree's __pycache__ is warm already).
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest)], check=True, timeout=120)
+    return dest
+
+
+def baseline_variant(launcher: Launcher, path: Path, rev: str) -> Launcher:
+    """``launcher`` (an mbr-launch variant) running the mbr_launch code of ``rev`` (see ``snapshot``), named
+    ``NAME@REV``. Started as ``python -m mbr_launch``: the console script of this checkout names the entry
+    point of today's layout, which an older revision may not have."""
+    def argv(s: LaunchSpec) -> list[str]:
+        return [sys.executable, "-m", "mbr_launch", *launcher.argv(s)[1:]]
+    return Launcher(f"{launcher.name}@{rev}", argv, env={**launcher.env, **mbr_env(path)},
+                    note=f"{launcher.note + '; ' if launcher.note else ''}mbr_launch of {rev}")
+
+
 def mbr_source(which: str, root: Path) -> tuple[Path | None, str]:
     """Which mbr_launch code runs: 'head' = a `git archive HEAD` snapshot (other people edit the tree while
     a bench runs), 'tree' = the working tree as it is. Returns (path for PYTHONPATH or None, description)."""
@@ -128,14 +150,7 @@ def mbr_source(which: str, root: Path) -> tuple[Path | None, str]:
     if which == "tree":
         dirty = bool(run_quiet(["git", "status", "--porcelain", "--", "mbr_launch"]))
         return None, f"working tree at {commit}" + (" with uncommitted changes" if dirty else "")
-    dest = root / "mbr-src"
-    dest.mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", "HEAD", "mbr_launch"], cwd=REPO, capture_output=True, timeout=60,
-                             check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(dest)], input=archive, check=True, timeout=60)
-    # Byte-compile now, or the first trial pays for it (the live tree's __pycache__ is warm already).
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest)], check=True, timeout=120)
-    return dest, f"commit {commit} (git archive HEAD snapshot, PYTHONPATH)"
+    return snapshot("HEAD", root / "mbr-src"), f"commit {commit} (git archive HEAD snapshot, PYTHONPATH)"
 
 
 def worker_argv(ready_file: Path, *, hold: float, gpu: bool, steps: int = 3) -> list[str]:

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-from .launchers import mbr_source
+from .launchers import Launcher, baseline_variant, mbr_source, snapshot
 from .processes import stop_on_sigterm
 from .reports import finish_dir, load_raw, work_dir, write_raw, write_section
 
@@ -43,6 +43,9 @@ def bench_parser(doc: str | None, *, trials: int, choices: Sequence[str], defaul
     parser.add_argument("--keep", action="store_true", help="keep the per-trial logs (path printed)")
     parser.add_argument("--mbr-source", choices=["head", "tree"], default="head",
                         help="mbr_launch code to run: a snapshot of HEAD (default) or the working tree as is")
+    parser.add_argument("--mbr-baseline", metavar="REV", default=None,
+                        help="also run every mbr-launch variant with the mbr_launch code of git revision REV, "
+                             "interleaved in the same trials (named NAME@REV): before/after in one run")
     if from_raw:
         parser.add_argument("--from-raw", type=Path, nargs="+", help="only render: records of earlier --raw files "
                             "(trials of the k-th file numbered from 1000*k, so pairs stay within a run)")
@@ -56,6 +59,14 @@ class Session:
     """One bench run: the directory its trials live in and the mbr_launch snapshot (None: the tree)."""
     root: Path
     mbr_path: Path | None
+    baseline: tuple[Path, str] | None = None  # --mbr-baseline: (snapshot path, revision)
+
+    def with_baseline(self, launchers: Sequence[Launcher]) -> list[Launcher]:
+        """``launchers`` plus, with --mbr-baseline, each mbr-launch variant again on the baseline's code."""
+        if self.baseline is None:
+            return list(launchers)
+        path, rev = self.baseline
+        return [*launchers, *(baseline_variant(l, path, rev) for l in launchers if l.name.startswith("mbr-"))]
 
 
 def start(args: argparse.Namespace, prefix: str) -> Session:
@@ -64,7 +75,10 @@ def start(args: argparse.Namespace, prefix: str) -> Session:
     root = work_dir(prefix)
     mbr_path, args.mbr_code = mbr_source(args.mbr_source, root)
     args.commands = ""  # the report quotes this run's own command line
-    return Session(root, mbr_path)
+    rev = getattr(args, "mbr_baseline", None)
+    if rev:
+        args.mbr_code += f"; baseline: {rev} (git archive snapshot, `python -m mbr_launch`)"
+    return Session(root, mbr_path, (snapshot(rev, root / "mbr-base"), rev) if rev else None)
 
 
 def rotate(items: Sequence[T], i: int) -> list[T]:
