@@ -1,0 +1,326 @@
+"""The job-wide hang verdict: every rank's evidence in, the culprit (or "undetermined") out. Pure: no IO.
+
+When one rank stops calling collectives, its peers block in their next collective within the same step, so
+every heartbeat stops at about the same moment and the deadline that fires first names a rank at random.
+The evidence tells them apart (the signals Ray's NCCL hang detector and ByteRobust use):
+- collective progress from Flight Recorder: per process group, the rank whose last enqueued collective is
+  behind its peers' never entered the collective they wait in;
+- stacks: a rank outside any collective while its peers wait in one;
+- process state: a stopped (T) or uninterruptible (D) rank, or one that gives no evidence at all;
+- the monitor's view: last heartbeat, steps, the open section.
+
+``judge`` applies the rules strongest first (see each rule's function); ``verdict_codec`` carries evidence and
+verdicts through the rendezvous store as plain dicts.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field, replace
+from typing import Mapping, Sequence
+
+from mbr_launch.decide.verdict_text import (collective_phrase, count_phrase, op_name, place_phrase, ranks_phrase,
+                                            verb, waiting_lines, who)
+
+
+class ProcState(enum.Enum):
+    RUNNING = "running"  # R (on CPU or runnable)
+    SLEEPING = "sleeping"  # S: waiting (a collective, a lock, time.sleep, I/O)
+    DISK = "disk"  # D: uninterruptible (I/O, a driver call)
+    STOPPED = "stopped"  # T/t: SIGSTOP, a debugger
+    ZOMBIE = "zombie"  # Z or X
+    GONE = "gone"  # no such process
+    UNKNOWN = "unknown"
+
+
+class StackClass(enum.Enum):
+    COLLECTIVE = "collective"  # waiting in a collective, work.wait(), a CUDA synchronize or a store call
+    OUTSIDE = "outside"  # anywhere else (user code, a DataLoader, time.sleep, a busy loop)
+    NONE = "none"  # no stack could be taken
+
+
+@dataclass(frozen=True)
+class GroupProgress:
+    """One process group's counters in one rank's Flight Recorder dump (-1: none yet)."""
+
+    pg: str  # the process group's id in the dump ("0" is the default group)
+    enqueued: int
+    started: int
+    completed: int
+    ranks: tuple[int, ...] = ()  # global ranks of the group, when the dump says
+    last_op: str = ""  # e.g. "all_reduce" (of the last enqueued collective)
+
+
+@dataclass(frozen=True)
+class RankEvidence:
+    rank: int
+    node: str
+    group_rank: int
+    local_rank: int
+    pid: int | None
+    state: ProcState = ProcState.UNKNOWN
+    cpu: float | None = None  # share of one CPU used over the sampling window
+    stack: StackClass = StackClass.NONE
+    where: str = ""  # the innermost frame of the main thread, e.g. "sleep at train.py:42"
+    collective: str = ""  # with StackClass.COLLECTIVE: what it waits in ("all_reduce", "barrier", ...)
+    progress: tuple[GroupProgress, ...] = ()  # empty: no Flight Recorder dump
+    expired: bool = False  # a deadline of this rank passed (the monitor's verdict)
+    kind: str = ""  # which deadline (heartbeat, section, step, ...)
+    section: str | None = None
+    last_heartbeat_age: float | None = None
+    steps: int | None = None  # optimizer steps made (autobeat), when known
+    stacks_path: str | None = None
+
+
+class Basis(enum.Enum):
+    """What the verdict rests on (the strongest rule that decided)."""
+
+    STOPPED = "stopped"  # the process is stopped / uninterruptible / gave no evidence
+    PROGRESS = "progress"  # Flight Recorder: behind its peers in a process group
+    STACKS = "stacks"  # outside any collective while the peers wait in one
+    ONLY_EXPIRED = "only_expired"  # the only rank whose deadline passed, the others still progress
+    UNDETERMINED = "undetermined"
+
+
+@dataclass(frozen=True)
+class Verdict:
+    culprits: tuple[int, ...]  # global ranks; empty when undetermined
+    basis: Basis
+    reason: str  # one line for the console, e.g. "rank 5 on n2 is outside any collective (in ...); ranks 0-4,6,7 wait in all_reduce #183 of process group 0"
+    waiting: tuple[int, ...] = ()  # ranks seen waiting for the culprit(s)
+    evidence: tuple[RankEvidence, ...] = field(default=(), repr=False)
+
+    @property
+    def determined(self) -> bool:
+        return bool(self.culprits)
+
+
+# ---- the rules -------------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class _Finding:
+    culprits: tuple[int, ...]
+    basis: Basis
+    reason: str
+    waiting: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class _Lag:
+    """One process group in which some ranks are behind the others."""
+
+    pg: str
+    top: int  # the highest last-enqueued sequence number among the group's dumps
+    leaders: tuple[int, ...]  # ranks at ``top``
+    behind: tuple[int, ...]
+    members: Mapping[int, GroupProgress]
+
+
+_NO_EVIDENCE = "(no process state, stack or Flight Recorder dump)"
+_STATE_TEXT = {
+    ProcState.STOPPED: "is stopped (SIGSTOP or a debugger: process state T)",
+    ProcState.DISK: "is in uninterruptible sleep (process state D: stuck in I/O or a driver call)",
+    ProcState.GONE: f"is gone and gave no evidence {_NO_EVIDENCE}",
+    ProcState.UNKNOWN: f"gave no evidence {_NO_EVIDENCE}",
+}
+# States that say nothing about what a live rank is doing. An exited one (zombie, gone) is no culprit of a
+# hang by itself: its crash is handled as a crash.
+_SILENT = (ProcState.GONE, ProcState.ZOMBIE, ProcState.UNKNOWN)
+
+
+def judge(evidence: Sequence[RankEvidence]) -> Verdict:
+    """The culprit(s) of a hang from every rank's evidence, or an undetermined verdict that says why."""
+    ev = _by_rank(evidence)
+    found = _stopped(ev) or _progress_or_stacks(ev) or _only_expired(ev)
+    if found is None:
+        waiting = tuple(e.rank for e in ev if _waits(e))
+        return Verdict((), Basis.UNDETERMINED, _why_undetermined(ev), waiting, tuple(ev))
+    if len(ev) > 1 and 2 * len(found.culprits) > len(ev):
+        # ByteRobust's rule: the dominant group is healthy and outliers are culprits. When most ranks look
+        # guilty there is no healthy majority to compare against (a shared file system or switch, a bug every
+        # rank hits), and blaming most of the job would exclude healthy nodes.
+        reason = (f"{len(found.culprits)} of {len(ev)} ranks would be culprits ({found.basis.value}: "
+                  f"{ranks_phrase(found.culprits)}): no healthy majority to compare against, no rank to blame")
+        return Verdict((), Basis.UNDETERMINED, reason, (), tuple(ev))
+    return Verdict(found.culprits, found.basis, found.reason, found.waiting, tuple(ev))
+
+
+def _by_rank(evidence: Sequence[RankEvidence]) -> list[RankEvidence]:
+    """Sorted by rank, one entry per rank (the first one given), so every decider reaches the same verdict."""
+    seen: dict[int, RankEvidence] = {}
+    for e in evidence:
+        seen.setdefault(e.rank, e)
+    return [seen[r] for r in sorted(seen)]
+
+
+def _has_evidence(e: RankEvidence) -> bool:
+    return e.state not in _SILENT or e.stack is not StackClass.NONE or bool(e.progress)
+
+
+def _pending(e: RankEvidence) -> GroupProgress | None:
+    """The process group in which this rank has a collective that has not completed (gloo records no
+    "started", so enqueued counts as well)."""
+    return next((g for g in sorted(e.progress, key=lambda g: g.pg) if _pending_in(g)), None)
+
+
+def _waits(e: RankEvidence) -> bool:
+    """Waits in a collective: its stack says so, or, with no stack, its counters do."""
+    return e.stack is StackClass.COLLECTIVE or (e.stack is StackClass.NONE and _pending(e) is not None)
+
+
+def _places(ev: Sequence[RankEvidence], ranks: Sequence[int]) -> dict[str, list[int]]:
+    """Where each of ``ranks`` waits, from its pending counters when it has some, else from its stack."""
+    described: dict[str, list[int]] = {}
+    for e in ev:
+        if e.rank in ranks:
+            g = _pending(e)
+            what = (collective_phrase(g.last_op or e.collective, g.enqueued, g.pg) if g is not None
+                    else op_name(e.collective) or "a collective")
+            described.setdefault(what, []).append(e.rank)
+    return described
+
+
+def _with_waiting(clauses: list[str], ev: Sequence[RankEvidence], waiting: Sequence[int]) -> str:
+    return "; ".join(clauses + ([waiting_lines(_places(ev, waiting))] if waiting else []))
+
+
+def _stopped(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Rule a, the strongest: a stopped (T) or uninterruptible (D) process cannot be waiting for anyone, and a
+    rank that gives no evidence at all while its peers do is evidence itself (a SIGSTOPped rank gives no stack
+    and no dump). When no rank gives evidence, silence tells nothing apart (every rank gone: a crash)."""
+    anyone_speaks = any(_has_evidence(e) for e in ev)
+    culprits = [e for e in ev if e.state in (ProcState.STOPPED, ProcState.DISK)
+                or (anyone_speaks and e.state in (ProcState.GONE, ProcState.UNKNOWN) and not _has_evidence(e))]
+    if not culprits:
+        return None
+    blamed = {e.rank for e in culprits}
+    waiting = tuple(e.rank for e in ev if e.rank not in blamed and _waits(e))
+    clauses = [f"{who(e.rank, e.node)} {_STATE_TEXT[e.state]}" for e in culprits]
+    return _Finding(tuple(sorted(blamed)), Basis.STOPPED, _with_waiting(clauses, ev, waiting), waiting)
+
+
+def _progress_or_stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Rules b and c. When they name different ranks the counters win: they are the process group's own
+    record, while a stack is one sample of a thread that may have moved since. The disagreement is kept in
+    the reason for whoever reads it."""
+    by_counters, by_stacks = _progress(ev), _stacks(ev)
+    if by_counters and by_stacks and set(by_counters.culprits) != set(by_stacks.culprits):
+        note = (f"; the stacks point at {ranks_phrase(by_stacks.culprits)} instead (outside any collective): "
+                "the collective counters win")
+        return replace(by_counters, reason=by_counters.reason + note)
+    return by_counters or by_stacks
+
+
+def _lags(ev: Sequence[RankEvidence]) -> list[_Lag]:
+    """Process groups (in at least two dumps) with ranks behind the group's maximum, whose leaders look like
+    they wait for them. A group is known by its id and, when the dump says, its global ranks: subgroups of
+    different ranks can share an id (one DP group per TP rank). Ranks without a dump are left out: a
+    missing dump is not "behind"."""
+    groups: dict[tuple[str, tuple[int, ...]], dict[int, GroupProgress]] = {}
+    for e in ev:
+        for g in e.progress:
+            groups.setdefault((g.pg, g.ranks), {})[e.rank] = g
+    by_rank = {e.rank: e for e in ev}
+    lags = []
+    for (pg, _), members in sorted(groups.items()):
+        if len(members) < 2:
+            continue
+        top = max(g.enqueued for g in members.values())
+        leaders = tuple(sorted(r for r, g in members.items() if g.enqueued == top))
+        behind = tuple(sorted(r for r, g in members.items() if g.enqueued < top))
+        # Leaders that do not wait (outside any collective with nothing pending) may just be ahead, e.g.
+        # between steps while a slow rank catches up: no hang in this group.
+        if behind and all(by_rank[r].stack is not StackClass.OUTSIDE or _pending_in(members[r])
+                          for r in leaders):
+            lags.append(_Lag(pg, top, leaders, behind, members))
+    return lags
+
+
+def _pending_in(g: GroupProgress) -> bool:
+    return max(g.started, g.enqueued) > g.completed
+
+
+def _progress(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Rule b: a rank whose last enqueued collective is behind its group's never entered the collective its
+    peers wait in (NVRx's attribution and Ray's hang detector compare the same counters). A behind rank
+    that itself leads another group waits for someone else (pipeline stages): the culprits are the ends of
+    that chain. With a cycle (collectives called in a different order), the ranks behind in a group where
+    they are the minority are the odd ones out."""
+    lags = _lags(ev)
+    if not lags:
+        return None
+    leading = {r for lag in lags for r in lag.leaders}
+    culprits = {r for lag in lags for r in lag.behind} - leading
+    if not culprits:
+        culprits = {r for lag in lags if 2 * len(lag.behind) < len(lag.members) for r in lag.behind}
+    if not culprits:
+        return None
+    nodes = {e.rank: e.node for e in ev}
+    clauses = []
+    for rank in sorted(culprits):
+        lag = next(lag for lag in lags if rank in lag.behind)
+        op = next((op_name(lag.members[r].last_op) for r in lag.leaders if lag.members[r].last_op), "")
+        clauses.append(f"{who(rank, nodes[rank])} is behind: {count_phrase(lag.members[rank].enqueued)} enqueued "
+                       f"in process group {lag.pg} against {lag.top} on {ranks_phrase(lag.leaders)}"
+                       + (f" (waiting in {op} #{lag.top})" if op else ""))
+    return _Finding(tuple(sorted(culprits)), Basis.PROGRESS, "; ".join(clauses), tuple(sorted(leading - culprits)))
+
+
+def _stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Rule c (ByteRobust's stack grouping): with some ranks waiting in a collective, the ranks outside any
+    are what they wait for. If no rank waits in one (independent workers), stacks tell nothing apart."""
+    outside = [e for e in ev if e.stack is StackClass.OUTSIDE]
+    inside = tuple(e.rank for e in ev if e.stack is StackClass.COLLECTIVE)
+    if not outside or not inside:
+        return None
+    clauses = [f"{who(e.rank, e.node)} is outside any collective{place_phrase(e.where, e.cpu)}" for e in outside]
+    return _Finding(tuple(e.rank for e in outside), Basis.STACKS, _with_waiting(clauses, ev, inside), inside)
+
+
+def _only_expired(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Rule d: one rank past its deadline while every other rank is known to run outside any collective
+    (independent workers, or no collectives yet). The others must show it by their stacks: a peer that is
+    merely "not expired yet" may be blocked on the expired rank, and the first deadline to fire names a rank
+    at random in a hang where everyone waits (the bug this verdict exists for)."""
+    expired = [e for e in ev if e.expired]
+    if len(expired) != 1:
+        return None
+    one = expired[0]
+    if any(e.stack is not StackClass.OUTSIDE for e in ev if e is not one):
+        return None
+    details = ", ".join(([f"in section '{one.section}'"] if one.section else [])
+                        + ([f"in `{one.where}`"] if one.where else []))
+    others = [e.rank for e in ev if e is not one]
+    reason = (f"{who(one.rank, one.node)} is the only rank past its {one.kind + ' ' if one.kind else ''}deadline"
+              + (f" ({details})" if details else "")
+              + (f"; {ranks_phrase(others)} {verb(len(others), 'runs', 'run')} outside any collective"
+                 if others else ""))
+    return _Finding((one.rank,), Basis.ONLY_EXPIRED, reason)
+
+
+def _why_undetermined(ev: Sequence[RankEvidence]) -> str:
+    """Rule e: nothing names a rank; say why, so the person reading the summary knows what was seen."""
+    if not ev:
+        return "no evidence: no rank was reported"
+    if not any(_has_evidence(e) for e in ev):
+        return f"no evidence from any rank {_NO_EVIDENCE}"
+    waiting = [e.rank for e in ev if _waits(e)]
+    if len(waiting) == len(ev):
+        places = _places(ev, waiting)
+        if len(places) == 1:
+            return f"every rank waits in {next(iter(places))}: a communication hang, no rank to blame"
+        undumped = [e.rank for e in ev if not e.progress]
+        if undumped and len(undumped) < len(ev):  # the counters could have told, had every rank dumped
+            return (f"every rank waits in a collective ({waiting_lines(places)}); no Flight Recorder dump from "
+                    f"{ranks_phrase(undumped)} to compare, no rank to blame")
+        return (f"every rank waits in a collective ({waiting_lines(places)}) and none is behind: a "
+                "communication hang or collectives called in a different order, no rank to blame")
+    expired = [e.rank for e in ev if e.expired]
+    if all(e.stack is StackClass.OUTSIDE for e in ev):
+        past = f"{ranks_phrase(expired)} past a deadline" if expired else "no rank past a deadline"
+        return f"every rank is outside any collective, {past}: nothing tells them apart"
+    silent = [e.rank for e in ev if e.stack is StackClass.NONE and not _waits(e)]
+    seen = ([waiting_lines(_places(ev, waiting))] if waiting else []) + ([f"no stack from {ranks_phrase(silent)}"]
+                                                                 if silent else [])
+    return "the evidence names no rank: " + "; ".join(seen)
+

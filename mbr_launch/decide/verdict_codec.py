@@ -1,0 +1,101 @@
+"""Hang evidence and verdicts as plain dicts for the rendezvous store, and back. Pure: dicts in, dicts out.
+
+Enums travel by value. Decoding never raises: the dict came from another node, perhaps another version, so
+an invalid field falls back to its default and an unreadable entry is skipped (``None``).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from typing import Any, Callable, Mapping, TypeVar
+
+from mbr_launch.decide.verdict import Basis, GroupProgress, ProcState, RankEvidence, StackClass, Verdict
+
+
+def evidence_to_dict(e: RankEvidence) -> dict[str, Any]:
+    out = {f: getattr(e, f) for f in _EVIDENCE_PLAIN}
+    out.update(state=e.state.value, stack=e.stack.value, progress=[
+        {"pg": g.pg, "enqueued": g.enqueued, "started": g.started, "completed": g.completed,
+         "ranks": list(g.ranks), "last_op": g.last_op} for g in e.progress])
+    return out
+
+
+def evidence_from_dict(d: object) -> RankEvidence | None:
+    """None when the entry is unreadable (not a dict, or no rank): the caller skips it. Any other invalid
+    field falls back to its default (UNKNOWN, NONE, None, "")."""
+    if not isinstance(d, Mapping) or _int(d.get("rank")) is None or d["rank"] < 0:
+        return None
+    progress = tuple(g for g in map(_progress_from_dict, _list(d.get("progress"))) if g is not None)
+    return RankEvidence(
+        rank=d["rank"], node=_str(d.get("node")), group_rank=_int(d.get("group_rank"), -1),
+        local_rank=_int(d.get("local_rank"), -1), pid=_int(d.get("pid")),
+        state=_enum(ProcState, d.get("state"), ProcState.UNKNOWN), cpu=_float(d.get("cpu")),
+        stack=_enum(StackClass, d.get("stack"), StackClass.NONE), where=_str(d.get("where")),
+        collective=_str(d.get("collective")), progress=progress, expired=d.get("expired") is True,
+        kind=_str(d.get("kind")), section=_str(d.get("section"), None),
+        last_heartbeat_age=_float(d.get("last_heartbeat_age")), steps=_int(d.get("steps")),
+        stacks_path=_str(d.get("stacks_path"), None))
+
+
+def evidence_list_from_dicts(items: object) -> tuple[RankEvidence, ...]:
+    """Every readable entry of a list, unreadable ones skipped."""
+    return tuple(e for e in map(evidence_from_dict, _list(items)) if e is not None)
+
+
+def verdict_to_dict(v: Verdict) -> dict[str, Any]:
+    return {"culprits": list(v.culprits), "basis": v.basis.value, "reason": v.reason, "waiting": list(v.waiting),
+            "evidence": [evidence_to_dict(e) for e in v.evidence]}
+
+
+def verdict_from_dict(d: object) -> Verdict | None:
+    """None when not a dict. A basis this version does not know makes the verdict undetermined (no culprits):
+    acting on a rule we cannot name would restart or exclude the wrong thing with no reason to give."""
+    if not isinstance(d, Mapping):
+        return None
+    basis = _enum(Basis, d.get("basis"), Basis.UNDETERMINED)
+    culprits = () if basis is Basis.UNDETERMINED else _ranks(d.get("culprits"))
+    return Verdict(culprits, basis if culprits else Basis.UNDETERMINED, _str(d.get("reason")),
+                   _ranks(d.get("waiting")), evidence_list_from_dicts(d.get("evidence")))
+
+
+_EVIDENCE_PLAIN = ("rank", "node", "group_rank", "local_rank", "pid", "cpu", "where", "collective", "expired",
+                   "kind", "section", "last_heartbeat_age", "steps", "stacks_path")
+_E = TypeVar("_E", bound=enum.Enum)
+_D = TypeVar("_D")
+
+
+def _progress_from_dict(d: object) -> GroupProgress | None:
+    if not isinstance(d, Mapping) or not isinstance(d.get("pg"), str):
+        return None
+    return GroupProgress(pg=d["pg"], enqueued=_int(d.get("enqueued"), -1), started=_int(d.get("started"), -1),
+                         completed=_int(d.get("completed"), -1), ranks=_ranks(d.get("ranks")),
+                         last_op=_str(d.get("last_op")))
+
+
+def _int(v: object, default: _D = None) -> int | _D:  # type: ignore[assignment]
+    return v if isinstance(v, int) and not isinstance(v, bool) else default
+
+
+def _float(v: object) -> float | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return float(v) if ok else None  # type: ignore[arg-type]
+
+
+def _str(v: object, default: _D = "") -> str | _D:  # type: ignore[assignment]
+    return v if isinstance(v, str) else default
+
+
+def _list(v: object) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _ranks(v: object) -> tuple[int, ...]:
+    return tuple(r for r in _list(v) if _int(r) is not None and r >= 0)
+
+
+def _enum(cls: Callable[[Any], _E], v: object, default: _E) -> _E:
+    try:
+        return cls(v)
+    except (ValueError, TypeError):
+        return default
