@@ -17,12 +17,14 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from mbr_launch import api
-from mbr_launch.agent.context import Context, StackRecord
+from mbr_launch.agent.context import Context
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Event
 from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.rendezvous import RendezvousFailed, Round
 from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.decide.verdict import ProcState, RankEvidence, StackClass, Verdict
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.exitstatus import ExitStatus
 
@@ -153,12 +155,16 @@ class FakeWatch:
         self.silent = 0.0
         self.all_done_watched = False
         self.cancelled = False
+        self.inquiries: list[int] = []  # the inquiry numbers watched for
 
     def silent_for(self) -> float:
         return self.silent
 
     def watch_all_done(self) -> None:
         self.all_done_watched = True
+
+    def watch_inquiry(self, number: int) -> None:
+        self.inquiries.append(number)
 
     def cancel(self) -> None:
         self.cancelled = True
@@ -170,6 +176,13 @@ class FakeCluster:
         self._first: dict[int, StopMessage] = {}
         self.hosting, self.all_done = hosts_store, all_done
         self.watches: list[FakeWatch] = []
+        self.openers: dict[tuple[int, int], Opener] = {}
+        self.evidence: dict[tuple[int, int], list[RankEvidence]] = {}
+        self.verdicts: dict[tuple[int, int], Verdict] = {}
+        self.remote_evidence: list[RankEvidence] = []  # the other nodes' evidence
+        self.silent_nodes: list[int] = []  # nodes that send no evidence
+        self.remote_verdict: Verdict | None = None  # the verdict another node decided
+        self.remote_opener: int | None = None  # the group rank of a node that opens every inquiry first
 
     def watch(self, rnd: Round, post: Callable[[Event], None]) -> FakeWatch:
         self.watches.append(FakeWatch())
@@ -187,6 +200,23 @@ class FakeCluster:
 
     def hosts_store(self, rnd: Round) -> bool:
         return self.hosting
+
+    # The hang inquiry: the other nodes' part is set by the test (remote_*, silent_nodes).
+    def open_inquiry(self, rnd: Round, opener: Opener) -> Opener:
+        first = opener if self.remote_opener is None else Opener(opener.number, self.remote_opener, None, "heartbeat")
+        return self.openers.setdefault((rnd.index, opener.number), first)
+
+    def publish_evidence(self, rnd: Round, number: int, evidence: Sequence[RankEvidence]) -> None:
+        self.evidence[(rnd.index, number)] = list(evidence)
+
+    def collect_evidence(self, rnd: Round, number: int, *, deadline: float) -> tuple[list[RankEvidence], list[int]]:
+        return [*self.evidence.get((rnd.index, number), []), *self.remote_evidence], list(self.silent_nodes)
+
+    def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict:
+        return self.verdicts.setdefault((rnd.index, number), verdict)
+
+    def wait_verdict(self, rnd: Round, number: int, *, deadline: float) -> Verdict | None:
+        return self.verdicts.get((rnd.index, number), self.remote_verdict)
 
 
 class FakeMonitor:
@@ -257,7 +287,9 @@ class World:
     wakeup: ScriptedWakeup
     clock: FakeClock
     said: list[str] = field(default_factory=list)
-    dumps: list[int] = field(default_factory=list)  # round index of each stack dump
+    gathers: list[tuple[int, float]] = field(default_factory=list)  # (round index, bound) of each gathering
+    # local rank -> how its evidence looks (RankEvidence fields); unset ranks wait in an all_reduce
+    looks: dict[int, dict[str, Any]] = field(default_factory=dict)
     idle_ok: bool = False  # waits past the script's end just pass time (for timers: silence, telemetry)
 
     def run(self, steps: Sequence[Step]) -> int:
@@ -283,18 +315,22 @@ def build_world(tmp_path: Path, *cli_args: tuple[str, Any], nodes: int = 1, npro
                                                                 spares=spares)
     cluster, monitor = FakeCluster(hosts_store=hosts_store, all_done=all_done), FakeMonitor()
     said: list[str] = []
-    dumps: list[int] = []
+    gathers: list[tuple[int, float]] = []
+    looks: dict[int, dict[str, Any]] = {}
 
-    def dump(rnd: Round) -> list[StackRecord]:
-        dumps.append(rnd.index)
-        return [StackRecord(local_rank=w.local_rank, rank=w.rank, path=f"/stacks/{w.rank}", method="fake",
-                            summary="somewhere") for w in group.workers if w.alive]
+    def gather(rnd: Round, bound: float) -> list[RankEvidence]:
+        gathers.append((rnd.index, bound))
+        waiting = {"state": ProcState.SLEEPING, "stack": StackClass.COLLECTIVE, "collective": "all_reduce",
+                   "where": "wait at distributed_c10d.py:3252"}
+        return [RankEvidence(rank=w.rank, node="n0", group_rank=rnd.group_rank, local_rank=w.local_rank, pid=w.pid,
+                             stacks_path=f"/stacks/{w.rank}", **{**waiting, **looks.get(w.local_rank, {})})
+                for w in group.workers if w.alive]
 
     ctx = Context(cfg=cfg, node="n0", log=EventLog(tmp_path / "events.jsonl", node="n0"), say=said.append,
                   group=group, rendezvous=rendezvous, cluster=cluster, monitor=monitor, wakeup=wakeup,
-                  guard=NoGuard(), clock=clock, dump_stacks=dump, run_dir=tmp_path, started=clock())
+                  guard=NoGuard(), clock=clock, gather_evidence=gather, run_dir=tmp_path, started=clock())
     world = World(ctx=ctx, group=group, rendezvous=rendezvous, cluster=cluster, monitor=monitor, wakeup=wakeup,
-                  clock=clock, said=said, dumps=dumps)
+                  clock=clock, said=said, gathers=gathers, looks=looks)
     wakeup.world = world
     return world
 

@@ -9,6 +9,7 @@ import pytest
 
 from mbr_launch.agent.messages import (Departure, MonitorDied, NodesWaiting, PeerStopped, RankExpired, RankStarted,
                                        WorkloadRequest)
+from mbr_launch.decide.verdict import ProcState, StackClass
 from mbr_launch.cluster.peers import PeerLost
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.report import exitcodes
@@ -52,18 +53,82 @@ def test_no_restart_exit_code_stops_at_once(tmp_path):
     assert world.rendezvous.joined == 1
 
 
-def test_hang_dumps_stacks_kills_only_the_hung_rank_first_then_restarts(tmp_path):
-    world = build_world(tmp_path, ("max_restarts", 1), ("hang_kill_grace", 1.5))
-    expired = RankExpired(local_rank=1, rank=1, pid=None, kind="section", section="step", timeout=3.0, elapsed=3.2,
+def test_hang_verdict_names_the_rank_outside_the_collective_not_the_first_deadline(tmp_path):
+    """Rank 0's deadline fires first (it waits in all_reduce); rank 1 sleeps outside any collective."""
+    world = build_world(tmp_path, ("max_restarts", 1), ("hang_kill_grace", 1.5), ("hang_inquiry_timeout", 1.25))
+    world.looks[1] = {"stack": StackClass.OUTSIDE, "where": "sleep at train.py:42", "collective": ""}
+    waiting = RankExpired(local_rank=0, rank=0, pid=None, kind="section", section="step", timeout=3.0, elapsed=3.2,
                           open_sections=("step",))
-    code = world.run([post(RankStarted(0)), post(RankStarted(1)), post(expired), all_exit(0)])
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), post(waiting), all_exit(0)])
     assert code == exitcodes.OK
-    assert world.dumps == [0]
+    assert world.gathers == [(0, 1.25)]
+    verdict = world.events("verdict")[0]
+    assert (verdict["culprits"], verdict["basis"], verdict["nodes"]) == ([1], "stacks", ["n0"])
     assert world.group.stops[0] == {"local_ranks": [1], "signal": "SIGTERM", "grace": 1.5}
-    hang = world.events("hang")[0]
-    assert (hang["rank"], hang["kind"], hang["section"]) == (1, "section", "step")
+    failure = world.events("failure")[0]
+    assert (failure["rank"], failure["cause"]) == (1, "hang")
     assert world.ctx.summary.failures[0].stacks == "/stacks/1"
-    assert any(line.startswith("HANG: rank 1 stayed in section 'step' for 3.20 s") for line in world.said)
+    assert any(line.startswith("HANG: rank 1 on n0 is outside any collective") for line in world.said), world.said
+    assert [e["expired"] for e in verdict["evidence"]] == [True, False]  # rank 0's deadline is in its evidence
+
+
+def test_deadlines_of_the_waiting_ranks_after_a_verdict_open_no_second_inquiry(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 1), ("restart_scope", "rank"))
+    world.looks[1] = {"stack": StackClass.OUTSIDE, "where": "busy at train.py:9", "state": ProcState.RUNNING}
+    first = RankExpired(local_rank=1, rank=1, pid=None, kind="heartbeat")
+    late = RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), post(first), post(late), all_exit(0)])
+    assert code == exitcodes.OK
+    assert len(world.events("verdict")) == 1 and len(world.events("hang")) == 2
+    assert [r["rank"] for r in world.events("failure")] == [1]
+    assert world.group.starts == [(0, None), (0, [1])]
+
+
+def test_undetermined_hang_restarts_the_job_and_blames_no_node(tmp_path):
+    world = build_world(tmp_path, ("nnodes", "1:2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 1), ("max_node_failures", 1), ("restart_scope", "node"), nodes=2)
+    code = world.run([post(RankStarted(0)), post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")),
+                      all_exit(0)])
+    assert code == exitcodes.OK
+    verdict = world.events("verdict")[0]
+    assert verdict["culprits"] == [] and verdict["basis"] == "undetermined"
+    assert world.events("exclude") == [] and world.rendezvous.node_failures == {}
+    assert world.events("restart")[0]["scope"] == "job"
+    assert world.group.stops[0]["local_ranks"] is None  # nobody singled out: the whole round stops
+    assert any(line.startswith("HANG, culprit undetermined: ") for line in world.said)
+
+
+def test_culprit_on_another_node_this_node_waits_for_its_stop_message(tmp_path):
+    from mbr_launch.decide.verdict import RankEvidence
+
+    world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 1), nodes=2)
+    world.cluster.remote_evidence = [RankEvidence(rank=2, node="n1", group_rank=1, local_rank=0, pid=7,
+                                                  state=ProcState.STOPPED, stack=StackClass.NONE)]
+    stop = StopMessage(reason="rank 2 hung", origin="n1", group_rank=1, restart_count=1)
+    code = world.run([post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")), idle,
+                      post(PeerStopped(stop)), all_exit(0)])
+    assert code == exitcodes.OK
+    verdict = world.events("verdict")[0]
+    assert (verdict["culprits"], verdict["nodes"], verdict["basis"]) == ([2], ["n1"], "stopped")
+    assert world.events("failure") == []  # not this node's failure
+    assert any("rank 2 on n1" in line for line in world.said)
+
+
+def test_joining_an_inquiry_another_node_opened(tmp_path):
+    from mbr_launch.agent.messages import InquiryOpened
+    from mbr_launch.cluster.inquiry import Opener
+    from mbr_launch.decide.verdict import Basis, Verdict
+
+    world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 1), nodes=2)
+    world.cluster.remote_verdict = Verdict(culprits=(1,), basis=Basis.PROGRESS, reason="rank 1 on n0 is behind")
+    code = world.run([post(InquiryOpened(Opener(number=0, group_rank=1, rank=3, kind="step"))), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.cluster.evidence[(0, 0)], "this node published its evidence"
+    assert world.events("verdict")[0]["decider"] == 1
+    assert [r["rank"] for r in world.events("failure")] == [1]
+    assert world.cluster.watches[0].inquiries == [0, 1]  # round 0 watched for inquiry 0, then for the next
 
 
 def test_a_verdict_for_a_rank_already_gone_is_ignored(tmp_path):
@@ -75,7 +140,7 @@ def test_a_verdict_for_a_rank_already_gone_is_ignored(tmp_path):
         post(late)(w)
 
     assert world.run([exit_then_verdict, exit_rank(1, 0)]) == exitcodes.OK
-    assert world.events("hang") == [] and world.dumps == []
+    assert world.events("hang") == [] and world.gathers == []
 
 
 def test_lost_peer_below_min_nodes_ends_the_job(tmp_path):

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Generic, Sequence, TypeVar
 
-from .launchers import Launcher, baseline_variant, mbr_source, snapshot
+from .launchers import LAUNCHERS, Launcher, baseline_variant, mbr_source, snapshot
 from .processes import stop_on_sigterm
 from .reports import finish_dir, load_raw, work_dir, write_raw, write_section
 
@@ -66,7 +66,9 @@ class Session:
         if self.baseline is None:
             return list(launchers)
         path, rev = self.baseline
-        return [*launchers, *(baseline_variant(l, path, rev) for l in launchers if l.name.startswith("mbr-"))]
+        variants = [baseline_variant(l, path, rev) for l in launchers if l.name.startswith("mbr-")]
+        LAUNCHERS.update({v.name: v for v in variants})  # the reports look launchers up by name
+        return [*launchers, *variants]
 
 
 def start(args: argparse.Namespace, prefix: str) -> Session:

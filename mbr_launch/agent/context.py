@@ -15,8 +15,10 @@ from typing import Callable, ContextManager, Protocol, Sequence
 from mbr_launch.agent.messages import Departure, Event
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.decide.verdict import RankEvidence, Verdict
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.summary import RunSummary
@@ -52,6 +54,7 @@ class Watch(Protocol):
 
     def silent_for(self) -> float: ...
     def watch_all_done(self) -> None: ...
+    def watch_inquiry(self, number: int) -> None: ...
     def cancel(self) -> None: ...
 
 
@@ -63,6 +66,12 @@ class Cluster(Protocol):
     def read(self, rnd: Round) -> StopMessage | None: ...
     def mark_done(self, rnd: Round) -> bool: ...
     def hosts_store(self, rnd: Round) -> bool: ...
+    # the hang inquiry (cluster.inquiry)
+    def open_inquiry(self, rnd: Round, opener: Opener) -> Opener: ...
+    def publish_evidence(self, rnd: Round, number: int, evidence: Sequence[RankEvidence]) -> None: ...
+    def collect_evidence(self, rnd: Round, number: int, *, deadline: float) -> tuple[list[RankEvidence], list[int]]: ...
+    def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict: ...
+    def wait_verdict(self, rnd: Round, number: int, *, deadline: float) -> Verdict | None: ...
 
 
 class Monitor(Protocol):
@@ -80,12 +89,16 @@ class Guard(Protocol):
 
 
 @dataclass
-class StackRecord:
-    local_rank: int
-    rank: int
-    path: str | None
-    method: str
-    summary: str
+class InquiryState:
+    """This round's hang inquiries: how many were held, and the quiet time after a verdict (the expiries of
+    the ranks that waited for the culprit arrive then, and must not open an inquiry of their own)."""
+
+    number: int = 0  # the next inquiry's number in this round
+    quiet_until: float = float("-inf")
+    expired: dict[int, object] = field(default_factory=dict)  # local rank -> its RankExpired, this round
+
+    def quiet(self, now: float) -> bool:
+        return now < self.quiet_until
 
 
 @dataclass
@@ -101,7 +114,7 @@ class Context:
     wakeup: Wakeup
     guard: Guard
     clock: Callable[[], float]
-    dump_stacks: Callable[[Round], Sequence[StackRecord]]
+    gather_evidence: Callable[[Round, float], Sequence[RankEvidence]]  # this node's ranks, within the bound
     run_dir: Path
     started: float  # when the agent started, on ``clock``
     telemetry: Telemetry | None = None
@@ -112,6 +125,7 @@ class Context:
     round_started: float = 0.0
     departure: Departure = Departure.CLOSE
     watch: Watch | None = None  # this round's
+    inquiry: InquiryState = field(default_factory=InquiryState)  # this round's
 
     def store_call(self, what: str) -> ContextManager[None]:
         """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3)."""

@@ -24,15 +24,17 @@ def crash_record(ctx: Context, rnd: Round, worker: Worker) -> FailureRecord:
 
 
 def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,
-                   exclude: bool = False, nodes_lost: int = 0) -> RoundResult | None:
-    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart)."""
+                   exclude: bool = False, nodes_lost: int = 0, culprit_known: bool = True) -> RoundResult | None:
+    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart).
+    ``culprit_known`` False (an undetermined hang): the job restarts and no node is blamed."""
     for record in records:
         ctx.summary.failures.append(record)
         ctx.log.emit("failure", **record.to_event(), startup=not ctx.heartbeats)
         ctx.say(f"FAILURE: {record.describe()}")
     if ctx.telemetry:
         ctx.telemetry.end("failure", records[0].cause.value)
-    facts = _facts(ctx, rnd, records[0].cause, records[0], shutdown=shutdown, exclude=exclude, nodes_lost=nodes_lost)
+    facts = _facts(ctx, rnd, records[0].cause, records[0], shutdown=shutdown, exclude=exclude, nodes_lost=nodes_lost,
+                   culprit_known=culprit_known)
     decision = decide(ctx.cfg.policy, facts)
     if decision.kept_for_store:
         ctx.say(f"this node hosts the rendezvous store ({rnd.store_host}:{rnd.store_port}), so it stays: "
@@ -47,10 +49,11 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
 
 
 def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shutdown: bool, exclude: bool,
-           nodes_lost: int) -> FailureFacts:
+           nodes_lost: int, culprit_known: bool) -> FailureFacts:
     with ctx.store_call("recording a failure in the rendezvous store"):
         restarts, startup_restarts = ctx.rendezvous.counts(rnd)
-        node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if cause.node_fault else 0
+        blamed = cause.node_fault and culprit_known
+        node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if blamed else 0
         waiting = ctx.rendezvous.spare_count()
     return FailureFacts(
         cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.heartbeats,
@@ -58,7 +61,7 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         startup_restarts_used=startup_restarts, node_failures=node_failures, quick_failures=ctx.quick_failures,
         exclude_requested=exclude, shutdown_requested=shutdown,
         nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
-        nodes_remaining=rnd.group_world_size - nodes_lost + waiting,
+        nodes_remaining=rnd.group_world_size - nodes_lost + waiting, culprit_known=culprit_known,
         hosts_store=(exclude or ctx.cfg.policy.max_node_failures > 0) and ctx.cluster.hosts_store(rnd))
 
 

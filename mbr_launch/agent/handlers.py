@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import signal
 
-from mbr_launch.agent import hangs
+from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.failures import handle_failure
-from mbr_launch.agent.messages import (AllDone, Departure, Event, MonitorDied, NodesWaiting, Outcome, PeerStopped,
-                                       Progress, RankExpired, RankStarted, RoundResult, WorkloadRequest)
+from mbr_launch.agent.messages import (AllDone, Departure, Event, InquiryOpened, MonitorDied, NodesWaiting, Outcome,
+                                       PeerStopped, Progress, RankExpired, RankStarted, RoundResult, WorkloadRequest)
 from mbr_launch.cluster.peers import PeerLost, StoreLost
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
@@ -38,7 +38,9 @@ def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundR
             (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
         return None
     if isinstance(event, RankExpired):
-        return handle_hang(ctx, rnd, event)
+        return inquiry.on_expiry(ctx, rnd, event)
+    if isinstance(event, InquiryOpened):
+        return inquiry.on_opened(ctx, rnd, event)
     if isinstance(event, MonitorDied):
         return handle_monitor_died(ctx, rnd, event)
     if isinstance(event, WorkloadRequest):
@@ -100,25 +102,6 @@ def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> Rou
     record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=f"group rank {event.group_rank}",
                            group_rank=event.group_rank, cause=Cause.PEER, status=None, detail=event.describe())
     return handle_failure(ctx, rnd, [record], nodes_lost=1)
-
-
-def handle_hang(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
-    worker = ctx.group.by_local_rank(event.local_rank)
-    if worker is None or not worker.alive:
-        return None  # already gone: its exit is (or will be) handled as a crash
-    ctx.log.emit("hang", round=rnd.index, rank=event.rank, local_rank=event.local_rank, pid=event.pid, kind=event.kind,
-                 section=event.section, timeout=event.timeout, elapsed=event.elapsed,
-                 last_heartbeat_age=event.last_heartbeat_age, open_sections=list(event.open_sections) or None)
-    ctx.say(f"HANG: rank {event.rank} {hangs.describe(event)}; dumping stacks, then stopping it")
-    dumps = ctx.dump_stacks(rnd)
-    record = FailureRecord(round=rnd.index, rank=worker.rank, local_rank=event.local_rank, node=ctx.node,
-                           group_rank=rnd.group_rank, cause=Cause.HANG, status=None, pid=worker.pid,
-                           section=event.section, detail=hangs.describe(event))
-    hung = next((d for d in dumps if d.local_rank == event.local_rank), None)
-    if hung:
-        record.stacks, record.stack_summary = hung.path, hung.summary
-    ctx.group.stop(rnd, local_ranks=[event.local_rank], grace=ctx.cfg.monitor.hang_kill_grace)
-    return handle_failure(ctx, rnd, [record])
 
 
 def handle_monitor_died(ctx: Context, rnd: Round, event: MonitorDied) -> RoundResult | None:

@@ -16,8 +16,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable
 
-from mbr_launch.agent import hangs
-from mbr_launch.agent.context import Context, StackRecord
+from mbr_launch.agent.context import Context
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
@@ -29,6 +28,7 @@ from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
+from mbr_launch.workers import evidence
 from mbr_launch.workers.group import WorkerGroup
 from mbr_launch.workers.standby import StandbyPool
 
@@ -97,15 +97,21 @@ class Agent:
         rendezvous = self._rendezvous = Rendezvous(cfg)
         self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout,
                                      membership=cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone)
-        dump = functools.partial(self._dump_stacks, log, run_dir)
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
                        cluster=self._cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
-                       dump_stacks=dump, run_dir=run_dir, started=self._started, telemetry=telemetry)
+                       gather_evidence=functools.partial(self._gather, run_dir), run_dir=run_dir,
+                       started=self._started, telemetry=telemetry)
 
-    def _dump_stacks(self, log: EventLog, run_dir: Path, rnd: Round) -> list[StackRecord]:
-        assert self._group
-        return hangs.dump_all(self._group.workers, run_dir / f"attempt_{rnd.index}" / "stacks",
-                              method=self.cfg.monitor.stack_dump, round_index=rnd.index, log=log, say=self.say)
+    def _gather(self, run_dir: Path, rnd: Round, bound: float) -> list[RankEvidence]:
+        """This node's ranks' evidence for a hang inquiry (process state, Flight Recorder, stacks)."""
+        assert self._group and self._monitor
+        try:
+            rows = (self._monitor.snapshot() or {}).get("ranks")
+        except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
+            rows = None
+        return evidence.gather(self._group.workers, node=self.node, group_rank=rnd.group_rank,
+                               out_dir=run_dir / f"attempt_{rnd.index}" / "stacks",
+                               stack_method=self.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows)
 
     def _install_signals(self, wakeup: Wakeup) -> dict[int, Any]:
         old = {}

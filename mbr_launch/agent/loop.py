@@ -18,7 +18,7 @@ whether this node is done and whether the store still answers. Every collaborato
 
 from __future__ import annotations
 
-from mbr_launch.agent.context import Context
+from mbr_launch.agent.context import Context, InquiryState
 from mbr_launch.agent.ending import finish, finish_signaled
 from mbr_launch.agent.failures import crash_record, handle_failure
 from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, tick_telemetry
@@ -139,7 +139,9 @@ class Supervisor:
         ctx.wakeup.drop_events()
         ctx.heartbeats = set()
         ctx.round_started = ctx.clock()
+        ctx.inquiry = InquiryState()
         ctx.watch = ctx.cluster.watch(rnd, ctx.wakeup.post)
+        ctx.watch.watch_inquiry(0)
         try:
             ctx.group.start(rnd)
             if ctx.telemetry:

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
+from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerLost, StoreLost
 from mbr_launch.cluster.stops import StopMessage
 
@@ -93,6 +94,13 @@ class RankExpired:
 
 
 @dataclass(frozen=True)
+class InquiryOpened:
+    """Another node opened a hang inquiry of this round: gather this node's evidence and join it."""
+
+    opener: Opener
+
+
+@dataclass(frozen=True)
 class WorkloadRequest:
     """A worker sent NVRx ``WorkloadControlRequest`` (ShutdownWorkload, ExcludeThisNode, Continue)."""
 
@@ -111,7 +119,7 @@ class Progress:
 
 
 Event = Union[PeerStopped, PeerLost, StoreLost, AllDone, NodesWaiting, MonitorDied, RankStarted, RankExpired,
-              WorkloadRequest, Progress]
+              InquiryOpened, WorkloadRequest, Progress]
 
 
 def _int(value: Any) -> int | None:

@@ -3,12 +3,17 @@ the store operations the loop calls (each bounded by the caller through ``Contex
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
-from mbr_launch.agent.messages import AllDone, Event, NodesWaiting, PeerStopped
+from mbr_launch.agent.messages import AllDone, Event, InquiryOpened, NodesWaiting, PeerStopped
+from mbr_launch.cluster import inquiry
+from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerWatch
 from mbr_launch.cluster.rendezvous import Rendezvous, Round, hosts_store
 from mbr_launch.cluster.stops import ALL_DONE_KEY, StopMessage, StopWatcher, mark_done, publish_stop, read_stop
+from mbr_launch.decide.verdict import RankEvidence, Verdict
+from mbr_launch.decide.verdict_codec import (evidence_list_from_dicts, evidence_to_dict, verdict_from_dict,
+                                             verdict_to_dict)
 
 
 class RoundWatch:
@@ -30,6 +35,13 @@ class RoundWatch:
 
     def watch_all_done(self) -> None:
         watcher = StopWatcher(self._round, lambda _raw: self._post(AllDone()), key=ALL_DONE_KEY)
+        self.threads.append(watcher)
+        watcher.start()
+
+    def watch_inquiry(self, number: int) -> None:
+        """Wake the agent when another node opens hang inquiry ``number`` of this round."""
+        watcher = StopWatcher(self._round, lambda raw: self._post(InquiryOpened(Opener.decode(number, raw))),
+                              key=inquiry.open_key(number))
         self.threads.append(watcher)
         watcher.start()
 
@@ -68,6 +80,26 @@ class StoreCluster:
 
     def hosts_store(self, rnd: Round) -> bool:
         return hosts_store(rnd.store_port)
+
+    def open_inquiry(self, rnd: Round, opener: Opener) -> Opener:
+        return inquiry.open_inquiry(rnd, opener)
+
+    def publish_evidence(self, rnd: Round, number: int, evidence: Sequence[RankEvidence]) -> None:
+        inquiry.publish_evidence(rnd, number, rnd.group_rank, [evidence_to_dict(e) for e in evidence])
+
+    def collect_evidence(self, rnd: Round, number: int, *, deadline: float) -> tuple[list[RankEvidence], list[int]]:
+        """Every node's evidence that came in time, and the group ranks of the nodes that sent none."""
+        found = inquiry.collect_evidence(rnd, number, nodes=rnd.group_world_size, deadline=deadline)
+        evidence = [e for items in found.values() for e in evidence_list_from_dicts(items)]
+        return evidence, [g for g in range(rnd.group_world_size) if g not in found]
+
+    def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict:
+        stored = inquiry.publish_verdict(rnd, number, verdict_to_dict(verdict))
+        return verdict_from_dict(stored) or verdict
+
+    def wait_verdict(self, rnd: Round, number: int, *, deadline: float) -> Verdict | None:
+        stored = inquiry.wait_verdict(rnd, number, deadline=deadline)
+        return verdict_from_dict(stored) if stored is not None else None
 
     def close(self, *, join: bool) -> None:
         """At exit. A thread blocked inside a torch store call at interpreter exit aborts the process: join

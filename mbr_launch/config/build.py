@@ -28,7 +28,7 @@ from mbr_launch.decide.policy import RestartPolicy
 C10D_PORT = 29400  # torchrun's default for a c10d endpoint without a port
 STATIC_PORT = 29500  # torchrun's default --master-port
 # Fault-tolerance panel settings that are mbr-launch's own switches, not a declaration of NVRx timeouts.
-_NOT_FT_DECLARATIONS = frozenset({"config", "rank_monitor", "stack_dump", "hang_kill_grace"})
+_NOT_FT_DECLARATIONS = frozenset({"config", "rank_monitor", "stack_dump", "hang_kill_grace", "hang_inquiry_timeout"})
 
 
 @dataclass(frozen=True)
@@ -207,7 +207,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             status_interval=float(v["status_interval"])),
         ft=_ft(v),
         monitor=MonitorSpec(enabled=v["rank_monitor"] == "on", stack_dump=v["stack_dump"],
-                            hang_kill_grace=v["hang_kill_grace"]),
+                            hang_kill_grace=v["hang_kill_grace"], inquiry_timeout=v["hang_inquiry_timeout"]),
         policy=RestartPolicy(scope=v["restart_scope"], max_restarts=v["max_restarts"],
                              max_startup_restarts=v["max_startup_restarts"],
                              no_restart_exit_codes=v["no_restart_exit_codes"],

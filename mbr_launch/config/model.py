@@ -99,6 +99,7 @@ class MonitorSpec:
     enabled: bool  # --rank-monitor on
     stack_dump: StackDump
     hang_kill_grace: float  # seconds between SIGTERM and SIGKILL for a hung worker
+    inquiry_timeout: float = 2.0  # seconds every node gathers hang evidence before the verdict
 
 
 @dataclass(frozen=True)

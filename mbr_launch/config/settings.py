@@ -206,6 +206,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="hang_kill_grace", flags=("--hang-kill-grace",), kind=float, default=3.0, panel=FAULT,
             parse=non_negative("--hang-kill-grace", float), metavar="SECONDS",
             help="Seconds a hung worker gets between SIGTERM and SIGKILL (crashes use --shutdown-timeout)."),
+    Setting(name="hang_inquiry_timeout", flags=("--hang-inquiry-timeout",), kind=float, default=2.0, panel=FAULT,
+            parse=positive("--hang-inquiry-timeout", float), metavar="SECONDS",
+            help="When a deadline passes, every node gathers its ranks' evidence (collective progress, stacks, "
+                 "process state) for at most this long before the verdict names the rank that hung."),
     Setting(name="standby", flags=("--standby",), kind=str, default="torch", panel=FAULT,
             parse=choice("--standby", ("off", "interpreter", "torch", "cuda")),
             choices=("off", "interpreter", "torch", "cuda"),

@@ -59,6 +59,7 @@ class FailureFacts:
     nodes_left: int = 1  # nodes that would remain in the job without this one (spares included)
     nodes_remaining: int = 1  # nodes still alive after this failure, this one included (spares included)
     hosts_store: bool = False  # this node serves the rendezvous store: its exit would end every node
+    culprit_known: bool = True  # False: a hang whose culprit the verdict could not name
 
 
 @dataclass(frozen=True)
@@ -118,7 +119,8 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
                             counts_as_startup=True)
     elif facts.restarts_used >= policy.max_restarts:
         return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)")
-    scope = policy.scope if facts.cause.mendable_locally else "job"
+    # Restarting one rank or one node mends only a failure whose culprit is known to be there.
+    scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else "job"
     return Decision(Action.RESTART, scope, "restarting", backoff=backoff_delay(policy, facts),
                     counts_as_startup=startup)
 

@@ -15,6 +15,11 @@ worker_exit         rank, local_rank, pid, round, exit_code, signal (name), seco
 hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartbeat|section|out_of_section|
                     step), section, timeout, elapsed, last_heartbeat_age, open_sections
 stacks              round, method (list), paths (stack dump files, one per local rank)
+verdict             round, inquiry (its number in the round), culprits (global ranks; empty: undetermined),
+                    nodes (the culprits' nodes), basis (stopped|progress|stacks|only_expired|undetermined),
+                    reason, waiting (ranks seen waiting for the culprits), decider (group rank), seconds (from
+                    the inquiry's start), evidence (this node's ranks: state, cpu, stack, where, collective,
+                    progress per process group, expired, kind, section, last_heartbeat_age, stacks_path)
 failure             round, rank, local_rank, cause (crash|hang|monitor|peer|request|straggler), exit_code,
                     signal, section, detail
 stop                round, reason, origin (node that asked)
@@ -58,6 +63,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "hang": ("rank", "local_rank", "pid", "round", "kind", "section", "timeout", "elapsed",
              "last_heartbeat_age", "open_sections"),
     "stacks": ("round", "method", "paths"),
+    "verdict": ("round", "inquiry", "culprits", "nodes", "basis", "reason", "waiting", "decider", "seconds",
+                "evidence"),
     "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail"),
     "stop": ("round", "reason", "origin"),
     "restart": ("round", "restart_count", "max_restarts", "scope", "backoff"),

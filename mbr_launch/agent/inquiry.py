@@ -1,0 +1,134 @@
+"""A hang, from the first expired deadline to the verdict and what this node does about it.
+
+The monitor's expiry names the rank whose deadline fired first; in a synchronous job that is as often a rank
+waiting for the culprit as the culprit itself. So nothing is killed yet: the expiry opens a job-wide inquiry
+(``cluster.inquiry``), every node gathers its ranks' evidence within ``--hang-inquiry-timeout``
+(``workers.evidence``), the opener's node judges (``decide.verdict``) and publishes the verdict, and every
+node acts on it: the culprit's node stops the culprit and runs the failure path (restart scope, node failure
+counts and exclusion follow the culprit); an undetermined verdict restarts the job and blames no node.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Sequence
+
+from mbr_launch.agent import hangs
+from mbr_launch.agent.context import Context
+from mbr_launch.agent.failures import handle_failure
+from mbr_launch.agent.messages import InquiryOpened, RankExpired, RoundResult
+from mbr_launch.cluster.inquiry import Opener
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.decide.causes import Cause
+from mbr_launch.decide.verdict import RankEvidence, Verdict, judge
+from mbr_launch.decide.verdict_codec import evidence_to_dict
+from mbr_launch.report.summary import FailureRecord
+
+# Seconds a node that does not decide waits for the verdict beyond the gathering bound.
+VERDICT_SLACK = 2.0
+
+
+def on_expiry(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
+    worker = ctx.group.by_local_rank(event.local_rank)
+    if worker is None or not worker.alive:
+        return None  # already gone: its exit is (or will be) handled as a crash
+    ctx.log.emit("hang", round=rnd.index, rank=event.rank, local_rank=event.local_rank, pid=event.pid, kind=event.kind,
+                 section=event.section, timeout=event.timeout, elapsed=event.elapsed,
+                 last_heartbeat_age=event.last_heartbeat_age, open_sections=list(event.open_sections) or None)
+    ctx.inquiry.expired[event.local_rank] = event
+    if ctx.inquiry.quiet(ctx.clock()):
+        return None  # the peers of a culprit named a moment ago: their deadlines pass too
+    opener = Opener(number=ctx.inquiry.number, group_rank=rnd.group_rank, rank=event.rank, kind=event.kind)
+    with ctx.store_call("opening a hang inquiry"):
+        opener = ctx.cluster.open_inquiry(rnd, opener)
+    return _inquire(ctx, rnd, opener)
+
+
+def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | None:
+    """Another node opened an inquiry: join it, unless this node joined already through its own expiry."""
+    if event.opener.number != ctx.inquiry.number:
+        return None
+    return _inquire(ctx, rnd, event.opener)
+
+
+def _inquire(ctx: Context, rnd: Round, opener: Opener) -> RoundResult | None:
+    number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
+    decider = opener.group_rank == rnd.group_rank
+    ctx.inquiry.number += 1
+    if ctx.watch is not None:
+        ctx.watch.watch_inquiry(ctx.inquiry.number)
+    local = [_with_expiry(e, ctx.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
+    with ctx.store_call("publishing hang evidence"):
+        ctx.cluster.publish_evidence(rnd, number, local)
+    if decider:
+        with ctx.store_call("collecting hang evidence"):
+            evidence, silent = ctx.cluster.collect_evidence(rnd, number, deadline=began + bound)
+        verdict = _silence_noted(judge(evidence), silent)
+        with ctx.store_call("publishing the hang verdict"):
+            verdict = ctx.cluster.publish_verdict(rnd, number, verdict)
+    else:
+        with ctx.store_call("waiting for the hang verdict"):
+            verdict = ctx.cluster.wait_verdict(rnd, number, deadline=began + bound + VERDICT_SLACK) \
+                or _silence_noted(judge(local), [opener.group_rank])
+    ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
+    _record(ctx, rnd, number, verdict, local, decider=opener.group_rank, seconds=ctx.clock() - began)
+    return _act(ctx, rnd, verdict, local, decider)
+
+
+def _with_expiry(evidence: RankEvidence, event: object) -> RankEvidence:
+    if not isinstance(event, RankExpired):
+        return evidence
+    return dataclasses.replace(evidence, expired=True, kind=event.kind, section=event.section,
+                               last_heartbeat_age=event.last_heartbeat_age
+                               if event.last_heartbeat_age is not None else evidence.last_heartbeat_age)
+
+
+def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
+    """Nodes that sent no evidence in time: a culprit named from the others' evidence stands (it was seen
+    outside the collective they wait in); an undetermined verdict says whose evidence was missing."""
+    if not silent or verdict.determined:
+        return verdict
+    nodes = ", ".join(str(g) for g in silent)
+    return dataclasses.replace(verdict, reason=f"{verdict.reason}; no evidence from the node(s) of group rank {nodes}")
+
+
+def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequence[RankEvidence], *,
+            decider: int, seconds: float) -> None:
+    nodes = {e.rank: e.node for e in verdict.evidence}
+    ctx.log.emit("verdict", round=rnd.index, inquiry=number, culprits=list(verdict.culprits),
+                 nodes=sorted({nodes.get(r, "?") for r in verdict.culprits}), basis=verdict.basis.value,
+                 reason=verdict.reason, waiting=list(verdict.waiting), decider=decider, seconds=round(seconds, 3),
+                 evidence=[evidence_to_dict(e) for e in local])
+    stacks = [e.stacks_path for e in local if e.stacks_path]
+    if stacks:
+        ctx.log.emit("stacks", round=rnd.index, method=[ctx.cfg.monitor.stack_dump], paths=stacks)
+    ctx.say(f"HANG: {verdict.reason}" if verdict.determined else f"HANG, culprit undetermined: {verdict.reason}")
+
+
+def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidence],
+         decider: bool) -> RoundResult | None:
+    """The culprit's node stops it and runs the failure path; an undetermined verdict restarts the job from the
+    decider; a node without culprits waits for the culprit's node to act (its stop message)."""
+    mine = {e.rank: e for e in local}
+    culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
+    if verdict.determined and not culprits:
+        return None
+    if not verdict.determined and not decider:
+        return None
+    records = [_record_of(ctx, rnd, e, verdict) for e in culprits] or [
+        FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=ctx.node, group_rank=rnd.group_rank,
+                      cause=Cause.HANG, status=None, detail=f"hang, culprit undetermined: {verdict.reason}")]
+    if culprits:
+        ctx.group.stop(rnd, local_ranks=[e.local_rank for e in culprits], grace=ctx.cfg.monitor.hang_kill_grace)
+    return handle_failure(ctx, rnd, records, culprit_known=verdict.determined)
+
+
+def _record_of(ctx: Context, rnd: Round, evidence: RankEvidence, verdict: Verdict) -> FailureRecord:
+    worker = ctx.group.by_local_rank(evidence.local_rank)
+    expired = ctx.inquiry.expired.get(evidence.local_rank)
+    detail = verdict.reason + (f" [its own deadline: {hangs.describe(expired)}]" if isinstance(expired, RankExpired)
+                               else "")
+    return FailureRecord(round=rnd.index, rank=evidence.rank, local_rank=evidence.local_rank, node=ctx.node,
+                         group_rank=rnd.group_rank, cause=Cause.HANG, status=None,
+                         pid=worker.pid if worker else evidence.pid, section=evidence.section, detail=detail,
+                         stacks=evidence.stacks_path, stack_summary=evidence.where or None)

@@ -1,0 +1,110 @@
+"""The job-wide hang inquiry, over the round's control keys.
+
+When a rank's deadline passes on any node, every rank of a synchronous job has usually stalled within the
+same step, and each node's monitor fires at about the same moment. Killing the rank whose deadline fired
+first kills a healthy rank as often as not. So the first expiry opens an inquiry instead:
+
+    inquiry/<n>/open            the opener (first writer wins: every node joins the same inquiry)
+    inquiry/<n>/evidence/<g>    node g's per-rank evidence, gathered within a bound
+    inquiry/<n>/verdict         the decider's verdict (the opener's node decides; first writer wins)
+
+``n`` counts the inquiries of the round (a node- or rank-scope restart keeps the round going, and a later
+hang in it needs fresh keys). Values are JSON; decoding never raises on what another node wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from mbr_launch.cluster.rendezvous import Round
+
+
+@dataclass(frozen=True)
+class Opener:
+    """Who opened inquiry ``number`` and why."""
+
+    number: int
+    group_rank: int  # the node that decides
+    rank: int | None  # the rank whose deadline passed first
+    kind: str  # which deadline
+
+    def encode(self) -> str:
+        return json.dumps({"group_rank": self.group_rank, "rank": self.rank, "kind": self.kind})
+
+    @staticmethod
+    def decode(number: int, raw: bytes | str) -> "Opener":
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = {}
+        data = data if isinstance(data, dict) else {}
+        group_rank, rank = data.get("group_rank"), data.get("rank")
+        return Opener(number=number, group_rank=group_rank if isinstance(group_rank, int) else 0,
+                      rank=rank if isinstance(rank, int) else None, kind=str(data.get("kind", "")))
+
+
+def _key(number: int, *parts: str) -> str:
+    return "/".join(("inquiry", str(number), *parts))
+
+
+def open_key(number: int) -> str:
+    return _key(number, "open")
+
+
+def open_inquiry(rnd: Round, opener: Opener) -> Opener:
+    """Open inquiry ``opener.number``, or join it when another node opened it first; the winning opener."""
+    payload = opener.encode()
+    stored = rnd.control.compare_set(open_key(opener.number), "", payload)
+    return Opener.decode(opener.number, stored)
+
+
+def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[dict[str, Any]]) -> None:
+    rnd.control.set(_key(number, "evidence", str(group_rank)), json.dumps(evidence))
+
+
+def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
+                     clock: Callable[[], float] = time.monotonic, poll: float = 0.05) -> dict[int, list[dict[str, Any]]]:
+    """Every node's evidence that arrived before ``deadline``; a node that sent none is missing from the result
+    (its silence is evidence too: the verdict says so)."""
+    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes)}
+    while True:
+        present = [g for g, key in keys.items() if rnd.control.check([key])]
+        if len(present) == nodes or clock() >= deadline:
+            break
+        time.sleep(poll)
+    found: dict[int, list[dict[str, Any]]] = {}
+    for g in present:
+        try:
+            value = json.loads(rnd.control.get(keys[g]))
+        except ValueError:
+            continue
+        if isinstance(value, list):
+            found[g] = [v for v in value if isinstance(v, dict)]
+    return found
+
+
+def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[str, Any]:
+    """The first verdict of the inquiry wins; returns it."""
+    stored = rnd.control.compare_set(_key(number, "verdict"), "", json.dumps(verdict))
+    return _decode_dict(stored) or verdict
+
+
+def wait_verdict(rnd: Round, number: int, *, deadline: float, clock: Callable[[], float] = time.monotonic,
+                 poll: float = 0.05) -> dict[str, Any] | None:
+    key = _key(number, "verdict")
+    while not rnd.control.check([key]):
+        if clock() >= deadline:
+            return None
+        time.sleep(poll)
+    return _decode_dict(rnd.control.get(key))
+
+
+def _decode_dict(raw: bytes) -> dict[str, Any] | None:
+    try:
+        value = json.loads(raw)
+    except ValueError:
+        return None
+    return value if isinstance(value, dict) else None
