@@ -31,6 +31,13 @@ STANDBY_CHANNEL_ENV = "MBR_STANDBY_CHANNEL"
 # --standby-preload's modules, comma-separated, set in standbys only.
 STANDBY_PRELOAD_ENV = "MBR_STANDBY_PRELOAD"
 
+# A FIFO the worker keeps open (``mbr_launch.shim.flight``): each byte the agent writes asks for a Flight
+# Recorder dump, which the worker writes to FR_FILE_ENV (atomically: a temporary file, then a rename).
+FR_TRIGGER_ENV = "MBR_FR_TRIGGER"
+FR_FILE_ENV = "MBR_FR_FILE"
+# CUDA builds keep NCCL's recorder apart from gloo's: its dump goes to MBR_FR_FILE + this suffix.
+FR_NCCL_SUFFIX = ".nccl"
+
 # --standby levels, cheapest first: what a standby pre-initialises before the script's first line.
 STANDBY_LEVELS = ("off", "interpreter", "torch", "cuda")
 

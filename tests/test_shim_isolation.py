@@ -31,7 +31,7 @@ def imported_modules(path: Path) -> list[str]:
 
 
 def test_shim_imports_only_contract_and_shim():
-    assert len(SHIM_FILES) >= 4  # __init__, boot, standby, autobeat
+    assert len(SHIM_FILES) >= 5  # __init__, boot, standby, autobeat, flight
     wrong = [(str(p.relative_to(PACKAGE)), name) for p in SHIM_FILES for name in imported_modules(p)
              if name.split(".")[0] == "mbr_launch"
              and not (name == "mbr_launch.contract" or name == "mbr_launch.shim" or name.startswith("mbr_launch.shim."))]
@@ -60,10 +60,11 @@ def test_workers_start_through_the_boot_module_the_contract_names():
 
 
 def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
-    code = ("import sys, json; import mbr_launch.shim.boot, mbr_launch.shim.standby, mbr_launch.shim.autobeat; "
+    code = ("import sys, json; import mbr_launch.shim.boot, mbr_launch.shim.standby, mbr_launch.shim.autobeat, "
+            "mbr_launch.shim.flight; "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in ('mbr_launch', 'torch'))))")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
     loaded = json.loads(out.stdout)
     assert set(loaded) == {"mbr_launch", "mbr_launch.contract", "mbr_launch.shim", "mbr_launch.shim.boot",
-                           "mbr_launch.shim.standby", "mbr_launch.shim.autobeat"}, loaded
+                           "mbr_launch.shim.standby", "mbr_launch.shim.autobeat", "mbr_launch.shim.flight"}, loaded

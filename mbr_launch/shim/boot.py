@@ -11,6 +11,8 @@ What it arms, each driven by an environment variable the agent sets:
 - ``MBR_STACK_FILE``: ``faulthandler`` dumps every thread's Python stack into this file on
   ``STACK_SIGNAL``. This is the stack-dump path that needs no ptrace rights (py-spy needs them), and it
   works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
+- ``MBR_FR_TRIGGER`` / ``MBR_FR_FILE``: a thread that writes a Flight Recorder dump on the agent's request
+  (``mbr_launch.shim.flight``), the collective progress the hang verdict compares across ranks.
 - ``MBR_IGNORE_SIGNALS``: preemption signals to ignore (Slurm sends them to workers directly too).
 - ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.shim.autobeat``), when that module exists.
 - ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.shim.standby.serve`` pre-imports what
@@ -29,8 +31,8 @@ import runpy
 import signal
 import sys
 
-from mbr_launch.contract import (AUTOBEAT_ENV, BOOT_MODULE, STACK_FILE_ENV, STACK_SIGNAL, STANDBY_CHANNEL_ENV,
-                                 preemption_signals)
+from mbr_launch.contract import (AUTOBEAT_ENV, BOOT_MODULE, FR_TRIGGER_ENV, STACK_FILE_ENV, STACK_SIGNAL,
+                                 STANDBY_CHANNEL_ENV, preemption_signals)
 
 _stack_file = None  # kept open for the life of the process: faulthandler writes to its fd
 
@@ -42,6 +44,14 @@ def arm_stack_dump() -> None:
         return
     _stack_file = open(path, "a", buffering=1)
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
+
+
+def arm_flight_recorder() -> None:
+    if not os.environ.get(FR_TRIGGER_ENV):
+        return
+    from mbr_launch.shim.flight import arm  # imported only when asked for, like autobeat
+
+    arm()
 
 
 def ignore_preemption_signals() -> None:
@@ -92,6 +102,7 @@ def main() -> None:
         serve()
         ignore_preemption_signals()  # the assignment's environment decides
     arm_stack_dump()
+    arm_flight_recorder()
     arm_autobeat()
     run_target(sys.argv[1:])
 

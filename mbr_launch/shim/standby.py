@@ -58,7 +58,9 @@ SATURATION_RECHECK = 1.0
 # of them before `import torch` has no effect on a standby that imported torch already.
 _IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
 _CUDA_PREFIXES = ("CUDA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "NVIDIA_TF32_OVERRIDE")
-_READ_LATER = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CUDA_ALLOC_CONF")
+# Flight Recorder's (TORCH_FR_*, TORCH_INCLUDE_*) are read when the first process group is made or at a dump.
+_READ_LATER = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CUDA_ALLOC_CONF", "TORCH_FR_",
+               "TORCH_INCLUDE_")
 
 
 def serve() -> None:

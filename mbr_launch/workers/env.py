@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import AUTOBEAT_ENV, AUTOBEAT_SOCKET_ENV, IGNORE_SIGNALS_ENV, STACK_FILE_ENV
+from mbr_launch.workers.flightrec import flight_env
 
 if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
     from mbr_launch.cluster.rendezvous import Round
@@ -18,7 +19,7 @@ _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
 def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[str, str], *,
                error_file: Path, stack_file: Path | None, monitor_socket: str | None,
                launcher_socket: str | None, restart_count: int | None = None,
-               autobeat_socket: str | None = None) -> dict[str, str]:
+               autobeat_socket: str | None = None, flight_dir: Path | None = None) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in _AGENT_ONLY}
     rank = rnd.rank_offset + local_rank
     env.update({
@@ -64,4 +65,7 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         env[AUTOBEAT_SOCKET_ENV] = autobeat_socket
     if stack_file is not None and cfg.workers.use_boot and cfg.monitor.stack_dump in ("auto", "faulthandler"):
         env[STACK_FILE_ENV] = str(stack_file)
+    if flight_dir is not None and cfg.workers.use_boot:
+        # Flight Recorder (collective progress for the hang verdict); the user's own settings win.
+        env.update(flight_env(flight_dir, environ))
     return env

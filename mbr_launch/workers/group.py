@@ -13,6 +13,7 @@ from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
+from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers.output import OutputPump
 from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
 
@@ -80,7 +81,10 @@ class WorkerGroup:
         env = worker_env(cfg, rnd, local_rank, self.environ, error_file=rank_dir / "error.json",
                          stack_file=rank_dir / "stacks.faulthandler.txt", monitor_socket=sock,
                          launcher_socket=self.monitor.launcher_socket if self.monitor else None,
-                         restart_count=restart_count, autobeat_socket=beats)
+                         restart_count=restart_count, autobeat_socket=beats,
+                         flight_dir=rank_dir if cfg.workers.use_boot else None)
+        if cfg.workers.use_boot:
+            make_trigger(rank_dir / TRIGGER_NAME)  # boot opens it at start: it must exist before the worker
         argv = self._argv(local_rank)
         spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)

@@ -12,7 +12,8 @@ Two ways to get a Python stack out of a process that is stuck:
 
 ``dump_stacks`` runs py-spy for all ranks in parallel and falls back to faulthandler for the ranks
 py-spy could not do. Each dump is saved as ``rank{R}.txt`` with a header, and summarised in one line
-(the innermost frame of the main thread) for the failure summary.
+(the innermost frame of the main thread) for the failure summary, and classified for the hang verdict:
+waiting in a collective (or a CUDA synchronize, a store call) versus anywhere else (``classify``).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import Literal, Optional, Sequence
 
 from mbr_launch.contract import STACK_SIGNAL
+from mbr_launch.decide.verdict import StackClass
 
 Method = Literal["auto", "py-spy", "faulthandler"]
 
@@ -51,6 +53,9 @@ class StackDump:
     method: str  # "py-spy", "faulthandler", or "none" when every way failed
     path: Optional[Path]
     summary: str  # e.g. "hang at train.py:42: time.sleep(600)"; the failure reason for "none"
+    stack_class: StackClass = StackClass.NONE  # the main thread: in a collective wait, or outside any
+    where: str = ""  # the innermost user frame (see classify)
+    collective: str = ""  # with COLLECTIVE: what it waits in ("all_reduce", "cuda.synchronize", "store", ...)
 
 
 @dataclass(frozen=True)
@@ -150,7 +155,12 @@ _PY_SPY_FRAME = re.compile(r"^\s+(.+?) \((.+):(\d+)\)\s*$")
 
 
 def _py_spy_main_frame(text: str) -> Optional[Frame]:
-    """Innermost frame of the thread named MainThread (else the first thread listed)."""
+    frames = _py_spy_main_frames(text)
+    return frames[0] if frames else None
+
+
+def _py_spy_main_frames(text: str) -> list[Frame]:
+    """Frames (innermost first) of the thread named MainThread (else the first thread listed)."""
     blocks: list[tuple[str, list[Frame]]] = []
     for line in text.splitlines():
         head = _PY_SPY_THREAD.match(line)
@@ -161,7 +171,7 @@ def _py_spy_main_frame(text: str) -> Optional[Frame]:
         if frame and blocks:
             blocks[-1][1].append(Frame(frame.group(1), frame.group(2), int(frame.group(3))))
     main = next((b for b in blocks if b[0] == "MainThread" and b[1]), None) or next((b for b in blocks if b[1]), None)
-    return main[1][0] if main else None
+    return main[1] if main else []
 
 
 # ---- faulthandler ----------------------------------------------------------------------------------------
@@ -225,6 +235,11 @@ _FH_FRAME = re.compile(r'^\s+File "(.+)", line (\d+) in (.+)$')
 
 
 def _faulthandler_main_frame(text: str) -> Optional[Frame]:
+    frames = _faulthandler_main_frames(text)
+    return frames[0] if frames else None
+
+
+def _faulthandler_main_frames(text: str) -> list[Frame]:
     """faulthandler names no threads: the main one is the stack not started by ``threading``."""
     blocks: list[list[Frame]] = []
     for line in text.splitlines():
@@ -236,10 +251,14 @@ def _faulthandler_main_frame(text: str) -> Optional[Frame]:
             blocks[-1].append(Frame(frame.group(3), frame.group(1), int(frame.group(2))))
     blocks = [b for b in blocks if b]
     main = next((b for b in blocks if not _is_thread_bootstrap(b[-1])), None) or (blocks[0] if blocks else None)
-    return main[0] if main else None
+    return main or []
 
 
 def _is_thread_bootstrap(frame: Frame) -> bool:
+    """The outermost frame of a helper thread: ``threading``'s, or the shim's Flight Recorder thread (started
+    with ``_thread``, so it has no ``threading`` frame)."""
+    if frame.filename.endswith(os.path.join("shim", "flight.py")):
+        return True
     return frame.function == "_bootstrap" and os.path.basename(frame.filename) == "threading.py"
 
 
@@ -261,4 +280,62 @@ def _save(target: StackTarget, out_dir: Path, method: str, text: str, frame: Opt
         f"# time: {datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')}\n\n"
     )
     path.write_text(header + text)
-    return StackDump(target.rank, target.local_rank, target.pid, method, path, summarize(frame))
+    stack_class, where, collective = classify(text, method)
+    return StackDump(target.rank, target.local_rank, target.pid, method, path, summarize(frame), stack_class,
+                     where, collective)
+
+
+# ---- classification ----------------------------------------------------------------------------------------
+
+# Functions of torch.distributed that block until the peers take part (or a Work/tensor completes).
+_WAITS = frozenset({
+    "all_reduce", "all_reduce_coalesced", "all_gather", "all_gather_into_tensor", "all_gather_object",
+    "all_gather_coalesced", "reduce_scatter", "reduce_scatter_tensor", "broadcast", "broadcast_object_list",
+    "barrier", "monitored_barrier", "all_to_all", "all_to_all_single", "send", "recv", "send_object_list",
+    "recv_object_list", "reduce", "gather", "gather_object", "scatter", "scatter_object_list",
+    "batch_isend_irecv", "init_process_group", "new_group", "_store_based_barrier", "wait", "wait_tensor",
+    "_sync_buffers", "_sync_module_buffers", "_default_broadcast_coalesced", "_distributed_broadcast_coalesced",
+})
+_DIST = os.path.join("torch", "distributed") + os.sep
+_DDP = os.path.join("torch", "nn", "parallel", "distributed.py")
+_CUDA = os.path.join("torch", "cuda") + os.sep
+_TORCH = os.sep + "torch" + os.sep
+# C methods are not Python frames: a script blocked in ``work.wait()`` or ``store.get(k)`` shows only its
+# own line, so that line's source decides. (``os.wait`` and a dict's ``.get`` are not waits on peers.)
+_C_WAIT = re.compile(r"(?<!\bos)\.wait\(|\b\w*store\w*\.(get|wait)\(", re.IGNORECASE)
+_LIBRARY = re.compile(r"^<|/lib/python3\.\d+/|/(site|dist)-packages/|/mbr_launch/shim/")
+
+
+def classify(text: str, method: str) -> tuple[StackClass, str, str]:
+    """(class, where, collective) of a dump's main thread (``method``: "py-spy" or "faulthandler")."""
+    frames = _py_spy_main_frames(text) if method == "py-spy" else _faulthandler_main_frames(text)
+    if not frames:
+        return StackClass.NONE, "", ""
+    user = next((f for f in frames if not _LIBRARY.search(f.filename)), None)
+    op = _waiting_in(frames)
+    if op:
+        return StackClass.COLLECTIVE, summarize(user or frames[0]), op
+    where = summarize(user or frames[0])
+    if user is not None and user is not frames[0]:
+        where += f" (in {frames[0].function})"
+    return StackClass.OUTSIDE, where, ""
+
+
+def _waiting_in(frames: list[Frame]) -> str:
+    """What the innermost torch frames wait in; "" when the thread is elsewhere. Only the run of torch
+    frames at the top counts: a collective far down the stack under user code is not where it waits."""
+    for frame in frames:
+        name = frame.function.rsplit(".", 1)[-1]
+        if _DIST in frame.filename or frame.filename.endswith(_DDP):
+            if name in _WAITS:
+                return "broadcast" if "broadcast" in name or "sync" in name else name.lstrip("_")
+        elif _CUDA in frame.filename and name == "synchronize":
+            return "cuda.synchronize"
+        elif _TORCH not in frame.filename:
+            break
+    first = frames[0]
+    if _TORCH not in first.filename and not first.filename.startswith("<"):
+        match = _C_WAIT.search(linecache.getline(first.filename, first.line))
+        if match:
+            return "store" if "store" in match.group(0).lower() else "wait"
+    return ""

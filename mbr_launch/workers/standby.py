@@ -37,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS, STANDBY_PRELOAD_ENV,
                                  Assignment, StandbyChannel)
+from mbr_launch.workers import flightrec
 
 if TYPE_CHECKING:
     from mbr_launch.config.model import LaunchConfig
@@ -62,12 +63,14 @@ ROUND_KEYS = frozenset({
 })
 # Variables a standby's start-up environment may have wrong, because nothing reads them before the script
 # runs: boot reads MBR_* after the assignment, NVRx clients FT_*, torch.distributed TORCHELASTIC_* and the
-# round's values when the script initialises it. Any other difference makes the standby unusable.
+# round's values when the script initialises it; Flight Recorder's (per-rank paths) only when a process group
+# is made. Any other difference makes the standby unusable.
 ASSIGNED_PREFIXES = ("MBR_", "FT_", "TORCHELASTIC_")
+ASSIGNED_KEYS = flightrec.TORCH_ENV
 
 
 def assigned(key: str) -> bool:
-    return key in ROUND_KEYS or key.startswith(ASSIGNED_PREFIXES)
+    return key in ROUND_KEYS or key in ASSIGNED_KEYS or key.startswith(ASSIGNED_PREFIXES)
 
 
 def standby_env(worker_env: Mapping[str, str]) -> dict[str, str]:

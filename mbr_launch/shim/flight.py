@@ -1,0 +1,92 @@
+"""Flight Recorder dumps on the agent's request, from inside the worker; armed by ``mbr_launch.shim.boot``.
+
+When a job hangs, the agent wants each rank's collective progress (per process group: the last enqueued,
+started and completed collective), which only the rank's own process can read. The agent writes a byte to
+the FIFO ``MBR_FR_TRIGGER`` names; a thread here, blocked reading it, asks torch for its Flight Recorder
+dumps (the pickle NCCL's watchdog writes; gloo records too) and writes them next to ``MBR_FR_FILE``.
+
+Why a Python thread, and not only NCCL's own pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, polled by a C++
+thread): gloo has no such pipe, and neither have builds without NCCL. The thread needs the GIL, which the
+main thread gives up while it waits in a collective (pybind releases it in ``Work.wait``) and every 5 ms in
+a busy loop; a rank stuck in C code holding the GIL gives no dump, and that absence is evidence too.
+
+Cheap by design: nothing happens unless the variable is set; the thread is started with ``_thread`` (which
+the interpreter has loaded already) rather than ``threading``; torch is never imported here, only looked up
+in ``sys.modules``: a script that never imported ``torch.distributed`` has nothing to record.
+"""
+
+from __future__ import annotations
+
+import _thread
+import os
+import sys
+
+from mbr_launch.contract import FR_FILE_ENV, FR_NCCL_SUFFIX as NCCL_SUFFIX, FR_TRIGGER_ENV
+
+_C10D = "torch._C._distributed_c10d"
+
+
+def arm() -> bool:
+    """Start the dump thread if the agent asked for one (``MBR_FR_TRIGGER``); True when started."""
+    trigger, out = os.environ.get(FR_TRIGGER_ENV), os.environ.get(FR_FILE_ENV)
+    if not trigger or not out:
+        return False
+    try:
+        # O_RDWR: we are a writer too, so the FIFO never reads as EOF when the agent closes its end, and
+        # opening does not block waiting for one. O_CLOEXEC (os.open's default): the script's execs do not
+        # inherit it.
+        fd = os.open(trigger, os.O_RDWR)
+    except OSError:
+        return False
+    try:
+        _thread.start_new_thread(_serve, (fd, out))
+    except Exception:
+        os.close(fd)
+        return False
+    return True
+
+
+def _serve(fd: int, out: str) -> None:
+    while True:
+        try:
+            if not os.read(fd, 64):  # several requests queued meanwhile make one dump
+                return
+        except InterruptedError:
+            continue
+        except OSError:
+            return
+        try:
+            dump(out)
+        except BaseException:  # never disturb the script (a failed dump is absent evidence, not an error)
+            pass
+
+
+def dump(out: str) -> bool:
+    """Write this process's Flight Recorder dumps atomically; False when there is nothing to dump.
+
+    Two recorders: ``_dump_fr_trace`` holds gloo's (and other CPU backends') collectives, in ``out``;
+    CUDA builds keep NCCL's apart (``_dump_nccl_trace``, the one NCCL's watchdog dumps), in ``out.nccl``.
+    """
+    c10d = sys.modules.get(_C10D)
+    if "torch.distributed" not in sys.modules or c10d is None:
+        return False
+    wrote = False
+    # NCCL's first: the agent waits for ``out`` and then reads both.
+    for name, path in (("_dump_nccl_trace", out + NCCL_SUFFIX), ("_dump_fr_trace", out)):
+        fn = getattr(c10d, name, None)
+        if fn is None:
+            continue
+        try:
+            # Collectives yes, Python stacks no (they need the GIL and make the dump slow), all entries.
+            _write(path, fn(True, False, False))
+            wrote = True
+        except Exception:
+            pass
+    return wrote
+
+
+def _write(path: str, data: bytes) -> None:
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with open(tmp, "wb") as f:
+        f.write(data)
+    os.replace(tmp, path)  # the agent sees either no file or a whole one

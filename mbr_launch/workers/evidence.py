@@ -1,0 +1,121 @@
+"""One node's evidence for the hang verdict: for each local rank, what the kernel, its stack, its Flight
+Recorder and the rank monitor say, gathered within a bound.
+
+The order matters:
+1. /proc states first: nothing has touched the ranks yet (the faulthandler stack path sends SIGCONT to a
+   stopped process, and a Flight Recorder dump burns CPU that would read as "busy").
+2. Ask every rank for a Flight Recorder dump: the dumps are written while we take stacks.
+3. Stacks of all ranks in parallel (py-spy, or the faulthandler fallback), classified.
+4. Wait for the dumps until the bound: a rank that gives none (stopped, stuck holding the GIL, no
+   ``torch.distributed`` yet) is left without progress, which is evidence too.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any, Mapping, Sequence
+
+from mbr_launch.contract import STACK_FILE_ENV
+from mbr_launch.decide.verdict import GroupProgress, ProcState, RankEvidence, StackClass
+from mbr_launch.workers import flightrec, procstate
+from mbr_launch.workers.process import Worker
+from mbr_launch.workers.stacks import StackDump, StackTarget, dump_stacks
+
+_POLL = 0.02
+
+
+def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Path, stack_method: str,
+           bound: float = 2.0, monitor_rows: Sequence[Mapping[str, Any]] | None = None,
+           expired: Mapping[int, str] | None = None, window: float = 0.2) -> list[RankEvidence]:
+    """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
+
+    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.status.describe``); ``expired``: local
+    rank -> the kind of deadline that passed, for the ranks whose deadline did. Never raises for a rank.
+    """
+    deadline = time.monotonic() + bound
+    live = [w for w in workers if w.alive]
+    states = procstate.sample([w.pid for w in live], window=min(window, bound / 4))
+
+    files = {w.local_rank: flightrec.dump_files(w.spec.env, w.rank) for w in live}
+    before = {lr: {p: _signature(p) for p in f.all()} for lr, f in files.items()}
+    asked = [w.local_rank for w in live
+             if flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
+
+    stacks = _stacks(live, out_dir, stack_method, deadline)
+    progress = _await_dumps({lr: files[lr] for lr in asked}, before, deadline)
+
+    rows = {row.get("local_rank"): row for row in monitor_rows or () if isinstance(row, Mapping)}
+    out = []
+    for w in sorted(workers, key=lambda w: w.local_rank):
+        state, cpu = states.get(w.pid, (ProcState.GONE, None)) if w.alive else (ProcState.GONE, None)
+        dump = stacks.get(w.local_rank)
+        row = rows.get(w.local_rank, {})
+        kind = (expired or {}).get(w.local_rank)
+        out.append(RankEvidence(
+            rank=w.rank, node=node, group_rank=group_rank, local_rank=w.local_rank, pid=w.pid, state=state,
+            cpu=cpu, stack=dump.stack_class if dump else StackClass.NONE, where=dump.where if dump else "",
+            collective=dump.collective if dump else "", progress=progress.get(w.local_rank, ()),
+            expired=kind is not None, kind=kind or "", section=_section(row),
+            last_heartbeat_age=_number(row.get("last_heartbeat_age")), steps=_int(row.get("steps")),
+            stacks_path=str(dump.path) if dump and dump.path else None))
+    return out
+
+
+def _stacks(live: Sequence[Worker], out_dir: Path, method: str, deadline: float) -> dict[int, StackDump]:
+    if method == "off" or not live:
+        return {}
+    targets = [StackTarget(rank=w.rank, local_rank=w.local_rank, pid=w.pid,
+                           faulthandler_file=Path(w.spec.env[STACK_FILE_ENV]) if w.spec.env.get(STACK_FILE_ENV)
+                           else None) for w in live]
+    try:
+        dumps = dump_stacks(targets, out_dir, method=method,  # type: ignore[arg-type]
+                            timeout=max(0.2, deadline - time.monotonic()))
+    except Exception:  # evidence must never block the recovery
+        return {}
+    return {d.local_rank: d for d in dumps}
+
+
+def _signature(path: Path) -> tuple[int, int] | None:
+    """(inode, mtime): the shim replaces its file, so a new dump changes both."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_mtime_ns
+
+
+def _await_dumps(files: Mapping[int, flightrec.DumpFiles], before: Mapping[int, Mapping[Path, Any]],
+                 deadline: float) -> dict[int, tuple[GroupProgress, ...]]:
+    """Each asked rank's progress, from the dumps written since we asked, until the deadline.
+
+    A rank is done once the shim's file (written last) or NCCL's own dump is new and readable; a file
+    caught half-written by NCCL's writer reads as nothing and is read again on the next poll.
+    """
+    out: dict[int, tuple[GroupProgress, ...]] = {}
+    pending = dict(files)
+    while pending:
+        for lr, f in list(pending.items()):
+            fresh = {p: flightrec.load_file(p) for p in f.all() if _signature(p) not in (None, before[lr].get(p))}
+            if any(fresh.get(p) is not None for p in (f.ours, f.nccl)):
+                out[lr] = flightrec.merge([flightrec.progress(data) for data in fresh.values()])
+                del pending[lr]
+        if not pending or time.monotonic() + _POLL > deadline:
+            break
+        time.sleep(_POLL)
+    return out
+
+
+def _section(row: Mapping[str, Any]) -> str | None:
+    sections = row.get("open_sections")
+    if isinstance(sections, (list, tuple)) and sections and isinstance(sections[-1], str):
+        return sections[-1]  # the innermost open one
+    return None
+
+
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,56 @@
+"""What the kernel says about a rank: its scheduler state and how much CPU it burns, from /proc/<pid>/stat.
+
+Evidence that needs nothing from the process itself: a stopped (T) or uninterruptible (D) rank gives no
+stack and no Flight Recorder dump, and a rank spinning at 100% CPU while its peers sleep in a collective
+is as telling as one asleep outside any. Read before anything else touches the ranks (the faulthandler
+stack path sends SIGCONT to stopped processes).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Iterable
+
+from mbr_launch.decide.verdict import ProcState
+
+_STATES = {"R": ProcState.RUNNING, "S": ProcState.SLEEPING, "I": ProcState.SLEEPING, "D": ProcState.DISK,
+           "T": ProcState.STOPPED, "t": ProcState.STOPPED, "Z": ProcState.ZOMBIE, "X": ProcState.ZOMBIE,
+           "x": ProcState.ZOMBIE}
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def read_stat(pid: int) -> tuple[ProcState, int] | None:
+    """(state, utime + stime in clock ticks), or None when the process is gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            text = f.read().decode(errors="replace")
+    except OSError:  # ENOENT, or ESRCH for a process reaped while we read
+        return None
+    # The command name is in parentheses and may contain anything, ")" included: split after the last one.
+    fields = text.rsplit(")", 1)[-1].split()
+    try:
+        return _STATES.get(fields[0], ProcState.UNKNOWN), int(fields[11]) + int(fields[12])
+    except (IndexError, ValueError):
+        return ProcState.UNKNOWN, 0
+
+
+def sample(pids: Iterable[int], window: float = 0.2) -> dict[int, tuple[ProcState, float | None]]:
+    """Each pid's state at the start of the window (what it was doing when we looked, before any signal)
+    and its CPU share over the window (1.0 = one core busy; None when it vanished meanwhile)."""
+    pids = list(pids)
+    start = time.monotonic()
+    first = {pid: read_stat(pid) for pid in pids}
+    if any(v is not None for v in first.values()):
+        time.sleep(window)
+    elapsed = max(time.monotonic() - start, 1e-6)
+    out: dict[int, tuple[ProcState, float | None]] = {}
+    for pid in pids:
+        before = first[pid]
+        if before is None:
+            out[pid] = (ProcState.GONE, None)
+            continue
+        after = read_stat(pid)
+        cpu = None if after is None else max(0, after[1] - before[1]) / _TICKS / elapsed
+        out[pid] = (before[0], None if cpu is None else round(cpu, 3))
+    return out
