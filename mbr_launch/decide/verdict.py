@@ -153,6 +153,9 @@ def _by_rank(evidence: Sequence[RankEvidence]) -> list[RankEvidence]:
     return [seen[r] for r in sorted(seen)]
 
 
+_EXITED = (ProcState.GONE, ProcState.ZOMBIE)
+
+
 def _has_evidence(e: RankEvidence) -> bool:
     return e.state not in _SILENT or e.stack is not StackClass.NONE or bool(e.progress)
 
@@ -189,8 +192,10 @@ def _stopped(ev: Sequence[RankEvidence]) -> _Finding | None:
     rank that gives no evidence at all while its peers do is evidence itself (a SIGSTOPped rank gives no stack
     and no dump). When no rank gives evidence, silence tells nothing apart (every rank gone: a crash)."""
     anyone_speaks = any(_has_evidence(e) for e in ev)
+    # A rank that is GONE exited during the inquiry (a finished rank, or a crash the reaper reports): an
+    # exited process hangs nobody, and its exit is handled on its own. Only a live rank's silence speaks.
     culprits = [e for e in ev if e.state in (ProcState.STOPPED, ProcState.DISK)
-                or (anyone_speaks and e.state in (ProcState.GONE, ProcState.UNKNOWN) and not _has_evidence(e))]
+                or (anyone_speaks and e.state is ProcState.UNKNOWN and not _has_evidence(e))]
     if not culprits:
         return None
     blamed = {e.rank for e in culprits}
@@ -286,11 +291,11 @@ def _only_expired(ev: Sequence[RankEvidence]) -> _Finding | None:
     if len(expired) != 1:
         return None
     one = expired[0]
-    if any(e.stack is not StackClass.OUTSIDE for e in ev if e is not one):
-        return None
+    if any(e.stack is not StackClass.OUTSIDE for e in ev if e is not one and e.state not in _EXITED):
+        return None  # (ranks that exited meanwhile wait for nobody)
     details = ", ".join(([f"in section '{one.section}'"] if one.section else [])
                         + ([f"in `{one.where}`"] if one.where else []))
-    others = [e.rank for e in ev if e is not one]
+    others = [e.rank for e in ev if e is not one and e.state not in _EXITED]
     reason = (f"{who(one.rank, one.node)} is the only rank past its {one.kind + ' ' if one.kind else ''}deadline"
               + (f" ({details})" if details else "")
               + (f"; {ranks_phrase(others)} {verb(len(others), 'runs', 'run')} outside any collective"
