@@ -7,7 +7,7 @@ random. Each case is launched once (a module-scoped fixture) and checked twice:
 - ``test_scenario_hangs_as_described``: the script did what the scenario says (the peers' stacks in the
   all_reduce, the culprit's elsewhere); this holds today;
 - ``test_verdict_names_the_culprit``: the ``verdict`` event, the first ``failure`` and the console line name
-  the culprit (xfail until the verdict is integrated into the agent).
+  the culprit.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ HANGS = str(SCRIPTS / "hangs.py")
 TIMEOUT = 3.0  # the step / section timeout
 VERDICT_BOUND = 2.0  # the inquiry's evidence bound (issue #14: the verdict lands within timeout + 2 s)
 SLACK = 1.5  # 2 shared cores
-NOT_YET = pytest.mark.xfail(strict=False, reason="verdict not integrated yet")
 pytestmark = pytest.mark.timeout(60)
 
 
@@ -122,7 +121,6 @@ def test_scenario_hangs_as_described(run: Run):
         assert "all_reduce" not in dumps[case.culprit], dumps[case.culprit]
 
 
-@NOT_YET
 def test_verdict_names_the_culprit(run: Run):
     case = run.case
     others = [r for r in range(case.nproc) if r != case.culprit]
@@ -178,7 +176,6 @@ def _group_rank(events: list[dict]) -> int:
     return next(e["group_rank"] for e in events if e["event"] == "rendezvous")
 
 
-@NOT_YET
 @pytest.mark.parametrize("client", ["none", "nvrx"])
 def test_two_agents_agree_on_the_culprit_on_the_second(tmp_path, client):
     agents = _two_agents(tmp_path, client)
@@ -194,6 +191,7 @@ def test_two_agents_agree_on_the_culprit_on_the_second(tmp_path, client):
         assert verdicts, f"agent {group_rank}: no verdict event"
         v = verdicts[0]
         assert v["culprits"] == [1] and v["nodes"] == [culprit_node], (group_rank, v)
+        assert v["group_ranks"] == [1], (group_rank, v)  # the second agent (both run on this one host)
         assert v["waiting"] == [0], (group_rank, v)
         hangs = _hang_lines(err)
         assert hangs and hangs[0].startswith("HANG: rank 1 "), (group_rank, hangs)

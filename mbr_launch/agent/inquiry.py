@@ -94,9 +94,11 @@ def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
 
 def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequence[RankEvidence], *,
             decider: int, seconds: float) -> None:
-    nodes = {e.rank: e.node for e in verdict.evidence}
+    where = {e.rank: e for e in verdict.evidence}
     ctx.log.emit("verdict", round=rnd.index, inquiry=number, culprits=list(verdict.culprits),
-                 nodes=sorted({nodes.get(r, "?") for r in verdict.culprits}), basis=verdict.basis.value,
+                 nodes=sorted({where[r].node for r in verdict.culprits if r in where}),
+                 group_ranks=sorted({where[r].group_rank for r in verdict.culprits if r in where}),
+                 basis=verdict.basis.value,
                  reason=verdict.reason, waiting=list(verdict.waiting), decider=decider, seconds=round(seconds, 3),
                  evidence=[evidence_to_dict(e) for e in local])
     stacks = [e.stacks_path for e in local if e.stacks_path]

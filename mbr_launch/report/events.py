@@ -16,7 +16,8 @@ hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartb
                     step), section, timeout, elapsed, last_heartbeat_age, open_sections
 stacks              round, method (list), paths (stack dump files, one per local rank)
 verdict             round, inquiry (its number in the round), culprits (global ranks; empty: undetermined),
-                    nodes (the culprits' nodes), basis (stopped|progress|stacks|only_expired|undetermined),
+                    nodes (the culprits' nodes), group_ranks (theirs), basis (stopped|progress|stacks|
+                    only_expired|undetermined),
                     reason, waiting (ranks seen waiting for the culprits), decider (group rank), seconds (from
                     the inquiry's start), evidence (this node's ranks: state, cpu, stack, where, collective,
                     progress per process group, expired, kind, section, last_heartbeat_age, stacks_path)
@@ -63,8 +64,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "hang": ("rank", "local_rank", "pid", "round", "kind", "section", "timeout", "elapsed",
              "last_heartbeat_age", "open_sections"),
     "stacks": ("round", "method", "paths"),
-    "verdict": ("round", "inquiry", "culprits", "nodes", "basis", "reason", "waiting", "decider", "seconds",
-                "evidence"),
+    "verdict": ("round", "inquiry", "culprits", "nodes", "group_ranks", "basis", "reason", "waiting", "decider",
+                "seconds", "evidence"),
     "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail"),
     "stop": ("round", "reason", "origin"),
     "restart": ("round", "restart_count", "max_restarts", "scope", "backoff"),
