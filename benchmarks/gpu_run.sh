@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU benchmarks on a lent 2-GPU machine (python3 there has CUDA torch; carry .whl with the NVRx and
 # py-spy wheels). Writes logs and RESULTS fragments under $OUT (or benchmarks/out/gpu).
-#   usage: bash benchmarks/gpu_run.sh [standby|cold|restart|hang|deep|all] [trials]
+#   usage: bash benchmarks/gpu_run.sh [standby|cold|restart|hang|attribution|deep|all] [trials]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}; TRIALS=${2:-10}
@@ -37,6 +37,13 @@ case $WHAT in
 esac
 case $WHAT in
   restart|all) run python3 benchmarks/bench_restart.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
+esac
+case $WHAT in
+  # Hang attribution on NCCL with Flight Recorder: SCENARIOS and LAUNCHERS narrow a call to fit 10 minutes.
+  attribution|all) run python3 benchmarks/bench_attribution.py --gpu --trials "$TRIALS" --mbr-source tree \
+           --scenarios "${SCENARIOS:-sleep,sigstop,busy,dataloader,other_collective,crash_cascade}" \
+           --launchers "${LAUNCHERS:-mbr-launch,mbr-launch-zerocode,ft_launcher}" \
+           --raw "$DEST/attribution-raw.json" --out "$DEST/RESULTS-gpu.md" ;;
 esac
 case $WHAT in
   hang|all) [ -f benchmarks/bench_hang.py ] && run python3 benchmarks/bench_hang.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;

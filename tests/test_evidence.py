@@ -136,7 +136,7 @@ def test_stopped_rank_reads_stopped_and_the_bound_holds(job, tmp_path):
 def test_busy_rank_is_running_outside_any_collective(job, tmp_path):
     ev0, ev1 = _gather(job("busy"), tmp_path)
     _check_waiting_rank_0(ev0)
-    assert ev1.state is ProcState.RUNNING and ev1.cpu is not None and ev1.cpu > 0.5, ev1
+    assert ev1.state is ProcState.RUNNING and ev1.cpu is not None and ev1.cpu > 0.2, ev1  # a sleeping rank reads 0; 2 shared cores leave a busy one less than 1
     assert ev1.stack is StackClass.OUTSIDE and ev1.where.startswith("hang_busy at train.py"), ev1
     # It still dumps: the shim's thread gets the GIL at the interpreter's switch interval.
     assert _default_group(ev0).enqueued == _default_group(ev1).enqueued + 1

@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch.workers.flightrec import TORCH_ENV
+
 from .helpers import SCRIPTS, finish, free_port, launcher_env
 
 TRAIN = str(SCRIPTS / "train.py")
@@ -21,6 +23,7 @@ SAME_VALUE = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "RANK", "LOCAL_RANK", "GROUP_RAN
               "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
               "TORCH_NCCL_ASYNC_ERROR_HANDLING", "OMP_NUM_THREADS")
 OURS_ONLY_PREFIXES = ("MBR_", "FT_")  # our fault-tolerance plumbing; nothing else may differ
+# Flight Recorder, which the hang verdict reads (issue #14), is set unless the user set it: flightrec.TORCH_ENV
 
 
 def _agents(n: int, port: int, extra: list[str], script_args: list[str], *, launcher=None, nproc: int = 1):
@@ -67,7 +70,7 @@ def _compare(theirs: dict[int, dict], ours: dict[int, dict], parent: dict[str, s
         t_added = {k for k in theirs[rank] if theirs[rank].get(k) != parent.get(k)}
         o_added = {k for k in ours[rank] if ours[rank].get(k) != parent.get(k)}
         assert t_added - o_added == set(), f"rank {rank}: torchrun sets {t_added - o_added}, we do not"
-        extras = {k for k in o_added - t_added if not k.startswith(OURS_ONLY_PREFIXES)}
+        extras = {k for k in o_added - t_added if not k.startswith(OURS_ONLY_PREFIXES) and k not in TORCH_ENV}
         assert not extras, f"rank {rank}: unexpected extras {extras}"
         assert {"FT_RANK_MONITOR_IPC_SOCKET", "FT_LAUNCHER_IPC_SOCKET"} <= o_added
         for key in SAME_VALUE:

@@ -59,7 +59,11 @@ def test_sleeping_rank_is_caught_by_step_heartbeats_and_restarted(tmp_path):
     assert "sleep_now" in Path(sleeper).read_text()
     assert [e["restart_count"] for e in events if e["event"] == "restart"] == [1]
     assert res.stdout.count("restart 1 done 60 steps") == 2
-    assert "finished no optimizer step" in res.stderr
+    assert "finished no optimizer step" in res.stderr  # the deadline that opened the inquiry
+    # the verdict names the sleeping rank, whichever rank's deadline passed first
+    (verdict,) = [e for e in events if e["event"] == "verdict"]
+    assert verdict["culprits"] == [1] and verdict["basis"] in ("progress", "stacks"), verdict
+    assert [e["rank"] for e in events if e["event"] == "failure"] == [1]
     assert "status: rank 0 (local 0)" in res.stderr  # plain status lines when not a terminal
     first_steps = [e for e in events if e["event"] == "first_step"]
     assert sorted((e["round"], e["rank"]) for e in first_steps) == [(0, 0), (0, 1), (1, 0), (1, 1)]

@@ -71,7 +71,7 @@ def _inquire(ctx: Context, rnd: Round, opener: Opener) -> RoundResult | None:
             verdict = ctx.cluster.wait_verdict(rnd, number, deadline=began + bound + VERDICT_SLACK) \
                 or _silence_noted(judge(local), [opener.group_rank])
     ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
-    _record(ctx, rnd, number, verdict, local, decider=opener.group_rank, seconds=ctx.clock() - began)
+    _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began)
     return _act(ctx, rnd, verdict, local, decider)
 
 
@@ -92,19 +92,29 @@ def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
     return dataclasses.replace(verdict, reason=f"{verdict.reason}; no evidence from the node(s) of group rank {nodes}")
 
 
+def _trigger(ctx: Context, opener: Opener) -> str:
+    """What opened the inquiry, for people: the monitor's own words when the deadline passed on this node."""
+    event = next((e for e in ctx.inquiry.expired.values() if isinstance(e, RankExpired) and e.rank == opener.rank),
+                 None)
+    if event is not None:
+        return f"rank {event.rank} {hangs.describe(event)}"
+    return f"rank {opener.rank}'s {opener.kind} deadline passed" if opener.rank is not None else ""
+
+
 def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequence[RankEvidence], *,
-            decider: int, seconds: float) -> None:
+            opener: Opener, seconds: float) -> None:
     where = {e.rank: e for e in verdict.evidence}
     ctx.log.emit("verdict", round=rnd.index, inquiry=number, culprits=list(verdict.culprits),
                  nodes=sorted({where[r].node for r in verdict.culprits if r in where}),
                  group_ranks=sorted({where[r].group_rank for r in verdict.culprits if r in where}),
-                 basis=verdict.basis.value,
-                 reason=verdict.reason, waiting=list(verdict.waiting), decider=decider, seconds=round(seconds, 3),
-                 evidence=[evidence_to_dict(e) for e in local])
+                 basis=verdict.basis.value, reason=verdict.reason, waiting=list(verdict.waiting),
+                 decider=opener.group_rank, seconds=round(seconds, 3), evidence=[evidence_to_dict(e) for e in local])
     stacks = [e.stacks_path for e in local if e.stacks_path]
     if stacks:
         ctx.log.emit("stacks", round=rnd.index, method=[ctx.cfg.monitor.stack_dump], paths=stacks)
-    ctx.say(f"HANG: {verdict.reason}" if verdict.determined else f"HANG, culprit undetermined: {verdict.reason}")
+    trigger = _trigger(ctx, opener)
+    ctx.say((f"HANG: {verdict.reason}" if verdict.determined else f"HANG, culprit undetermined: {verdict.reason}")
+            + (f" (inquiry opened when {trigger})" if trigger else ""))
 
 
 def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidence],

@@ -39,8 +39,11 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
 
     files = {w.local_rank: flightrec.dump_files(w.spec.env, w.rank) for w in live}
     before = {lr: {p: _signature(p) for p in f.all()} for lr, f in files.items()}
-    asked = [w.local_rank for w in live
-             if flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
+    # A stopped or uninterruptible process writes no dump before the bound (its state says enough already):
+    # asking it would only make the inquiry wait out the whole bound for nothing.
+    mute = {w.local_rank for w in live if states.get(w.pid, (None,))[0] in _MUTE}
+    asked = [w.local_rank for w in live if w.local_rank not in mute
+             and flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
 
     stacks = _stacks(live, out_dir, stack_method, deadline)
     progress = _await_dumps({lr: files[lr] for lr in asked}, before, deadline)
@@ -60,6 +63,9 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
             last_heartbeat_age=_number(row.get("last_heartbeat_age")), steps=_int(row.get("steps")),
             stacks_path=str(dump.path) if dump and dump.path else None))
     return out
+
+
+_MUTE = (ProcState.STOPPED, ProcState.DISK, ProcState.ZOMBIE, ProcState.GONE)
 
 
 def _stacks(live: Sequence[Worker], out_dir: Path, method: str, deadline: float) -> dict[int, StackDump]:
