@@ -75,6 +75,7 @@ class FakeGroup:
         self.workers: list[FakeWorker] = []
         self.starts: list[tuple[int, list[int] | None]] = []  # (round index, local ranks or None: all)
         self.stops: list[dict[str, Any]] = []  # each stop() call's arguments, while some rank was alive
+        self.lines: dict[int, list[str]] = {}  # local rank -> its last stderr lines, as the test scripts them
         self._pid = 5000
 
     def start(self, rnd: Round, local_ranks: list[int] | None = None, *, restart_count: int | None = None) -> None:
@@ -101,6 +102,9 @@ class FakeGroup:
 
     def pidfds(self) -> list[int]:
         return []
+
+    def last_lines(self, worker: FakeWorker) -> list[str]:
+        return self.lines.get(worker.local_rank, [])
 
     def all_succeeded(self) -> bool:
         return bool(self.workers) and all(w.status is not None and w.status.ok for w in self.workers)

@@ -131,6 +131,26 @@ def test_joining_an_inquiry_another_node_opened(tmp_path):
     assert world.cluster.watches[0].inquiries == [0, 1]  # round 0 watched for inquiry 0, then for the next
 
 
+def test_a_collective_timeout_blames_the_rank_it_waited_for(tmp_path):
+    """No heartbeats: rank 0 dies of gloo's timeout while rank 1 sleeps outside any collective."""
+    world = build_world(tmp_path, ("max_restarts", 1))
+    world.group.lines[0] = ["[rank0]: RuntimeError: [../gloo/transport/tcp/unbound_buffer.cc:78] Timed out waiting "
+                            "2000ms for recv operation to complete"]
+    world.looks[1] = {"stack": StackClass.OUTSIDE, "where": "sleep at train.py:42", "collective": ""}
+    assert world.run([post(RankStarted(0)), exit_rank(0, 1), all_exit(0)]) == exitcodes.OK
+    verdict = world.events("verdict")[0]
+    assert (verdict["culprits"], verdict["waiting"]) == ([1], [0]), verdict
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(1, "hang")]
+    assert any("inquiry opened when rank 0 died of a collective timeout" in line for line in world.said)
+
+
+def test_a_collective_timeout_with_no_culprit_in_sight_is_a_crash(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 1))
+    world.group.lines[0] = ["Watchdog caught collective operation timeout: WorkNCCL(SeqNum=7, OpType=ALLREDUCE)"]
+    assert world.run([exit_rank(0, 1), all_exit(0)]) == exitcodes.OK
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(0, "crash")]
+
+
 def test_a_verdict_for_a_rank_already_gone_is_ignored(tmp_path):
     world = build_world(tmp_path)
     late = RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")

@@ -155,6 +155,23 @@ def test_crash_cascade_first_exit_is_the_cause(tmp_path):
     assert first and first.group(1).startswith("rank 1 "), res.stderr[-3000:]
 
 
+def test_collective_timeout_of_a_waiting_rank_names_the_sleeping_one(tmp_path):
+    """No heartbeat catches the hang first (step timeout 60 s): rank 0 dies of gloo's own 3 s process-group
+    timeout while waiting for rank 1, which sleeps. torchrun blames rank 0 here (pytorch#122694)."""
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "0", "--log-dir", str(tmp_path),
+                        "--hang-kill-grace", "1", "--skip-check", "all", "--status", "off", "--step-timeout", "60",
+                        HANGS, "--scenario", "sleep", "--culprit", "1", "--hang-step", "20",
+                        "--pg-timeout", f"{TIMEOUT:g}"], timeout=45)
+    assert res.returncode == 1, res.stderr[-3000:]
+    events = read_log_dir(tmp_path)
+    (verdict,) = [e for e in events if e["event"] == "verdict"]
+    assert (verdict["culprits"], verdict["waiting"]) == ([1], [0]), verdict
+    failure = next(e for e in events if e["event"] == "failure")
+    assert (failure["rank"], failure["cause"]) == (1, "hang"), failure
+    hangs = _hang_lines(res.stderr)
+    assert hangs and hangs[0].startswith("HANG: rank 1 ") and "died of a collective timeout" in hangs[0], hangs
+
+
 # ---- two agents on this machine (c10d), the culprit on the second ----------------------------------------
 
 def _two_agents(tmp_path: Path, client: str) -> list[tuple[subprocess.Popen, str, str, list[dict]]]:

@@ -3,24 +3,13 @@ store), ask the pure policy, act on its decision (restart here, restart the job,
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.messages import Outcome, RoundResult
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.policy import Action, Decision, FailureFacts, decide, quick_failure
-from mbr_launch.report.summary import ErrorFile, FailureRecord
-from mbr_launch.workers.process import Worker
-
-
-def crash_record(ctx: Context, rnd: Round, worker: Worker) -> FailureRecord:
-    assert worker.status is not None
-    error_file = ErrorFile.read(Path(worker.spec.env["TORCHELASTIC_ERROR_FILE"]))
-    return FailureRecord(round=rnd.index, rank=worker.rank, local_rank=worker.local_rank, node=ctx.node,
-                         group_rank=rnd.group_rank, cause=Cause.CRASH, status=worker.status, pid=worker.pid,
-                         section=ctx.monitor.last_section(worker.local_rank), error_file=error_file)
+from mbr_launch.report.summary import FailureRecord
 
 
 def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,

@@ -11,7 +11,7 @@ counts and exclusion follow the culprit); an undetermined verdict restarts the j
 from __future__ import annotations
 
 import dataclasses
-from typing import Sequence
+from typing import Mapping, Sequence
 
 from mbr_launch.agent import hangs
 from mbr_launch.agent.context import Context
@@ -20,12 +20,14 @@ from mbr_launch.agent.messages import InquiryOpened, RankExpired, RoundResult
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.verdict import RankEvidence, Verdict, judge
+from mbr_launch.decide.verdict import ProcState, RankEvidence, StackClass, Verdict, judge
 from mbr_launch.decide.verdict_codec import evidence_to_dict
 from mbr_launch.report.summary import FailureRecord
+from mbr_launch.workers.process import Worker
 
 # Seconds a node that does not decide waits for the verdict beyond the gathering bound.
 VERDICT_SLACK = 2.0
+TIMED_OUT = "collective_timeout"  # the evidence's ``kind`` for a rank that died of a collective timeout
 
 
 def on_expiry(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
@@ -51,13 +53,40 @@ def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | N
     return _inquire(ctx, rnd, event.opener)
 
 
+def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
+                          lines: Mapping[int, str]) -> tuple[bool, RoundResult | None]:
+    """Local ranks died of a collective timeout (no heartbeat caught the hang first): each waited for another
+    rank. (True, result) when the verdict names a culprit; (False, None) leaves them to the crash path."""
+    waited = [RankEvidence(rank=w.rank, node=ctx.node, group_rank=rnd.group_rank, local_rank=w.local_rank,
+                           pid=w.pid, state=ProcState.GONE, stack=StackClass.COLLECTIVE,
+                           collective="a collective that timed out", where=lines[w.local_rank][:160],
+                           expired=True, kind=TIMED_OUT) for w in failed]
+    opener = Opener(number=ctx.inquiry.number, group_rank=rnd.group_rank, rank=failed[0].rank, kind=TIMED_OUT)
+    ctx.inquiry.timed_out = {w.rank: lines[w.local_rank] for w in failed}
+    with ctx.store_call("opening a hang inquiry"):
+        opener = ctx.cluster.open_inquiry(rnd, opener)
+    verdict, local = _verdict(ctx, rnd, opener, waited)
+    if not verdict.determined:
+        return False, None
+    return True, _act(ctx, rnd, verdict, local, opener.group_rank == rnd.group_rank)
+
+
 def _inquire(ctx: Context, rnd: Round, opener: Opener) -> RoundResult | None:
+    verdict, local = _verdict(ctx, rnd, opener, ())
+    return _act(ctx, rnd, verdict, local, opener.group_rank == rnd.group_rank)
+
+
+def _verdict(ctx: Context, rnd: Round, opener: Opener,
+             extra: Sequence[RankEvidence]) -> tuple[Verdict, list[RankEvidence]]:
+    """Gather and publish this node's evidence; decide (the opener's node) or wait for the decision."""
     number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
     decider = opener.group_rank == rnd.group_rank
     ctx.inquiry.number += 1
     if ctx.watch is not None:
         ctx.watch.watch_inquiry(ctx.inquiry.number)
-    local = [_with_expiry(e, ctx.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
+    gathered = [_with_expiry(e, ctx.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
+    known = {e.rank: e for e in extra}  # what this node knows better than /proc (why a rank exited) wins
+    local = [known.pop(e.rank, e) for e in gathered] + list(known.values())
     with ctx.store_call("publishing hang evidence"):
         ctx.cluster.publish_evidence(rnd, number, local)
     if decider:
@@ -72,7 +101,7 @@ def _inquire(ctx: Context, rnd: Round, opener: Opener) -> RoundResult | None:
                 or _silence_noted(judge(local), [opener.group_rank])
     ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
     _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began)
-    return _act(ctx, rnd, verdict, local, decider)
+    return verdict, local
 
 
 def _with_expiry(evidence: RankEvidence, event: object) -> RankEvidence:
@@ -96,6 +125,8 @@ def _trigger(ctx: Context, opener: Opener) -> str:
     """What opened the inquiry, for people: the monitor's own words when the deadline passed on this node."""
     event = next((e for e in ctx.inquiry.expired.values() if isinstance(e, RankExpired) and e.rank == opener.rank),
                  None)
+    if opener.rank in ctx.inquiry.timed_out:
+        return f"rank {opener.rank} died of a collective timeout: {ctx.inquiry.timed_out[opener.rank]}"
     if event is not None:
         return f"rank {event.rank} {hangs.describe(event)}"
     return f"rank {opener.rank}'s {opener.kind} deadline passed" if opener.rank is not None else ""

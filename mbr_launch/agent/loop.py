@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from mbr_launch.agent.context import Context, InquiryState
 from mbr_launch.agent.ending import finish, finish_signaled
-from mbr_launch.agent.failures import crash_record, handle_failure
+from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
 from mbr_launch.cluster.peers import StoreLost
@@ -71,7 +71,7 @@ class Supervisor:
         failed = [w for w in self.ctx.group.reap(rnd) if w.status is not None and not w.status.ok]
         if not failed or local_done:
             return None
-        return handle_failure(self.ctx, rnd, [crash_record(self.ctx, rnd, w) for w in failed])
+        return handle_crashes(self.ctx, rnd, failed)
 
     def _dispatch(self, rnd: Round, local_done: bool) -> RoundResult | None:
         signum = self.ctx.wakeup.take_signal()

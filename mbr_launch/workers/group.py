@@ -116,7 +116,8 @@ class WorkerGroup:
             to_console = console if show and (teed or not redirected) else None
             filtered = self._filtered_file(name) if filters else None
             pump = OutputPump(stream, prefix=f"[rank{worker.rank}]:".encode(), console=to_console,
-                              logfile=logfile, filters=filters, filtered=filtered)
+                              logfile=logfile, filters=filters, filtered=filtered,
+                              tail=worker.tail if name == "stderr" else None)
             pumps.append(pump.start())
         return pumps
 
@@ -138,6 +139,12 @@ class WorkerGroup:
                 self._log_exit(rnd, worker)
                 ended.append(worker)
         return ended
+
+    def last_lines(self, worker: Worker, *, wait: float = 0.3) -> list[str]:
+        """The last lines the worker wrote to stderr; after its exit, waits briefly for the pump to drain."""
+        for pump in worker.pumps[1:]:  # (stdout, stderr): only stderr's lines are kept
+            pump.join(wait)
+        return [line.decode(errors="replace").rstrip("\n") for line in list(worker.tail)]
 
     def pidfds(self) -> list[int]:
         return [w.pidfd for w in self.workers if w.alive]

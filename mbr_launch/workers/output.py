@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import threading
 from pathlib import Path
 from typing import BinaryIO, Sequence
@@ -13,13 +14,15 @@ class OutputPump:
     _console_lock = threading.Lock()
 
     def __init__(self, source: BinaryIO, *, prefix: bytes, console: BinaryIO | None,
-                 logfile: Path | None, filters: Sequence[str] = (), filtered: BinaryIO | None = None) -> None:
+                 logfile: Path | None, filters: Sequence[str] = (), filtered: BinaryIO | None = None,
+                 tail: collections.deque[bytes] | None = None) -> None:
         self._source = source
         self._prefix = prefix
         self._console = console
         self._logfile = logfile
         self._filters = [f.encode() for f in filters if f]
         self._filtered = filtered
+        self._tail = tail  # the stream's last lines, for the agent to read when the worker dies
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, daemon=True, name=f"pump{self._prefix!r}")
@@ -30,6 +33,8 @@ class OutputPump:
         log = open(self._logfile, "ab") if self._logfile else None
         try:
             for line in iter(self._source.readline, b""):
+                if self._tail is not None:
+                    self._tail.append(line)
                 if log:
                     log.write(line)
                     log.flush()

@@ -8,6 +8,7 @@ pidfds: the agent's selector wakes when a worker dies, with no polling. Copying 
 
 from __future__ import annotations
 
+import collections
 import ctypes
 import os
 import select
@@ -35,6 +36,9 @@ class WorkerSpec:
     stderr: BinaryIO | int | None
 
 
+TAIL_LINES = 40
+
+
 @dataclass
 class Worker:
     spec: WorkerSpec
@@ -44,6 +48,8 @@ class Worker:
     status: ExitStatus | None = None
     ended: float | None = None
     pumps: list[threading.Thread] = field(default_factory=list)
+    # The last lines of its stderr (kept by its pump): why it died, when the error names a collective timeout.
+    tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     noticed: bool = False  # the agent has seen (and logged) this worker's exit
     standby_age: float | None = None  # seconds it waited as a warm standby (None: started fresh)
 

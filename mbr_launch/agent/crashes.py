@@ -1,0 +1,35 @@
+"""Workers that exited with an error: a crash to record and restart, or, when the worker died of a
+collective timeout, a rank that waited for a hung one (the hang inquiry names that one instead)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from mbr_launch.agent import inquiry
+from mbr_launch.agent.context import Context
+from mbr_launch.agent.failures import handle_failure
+from mbr_launch.agent.messages import RoundResult
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.decide.causes import Cause
+from mbr_launch.decide.timeouts import collective_timeout
+from mbr_launch.report.summary import ErrorFile, FailureRecord
+from mbr_launch.workers.process import Worker
+
+
+def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundResult | None:
+    records = [crash_record(ctx, rnd, w) for w in failed]
+    timed_out = {w.local_rank: line for w in failed if (line := collective_timeout(ctx.group.last_lines(w)))}
+    if len(timed_out) == len(failed):  # every one of them waited for someone: find whom before blaming
+        decided, result = inquiry.on_collective_timeout(ctx, rnd, failed, timed_out)
+        if decided:
+            return result
+    return handle_failure(ctx, rnd, records)
+
+
+def crash_record(ctx: Context, rnd: Round, worker: Worker) -> FailureRecord:
+    assert worker.status is not None
+    error_file = ErrorFile.read(Path(worker.spec.env["TORCHELASTIC_ERROR_FILE"]))
+    return FailureRecord(round=rnd.index, rank=worker.rank, local_rank=worker.local_rank, node=ctx.node,
+                         group_rank=rnd.group_rank, cause=Cause.CRASH, status=worker.status, pid=worker.pid,
+                         section=ctx.monitor.last_section(worker.local_rank), error_file=error_file)

@@ -1,0 +1,28 @@
+"""Did a rank die of a collective timeout? Then it was waiting for someone, and is not the culprit.
+
+When a script has no heartbeats, the first sign of a hang is the process group's own timeout: the ranks
+that wait in the collective raise (gloo) or abort (the NCCL watchdog) after ``timeout``, while the rank they
+waited for is alive somewhere else. Blaming the rank that timed out restarts or excludes the wrong one
+(pytorch#122694), so such an exit opens the hang inquiry instead. Pure: lines in, the matching line out.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Sequence
+
+# The messages torch prints when a collective times out (torch 2.3-2.13): gloo's transport, the NCCL
+# watchdog, and the DistBackendError wrapper around either.
+_PATTERNS = re.compile(
+    r"Timed out waiting \d+ ?ms for (?:recv|send) operation"
+    r"|Watchdog caught collective operation timeout"
+    r"|ran for \d+ milliseconds before timing out"
+    r"|DistBackendError.*[Tt]imed? ?out")
+
+
+def collective_timeout(lines: Sequence[str]) -> str | None:
+    """The line that says a collective timed out, from a dead worker's last lines (latest first)."""
+    for line in reversed(lines):
+        if _PATTERNS.search(line):
+            return line.strip()
+    return None
