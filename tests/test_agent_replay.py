@@ -107,12 +107,34 @@ def test_culprit_on_another_node_this_node_waits_for_its_stop_message(tmp_path):
                                                   state=ProcState.STOPPED, stack=StackClass.NONE)]
     stop = StopMessage(reason="rank 2 hung", origin="n1", group_rank=1, restart_count=1)
     code = world.run([post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")), idle,
+                      exit_rank(1, 1),  # lost its peer in the collective when n1 stopped the culprit
                       post(PeerStopped(stop)), all_exit(0)])
     assert code == exitcodes.OK
     verdict = world.events("verdict")[0]
     assert (verdict["culprits"], verdict["nodes"], verdict["basis"]) == ([2], ["n1"], "stopped")
-    assert world.events("failure") == []  # not this node's failure
+    assert world.events("failure") == []  # not this node's failure, nor is the consequence
+    assert any(line.startswith("rank 1 exited (exit code 1) after the verdict") for line in world.said)
     assert any("rank 2 on n1" in line for line in world.said)
+
+
+def test_a_culprit_node_that_never_acts_gets_the_job_restarted_from_here(tmp_path):
+    from mbr_launch.decide.verdict import RankEvidence
+
+    world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 1), ("peer_timeout", 4.0), nodes=2)
+    world.cluster.remote_evidence = [RankEvidence(rank=2, node="n1", group_rank=1, local_rank=0, pid=7,
+                                                  state=ProcState.STOPPED)]
+
+    def finish_in_the_next_round(w):  # until then, time passes and nothing happens
+        if w.group.starts[-1][0] == 1:
+            all_exit(0)(w)
+
+    code = world.run([post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")),
+                      *[finish_in_the_next_round] * 200])
+    assert code == exitcodes.OK  # restarted from here, blaming nobody
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(-1, "hang")]
+    assert "did not stop the round" in world.events("failure")[0]["detail"]
+    assert world.rendezvous.node_failures == {}
 
 
 def test_joining_an_inquiry_another_node_opened(tmp_path):

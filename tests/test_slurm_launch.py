@@ -7,6 +7,7 @@ What each test proves:
   shim), checkpoint on the launcher's SIGTERM and the job ends with exit code 5;
 - scancel --signal=TERM with --requeue-on-preemption: the launchers exit 5 after the checkpoint, node 0
   requeues, and the job comes back (SLURM_RESTART_COUNT=1) and resumes from that checkpoint;
+- a hang with the culprit on the second node: both agents' verdicts name it, and only its node records the failure;
 - cutting one node's link: both launchers end on their own, nothing is left behind;
 - two tasks on one node are refused with exit code 2.
 
@@ -127,6 +128,32 @@ def test_sbatch_example_restarts_a_crash_in_the_step(slurm_clean: SlurmCluster, 
     # (rank 2 may fail too, of the gloo error, before its launcher stops it)
     failures = [(e["rank"], e["signal"]) for e in agents[f"slurm-{job}-0-r0/n2"] if e["event"] == "failure"]
     assert (3, "SIGKILL") in failures, failures
+
+
+@pytest.mark.timeout(120)
+def test_hang_verdict_names_the_culprit_on_the_other_node(slurm_clean: SlurmCluster, tmp_path: Path) -> None:
+    """Two nodes, one rank each; rank 1 (on n2) sleeps inside a step while rank 0 (on n1) blocks in the step's
+    all_reduce, so both deadlines pass together. Whichever node opens the inquiry, both agents' verdicts name
+    rank 1 on n2, and the failure is recorded there."""
+    logs = tmp_path / "logs"
+    script = _batch("srun --kill-on-bad-exit=0", _launch(
+        "--nproc-per-node", "1", "--log-dir", str(logs), "--max-restarts", "0", "--step-timeout", "3",
+        "--hang-kill-grace", "1", "--skip-check", "all", "--status", "off",
+        str(REPO / "tests" / "scripts" / "hangs.py"), "--scenario", "sleep", "--culprit", "1", "--hang-step", "20"))
+    job, _ = slurm_clean.sbatch(script, ["-N2", "--ntasks-per-node=1", f"--output={tmp_path}/out"],
+                                timeout=30, wait=False, env=LAUNCH_ENV)
+    info = _wait_gone(slurm_clean, job, 90)
+    out = (tmp_path / "out").read_text()
+    assert info["ExitCode"] == "1:0", out[-4000:]
+    agents = _events(logs)
+    assert sorted(agents) == [f"slurm-{job}-0-r0/n1", f"slurm-{job}-0-r0/n2"], sorted(agents)
+    for key, events in agents.items():
+        verdict = [e for e in events if e["event"] == "verdict"]
+        assert verdict, f"{key}: no verdict\n{out[-3000:]}"
+        assert (verdict[0]["culprits"], verdict[0]["nodes"], verdict[0]["waiting"]) == ([1], ["n2"], [0]), key
+    failures = [(e["rank"], e["cause"]) for e in agents[f"slurm-{job}-0-r0/n2"] if e["event"] == "failure"]
+    assert failures[:1] == [(1, "hang")], failures
+    assert not [e for e in agents[f"slurm-{job}-0-r0/n1"] if e["event"] == "failure"]  # n1's rank only waited
 
 
 @pytest.mark.timeout(90)

@@ -98,6 +98,8 @@ class InquiryState:
     quiet_until: float = float("-inf")
     expired: dict[int, object] = field(default_factory=dict)  # local rank -> its RankExpired, this round
     timed_out: dict[int, str] = field(default_factory=dict)  # rank -> the line of its collective timeout
+    elsewhere: str | None = None  # a verdict named a culprit on another node, which acts on it: its reason
+    elsewhere_by: float = float("inf")  # ... and must have stopped the round by then (else: restart the job)
 
     def quiet(self, now: float) -> bool:
         return now < self.quiet_until

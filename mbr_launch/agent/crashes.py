@@ -18,6 +18,13 @@ from mbr_launch.workers.process import Worker
 
 
 def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundResult | None:
+    if ctx.inquiry.elsewhere and ctx.inquiry.quiet(ctx.clock()):
+        # A verdict named a culprit on another node a moment ago: that node is stopping it, and these ranks
+        # lost their peer in the collective. Consequences, not failures: the culprit's node ends the round.
+        for worker in failed:
+            ctx.say(f"rank {worker.rank} exited ({worker.status.describe() if worker.status else '?'}) after the "
+                    f"verdict: {ctx.inquiry.elsewhere}; waiting for that node to stop the round")
+        return None
     records = [crash_record(ctx, rnd, w) for w in failed]
     timed_out = {w.local_rank: line for w in failed if (line := collective_timeout(ctx.group.last_lines(w)))}
     if len(timed_out) == len(failed):  # every one of them waited for someone: find whom before blaming

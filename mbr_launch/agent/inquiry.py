@@ -104,6 +104,18 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener,
     return verdict, local
 
 
+def overdue(ctx: Context, rnd: Round) -> RoundResult | None:
+    """The culprit's node had its time to stop the round and did not (its agent is stuck or gone without
+    its peers noticing yet): restart the job from here, blaming no node."""
+    if ctx.inquiry.elsewhere is None or ctx.clock() < ctx.inquiry.elsewhere_by:
+        return None
+    reason, ctx.inquiry.elsewhere = ctx.inquiry.elsewhere, None
+    record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=ctx.node, group_rank=rnd.group_rank,
+                           cause=Cause.HANG, status=None,
+                           detail=f"the culprit's node did not stop the round after the verdict: {reason}")
+    return handle_failure(ctx, rnd, [record], culprit_known=False)
+
+
 def _with_expiry(evidence: RankEvidence, event: object) -> RankEvidence:
     if not isinstance(event, RankExpired):
         return evidence
@@ -155,6 +167,10 @@ def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidenc
     mine = {e.rank: e for e in local}
     culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
     if verdict.determined and not culprits:
+        ctx.inquiry.elsewhere = verdict.reason  # local ranks that die now die of the culprit's stop
+        cfg = ctx.cfg
+        ctx.inquiry.elsewhere_by = (ctx.clock() + cfg.monitor.hang_kill_grace + cfg.workers.shutdown_timeout
+                                    + cfg.rendezvous.peer_timeout)
         return None
     if not verdict.determined and not decider:
         return None

@@ -18,6 +18,7 @@ whether this node is done and whether the store still answers. Every collaborato
 
 from __future__ import annotations
 
+from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context, InquiryState
 from mbr_launch.agent.ending import finish, finish_signaled
 from mbr_launch.agent.crashes import handle_crashes
@@ -100,10 +101,11 @@ class Supervisor:
         return None
 
     def _silence(self, rnd: Round) -> RoundResult | None:
-        """A store call on a cut-off link never returns, so silence is judged here, by arithmetic."""
+        """A store call on a cut-off link never returns, so silence is judged here, by arithmetic; so is a
+        culprit's node that was named by a verdict and has not acted."""
         silent = self.ctx.watch.silent_for() if self.ctx.watch else 0.0
         if silent <= self.ctx.cfg.rendezvous.peer_timeout:
-            return None
+            return inquiry.overdue(self.ctx, rnd)
         return handle_silence(self.ctx, rnd, StoreLost(
             f"the rendezvous store at {rnd.store_host}:{rnd.store_port} has not answered for {silent:.1f} s "
             "(this node may be cut off)"))
