@@ -14,6 +14,7 @@ from typing import Any, Mapping, Union
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerLost, StoreLost
 from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.monitor.wire import Event as Wire
 
 
 class Outcome(enum.Enum):
@@ -135,18 +136,18 @@ def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
     (connected, disconnected, errors, timeouts_updated)."""
     name = raw.get("ev")
     local_rank = _int(raw.get("local_rank"))
-    if name in ("first_heartbeat", "first_step") and local_rank is not None:
-        return RankStarted(local_rank, first_step=raw if name == "first_step" else None)
-    if name in ("steps", "status"):
+    if name in (Wire.FIRST_HEARTBEAT, Wire.FIRST_STEP) and local_rank is not None:
+        return RankStarted(local_rank, first_step=raw if name == Wire.FIRST_STEP else None)
+    if name in (Wire.STEPS, Wire.STATUS):
         return Progress(str(name), raw)
-    if name == "expired" and local_rank is not None:
+    if name == Wire.EXPIRED and local_rank is not None:
         sections = raw.get("open_sections")
         return RankExpired(local_rank=local_rank, rank=_int(raw.get("rank")), pid=_int(raw.get("pid")),
                            kind=str(raw.get("kind")), section=raw.get("section") if isinstance(raw.get("section"), str) else None,
                            timeout=_float(raw.get("timeout")), elapsed=_float(raw.get("elapsed")),
                            last_heartbeat_age=_float(raw.get("last_heartbeat_age")),
                            open_sections=tuple(str(s) for s in sections) if isinstance(sections, list) else ())
-    if name == "workload_request":
+    if name == Wire.WORKLOAD_REQUEST:
         return WorkloadRequest(rank=_int(raw.get("rank")), action=str(raw.get("action")),
                                description=str(raw.get("description") or ""))
     return None

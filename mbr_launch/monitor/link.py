@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
-REPLIES = ("ready", "armed", "snapshot")
+from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, Event, Op
 
 
 class MonitorError(RuntimeError):
@@ -38,13 +38,13 @@ class MonitorLink:
         # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills
         # every armed worker's process group (grandchildren included) before it exits.
         self._proc = subprocess.Popen(
-            [sys.executable, "-m", "mbr_launch.monitor.server"],
+            [sys.executable, "-m", SERVER_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=self._env, start_new_session=True,
         )
         self.pidfd = os.pidfd_open(self._proc.pid)
         threading.Thread(target=self._read, daemon=True, name="monitor-events").start()
-        self._send({"op": "configure", "dir": str(sock_dir), "cfg": cfg, "steps": steps or {}})
-        ready = self._wait("ready", timeout)
+        self._send({"op": Op.CONFIGURE, "dir": str(sock_dir), "cfg": cfg, "steps": steps or {}})
+        ready = self._wait(Event.READY, timeout)
         self.launcher_socket = ready.get("launcher_socket")
 
     @property
@@ -56,25 +56,25 @@ class MonitorLink:
 
     def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
             step_socket: str | None = None) -> None:
-        self._send({"op": "arm", "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
+        self._send({"op": Op.ARM, "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
                     "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
-        self._wait("armed", timeout)
+        self._wait(Event.ARMED, timeout)
 
     def set_pid(self, *, local_rank: int, pid: int) -> None:
-        self._send({"op": "pid", "local_rank": local_rank, "pid": pid, "pgid": pid})
+        self._send({"op": Op.PID, "local_rank": local_rank, "pid": pid, "pgid": pid})
 
     def disarm(self, local_rank: int) -> None:
-        self._send({"op": "disarm", "local_rank": local_rank})
+        self._send({"op": Op.DISARM, "local_rank": local_rank})
 
     def snapshot(self, timeout: float = 2.0) -> dict[str, Any]:
-        self._send({"op": "snapshot"})
-        return self._wait("snapshot", timeout)
+        self._send({"op": Op.SNAPSHOT})
+        return self._wait(Event.SNAPSHOT, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         if not self._proc:
             return
         try:
-            self._send({"op": "exit"})
+            self._send({"op": Op.EXIT})
         except MonitorError:
             pass
         try:

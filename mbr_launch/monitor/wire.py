@@ -2,8 +2,8 @@
 
 The channel is JSON lines: commands on the monitor's stdin, events on its stdout. The monitor produces the
 events (``server.py`` and its helpers); the agent decodes them (``link.py``). Both import the names from
-here. ``Op`` and ``Event`` are ``StrEnum``s, so a member is its wire string: it compares equal to the
-string the other end sent, and ``json.dumps`` writes it unchanged.
+here. ``Op`` and ``Event`` are ``str`` enums, so a member is its wire string: it compares equal to the
+string the other end sent, and ``json.dumps`` writes it unchanged (``enum.StrEnum`` would need Python 3.11).
 
 Agent -> monitor (one object per line):
   {"op":"configure","dir":D,"cfg":{...FaultToleranceConfig fields...},
@@ -38,7 +38,12 @@ import enum
 SERVER_MODULE = "mbr_launch.monitor.server"  # ``python -m`` this to start a monitor
 
 
-class Op(enum.StrEnum):
+class _Wire(str, enum.Enum):
+    def __str__(self) -> str:  # format like the plain string, as StrEnum does
+        return str(self.value)
+
+
+class Op(_Wire):
     """The ``op`` of a command from the agent."""
 
     CONFIGURE = "configure"
@@ -49,7 +54,7 @@ class Op(enum.StrEnum):
     EXIT = "exit"
 
 
-class Event(enum.StrEnum):
+class Event(_Wire):
     """The ``ev`` of an event from the monitor."""
 
     # replies to a command
