@@ -27,7 +27,7 @@ _POLL = 0.02
 
 def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Path, stack_method: str,
            bound: float = 2.0, monitor_rows: Sequence[Mapping[str, Any]] | None = None,
-           expired: Mapping[int, str] | None = None, window: float = 0.2) -> list[RankEvidence]:
+           expired: Mapping[int, str] | None = None, window: float = 0.05) -> list[RankEvidence]:
     """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
 
     ``monitor_rows``: the rank monitor's per-rank rows (``monitor.status.describe``); ``expired``: local
@@ -35,18 +35,21 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     """
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
-    states = procstate.sample([w.pid for w in live], window=min(window, bound / 4))
+    # The state is read first (the faulthandler path resumes a stopped rank); the CPU share is measured over
+    # the gathering itself, which waits anyway, so the inquiry pays no sampling window of its own.
+    sample = procstate.Sample([w.pid for w in live])
 
     files = {w.local_rank: flightrec.dump_files(w.spec.env, w.rank) for w in live}
     before = {lr: {p: _signature(p) for p in f.all()} for lr, f in files.items()}
     # A stopped or uninterruptible process writes no dump before the bound (its state says enough already):
     # asking it would only make the inquiry wait out the whole bound for nothing.
-    mute = {w.local_rank for w in live if states.get(w.pid, (None,))[0] in _MUTE}
+    mute = {w.local_rank for w in live if sample.state(w.pid) in _MUTE}
     asked = [w.local_rank for w in live if w.local_rank not in mute
              and flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
 
     stacks = _stacks(live, out_dir, stack_method, deadline)
     progress = _await_dumps({lr: files[lr] for lr in asked}, before, deadline)
+    states = sample.finish(min_window=min(window, bound / 4))
 
     rows = {row.get("local_rank"): row for row in monitor_rows or () if isinstance(row, Mapping)}
     out = []

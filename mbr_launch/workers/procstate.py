@@ -35,15 +35,33 @@ def read_stat(pid: int) -> tuple[ProcState, int] | None:
         return ProcState.UNKNOWN, 0
 
 
+class Sample:
+    """Started now: each pid's state as it is (before any signal touches it) and its CPU time, so that
+    ``finish`` can tell the CPU share over whatever the caller did in between (no idle wait of its own)."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self.pids = list(pids)
+        self.start = time.monotonic()
+        self.first = {pid: read_stat(pid) for pid in self.pids}
+
+    def state(self, pid: int) -> ProcState:
+        first = self.first.get(pid)
+        return ProcState.GONE if first is None else first[0]
+
+    def finish(self, min_window: float = 0.05) -> dict[int, tuple[ProcState, float | None]]:
+        """(state at the start, CPU share since: 1.0 = one core busy; None when it vanished meanwhile)."""
+        if any(v is not None for v in self.first.values()):
+            time.sleep(max(0.0, min_window - (time.monotonic() - self.start)))  # a tick is 10 ms
+        return _shares(self.pids, self.first, max(time.monotonic() - self.start, 1e-6))
+
+
 def sample(pids: Iterable[int], window: float = 0.2) -> dict[int, tuple[ProcState, float | None]]:
-    """Each pid's state at the start of the window (what it was doing when we looked, before any signal)
-    and its CPU share over the window (1.0 = one core busy; None when it vanished meanwhile)."""
-    pids = list(pids)
-    start = time.monotonic()
-    first = {pid: read_stat(pid) for pid in pids}
-    if any(v is not None for v in first.values()):
-        time.sleep(window)
-    elapsed = max(time.monotonic() - start, 1e-6)
+    """Each pid's state at the start of the window and its CPU share over the window."""
+    return Sample(pids).finish(min_window=window)
+
+
+def _shares(pids: list[int], first: dict[int, tuple[ProcState, int] | None],
+            elapsed: float) -> dict[int, tuple[ProcState, float | None]]:
     out: dict[int, tuple[ProcState, float | None]] = {}
     for pid in pids:
         before = first[pid]
