@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import event_time, read_events, read_log_dir
+from mbr_launch.report.events import event_time, read_log_dir
 
 from .helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
 

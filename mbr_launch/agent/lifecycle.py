@@ -26,6 +26,7 @@ from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous, Round
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
+from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
 from mbr_launch.workers import evidence
