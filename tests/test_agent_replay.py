@@ -173,6 +173,17 @@ def test_a_collective_timeout_with_no_culprit_in_sight_is_a_crash(tmp_path):
     assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(0, "crash")]
 
 
+def test_crash_cascade_the_peer_that_lost_its_partner_is_not_the_cause(tmp_path):
+    """Rank 0 dies first, of gloo's "Connection closed by peer"; rank 1, the cause, exits 17 a moment later."""
+    world = build_world(tmp_path, ("max_restarts", 3))
+    world.group.lines[0] = ["RuntimeError: [gloo/transport/tcp/pair.cc:534] Connection closed by peer [127.0.0.1]:1"]
+    code = world.run([post(RankStarted(0)), exit_rank(0, 1), exit_rank(1, 17)])
+    assert code == exitcodes.FAILED
+    assert [(r["rank"], r["exit_code"]) for r in world.events("failure")] == [(1, 17), (0, 1)]
+    assert "exit code 17 is not restarted" in world.events("end")[-1]["reason"]
+    assert world.rendezvous.joined == 1
+
+
 def test_a_verdict_for_a_rank_already_gone_is_ignored(tmp_path):
     world = build_world(tmp_path)
     late = RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")

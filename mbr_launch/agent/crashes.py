@@ -12,9 +12,12 @@ from mbr_launch.agent.failures import handle_failure
 from mbr_launch.agent.messages import RoundResult
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.timeouts import collective_timeout
+from mbr_launch.decide.timeouts import collective_timeout, peer_gone
 from mbr_launch.report.summary import ErrorFile, FailureRecord
 from mbr_launch.workers.process import Worker
+
+# Seconds a rank that died of a lost peer waits for that peer's own exit on this node (seen: 20-500 ms).
+CASCADE_WAIT = 1.0
 
 
 def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundResult | None:
@@ -25,13 +28,31 @@ def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundR
             ctx.say(f"rank {worker.rank} exited ({worker.status.describe() if worker.status else '?'}) after the "
                     f"verdict: {ctx.inquiry.elsewhere}; waiting for that node to stop the round")
         return None
+    lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
+    if all(peer_gone(lines[w.local_rank]) for w in failed):
+        failed = [*failed, *_await_cause(ctx, rnd)]
+        lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
+    # The cause first: a rank that lost its peer died of that peer's exit (a crash cascade).
+    failed = sorted(failed, key=lambda w: peer_gone(lines[w.local_rank]) is not None)
     records = [crash_record(ctx, rnd, w) for w in failed]
-    timed_out = {w.local_rank: line for w in failed if (line := collective_timeout(ctx.group.last_lines(w)))}
+    timed_out = {w.local_rank: line for w in failed if (line := collective_timeout(lines[w.local_rank]))}
     if len(timed_out) == len(failed):  # every one of them waited for someone: find whom before blaming
         decided, result = inquiry.on_collective_timeout(ctx, rnd, failed, timed_out)
         if decided:
             return result
     return handle_failure(ctx, rnd, records)
+
+
+def _await_cause(ctx: Context, rnd: Round) -> list[Worker]:
+    """The ranks that failed so far only lost their peer: the peer is exiting too (a crash on its way out, a
+    script's own exit code), and its exit is the failure to act on. Wait briefly for it."""
+    deadline = ctx.clock() + CASCADE_WAIT
+    while (left := deadline - ctx.clock()) > 0:
+        ctx.wakeup.wait(ctx.group.pidfds(), left)
+        more = [w for w in ctx.group.reap(rnd) if w.status is not None and not w.status.ok]
+        if more:
+            return more
+    return []
 
 
 def crash_record(ctx: Context, rnd: Round, worker: Worker) -> FailureRecord:

@@ -26,3 +26,17 @@ def collective_timeout(lines: Sequence[str]) -> str | None:
         if _PATTERNS.search(line):
             return line.strip()
     return None
+
+
+# What a rank prints when the peer it was talking to went away (its crash is a consequence of that peer's).
+_PEER_GONE = re.compile(
+    r"Connection closed by peer|Connection reset by peer|remote process exited or there was a network error"
+    r"|NCCL communicator was aborted|Broken pipe")
+
+
+def peer_gone(lines: Sequence[str]) -> str | None:
+    """The line that says a rank lost its peer in a collective (a crash cascade's consequence)."""
+    for line in reversed(lines):
+        if _PEER_GONE.search(line):
+            return line.strip()
+    return None

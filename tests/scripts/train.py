@@ -48,6 +48,9 @@ print(f"rank {rank} ready restart {restart} world {int(t.item())}", flush=True)
 if rank == args.crash_rank and restart == args.crash_on_restart:
     os.kill(os.getpid(), signal.SIGKILL)
 if rank == args.exit_rank:
+    # Tear the group down first: exiting with a live gloo group can abort in C++ teardown ("terminate called
+    # without an active exception", SIGABRT) about one run in ten, and the exit code would be lost.
+    dist.destroy_process_group()
     sys.exit(args.exit_code)
 for _ in range(args.steps):
     time.sleep(args.step_time)
