@@ -16,8 +16,9 @@ from mbr_launch.decide.timeouts import collective_timeout, peer_gone
 from mbr_launch.report.summary import ErrorFile, FailureRecord
 from mbr_launch.workers.process import Worker
 
-# Seconds a rank that died of a lost peer waits for that peer's own exit on this node (seen: 20-500 ms).
-CASCADE_WAIT = 1.0
+# Seconds a rank that died of a lost peer waits for that peer's own exit on this node, when a local rank is
+# still alive to be that peer (a peer on another node tells its own agent, whose stop message comes).
+CASCADE_WAIT = 0.5
 
 
 def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundResult | None:
@@ -29,11 +30,12 @@ def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundR
                     f"verdict: {ctx.inquiry.elsewhere}; waiting for that node to stop the round")
         return None
     lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
-    if all(peer_gone(lines[w.local_rank]) for w in failed):
-        failed = [*failed, *_await_cause(ctx, rnd)]
-        lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
-    # The cause first: a rank that lost its peer died of that peer's exit (a crash cascade).
-    failed = sorted(failed, key=lambda w: peer_gone(lines[w.local_rank]) is not None)
+    alive = any(w.alive for w in ctx.group.workers)
+    if alive and all(peer_gone(lines[w.local_rank]) for w in failed):
+        cause = _await_cause(ctx, rnd)
+        if cause:  # record the cause; the ranks that lost it are in the log as worker exits
+            failed = cause
+            lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
     records = [crash_record(ctx, rnd, w) for w in failed]
     timed_out = {w.local_rank: line for w in failed if (line := collective_timeout(lines[w.local_rank]))}
     if len(timed_out) == len(failed):  # every one of them waited for someone: find whom before blaming
