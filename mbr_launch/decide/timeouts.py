@@ -22,10 +22,7 @@ _PATTERNS = re.compile(
 
 def collective_timeout(lines: Sequence[str]) -> str | None:
     """The line that says a collective timed out, from a dead worker's last lines (latest first)."""
-    for line in reversed(lines):
-        if _PATTERNS.search(line):
-            return line.strip()
-    return None
+    return _last_match(_PATTERNS, lines)
 
 
 # What a rank prints when the peer it was talking to went away (its crash is a consequence of that peer's).
@@ -36,7 +33,8 @@ _PEER_GONE = re.compile(
 
 def peer_gone(lines: Sequence[str]) -> str | None:
     """The line that says a rank lost its peer in a collective (a crash cascade's consequence)."""
-    for line in reversed(lines):
-        if _PEER_GONE.search(line):
-            return line.strip()
-    return None
+    return _last_match(_PEER_GONE, lines)
+
+
+def _last_match(pattern: re.Pattern[str], lines: Sequence[str]) -> str | None:
+    return next((line.strip() for line in reversed(lines) if pattern.search(line)), None)
