@@ -31,6 +31,9 @@ def launcher_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     env.pop("OMP_NUM_THREADS", None)
     env["PYTHONWARNINGS"] = "ignore"
+    # A single-node launch without --master-port hosts its static store on torchrun's 29500, which
+    # concurrent tests (and other users) collide on: every launch here gets its own port unless it says.
+    env["PET_MASTER_PORT"] = str(free_port())
     env.update(extra)
     return env
 
