@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-
 from typing import Any
 
 import pytest
@@ -44,7 +43,7 @@ def _takes_value(action: argparse.Action) -> bool:
 
 
 def _parse(args: list[str]) -> dict:
-    return COMMAND.make_context("mbr-launch", [*args]).params
+    return COMMAND.make_context("mbr-launch", list(args)).params
 
 
 def test_parser_is_the_one_we_think():
