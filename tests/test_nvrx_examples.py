@@ -4,9 +4,10 @@ way NVRx's docs run them under ft_launcher:
     ft_launcher --nproc-per-node=2 --ft-cfg-path=fault_tol_cfg_heartbeats.yaml train_ddp_heartbeats_api.py --device=cpu
     ft_launcher --nproc-per-node=2 --ft-cfg-path=fault_tol_cfg_sections.yaml train_ddp_sections_api.py --device=cpu
 
-with ft_launcher's own flags added for a test (a rendezvous port of the test's, --max-restarts, --log-dir, and
+with ft_launcher's own flags added for a test (a rendezvous port of the test's, --max-restarts, --log-dir,
 --ft-safety-factor: the examples calculate section timeouts as a multiple of what they observed, and on a
-loaded 2-core machine a barrier can wait 5x its observed 0.1 s), and the scripts' own arguments shortened.
+loaded 2-core machine a barrier can wait 5x its observed 0.1 s; --workers-stop-timeout: the scripts catch
+SIGTERM and go on until a collective fails, 9 s here), and the scripts' own arguments shortened.
 
 The faults are the ones the scripts' ``--simulated_fault`` injects (a rank SIGKILLed; a rank SIGSTOPped),
 sent by the test at a chosen moment instead: the scripts arm theirs only at an epoch's end, after a random
@@ -102,7 +103,7 @@ class Launch:
 def _example_args(tmp_path: Path, port: int, cfg: str, script: str, epochs: int) -> list[str]:
     return ["--nproc-per-node=2", f"--ft-cfg-path={EXAMPLES / cfg}", "--rdzv-backend=c10d",
             f"--rdzv-endpoint=127.0.0.1:{port}", "--max-restarts=2", f"--log-dir={tmp_path / 'logs'}",
-            "--ft-safety-factor=20", str(EXAMPLES / script), *SHORT, f"--epochs={epochs}",
+            "--ft-safety-factor=20", "--workers-stop-timeout=3", str(EXAMPLES / script), *SHORT, f"--epochs={epochs}",
             f"--output_dir={tmp_path / 'out'}"]
 
 
