@@ -42,7 +42,8 @@ def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher:
         env=dict(environ), nproc_per_node=spec.nproc_per_node, nnodes=spec.nnodes, rdzv_backend=spec.rdzv_backend,
         rdzv_endpoint=spec.rdzv_endpoint, standalone=spec.standalone, master_addr=spec.master_addr,
         master_port=spec.master_port, log_dir=spec.log_dir, launcher=launcher, ft_enabled=spec.ft_declared,
-        config_path=spec.config_path, pg_timeout_s=spec.pg_timeout,
+        config_path=spec.config_path, pg_timeout_s=spec.pg_timeout, restart_policy=spec.restart_policy,
+        script=spec.script, script_args=spec.script_args,
         disk_paths=[spec.log_dir] if spec.log_dir else [],
     )
 

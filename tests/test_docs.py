@@ -94,7 +94,7 @@ def test_cli_parses_every_declared_flag():
     options = {p.name: set(p.opts) for p in command.params if p.name in {s.name for s in SETTINGS}}
     for setting in SETTINGS:
         assert options.get(setting.name) == set(setting.flags), setting.name
-        value = "7" if setting.kind is not bool else None
+        value = "7" if setting.takes_value else None
         for flag in setting.flags:
             args = [flag, *([value] if value else []), "train.py"]
             context = command.make_context("mbr-launch", args)

@@ -22,11 +22,12 @@ def doctor_command(**values: Any) -> None:
     from mbr_launch.doctor import DoctorError, detect_launcher, run_doctor
 
     as_json, deep = bool(values.pop("json")), bool(values.pop("deep"))
-    values.pop("training_script", None)
+    script, *script_args = values.pop("training_script", None) or [None]
     try:
         resolved = resolve_settings(cli=values, environ=USER_ENV)
         launcher = detect_launcher(USER_ENV)
-        ctx = doctor_context(preflight_spec(resolved), environ=USER_ENV,
+        spec = preflight_spec(resolved, script=script, script_args=tuple(script_args))
+        ctx = doctor_context(spec, environ=USER_ENV,
                              launcher="mbr-launch" if launcher == "none" else launcher)
         skip = {s for s in resolved["skip_check"] if s != "all"}
         code = run_doctor(ctx, deep=deep, as_json=as_json, skip=skip)
@@ -42,5 +43,6 @@ with_settings(
         "--deep", help="Also run a short NCCL all-reduce and GEMM test on the local GPUs.")]),
     keyword("training_script", None, Annotated[Optional[list[str]], typer.Argument(
         metavar="[SCRIPT [ARGS]...]", show_default=False,
-        help="Ignored: accepted so a launch command line can be checked as it is.")]),
+        help="The launch's script and its arguments, as given to a launch: the in-process-restart checks "
+             "look for NVRx's inprocess package in it and for --inprocess-restart.")]),
 )

@@ -22,7 +22,7 @@ def option_help(setting: Setting) -> str:
     """The help text with the default and environment variables, as shown by --help and the man page."""
     default = default_text(setting)
     parts = [setting.help]
-    if setting.kind is not bool and default:
+    if setting.takes_value and default:
         parts.append(f"[default: {default}]")
     parts.append(f"[env: {', '.join(setting.envvars)}]")
     return " ".join(parts)
@@ -36,7 +36,7 @@ def setting_parameter(setting: Setting) -> inspect.Parameter:
     # escape: rich would read "[default: 1:1]" as a style tag and drop it
     option = typer.Option(*setting.flags, help=escape(option_help(setting)), rich_help_panel=setting.panel,
                           show_default=False, metavar=setting.metavar or None, hidden=setting.hidden)
-    kind = Optional[bool] if setting.kind is bool else Optional[str]
+    kind = Optional[str] if setting.takes_value else Optional[bool]
     return inspect.Parameter(setting.name, inspect.Parameter.KEYWORD_ONLY, default=None,
                              annotation=Annotated[kind, option])
 

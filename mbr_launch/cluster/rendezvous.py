@@ -4,7 +4,8 @@ torchrun shares the rendezvous TCPStore with the workers and reuses its port acr
 restarted round can read the previous round's keys and fail in ``init_process_group`` (pytorch#135712).
 Here every round gets:
 - torch's round-prefixed store (c10d) or an attempt-prefixed one (static) for agent coordination;
-- a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``);
+- a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
+  with MASTER_PORT+1 and +2 free too for NVRx in-process restart (``cluster.ports``);
 - a rank layout agreed through that round store (nodes may run different numbers of workers).
 
 The agent's cross-node control messages (``stop``, ``done``: ``cluster.stops``) live under keys of the round, so
@@ -15,7 +16,6 @@ from __future__ import annotations
 
 import datetime
 import os
-import socket
 import time
 import uuid
 from dataclasses import dataclass
@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
 
@@ -259,32 +260,6 @@ class Rendezvous:
             pass
         if waiting:
             time.sleep(linger)
-
-
-def _ephemeral_range() -> tuple[int, int]:
-    try:
-        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
-        return low, high
-    except (OSError, ValueError):
-        return 32768, 60999
-
-
-def pick_master_port(attempts: int = 64) -> int:
-    """A free port outside the kernel's ephemeral range, so no outgoing connection can take it meanwhile."""
-    import random
-
-    low, high = _ephemeral_range()
-    candidates = (range(10000, low) if low > 11000 else range(high + 1, 65536)) or range(20000, 30000)
-    for port in random.sample(candidates, min(attempts, len(candidates))):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("", port))
-            except OSError:
-                continue
-            return port
-    from torch.distributed.elastic.utils.distributed import get_free_port
-
-    return get_free_port()
 
 
 def _base_store(store: Store) -> Store:

@@ -149,8 +149,17 @@ def _ft(v: Mapping[str, Any]) -> FaultToleranceSpec:
         pci_topo_file=v["pci_topo_file"], link_down_path_template=v["link_down_path_template"])
 
 
-def preflight_spec(resolved: Resolved) -> PreflightSpec:
-    """What the doctor checks, from the settings as declared (``mbr-launch doctor`` and the preflight)."""
+def _restart_policy(resolved: Resolved) -> str:
+    # Found by ft_launcher's flag, not by a name: the setting is issue 17's other half, declared apart from this
+    # code; until it is, the launcher's behaviour is any-failed.
+    declared = next((s for s in SETTINGS if "--ft-restart-policy" in s.flags), None)
+    return "any-failed" if declared is None else str(resolved.values[declared.name])
+
+
+def preflight_spec(resolved: Resolved, *, script: str | None = None,
+                   script_args: tuple[str, ...] = ()) -> PreflightSpec:
+    """What the doctor checks, from the settings as declared (``mbr-launch doctor`` and the preflight), and
+    the training script (a path; None for ``-m`` and ``--no-python``), where in-process restart may show."""
     v = resolved.values
     ft_declared = any(s.panel == FAULT and resolved.sources.get(s.name) != "default"
                       for s in SETTINGS if s.name not in _NOT_FT_DECLARATIONS)
@@ -159,7 +168,9 @@ def preflight_spec(resolved: Resolved) -> PreflightSpec:
         rdzv_backend="c10d" if v["standalone"] else v["rdzv_backend"],
         rdzv_endpoint="" if v["standalone"] else v["rdzv_endpoint"], standalone=v["standalone"],
         master_addr=v["master_addr"], master_port=v["master_port"], log_dir=v["log_dir"],
-        ft_declared=ft_declared, config_path=v["config"], pg_timeout=v["pg_timeout"])
+        ft_declared=ft_declared, config_path=v["config"], pg_timeout=v["pg_timeout"],
+        restart_policy=_restart_policy(resolved),
+        script=None if v["module"] or v["no_python"] else script, script_args=tuple(script_args))
 
 
 def _fresh_run_id() -> str:
@@ -223,7 +234,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             autobeat=v["autobeat"] == "on", initial_step_timeout=v["initial_step_timeout"],
             step_timeout=v["step_timeout"], straggler_threshold=v["straggler_threshold"],
             straggler_interval=v["straggler_interval"], stop_on_straggler=bool(v["stop_on_straggler"])),
-        preflight=preflight_spec(resolved),
+        preflight=preflight_spec(resolved, script=script, script_args=tuple(script_args)),
         slurm=slurm, warnings=tuple(warnings),
     )
 

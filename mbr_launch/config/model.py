@@ -161,6 +161,9 @@ class PreflightSpec:
     ft_declared: bool  # the user set some fault-tolerance setting
     config_path: str | None
     pg_timeout: float | None
+    restart_policy: str = "any-failed"  # any-failed | min-healthy (ft_launcher's --ft-restart-policy)
+    script: str | None = None  # the training script's path, for the in-process-restart checks (None with -m)
+    script_args: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -14,71 +14,14 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+# The declaration's vocabulary, re-exported: callers import it from here with the table.
+from mbr_launch.config.declare import (CHECKS, FAULT, LOGGING, PANELS, POLICY, SLURM, TORCHRUN, Setting,
+                                       default_text, in_panel_order)
+from mbr_launch.config.declare import ft_setting as _ft, torchrun_setting as _torchrun  # short: the table reads
 from mbr_launch.config.errors import SettingError
-from mbr_launch.config.parse import (Parser, as_bool, choice, comma_list, exit_code_list, fraction, module_list,
+from mbr_launch.config.parse import (as_bool, choice, comma_list, exit_code_list, fraction, module_list,
                                      non_negative, optional_timeout, positive, section_timeouts, signal_list,
                                      signal_name)
-
-TORCHRUN = "torchrun"
-FAULT = "Fault tolerance"
-POLICY = "Restart policy"
-SLURM = "Slurm"
-LOGGING = "Logging"
-CHECKS = "Preflight checks"
-PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING, CHECKS)
-
-
-@dataclass(frozen=True)
-class Setting:
-    name: str  # attribute name on the resolved config, and key in the config file's `mbr_launch:` section
-    flags: tuple[str, ...]  # first is the canonical flag; the rest are aliases (torchrun, ft_launcher)
-    kind: type  # str, int, float or bool (bool settings are flags that take no value)
-    default: Any
-    help: str
-    panel: str
-    parse: Parser | None = None  # str/raw -> typed value; raises SettingError
-    env: tuple[str, ...] = ()  # extra environment names besides MBR_<NAME>
-    ft_key: str | None = None  # key in ft_launcher's YAML `fault_tolerance:` section
-    torchrun_dest: str | None = None  # dest in torch.distributed.run.get_args_parser()
-    choices: tuple[str, ...] = ()
-    metavar: str = ""
-    hidden: bool = False  # accepted for compatibility, not shown in help
-
-    @property
-    def envvars(self) -> tuple[str, ...]:
-        return (f"MBR_{self.name.upper()}", *self.env)
-
-    @property
-    def flag(self) -> str:
-        return self.flags[0]
-
-
-# ---- the declaration -----------------------------------------------------------------------------
-
-
-def _torchrun(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
-              pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
-              metavar: str = "", panel: str = TORCHRUN) -> Setting:
-    dashed = "--" + name.replace("_", "-")
-    flags = [dashed] + ([f"--{name}"] if "_" in name else [])
-    if short:
-        flags.insert(0, short)
-    env = (f"PET_{name.upper()}",) if pet else ()
-    return Setting(name=name, flags=tuple(flags), kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, env=env, torchrun_dest=name, choices=choices, metavar=metavar)
-
-
-def _ft(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
-        parse: Parser | None = None, panel: str = FAULT, metavar: str = "") -> Setting:
-    """A setting that ft_launcher also has: accept its spellings exactly."""
-    flags = []
-    if native:
-        flags.append(native)
-    flags += [f"--ft-{ft_name.replace('_', '-')}", f"--ft-{ft_name}", f"--ft-param-{ft_name}"]
-    unique = tuple(dict.fromkeys(flags))
-    return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, ft_key=ft_name, metavar=metavar)
-
 
 SETTINGS: tuple[Setting, ...] = (
     # -- torchrun: every flag of torch.distributed.run.get_args_parser(), same names and defaults --
@@ -146,10 +89,14 @@ SETTINGS: tuple[Setting, ...] = (
     _torchrun("signals_to_handle", str, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
               "Signals the launcher catches and forwards to the workers before stopping them.",
               parse=signal_list("--signals-to-handle"), metavar="SIGNALS"),
-    _torchrun("shutdown_timeout", int, None,
+    # ft_launcher's two stop timeouts (signal forwarded: --term-timeout; restart: --workers-stop-timeout)
+    # are one grace here, the time a stopping worker gets in either case.
+    _torchrun("shutdown_timeout", float, None,
               "Seconds a stopped worker gets between SIGTERM and SIGKILL (default "
-              "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30).",
-              parse=non_negative("--shutdown-timeout", int), metavar="SECONDS"),
+              "$TORCH_ELASTIC_SHUTDOWN_TIMEOUT or 30), whether the launcher restarts it or forwards a signal "
+              "(ft_launcher's --workers-stop-timeout and --term-timeout).",
+              parse=non_negative("--shutdown-timeout", float), metavar="SECONDS",
+              aliases=("--workers-stop-timeout", "--workers_stop_timeout", "--term-timeout", "--term_timeout")),
     _torchrun("virtual_local_rank", bool, False,
               "Set LOCAL_RANK=0 in every worker and point CUDA_VISIBLE_DEVICES at its own GPU."),
     # -- fault tolerance: ft_launcher's flags as they are, plus readable names --
@@ -189,11 +136,17 @@ SETTINGS: tuple[Setting, ...] = (
         "Accepted for ft_launcher compatibility.",
         parse=non_negative("--ft-restart-check-interval", float), metavar="SECONDS"),
     _ft("enable_nic_monitor", "enable_nic_monitor", bool, False,
-        "Accepted for ft_launcher compatibility (NVRx NIC monitor in the client).", parse=as_bool),
+        "Takes a value like ft_launcher (true/false/1/0/yes/no); accepted for compatibility and handed to "
+        "the NVRx clients' config (ft_launcher's rank monitor runs the NIC monitor; this one does not).",
+        parse=as_bool, deprecated_dashed=True, valued=True, metavar="BOOL"),
     _ft("pci_topo_file", "pci_topo_file", str, None, "Accepted for ft_launcher compatibility.",
-        metavar="FILE"),
+        metavar="FILE", deprecated_dashed=True),
     _ft("link_down_path_template", "link_down_path_template", str, None,
-        "Accepted for ft_launcher compatibility.", metavar="TEMPLATE"),
+        "Accepted for ft_launcher compatibility.", metavar="TEMPLATE", deprecated_dashed=True),
+    Setting(name="ignore_missing_ft_config", flags=("--ignore-missing-fault-tol-cfg",), kind=bool, default=False,
+            panel=FAULT,
+            help="Accepted for ft_launcher compatibility (deprecated there): without a fault_tolerance config "
+                 "the defaults apply, with or without this flag, as in ft_launcher 0.4.1."),
     Setting(name="rank_monitor", flags=("--rank-monitor",), kind=str, default="on", panel=FAULT,
             parse=choice("--rank-monitor", ("on", "off")), choices=("on", "off"),
             help="Serve NVRx RankMonitorClient connections (FT_RANK_MONITOR_IPC_SOCKET) and enforce "
@@ -332,22 +285,6 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
-
-
-def default_text(setting: Setting) -> str:
-    """The default as people type it (shared by --help, the man page and the README table)."""
-    default = setting.default
-    if setting.kind is bool:
-        return "on" if default else "off"
-    if isinstance(default, dict):
-        return ",".join(f"{k}:{v}" for k, v in default.items())
-    if isinstance(default, tuple):
-        return ",".join(str(v) for v in default)
-    return "" if default is None else str(default)
-
-
-def in_panel_order(settings: "tuple[Setting, ...] | list[Setting]") -> list[Setting]:
-    return sorted(settings, key=lambda s: PANELS.index(s.panel))
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -21,6 +22,10 @@ from mbr_launch.doctor.probes import Limit, NvmlView, Versions
 
 # torch's default for NCCL process groups (ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout).
 TORCH_NCCL_DEFAULT_PG_TIMEOUT_S = 600.0
+# A script that imports NVRx's in-process restart package (``import nvidia_resiliency_ext.inprocess as ...``,
+# ``from nvidia_resiliency_ext import inprocess``, ``from nvidia_resiliency_ext.inprocess import Wrapper``).
+_USES_INPROCESS = re.compile(r"nvidia_resiliency_ext\.inprocess\b"
+                             r"|from\s+nvidia_resiliency_ext\s+import\s[^\n]*\binprocess\b")
 
 
 @dataclass(frozen=True)
@@ -39,6 +44,9 @@ class DoctorContext:
     config_path: str | None = None  # Megatron-Bridge YAML
     inprocess: Mapping[str, Any] | None = None  # declared in-process-restart settings
     pg_timeout_s: float | None = None  # declared process-group (NCCL watchdog) timeout
+    restart_policy: str = "any-failed"  # the launcher's --ft-restart-policy (any-failed | min-healthy)
+    script: str | None = None  # the training script's path (None for -m and --no-python)
+    script_args: tuple[str, ...] = ()
     disk_paths: tuple[str, ...] = ()
     rdzv_timeout_s: float = 2.0  # how long a reachability probe may wait
     # Probes: real by default, replaced in tests.
@@ -53,6 +61,7 @@ class DoctorContext:
     local_addresses: Callable[[], set[str]] = probes.local_addresses
     rdma_devices: Callable[[], list[str]] = probes.rdma_devices
     other_launchers: Callable[[], list[tuple[int, str]]] = probes.other_launchers
+    script_head: Callable[[str], str | None] = probes.script_head
 
     @classmethod
     def from_values(cls, **kwargs: Any) -> DoctorContext:
@@ -68,6 +77,7 @@ class DoctorContext:
         kwargs.setdefault("env", dict(os.environ))
         kwargs["env"] = dict(kwargs["env"])
         kwargs["disk_paths"] = tuple(kwargs.get("disk_paths") or ())
+        kwargs["script_args"] = tuple(kwargs.get("script_args") or ())
         for key, conv in (("master_port", int), ("pg_timeout_s", float)):
             if kwargs.get(key) is not None:
                 kwargs[key] = conv(kwargs[key])
@@ -116,6 +126,20 @@ class DoctorContext:
             return None
         known = {f.name for f in dataclasses.fields(InProcessRestart)}
         return InProcessRestart(**{k: v for k, v in values.items() if k in known})
+
+    @cached_property
+    def ipr_signal(self) -> str | None:
+        """Why in-process restart is taken to be on, or None: declared settings or a Bridge config (``ipr``),
+        Megatron-LM's ``--inprocess-restart`` among the script's arguments, or a script that uses NVRx's
+        ``inprocess`` package itself (NVRx's examples wrap their own function)."""
+        if self.ipr is not None:
+            return "in-process restart is enabled in the configuration"
+        if "--inprocess-restart" in self.script_args:
+            return "the script is given --inprocess-restart (Megatron-LM)"
+        text = self.script_head(self.script) if self.script else None
+        if text and _USES_INPROCESS.search(text):
+            return f"{os.path.basename(self.script or '')} uses nvidia_resiliency_ext.inprocess"
+        return None
 
     @property
     def ft_declared(self) -> bool:

@@ -96,6 +96,12 @@ def watchdog(ctx: DoctorContext) -> Finding:
         return skip(_NOT_ON)
     pg, source = ctx.pg_timeout
     saw = f"process-group timeout {pg:g}s ({source}), hard_timeout={ipr.hard_timeout:g}s"
+    # The watchdog ends the process on a timed-out collective only when it tears down (1, the launchers'
+    # default, or 3); with 0 it leaves the collective alone, with 2 it aborts the communicator and raises in
+    # the rank, where the Wrapper catches it.
+    handling = ctx.effective_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1").strip()
+    if handling in ("0", "2"):
+        return ok(f"{saw}; TORCH_NCCL_ASYNC_ERROR_HANDLING={handling}: the watchdog does not end the process")
     if pg <= ipr.hard_timeout:
         minutes = int(ipr.hard_timeout // 60) + 2
         return error(

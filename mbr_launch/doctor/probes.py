@@ -172,6 +172,15 @@ def disk_free(path: str) -> int:
     return shutil.disk_usage(p).free
 
 
+def script_head(path: str, limit: int = 1 << 20) -> str | None:
+    """The first ``limit`` bytes of a training script as text, or None when it cannot be read."""
+    try:
+        with open(path, "rb") as f:
+            return f.read(limit).decode("utf-8", errors="replace")
+    except OSError:
+        return None
+
+
 def port_free(host: str, port: int) -> bool:
     # SO_REUSEADDR so a port in TIME_WAIT reads as free (TCPStore binds the same way); a LISTEN socket
     # on any local address still makes the bind fail. Bind the wildcard: TCPStore listens on all.

@@ -29,7 +29,7 @@ def by_panel(settings: Sequence[Setting]) -> list[tuple[str, list[Setting]]]:
 
 
 def takes_value(setting: Setting) -> bool:
-    return setting.kind is not bool
+    return setting.takes_value
 
 
 def long_flag(setting: Setting) -> str:

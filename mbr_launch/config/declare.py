@@ -1,0 +1,96 @@
+"""How a setting is declared: the ``Setting`` record, the two shorthands for torchrun's and ft_launcher's
+flags, the help panels, and how a default reads. ``settings`` holds the table itself."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from mbr_launch.config.parse import Parser
+
+TORCHRUN = "torchrun"
+FAULT = "Fault tolerance"
+POLICY = "Restart policy"
+SLURM = "Slurm"
+LOGGING = "Logging"
+CHECKS = "Preflight checks"
+PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING, CHECKS)
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str  # attribute name on the resolved config, and key in the config file's `mbr_launch:` section
+    flags: tuple[str, ...]  # first is the canonical flag; the rest are aliases (torchrun, ft_launcher)
+    kind: type  # str, int, float or bool (bool settings are flags that take no value, unless valued)
+    default: Any
+    help: str
+    panel: str
+    parse: Parser | None = None  # str/raw -> typed value; raises SettingError
+    env: tuple[str, ...] = ()  # extra environment names besides MBR_<NAME>
+    ft_key: str | None = None  # key in ft_launcher's YAML `fault_tolerance:` section
+    torchrun_dest: str | None = None  # dest in torch.distributed.run.get_args_parser()
+    choices: tuple[str, ...] = ()
+    metavar: str = ""
+    hidden: bool = False  # accepted for compatibility, not shown in help
+    # A bool that takes a value on the command line (``--ft-enable-nic-monitor=False``), as ft_launcher's
+    # do: a switch there would read the value as the training script.
+    valued: bool = False
+
+    @property
+    def envvars(self) -> tuple[str, ...]:
+        return (f"MBR_{self.name.upper()}", *self.env)
+
+    @property
+    def flag(self) -> str:
+        return self.flags[0]
+
+    @property
+    def takes_value(self) -> bool:
+        return self.kind is not bool or self.valued
+
+
+def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
+                     pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
+                     metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = ()) -> Setting:
+    dashed = "--" + name.replace("_", "-")
+    flags = [dashed] + ([f"--{name}"] if "_" in name else []) + list(aliases)
+    if short:
+        flags.insert(0, short)
+    env = (f"PET_{name.upper()}",) if pet else ()
+    return Setting(name=name, flags=tuple(flags), kind=kind, default=default, help=help, panel=panel,
+                   parse=parse, env=env, torchrun_dest=name, choices=choices, metavar=metavar)
+
+
+def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
+               parse: Parser | None = None, panel: str = FAULT, metavar: str = "",
+               deprecated_dashed: bool = False, valued: bool = False) -> Setting:
+    """A setting that ft_launcher also has: accept its spellings exactly.
+
+    ``deprecated_dashed``: ft_launcher 0.4.1 also spells its NIC-monitor flags ``--ft-param-a-b`` and
+    ``--ft_param_a_b`` (deprecated there, still in NVRx's own scripts)."""
+    flags = []
+    if native:
+        flags.append(native)
+    dashed = ft_name.replace("_", "-")
+    flags += [f"--ft-{dashed}", f"--ft-{ft_name}", f"--ft-param-{ft_name}"]
+    if deprecated_dashed:
+        flags += [f"--ft-param-{dashed}", f"--ft_param_{ft_name}"]
+    unique = tuple(dict.fromkeys(flags))
+    return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
+                   parse=parse, ft_key=ft_name, metavar=metavar, valued=valued)
+
+
+def default_text(setting: Setting) -> str:
+    """The default as people type it (shared by --help, the man page and the README table)."""
+    default = setting.default
+    if setting.kind is bool:
+        return ("true" if default else "false") if setting.valued else ("on" if default else "off")
+    if isinstance(default, dict):
+        return ",".join(f"{k}:{v}" for k, v in default.items())
+    if isinstance(default, tuple):
+        return ",".join(str(v) for v in default)
+    return "" if default is None else str(default)
+
+
+def in_panel_order(settings: "tuple[Setting, ...] | list[Setting]") -> list[Setting]:
+    return sorted(settings, key=lambda s: PANELS.index(s.panel))
