@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -64,6 +65,30 @@ def listener_is_launcher(port: int) -> bool:
     return False
 
 
+def log_dir_problem(path: str) -> str | None:
+    """Why the launcher could not make its run folders under ``--log-dir path``, or None when it can.
+
+    Asked before anything starts, so a bad path fails at once instead of after the rendezvous. Only a
+    probe: it creates (and removes) one private folder in the deepest part of ``path`` that exists, which
+    also catches what permission bits cannot show (a read-only mount, /proc, a full inode table). Making
+    the run folder itself is the agent's job."""
+    target = Path(path).absolute()
+    existing = target
+    while not existing.exists() and existing != existing.parent:
+        if existing.is_symlink():
+            return f"{existing} is a symbolic link to nowhere"
+        existing = existing.parent
+    if not existing.is_dir():
+        if existing == target:
+            return f"{path} exists and is not a directory"
+        return f"{existing} is a file, so {path} cannot be a directory under it"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mbr-launch-probe-", dir=existing))
+    except OSError as err:
+        return f"cannot create folders in {existing}: {err.strerror or err}"
+    return None
+
+
 def program_exists(program: str) -> bool:
     """A --no-python program: on PATH, or a file."""
     return shutil.which(program) is not None or Path(program).is_file()
@@ -78,6 +103,7 @@ class HostProbes:
     is_file: Callable[[str], bool] = lambda path: Path(path).is_file()
     is_dir: Callable[[str], bool] = lambda path: Path(path).is_dir()
     exists: Callable[[str], bool] = lambda path: Path(path).exists()
+    log_dir_problem: Callable[[str], str | None] = log_dir_problem
     program_exists: Callable[[str], bool] = program_exists
 
 
