@@ -184,7 +184,7 @@ def test_yaml_null_where_it_means_something(file_values, result):
     ("master_port", "65536", "at most 65535"),
     ("signals_to_handle", "SIGTERM,SIGKILL", "SIGKILL cannot be caught"),
     ("preempt_signals", "STOP", "SIGSTOP cannot be caught"),
-    ("preempt_forward_signal", "\u00b2", "unknown signal name"),
+    ("preempt_forward_signal", "\u00b2", "unknown signal"),
     ("no_restart_exit_codes", "\u00b2", "is not an exit code"),
 ])
 def test_hostile_setting_values(name, value, needle):
