@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -18,7 +19,7 @@ from typing import Callable
 
 import pytest
 
-from .helpers import launcher_env, run_launcher
+from .helpers import LAUNCHER, REPO, launcher_env, run_launcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -26,6 +27,7 @@ pytestmark = pytest.mark.timeout(60)
 # loaded. A rejected input must not reach anything that waits (rendezvous, preflight, workers).
 FAST = 6.0
 PROC_TIMEOUT = 20.0
+LAUNCHER_WORDS = [shlex.quote(word) for word in LAUNCHER]
 
 
 @dataclass
@@ -88,6 +90,10 @@ CASES: dict[str, Case] = {
                               "c.yaml:3:9: expected ',' or ']'"),
     "script_is_directory": Case(lambda tmp, port: ["--standalone", str(tmp)], "is a directory"),
     "script_is_fifo": Case(lambda tmp, port: ["--standalone", _fifo(tmp)], "is not a regular file"),
+    "script_name_too_long": Case(lambda tmp, port: ["--standalone", str(tmp / ("a" * 300 + ".py"))],
+                                 "does not exist"),
+    "log_dir_name_too_long": Case(lambda tmp, port: ["--standalone", "--log-dir", str(tmp / ("a" * 300)),
+                                                     _script(tmp)], "is longer than this file system's"),
     "empty_nproc_env": Case(_launch("--standalone"), "MBR_NPROC_PER_NODE is set but empty",
                             env={"MBR_NPROC_PER_NODE": ""}),
     "empty_pet_nnodes_env": Case(_launch("--standalone"), "PET_NNODES is set but empty", env={"PET_NNODES": ""}),
@@ -205,3 +211,17 @@ def test_log_dir_without_write_permission(tmp_path):
     out = run_launcher([*SKIP, "--standalone", "--log-dir", str(locked / "logs"), _script(tmp_path)],
                        timeout=PROC_TIMEOUT)
     _check_one_line(out, time.monotonic() - start, "Permission denied")
+
+
+@pytest.mark.parametrize("argv,closed,code", [
+    (["--standalone", "--master-port", "70000", "train.py"], "2>&-", 2),
+    (["doctor", "--json", "--config", "bad.yaml"], ">&-", 3),
+])
+def test_exit_code_survives_a_closed_output(tmp_path, argv, closed, code):
+    """Started with stdout or stderr closed (Python makes it None), the exit code still tells the story."""
+    (tmp_path / "bad.yaml").write_bytes(BAD_YAML)
+    command = " ".join(["exec", *LAUNCHER_WORDS, *argv, closed])
+    out = subprocess.run(["sh", "-c", command], cwd=tmp_path, capture_output=True, text=True,
+                         env=launcher_env(PYTHONPATH=str(REPO)), timeout=PROC_TIMEOUT)
+    assert out.returncode == code, out
+    assert "Traceback" not in out.stderr + out.stdout

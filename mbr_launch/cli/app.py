@@ -93,6 +93,10 @@ def entry() -> None:
     code = main()
     # Everything of ours is stopped and flushed by now; skip interpreter teardown, where torch's C++
     # objects still referenced by stray threads could abort the process and change the exit code.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: started with the descriptor closed (`>&-`)
+                stream.flush()
+        except (OSError, ValueError):  # a reader that went away (`| head`): the exit code still counts
+            pass
     os._exit(code)

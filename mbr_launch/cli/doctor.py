@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Optional
 
 import typer
@@ -43,7 +44,12 @@ def print_json_error(message: str) -> None:
     """``doctor --json`` prints JSON whatever happens: a script reading it gets the reason, not nothing."""
     from mbr_launch.doctor import to_json_error
 
-    print(to_json_error(message), flush=True)
+    if sys.stdout is None:  # started with stdout closed
+        return
+    try:
+        print(to_json_error(message), flush=True)
+    except OSError:  # nobody reads it any more (`| head`): the exit code still says it
+        pass
 
 
 with_settings(
