@@ -31,7 +31,20 @@ def build_launch_config(*, cli: Mapping[str, Any], script: str | None, script_ar
     """Resolve every setting (command line > environment > config file > default) and validate."""
     environ = os.environ if environ is None else environ
     resolved = resolve_settings(cli=cli, environ=environ)
+    check_skip_ids(resolved["skip_check"])
     return build_config(resolved, script=script, script_args=script_args, environ=environ)
+
+
+def check_skip_ids(skip: tuple[str, ...]) -> None:
+    """An unknown ``--skip-check`` id is bad input, found before anything starts (not at the preflight)."""
+    if not set(skip) - {"all"}:
+        return  # the common case stays free of the doctor's imports (cold-launch time)
+    from mbr_launch.doctor import DoctorError, check_skip
+
+    try:
+        check_skip(skip)
+    except DoctorError as err:
+        raise ConfigError(f"--skip-check: {err}") from None
 
 
 def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher: str) -> "DoctorContext":

@@ -25,7 +25,7 @@ def _never(*args: object) -> bool:
 # Every probe fails the test when called, except that the script exists.
 OFFLINE = HostProbes(device_count=_never, is_local_host=_never, port_taken=_never,  # type: ignore[arg-type]
                      listener_is_launcher=_never, is_file=lambda path: True, is_dir=_never, exists=_never,
-                     program_exists=_never)
+                     program_exists=_never, log_dir_problem=_never)
 
 
 def build(cli: dict, *, environ: dict | None = None, probes: HostProbes = OFFLINE, **kwargs) -> LaunchConfig:
@@ -112,19 +112,36 @@ def test_peer_timeout_zero_exits_with_usage_code(tmp_path, capsys, monkeypatch):
 
 
 def test_missing_script_and_program():
-    gone = dataclasses.replace(OFFLINE, is_file=lambda path: False, program_exists=lambda program: False)
+    gone = dataclasses.replace(OFFLINE, is_file=lambda path: False, program_exists=lambda program: False,
+                               is_dir=lambda path: False, exists=lambda path: False)
     with pytest.raises(ConfigError, match="training script train.py does not exist"):
         build({}, probes=gone)
+    with pytest.raises(ConfigError, match="training script train.py is a directory"):
+        build({}, probes=dataclasses.replace(gone, is_dir=lambda path: True, exists=lambda path: True))
+    with pytest.raises(ConfigError, match="training script train.py is not a regular file"):
+        build({}, probes=dataclasses.replace(gone, exists=lambda path: True))
     with pytest.raises(ConfigError, match="--no-python"):
         build({"no_python": True}, probes=gone)
     with pytest.raises(ConfigError, match="missing the training script"):
         build_config(resolve({}, {}, {}), script=None, environ={}, probes=OFFLINE)
 
 
-def test_log_dir_that_is_a_file_is_refused():
-    probes = dataclasses.replace(OFFLINE, exists=lambda path: True, is_dir=lambda path: False)
-    with pytest.raises(ConfigError, match="--log-dir /x exists and is not a directory"):
+def test_log_dir_problem_is_refused_before_anything_starts():
+    probes = dataclasses.replace(OFFLINE, log_dir_problem=lambda path: f"{path} exists and is not a directory")
+    with pytest.raises(ConfigError, match="--log-dir: /x exists and is not a directory; give a directory"):
         build({"log_dir": "/x"}, probes=probes)
+    assert build({"log_dir": "/y"}, probes=dataclasses.replace(OFFLINE, log_dir_problem=lambda path: None))
+
+
+def test_log_dir_probe_on_this_host(tmp_path):
+    from mbr_launch.config.host import log_dir_problem
+
+    (tmp_path / "file").write_text("")
+    assert log_dir_problem(str(tmp_path / "new" / "deeper")) is None
+    assert not (tmp_path / "new").exists() and list(tmp_path.iterdir()) == [tmp_path / "file"]  # probe removed
+    assert log_dir_problem(str(tmp_path / "file")) == f"{tmp_path / 'file'} exists and is not a directory"
+    assert "is a file" in log_dir_problem(str(tmp_path / "file" / "sub"))
+    assert "cannot create folders in /proc" in log_dir_problem("/proc/mbr-launch-logs")
 
 
 def test_output_telemetry_standby_and_preemption_specs():

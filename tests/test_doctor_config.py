@@ -57,7 +57,7 @@ def test_clean_and_broken_files(run, tmp_path):
     assert run("ft: [1, 2\n", "config.load")["severity"] == "error"  # YAML syntax
     ctx = DoctorContext.from_values(config_path=str(tmp_path / "missing.yaml"), env={})
     [r] = [r for r in run_checks(ctx) if r.id == "config.load"]
-    assert r.severity == "error" and "cannot read" in r.saw
+    assert r.severity == "error" and "does not exist" in r.saw
 
 
 @pytest.mark.parametrize(

@@ -10,10 +10,11 @@ from __future__ import annotations
 import os
 import sys
 import warnings
+from typing import Callable
 
 import typer
 
-from mbr_launch.cli.doctor import doctor_command
+from mbr_launch.cli.doctor import DOCTOR_NOT_RUN, doctor_command, print_json_error
 from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.options import USER_ENV
@@ -36,7 +37,10 @@ doctor_app = _typer()
 doctor_app.command(name=DOCTOR)(doctor_command)
 
 
-def _run_app(application: typer.Typer, argv: list[str], prog: str) -> int:
+def _run_app(application: typer.Typer, argv: list[str], prog: str, *, usage_code: int = exitcodes.USAGE,
+             on_usage: Callable[[str], None] | None = None) -> int:
+    """``usage_code`` and ``on_usage`` (given the message) are for the parser's own errors (unknown option,
+    missing value): the doctor has its own code for "could not run", and prints JSON with --json."""
     try:
         # Without standalone mode the parser returns the command's exit code instead of raising.
         result = application(args=argv, prog_name=prog, standalone_mode=False)
@@ -52,8 +56,11 @@ def _run_app(application: typer.Typer, argv: list[str], prog: str) -> int:
     except Exception as err:
         # Usage errors from the parser carry an exit code and a message: show one line, no traceback.
         if hasattr(err, "format_message") and hasattr(err, "exit_code"):
-            error(f"{err.format_message()} (see {prog} --help)")
-            return exitcodes.USAGE
+            message = f"{err.format_message()} (see {prog} --help)"
+            if on_usage is not None:
+                on_usage(message)
+            error(message)
+            return usage_code
         raise
     return exitcodes.OK
 
@@ -69,7 +76,9 @@ def main(argv: list[str] | None = None) -> int:
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     try:
         if argv and argv[0] == DOCTOR:
-            return _run_app(doctor_app, argv[1:], f"{PROG} {DOCTOR}")
+            as_json = "--json" in argv[1:]  # the parser failed before it could say so
+            return _run_app(doctor_app, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,
+                            on_usage=print_json_error if as_json else None)
         return _run_app(app, argv, PROG)
     except KeyboardInterrupt:
         return 130
@@ -84,6 +93,10 @@ def entry() -> None:
     code = main()
     # Everything of ours is stopped and flushed by now; skip interpreter teardown, where torch's C++
     # objects still referenced by stray threads could abort the process and change the exit code.
-    sys.stdout.flush()
-    sys.stderr.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: started with the descriptor closed (`>&-`)
+                stream.flush()
+        except (OSError, ValueError):  # a reader that went away (`| head`): the exit code still counts
+            pass
     os._exit(code)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from typing import Annotated, Any, Optional
 
 import typer
@@ -11,12 +12,14 @@ from mbr_launch.cli.errors import CommandError
 from mbr_launch.cli.options import USER_ENV, keyword, with_settings
 from mbr_launch.config.build import preflight_spec
 from mbr_launch.config.errors import ConfigError
+from mbr_launch.report.exitcodes import DOCTOR_NOT_RUN
 
 
 def doctor_command(**values: Any) -> None:
     """Check the environment and configuration of a launch without starting it.
 
-    Takes the same options as a launch. Exit code: 0 all ok, 1 warnings, 2 errors."""
+    Takes the same options as a launch. Exit code: 0 all ok, 1 warnings, 2 errors, 3 the checks could not
+    run (a bad option or config file; with --json the JSON says why)."""
     # Imported here, not at the top: the launch command must reach ``api.launch``, which starts the warm
     # standbys, without first loading every doctor check (cold-launch time).
     from mbr_launch.doctor import DoctorError, detect_launcher, run_doctor
@@ -32,8 +35,22 @@ def doctor_command(**values: Any) -> None:
         skip = {s for s in resolved["skip_check"] if s != "all"}
         code = run_doctor(ctx, deep=deep, as_json=as_json, skip=skip)
     except (ConfigError, DoctorError) as err:
-        raise CommandError(str(err)) from None
+        if as_json:
+            print_json_error(str(err))
+        raise CommandError(str(err), code=DOCTOR_NOT_RUN) from None
     raise typer.Exit(code)
+
+
+def print_json_error(message: str) -> None:
+    """``doctor --json`` prints JSON whatever happens: a script reading it gets the reason, not nothing."""
+    from mbr_launch.doctor import to_json_error
+
+    if sys.stdout is None:  # started with stdout closed
+        return
+    try:
+        print(to_json_error(message), flush=True)
+    except OSError:  # nobody reads it any more (`| head`): the exit code still says it
+        pass
 
 
 with_settings(

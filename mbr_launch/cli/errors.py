@@ -19,4 +19,9 @@ class CommandError(Exception):
 
 
 def error(message: str) -> None:
-    print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    if sys.stderr is None:  # started with stderr closed; print(file=None) would write to stdout instead
+        return
+    try:
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    except OSError:  # stderr is a pipe nobody reads any more: the exit code still says it
+        pass

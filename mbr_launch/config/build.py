@@ -125,8 +125,16 @@ def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],
                 probes: HostProbes) -> tuple[tuple[str, ...], bool]:
     """A worker's argv before its arguments, and whether it runs through the boot shim."""
     python = environ.get("PYTHON_EXEC", sys.executable)
+    if "PYTHON_EXEC" in environ and not v["no_python"] and not probes.program_exists(python):
+        raise ConfigError(f"PYTHON_EXEC={python!r} is not a program on this machine; unset it or point it at "
+                          "a Python interpreter")
     if v["run_path"] or not (v["module"] or v["no_python"]):
         if not probes.is_file(script):
+            if probes.is_dir(script):
+                raise ConfigError(f"training script {script} is a directory; give the Python file to run "
+                                  "(or pass -m for a module)")
+            if probes.exists(script):
+                raise ConfigError(f"training script {script} is not a regular file; give the Python file to run")
             raise ConfigError(f"training script {script} does not exist; check the path "
                               "(or pass -m for a module)")
         return (python, "-u", "-m", BOOT_MODULE, script), True
@@ -199,8 +207,8 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
     if v["logs_specs"] is not None:
         raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
-    if v["log_dir"] is not None and probes.exists(v["log_dir"]) and not probes.is_dir(v["log_dir"]):
-        raise ConfigError(f"--log-dir {v['log_dir']} exists and is not a directory")
+    if v["log_dir"] is not None and (problem := probes.log_dir_problem(v["log_dir"])):
+        raise ConfigError(f"--log-dir: {problem}; give a directory this user can write")
     entrypoint, use_boot = _entrypoint(script, v, environ, probes)
     redirects, tee = parse_std("--redirects", v["redirects"]), parse_std("--tee", v["tee"])
 

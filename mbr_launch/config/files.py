@@ -7,13 +7,12 @@ The Bridge section names live here, the lowest layer that needs them: the loader
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
-import yaml
-
 from mbr_launch.config.errors import ConfigError
+from mbr_launch.config.parse import comma_list
 from mbr_launch.config.settings import BY_FT_KEY, BY_NAME
+from mbr_launch.config.yamlfile import read_yaml
 
 # Megatron-Bridge ConfigContainer sections with resiliency meaning, checked key by key by the doctor.
 BRIDGE_STRICT_SECTIONS = frozenset({"ft", "nvrx_straggler", "straggler", "inprocess_restart", "rerun_state_machine"})
@@ -35,12 +34,7 @@ def bridge_sections() -> frozenset[str]:
 def load_config_file(path: str) -> dict[str, Any]:
     """Read our YAML file: an ``mbr_launch:`` section of settings and/or ``fault_tolerance:`` as ft_launcher
     writes it. Unknown keys are errors that name the key."""
-    try:
-        data = yaml.safe_load(Path(path).read_text())
-    except FileNotFoundError:
-        raise ConfigError(f"--config: file {path} does not exist") from None
-    except (OSError, yaml.YAMLError) as err:
-        raise ConfigError(f"--config: cannot read {path}: {err}") from None
+    data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -61,8 +55,27 @@ def load_config_file(path: str) -> dict[str, Any]:
             setting = table.get(str(name).replace("-", "_"))
             if setting is None or setting.name == "config":
                 raise ConfigError(f"--config: unknown key '{key}.{name}' in {path}")
+            problem = _value_problem(value, list_ok=setting.parse is comma_list or isinstance(setting.default, tuple),
+                                     mapping_ok=setting.name == "section_timeouts")
+            if problem:
+                raise ConfigError(f"--config: '{key}.{name}' in {path} {problem}")
             values[setting.name] = value
     return values
 
 
-__all__ = ["bridge_sections", "load_config_file"]
+_SCALARS = (str, int, float, bool)
+
+
+def _value_problem(value: Any, *, list_ok: bool, mapping_ok: bool) -> str | None:
+    """Why a config value is not plain data this setting can take, or None: text or a number; a list of
+    them for list settings; a mapping for section timeouts. Anything else would be turned into its repr
+    (an id "{'a': 1}"), and aliases to nested lists would multiply into gigabytes of text."""
+    if value is None or isinstance(value, _SCALARS):
+        return "holds a NUL character" if isinstance(value, str) and "\0" in value else None
+    if list_ok and isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value):
+        return next((p for p in (_value_problem(v, list_ok=False, mapping_ok=False) for v in value) if p), None)
+    if mapping_ok and isinstance(value, dict) and all(
+            isinstance(k, str) and (v is None or isinstance(v, _SCALARS)) for k, v in value.items()):
+        return None
+    shape = ["text or a number"] + ["a list of them"] * list_ok + ["a mapping of section: seconds"] * mapping_ok
+    return f"must be {' or '.join(shape)}, not {type(value).__name__} (quote a value to make it text)"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
@@ -64,9 +65,59 @@ def listener_is_launcher(port: int) -> bool:
     return False
 
 
+def log_dir_problem(path: str) -> str | None:
+    """Why the launcher could not make its run folders under ``--log-dir path``, or None when it can.
+
+    Asked before anything starts, so a bad path fails at once instead of after the rendezvous. Only a
+    probe: it creates (and removes) one private folder in the deepest part of ``path`` that exists, which
+    also catches what permission bits cannot show (a read-only mount, /proc, a full inode table). Making
+    the run folder itself is the agent's job."""
+    target = Path(path).absolute()
+    existing = target
+    while not exists(str(existing)) and existing != existing.parent:
+        if _asks(Path.is_symlink)(str(existing)):
+            return f"{existing} is a symbolic link to nowhere"
+        existing = existing.parent
+    if not is_dir(str(existing)):
+        if existing == target:
+            return f"{path} exists and is not a directory"
+        return f"{existing} is a file, so {path} cannot be a directory under it"
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".mbr-launch-probe-", dir=existing))
+        name_max = os.pathconf(existing, "PC_NAME_MAX")
+    except OSError as err:
+        return f"cannot create folders in {existing}: {err.strerror or err}"
+    for part in target.relative_to(existing).parts:
+        if len(os.fsencode(part)) > name_max:
+            return f"the folder name {part[:16]}... is longer than this file system's {name_max} bytes"
+    # the agent adds <run id>_<6 hex>_<host>/attempt_N/<rank>/stdout.log below it
+    if len(os.fsencode(str(target))) > 3000:
+        return "the path is too long (over 3000 bytes) to hold the run folders"
+    return None
+
+
+def _asks(test: Callable[[Path], bool]) -> Callable[[str], bool]:
+    """``test`` on a path, False where the path cannot even be looked at (a name too long, a loop, EACCES):
+    pathlib raises for some of those, and a question about the user's input must not crash the launch."""
+
+    def ask(path: str) -> bool:
+        try:
+            return test(Path(path))
+        except (OSError, ValueError):  # ValueError: a NUL byte in the path
+            return False
+
+    return ask
+
+
+is_file, is_dir, exists = _asks(Path.is_file), _asks(Path.is_dir), _asks(Path.exists)
+
+
 def program_exists(program: str) -> bool:
     """A --no-python program: on PATH, or a file."""
-    return shutil.which(program) is not None or Path(program).is_file()
+    try:
+        return shutil.which(program) is not None or is_file(program)
+    except (OSError, ValueError):
+        return False
 
 
 @dataclass(frozen=True)
@@ -75,9 +126,10 @@ class HostProbes:
     is_local_host: Callable[[str], bool] = is_local_host
     port_taken: Callable[[str, int], bool] = port_taken
     listener_is_launcher: Callable[[int], bool] = listener_is_launcher
-    is_file: Callable[[str], bool] = lambda path: Path(path).is_file()
-    is_dir: Callable[[str], bool] = lambda path: Path(path).is_dir()
-    exists: Callable[[str], bool] = lambda path: Path(path).exists()
+    is_file: Callable[[str], bool] = is_file
+    is_dir: Callable[[str], bool] = is_dir
+    exists: Callable[[str], bool] = exists
+    log_dir_problem: Callable[[str], str | None] = log_dir_problem
     program_exists: Callable[[str], bool] = program_exists
 
 

@@ -17,9 +17,26 @@ from mbr_launch.config.model import StdSpec
 
 Parser = Callable[[Any], Any]
 
+# The largest count or number of seconds a setting takes: about 3 years. Larger values are typos, and
+# beyond ~9e9 s Python's own waits overflow (threading.TIMEOUT_MAX, time_t) deep inside a running job.
+LARGEST = 100_000_000
+MAX_NODES = 65_536  # c10d keeps every node in one rendezvous key that each join rewrites: far beyond tested
+MAX_NPROC = 1_024  # workers per node: each is a process with pipes and sockets, more is a typo
+UNCATCHABLE = ("SIGKILL", "SIGSTOP")  # the kernel never delivers these to a handler
+# torch's rendezvous options (dynamic_rendezvous, c10d_rendezvous_backend, static_tcp_rendezvous) that it
+# reads as integer seconds or counts, and would reject only once the rendezvous starts.
+RDZV_INT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
+                 "keep_alive_max_attempt", "read_timeout", "timeout")
+
 
 def _fail(setting: str, value: Any, why: str) -> SettingError:
     return SettingError(f"{setting}: {why} (got {value!r})")
+
+
+def whole(text: str) -> int | None:
+    """``text`` as a non-negative integer when it is plain ASCII digits, else None. ``str.isdigit`` alone
+    also passes '²' (which ``int`` refuses) and 5,000-digit strings (which ``int`` refuses too)."""
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
 # ---- setting parsers -----------------------------------------------------------------------------
@@ -36,17 +53,27 @@ def as_bool(value: Any) -> bool:
     raise SettingError(f"expected a boolean (1/0, true/false), got {value!r}")
 
 
-def _number(name: str, kind: type, value: Any) -> Any:
+def _number(name: str, kind: type, value: Any, most: float = LARGEST) -> Any:
+    noun = "an int" if kind is int else f"a {kind.__name__}"
+    if isinstance(value, bool):  # a YAML true/false is not a count
+        raise _fail(name, value, f"expected {noun}")
     try:
-        return kind(value)
-    except (TypeError, ValueError):
-        raise _fail(name, value, f"expected a {kind.__name__}") from None
+        number = kind(value)
+    except (TypeError, ValueError, OverflowError):
+        raise _fail(name, value, f"expected {noun}") from None
+    if number != number or abs(number) == float("inf"):  # NaN compares unequal to itself
+        raise _fail(name, value, "expected a finite number")
+    if number != value and isinstance(value, float):  # int(2.7) would quietly be 2
+        raise _fail(name, value, f"expected {noun}")
+    if number > most:
+        raise _fail(name, value, f"must be at most {most}")
+    return number
 
 
-def non_negative(name: str, kind: type) -> Parser:
+def non_negative(name: str, kind: type, *, most: float = LARGEST) -> Parser:
     def parse(value: Any) -> Any:
-        number = _number(name, kind, value)
-        if number != number or number < 0:  # NaN compares unequal to itself
+        number = _number(name, kind, value, most)
+        if number < 0:
             raise _fail(name, value, "must be zero or positive")
         return number
 
@@ -58,7 +85,7 @@ def positive(name: str, kind: type) -> Parser:
 
     def parse(value: Any) -> Any:
         number = _number(name, kind, value)
-        if not number > 0 or number == float("inf"):  # also refuses NaN
+        if not number > 0:
             raise _fail(name, value, "must be positive")
         return number
 
@@ -69,16 +96,20 @@ def optional_timeout(name: str) -> Parser:
     """Seconds > 0, or none/null/off to disable the timeout (NVRx treats None as infinite)."""
 
     def parse(value: Any) -> float | None:
-        if value is None or str(value).strip().lower() in ("none", "null", "off", ""):
+        # An empty value does not disable a timeout: 'none' must be said (a "$UNSET_VAR" is not a choice).
+        if value is None or str(value).strip().lower() in ("none", "null", "off"):
             return None
         try:
-            number = float(value)
-        except (TypeError, ValueError):
+            number = float(value) if not isinstance(value, bool) else float("nan")
+        except (TypeError, ValueError, OverflowError):
             raise _fail(name, value, "expected seconds (a number) or 'none'") from None
         if not number > 0 or number == float("inf"):
             raise _fail(name, value, "must be a positive number of seconds, or 'none' to disable")
+        if number > LARGEST:
+            raise _fail(name, value, f"must be at most {LARGEST} seconds, or 'none' to disable")
         return number
 
+    parse.takes_none = True  # type: ignore[attr-defined]  # YAML null means 'none' (settings.parse_value)
     return parse
 
 
@@ -113,7 +144,7 @@ def section_timeouts(value: Any) -> dict[str, float | None]:
 def signal_name(name: str) -> Parser:
     def parse(value: Any) -> str:
         text = str(value).strip().upper()
-        if text.isdigit():
+        if whole(text) is not None:
             try:
                 return signal.Signals(int(text)).name
             except ValueError:
@@ -128,9 +159,16 @@ def signal_name(name: str) -> Parser:
 
 
 def signal_list(name: str) -> Parser:
+    """Signals the launcher installs handlers for: SIGKILL and SIGSTOP cannot be caught."""
+
     def parse(value: Any) -> tuple[str, ...]:
         parts = [p for p in str(value).split(",") if p.strip()]
-        return tuple(signal_name(name)(p) for p in parts)
+        names = tuple(signal_name(name)(p) for p in parts)
+        for sig in names:
+            if sig in UNCATCHABLE:
+                raise _fail(name, value, f"{sig} cannot be caught, so the launcher could never act on it; "
+                                         "use catchable signals such as SIGTERM, SIGUSR1")
+        return names
 
     return parse
 
@@ -178,7 +216,7 @@ def exit_code_list(name: str) -> Parser:
             parts = [p.strip() for p in str(value).split(",") if p.strip()]
         codes = []
         for part in parts:
-            if not part.isdigit() or not 0 <= int(part) <= 255:
+            if whole(part) is None or not 0 <= int(part) <= 255:
                 raise _fail(name, value, f"{part!r} is not an exit code 0-255")
             codes.append(int(part))
         return tuple(codes)
@@ -217,14 +255,19 @@ def parse_nnodes(text: str) -> tuple[int, int]:
         raise ConfigError(f"--nnodes: expected N or MIN:MAX with integers (got {text!r})") from None
     if not 0 < low <= high:
         raise ConfigError(f"--nnodes: need 0 < MIN <= MAX (got {text!r})")
+    if high > MAX_NODES:
+        raise ConfigError(f"--nnodes: at most {MAX_NODES} nodes (got {text!r})")
     return low, high
 
 
 def parse_nproc(text: str, device_count: Callable[[str], int]) -> int:
     """An integer, or a device kind whose count ``device_count`` gives (auto, cpu, gpu, xpu)."""
     text = text.strip()
-    if text.isdigit() and int(text) > 0:
-        return int(text)
+    count = whole(text)
+    if count is not None and count > MAX_NPROC:
+        raise ConfigError(f"--nproc-per-node: at most {MAX_NPROC} workers per node (got {text!r})")
+    if count is not None and count > 0:
+        return count
     if text in ("cpu", "auto", "gpu", "xpu"):
         count = device_count(text)
         if count < 1:
@@ -239,7 +282,15 @@ def parse_rdzv_conf(text: str) -> dict[str, Any]:
         key, sep, value = part.partition("=")
         if not sep or not key.strip():
             raise ConfigError(f"--rdzv-conf: expected KEY=VALUE,... (got {text!r})")
-        conf[key.strip()] = value.strip()
+        key, value = key.strip(), value.strip()
+        if key in RDZV_INT_KEYS and not 0 < (whole(value) or 0) <= LARGEST:
+            raise ConfigError(f"--rdzv-conf: {key} must be a whole number of seconds (or count) from 1 to "
+                              f"{LARGEST}, as torch reads it (got {value!r})")
+        if key == "is_host" and value.lower() not in ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n"):
+            raise ConfigError(f"--rdzv-conf: is_host must be true or false (got {value!r})")
+        if key == "store_type" and value.lower() not in ("tcp", "file"):
+            raise ConfigError(f"--rdzv-conf: store_type must be tcp or file (got {value!r})")
+        conf[key] = value
     return conf
 
 
@@ -248,7 +299,7 @@ def parse_endpoint(endpoint: str) -> tuple[str, int | None]:
     host, sep, port = endpoint.rpartition(":")
     if not sep:
         return endpoint, None
-    if not port.isdigit() or not 0 <= int(port) <= 65535:
+    if whole(port) is None or not 0 <= int(port) <= 65535:
         raise ConfigError(f"--rdzv-endpoint: bad port in {endpoint!r}; expected HOST:PORT")
     return host.strip("[]"), int(port)
 
@@ -277,15 +328,18 @@ def parse_ranks_filter(text: str) -> frozenset[int] | None:
     """--local-ranks-filter: None (show every rank) when empty."""
     if not text:
         return None
-    try:
-        return frozenset(int(r) for r in text.split(","))
-    except ValueError:
-        raise ConfigError(f"--local-ranks-filter: expected local ranks like 0,1,2 (got {text!r})") from None
+    ranks = [whole(r.strip()) for r in text.split(",")]
+    if None in ranks:
+        raise ConfigError(f"--local-ranks-filter: expected local ranks like 0,1,2 (got {text!r})")
+    return frozenset(r for r in ranks if r is not None)
 
 
 def parse_seconds_env(name: str, raw: str) -> float:
     """A number of seconds read from an environment variable (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)."""
     try:
-        return float(raw)
+        seconds = float(raw)
     except ValueError:
         raise ConfigError(f"{name}={raw!r} is not a number of seconds") from None
+    if not 0 <= seconds <= LARGEST:  # also refuses NaN
+        raise ConfigError(f"{name}={raw!r}: need a number of seconds from 0 to {LARGEST}")
+    return seconds

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from mbr_launch.config import rawvalue
 # The declaration's vocabulary, re-exported: callers import it from here with the table.
 from mbr_launch.config.declare import (CHECKS, FAULT, LOGGING, PANELS, POLICY, SLURM, TORCHRUN, Setting,
                                        default_text, in_panel_order)
@@ -78,7 +79,7 @@ SETTINGS: tuple[Setting, ...] = (
               metavar="HOST"),
     _torchrun("master_port", int, None,
               "Port of the rank-0 node's store (static rendezvous only); workers get a fresh port each round.",
-              parse=non_negative("--master-port", int), metavar="PORT"),
+              parse=non_negative("--master-port", int, most=65535), metavar="PORT"),
     _torchrun("local_addr", str, None, "Address of this node (default: its FQDN).", metavar="HOST"),
     _torchrun("logs_specs", str, None, "torchrun.logs_specs entry point (not supported: mbr-launch writes "
               "its own log layout).", pet=False, metavar="NAME", panel=LOGGING),
@@ -217,7 +218,7 @@ SETTINGS: tuple[Setting, ...] = (
             help="Derive --nnodes, --rdzv-endpoint, --rdzv-id and the c10d backend from the Slurm step "
                  "(auto: when SLURM_JOB_ID is set). Flags you give explicitly always win."),
     Setting(name="slurm_rdzv_port", flags=("--slurm-rdzv-port",), kind=int, default=None, panel=SLURM,
-            parse=non_negative("--slurm-rdzv-port", int), metavar="PORT",
+            parse=non_negative("--slurm-rdzv-port", int, most=65535), metavar="PORT",
             help="Port of the rendezvous store on the step's first node (default: derived from the job and "
                  "step ids, so two jobs sharing a node do not collide)."),
     Setting(name="preempt_signals", flags=("--preempt-signals",), kind=str, default="SIGTERM,SIGUSR1",
@@ -298,7 +299,8 @@ class Resolved:
 
 def parse_value(setting: Setting, raw: Any) -> Any:
     if raw is None:
-        return None
+        return rawvalue.null_value(setting, default_text(setting))
+    rawvalue.check_text(setting, raw)
     if setting.kind is bool:
         try:
             return as_bool(raw)
@@ -322,10 +324,14 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
         raw, source = setting.default, "default"
         if cli.get(setting.name) is not None:
             raw, source = cli[setting.name], "cli"
-        elif (env_name := next((e for e in setting.envvars if environ.get(e, "") != ""), None)):
+        elif (env_name := rawvalue.env_name(setting, default_text(setting), environ)):
             raw, source = environ[env_name], f"env:{env_name}"
         elif setting.name in config_file:
             raw, source = config_file[setting.name], "config"
-        values[setting.name] = raw if source == "default" and not isinstance(raw, str) else parse_value(setting, raw)
+        try:
+            values[setting.name] = raw if source == "default" and not isinstance(raw, str) \
+                else parse_value(setting, raw)
+        except SettingError as err:
+            raise SettingError(f"{err}{rawvalue.source_hint(source)}") from None
         sources[setting.name] = source
     return Resolved(values=values, sources=sources)

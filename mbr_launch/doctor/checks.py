@@ -6,6 +6,7 @@ raises becomes an ``error`` result naming the exception: the doctor must report,
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Iterable
 
 from mbr_launch.doctor import bridge_checks, gpu, host, inprocess, ipr_launcher, launcher  # noqa: F401 - registers
@@ -20,23 +21,32 @@ def _deep(ctx: DoctorContext) -> list[CheckResult]:
 
     return run_deep()
 
-__all__ = ["CheckResult", "DoctorError", "check_ids", "run_checks"]
+__all__ = ["CheckResult", "DoctorError", "check_ids", "check_skip", "run_checks"]
 
 
 def check_ids(*, only_cheap: bool = False) -> list[str]:
     return [c.id for c in REGISTRY.values() if c.cheap or not only_cheap]
 
 
+def check_skip(skip: Iterable[str]) -> None:
+    """Raise ``DoctorError`` naming the ids in ``skip`` that are not checks ('all' is one)."""
+    unknown = sorted(set(skip) - set(REGISTRY) - {"all"})
+    if not unknown:
+        return
+    guesses = [g for u in unknown for g in difflib.get_close_matches(u, REGISTRY, n=1)]
+    hint = f" (did you mean {', '.join(guesses)}?)" if guesses else ""
+    raise DoctorError(f"unknown check id(s) {', '.join(unknown)}{hint}; valid ids: {', '.join(REGISTRY)} "
+                      "(`mbr-launch doctor` shows what each one checks)")
+
+
 def run_checks(ctx: DoctorContext, *, only_cheap: bool = False, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
     skip = set(skip)
-    unknown = skip - set(REGISTRY)
-    if unknown:
-        raise DoctorError(f"unknown check id(s) {', '.join(sorted(unknown))}; valid ids: {', '.join(REGISTRY)}")
+    check_skip(skip)
     results: list[CheckResult] = []
     for c in REGISTRY.values():
         if only_cheap and not c.cheap:
             continue
-        if c.id in skip:
+        if c.id in skip or "all" in skip:
             results.append(CheckResult(c.id, "skip", c.title, "skipped by --skip-check", ""))
             continue
         try:

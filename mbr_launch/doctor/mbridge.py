@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-
+from mbr_launch.config.errors import ConfigError as BadInput
 from mbr_launch.config.files import (BRIDGE_IGNORED_KEYS, BRIDGE_LOOSE_SECTIONS, BRIDGE_OTHER_SECTIONS,
                                      BRIDGE_STRICT_SECTIONS, OWN_SECTIONS)
+from mbr_launch.config.yamlfile import read_yaml
 
 
 class ConfigError(Exception):
@@ -171,11 +171,9 @@ _TYPES: dict[str, tuple[type, ...]] = {
 def load(path: str | Path) -> BridgeConfig:
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text())
-    except OSError as exc:
-        raise ConfigError(f"cannot read {p}: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p} is not valid YAML: {exc}") from exc
+        raw = read_yaml(str(p))  # a FIFO, a device, a huge or binary file: one line, never a hang
+    except BadInput as exc:
+        raise ConfigError(str(exc)) from exc
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):

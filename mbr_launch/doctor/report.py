@@ -7,11 +7,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from mbr_launch.doctor.registry import SEVERITIES, CheckResult
+from mbr_launch.report import exitcodes
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 SCHEMA_VERSION = 1
+NOT_RUN = exitcodes.DOCTOR_NOT_RUN  # no check could run (bad option or config): not 0/1/2, a check outcome
 _STYLE = {"ok": "green", "warn": "yellow", "error": "bold red", "skip": "dim", "info": "cyan"}
 
 
@@ -35,6 +37,11 @@ def to_json(results: Sequence[CheckResult]) -> str:
         },
         indent=2,
     )
+
+
+def to_json_error(message: str) -> str:
+    """The JSON document when no check could run: the same schema, no checks, and the reason."""
+    return json.dumps({"version": SCHEMA_VERSION, "error": message, "checks": [], "summary": summary([])}, indent=2)
 
 
 def render_table(results: Sequence[CheckResult], console: Console) -> None:

@@ -7,6 +7,9 @@ RENDEZVOUS = 3  # the rendezvous failed: timed out, closed, or its store host wa
 INTERNAL = 4  # a bug or an unexpected error in mbr-launch itself
 PREEMPTED = 5  # a preemption signal arrived: workers were asked to checkpoint, then stopped
 EXCLUDED = 6  # this node was excluded from the job (it failed too often, or a worker asked); the rest go on
+# ``mbr-launch doctor`` exits 0 all ok, 1 warnings, 2 errors found by its checks, and this when it could not
+# run them at all (a bad option or config file).
+DOCTOR_NOT_RUN = 3
 # 128 + N: the launcher was stopped by signal N (e.g. 130 for SIGINT, 129 for SIGHUP), after it forwarded
 # the signal to the workers and stopped them.
 

@@ -58,7 +58,8 @@ def render(settings: Sequence[Setting]) -> str:
         ".PP",
         "torchrun's and ft_launcher's flags are accepted as they are. Each option can also be set by "
         "environment variable or in the config file; the command line wins over the environment "
-        "(MBR_* before PET_*), which wins over the config file, which wins over the default.",
+        "(MBR_* before PET_*), which wins over the config file, which wins over the default. An empty "
+        "environment variable is an error, except for a setting whose default is empty, where it means unset.",
         ".SH OPTIONS",
         ".TP",
         ", ".join(_roff_flag(f) for f in HELP_FLAGS),

@@ -1,0 +1,60 @@
+"""Checks on a setting's raw value before its parser sees it: where it came from can make it unusable.
+
+- An empty environment variable: unset where the setting's default is empty too, an error elsewhere. torchrun
+  fails on ``PET_NPROC_PER_NODE=''`` (``int('')``); quietly running 1 worker instead would hide the mistake.
+- Bytes that are not UTF-8 (argv and the environment carry them as surrogate escapes): fine in a file name,
+  but an id, a host or a role must be text (torch's store refuses them deep inside the rendezvous).
+- A YAML null: unset for an optional setting, 'none' where the parser gives none a meaning (an NVRx
+  timeout: ``takes_none``), and an error elsewhere rather than a None that breaks the launch later.
+
+``setting`` is a ``settings.Setting``; ``default`` its default as people type it (``default_text``).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from mbr_launch.config.errors import SettingError
+
+# Settings whose values are file names: those may hold any bytes the file system allows.
+PATH_SETTINGS = frozenset({"log_dir", "config", "pci_topo_file", "link_down_path_template"})
+
+
+def env_name(setting: Any, default: str, environ: Mapping[str, str]) -> str | None:
+    """The first of the setting's environment variables that is set to a value, or None."""
+    for name in setting.envvars:
+        value = environ.get(name)
+        if value is None or (value == "" and default == ""):
+            continue
+        if value == "":
+            raise SettingError(f"{name} is set but empty; unset it or give it a value for {setting.flag} "
+                               f"(default: {default})")
+        return name
+    return None
+
+
+def check_text(setting: Any, raw: Any) -> None:
+    if isinstance(raw, str) and setting.name not in PATH_SETTINGS:
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SettingError(f"{setting.flag}: the value is not valid UTF-8 text (got {raw!r})") from None
+
+
+def null_value(setting: Any, default: str) -> Any:
+    """What a YAML null means for this setting."""
+    if setting.default is None:
+        return None
+    if setting.parse is not None and getattr(setting.parse, "takes_none", False):
+        return setting.parse(None)
+    raise SettingError(f"{setting.flag}: needs a value, not null (leave the key out for the default, {default!r})")
+
+
+def source_hint(source: str) -> str:
+    """Where a bad value came from, for the end of its error message (nothing for the command line)."""
+    if source.startswith("env:"):
+        return f" (from the environment variable {source[4:]})"
+    return " (from the config file)" if source == "config" else ""
+
+
+__all__ = ["PATH_SETTINGS", "check_text", "env_name", "null_value", "source_hint"]

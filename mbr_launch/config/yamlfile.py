@@ -1,0 +1,105 @@
+"""Read a YAML file a person handed us, safely: a regular file of bounded size, UTF-8 text, plain data.
+
+Every way it can be wrong becomes one ``ConfigError`` line that names the file (and line:column for a
+syntax error). What is refused, and why:
+
+- anything but a regular file: a FIFO blocks ``open`` until a writer comes, ``/dev/zero`` never ends, a
+  directory is a typo. The file is opened with ``O_NONBLOCK`` and checked with ``fstat``, so a FIFO
+  swapped in after a check still cannot block us;
+- more than ``MAX_BYTES``: a config is a few kilobytes;
+- a duplicate key: YAML would keep the last one silently, and a setting the user wrote would not apply;
+- nesting deeper than the parser's recursion: one line instead of a ``RecursionError``.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from typing import Any
+
+import yaml
+
+from mbr_launch.config.errors import ConfigError
+
+MAX_BYTES = 16 * 1024 * 1024
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a device"),
+          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class reports it
+                break
+            if duplicate:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"key {key!r} is given twice", key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: file {path} does not exist") from None
+    except OSError as err:
+        raise ConfigError(f"{what}: cannot read {path}: {err.strerror or err}") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        for test, kind in _KINDS:
+            if test(mode):
+                raise ConfigError(f"{what}: {path} is {kind}, not a file; give the path of a YAML file")
+        if not stat.S_ISREG(mode):
+            raise ConfigError(f"{what}: {path} is not a regular file; give the path of a YAML file")
+        chunks, size = [], 0
+        while size <= MAX_BYTES:
+            chunk = os.read(fd, 1 << 20)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as err:
+        raise ConfigError(f"{what}: cannot read {path}: {err.strerror or err}") from None
+    finally:
+        os.close(fd)
+    if size > MAX_BYTES:
+        raise ConfigError(f"{what}: {path} is larger than {MAX_BYTES // (1024 * 1024)} MiB; "
+                          "is it really the YAML config?")
+    return b"".join(chunks)
+
+
+def _syntax_error(path: str, what: str, err: yaml.YAMLError) -> ConfigError:
+    """``FILE:LINE:COL: problem`` on one line (PyYAML's own message spans several, with context)."""
+    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+    problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
+    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+    return ConfigError(f"{what}: {where}: {' '.join(str(problem).split())} (YAML error)")
+
+
+def read_yaml(path: str, *, what: str = "--config") -> Any:
+    """The data in the YAML file at ``path``; ``what`` (the flag) starts every error message."""
+    raw = _read_bytes(path, what)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what}: {path} is not UTF-8 text (byte {raw[err.start]:#04x} at offset {err.start}); "
+                          "give the path of a YAML file") from None
+    if "\0" in text:
+        raise ConfigError(f"{what}: {path} holds a NUL byte, so it is not a text file; give the path of a YAML file")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:
+        raise _syntax_error(path, what, err) from None
+    except RecursionError:
+        raise ConfigError(f"{what}: {path} is nested too deeply to be a config") from None
+
+
+__all__ = ["MAX_BYTES", "read_yaml"]
