@@ -80,7 +80,8 @@ class Agent:
                                           log=log, monitor=None, say=self.say)
         slurm = cfg.slurm
         # The command line without secrets; the environment is never written.
-        log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id, nproc_per_node=cfg.workers.nproc_per_node,
+        log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
+                 nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
                         "restart_count": slurm.restart_count} if slurm else None)

@@ -168,8 +168,8 @@ class WorkerGroup:
             if self._warned:
                 return
             self._warned = True
-        self.say(f"WARNING: cannot write worker output to {path}: {describe(error)}; the job goes on, the "
-                 "output goes to the console instead, and what the log files miss is counted in events.jsonl "
+        self.say(f"WARNING: cannot write worker output to {path}: {describe(error)}; the job goes on, its "
+                 "output goes on to the console, and what the log files miss is counted in events.jsonl "
                  "(output_lost)")
 
     def _pump_done(self, worker: Worker, stream: str, pump: OutputPump) -> None:

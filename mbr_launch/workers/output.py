@@ -93,4 +93,7 @@ class OutputPump:
         if log is self.log and self._console is None:
             self._console = self._fallback
         if self._on_log_failure is not None:
-            self._on_log_failure(self, log)
+            try:
+                self._on_log_failure(self, log)
+            except (OSError, ValueError):
+                pass  # the warning could not be shown (the console is gone too): keep draining
