@@ -62,8 +62,7 @@ def test_appender_on_eio_rolls_back_the_cut_line(tmp_path):
 def test_event_log_on_eio_warns_once_never_raises_and_keeps_records(tmp_path):
     path = tmp_path / "events.jsonl"
     warnings: list[str] = []
-    log = EventLog(path, node="n0", warn=warnings.append,  # the disk fails after ~2 lines
-                   appender=lambda p: LineAppender(p, write=_failing_write(300, errno.EIO)))
+    log = EventLog(path, node="n0", warn=warnings.append, write=_failing_write(300, errno.EIO))  # after ~2 lines
     for i in range(5):
         log.emit("signal", signal=f"SIG{i}" * 20)
     log.close()

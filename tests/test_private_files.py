@@ -79,6 +79,8 @@ def test_a_planted_symlink_is_never_followed(tmp_path):
     (tmp_path / "stdout.log").symlink_to(target)
     log = LineAppender(tmp_path / "stdout.log")
     assert not log.append(b"worker output\n") and log.error.errno == errno.ELOOP
+    (tmp_path / "events.jsonl").symlink_to(target)
+    assert LineAppender(tmp_path / "events.jsonl", fresh=True).error.errno == errno.EEXIST  # O_EXCL
     (tmp_path / "hard.log").hardlink_to(target)
     with pytest.raises(OSError, match="not a regular file of ours"):
         open_private(tmp_path / "hard.log")

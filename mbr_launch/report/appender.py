@@ -22,11 +22,10 @@ class LineAppender:
     """Appends chunks of whole lines to ``path``; ``append`` returns False once the file is given up.
 
     Only this object writes the file (``O_APPEND``, one process), so the size after each complete write is
-    the rollback point of the next. ``write`` and ``opener`` are injectable to test failures that a real
-    file system gives rarely (EIO)."""
+    the rollback point of the next. ``fresh``: the file must not exist yet (in a folder just made, one that
+    does was planted). ``write`` is injectable to test failures that a real file system gives rarely (EIO)."""
 
-    def __init__(self, path: Path, *, write: Writer = os.write,
-                 opener: Callable[[Path], int] = open_private) -> None:
+    def __init__(self, path: Path, *, fresh: bool = False, write: Writer = os.write) -> None:
         self.path = path
         self._write = write
         self.error: OSError | None = None  # why the file was given up (None while it is written)
@@ -35,7 +34,7 @@ class LineAppender:
         self._fd: int | None = None
         self._end = 0
         try:
-            self._fd = opener(path)
+            self._fd = open_private(path, fresh=fresh)
             self._end = os.fstat(self._fd).st_size
         except OSError as exc:
             self._give_up(exc)

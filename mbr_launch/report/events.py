@@ -49,6 +49,7 @@ end                 exit_code, reason, seconds
 from __future__ import annotations
 
 import json
+import os
 import sys
 import threading
 import time
@@ -56,7 +57,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from mbr_launch.report.appender import LineAppender, describe
+from mbr_launch.report.appender import LineAppender, Writer, describe
 from mbr_launch.report.private import make_dir
 
 SCHEMA_VERSION = 1
@@ -97,11 +98,11 @@ class EventLog:
 
     Writing never fails the run: on a full disk or an I/O error the file keeps its complete lines, one
     warning goes through ``warn``, and the events that could not be written are counted (``lost``) while
-    the records stay in memory for the summary."""
+    the records stay in memory for the summary. ``write`` is injectable to test an I/O error (EIO)."""
 
     def __init__(self, path: Path | None, *, node: str, clock=time.monotonic,
                  warn: Callable[[str], None] | None = None,
-                 appender: Callable[[Path], LineAppender] = LineAppender) -> None:
+                 write: Writer = os.write) -> None:
         self._clock = clock
         self._t0 = clock()
         self._node = node
@@ -115,7 +116,7 @@ class EventLog:
                 make_dir(path.parent)
             except OSError:
                 pass  # the appender's open fails the same way, and reports it
-            self._out = appender(path)
+            self._out = LineAppender(path, fresh=True, write=write)  # a new run's log: never one found there
         self.path = path
         self._warned = False
         self._closed = False
