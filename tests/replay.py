@@ -106,6 +106,9 @@ class FakeGroup:
     def last_lines(self, worker: FakeWorker) -> list[str]:
         return self.lines.get(worker.local_rank, [])
 
+    def settle_output(self, *, timeout: float) -> None:
+        pass  # fake workers write no output
+
     def all_succeeded(self) -> bool:
         return bool(self.workers) and all(w.status is not None and w.status.ok for w in self.workers)
 

@@ -10,6 +10,8 @@ from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.requeue import maybe_requeue
 from mbr_launch.decide.goodput import compute
 from mbr_launch.report import exitcodes
+from mbr_launch.report.appender import describe
+from mbr_launch.report.summary import loss_lines
 
 
 def finish(ctx: Context, code: int, reason: str) -> int:
@@ -18,7 +20,9 @@ def finish(ctx: Context, code: int, reason: str) -> int:
         ctx.telemetry.end("end" if code == exitcodes.OK else "stop")
         ctx.telemetry.close()
     _goodput(ctx)
+    ctx.group.settle_output(timeout=0.5)  # the pumps' last words (output_lost) come before the end
     ctx.log.emit("end", exit_code=code, reason=reason, seconds=round(ctx.clock() - ctx.started, 3))
+    ctx.summary.losses = loss_lines(ctx.log.records, ctx.log.lost, describe(ctx.log.write_error))
     text = ctx.summary.render()
     if text:
         print(text, file=sys.stderr, flush=True)

@@ -9,10 +9,8 @@ import os
 import signal
 import socket
 import sys
-import tempfile
 import threading
 import time
-import uuid
 from pathlib import Path
 from typing import Any, Callable
 
@@ -26,11 +24,13 @@ from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous, Round
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
+from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
+from mbr_launch.report.redact import redact_argv
 from mbr_launch.workers import evidence
-from mbr_launch.workers.group import WorkerGroup
+from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standby import StandbyPool
 
 # Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
@@ -72,17 +72,16 @@ class Agent:
 
     def _assemble(self, wakeup: Wakeup, guard: StoreGuard) -> Context:
         cfg = self.cfg
-        base = Path(cfg.output.log_dir) if cfg.output.log_dir else Path(tempfile.gettempdir()) / "mbr-launch"
-        base.mkdir(parents=True, exist_ok=True)
-        run_dir = base / f"{cfg.rendezvous.run_id}_{uuid.uuid4().hex[:6]}_{self.node}"
-        run_dir.mkdir(parents=True)
+        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node)  # private, 0700
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
-        self._sock_dir = Path(tempfile.mkdtemp(prefix="mbr-"))
-        log = self._log = EventLog(run_dir / "events.jsonl", node=self.node)
+        self._sock_dir = make_socket_dir(longest_socket_name(cfg.workers.nproc_per_node))
+        log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
         slurm = cfg.slurm
-        log.emit("start", argv=sys.argv, run_id=cfg.rendezvous.run_id, nproc_per_node=cfg.workers.nproc_per_node,
+        # The command line without secrets; the environment is never written.
+        log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
+                 nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
                         "restart_count": slurm.restart_count} if slurm else None)
@@ -135,6 +134,8 @@ class Agent:
             except Exception:
                 pass
             self._group.close()
+        if self._early_standby and (self._group is None or self._group.standby is not self._early_standby):
+            self._early_standby.close()  # set-up failed before the group adopted it
         if self._cluster:
             self._cluster.close(join=not self._exit_after)
         if self._monitor:

@@ -24,6 +24,8 @@ def launch_command(**values: Any) -> None:
     script_args = tuple(values.pop("training_script_args") or ())
     try:
         cfg = build_launch_config(cli=values, script=script, script_args=script_args, environ=USER_ENV)
+        # The run folder and the socket folder are checked when the agent makes them: a refusal there is
+        # a usage error too (exit 2), not a crash.
         code = launch(cfg, environ=USER_ENV, exit_after=True)
     except ConfigError as err:
         raise CommandError(str(err)) from None

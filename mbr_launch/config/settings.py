@@ -56,7 +56,8 @@ SETTINGS: tuple[Setting, ...] = (
     _torchrun("no_python", bool, False, "Execute the training script directly instead of with python."),
     _torchrun("run_path", bool, False, "Run the script with runpy.run_path (torchrun compatibility)."),
     _torchrun("log_dir", str, None,
-              "Directory for logs, stack dumps and the event log (a per-run sub-directory is created).",
+              "Directory for logs, stack dumps and the event log (a private per-run sub-directory is created; "
+              "default: <temp dir>/mbr-launch-<uid>).",
               metavar="DIR", panel=LOGGING),
     _torchrun("redirects", str, "0",
               "Redirect std streams of workers into log files: 0 none, 1 stdout, 2 stderr, 3 both, or per "

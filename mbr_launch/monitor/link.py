@@ -23,6 +23,12 @@ class MonitorError(RuntimeError):
     pass
 
 
+# A command that fails in the monitor answers with an ``error`` event instead of its reply: the waiter is
+# told at once, with the monitor's own reason (say, a socket path too long), rather than after a timeout.
+_REPLY_OF = {Op.CONFIGURE: Event.READY, Op.ARM: Event.ARMED, Op.SNAPSHOT: Event.SNAPSHOT}
+_GONE = "_gone"  # put in every reply queue when the monitor's stdout ends: nothing will answer any more
+
+
 class MonitorLink:
     def __init__(self, on_event: Callable[[dict[str, Any]], None], *, env: dict[str, str] | None = None) -> None:
         self._on_event = on_event
@@ -100,9 +106,18 @@ class MonitorLink:
 
     def _wait(self, name: str, timeout: float) -> dict[str, Any]:
         try:
-            return self._replies[name].get(timeout=timeout)
+            reply = self._replies[name].get(timeout=timeout)
         except queue.Empty:
             raise MonitorError(f"rank monitor did not answer '{name}' within {timeout:.0f} s") from None
+        if reply.get("ev") == Event.ERROR:
+            raise MonitorError(f"rank monitor refused '{reply.get('op')}': {reply.get('message')}")
+        if reply.get("ev") == _GONE:
+            try:
+                code = self._proc.wait(2) if self._proc else None
+            except subprocess.TimeoutExpired:
+                code = None  # its stdout closed but it lingers: close() kills it
+            raise MonitorError(f"rank monitor exited (exit code {code}) before answering '{name}'")
+        return reply
 
     def _read(self) -> None:
         assert self._proc and self._proc.stdout
@@ -111,8 +126,14 @@ class MonitorLink:
                 event = json.loads(raw)
             except ValueError:
                 continue
+            if not isinstance(event, dict):
+                continue
             name = event.get("ev")
+            if name == Event.ERROR and event.get("op") in _REPLY_OF:
+                name = _REPLY_OF[event["op"]]
             if name in self._replies:
                 self._replies[name].put(event)
             else:
                 self._on_event(event)
+        for replies in self._replies.values():
+            replies.put({"ev": _GONE})

@@ -39,6 +39,9 @@ straggler           round, interval, threshold, stragglers (ranks), ranks (list 
                     individual, median, best, samples})
 goodput             wall, goodput (fraction), seconds ({startup, productive, lost, detection, restart,
                     other}), failures (list of {round, cause, lost, detection, restart})
+output_lost         rank, local_rank, stream (stdout|stderr|filtered_stdout|filtered_stderr), path, error,
+                    lost_bytes, lost_lines: a log file that could not be written (disk full, I/O error); its
+                    complete lines are kept, the rest went to the console only
 end                 exit_code, reason, seconds
 ==================  =========================================================================================
 """
@@ -46,11 +49,16 @@ end                 exit_code, reason, seconds
 from __future__ import annotations
 
 import json
+import os
+import sys
 import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Iterable, TextIO
+from typing import Any, Callable, Iterable
+
+from mbr_launch.report.appender import LineAppender, Writer, describe
+from mbr_launch.report.private import make_dir
 
 SCHEMA_VERSION = 1
 
@@ -80,25 +88,47 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "progress": ("round", "started", "first_step", "last_step", "checkpoint", "ended", "cause", "steps"),
     "straggler": ("round", "interval", "threshold", "stragglers", "ranks"),
     "goodput": ("wall", "goodput", "seconds", "failures"),
+    "output_lost": ("rank", "local_rank", "stream", "path", "error", "lost_bytes", "lost_lines"),
     "end": ("exit_code", "reason", "seconds"),
 }
 
 
 class EventLog:
-    """Appends events to ``path`` (and keeps them in memory for the end-of-run summary)."""
+    """Appends events to ``path`` (and keeps them in memory for the end-of-run summary).
 
-    def __init__(self, path: Path | None, *, node: str, clock=time.monotonic) -> None:
+    Writing never fails the run: on a full disk or an I/O error the file keeps its complete lines, one
+    warning goes through ``warn``, and the events that could not be written are counted (``lost``) while
+    the records stay in memory for the summary. ``write`` is injectable to test an I/O error (EIO)."""
+
+    def __init__(self, path: Path | None, *, node: str, clock=time.monotonic,
+                 warn: Callable[[str], None] | None = None,
+                 write: Writer = os.write) -> None:
         self._clock = clock
         self._t0 = clock()
         self._node = node
         self._lock = threading.Lock()
+        self._warn = warn or _warn_stderr
         self.group_rank: int | None = None
         self.records: list[dict[str, Any]] = []
-        self._file: TextIO | None = None
+        self._out: LineAppender | None = None
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            self._file = open(path, "a", buffering=1)
+            try:
+                make_dir(path.parent)
+            except OSError:
+                pass  # the appender's open fails the same way, and reports it
+            self._out = LineAppender(path, fresh=True, write=write)  # a new run's log: never one found there
         self.path = path
+        self._warned = False
+        self._closed = False
+
+    @property
+    def lost(self) -> int:
+        """How many events could not be written to the file."""
+        return self._out.lost_lines if self._out else 0
+
+    @property
+    def write_error(self) -> OSError | None:
+        return self._out.error if self._out else None
 
     def emit(self, event: str, **fields: Any) -> dict[str, Any]:
         if event not in EVENT_FIELDS:
@@ -109,10 +139,16 @@ class EventLog:
         for name in EVENT_FIELDS[event]:
             record[name] = fields.pop(name, None)
         record.update(fields)
+        line = (json.dumps(record, default=str) + "\n").encode()
         with self._lock:
             self.records.append(record)
-            if self._file:
-                self._file.write(json.dumps(record, default=str) + "\n")
+            if self._out and not self._closed and not self._out.append(line) and not self._warned:
+                self._warned = True
+                try:
+                    self._warn(f"WARNING: cannot write the event log {self.path}: {describe(self._out.error)}; "
+                               "the run goes on; the events it misses are counted in the summary")
+                except (OSError, ValueError):
+                    pass  # the console may be gone too: the count stays
         return record
 
     def t_of(self, monotonic: float) -> float:
@@ -120,9 +156,17 @@ class EventLog:
         return round(monotonic - self._t0, 4)
 
     def close(self) -> None:
-        if self._file:
-            self._file.close()
-            self._file = None
+        """Close the file; later events are kept in memory only (they are not counted as lost)."""
+        self._closed = True
+        if self._out:
+            self._out.close()
+
+
+def _warn_stderr(message: str) -> None:
+    try:
+        print(f"[mbr-launch] {message}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):
+        pass
 
 
 def validate(record: dict[str, Any]) -> list[str]:

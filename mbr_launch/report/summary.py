@@ -78,6 +78,7 @@ class RunSummary:
     exit_code: int = 0
     reason: str = ""
     goodput: str = ""  # goodput.Goodput.render() of this node, when workers made steps
+    losses: list[str] = field(default_factory=list)  # what the log files miss (a full disk, an I/O error)
 
     def root_cause(self) -> FailureRecord | None:
         """The failure whose error file has the earliest timestamp, else the first recorded."""
@@ -89,7 +90,7 @@ class RunSummary:
     def render(self) -> str:
         lines = []
         if not self.failures:
-            return self.goodput
+            return "\n".join([*([self.goodput] if self.goodput else []), *self.losses])
         lines.append("=" * 72)
         lines.append(f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))")
         for record in self.failures:
@@ -103,6 +104,21 @@ class RunSummary:
             lines.extend("  " + line for line in root.error_file.traceback.rstrip().splitlines())
         if self.goodput:
             lines.append(self.goodput)
+        lines.extend(self.losses)
         lines.append(f"Result: {self.reason} (exit code {self.exit_code})")
         lines.append("=" * 72)
         return "\n".join(lines)
+
+
+def loss_lines(records: list[dict[str, Any]], events_lost: int, events_error: str) -> list[str]:
+    """The summary's lines about log files that could not be written (``output_lost`` events, and the
+    event log's own count, which it cannot record in itself)."""
+    lines = []
+    for r in records:
+        if r.get("event") == "output_lost":
+            who = f"rank {r['rank']} {r['stream']}" if r.get("rank") is not None else str(r.get("stream"))
+            lines.append(f"WARNING: {who}: {r['lost_lines']} line(s) ({r['lost_bytes']} bytes) missing from "
+                         f"{r['path']} ({r['error']}); they went to the console only")
+    if events_lost:
+        lines.append(f"WARNING: {events_lost} event(s) missing from events.jsonl ({events_error})")
+    return lines

@@ -44,7 +44,12 @@ def arm_stack_dump() -> None:
     path = os.environ.get(STACK_FILE_ENV)
     if not path:
         return
-    _stack_file = open(path, "a", buffering=1)
+    try:
+        # 0600 and no symlink followed, like every file in the run folder.
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        _stack_file = os.fdopen(fd, "a", buffering=1)
+    except OSError:
+        return  # a full or failing log disk must not stop the worker: it runs without the stack file
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
 
 

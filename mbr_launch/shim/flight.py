@@ -87,6 +87,7 @@ def dump(out: str) -> bool:
 
 def _write(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "wb") as f:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)  # the agent sees either no file or a whole one

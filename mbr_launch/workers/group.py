@@ -2,15 +2,20 @@
 
 from __future__ import annotations
 
+import errno
+import functools
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, BinaryIO, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from mbr_launch.config.model import LaunchConfig
+from mbr_launch.report.appender import LineAppender, describe
 from mbr_launch.report.events import EventLog
+from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
@@ -19,6 +24,16 @@ from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
 
 if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
     from mbr_launch.cluster.rendezvous import Round
+
+# The rank monitor's sockets of one local rank, in the agent's socket folder (the monitor adds launcher.sock).
+MONITOR_SOCKET = "rmon{}.sock"
+STEPS_SOCKET = "steps{}.sock"
+
+
+def longest_socket_name(nproc_per_node: int) -> str:
+    """The longest file name in the socket folder, for a check that every socket path fits."""
+    last = nproc_per_node - 1
+    return max(MONITOR_SOCKET.format(last), STEPS_SOCKET.format(last), "launcher.sock", key=len)
 
 
 class WorkerGroup:
@@ -32,7 +47,9 @@ class WorkerGroup:
         self.monitor = monitor  # MonitorLink or None
         self.say = say
         self.workers: list[Worker] = []
-        self._filtered: dict[str, BinaryIO] = {}
+        self._filtered: dict[str, LineAppender] = {}
+        self._loss_lock = threading.Lock()
+        self._warned = False  # the one warning about worker logs that cannot be written
         self.standby: StandbyPool | None = None
         self._envs: dict[int, dict[str, str]] = {}  # the latest environment of each local rank
 
@@ -71,12 +88,12 @@ class WorkerGroup:
         rank_dir = self.run_dir / f"attempt_{rnd.index}" / str(local_rank)
         if restart_count != rnd.restart_count:  # a rank/node-scope restart inside the round
             rank_dir = self.run_dir / f"attempt_{rnd.index}.{restart_count}" / str(local_rank)
-        rank_dir.mkdir(parents=True, exist_ok=True)
+        self._make_rank_dir(rank_dir)
         sock = beats = None
         if self.monitor:
-            sock = str(self.sock_dir / f"rmon{local_rank}.sock")
+            sock = str(self.sock_dir / MONITOR_SOCKET.format(local_rank))
             if cfg.workers.use_boot and cfg.telemetry.autobeat:
-                beats = str(self.sock_dir / f"steps{local_rank}.sock")
+                beats = str(self.sock_dir / STEPS_SOCKET.format(local_rank))
             self.monitor.arm(local_rank=local_rank, rank=rank, socket=sock, step_socket=beats)
         env = worker_env(cfg, rnd, local_rank, self.environ, error_file=rank_dir / "error.json",
                          stack_file=rank_dir / "stacks.faulthandler.txt", monitor_socket=sock,
@@ -84,7 +101,10 @@ class WorkerGroup:
                          restart_count=restart_count, autobeat_socket=beats,
                          flight_dir=rank_dir if cfg.workers.use_boot else None)
         if cfg.workers.use_boot:
-            make_trigger(rank_dir / TRIGGER_NAME)  # boot opens it at start: it must exist before the worker
+            try:
+                make_trigger(rank_dir / TRIGGER_NAME)  # boot opens it at start: it must exist before the worker
+            except OSError:
+                pass  # a full disk: the worker runs without a Flight Recorder trigger
         argv = self._argv(local_rank)
         spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
                           stderr=subprocess.PIPE)
@@ -100,6 +120,17 @@ class WorkerGroup:
         self.log.emit("worker_start", rank=rank, local_rank=local_rank, pid=worker.pid, round=rnd.index,
                       restart_count=restart_count, standby=worker.standby_age is not None, **warm)
         return worker
+
+    def _make_rank_dir(self, rank_dir: Path) -> None:
+        """``attempt_N/L`` (0700); on a full disk the worker starts anyway, its logs then fail and are
+        counted like any other log that cannot be written."""
+        try:
+            make_dir(rank_dir.parent)
+            make_dir(rank_dir)
+        except OSError as exc:
+            if exc.errno in (errno.ELOOP, errno.EPERM, errno.ENOTDIR):
+                raise  # a folder swapped for a symlink or someone else's: never write through it
+            self._warn_once(rank_dir, exc)
 
     def _pumps(self, worker: Worker, rank_dir: Path) -> list:
         out = self.cfg.output
@@ -117,14 +148,37 @@ class WorkerGroup:
             filtered = self._filtered_file(name) if filters else None
             pump = OutputPump(stream, prefix=f"[rank{worker.rank}]:".encode(), console=to_console,
                               logfile=logfile, filters=filters, filtered=filtered,
-                              tail=worker.tail if name == "stderr" else None)
+                              tail=worker.tail if name == "stderr" else None, fallback=console if show else None,
+                              on_log_failure=self._pump_failed,
+                              on_done=functools.partial(self._pump_done, worker, name))
             pumps.append(pump.start())
         return pumps
 
-    def _filtered_file(self, name: str) -> BinaryIO:
+    def _filtered_file(self, name: str) -> LineAppender:
         if name not in self._filtered:
-            self._filtered[name] = open(self.run_dir / f"filtered_{name}.log", "ab")
+            self._filtered[name] = LineAppender(self.run_dir / f"filtered_{name}.log")
         return self._filtered[name]
+
+    def _pump_failed(self, pump: OutputPump, log: LineAppender) -> None:
+        self._warn_once(log.path, log.error)
+
+    def _warn_once(self, path: Path, error: OSError | None) -> None:
+        """One warning for the whole group: a full disk fails every log at once."""
+        with self._loss_lock:
+            if self._warned:
+                return
+            self._warned = True
+        self.say(f"WARNING: cannot write worker output to {path}: {describe(error)}; the job goes on, its "
+                 "output goes on to the console, and what the log files miss is counted in events.jsonl "
+                 "(output_lost)")
+
+    def _pump_done(self, worker: Worker, stream: str, pump: OutputPump) -> None:
+        log = pump.log
+        if log is None or not log.lost_lines:
+            return
+        self.log.emit("output_lost", rank=worker.rank, local_rank=worker.local_rank, stream=stream,
+                      path=str(log.path), error=describe(log.error), lost_bytes=log.lost_bytes,
+                      lost_lines=log.lost_lines)
 
     # ---- watch ----------------------------------------------------------------------------------
 
@@ -145,6 +199,15 @@ class WorkerGroup:
         for pump in worker.pumps[1:]:  # (stdout, stderr): only stderr's lines are kept
             pump.join(wait)
         return [line.decode(errors="replace").rstrip("\n") for line in list(worker.tail)]
+
+    def settle_output(self, *, timeout: float) -> None:
+        """Wait (at most ``timeout`` s in all) for the output of the workers that ended to be drained."""
+        deadline = time.monotonic() + timeout
+        for worker in self.workers:
+            if worker.status is None:
+                continue
+            for pump in worker.pumps:
+                pump.join(max(0.0, deadline - time.monotonic()))
 
     def pidfds(self) -> list[int]:
         return [w.pidfd for w in self.workers if w.alive]
@@ -182,8 +245,12 @@ class WorkerGroup:
     def close(self) -> None:
         if self.standby:
             self.standby.close()
-        for handle in self._filtered.values():
+        for name, handle in self._filtered.items():
             handle.close()
+            if handle.lost_lines:
+                self.log.emit("output_lost", rank=None, local_rank=None, stream=f"filtered_{name}",
+                              path=str(handle.path), error=describe(handle.error), lost_bytes=handle.lost_bytes,
+                              lost_lines=handle.lost_lines)
 
     def _log_exit(self, rnd: Round, worker: Worker) -> None:
         assert worker.status is not None

@@ -33,6 +33,7 @@ from typing import Literal, Optional, Sequence
 
 from mbr_launch.contract import STACK_SIGNAL
 from mbr_launch.decide.verdict import StackClass
+from mbr_launch.report.private import write_private
 
 Method = Literal["auto", "py-spy", "faulthandler"]
 
@@ -81,7 +82,10 @@ def dump_stacks(
 
     ``timeout`` bounds the whole call; with ``auto`` a share of it is kept for the fallback.
     """
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    except OSError:
+        pass  # a full disk: the stacks still reach the verdict, without their files
     deadline = time.monotonic() + timeout
     results: dict[int, StackDump] = {}
     failures: dict[int, str] = {}
@@ -279,9 +283,13 @@ def _save(target: StackTarget, out_dir: Path, method: str, text: str, frame: Opt
         f"# method: {method}\n# rank: {target.rank} (local rank {target.local_rank})\n# pid: {target.pid}\n"
         f"# time: {datetime.datetime.now().astimezone().isoformat(timespec='milliseconds')}\n\n"
     )
-    path.write_text(header + text)
+    saved: Optional[Path] = path
+    try:
+        write_private(path, (header + text).encode())
+    except OSError:
+        saved = None  # a full disk: the stacks still reach the verdict, without their file
     stack_class, where, collective = classify(text, method)
-    return StackDump(target.rank, target.local_rank, target.pid, method, path, summarize(frame), stack_class,
+    return StackDump(target.rank, target.local_rank, target.pid, method, saved, summarize(frame), stack_class,
                      where, collective)
 
 

@@ -1,0 +1,116 @@
+"""Where one run's files go: its run folder (under ``--log-dir``, else a private base folder of this user's)
+and the folder of the rank monitor's sockets. Each failure is a ``ConfigError`` (exit 2) that says what
+to do.
+
+The default base ``<tmp>/mbr-launch-<uid>`` sits in a directory everyone can write. Another user may have
+created it first, or planted a symlink there, to read our logs or to have us append worker output to a file
+of their choice: so it must be a real folder of ours that nobody else can write, or we refuse. Run folders
+are created fresh (never reused) with mode 0700, and their names come from ids we do not control (the
+rendezvous id, ``SLURM_JOB_ID``, the host name), so each id is made into one harmless path component.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+import tempfile
+import uuid
+from pathlib import Path
+
+from mbr_launch.config.errors import ConfigError
+
+DIR_MODE = 0o700
+SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one the terminating NUL
+_SOCKET_DIR_PREFIX = "mbr-"
+_MKDTEMP_RANDOM = 8  # characters tempfile.mkdtemp adds after the prefix
+_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+
+
+def safe_component(text: str, limit: int = 80) -> str:
+    """``text`` as one path component: no separator, no leading dot, printable ASCII, at most ``limit``
+    characters. The real id is kept where it matters (the rendezvous, the ``start`` event)."""
+    cleaned = _UNSAFE.sub("_", text)[:limit]
+    if cleaned.startswith("."):
+        cleaned = "_" + cleaned[1:]  # never "." or "..", never hidden
+    return cleaned or "_"
+
+
+def default_base(tmp: str | None = None) -> Path:
+    """This user's base folder for runs without ``--log-dir``."""
+    return Path(tmp or tempfile.gettempdir()) / f"mbr-launch-{os.geteuid()}"
+
+
+def private_base(path: Path) -> Path:
+    """Create ``path`` (0700) or check the one that is there: a real folder, ours, writable by us alone."""
+    try:
+        os.mkdir(path, DIR_MODE)
+    except FileExistsError:
+        pass
+    except OSError as exc:
+        raise ConfigError(f"cannot create the log folder {path}: {exc.strerror}; pass --log-dir DIR") from None
+    st = os.lstat(path)
+    what = ("another user may have made it to read or redirect your logs; remove it (or have its owner "
+            "remove it), or pass --log-dir DIR")
+    if stat.S_ISLNK(st.st_mode):
+        raise ConfigError(f"the log folder {path} is a symlink, not a folder: {what}")
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"the log folder {path} is not a folder: remove it, or pass --log-dir DIR")
+    if st.st_uid != os.geteuid():
+        raise ConfigError(f"the log folder {path} belongs to uid {st.st_uid}, not to you: {what}")
+    if st.st_mode & 0o022:
+        raise ConfigError(f"the log folder {path} is writable by others (mode {st.st_mode & 0o777:o}): {what}")
+    if st.st_mode & 0o077:
+        os.chmod(path, DIR_MODE)  # ours and safe, but readable by others: close it
+    return path
+
+
+def checked_log_dir(path: Path) -> Path:
+    """``--log-dir`` (created if missing): a folder the user chose, which may be shared with their team,
+    but not one where anybody can replace our run folder (writable by all, without the sticky bit)."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        st = os.stat(path)
+    except OSError as exc:
+        raise ConfigError(f"--log-dir: cannot create {path}: {exc.strerror}") from None
+    if not stat.S_ISDIR(st.st_mode):
+        raise ConfigError(f"--log-dir: {path} is not a folder")
+    if st.st_mode & 0o002 and not st.st_mode & stat.S_ISVTX:
+        raise ConfigError(f"--log-dir: {path} is writable by everyone without the sticky bit, so any user "
+                          "could replace your run folder; use a folder of yours, or `chmod o-w` (or +t) it")
+    return path
+
+
+def make_run_dir(log_dir: str | None, run_id: str, node: str) -> Path:
+    """A fresh run folder (0700) for this node: ``<base>/<run id>_<6 hex>_<node>``, always inside ``base``."""
+    base = checked_log_dir(Path(log_dir)) if log_dir else private_base(default_base())
+    run_dir = base / f"{safe_component(run_id)}_{uuid.uuid4().hex[:6]}_{safe_component(node)}"
+    try:
+        os.mkdir(run_dir, DIR_MODE)  # fresh: a folder already there (planted or not) is never reused
+        os.chmod(run_dir, DIR_MODE)  # whatever the umask
+    except OSError as exc:
+        raise ConfigError(f"cannot create the run folder {run_dir}: {exc.strerror}") from None
+    return run_dir
+
+
+def make_socket_dir(longest_name: str) -> Path:
+    """A private folder (0700) for the rank monitor's sockets, whose paths must fit in a socket address.
+
+    It goes in the temp dir; a ``TMPDIR`` too long for that falls back to /tmp (a fresh ``mkdtemp``
+    folder is private wherever it is)."""
+    tmp = tempfile.gettempdir()
+    tried = []
+    for parent in dict.fromkeys((tmp, "/tmp")):
+        longest = os.path.join(parent, _SOCKET_DIR_PREFIX + "x" * _MKDTEMP_RANDOM, longest_name)
+        if len(os.fsencode(longest)) > SOCKET_PATH_MAX:
+            tried.append(f"{parent}: a socket path would be {len(os.fsencode(longest))} bytes")
+            continue
+        try:
+            return Path(tempfile.mkdtemp(prefix=_SOCKET_DIR_PREFIX, dir=parent))
+        except OSError as exc:
+            tried.append(f"{parent}: {exc.strerror}")
+    raise ConfigError(f"no folder for the rank monitor's sockets (a socket path may have at most "
+                      f"{SOCKET_PATH_MAX} bytes): {'; '.join(tried)}; set TMPDIR to a short, writable folder")
+
+
+__all__ = ["checked_log_dir", "default_base", "make_run_dir", "make_socket_dir", "private_base", "safe_component"]
