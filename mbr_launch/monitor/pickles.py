@@ -62,7 +62,6 @@ class _Machine:
         self.stack: list[Any] = []
         self.marks: list[int] = []
         self.memo: dict[int, Any] = {}
-        self.ops: dict[str, Callable[[Any], None]] = {name: getattr(self, "_" + name.lower()) for name in _OPCODES}
 
     def run(self, payload: bytes) -> Any:
         count = 0
@@ -74,10 +73,10 @@ class _Machine:
                 if len(self.stack) != 1 or self.marks:
                     raise Refused("unbalanced pickle stack at STOP")
                 return self.stack.pop()
-            handler = self.ops.get(op.name)
+            handler = _DISPATCH.get(op.name)
             if handler is None:
                 raise Refused(f"pickle opcode {op.name} is not accepted")
-            handler(arg)
+            handler(self, arg)
         raise Refused("pickle without STOP")
 
     # ---- helpers ------------------------------------------------------------------------------------
@@ -103,6 +102,8 @@ class _Machine:
         return self.stack[-1]
 
     def _resolve(self, module: Any, name: Any) -> Global:
+        if module == "__builtin__":  # protocols 0-2 write Python 2's name (``pickle`` maps it back too)
+            module = "builtins"
         if (module, name) not in self.allowed:
             raise Refused(f"refused to unpickle global {module}.{name}")
         return Global(module, name)
@@ -306,6 +307,7 @@ _OPCODES = (
     "ADDITEMS", "FROZENSET", "MEMOIZE", "BINPUT", "LONG_BINPUT", "PUT", "BINGET", "LONG_BINGET", "GET",
     "GLOBAL", "STACK_GLOBAL", "NEWOBJ", "NEWOBJ_EX", "REDUCE", "BUILD",
 )
+_DISPATCH: dict[str, Callable[[_Machine, Any], None]] = {name: getattr(_Machine, "_" + name.lower()) for name in _OPCODES}
 
 
 def _children(value: Any) -> Collection[Any]:
