@@ -29,7 +29,7 @@ from mbr_launch.config.model import LaunchConfig
 from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
-from mbr_launch.workers import evidence
+from mbr_launch.workers import evidence, strays
 from mbr_launch.workers.group import WorkerGroup
 from mbr_launch.workers.standby import StandbyPool
 
@@ -58,6 +58,8 @@ class Agent:
         self._sock_dir: Path | None = None
 
     def run(self) -> int:
+        # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them (strays.py).
+        strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
         guard = StoreGuard(self._store_hung)
