@@ -42,3 +42,17 @@ def test_setsid_children_ignoring_sigterm_die_at_each_stop_without_holding_it(tm
     final_stop = end["t"] - max(exits[1])
     assert crash_stop < 2.0 and final_stop < 2.0, (crash_stop, final_stop)
     assert "did not stop" not in res.stderr
+
+
+def test_a_rank_restart_kills_only_that_ranks_strays(tmp_path):
+    children, logs = tmp_path / "children", tmp_path / "logs"
+    children.mkdir()
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--restart-scope", "rank",
+                        "--log-dir", str(logs), str(SCRIPTS / "stray_child.py"), str(children), "rank-scope"],
+                       timeout=90)
+    assert res.returncode == 0, res.stderr[-3000:]
+    # When rank 0 came back, its first child was gone; rank 1's, orphaned while rank 1 ran, was not touched.
+    assert (children / "scope").read_text() == "rank0-first-child-alive=False own-child-alive=True"
+    pids = {path.name: int(path.read_text()) for path in children.glob("child.*")}
+    assert sorted(pids) == ["child.0.0", "child.0.1", "child.1.0"]
+    assert [name for name, pid in pids.items() if _alive(pid)] == []  # the final stop took the rest
