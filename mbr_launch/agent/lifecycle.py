@@ -169,11 +169,8 @@ class Agent:
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""
-        for worker in self._group.workers if self._group else ():
-            try:
-                os.killpg(worker.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        if self._group:
+            self._group.kill_now()
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
                   f"from {self.cfg.rendezvous.endpoint})")
         print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)

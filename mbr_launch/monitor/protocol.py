@@ -14,7 +14,6 @@ Importing NVRx is not an option anyway: it imports torch, and the monitor must s
 from __future__ import annotations
 
 import enum
-import math
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union

@@ -16,7 +16,7 @@ from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers.output import OutputPump
 from mbr_launch.workers import strays
-from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
+from mbr_launch.workers.process import Worker, WorkerSpec, signal_group, spawn, stop_all
 
 if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
     from mbr_launch.cluster.rendezvous import Round
@@ -182,6 +182,19 @@ class WorkerGroup:
                 worker.noticed = True
                 if rnd is not None:
                     self._log_exit(rnd, worker)
+
+    def kill_now(self) -> None:
+        """SIGKILL every worker's process group and their strays, without waiting: the agent exits next."""
+        for worker in self.workers:
+            signal_group(worker, signal.SIGKILL)
+        try:
+            table, found = self._strays(self.workers, None)
+            holder = strays.Strays(groups=())
+            holder.add(table, found)
+            holder.signal(signal.SIGKILL, everyone=True)
+            holder.close()
+        except OSError:
+            pass  # best effort: /proc unreadable
 
     def _strays(self, targets: list[Worker], local_ranks: set[int] | None) -> tuple[dict[int, strays.Proc], set[int]]:
         """Descendants of ``targets`` outside their process groups' reach, and orphans of theirs (ours now, as
