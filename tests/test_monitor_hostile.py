@@ -43,7 +43,7 @@ def test_a_foreign_process_cannot_take_over_a_rank(tmp_path, monkeypatch):
     ready = tmp_path / "socket_path"
     logs = tmp_path / "logs"
     proc = start_launcher(["--standalone", "--nproc-per-node", "1", "--max-restarts", "0", "--log-dir", str(logs),
-                           "--heartbeat-timeout", "10", CLIENT, "steady", "6", str(ready)])
+                           "--heartbeat-timeout", "10", CLIENT, "steady", "3", str(ready)])
     try:
         deadline = time.monotonic() + 60
         while not ready.exists() and proc.poll() is None and time.monotonic() < deadline:
