@@ -7,8 +7,9 @@ import signal
 
 import pytest
 
-from mbr_launch.agent.messages import (Departure, MonitorDied, NodesWaiting, PeerStopped, RankExpired, RankStarted,
-                                       WorkloadRequest)
+from mbr_launch.agent import handlers
+from mbr_launch.agent.messages import (Departure, MonitorDied, MonitorWarning, NodesWaiting, PeerStopped, RankExpired,
+                                       RankStarted, WorkloadRequest, decode_monitor_event)
 from mbr_launch.decide.verdict import ProcState, StackClass
 from mbr_launch.cluster.peers import PeerLost
 from mbr_launch.cluster.stops import StopMessage
@@ -311,6 +312,21 @@ def test_workload_requests_with_odd_ranks_are_handled(tmp_path):
     assert code == exitcodes.FAILED
     assert causes(world) == ["request"]
     assert "a worker asked to shut the workload down" in world.events("end")[-1]["reason"]
+
+
+def test_monitor_warnings_are_recorded_warned_about_and_bounded(tmp_path, monkeypatch):
+    monkeypatch.setattr(handlers, "LOGGED_WARNINGS", 4)
+    raw = {"ev": "error", "local_rank": 1, "pid": 4242, "message": "local rank 1: refused a connection from pid 4242"}
+    warning = decode_monitor_event(raw)
+    assert warning == MonitorWarning(message=raw["message"], local_rank=1, pid=4242)
+    world = build_world(tmp_path)
+    assert world.run([*[post(warning)] * 7, all_exit(0)]) == exitcodes.OK  # the job goes on
+    logged = world.events("monitor_warning")
+    assert len(logged) == 4 and logged[-1]["suppressed_after"] == 4
+    assert (logged[0]["local_rank"], logged[0]["pid"], logged[0]["round"]) == (1, 4242, 0)
+    warned = [line for line in world.said if line.startswith("WARNING: rank monitor: local rank 1: refused")]
+    assert len(warned) == handlers.CONSOLE_WARNINGS and "events.jsonl only" in warned[-1]
+    assert world.events("failure") == []
 
 
 def test_lost_monitor_is_restarted_and_the_round_too(tmp_path):

@@ -228,7 +228,8 @@ def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
                               "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1",
                               "MBR_AUTOBEAT": "1", "MBR_AUTOBEAT_SOCKET": path}, stdout=subprocess.PIPE,
                               text=True)
-        assert mon.wait("connected", 60)
+        mon.send({"op": "pid", "local_rank": 0, "pid": worker.pid, "pgid": None})  # as the agent does: only
+        assert mon.wait("connected", 60)  # the worker's process tree may connect
         steps = mon.wait("steps", 60)
         assert steps["ranks"][0]["nvrx_client"] is True
         mon.send({"op": "snapshot"})

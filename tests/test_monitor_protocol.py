@@ -160,8 +160,79 @@ def test_frame_length_limits():
             frame_length(bad.to_bytes(4, "big"))
 
 
-def test_state_cannot_plant_undeclared_attributes():
-    # BUILD with extra keys: only declared fields survive on the shim, nothing reaches __class__.
-    shim = protocol.HeartbeatMsgShim()
-    shim.__setstate__({"rank": 1, "__class__": int, "evil": 1})
-    assert vars(shim) == {"rank": 1}
+# ---- frames read into inert values (issue 16) -----------------------------------------------------------------
+
+_DATA = "nvidia_resiliency_ext.fault_tolerance.data"
+
+
+def _op_str(text: str) -> bytes:
+    raw = text.encode()
+    return b"\x8c" + bytes([len(raw)]) + raw
+
+
+class _Renamed:
+    def __reduce__(self):
+        return (data.WorkloadAction, (1,), {"_name_": "Continue", "_value_": 0})
+
+
+def test_build_cannot_rename_an_enum_member():
+    rename = dumps((1, data.WorkloadControlRequest(_Renamed(), "x")))
+    with pytest.raises(ProtocolError, match="WorkloadAction: unexpected pickled form"):
+        decode_workload_request(rename)
+    genuine = decode_workload_request(dumps((1, data.WorkloadControlRequest(data.WorkloadAction.ExcludeThisNode, "y"))))
+    assert genuine.action == "ExcludeThisNode"
+    assert protocol.WorkloadAction(1).name == "ExcludeThisNode" and data.WorkloadAction(1).name == "ExcludeThisNode"
+
+
+@pytest.mark.parametrize("enum_name", ["SectionAction", "WorkloadAction"])
+def test_build_cannot_empty_an_enum_class(enum_name):
+    # BUILD on the class itself, with slot state: setattr(cls, '_member_map_', {}) under pickle.loads
+    attack = (b"\x80\x04" + _op_str(_DATA) + _op_str(enum_name) + b"\x93N}(" + _op_str("_value2member_map_") + b"}"
+              + _op_str("_member_map_") + b"}u\x86b.")
+    with pytest.raises(ProtocolError, match="BUILD"):
+        Decoder().decode(attack)
+    assert Decoder().decode(dumps(data.SectionMsg(3, "step", data.SectionAction.OPEN))) == SectionOpen("step")
+    assert len(protocol.SectionAction.__members__) == 3 and len(protocol.WorkloadAction.__members__) == 3
+
+
+def test_deep_nesting_and_too_many_opcodes_are_refused():
+    deep = b"\x80\x04" + b"]" * 100 + b"a" * 99 + b"."  # a list nested 100 deep, built without recursion
+    with pytest.raises(ProtocolError, match="nested deeper"):
+        protocol.unpickle(deep)
+    cyclic = b"\x80\x04]\x94h\x00a."  # a list appended to itself through the memo
+    with pytest.raises(ProtocolError, match="nested deeper|more than"):
+        protocol.unpickle(cyclic)
+    flood = b"\x80\x04]" + b"Na" * 30_000 + b"."
+    with pytest.raises(ProtocolError, match="opcodes"):
+        protocol.unpickle(flood)
+
+
+@pytest.mark.parametrize("initial", [10**400, 1e300, float("inf"), float("nan"), -1.0, protocol.MAX_TIMEOUT * 2])
+def test_out_of_range_timeouts_are_refused_not_crashing(initial):
+    req = Decoder().decode(dumps(data.UpdateConfigMsg(data.HeartbeatTimeouts(initial=initial, subsequent=1.0), None)))
+    assert isinstance(req, Invalid) and "initial: timeout" in req.cause
+
+
+@pytest.mark.parametrize("rank", [None, "zero", 1.5, True, -1, 2**40, [1]])
+def test_ranks_must_be_integers(rank):
+    with pytest.raises(protocol.BadRequest, match="rank"):
+        decode_workload_request(dumps((rank, data.WorkloadControlRequest(data.WorkloadAction.ShutdownWorkload, "x"))))
+    init = data.InitMsg()
+    init.rank_info = data.RankInfo(global_rank=rank, local_rank=0, host="h", pid=7)
+    assert isinstance(Decoder().decode(dumps(init)), Invalid)
+    assert isinstance(Decoder().decode(dumps(data.HeartbeatMsg(rank, {}))), Invalid)
+
+
+def test_long_section_names_and_hosts_are_refused():
+    assert isinstance(Decoder().decode(dumps(data.SectionMsg(0, "s" * 300, data.SectionAction.OPEN))), Invalid)
+    init = data.InitMsg()
+    init.rank_info = data.RankInfo(global_rank=0, local_rank=0, host="h" * 5000, pid=7)
+    assert isinstance(Decoder().decode(dumps(init)), Invalid)
+
+
+def test_protocol_2_sets_and_text_globals_still_decode():
+    msg = data.UpdateConfigMsg(None, data.SectionTimeouts(section={"step": 2.0}, calculated_sections={"step"}))
+    for proto in (2, 3):
+        req = Decoder().decode(pickle.dumps(msg, protocol=proto))
+        assert isinstance(req, UpdateConfig) and req.section is not None
+        assert req.section.calculated_sections == ("step",)

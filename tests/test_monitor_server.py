@@ -36,7 +36,11 @@ WORKER = textwrap.dedent(
     c = RankMonitorClient()
     if mode == "load":
         c.load_state_dict(json.load(open(args[0])))
-    c.init_workload_monitoring()
+    try:
+        c.init_workload_monitoring()
+    except RankMonitorClientError as e:
+        out(ev="client_error", message=str(e))
+        sys.exit(0)
     cfg = c.cfg
     out(ev="init", cfg={"initial": cfg.initial_rank_heartbeat_timeout, "subsequent": cfg.rank_heartbeat_timeout,
                         "sections": dict(cfg.rank_section_timeouts), "oos": cfg.rank_out_of_section_timeout,
@@ -82,6 +86,13 @@ WORKER = textwrap.dedent(
     elif mode == "workload":
         c.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ExcludeThisNode, "bad GPU"))
         out(ev="sent")
+    elif mode == "sections_then_exclude":
+        for _ in range(3):
+            c.start_section("step")
+            c.send_heartbeat()
+            c.end_section("step")
+        c.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ExcludeThisNode, "bad GPU"))
+        out(ev="sent")
     elif mode == "unknown_section":
         try:
             c.start_section("nope")
@@ -101,6 +112,25 @@ WORKER = textwrap.dedent(
             time.sleep(0.01)
         c.shutdown_workload_monitoring()  # disconnect: the monitor stops timing this rank
         out(ev="done", n=n)
+    """
+)
+
+
+# A process of the worker's tree that sends raw frames: (socket path, bytes) pairs from a pickle file.
+ATTACKER = textwrap.dedent(
+    """
+    import json, pickle, socket, sys
+    for target, data in pickle.load(open(sys.argv[1], "rb")):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(target)
+            s.sendall(data)
+            try:
+                got = s.recv(1 << 16)
+            except (ConnectionResetError, BrokenPipeError):
+                got = b""
+        print(json.dumps({"ev": "reply", "data": got.hex()}), flush=True)
+    print(json.dumps({"ev": "attacks_done"}), flush=True)
     """
 )
 
@@ -153,10 +183,13 @@ class Mon:
         self.dir.mkdir(mode=0o700)
         self.worker = tmp / "worker.py"
         self.worker.write_text(WORKER)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "mbr_launch.monitor.server"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, cwd=REPO,
-        )
+        self.tmp = tmp
+        self.stderr = tmp / "monitor.stderr"  # must stay empty: no traceback ever reaches the console
+        with open(self.stderr, "wb") as err:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "mbr_launch.monitor.server"],
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True, cwd=REPO,
+            )
         self.events = Lines(self.proc.stdout)
         self.clients: list[subprocess.Popen] = []
         full = {"initial_rank_heartbeat_timeout": None, "rank_heartbeat_timeout": None, "rank_section_timeouts": {},
@@ -183,6 +216,16 @@ class Mon:
                    FT_LAUNCHER_IPC_SOCKET=self.launcher_socket)
         proc = subprocess.Popen([sys.executable, str(self.worker), mode, *args], env=env, stdout=subprocess.PIPE,
                                 text=True, start_new_session=True)
+        self.clients.append(proc)
+        self.send(op="pid", local_rank=local_rank, pid=proc.pid, pgid=proc.pid)
+        return proc, Lines(proc.stdout)
+
+    def attack(self, frames: list[tuple[str, bytes]], local_rank: int) -> tuple[subprocess.Popen, Lines]:
+        """Send ``frames`` from a process the agent armed ``local_rank`` with (so it passes the pid check)."""
+        path = self.tmp / f"attacks{len(self.clients)}.pkl"
+        path.write_bytes(pickle.dumps(frames))
+        proc = subprocess.Popen([sys.executable, "-c", ATTACKER, str(path)], stdout=subprocess.PIPE, text=True,
+                                start_new_session=True)
         self.clients.append(proc)
         self.send(op="pid", local_rank=local_rank, pid=proc.pid, pgid=proc.pid)
         return proc, Lines(proc.stdout)
@@ -365,7 +408,8 @@ def _frame(payload: bytes) -> bytes:
 
 def test_malicious_pickle_is_dropped_and_legit_client_keeps_working(make_mon, tmp_path):
     mon = make_mon(rank_heartbeat_timeout=5.0, rank_section_timeouts={"step": 5.0})
-    sock_path = mon.arm(0)
+    mon.arm(0)
+    attacker_sock = mon.arm(1, rank=1)
     proc, out = mon.spawn("steady", "4.0")
     out.wait("steady")
     marker = Path("/tmp") / f"pwned-{uuid.uuid4().hex}"
@@ -375,21 +419,17 @@ def test_malicious_pickle_is_dropped_and_legit_client_keeps_working(make_mon, tm
         (1 << 30).to_bytes(4, "big") + b"x",  # oversized frame
         _frame(b"not a pickle at all"),
     ]
-    for target in (sock_path, mon.launcher_socket):
-        for attack in attacks:
-            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
-                s.settimeout(10)
-                s.connect(target)
-                s.sendall(attack)
-                try:
-                    assert s.recv(100) == b""  # dropped without a reply
-                except ConnectionResetError:
-                    pass  # dropped with our bytes unread
-            assert "connection dropped" in mon.events.wait("error")["message"]
+    frames = [(target, attack) for target in (attacker_sock, mon.launcher_socket) for attack in attacks]
+    attacker, said = mon.attack(frames, local_rank=1)
+    said.wait("attacks_done")
+    assert [r["data"] for r in said.all if r["ev"] == "reply"] == [""] * len(frames)  # dropped without a reply
+    errors = [e for e in mon.events.drain(0.5) if e["ev"] == "error"]
+    assert len(errors) == len(frames) and all("connection dropped" in e["message"] for e in errors), errors
     assert not marker.exists()
     assert out.wait("done", timeout=60)["n"] > 10
     assert proc.wait(30) == 0
     assert not [e for e in mon.events.drain(0.2) if e["ev"] == "expired"]
+    assert mon.stderr.read_bytes() == b""
 
 
 def test_config_dir_must_be_private(tmp_path):
@@ -467,3 +507,133 @@ def _group_members(pgid: int) -> list[int]:
             if int(fields[2]) == pgid and fields[0] != "Z":
                 found.append(int(entry))
     return found
+
+
+# ---- hostile frames and hostile neighbours (issue 16) --------------------------------------------------------
+
+_DATA = "nvidia_resiliency_ext.fault_tolerance.data"
+
+
+def _nvrx_frame(obj: Any) -> bytes:
+    """A real frame: an NVRx 0.4.1 object pickled the way its client does."""
+    from multiprocessing.reduction import ForkingPickler
+
+    return _frame(bytes(ForkingPickler.dumps(obj)))
+
+
+def _str_op(text: str) -> bytes:
+    raw = text.encode()
+    return b"\x8c" + bytes([len(raw)]) + raw  # SHORT_BINUNICODE
+
+
+def _empty_members(enum_name: str) -> bytes:
+    """BUILD on an allowed enum class itself: setattr its member maps to {} (pickle's slot-state form)."""
+    return _frame(b"\x80\x04" + _str_op(_DATA) + _str_op(enum_name) + b"\x93N}(" + _str_op("_value2member_map_")
+                  + b"}" + _str_op("_member_map_") + b"}u\x86b.")
+
+
+class _Renamed:
+    """Pickles as WorkloadAction(1) followed by BUILD {'_name_': 'Continue'}: renames the shared member."""
+
+    def __reduce__(self):
+        from nvidia_resiliency_ext.fault_tolerance.data import WorkloadAction
+
+        return (WorkloadAction, (1,), {"_name_": "Continue"})
+
+
+def test_frames_cannot_change_shared_classes(make_mon):
+    from nvidia_resiliency_ext.fault_tolerance.data import WorkloadControlRequest
+
+    mon = make_mon(rank_section_timeouts={"step": 5.0})
+    mon.arm(0, rank=0)
+    attacker_sock = mon.arm(1, rank=1)
+    frames = [_nvrx_frame((1, WorkloadControlRequest(_Renamed(), "renamed"))),
+              _empty_members("SectionAction"), _empty_members("WorkloadAction")]
+    _, said = mon.attack([(t, f) for t in (mon.launcher_socket, attacker_sock) for f in frames], local_rank=1)
+    said.wait("attacks_done")
+    assert [r["data"] for r in said.all if r["ev"] == "reply"] == [""] * 6  # all dropped
+    # Then a genuine client: its sections still decode, and its ExcludeThisNode is still ExcludeThisNode.
+    proc, out = mon.spawn("sections_then_exclude", rank=0)
+    out.wait("sent")
+    assert proc.wait(30) == 0
+    events = mon.events.drain(0.3)
+    assert [e for e in events if e["ev"] == "workload_request"] == [
+        {"ev": "workload_request", "rank": 0, "action": "ExcludeThisNode", "description": "bad GPU"}]
+    errors = [e["message"] for e in events if e["ev"] == "error"]
+    assert len(errors) == 6 and all("connection dropped" in m for m in errors), errors
+    assert mon.stderr.read_bytes() == b""
+
+
+def test_bad_values_are_refused_without_a_traceback(make_mon, tmp_path):
+    from nvidia_resiliency_ext.fault_tolerance.data import HeartbeatTimeouts, SectionTimeouts, UpdateConfigMsg
+
+    mon = make_mon(rank_section_timeouts={"step": 60.0})
+    mon.arm(0)
+    attacker_sock = mon.arm(1, rank=1)
+    deep: list = []
+    for _ in range(3000):
+        deep = [deep]
+    sections = SectionTimeouts(section={})
+    sections.calculated_sections = [deep]
+    limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(10_000)  # only to pickle it here; the monitor must cope at its default limit
+    try:
+        nested = _nvrx_frame(UpdateConfigMsg(None, sections))
+    finally:
+        sys.setrecursionlimit(limit)
+    overflow = _nvrx_frame(UpdateConfigMsg(HeartbeatTimeouts(initial=10**400, subsequent=1.0), None))
+    _, said = mon.attack([(attacker_sock, nested), (attacker_sock, overflow)], local_rank=1)
+    said.wait("attacks_done")
+    replies_ = [bytes.fromhex(r["data"]) for r in said.all if r["ev"] == "reply"]
+    assert replies_[0] == b""  # too deep: dropped
+    assert b"ErrorMsg" in replies_[1] and b"initial: timeout" in replies_[1]  # refused with a reason
+    # A real client whose saved timeouts are far beyond what epoll can wait: accepted, and the monitor lives.
+    state = tmp_path / "far.json"
+    state.write_text(json.dumps({"current_timeouts": {
+        "heartbeat": {"initial": 1e7, "subsequent": 1e7, "were_calculated": True},
+        "section": {"section": {"step": 1e7}, "out_of_section": None, "calculated_sections": ["step"],
+                    "is_out_of_section_calculated": False}}}))
+    _, out = mon.spawn("load", str(state))
+    out.wait("hanging")
+    mon.events.wait("timeouts_updated", local_rank=0)
+    time.sleep(0.5)
+    mon.send(op="snapshot")
+    assert mon.events.wait("snapshot")["ranks"][0]["timeouts"]["sections"] == {"step": 1e7}
+    errors = [e["message"] for e in mon.events.all if e["ev"] == "error"]
+    assert len(errors) == 2 and "nested deeper" in errors[0] and "refused a request" in errors[1], errors
+    assert mon.proc.poll() is None
+    assert mon.stderr.read_bytes() == b""
+
+
+def test_a_process_outside_the_workers_tree_is_refused(make_mon):
+    from nvidia_resiliency_ext.fault_tolerance import data
+
+    mon = make_mon(rank_heartbeat_timeout=5.0, rank_section_timeouts={"step": 5.0})
+    sock_path = mon.arm(0)
+    proc, out = mon.spawn("steady", "3.0")
+    out.wait("steady")
+    mon.events.wait("connected", local_rank=0)
+    # This test process is no descendant of the worker: it claims pid 1 and asks for 0.5 s timeouts.
+    init = data.InitMsg()
+    init.rank_info = data.RankInfo(global_rank=0, local_rank=0, host="elsewhere", pid=1)
+    forged = (_nvrx_frame(data.AuthkeyMsg()) + _nvrx_frame(init)
+              + _nvrx_frame(data.UpdateConfigMsg(data.HeartbeatTimeouts(0.5, 0.5, True), None)))
+    request = _nvrx_frame((0, data.WorkloadControlRequest(data.WorkloadAction.ShutdownWorkload, "forged")))
+    for target, frames in ((sock_path, forged), (mon.launcher_socket, request)):
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+            s.settimeout(10)
+            s.connect(target)
+            s.sendall(frames)
+            try:
+                assert s.recv(100) == b""  # closed without an answer
+            except ConnectionResetError:
+                pass
+    assert out.wait("done", timeout=60)["n"] > 10
+    assert proc.wait(30) == 0
+    events = mon.events.drain(0.3)
+    refused = [e for e in events if e["ev"] == "error"]
+    assert len(refused) == 2 and all(f"refused a connection from pid {os.getpid()}" in e["message"]
+                                     for e in refused), refused
+    assert refused[0]["local_rank"] == 0 and refused[0]["pid"] == os.getpid()
+    assert [e["pid"] for e in events if e["ev"] == "connected"] == [proc.pid]
+    assert not [e for e in events if e["ev"] in ("expired", "workload_request", "timeouts_updated")]

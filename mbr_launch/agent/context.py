@@ -127,6 +127,7 @@ class Context:
     summary: RunSummary = field(default_factory=RunSummary)
     heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up in this round
     quick_failures: int = 0  # consecutive failures of rounds that died young (a crash loop)
+    monitor_warnings: int = 0  # refusals and errors the rank monitor reported, this run
     round_started: float = 0.0
     departure: Departure = Departure.CLOSE
     watch: Watch | None = None  # this round's

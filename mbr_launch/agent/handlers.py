@@ -7,8 +7,9 @@ import signal
 from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.failures import handle_failure
-from mbr_launch.agent.messages import (AllDone, Departure, Event, InquiryOpened, MonitorDied, NodesWaiting, Outcome,
-                                       PeerStopped, Progress, RankExpired, RankStarted, RoundResult, WorkloadRequest)
+from mbr_launch.agent.messages import (AllDone, Departure, Event, InquiryOpened, MonitorDied, MonitorWarning,
+                                       NodesWaiting, Outcome, PeerStopped, Progress, RankExpired, RankStarted,
+                                       RoundResult, WorkloadRequest)
 from mbr_launch.cluster.peers import PeerLost, StoreLost
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
@@ -24,6 +25,9 @@ def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundR
         return handle_silence(ctx, rnd, event)
     if isinstance(event, AllDone):
         return RoundResult(Outcome.SUCCEEDED)
+    if isinstance(event, MonitorWarning):
+        note_monitor_warning(ctx, rnd, event)
+        return None
     if local_done:  # this node's workers finished: only the other nodes' news matters now
         return None
     if isinstance(event, NodesWaiting):
@@ -112,6 +116,24 @@ def handle_monitor_died(ctx: Context, rnd: Round, event: MonitorDied) -> RoundRe
                                   "lost, so the round is restarted")
     ctx.monitor.restart()
     return handle_failure(ctx, rnd, [record])
+
+
+# A hostile or broken client can make the monitor refuse a lot: the console gets the first few warnings,
+# events.jsonl a bounded number, so neither fills up.
+CONSOLE_WARNINGS = 5
+LOGGED_WARNINGS = 200
+
+
+def note_monitor_warning(ctx: Context, rnd: Round, event: MonitorWarning) -> None:
+    ctx.monitor_warnings += 1
+    count = ctx.monitor_warnings
+    if count <= LOGGED_WARNINGS:
+        last = {"suppressed_after": LOGGED_WARNINGS} if count == LOGGED_WARNINGS else {}
+        ctx.log.emit("monitor_warning", round=rnd.index, local_rank=event.local_rank, pid=event.pid,
+                     message=event.message, **last)
+    if count <= CONSOLE_WARNINGS:
+        more = "; further rank monitor warnings go to events.jsonl only" if count == CONSOLE_WARNINGS else ""
+        ctx.say(f"WARNING: rank monitor: {event.message}{more}")
 
 
 def handle_workload_request(ctx: Context, rnd: Round, event: WorkloadRequest) -> RoundResult | None:

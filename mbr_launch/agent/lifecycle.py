@@ -29,7 +29,7 @@ from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
-from mbr_launch.workers import evidence
+from mbr_launch.workers import evidence, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standby import StandbyPool
 
@@ -58,6 +58,8 @@ class Agent:
         self._sock_dir: Path | None = None
 
     def run(self) -> int:
+        # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them (strays.py).
+        strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
         guard = StoreGuard(self._store_hung)
@@ -168,11 +170,8 @@ class Agent:
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""
-        for worker in self._group.workers if self._group else ():
-            try:
-                os.killpg(worker.pid, signal.SIGKILL)
-            except OSError:
-                pass
+        if self._group:
+            self._group.kill_now()
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
                   f"from {self.cfg.rendezvous.endpoint})")
         print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)

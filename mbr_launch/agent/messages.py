@@ -111,6 +111,16 @@ class WorkloadRequest:
 
 
 @dataclass(frozen=True)
+class MonitorWarning:
+    """The rank monitor refused a connection or a request, or a client connection broke: recorded, and the
+    job goes on (a refusal protects it; the client that sent it gets the error)."""
+
+    message: str
+    local_rank: int | None = None  # None: the launcher socket, or the monitor's control channel
+    pid: int | None = None  # the connecting process, as the kernel tells
+
+
+@dataclass(frozen=True)
 class Progress:
     """Step beats and status rows for telemetry (``steps``, ``status``). The payload is the
     monitor's own record, read only by ``agent.telemetry``, which checks each field it uses."""
@@ -120,7 +130,10 @@ class Progress:
 
 
 Event = Union[PeerStopped, PeerLost, StoreLost, AllDone, NodesWaiting, MonitorDied, RankStarted, RankExpired,
-              InquiryOpened, WorkloadRequest, Progress]
+              InquiryOpened, WorkloadRequest, MonitorWarning, Progress]
+
+
+MAX_WARNING = 500  # characters of a monitor warning kept: the monitor quotes what peers sent
 
 
 def _int(value: Any) -> int | None:
@@ -133,7 +146,7 @@ def _float(value: Any) -> float | None:
 
 def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
     """One line of the monitor's event stream -> a typed event; None for what the agent does not act on
-    (connected, disconnected, errors, timeouts_updated)."""
+    (connected, disconnected, timeouts_updated)."""
     name = raw.get("ev")
     local_rank = _int(raw.get("local_rank"))
     if name in (Wire.FIRST_HEARTBEAT, Wire.FIRST_STEP) and local_rank is not None:
@@ -147,6 +160,9 @@ def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
                            timeout=_float(raw.get("timeout")), elapsed=_float(raw.get("elapsed")),
                            last_heartbeat_age=_float(raw.get("last_heartbeat_age")),
                            open_sections=tuple(str(s) for s in sections) if isinstance(sections, list) else ())
+    if name == Wire.ERROR:
+        return MonitorWarning(message=str(raw.get("message") or "(no message)")[:MAX_WARNING],
+                              local_rank=local_rank, pid=_int(raw.get("pid")))
     if name == Wire.WORKLOAD_REQUEST:
         return WorkloadRequest(rank=_int(raw.get("rank")), action=str(raw.get("action")),
                                description=str(raw.get("description") or ""))

@@ -98,6 +98,7 @@ class Commands:
         slot.rank = opt_int_field(msg, "rank")
         slot.pid, slot.pgid = opt_int_field(msg, "pid"), opt_int_field(msg, "pgid")
         slot.client_pid = None
+        shared.pids_known.notify_all()
         now = shared.clock()
         slot.watch.arm(now)
         self.beats.arm(slot, msg.get("step_socket"), now)
@@ -106,6 +107,7 @@ class Commands:
     def pid(self, msg: dict[str, Any]) -> None:
         slot = self._slot(msg)
         slot.pid, slot.pgid = opt_int_field(msg, "pid"), opt_int_field(msg, "pgid")
+        self.shared.pids_known.notify_all()
 
     def disarm(self, msg: dict[str, Any]) -> None:
         slot = self._slot(msg)

@@ -11,14 +11,15 @@ from __future__ import annotations
 
 import os
 import socket
-import struct
 import threading
 from typing import Any, Callable, Optional
 
 from mbr_launch.monitor import replies
+from mbr_launch.monitor.ancestry import descends_from, peer_of
 from mbr_launch.monitor.deadlines import InvalidTransition, Phase, SectionError, next_deadline
 from mbr_launch.monitor.protocol import (
     Authkey,
+    BadRequest,
     Decoder,
     Heartbeat,
     Init,
@@ -36,7 +37,9 @@ from mbr_launch.monitor.status import timeouts_updated
 from mbr_launch.monitor.steps import is_checkpoint_section
 from mbr_launch.monitor.wire import Event
 
-_PEERCRED = struct.Struct("3i")
+# How long a connection that came before the agent named the worker's pid waits for it (the agent sends
+# it right after the spawn; a warm standby can connect within milliseconds of becoming the rank).
+PID_WAIT = 5.0
 _NOT_INITIALISED = replies.frame(replies.error_msg("not initialised: send InitMsg first"))
 
 Handler = Callable[[Slot, Conn, Any], bytes]
@@ -77,12 +80,12 @@ class Connections:
                 sock, _ = listener.accept()
             except BlockingIOError:
                 return
-            uid = _PEERCRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _PEERCRED.size))[1]
+            pid, uid = peer_of(sock)
             if uid not in (0, os.geteuid()) or (slot is not None and slot.watch.phase is Phase.DISARMED):
                 sock.close()
                 continue
             sock.setblocking(True)
-            conn = Conn(sock, slot)
+            conn = Conn(sock, slot, pid)
             self.conns.add(conn)
             if slot is not None:
                 slot.conns.add(conn)
@@ -96,6 +99,7 @@ class Connections:
             return
         conn.dropped = True
         self._detach(conn)
+        self.shared.pids_known.notify_all()  # a thread still waiting to admit it gives up now
         try:
             conn.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
@@ -127,6 +131,8 @@ class Connections:
     def _serve(self, conn: Conn) -> None:
         shared, sock = self.shared, conn.sock
         try:
+            if not self._admit(conn):
+                return
             while True:
                 # Exact reads (header, then payload) measured as fast as one big recv with
                 # SO_RCVLOWAT, and a short garbage frame cannot leave us waiting for more bytes.
@@ -140,11 +146,11 @@ class Connections:
                     break
                 sock.sendall(reply)
         except ProtocolError as exc:
-            with shared.lock:
-                where = f"local rank {conn.slot.local_rank}" if conn.slot else "launcher socket"
-                shared.emit({"ev": Event.ERROR, "message": f"{where}: {exc}; connection dropped"})
+            self._error(conn, f"{exc}; connection dropped")
         except (OSError, EOFError):
             pass
+        except Exception as exc:  # a bug of ours: reported as an event, never a traceback on the console
+            self._error(conn, f"internal error {type(exc).__name__}: {exc}; connection dropped")
         finally:
             with shared.lock:
                 if not conn.dropped:
@@ -155,10 +161,43 @@ class Connections:
                 self.threads.discard(threading.current_thread())
             sock.close()
 
+    def _error(self, conn: Conn, message: str) -> None:
+        """Report a refused or broken connection: an ``error`` event the agent records."""
+        slot = conn.slot
+        where = f"local rank {slot.local_rank}" if slot else "launcher socket"
+        with self.shared.lock:
+            self.shared.emit({"ev": Event.ERROR, "local_rank": slot.local_rank if slot else None,
+                              "pid": conn.peer_pid, "message": f"{where}: {message}"})
+
+    def _admit(self, conn: Conn) -> bool:
+        """Serve only the worker of the slot or one of its descendants (for the launcher socket: of any armed
+        slot). The kernel names the peer; what the client says about itself proves nothing."""
+        shared = self.shared
+        with shared.lock:
+            shared.pids_known.wait_for(lambda: conn.dropped or bool(self._owners(conn.slot)), PID_WAIT)
+            owners = self._owners(conn.slot)
+            if conn.dropped:
+                return False
+        if descends_from(conn.peer_pid, owners):
+            return True
+        whose = f"the worker (pid {', '.join(map(str, sorted(owners)))})" if owners else "a worker (none armed)"
+        self._error(conn, f"refused a connection from pid {conn.peer_pid}: it is not {whose} or one of its "
+                          "descendants")
+        return False
+
+    def _owners(self, slot: Optional[Slot]) -> set[int]:
+        if slot is not None:
+            return {slot.pid} if slot.pid is not None else set()
+        return {s.pid for s in self.shared.slots.values() if s.pid is not None and s.watch.phase is not Phase.DISARMED}
+
     def _frame(self, conn: Conn, payload: bytes) -> Optional[bytes]:
         shared, slot = self.shared, conn.slot
         if slot is None:
-            work = decode_workload_request(payload)
+            try:
+                work = decode_workload_request(payload)
+            except BadRequest as exc:
+                self._error(conn, f"refused a workload request: {exc}")
+                return replies.frame(replies.dumps(f"refused: {exc}".encode()))
             with shared.lock:
                 shared.emit({"ev": Event.WORKLOAD_REQUEST, "rank": work.rank, "action": work.action,
                              "description": work.description})
@@ -171,7 +210,7 @@ class Connections:
             try:
                 reply = handler(slot, conn, req)
             except (SectionError, InvalidTransition) as exc:
-                reply = replies.frame(replies.error_msg(str(exc)))
+                reply = self._refuse(slot, conn, str(exc))
             wake = shared.check_by(next_deadline(slot.watch))
         if wake:
             shared.wake()
@@ -220,11 +259,11 @@ class Connections:
         slot.watch.init(self.shared.clock())
         slot.steps.yield_to_client()  # the script heartbeats itself: no double heartbeats
         slot.active = conn
-        slot.client_pid = req.pid
+        slot.client_pid = conn.peer_pid or req.pid  # the kernel's word over the client's
         if slot.rank is None:
             slot.rank = req.rank
-        self.shared.emit({"ev": Event.CONNECTED, "local_rank": slot.local_rank,
-                          "rank": req.rank if req.rank is not None else slot.rank, "pid": req.pid})
+        self.shared.emit({"ev": Event.CONNECTED, "local_rank": slot.local_rank, "rank": req.rank,
+                          "pid": slot.client_pid})
         return replies.frame(replies.ok_msg(cfg=replies.ft_config(self.shared.effective_cfg(slot))))
 
     def _on_update(self, slot: Slot, conn: Conn, req: UpdateConfig) -> bytes:
@@ -243,4 +282,10 @@ class Connections:
         return replies.OK_FRAME
 
     def _on_invalid(self, slot: Slot, conn: Conn, req: Invalid) -> bytes:
-        return replies.frame(replies.error_msg(req.cause))
+        return self._refuse(slot, conn, req.cause)
+
+    def _refuse(self, slot: Slot, conn: Conn, cause: str) -> bytes:
+        """Lock held: answer ``ErrorMsg(cause)`` (the client raises it) and report it to the agent."""
+        self.shared.emit({"ev": Event.ERROR, "local_rank": slot.local_rank, "pid": conn.peer_pid,
+                          "message": f"local rank {slot.local_rank}: refused a request: {cause}"})
+        return replies.frame(replies.error_msg(cause))

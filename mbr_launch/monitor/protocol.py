@@ -1,10 +1,12 @@
 """The NVRx 0.4.1 rank-monitor wire protocol, decoded without NVRx and without trusting the peer.
 
 Frames are a 4-byte big-endian length followed by a pickle made by ``ForkingPickler``. NVRx unpickles
-whatever arrives, which makes its socket a code-execution door for anyone who can connect. Here a
-restricted ``Unpickler`` resolves only the exact (module, name) pairs the 0.4.1 client sends, and maps
-them to inert shim classes defined below; every other global raises ``ProtocolError``. The decoded shims
-are then validated into small frozen request records, which is all the server ever sees.
+whatever arrives, which makes its socket a code-execution door for anyone who can connect. Here a frame is
+read by ``pickles.py`` into inert records (class names, arguments and state; no class is ever called or
+touched) accepting only the exact (module, name) pairs the 0.4.1 client sends. The records are then
+validated, types and ranges checked, into small frozen request values, which is all the server ever sees:
+a malformed frame is a ``ProtocolError`` (drop the connection), a well-formed one with a bad value an
+``Invalid`` request or a ``BadRequest`` (refuse it, answer, keep going).
 
 Importing NVRx is not an option anyway: it imports torch, and the monitor must start in milliseconds.
 """
@@ -12,12 +14,11 @@ Importing NVRx is not an option anyway: it imports torch, and the monitor must s
 from __future__ import annotations
 
 import enum
-import io
-import math
-import pickle
 import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
+
+from mbr_launch.monitor import pickles
 
 HEADER = struct.Struct(">I")
 # A real client message is a few hundred bytes; a state_dict-sized UpdateConfigMsg stays far below this.
@@ -33,63 +34,6 @@ class BadRequest(Exception):
     """A well-formed message with an invalid value: answer ``ErrorMsg`` and keep the connection."""
 
 
-# ---- shims: what the restricted unpickler builds instead of the NVRx classes -------------------------
-
-
-class _Shim:
-    """Inert attribute bag. ``__setstate__`` keeps only declared fields, so BUILD cannot plant others."""
-
-    FIELDS: tuple[str, ...] = ()
-
-    def __setstate__(self, state: Any) -> None:
-        if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
-            state = state[0]  # (dict_state, slot_state) form
-        if not isinstance(state, dict):
-            raise ProtocolError(f"{type(self).__name__}: unexpected pickled state")
-        for key, value in state.items():
-            if key in self.FIELDS:
-                self.__dict__[key] = value
-
-    def get(self, name: str, default: Any = None) -> Any:
-        return self.__dict__.get(name, default)
-
-
-class AuthkeyMsgShim(_Shim):
-    FIELDS = ("authkey",)
-
-
-class InitMsgShim(_Shim):
-    FIELDS = ("rank_info", "iteration", "num_warmup_iters")
-
-
-class RankInfoShim(_Shim):
-    FIELDS = ("global_rank", "local_rank", "host", "pid")
-
-
-class HeartbeatMsgShim(_Shim):
-    FIELDS = ("rank", "state")
-
-
-class SectionMsgShim(_Shim):
-    FIELDS = ("rank", "section", "action")
-
-
-class UpdateConfigMsgShim(_Shim):
-    FIELDS = ("hb_timeouts", "section_timeouts")
-
-
-class HeartbeatTimeoutsShim(_Shim):
-    FIELDS = ("initial", "subsequent", "were_calculated")
-
-
-class SectionTimeoutsShim(_Shim):
-    FIELDS = ("section", "out_of_section", "calculated_sections", "is_out_of_section_calculated")
-
-
-class WorkloadControlRequestShim(_Shim):
-    FIELDS = ("action", "description")
-
-
 class SectionAction(enum.Enum):
     OPEN = 1
     CLOSE = 2
@@ -102,45 +46,32 @@ class WorkloadAction(enum.Enum):
     ShutdownWorkload = 2
 
 
-# Exactly what the 0.4.1 client pickles (checked with pickletools); protocol 4 encodes sets with
-# EMPTY_SET/ADDITEMS, `set`/`frozenset` are here for peers pickling with protocol 2 or 3.
-ALLOWED: Mapping[tuple[str, str], type] = {
-    (_DATA, "AuthkeyMsg"): AuthkeyMsgShim,
-    (_DATA, "InitMsg"): InitMsgShim,
-    (_DATA, "RankInfo"): RankInfoShim,
-    (_DATA, "HeartbeatMsg"): HeartbeatMsgShim,
-    (_DATA, "SectionMsg"): SectionMsgShim,
-    (_DATA, "SectionAction"): SectionAction,
-    (_DATA, "UpdateConfigMsg"): UpdateConfigMsgShim,
-    (_DATA, "HeartbeatTimeouts"): HeartbeatTimeoutsShim,
-    (_DATA, "SectionTimeouts"): SectionTimeoutsShim,
-    (_DATA, "WorkloadControlRequest"): WorkloadControlRequestShim,
-    (_DATA, "WorkloadAction"): WorkloadAction,
-    ("builtins", "set"): set,
-    ("builtins", "frozenset"): frozenset,
-}
+# Exactly what the 0.4.1 client pickles (checked with pickletools): dataclasses and enums of its data module.
+# Protocol 4 encodes sets with EMPTY_SET/ADDITEMS; ``set``/``frozenset`` are for peers using protocol 2 or 3.
+ALLOWED: frozenset[tuple[str, str]] = frozenset({
+    *((_DATA, name) for name in ("AuthkeyMsg", "InitMsg", "RankInfo", "HeartbeatMsg", "SectionMsg", "SectionAction",
+                                 "UpdateConfigMsg", "HeartbeatTimeouts", "SectionTimeouts", "WorkloadControlRequest",
+                                 "WorkloadAction")),
+    ("builtins", "set"), ("builtins", "frozenset"),
+})
 
-
-class RestrictedUnpickler(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        try:
-            return ALLOWED[(module, name)]
-        except KeyError:
-            raise ProtocolError(f"refused to unpickle global {module}.{name}") from None
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise ProtocolError("refused a persistent id")
+# Bounds on values, far above what a real client sends.
+MAX_RANK = 1 << 31
+MAX_PID = 1 << 31
+MAX_NAME = 256  # a section name
+MAX_SECTIONS = 1024  # entries of a section-timeout map
+MAX_TEXT = 1024  # a host name or a request's description (longer descriptions are cut)
+MAX_TIMEOUT = 1e8  # seconds (3 years): longer is a mistake, and epoll cannot wait that long anyway
 
 
 def unpickle(payload: bytes) -> Any:
+    """The frame's value as inert records (``pickles.py``); any refusal is a ``ProtocolError``."""
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     try:
-        return RestrictedUnpickler(io.BytesIO(payload)).load()
-    except ProtocolError:
-        raise
-    except Exception as exc:  # any malformed pickle: truncated, bad opcode, bad constructor args
-        raise ProtocolError(f"malformed pickle: {type(exc).__name__}: {exc}") from None
+        return pickles.load(payload, ALLOWED)
+    except pickles.Refused as exc:
+        raise ProtocolError(str(exc)) from None
 
 
 def frame_length(header: bytes) -> int:
@@ -163,10 +94,10 @@ class Authkey:
 
 @dataclass(frozen=True, slots=True)
 class Init:
-    rank: Optional[int]
-    local_rank: Optional[int]
+    rank: int
+    local_rank: int
     host: str
-    pid: Optional[int]
+    pid: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -219,7 +150,7 @@ class Invalid:
 
 @dataclass(frozen=True, slots=True)
 class WorkloadRequest:
-    rank: Optional[int]
+    rank: int
     action: str
     description: str
 
@@ -227,40 +158,85 @@ class WorkloadRequest:
 Request = Union[Authkey, Init, Heartbeat, SectionOpen, SectionClose, SectionCloseAll, UpdateConfig, Invalid]
 
 
-def _int_or_none(value: Any) -> Optional[int]:
-    # The client sends RANK from the environment as a str when torch.distributed is not initialised.
-    if isinstance(value, bool):
-        return None
-    if isinstance(value, int):
-        return value
-    if isinstance(value, str):
+# ---- validation: records -> requests ------------------------------------------------------------------
+
+
+def _integer(value: Any, what: str, low: int, high: int) -> int:
+    """An int in [low, high). The client sends RANK from the environment as a str when torch.distributed
+    is not initialised, so a decimal string counts too."""
+    if isinstance(value, str) and len(value) <= 12:
         try:
-            return int(value)
+            value = int(value)
         except ValueError:
-            return None
-    return None
+            pass
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise BadRequest(f"{what} must be an integer, got {_kind(value)}")
+    if not low <= value < high:
+        raise BadRequest(f"{what} {value} is out of range")
+    return value
+
+
+def _text(value: Any, what: str, limit: int) -> str:
+    if not isinstance(value, str):
+        raise BadRequest(f"{what} must be a str, got {_kind(value)}")
+    if len(value) > limit:
+        raise BadRequest(f"{what} is longer than {limit} characters")
+    return value
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, pickles.Record):
+        return value.cls.name
+    return type(value).__name__
 
 
 def _timeout(value: Any, what: str) -> Timeout:
     if value is None:
         return None
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise BadRequest(f"{what}: timeout must be a number or None, got {type(value).__name__}")
-    value = float(value)
-    if math.isnan(value) or value < 0:
-        raise BadRequest(f"{what}: invalid timeout {value}")
-    return value
+        raise BadRequest(f"{what}: timeout must be a number or None, got {_kind(value)}")
+    # Compare before float(): float() of a huge int raises OverflowError.
+    if not (0 <= value <= MAX_TIMEOUT):  # NaN fails this too
+        raise BadRequest(f"{what}: timeout {value!r:.40} is not between 0 and {MAX_TIMEOUT:g} s")
+    return float(value)
+
+
+def _fields(obj: Any, name: str) -> dict[str, Any]:
+    """The state of a record of class ``name`` made with no arguments (how dataclasses are pickled)."""
+    if not isinstance(obj, pickles.Record) or obj.cls.name != name or obj.cls.module != _DATA:
+        raise ProtocolError(f"expected {name}, got {_kind(obj)}")
+    state = obj.state
+    if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
+        state = state[0]  # (dict_state, slot_state) form
+    if obj.args != () or not isinstance(state, dict):
+        raise ProtocolError(f"{name}: unexpected pickled form")
+    return state
+
+
+def _member(obj: Any, kind: type[enum.Enum]) -> Any:
+    """Our own member of ``kind`` for a pickled ``kind(value)``: looked up by value, nothing built."""
+    if not isinstance(obj, pickles.Record) or obj.cls != pickles.Global(_DATA, kind.__name__):
+        raise ProtocolError(f"expected a {kind.__name__}, got {_kind(obj)}")
+    if obj.built or len(obj.args) != 1 or type(obj.args[0]) is not int:
+        raise ProtocolError(f"{kind.__name__}: unexpected pickled form")
+    try:
+        return kind(obj.args[0])
+    except ValueError:
+        raise ProtocolError(f"unknown {kind.__name__} {obj.args[0]}") from None
+
+
+def _rank(value: Any, what: str = "rank") -> int:
+    return _integer(value, what, 0, MAX_RANK)
 
 
 def _hb_timeouts(obj: Any) -> Optional[HbTimeouts]:
     if obj is None:
         return None
-    if not isinstance(obj, HeartbeatTimeoutsShim):
-        raise BadRequest("hb_timeouts is not HeartbeatTimeouts")
-    calc = obj.get("were_calculated")
+    fields = _fields(obj, "HeartbeatTimeouts")
+    calc = fields.get("were_calculated")
     return HbTimeouts(
-        initial=_timeout(obj.get("initial"), "initial"),
-        subsequent=_timeout(obj.get("subsequent"), "subsequent"),
+        initial=_timeout(fields.get("initial"), "initial"),
+        subsequent=_timeout(fields.get("subsequent"), "subsequent"),
         were_calculated=calc if isinstance(calc, bool) else None,
     )
 
@@ -268,57 +244,63 @@ def _hb_timeouts(obj: Any) -> Optional[HbTimeouts]:
 def _sec_timeouts(obj: Any) -> Optional[SecTimeouts]:
     if obj is None:
         return None
-    if not isinstance(obj, SectionTimeoutsShim):
-        raise BadRequest("section_timeouts is not SectionTimeouts")
-    section = obj.get("section") or {}
-    if not isinstance(section, dict) or not all(isinstance(k, str) for k in section):
-        raise BadRequest("section timeouts must map str to timeout")
-    calc = obj.get("calculated_sections") or ()
-    if not isinstance(calc, (set, frozenset, list, tuple, dict)):
-        raise BadRequest("calculated_sections must be a collection")
+    fields = _fields(obj, "SectionTimeouts")
+    section = fields.get("section") or {}
+    calc = fields.get("calculated_sections") or ()
+    if not isinstance(section, dict) or not isinstance(calc, (set, frozenset, list, tuple, dict)):
+        raise BadRequest("section timeouts must map str to timeout, calculated_sections must be a collection")
+    if len(section) > MAX_SECTIONS or len(calc) > MAX_SECTIONS:
+        raise BadRequest(f"more than {MAX_SECTIONS} sections")
     return SecTimeouts(
-        section={k: _timeout(v, f"section {k!r}") for k, v in section.items()},
-        out_of_section=_timeout(obj.get("out_of_section"), "out_of_section"),
-        calculated_sections=tuple(sorted(str(s) for s in calc)),
-        is_out_of_section_calculated=bool(obj.get("is_out_of_section_calculated")),
+        section={_text(k, "section name", MAX_NAME): _timeout(v, f"section {k!r}") for k, v in section.items()},
+        out_of_section=_timeout(fields.get("out_of_section"), "out_of_section"),
+        calculated_sections=tuple(sorted(_text(s, "section name", MAX_NAME) for s in calc)),
+        is_out_of_section_calculated=fields.get("is_out_of_section_calculated") is True,
+    )
+
+
+def _section(fields: dict[str, Any]) -> Request:
+    _rank(fields.get("rank"))
+    action = _member(fields.get("action"), SectionAction)
+    if action is SectionAction.CLOSE_ALL:
+        return SectionCloseAll()
+    name = _text(fields.get("section"), "section name", MAX_NAME)
+    return SectionOpen(name) if action is SectionAction.OPEN else SectionClose(name)
+
+
+def _init(fields: dict[str, Any]) -> Request:
+    info = _fields(fields.get("rank_info"), "RankInfo")
+    host = info.get("host")
+    return Init(
+        rank=_rank(info.get("global_rank")),
+        local_rank=_integer(info.get("local_rank"), "local_rank", -1, MAX_RANK),  # -1: LOCAL_RANK unset
+        host="" if host is None else _text(host, "host", MAX_TEXT),
+        pid=_integer(info.get("pid"), "pid", 1, MAX_PID),
     )
 
 
 def _interpret(obj: Any) -> Request:
-    if isinstance(obj, HeartbeatMsgShim):
-        if obj.get("state"):
-            return Invalid("state in heartbeat is not supported in this version")
-        return Heartbeat()
-    if isinstance(obj, SectionMsgShim):
-        action, name = obj.get("action"), obj.get("section")
-        if action is SectionAction.CLOSE_ALL:
-            return SectionCloseAll()
-        if not isinstance(name, str):
-            raise ProtocolError("section name is not a str")
-        if action is SectionAction.OPEN:
-            return SectionOpen(name)
-        if action is SectionAction.CLOSE:
-            return SectionClose(name)
-        raise ProtocolError(f"unknown section action {action!r}")
-    if isinstance(obj, AuthkeyMsgShim):
-        return Authkey()
-    if isinstance(obj, InitMsgShim):
-        info = obj.get("rank_info")
-        if not isinstance(info, RankInfoShim):
-            raise ProtocolError("InitMsg without RankInfo")
-        host = info.get("host")
-        return Init(
-            rank=_int_or_none(info.get("global_rank")),
-            local_rank=_int_or_none(info.get("local_rank")),
-            host=host if isinstance(host, str) else "",
-            pid=_int_or_none(info.get("pid")),
-        )
-    if isinstance(obj, UpdateConfigMsgShim):
-        try:
-            return UpdateConfig(_hb_timeouts(obj.get("hb_timeouts")), _sec_timeouts(obj.get("section_timeouts")))
-        except BadRequest as exc:
-            return Invalid(str(exc))
-    raise ProtocolError(f"unexpected message type {type(obj).__name__}")
+    kind = obj.cls.name if isinstance(obj, pickles.Record) else ""
+    try:
+        if kind == "HeartbeatMsg":
+            fields = _fields(obj, kind)
+            _rank(fields.get("rank"))
+            if fields.get("state"):
+                return Invalid("state in heartbeat is not supported in this version")
+            return Heartbeat()
+        if kind == "SectionMsg":
+            return _section(_fields(obj, kind))
+        if kind == "AuthkeyMsg":
+            _fields(obj, kind)
+            return Authkey()
+        if kind == "InitMsg":
+            return _init(_fields(obj, kind))
+        if kind == "UpdateConfigMsg":
+            fields = _fields(obj, kind)
+            return UpdateConfig(_hb_timeouts(fields.get("hb_timeouts")), _sec_timeouts(fields.get("section_timeouts")))
+    except BadRequest as exc:
+        return Invalid(f"{kind}: {exc}")
+    raise ProtocolError(f"unexpected message type {_kind(obj)}")
 
 
 class Decoder:
@@ -344,12 +326,16 @@ class Decoder:
 
 
 def decode_workload_request(payload: bytes) -> WorkloadRequest:
-    """Decode the launcher-socket message: ``(global_rank, WorkloadControlRequest)``."""
+    """Decode the launcher-socket message: ``(global_rank, WorkloadControlRequest)``. ``BadRequest`` when
+    it is well formed but its values are not (a rank that is not an integer, say)."""
     obj = unpickle(payload)
-    if not (isinstance(obj, tuple) and len(obj) == 2 and isinstance(obj[1], WorkloadControlRequestShim)):
+    if not (isinstance(obj, tuple) and len(obj) == 2):
         raise ProtocolError("expected (rank, WorkloadControlRequest)")
-    action = obj[1].get("action")
-    if not isinstance(action, WorkloadAction):
-        raise ProtocolError("WorkloadControlRequest without a WorkloadAction")
-    description = obj[1].get("description", "<not set>")
-    return WorkloadRequest(_int_or_none(obj[0]), action.name, str(description))
+    fields = _fields(obj[1], "WorkloadControlRequest")
+    action = _member(fields.get("action"), WorkloadAction)
+    description = fields.get("description", "<not set>")
+    if not isinstance(description, str):
+        raise BadRequest(f"description must be a str, got {_kind(description)}")
+    if len(description) > MAX_TEXT:
+        description = description[:MAX_TEXT] + "..."
+    return WorkloadRequest(_rank(obj[0]), action.name, description)

@@ -32,6 +32,10 @@ from mbr_launch.monitor.timers import Timers
 from mbr_launch.monitor.wire import Event
 
 
+# epoll cannot wait longer than about 24 days: a far deadline is waited for in steps.
+MAX_WAIT = 3600.0
+
+
 class Monitor:
     def __init__(self, emit: Emit, clock: Callable[[], float] = time.monotonic) -> None:
         self.shared = Shared(emit, clock)
@@ -47,7 +51,7 @@ class Monitor:
         sockets.watch(stdin_fd)
         while shared.running:
             wake_at = self.timers.wake_at()
-            timeout = -1.0 if wake_at is None else max(0.0, wake_at - clock())
+            timeout = -1.0 if wake_at is None else min(MAX_WAIT, max(0.0, wake_at - clock()))
             try:
                 events = sockets.poll(timeout)
             except InterruptedError:

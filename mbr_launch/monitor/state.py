@@ -16,12 +16,13 @@ from mbr_launch.monitor.steps import StepWatch
 
 
 class Conn:
-    __slots__ = ("sock", "slot", "dropped")
+    __slots__ = ("sock", "slot", "dropped", "peer_pid")
 
-    def __init__(self, sock: socket.socket, slot: Optional[Slot]) -> None:
+    def __init__(self, sock: socket.socket, slot: Optional[Slot], peer_pid: int = 0) -> None:
         self.sock = sock
         self.slot = slot  # None: a launcher-socket (workload request) connection
         self.dropped = False  # detached from its slot; the serving thread closes the socket
+        self.peer_pid = peer_pid  # the connecting process, as the kernel tells (SO_PEERCRED)
 
 
 class Slot:
@@ -63,6 +64,8 @@ class Shared:
         self.slots: dict[int, Slot] = {}
         self.next_check: Optional[float] = None  # may be early (then we recompute), never late
         self.running = True
+        # Notified when the agent tells a worker's pid: a connection that came first waits for it.
+        self.pids_known = threading.Condition(self.lock)
         # A connection thread that moves a deadline earlier than the main thread's planned wake-up
         # writes a byte here; the main thread's epoll watches the read end.
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)

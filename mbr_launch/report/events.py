@@ -29,6 +29,8 @@ exclude             round, reason
 peer_lost           round, kind, detail
 workload_request    rank, action, description
 monitor_lost        round, exit_code
+monitor_warning     round, local_rank, pid (the peer, from the kernel), message: a connection or request the rank
+                    monitor refused, or a client connection that broke (the first 200 of a run)
 signal              signal
 preemption          signal, forward, grace
 requeue             job, ok
@@ -81,6 +83,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "peer_lost": ("round", "kind", "detail"),
     "workload_request": ("rank", "action", "description"),
     "monitor_lost": ("round", "exit_code"),
+    "monitor_warning": ("round", "local_rank", "pid", "message"),
     "signal": ("signal",),
     "preemption": ("signal", "forward", "grace"),
     "requeue": ("job", "ok"),

@@ -20,7 +20,8 @@ from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers.output import OutputPump
-from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
+from mbr_launch.workers import strays
+from mbr_launch.workers.process import Worker, WorkerSpec, signal_group, spawn, stop_all
 
 if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
     from mbr_launch.cluster.rendezvous import Round
@@ -226,8 +227,11 @@ class WorkerGroup:
         targets = [w for w in self.workers if local_ranks is None or w.local_rank in local_ranks]
         if not targets:
             return
+        ranks = None if local_ranks is None else {w.local_rank for w in targets}
         stop_all(targets, first_signal=first_signal, grace=grace,
-                 on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"))
+                 on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"),
+                 find_strays=lambda: self._strays(targets, ranks))
+        strays.reap_zombies(self._own_children())
         # Disarm only after the groups are reaped: until then the monitor must still be able to kill them
         # should this agent die mid-stop. Verdicts that arrive meanwhile find the rank gone and are ignored.
         if self.monitor:
@@ -241,6 +245,41 @@ class WorkerGroup:
                 worker.noticed = True
                 if rnd is not None:
                     self._log_exit(rnd, worker)
+
+    def kill_now(self) -> None:
+        """SIGKILL every worker's process group and their strays, without waiting: the agent exits next."""
+        for worker in self.workers:
+            signal_group(worker, signal.SIGKILL)
+        try:
+            table, found = self._strays(self.workers, None)
+            holder = strays.Strays(groups=())
+            holder.add(table, found)
+            holder.signal(signal.SIGKILL, everyone=True)
+            holder.close()
+        except OSError:
+            pass  # best effort: /proc unreadable
+
+    def _strays(self, targets: list[Worker], local_ranks: set[int] | None) -> tuple[dict[int, strays.Proc], set[int]]:
+        """Descendants of ``targets`` outside their process groups' reach, and orphans of theirs (ours now, as
+        the subreaper). With --virtual-local-rank every worker says LOCAL_RANK=0, so a stop of some ranks
+        cannot tell whose an orphan is: it is left to the next full stop."""
+        table = strays.process_table()
+        found = strays.descendants(table, (w.pid for w in targets))
+        if local_ranks is None or not self.cfg.workers.virtual_local_rank:
+            adopted = strays.orphans(table, keep=self._own_children(), run_id=self.cfg.rendezvous.run_id,
+                                     local_ranks=local_ranks)
+            found |= adopted | strays.descendants(table, adopted)
+        return table, found
+
+    def _own_children(self) -> set[int]:
+        """The processes this agent started (workers, standbys, the rank monitor): never taken for strays."""
+        own = {w.pid for w in self.workers}
+        if self.standby:
+            own.update(self.standby.pids())
+        pid = getattr(self.monitor, "pid", None)
+        if isinstance(pid, int):
+            own.add(pid)
+        return own
 
     def close(self) -> None:
         if self.standby:

@@ -21,6 +21,7 @@ from typing import BinaryIO, Callable, Sequence
 
 from mbr_launch.contract import preemption_signals
 from mbr_launch.report.exitstatus import ExitStatus
+from mbr_launch.workers import strays
 
 _PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -143,17 +144,30 @@ def wait_any(workers: Sequence[Worker], timeout: float | None) -> list[Worker]:
     return ended
 
 
+# Strays finder for a stop: (process table, pids) of descendants the group signals may miss (``strays.py``).
+FindStrays = Callable[[], "tuple[dict[int, strays.Proc], set[int]]"]
+PUMP_DRAIN = 1.0  # seconds, for all pumps of a stop together, to copy what the dead workers wrote last
+
+
 def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, grace: float = 30.0,
-             on_escalate: Callable[[Worker], None] | None = None) -> None:
+             on_escalate: Callable[[Worker], None] | None = None, find_strays: FindStrays | None = None) -> None:
     """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left.
 
-    Groups are signalled again with SIGKILL even after the leader exited, so grandchildren die too.
+    Groups are signalled again with SIGKILL even after the leader exited, so grandchildren die too. Strays
+    (descendants that left the group, found by ``find_strays`` before the first signal and again before
+    SIGKILL) get the same signals, a short grace once the workers are gone, and are waited for; then the
+    output pumps get one short, shared drain: a pipe some escaped process still holds never holds a stop.
     """
     targets = list(workers)
+    found = strays.Strays(groups={w.pid for w in targets})
+    if find_strays:
+        found.add(*find_strays())  # before any signal, while the process tree is intact
     for worker in targets:
         if worker.alive:
             signal_group(worker, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
             signal_group(worker, first_signal)
+    found.signal(signal.SIGCONT)
+    found.signal(first_signal)
     deadline = time.monotonic() + grace
     while any(w.alive for w in targets):
         remaining = deadline - time.monotonic()
@@ -164,10 +178,17 @@ def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, g
         if worker.alive and on_escalate:
             on_escalate(worker)
         signal_group(worker, signal.SIGKILL)
+    if find_strays:
+        found.add(*find_strays())  # forked or orphaned since
+        found.wait(max(0.0, min(strays.STRAY_GRACE, deadline - time.monotonic())))
+    found.signal(signal.SIGKILL, everyone=True)
     for worker in targets:
         if worker.alive:
             worker.proc.wait()
             worker.reap()
+    found.wait(5.0)  # SIGKILLed: only a process stuck in the kernel (D state) takes longer
+    found.close()
+    drain_until = time.monotonic() + PUMP_DRAIN
     for worker in targets:
         for pump in worker.pumps:
-            pump.join(timeout=2.0)
+            pump.join(timeout=max(0.0, drain_until - time.monotonic()))
