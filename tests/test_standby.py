@@ -105,7 +105,7 @@ def _same_view(warm: dict, fresh: dict, warm_out: Path, fresh_out: Path) -> None
     assert sorted(warm["env"]) == sorted(fresh["env"])
     # Each run has its own ports, run id, log and socket paths.
     differ = {k for k in warm["env"] if warm["env"][k] != fresh["env"][k]
-              and k not in ("MASTER_PORT", "TORCHELASTIC_RUN_ID") and not warm["env"][k].startswith("/")}
+              and k not in ("MASTER_PORT", "PET_MASTER_PORT", "TORCHELASTIC_RUN_ID") and not warm["env"][k].startswith("/")}
     assert not differ, {k: (warm["env"][k], fresh["env"][k]) for k in differ}
 
 
