@@ -1,6 +1,6 @@
 """A tiny gloo job driven by flags, for launcher tests.
 
-  --crash-rank R --crash-on-restart N   rank R SIGKILLs itself after the first all_reduce on restart N
+  --crash-rank R[,R] --crash-on-restart N  ranks R SIGKILL themselves after the first all_reduce on restart N
   --exit-rank R --exit-code C           rank R exits with C (on every restart unless --crash-on-restart)
   --steps S --step-time T                S all_reduce steps of T seconds
   --ready-file F                         append "rank restart time" after the first all_reduce
@@ -16,7 +16,7 @@ import torch
 import torch.distributed as dist
 
 p = argparse.ArgumentParser()
-p.add_argument("--crash-rank", type=int, default=-1)
+p.add_argument("--crash-rank", default="", help="comma-separated ranks")
 p.add_argument("--crash-on-restart", type=int, default=0)
 p.add_argument("--exit-rank", type=int, default=-1)
 p.add_argument("--exit-code", type=int, default=1)
@@ -45,7 +45,7 @@ if args.ready_file:
     with open(args.ready_file, "a") as f:
         f.write(f"{rank} {restart} {time.time()}\n")
 print(f"rank {rank} ready restart {restart} world {int(t.item())}", flush=True)
-if rank == args.crash_rank and restart == args.crash_on_restart:
+if str(rank) in args.crash_rank.split(",") and restart == args.crash_on_restart:
     os.kill(os.getpid(), signal.SIGKILL)
 if rank == args.exit_rank:
     # Tear the group down first: exiting with a live gloo group can abort in C++ teardown ("terminate called
