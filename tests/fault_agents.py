@@ -67,9 +67,56 @@ def check_checkpointed(run: Run) -> None:
         assert run.info["survived_signal"], "a worker died of the preemption signal's default action"
     exits = [(e["exit_code"], e["signal"]) for e in run.events[0] if e["event"] == "worker_exit"]
     assert exits == [(0, None), (0, None)], exits
+    signal_name = next(e["signal"] for e in run.events[0] if e["event"] == "signal")
+    assert f"PREEMPTION ({signal_name})" in run.stderr[0], run.tail()
+
+
+def check_forwarded(run: Run) -> None:
+    """SIGINT reaches the workers as SIGINT (they die of it) and the console says so."""
+    exits = [e["signal"] for e in run.events[0] if e["event"] == "worker_exit"]
+    assert exits == ["SIGINT", "SIGINT"], exits
+    assert "received SIGINT" in run.stderr[0], run.tail()
 
 
 # ---- agents killed -----------------------------------------------------------------------------------
+
+
+def launcher_sigkill(monitor: str):
+    """Two ranks, each with a child process (sleep 600 in its process group); the launcher is SIGKILLed.
+    Workers, their children, warm standbys and the rank monitor must all die with it (torchrun and
+    ft_launcher orphan them)."""
+    def scenario(ctx: Ctx) -> Run:
+        ready, children = ctx.tmp / "ready", ctx.tmp / "children"
+        agent = ctx.mbr(["--standalone", "--nproc-per-node", "2", "--rank-monitor", monitor, SLEEPER,
+                         "--ready-file", str(ready), "--child-file", str(children), "--run-seconds", "120"])
+        ctx.wait_lines(ready, 2)
+        ctx.wait_lines(children, 2)
+        t_fault, orphans = ctx.kill_agent(agent)
+        return ctx.result(t_fault, orphans=orphans, gone_after=ctx.gone_after)
+    return scenario
+
+
+def check_gone_at_once(run: Run) -> None:
+    assert run.info["gone_after"] is not None and run.info["gone_after"] < 1.0, \
+        f"the killed launcher's processes took {run.info['gone_after']} s to die"
+
+
+def signal_in_rendezvous(ctx: Ctx) -> Run:
+    """One agent of --nnodes 2 waits in the rendezvous for a node that never comes (scancel while a job
+    waits for its nodes, or Ctrl-C); it gets SIGTERM there and must end at once with exit 5."""
+    agent = ctx.mbr(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
+                     "--rdzv-id", "alone", "--nproc-per-node", "1", TRAIN])
+    deadline = time.monotonic() + 60
+    while "joining rendezvous" not in agent.stderr() and time.monotonic() < deadline and agent.popen.poll() is None:
+        time.sleep(0.05)
+    time.sleep(1.0)
+    t_fault = time.time()
+    agent.popen.send_signal(signal.SIGTERM)
+    ctx.finish(timeout=15)
+    return ctx.result(t_fault)
+
+
+# ---- agents of several nodes killed ---------------------------------------------------------------
 
 
 def agent_sigkill(ctx: Ctx) -> Run:

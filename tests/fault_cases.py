@@ -20,6 +20,10 @@ from .fault_spec import Case, Expect, has, is_
 F16FILES = "helper f16files: logs and the event log survive ENOSPC"
 F16INPUT = "helper f16input: bad input exits 2 at once with one line"
 T = workers.HANG_TIMEOUT
+NO_MONITOR_ORPHANS = ("with --rank-monitor off nothing kills a worker's children when the launcher is SIGKILLed: "
+                      "the workers die of their parent-death signal, their children (sleep 600) live on")
+RDZV_SIGNALS = ("signals are only queued while the agent waits in torch's rendezvous (next_rendezvous blocks the "
+                "main thread): SIGTERM/SIGINT there are ignored until join_timeout (600 s by default)")
 # Binary garbage as a YAML config (issue 16, finding 9): NULs, control and high bytes.
 GARBAGE = bytes(range(256)) * 4
 
@@ -67,11 +71,18 @@ CASES: list[Case] = [
          agents.signalled(15), (5,), (Expect("preemption", {"signal": "SIGTERM", "forward": "SIGTERM"}),
                                       Expect("end", {"exit_code": 5})), check=agents.check_checkpointed),
     Case("agent_sigint", "the launcher gets SIGINT (Ctrl-C): forwarded to the workers", agents.signalled(2), (130,),
-         (Expect("signal", {"signal": "SIGINT"}), Expect("end", {"exit_code": 130}))),
+         (Expect("signal", {"signal": "SIGINT"}), Expect("end", {"exit_code": 130})), check=agents.check_forwarded),
     Case("preempt_usr1", "SIGUSR1 to every worker, then to the launcher (as Slurm's scancel --signal=USR1)",
          agents.signalled(10, every_process=True), (5,),
          (Expect("preemption", {"signal": "SIGUSR1", "forward": "SIGTERM"}), Expect("end", {"exit_code": 5})),
          check=agents.check_checkpointed),
+    Case("launcher_sigkill", "the launcher of 2 ranks, each with a child process, is SIGKILLed",
+         agents.launcher_sigkill("on"), (None,), (), check=agents.check_gone_at_once),
+    Case("launcher_sigkill_no_monitor", "the same with --rank-monitor off", agents.launcher_sigkill("off"), (None,),
+         (), check=agents.check_gone_at_once, known_bug=NO_MONITOR_ORPHANS),
+    Case("signal_in_rendezvous", "the launcher gets SIGTERM while it waits in the rendezvous for a 2nd node",
+         agents.signal_in_rendezvous, (5,), (Expect("preemption", {"signal": "SIGTERM"}),
+                                            Expect("end", {"exit_code": 5})), known_bug=RDZV_SIGNALS),
     Case("agent_sigkill", "one of 3 agents (--nnodes 2:3) is SIGKILLed; workers share no collective",
          agents.agent_sigkill, (0, 0, None), (Expect("peer_lost", {"kind": "peer_lost"}),
                                               Expect("failure", {"cause": "peer"})), check=agents.check_agent_sigkill),

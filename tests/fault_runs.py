@@ -100,6 +100,7 @@ class Ctx:
     timeout: float = 90.0
     agents: list[Agent] = field(default_factory=list)
     t_start: float = field(default_factory=time.time)
+    gone_after: float | None = None  # see kill_agent
 
     def mbr(self, args: Sequence[str], *, name: str | None = None, env: Mapping[str, str] | None = None,
             prefix: Sequence[str] = (), quiet: bool = True, log_dir: Path | None = None) -> Agent:
@@ -183,18 +184,25 @@ class Ctx:
 
     # ---- faults --------------------------------------------------------------------------------
 
-    def kill_agent(self, agent: Agent, sig: int = signal.SIGKILL, *, grace: float = 3.0) -> tuple[float, list[str]]:
-        """Signal an agent; returns (time.time() of the signal, its descendants still alive ``grace`` s
-        later). Descendants are taken just before the signal (workers, standbys, the rank monitor and their
-        children): after a SIGKILL nothing of them may survive the agent."""
+    def kill_agent(self, agent: Agent, *, grace: float = 3.0) -> tuple[float, list[str]]:
+        """SIGKILL an agent; returns (time.time() of the kill, its descendants still alive ``grace`` s
+        later). Descendants are taken just before the kill (workers and their children, standbys, the rank
+        monitor): nothing of them may survive the agent. ``self.gone_after``: seconds until all were gone."""
         family = descendants(agent.pid)
         t = time.time()
-        os.kill(agent.pid, sig)
+        os.kill(agent.pid, signal.SIGKILL)
         agent.code = agent.popen.wait(timeout=30)
-        deadline = time.monotonic() + grace
-        while (left := [p for p in family if alive(p)]) and time.monotonic() < deadline:
-            time.sleep(0.05)
-        return t, [f"{p}: {cmdline(p)}" for p in left]
+        deadline = t + grace
+        while (left := [p for p in family if alive(p)]) and time.time() < deadline:
+            time.sleep(0.02)
+        self.gone_after = None if left else time.time() - t
+        orphans = [f"{p}: {cmdline(p)}" for p in left]
+        for pid in left:  # recorded: now clean up, so that one bug does not spill into the next case
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        return t, orphans
 
     def result(self, t_fault: float | None, *, orphans: Sequence[str] = (), **info: Any) -> Run:
         for agent in self.agents:

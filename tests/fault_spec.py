@@ -45,6 +45,7 @@ class Case:
     check: Callable[[Run], None] | None = None  # the case's own assertions
     torchrun: Callable[[Ctx], Run] | None = None  # the same fault under torchrun (bench only)
     pending: str = ""  # another helper's issue-16 work this expectation depends on
+    known_bug: str = ""  # a bug this case shows and nobody has fixed yet: the test is a strict xfail
 
     @property
     def outcome(self) -> str:

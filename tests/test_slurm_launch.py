@@ -17,10 +17,8 @@ so do the workers' logs and checkpoints.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path

@@ -6,9 +6,12 @@
   --crash-on-file F    crash when file F appears (polled every 5 ms) instead of after --crash-after: ranks
                        told to crash then exit within milliseconds of each other
   --run-seconds S      then exit 0
+  --child-file F       first start a child process (sleep 600, in this worker's process group) and append
+                       "RANK PID CHILD_PID" to F
 """
 import argparse
 import os
+import subprocess
 import sys
 import time
 
@@ -18,9 +21,14 @@ p.add_argument("--crash", default="")
 p.add_argument("--crash-if-env", default=None)
 p.add_argument("--crash-after", type=float, default=0.5)
 p.add_argument("--crash-on-file", default=None)
+p.add_argument("--child-file", default=None)
 p.add_argument("--run-seconds", type=float, default=3.0)
 args = p.parse_args()
 rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if args.child_file:
+    child = subprocess.Popen(["sleep", "600"])
+    with open(args.child_file, "a") as f:
+        f.write(f"{rank} {os.getpid()} {child.pid}\n")
 if args.ready_file:
     with open(args.ready_file, "a") as f:
         f.write(f"{rank} {restart} {os.getpid()} {time.time()}\n")
