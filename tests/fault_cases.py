@@ -31,11 +31,11 @@ CASES: list[Case] = [
     # ---- workers --------------------------------------------------------------------------------------
     Case("worker_sigkill", "rank 1 of 2 SIGKILLs itself after its first all_reduce; --max-restarts 1",
          workers.worker_sigkill, (0,), (Expect("failure", {"rank": 1, "cause": "crash", "signal": "SIGKILL"}),),
-         check=workers.check_sigkill, torchrun=workers.torchrun_train(["--crash-rank", "1"], fault_rank=1)),
+         check=workers.check_sigkill, torchrun=workers.torchrun_train("--crash-rank", "1")),
     Case("worker_exit", "rank 0 of 2 exits 3 on every attempt; --max-restarts 1 (the budget runs out)",
          workers.worker_exit, (1,), (Expect("failure", {"rank": 0, "cause": "crash", "exit_code": 3}),
                                      Expect("end", {"exit_code": 1})),
-         check=workers.check_budget, torchrun=workers.torchrun_train(["--exit-rank", "0", "--exit-code", "3"], 0)),
+         check=workers.check_budget, torchrun=workers.torchrun_train("--exit-rank", "0", "--exit-code", "3")),
     Case("worker_exit_no_restart", "rank 1 exits 17, a --no-restart-exit-codes code; --max-restarts 3",
          workers.worker_exit_no_restart, (1,), (Expect("failure", {"rank": 1, "cause": "crash", "exit_code": 17}),),
          check=workers.check_no_restart),

@@ -273,15 +273,6 @@ def cmdline(pid: int) -> str:
         return "?"
 
 
-def ready_time(path: Path, rank: int, restart: int = 0) -> float | None:
-    """train.py / ft_worker.py ready lines: 'RANK RESTART TIME'; the time of one."""
-    for line in (path.read_text().splitlines() if path.exists() else []):
-        r, n, t = line.split()[:3]
-        if (int(r), int(n)) == (rank, restart):
-            return float(t)
-    return None
-
-
 # ---- timings from events.jsonl ----------------------------------------------------------------------
 
 # Events that show a fault was noticed, in any agent's log.

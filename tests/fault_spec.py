@@ -50,7 +50,9 @@ class Case:
     @property
     def outcome(self) -> str:
         codes = [c for c in self.exits if c is not None]
-        return "survived" if codes and all(c == 0 for c in codes) else "exit " + "/".join(map(str, codes))
+        if not codes:
+            return "killed by the case"
+        return "survived" if all(c == 0 for c in codes) else "exit " + "/".join(map(str, codes))
 
 
 def verify(case: Case, run: Run) -> list[str]:

@@ -11,7 +11,8 @@ from typing import Callable
 
 from mbr_launch.report.events import event_time
 
-from .fault_runs import FT_WORKER, HANGS, PYTHON, SLEEPER, TRAIN, Ctx, Run, ScenarioError, cmdline, descendants, ready_time
+from .fault_runs import (FT_WORKER, HANGS, PYTHON, SLEEPER, TRAIN, Ctx, Run, ScenarioError, cmdline,
+                         descendants)
 
 STANDALONE = ["--standalone", "--nproc-per-node", "2"]
 
@@ -20,11 +21,19 @@ def _pairs(path: Path) -> list[tuple[int, int]]:
     return sorted((int(line.split()[0]), int(line.split()[1])) for line in path.read_text().splitlines())
 
 
-def worker_sigkill(ctx: Ctx) -> Run:
-    ready = ctx.tmp / "ready"
-    ctx.mbr([*STANDALONE, "--max-restarts", "1", TRAIN, "--crash-rank", "1", "--ready-file", str(ready)])
+def trained(ctx: Ctx, max_restarts: int, *script: str) -> Run:
+    """tests/scripts/train.py on 2 ranks; the fault time is the first line the faulty rank writes just before
+    its crash or exit (--fault-file)."""
+    ready, fault = ctx.tmp / "ready", ctx.tmp / "fault"
+    ctx.mbr([*STANDALONE, "--max-restarts", str(max_restarts), TRAIN, *script, "--ready-file", str(ready),
+             "--fault-file", str(fault)])
     ctx.finish()
-    return ctx.result(ready_time(ready, 1), ready=_pairs(ready))
+    times = [float(line.split()[2]) for line in (fault.read_text().splitlines() if fault.exists() else [])]
+    return ctx.result(min(times, default=None), ready=_pairs(ready))
+
+
+def worker_sigkill(ctx: Ctx) -> Run:
+    return trained(ctx, 1, "--crash-rank", "1")
 
 
 def check_sigkill(run: Run) -> None:
@@ -36,11 +45,7 @@ def check_sigkill(run: Run) -> None:
 
 
 def worker_exit(ctx: Ctx) -> Run:
-    ready = ctx.tmp / "ready"
-    ctx.mbr([*STANDALONE, "--max-restarts", "1", TRAIN, "--exit-rank", "0", "--exit-code", "3", "--ready-file",
-             str(ready)])
-    ctx.finish()
-    return ctx.result(ready_time(ready, 0))
+    return trained(ctx, 1, "--exit-rank", "0", "--exit-code", "3")
 
 
 def check_budget(run: Run) -> None:
@@ -52,11 +57,7 @@ def check_budget(run: Run) -> None:
 
 
 def worker_exit_no_restart(ctx: Ctx) -> Run:
-    ready = ctx.tmp / "ready"
-    ctx.mbr([*STANDALONE, "--max-restarts", "3", TRAIN, "--exit-rank", "1", "--exit-code", "17", "--ready-file",
-             str(ready)])
-    ctx.finish()
-    return ctx.result(ready_time(ready, 1))
+    return trained(ctx, 3, "--exit-rank", "1", "--exit-code", "17")
 
 
 def check_no_restart(run: Run) -> None:
@@ -134,10 +135,7 @@ def check_monitor(run: Run) -> None:
 
 def all_ranks_sigkill(ctx: Ctx) -> Run:
     """Every rank SIGKILLs itself at the same moment (an OOM kill of the whole node's job, say)."""
-    ready = ctx.tmp / "ready"
-    ctx.mbr([*STANDALONE, "--max-restarts", "1", TRAIN, "--crash-rank", "0,1", "--ready-file", str(ready)])
-    ctx.finish()
-    return ctx.result(min(t for r in (0, 1) if (t := ready_time(ready, r)) is not None), ready=_pairs(ready))
+    return trained(ctx, 1, "--crash-rank", "0,1")
 
 
 def one_restart(run: Run, failed: dict[int, object]) -> None:
@@ -219,12 +217,14 @@ TORCHRUN = [PYTHON, "-m", "torch.distributed.run", "--standalone", "--nproc-per-
 TORCHRUN_LIMIT = 60.0  # a torchrun still running this long after the fault is reported hung and killed
 
 
-def torchrun_train(extra: list[str], fault_rank: int) -> Callable[[Ctx], Run]:
+def torchrun_train(*script: str) -> Callable[[Ctx], Run]:
     def scenario(ctx: Ctx) -> Run:
-        ready = ctx.tmp / "ready"
-        agent = ctx.command([*TORCHRUN, TRAIN, *extra, "--ready-file", str(ready)], name="torchrun")
+        ready, fault = ctx.tmp / "ready", ctx.tmp / "fault"
+        agent = ctx.command([*TORCHRUN, TRAIN, *script, "--ready-file", str(ready), "--fault-file", str(fault)],
+                            name="torchrun")
         hung = not ctx.wait_exit(agent, TORCHRUN_LIMIT + 30)
-        return ctx.result(ready_time(ready, fault_rank), hung=hung)
+        times = [float(line.split()[2]) for line in (fault.read_text().splitlines() if fault.exists() else [])]
+        return ctx.result(min(times, default=None), hung=hung, ready=_pairs(ready) if ready.exists() else [])
     return scenario
 
 
