@@ -22,8 +22,6 @@ F16INPUT = "helper f16input: bad input exits 2 at once with one line"
 T = workers.HANG_TIMEOUT
 NO_MONITOR_ORPHANS = ("with --rank-monitor off nothing kills a worker's children when the launcher is SIGKILLed: "
                       "the workers die of their parent-death signal, their children (sleep 600) live on")
-RDZV_SIGNALS = ("signals are only queued while the agent waits in torch's rendezvous (next_rendezvous blocks the "
-                "main thread): SIGTERM/SIGINT there are ignored until join_timeout (600 s by default)")
 # Binary garbage as a YAML config (issue 16, finding 9): NULs, control and high bytes.
 GARBAGE = bytes(range(256)) * 4
 
@@ -82,7 +80,7 @@ CASES: list[Case] = [
          (), check=agents.check_gone_at_once, known_bug=NO_MONITOR_ORPHANS),
     Case("signal_in_rendezvous", "the launcher gets SIGTERM while it waits in the rendezvous for a 2nd node",
          agents.signal_in_rendezvous, (5,), (Expect("preemption", {"signal": "SIGTERM"}),
-                                            Expect("end", {"exit_code": 5})), known_bug=RDZV_SIGNALS),
+                                            Expect("end", {"exit_code": 5}))),
     Case("agent_sigkill", "one of 3 agents (--nnodes 2:3) is SIGKILLed; workers share no collective",
          agents.agent_sigkill, (0, 0, None), (Expect("peer_lost", {"kind": "peer_lost"}),
                                               Expect("failure", {"cause": "peer"})), check=agents.check_agent_sigkill),
