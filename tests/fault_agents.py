@@ -71,6 +71,29 @@ def check_checkpointed(run: Run) -> None:
     assert f"PREEMPTION ({signal_name})" in run.stderr[0], run.tail()
 
 
+def grace_expires(ctx: Ctx) -> Run:
+    """Two ranks that ignore SIGTERM, each with a child that ignores it too; the launcher gets SIGTERM with
+    --preempt-grace 1: after the grace the whole process groups are SIGKILLed."""
+    ready, children = ctx.tmp / "ready", ctx.tmp / "children"
+    agent = ctx.mbr(["--standalone", "--nproc-per-node", "2", "--preempt-grace", "1", "--standby", "interpreter",
+                     SLEEPER, "--ready-file", str(ready), "--child-file", str(children), "--ignore-term",
+                     "--run-seconds", "120"])
+    ctx.wait_lines(ready, 2)
+    ctx.wait_lines(children, 2)
+    t_fault = time.time()
+    agent.popen.send_signal(signal.SIGTERM)
+    ctx.finish(timeout=30)
+    left = [int(pid) for line in children.read_text().splitlines() for pid in line.split()[1:] if alive(int(pid))]
+    return ctx.result(t_fault, left=left)
+
+
+def check_grace_expired(run: Run) -> None:
+    exits = [e["signal"] for e in run.events[0] if e["event"] == "worker_exit"]
+    assert exits == ["SIGKILL", "SIGKILL"], exits
+    assert run.stderr[0].count("did not stop within 1 s: SIGKILL") == 2, run.tail()
+    assert not run.info["left"], f"workers or their children outlived the stop: {run.info['left']}"
+
+
 def check_forwarded(run: Run) -> None:
     """SIGINT reaches the workers as SIGINT (they die of it) and the console says so."""
     exits = [e["signal"] for e in run.events[0] if e["event"] == "worker_exit"]

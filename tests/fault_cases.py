@@ -68,6 +68,10 @@ CASES: list[Case] = [
     Case("agent_sigterm", "the launcher gets SIGTERM (preemption); workers checkpoint on their SIGTERM",
          agents.signalled(15), (5,), (Expect("preemption", {"signal": "SIGTERM", "forward": "SIGTERM"}),
                                       Expect("end", {"exit_code": 5})), check=agents.check_checkpointed),
+    Case("agent_sigterm_grace_expires", "the launcher gets SIGTERM, --preempt-grace 1; workers and their children "
+         "ignore SIGTERM", agents.grace_expires, (5,), (Expect("preemption", {"signal": "SIGTERM", "grace": 1.0}),
+                                                       Expect("worker_exit", {"signal": "SIGKILL"}),
+                                                       Expect("end", {"exit_code": 5})), check=agents.check_grace_expired),
     Case("agent_sigint", "the launcher gets SIGINT (Ctrl-C): forwarded to the workers", agents.signalled(2), (130,),
          (Expect("signal", {"signal": "SIGINT"}), Expect("end", {"exit_code": 130})), check=agents.check_forwarded),
     Case("preempt_usr1", "SIGUSR1 to every worker, then to the launcher (as Slurm's scancel --signal=USR1)",

@@ -8,9 +8,11 @@
   --run-seconds S      then exit 0
   --child-file F       first start a child process (sleep 600, in this worker's process group) and append
                        "RANK PID CHILD_PID" to F
+  --ignore-term        ignore SIGTERM (the child too): only SIGKILL stops them
 """
 import argparse
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -22,9 +24,12 @@ p.add_argument("--crash-if-env", default=None)
 p.add_argument("--crash-after", type=float, default=0.5)
 p.add_argument("--crash-on-file", default=None)
 p.add_argument("--child-file", default=None)
+p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--run-seconds", type=float, default=3.0)
 args = p.parse_args()
 rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if args.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child: ignored dispositions survive exec
 if args.child_file:
     child = subprocess.Popen(["sleep", "600"])
     with open(args.child_file, "a") as f:
