@@ -76,7 +76,7 @@ def nvrx_hang(kind: str) -> Callable[[Ctx], Run]:
         ready = ctx.tmp / "ready"
         ctx.mbr([*STANDALONE, "--max-restarts", "1", "--stack-dump", STACK_METHOD[kind], "--hang-kill-grace", "1",
                  "--heartbeat-timeout", str(HANG_TIMEOUT), "--section-timeouts", "step:none", FT_WORKER, "--hang",
-                 kind, "--ready-file", str(ready)])
+                 kind, "--ready-file", str(ready), "--hang-when-ready", "2", "--steps", "10", "--hang-attempt-steps", "400"])
         ctx.finish()
         started = re.search(rf"rank 1 hanging: {kind} at ([0-9.]+)", ctx.agents[0].stdout())
         return ctx.result(float(started.group(1)) if started else None, kind=kind, ready=_pairs(ready))
