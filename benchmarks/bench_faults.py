@@ -100,6 +100,10 @@ def run_one(case: Case, scenario, root: Path, tag: str, cluster: object) -> dict
         rec["recorded"] = recorded(run)
     else:
         rec["exit_after"] = None if run.t_fault is None or run.info.get("hung") else run.t_end - run.t_fault
+        rec["restarted"] = sorted({n for _r, n in run.info.get("ready", [])}) == [0, 1]
+        if run.codes and run.codes[0] not in (0, None) and not run.info.get("hung"):
+            label, line = h.classify(run.stderr[0].splitlines()[-400:])
+            rec["reason"] = label or line[:160]
     rec["left"] = leftovers(token)
     if cluster is not None and "slurm" in case.needs:
         cluster.reset()
@@ -163,7 +167,9 @@ def _torchrun_cell(rec: dict | None) -> str:
         return f"still hung {TORCHRUN_LIMIT:.0f} s after the fault, killed by the bench"
     code = (rec.get("codes") or [None])[0]
     left = f"; {len(rec['left'])} left" if rec.get("left") else ""
-    return f"exit {code} ({_s(rec.get('exit_after'))} s after the fault){left}"
+    how = ("restarted, then " if rec.get("restarted") else "") + f"exit {code}"
+    why = f": {rec['reason']}" if rec.get("reason") else ""
+    return f"{how} ({_s(rec.get('exit_after'))} s after the fault){why}{left}"
 
 
 def render(records: list[dict], args: argparse.Namespace, skipped: dict[str, str]) -> str:

@@ -3,8 +3,6 @@
   --ready-file F       append "RANK RESTART PID TIME" at start
   --crash R:N,...      rank R exits 1 after --crash-after seconds when TORCHELASTIC_RESTART_COUNT is N
   --crash-if-env VAR   exit 1 (after --crash-after) whenever VAR is set in the environment
-  --crash-on-file F    crash when file F appears (polled every 5 ms) instead of after --crash-after: ranks
-                       told to crash then exit within milliseconds of each other
   --run-seconds S      then exit 0
   --child-file F       first start a child process (sleep 600, in this worker's process group) and append
                        "RANK PID CHILD_PID" to F
@@ -22,7 +20,6 @@ p.add_argument("--ready-file")
 p.add_argument("--crash", default="")
 p.add_argument("--crash-if-env", default=None)
 p.add_argument("--crash-after", type=float, default=0.5)
-p.add_argument("--crash-on-file", default=None)
 p.add_argument("--child-file", default=None)
 p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--run-seconds", type=float, default=3.0)
@@ -39,10 +36,6 @@ if args.ready_file:
         f.write(f"{rank} {restart} {os.getpid()} {time.time()}\n")
 crash = f"{rank}:{restart}" in args.crash.split(",") or bool(args.crash_if_env and os.environ.get(args.crash_if_env))
 if crash:
-    if args.crash_on_file:
-        while not os.path.exists(args.crash_on_file):
-            time.sleep(0.005)
-    else:
-        time.sleep(args.crash_after)
+    time.sleep(args.crash_after)
     sys.exit(1)
 time.sleep(args.run_seconds)
