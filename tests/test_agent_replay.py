@@ -237,6 +237,26 @@ def test_stop_request_signal_ends_with_128_plus_n(tmp_path):
     assert world.group.stops[0]["signal"] == "SIGTERM"
 
 
+@pytest.mark.parametrize("signum,code", [(signal.SIGTERM, exitcodes.PREEMPTED), (signal.SIGINT, 128 + signal.SIGINT)])
+def test_signal_while_waiting_in_the_rendezvous_ends_the_run_at_once(tmp_path, signum, code):
+    """torch's rendezvous blocks the main thread until the other nodes come (join_timeout, 600 s by default):
+    a signal handled there (here: while next_round blocks) must cut it short, be recorded, and end the run."""
+    world = build_world(tmp_path)
+    blocked = world.rendezvous.next_round
+
+    def next_round():
+        world.wakeup.post_signal(signum)  # what the agent's signal handler does, in the blocked main thread
+        return blocked()
+
+    world.rendezvous.next_round = next_round
+    assert world.run([]) == code
+    assert world.rendezvous.joined == 0 and world.group.starts == []
+    assert [r["signal"] for r in world.events("signal")] == [signum.name]
+    assert world.events("end")[-1]["exit_code"] == code
+    if signum == signal.SIGTERM:
+        assert [r["signal"] for r in world.events("preemption")] == ["SIGTERM"]
+
+
 def test_membership_change_restarts_without_spending_the_budget(tmp_path):
     world = build_world(tmp_path, ("nnodes", "1:2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"))
     code = world.run([post(NodesWaiting(1)), all_exit(0)])

@@ -3,13 +3,12 @@
 What each test proves:
 - the sbatch example runs to completion, and a worker crash on one node is restarted inside the same
   srun step (srun --kill-on-bad-exit=0 leaves the step alone; the launchers restart the workers);
-- scancel --signal=USR1: Slurm hands USR1 to the workers too, they survive it (SIG_IGN from the boot
-  shim), checkpoint on the launcher's SIGTERM and the job ends with exit code 5;
-- scancel --signal=TERM with --requeue-on-preemption: the launchers exit 5 after the checkpoint, node 0
-  requeues, and the job comes back (SLURM_RESTART_COUNT=1) and resumes from that checkpoint;
 - a hang with the culprit on the second node: both agents' verdicts name it, and only its node records the failure;
 - cutting one node's link: both launchers end on their own, nothing is left behind;
 - two tasks on one node are refused with exit code 2.
+
+Preemption (scancel --signal=USR1, and --signal=TERM with the requeue) is in the fault matrix:
+tests/fault_slurm.py, run by tests/test_fault_matrix.py.
 
 Agents write their events under the test's tmp_path (the same filesystem inside the node namespaces), and
 so do the workers' logs and checkpoints.
@@ -18,85 +17,19 @@ so do the workers' logs and checkpoints.
 from __future__ import annotations
 
 import os
-import shlex
 import signal
 import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
 from tests.slurm_cluster import REPO, ClusterError, SlurmCluster
+from tests.slurm_jobs import (LAUNCH_ENV, MBR_LAUNCH, PREEMPTIBLE, agent_events, batch, launch_cmd, one_event,
+                              wait_gone, wait_running)
 
 pytestmark = [pytest.mark.slurm]
-
-MBR_LAUNCH = str(Path(sys.executable).with_name("mbr-launch"))  # the repo venv's entry point
-PREEMPTIBLE = str(REPO / "examples" / "train_preemptible.py")
-LAUNCH_ENV = {**os.environ, "PYTHONWARNINGS": "ignore"}
-
-
-# ---- helpers -------------------------------------------------------------------------------------
-
-
-def _launch(*args: str) -> str:
-    return shlex.join([MBR_LAUNCH, *args])
-
-
-def _batch(*srun_line: str) -> str:
-    """A batch script that runs one srun step and exits with its code."""
-    return "#!/bin/bash\n" + " ".join(srun_line) + "\nexit $?\n"
-
-
-def _lines(path: Path) -> list[str]:
-    """The complete lines of a file another process may be appending to right now."""
-    text = path.read_text() if path.exists() else ""
-    return text.split("\n")[:-1]
-
-
-def _events(log_dir: Path) -> dict[str, list[dict]]:
-    """Every agent's events, keyed by '<run id>/<node>' (run id carries job, step and requeue count)."""
-    found = {}
-    for path in sorted(log_dir.glob("*/events.jsonl")):
-        events = read_events(path)
-        if events:
-            found[f"{events[0]['run_id']}/{events[0]['node']}"] = events
-    return found
-
-
-def _one(events: list[dict], kind: str) -> dict:
-    matching = [e for e in events if e["event"] == kind]
-    assert len(matching) == 1, f"expected one {kind!r} event, got {matching}"
-    return matching[0]
-
-
-def _log(path: Path) -> list[tuple[int, str, dict[str, str]]]:
-    """train_preemptible.py --log lines: (rank, what, {key: value})."""
-    rows = []
-    for line in _lines(path):
-        rank, what, *rest = line.split()
-        rows.append((int(rank), what, dict(item.split("=", 1) for item in rest)))
-    return rows
-
-
-def _wait_running(cluster: SlurmCluster, log: Path, ranks: int, job: str) -> None:
-    """Until every rank of the job's first run has finished its first training step."""
-    def running() -> bool:
-        state = cluster.job(job).get("JobState")
-        if state not in ("PENDING", "RUNNING", "CONFIGURING"):
-            raise AssertionError(f"job {job} is {state} before its training ran")
-        return sum(1 for _r, what, kv in _log(log)
-                   if what == "running" and kv["slurm_restart"] == "0") == ranks
-
-    cluster.wait_for(f"{ranks} ranks of job {job} training", running, 60)
-
-
-def _wait_gone(cluster: SlurmCluster, job: str, timeout: float) -> dict[str, str]:
-    cluster.wait_for(f"job {job} to end", lambda: all(j["id"] != job for j in cluster.squeue()), timeout)
-    return cluster.job(job)
-
 
 # ---- tests ---------------------------------------------------------------------------------------
 
@@ -118,13 +51,13 @@ def test_sbatch_example_restarts_a_crash_in_the_step(slurm_clean: SlurmCluster, 
     assert "[attempt 1] resumed from step 10" in out
     assert "[attempt 1] finished 20 steps on 4 ranks" in out
 
-    agents = _events(tmp_path / "logs")
+    agents = agent_events(tmp_path / "logs")
     # One step (0), one launcher per node, each alive through both rounds: the step was not killed.
     assert sorted(agents) == [f"slurm-{job}-0-r0/n1", f"slurm-{job}-0-r0/n2"], sorted(agents)
     for key, events in agents.items():
         assert [e["round"] for e in events if e["event"] == "worker_start"] == [0, 0, 1, 1], key
-        assert _one(events, "restart")["restart_count"] == 1, key
-        assert _one(events, "end")["exit_code"] == 0, key
+        assert one_event(events, "restart")["restart_count"] == 1, key
+        assert one_event(events, "end")["exit_code"] == 0, key
     # (rank 2 may fail too, of the gloo error, before its launcher stops it)
     failures = [(e["rank"], e["signal"]) for e in agents[f"slurm-{job}-0-r0/n2"] if e["event"] == "failure"]
     assert (3, "SIGKILL") in failures, failures
@@ -136,16 +69,16 @@ def test_hang_verdict_names_the_culprit_on_the_other_node(slurm_clean: SlurmClus
     all_reduce, so both deadlines pass together. Whichever node opens the inquiry, both agents' verdicts name
     rank 1 on n2, and the failure is recorded there."""
     logs = tmp_path / "logs"
-    script = _batch("srun --kill-on-bad-exit=0", _launch(
+    script = batch("srun --kill-on-bad-exit=0", launch_cmd(
         "--nproc-per-node", "1", "--log-dir", str(logs), "--max-restarts", "0", "--step-timeout", "3",
         "--hang-kill-grace", "1", "--skip-check", "all", "--status", "off",
         str(REPO / "tests" / "scripts" / "hangs.py"), "--scenario", "sleep", "--culprit", "1", "--hang-step", "20"))
     job, _ = slurm_clean.sbatch(script, ["-N2", "--ntasks-per-node=1", f"--output={tmp_path}/out"],
                                 timeout=30, wait=False, env=LAUNCH_ENV)
-    info = _wait_gone(slurm_clean, job, 90)
+    info = wait_gone(slurm_clean, job, 90)
     out = (tmp_path / "out").read_text()
     assert info["ExitCode"] == "1:0", out[-4000:]
-    agents = _events(logs)
+    agents = agent_events(logs)
     assert sorted(agents) == [f"slurm-{job}-0-r0/n1", f"slurm-{job}-0-r0/n2"], sorted(agents)
     for key, events in agents.items():
         verdict = [e for e in events if e["event"] == "verdict"]
@@ -154,88 +87,6 @@ def test_hang_verdict_names_the_culprit_on_the_other_node(slurm_clean: SlurmClus
     failures = [(e["rank"], e["cause"]) for e in agents[f"slurm-{job}-0-r0/n2"] if e["event"] == "failure"]
     assert failures[:1] == [(1, "hang")], failures
     assert not [e for e in agents[f"slurm-{job}-0-r0/n1"] if e["event"] == "failure"]  # n1's rank only waited
-
-
-@pytest.mark.timeout(90)
-def test_usr1_workers_checkpoint_on_the_launchers_sigterm(slurm_clean: SlurmCluster, tmp_path: Path) -> None:
-    """scancel --signal=USR1 reaches every process of the step, the workers included. Rank 0 keeps the
-    boot shim's SIG_IGN; rank 1 records the USR1 it gets straight from Slurm. Slurm sends nothing else,
-    so each worker's SIGTERM comes from its launcher: both checkpoint and exit 0, the job exits 5."""
-    log, logs = tmp_path / "log", tmp_path / "logs"
-    script = _batch("srun --kill-on-bad-exit=0", _launch(
-        "--nproc-per-node", "1", "--log-dir", str(logs), "--preempt-grace", "8", PREEMPTIBLE,
-        "--steps", "100000", "--ckpt-dir", str(tmp_path / "ckpt"), "--log", str(log), "--note-signal-rank", "1"))
-    job, _ = slurm_clean.sbatch(script, ["-N2", "--ntasks-per-node=1", f"--output={tmp_path}/out"],
-                                timeout=30, wait=False, env=LAUNCH_ENV)
-    _wait_running(slurm_clean, log, 2, job)
-    slurm_clean.run(["scancel", "--signal=USR1", job], 10)
-    info = _wait_gone(slurm_clean, job, 40)
-    out = (tmp_path / "out").read_text()
-    assert info["ExitCode"] == "5:0", out[-4000:]
-
-    rows = _log(log)
-    got = {rank: [what for r, what, _kv in rows if r == rank] for rank in (0, 1)}
-    usr1 = {rank: kv["usr1"] for rank, what, kv in rows if what == "running"}
-    assert usr1 == {0: "SIG_IGN", 1: "handler"}
-    assert got[1].count("SIGUSR1") == 1, got  # delivered by Slurm: the launcher never sends USR1
-    assert "SIGUSR1" not in got[0]
-    steps = {kv["step"] for _r, what, kv in rows if what == "checkpoint"}
-    for rank in (0, 1):  # one SIGTERM, the launcher's, then the checkpoint
-        assert got[rank].count("SIGTERM") == 1 and got[rank][-1] == "checkpoint", got
-        assert got[rank].index("SIGTERM") < got[rank].index("checkpoint"), got
-    assert len(steps) == 1, rows  # every rank stopped after the same step
-    assert (tmp_path / "ckpt" / "latest.pt").is_file()
-
-    agents = _events(logs)
-    assert len(agents) == 2, sorted(agents)
-    for key, events in agents.items():
-        assert _one(events, "preemption")["signal"] == "SIGUSR1", key
-        exit_ = _one(events, "worker_exit")
-        assert (exit_["exit_code"], exit_["signal"]) == (0, None), key  # not USR1's default, not SIGKILL
-        end = _one(events, "end")
-        assert (end["exit_code"], end["reason"]) == (5, "preempted by SIGUSR1"), key
-
-
-@pytest.mark.timeout(150)
-def test_sigterm_requeues_and_resumes(slurm_clean: SlurmCluster, tmp_path: Path) -> None:
-    """scancel --signal=TERM: the workers checkpoint, both launchers exit 5, node 0 requeues the job, which
-    comes back with SLURM_RESTART_COUNT=1 (a fresh run id, r1) and resumes from that checkpoint.
-
-    Slurm counts a SIGTERM to a step as a cancel ("STEP CANCELLED", srun waits KillWait + 2 s, 12 s
-    here, then kills the step), so the grace must stay below KillWait: --preempt-grace 8."""
-    log, logs = tmp_path / "log", tmp_path / "logs"
-    script = ("#!/bin/bash\necho \"restart ${SLURM_RESTART_COUNT:-unset}\"\n" + _batch(
-        "srun --kill-on-bad-exit=0", _launch(
-            "--nproc-per-node", "1", "--log-dir", str(logs), "--preempt-grace", "8", "--requeue-on-preemption",
-            PREEMPTIBLE, "--steps", "100", "--ckpt-dir", str(tmp_path / "ckpt"), "--log", str(log))))
-    job, _ = slurm_clean.sbatch(script, ["-N2", "--ntasks-per-node=1", "--requeue", "--open-mode=append",
-                                         f"--output={tmp_path}/out"], timeout=30, wait=False, env=LAUNCH_ENV)
-    _wait_running(slurm_clean, log, 2, job)
-    slurm_clean.run(["scancel", "--signal=TERM", job], 10)
-    slurm_clean.wait_for(f"job {job} to be requeued", lambda: slurm_clean.job(job).get("Restarts") == "1", 30)
-    info = _wait_gone(slurm_clean, job, 90)
-    out = (tmp_path / "out").read_text()
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1"), out[-4000:]
-    assert [line for line in out.splitlines() if line.startswith("restart ")] == ["restart unset", "restart 1"]
-
-    rows = _log(log)
-    saved = {kv["step"] for _r, what, kv in rows if what == "checkpoint"}
-    assert len(saved) == 1, rows
-    step = saved.pop()
-    assert sorted((rank, kv["step"]) for rank, what, kv in rows if what == "resumed") == [(0, step), (1, step)]
-    assert sorted((rank, kv["slurm_restart"]) for rank, what, kv in rows if what == "running") == [
-        (0, "0"), (0, "1"), (1, "0"), (1, "1")]
-    assert sorted(r for r, what, _kv in rows if what == "finished") == [0, 1]
-
-    agents = _events(logs)
-    assert sorted(agents) == [f"slurm-{job}-0-r{n}/{node}" for n in (0, 1) for node in ("n1", "n2")]
-    for node in ("n1", "n2"):
-        first, second = agents[f"slurm-{job}-0-r0/{node}"], agents[f"slurm-{job}-0-r1/{node}"]
-        assert _one(first, "preemption")["signal"] == "SIGTERM"
-        assert _one(first, "end")["exit_code"] == 5
-        assert _one(second, "end")["exit_code"] == 0
-    requeues = [e for events in agents.values() for e in events if e["event"] == "requeue"]
-    assert [(e["node"], e["ok"]) for e in requeues] == [("n1", True)]  # node 0 alone asks
 
 
 # After the cut: --peer-timeout 5 s, --shutdown-timeout 5 s to kill the worker blocked in gloo,
@@ -263,12 +114,12 @@ def test_cut_node_link_ends_both_launchers(slurm_clean: SlurmCluster, tmp_path: 
     try:
         slurm_clean.wait_for("the job to start", lambda: any(j["name"] == name for j in slurm_clean.squeue()), 30)
         job = next(j["id"] for j in slurm_clean.squeue() if j["name"] == name)
-        _wait_running(slurm_clean, log, 2, job)
+        wait_running(slurm_clean, log, 2, job)
         slurm_clean.cut("n2")
         cut_at = time.monotonic()
 
         def ended() -> bool:
-            ends.update({key.rsplit("/", 1)[1]: e for key, events in _events(logs).items()
+            ends.update({key.rsplit("/", 1)[1]: e for key, events in agent_events(logs).items()
                          for e in events if e["event"] == "end"})
             return len(ends) == 2
 
@@ -280,7 +131,7 @@ def test_cut_node_link_ends_both_launchers(slurm_clean: SlurmCluster, tmp_path: 
         assert "n1" in ends, f"the survivor (n1) did not end within {waited:.0f} s of the cut"
         assert ends["n1"]["exit_code"] in (1, 3), ends["n1"]
         assert "n2" in ends, (f"the cut node's launcher (n2) did not end within {waited:.0f} s of the cut; "
-                              f"its last events: {list(_events(logs).values())}")
+                              f"its last events: {list(agent_events(logs).values())}")
         assert ends["n2"]["exit_code"] in (1, 3), ends["n2"]  # not 5: no signal came, Slurm could not reach it
     finally:
         slurm_clean.heal("n2")

@@ -55,17 +55,8 @@ def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundR
 def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
     """Forward the signal (or, for a preemption signal, the forward signal with the preemption grace) to the
     workers, stop them, tell the other nodes: the job ends."""
-    cfg = ctx.cfg
     name = signal.Signals(signum).name
-    ctx.log.emit("signal", signal=name)
-    if name in cfg.preemption.signals:
-        forward, grace = signal.Signals[cfg.preemption.forward_signal], cfg.preemption.grace
-        ctx.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
-        ctx.say(f"PREEMPTION ({name}): sending {forward.name} to the workers so they can checkpoint, "
-                f"then stopping them after {grace:g} s")
-    else:
-        forward, grace = signal.Signals(signum), cfg.workers.shutdown_timeout
-        ctx.say(f"received {name}: forwarding it to the workers, then stopping them (grace {grace:g} s)")
+    forward, grace = note_signal(ctx, signum)
     ctx.group.stop(rnd, first_signal=forward, grace=grace)
     try:
         with ctx.store_call("telling the other nodes about the signal"):
@@ -73,6 +64,25 @@ def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
     except Exception:
         pass  # the store may be gone too; our own exit does not depend on it
     return RoundResult(Outcome.SIGNALED, signum=signum)
+
+
+def note_signal(ctx: Context, signum: int, *, workers: bool = True) -> tuple[signal.Signals, float]:
+    """Record a signal (and a preemption) in the log and on the console; what the workers get, and their grace.
+    ``workers`` False: none are running (the signal came while this node waited in the rendezvous)."""
+    cfg = ctx.cfg
+    name = signal.Signals(signum).name
+    ctx.log.emit("signal", signal=name)
+    if name in cfg.preemption.signals:
+        forward, grace = signal.Signals[cfg.preemption.forward_signal], cfg.preemption.grace
+        ctx.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
+        ctx.say(f"PREEMPTION ({name}): " + (f"sending {forward.name} to the workers so they can checkpoint, then "
+                                            f"stopping them after {grace:g} s" if workers else
+                                            "while waiting in the rendezvous; no workers to stop"))
+    else:
+        forward, grace = signal.Signals(signum), cfg.workers.shutdown_timeout
+        ctx.say(f"received {name}: " + (f"forwarding it to the workers, then stopping them (grace {grace:g} s)"
+                                        if workers else "while waiting in the rendezvous; stopping"))
+    return forward, grace
 
 
 def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundResult:

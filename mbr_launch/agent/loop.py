@@ -22,8 +22,9 @@ from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context, InquiryState
 from mbr_launch.agent.ending import finish, finish_signaled
 from mbr_launch.agent.crashes import handle_crashes
-from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, tick_telemetry
+from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, note_signal, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
+from mbr_launch.agent.wakeup import Interrupted
 from mbr_launch.cluster.peers import StoreLost
 from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed, Round
 from mbr_launch.report import exitcodes
@@ -117,8 +118,13 @@ class Supervisor:
         began = ctx.clock()
         ctx.say(f"joining rendezvous ({cfg.rendezvous.backend} {cfg.rendezvous.endpoint}, nodes {cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes})")
         try:
-            with ctx.guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"):
+            with ctx.guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"), \
+                    ctx.wakeup.interruptible():
                 rnd = ctx.rendezvous.next_round()
+        except Interrupted as stop:  # Ctrl-C, or a preemption, while waiting for the other nodes
+            ctx.wakeup.take_signal()
+            note_signal(ctx, stop.signum, workers=False)
+            return finish_signaled(ctx, stop.signum, None)
         except RendezvousClosed as err:
             ctx.departure = Departure.NONE  # closed already, by the node that ended the job
             return finish(ctx, exitcodes.OK, str(err))
@@ -127,6 +133,7 @@ class Supervisor:
         ctx.round = rnd
         signum = ctx.wakeup.pending_signal()
         if signum is not None:
+            note_signal(ctx, signum, workers=False)
             return finish_signaled(ctx, signum, rnd)
         ctx.log.group_rank = rnd.group_rank
         ctx.log.emit("rendezvous", round=rnd.index, group_world_size=rnd.group_world_size,

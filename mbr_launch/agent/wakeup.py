@@ -10,18 +10,29 @@ without draining and refilling the event queue.
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import queue
 import select
 import time
-from typing import Callable, Sequence
+from typing import Callable, Iterator, Sequence
 
 from mbr_launch.agent.messages import Event
+
+
+class Interrupted(BaseException):
+    """A signal arrived inside ``Wakeup.interruptible``. A BaseException, like KeyboardInterrupt, so that the
+    ``except Exception`` of the code it cuts short (torch's rendezvous, ours around it) lets it through."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 class Wakeup:
     def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
+        self._interruptible = False
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         # A deque: append and popleft are atomic, so a signal handler may append while the loop reads.
         self._signals: collections.deque[int] = collections.deque()
@@ -33,9 +44,25 @@ class Wakeup:
         self._poke()
 
     def post_signal(self, signum: int) -> None:
-        """Safe in a signal handler: record the signal and wake the loop."""
+        """Safe in a signal handler: record the signal and wake the loop; inside ``interruptible``, also raise
+        ``Interrupted`` in the main thread, where the handler runs."""
         self._signals.append(signum)
         self._poke()
+        if self._interruptible:
+            self._interruptible = False
+            raise Interrupted(signum)
+
+    @contextlib.contextmanager
+    def interruptible(self) -> Iterator[None]:
+        """For a blocking call that cannot wait on the wake-up pipe (torch's rendezvous waits for the other
+        nodes up to join_timeout, 600 s by default): a signal, queued before or during it, cuts it short."""
+        if self._signals:
+            raise Interrupted(self._signals[0])
+        self._interruptible = True
+        try:
+            yield
+        finally:
+            self._interruptible = False
 
     def _poke(self) -> None:
         try:

@@ -4,6 +4,10 @@
                    heartbeat (sleeps, no heartbeats), section (sleeps inside section 'step'),
                    oos (sleeps outside any section), sigstop (stops itself), busy (a GIL-holding busy loop)
   --steps N        steps of --step-time seconds; each step: open 'step', heartbeat, close 'step'
+  --hang-attempt-steps N  on the hanging attempt every rank makes N steps instead of --steps (the others keep
+                   running while the hang is judged, rather than exiting meanwhile)
+  --hang-when-ready N  the hanging rank goes on stepping until --ready-file has N lines (every rank started:
+                   on a loaded machine a peer may still be importing when the hang starts)
   --ready-file F   append "RANK RESTART TIME" once the client is initialised
   --state F        calc-timeouts mode: after the steps, calculate section timeouts and save state_dict to F;
                    on a restart, load it first and print the enforced 'step' timeout
@@ -22,6 +26,8 @@ p.add_argument("--hang-rank", type=int, default=1)
 p.add_argument("--hang-after", type=int, default=3)
 p.add_argument("--hang-restart", type=int, default=0, help="hang on this attempt only")
 p.add_argument("--steps", type=int, default=10)
+p.add_argument("--hang-attempt-steps", type=int, default=None)
+p.add_argument("--hang-when-ready", type=int, default=0)
 p.add_argument("--step-time", type=float, default=0.05)
 p.add_argument("--ready-file")
 p.add_argument("--state")
@@ -51,8 +57,22 @@ def hang_now():
         time.sleep(3600)
 
 
-for step in range(args.steps):
-    should_hang = args.hang and rank == args.hang_rank and restart == args.hang_restart and step == args.hang_after
+hang_attempt = bool(args.hang) and restart == args.hang_restart
+steps = args.hang_attempt_steps if hang_attempt and args.hang_attempt_steps else args.steps
+
+
+def everyone_ready() -> bool:
+    if not args.hang_when_ready:
+        return True
+    with open(args.ready_file) as f:
+        return len(f.read().splitlines()) >= args.hang_when_ready
+
+
+hang_step = None
+for step in range(steps):
+    if hang_attempt and rank == args.hang_rank and hang_step is None and step >= args.hang_after and everyone_ready():
+        hang_step = step
+    should_hang = hang_step == step
     if should_hang and args.hang == "oos":
         hang_now()
     client.start_section("step")

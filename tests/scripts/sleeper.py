@@ -4,9 +4,14 @@
   --crash R:N,...      rank R exits 1 after --crash-after seconds when TORCHELASTIC_RESTART_COUNT is N
   --crash-if-env VAR   exit 1 (after --crash-after) whenever VAR is set in the environment
   --run-seconds S      then exit 0
+  --child-file F       first start a child process (sleep 600, in this worker's process group) and append
+                       "RANK PID CHILD_PID" to F
+  --ignore-term        ignore SIGTERM (the child too): only SIGKILL stops them
 """
 import argparse
 import os
+import signal
+import subprocess
 import sys
 import time
 
@@ -15,9 +20,17 @@ p.add_argument("--ready-file")
 p.add_argument("--crash", default="")
 p.add_argument("--crash-if-env", default=None)
 p.add_argument("--crash-after", type=float, default=0.5)
+p.add_argument("--child-file", default=None)
+p.add_argument("--ignore-term", action="store_true")
 p.add_argument("--run-seconds", type=float, default=3.0)
 args = p.parse_args()
 rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if args.ignore_term:
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child: ignored dispositions survive exec
+if args.child_file:
+    child = subprocess.Popen(["sleep", "600"])
+    with open(args.child_file, "a") as f:
+        f.write(f"{rank} {os.getpid()} {child.pid}\n")
 if args.ready_file:
     with open(args.ready_file, "a") as f:
         f.write(f"{rank} {restart} {os.getpid()} {time.time()}\n")

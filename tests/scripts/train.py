@@ -1,9 +1,10 @@
 """A tiny gloo job driven by flags, for launcher tests.
 
-  --crash-rank R --crash-on-restart N   rank R SIGKILLs itself after the first all_reduce on restart N
+  --crash-rank R[,R] --crash-on-restart N  ranks R SIGKILL themselves after the first all_reduce on restart N
   --exit-rank R --exit-code C           rank R exits with C (on every restart unless --crash-on-restart)
   --steps S --step-time T                S all_reduce steps of T seconds
   --ready-file F                         append "rank restart time" after the first all_reduce
+  --fault-file F                         append "rank restart time" just before an injected crash or exit
   --sleep-forever-rank R                 rank R sleeps after init (a hang)
 """
 import argparse
@@ -16,13 +17,14 @@ import torch
 import torch.distributed as dist
 
 p = argparse.ArgumentParser()
-p.add_argument("--crash-rank", type=int, default=-1)
+p.add_argument("--crash-rank", default="", help="comma-separated ranks")
 p.add_argument("--crash-on-restart", type=int, default=0)
 p.add_argument("--exit-rank", type=int, default=-1)
 p.add_argument("--exit-code", type=int, default=1)
 p.add_argument("--steps", type=int, default=3)
 p.add_argument("--step-time", type=float, default=0.05)
 p.add_argument("--ready-file", default=None)
+p.add_argument("--fault-file", default=None)
 p.add_argument("--expect-world", type=int, default=0)
 p.add_argument("--term-file", default=None, help="on SIGTERM, append 'rank' here and exit 0")
 args = p.parse_args()
@@ -45,12 +47,22 @@ if args.ready_file:
     with open(args.ready_file, "a") as f:
         f.write(f"{rank} {restart} {time.time()}\n")
 print(f"rank {rank} ready restart {restart} world {int(t.item())}", flush=True)
-if rank == args.crash_rank and restart == args.crash_on_restart:
+
+
+def fault_now() -> None:
+    if args.fault_file:
+        with open(args.fault_file, "a") as f:
+            f.write(f"{rank} {restart} {time.time()}\n")
+
+
+if str(rank) in args.crash_rank.split(",") and restart == args.crash_on_restart:
+    fault_now()
     os.kill(os.getpid(), signal.SIGKILL)
 if rank == args.exit_rank:
     # Tear the group down first: exiting with a live gloo group can abort in C++ teardown ("terminate called
     # without an active exception", SIGABRT) about one run in ten, and the exit code would be lost.
     dist.destroy_process_group()
+    fault_now()
     sys.exit(args.exit_code)
 for _ in range(args.steps):
     time.sleep(args.step_time)
