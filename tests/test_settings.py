@@ -134,3 +134,16 @@ def test_slurm_kill_on_bad_exit_warns(tmp_path):
     script.write_text("")
     cfg = build_launch_config(cli={}, script=str(script), environ={**SLURM_STEP, "SLURM_KILL_BAD_EXIT": "1"})
     assert any("--kill-on-bad-exit=0" in w for w in cfg.warnings)
+
+
+@pytest.mark.parametrize("text", ["fault_tolerance:\n  restart_policy: min-healthy\n",
+                                  "mbr_launch:\n  restart_policy: min-healthy\n"])
+def test_restart_policy_from_either_config_section(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    values = load_config_file(str(path))
+    assert values == {"restart_policy": "min-healthy"}
+    assert resolve({}, {}, values)["restart_policy"] == "min-healthy"
+    assert resolve({"restart_policy": "any-failed"}, {}, values)["restart_policy"] == "any-failed"  # the flag wins
+    with pytest.raises(SettingError, match="--restart-policy"):
+        resolve({"restart_policy": "min_healthy"}, {}, {})

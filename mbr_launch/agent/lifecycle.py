@@ -96,8 +96,9 @@ class Agent:
         group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
         monitor.start()
         rendezvous = self._rendezvous = Rendezvous(cfg)
-        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout,
-                                     membership=cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone)
+        # min-healthy (as in ft_launcher) admits late nodes at the next restart, not by stopping the ranks at work
+        elastic = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone and not cfg.policy.min_healthy
+        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
                        cluster=self._cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
                        gather_evidence=functools.partial(self._gather, run_dir), run_dir=run_dir,

@@ -188,6 +188,9 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
     if v["logs_specs"] is not None:
         raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
+    if v["restart_policy"] == "min-healthy" and v["restart_scope"] != "job":
+        raise ConfigError(f"--restart-policy min-healthy leaves a crashed rank lost, --restart-scope "
+                          f"{v['restart_scope']} restarts it in place: drop one of them")
     if v["log_dir"] is not None and probes.exists(v["log_dir"]) and not probes.is_dir(v["log_dir"]):
         raise ConfigError(f"--log-dir {v['log_dir']} exists and is not a directory")
     entrypoint, use_boot = _entrypoint(script, v, environ, probes)
@@ -213,7 +216,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
                              no_restart_exit_codes=v["no_restart_exit_codes"],
                              max_node_failures=v["max_node_failures"], backoff=v["restart_backoff"],
                              backoff_max=v["restart_backoff_max"], crash_loop_window=v["crash_loop_window"],
-                             min_nodes=rendezvous.min_nodes),
+                             min_nodes=rendezvous.min_nodes, when=v["restart_policy"]),
         preemption=PreemptionSpec(
             signals=v["preempt_signals"], forward_signal=v["preempt_forward_signal"],
             grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),

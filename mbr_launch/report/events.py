@@ -23,6 +23,8 @@ verdict             round, inquiry (its number in the round), culprits (global r
                     progress per process group, expired, kind, section, last_heartbeat_age, stacks_path)
 failure             round, rank, local_rank, cause (crash|hang|monitor|peer|request|straggler), exit_code,
                     signal, section, detail
+rank_lost           round, ranks, local_ranks, healthy_nodes, nodes, min_nodes, alive (--restart-policy
+                    min-healthy: crashed ranks left lost, the rest goes on; the failure event says how they died)
 stop                round, reason, origin (node that asked)
 restart             round, restart_count, max_restarts, scope (job|node|rank), backoff
 exclude             round, reason
@@ -67,6 +69,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "verdict": ("round", "inquiry", "culprits", "nodes", "group_ranks", "basis", "reason", "waiting", "decider",
                 "seconds", "evidence"),
     "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail"),
+    "rank_lost": ("round", "ranks", "local_ranks", "healthy_nodes", "nodes", "min_nodes", "alive"),
     "stop": ("round", "reason", "origin"),
     "restart": ("round", "restart_count", "max_restarts", "scope", "backoff"),
     "exclude": ("round", "reason"),
