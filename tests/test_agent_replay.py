@@ -414,3 +414,28 @@ def test_any_failed_restarts_the_job_at_the_first_lost_rank(tmp_path):
     assert world.cluster.published[0].reason == ("rank 1 (local rank 1) on n0: SIGKILL (killed: out of memory "
                                                  "(check dmesg) or killed by the scheduler?)")
     assert world.group.starts == [(0, None), (1, None)]
+
+
+def test_a_deadline_passed_during_an_in_process_restart_is_withdrawn_and_the_next_one_is_judged(tmp_path):
+    """NVRx in-process restart: rank 0's heartbeat deadline passes while the Wrapper restarts it, and it is back
+    with a new client session by the end of the gathering: nothing is stopped, and no quiet time follows, so
+    rank 1's deadline, passing later while it sleeps in the script, is judged (and the job restarted)."""
+    world = _three_nodes(tmp_path)
+    in_wrapper = {"stack": StackClass.RESTARTING, "where": "reentrant_barrier at store.py:295",
+                  "collective": "in-process restart"}
+    world.looks.update({0: {"watched": True, "stack": StackClass.OUTSIDE, "where": "train at x.py:255"},
+                        1: in_wrapper})
+
+    def rank_1_sleeps(w):
+        w.looks.update({0: in_wrapper, 1: {"stack": StackClass.OUTSIDE, "where": "sleep at x.py:120"}})
+        w.wakeup.post(RankExpired(local_rank=1, rank=1, pid=None, kind="heartbeat"))
+
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)),
+                      post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")), idle, rank_1_sleeps,
+                      all_exit(0)])
+    assert code == exitcodes.OK
+    assert [(v["basis"], v["culprits"]) for v in world.events("verdict")] == [("withdrawn", []), ("stacks", [1])]
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(1, "hang")]
+    assert world.group.stops[0]["local_ranks"] == [1] and world.events("restart")[0]["scope"] == "job"
+    assert any(line.startswith("no hang: the deadlines passed during an in-process restart (rank 0 initialised its "
+                               "client again)") for line in world.said), world.said

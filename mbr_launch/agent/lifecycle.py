@@ -107,10 +107,14 @@ class Agent:
     def _gather(self, run_dir: Path, rnd: Round, bound: float) -> list[RankEvidence]:
         """This node's ranks' evidence for a hang inquiry (process state, Flight Recorder, stacks)."""
         assert self._group and self._monitor
-        try:
-            rows = (self._monitor.snapshot() or {}).get("ranks")
-        except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
-            rows = None
+        monitor = self._monitor
+
+        def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
+            try:
+                return (monitor.snapshot() or {}).get("ranks")
+            except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
+                return None
+
         return evidence.gather(self._group.workers, node=self.node, group_rank=rnd.group_rank,
                                out_dir=run_dir / f"attempt_{rnd.index}" / "stacks",
                                stack_method=self.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows)
