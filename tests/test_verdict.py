@@ -256,6 +256,14 @@ def test_deadlines_passed_during_an_in_process_restart_are_withdrawn():
                         "again; rank 0 is in the NVRx in-process restart)")
 
 
+def test_expired_ranks_that_exited_since_leave_their_exit_to_the_crash_path():
+    """Two ranks SIGKILLed after their deadline passed: no hang verdict on top of their crash."""
+    gone = {"state": ProcState.GONE, "stack": NONE}
+    v = judge([ev(0, expired=True, watched=True, stack=OUT), ev(4, expired=True, **gone), ev(5, expired=True, **gone)])
+    assert v.basis is Basis.WITHDRAWN and v.reason.endswith("ranks 4,5 exited (handled as a crash))"), v.reason
+    assert judge([ev(0, expired=True, **gone), ev(1, expired=True, stack=OUT)]).basis is not Basis.WITHDRAWN
+
+
 def test_a_rank_that_never_rejoins_the_in_process_restart_is_the_culprit():
     """The others wait in the Wrapper's restart barrier for the rank asleep in the script: not withdrawn."""
     sleeper = ev(5, expired=True, stack=OUT, where="_maybe_simulate_fault at x.py:120 (in sleep)")

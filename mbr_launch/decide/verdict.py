@@ -66,7 +66,7 @@ class RankEvidence:
     collective: str = ""  # with StackClass.COLLECTIVE: what it waits in ("all_reduce", "barrier", ...)
     progress: tuple[GroupProgress, ...] = ()  # empty: no Flight Recorder dump
     expired: bool = False  # a deadline of this rank passed (the monitor's verdict)
-    watched: bool = False  # at the end of the gathering the monitor watches a client session with no deadline passed
+    watched: bool = False  # at the end of the gathering the monitor holds no passed deadline of it (re-init)
     kind: str = ""  # which deadline (heartbeat, section, step, ...)
     section: str | None = None
     last_heartbeat_age: float | None = None
@@ -216,18 +216,23 @@ def _stopped(ev: Sequence[RankEvidence]) -> _Finding | None:
 
 def _withdrawn(ev: Sequence[RankEvidence]) -> _Finding | None:
     """Before the rules: no hang when every rank whose deadline passed is restarting in process, in NVRx's
-    Wrapper (which watches its own restart with its soft, hard and barrier timeouts) or already back with a
-    new client session (the restart re-initialises the client, which starts its deadlines over, as in
-    ft_launcher). A restart that outlasts the heartbeat timeout is no hang; a rank that never rejoins it still
-    expires outside it (it sleeps, spins or waits elsewhere) and is judged by the rules."""
+    Wrapper (which watches its own restart with its soft, hard and barrier timeouts), or is back with a new
+    client session (the restart re-initialises the client, which starts its deadlines over, as in
+    ft_launcher), or has exited (its exit is handled as a crash). A restart that outlasts the heartbeat timeout
+    is no hang; a rank that never rejoins it still expires outside it (it sleeps, spins or waits elsewhere)
+    and is judged by the rules."""
     expired = [e for e in ev if e.expired]
-    if not expired or not all(e.watched or e.stack is StackClass.RESTARTING for e in expired):
-        return None
     back = [e.rank for e in expired if e.watched]
-    inside = [e.rank for e in expired if not e.watched]
+    inside = [e.rank for e in expired if not e.watched and e.stack is StackClass.RESTARTING]
+    # (a rank that died of a collective timeout waited for someone: that is evidence of a hang, not an exit)
+    gone = [e.rank for e in expired if e.rank not in back + inside and e.state in _EXITED and not _waits(e)]
+    if not expired or len(back) + len(inside) + len(gone) < len(expired):
+        return None
     said = [f"{ranks_phrase(back)} initialised {verb(len(back), 'its', 'their')} client again"] if back else []
     if inside:
         said.append(f"{ranks_phrase(inside)} {verb(len(inside), 'is', 'are')} in the NVRx in-process restart")
+    if gone:
+        said.append(f"{ranks_phrase(gone)} exited (handled as a crash)")
     return _Finding((), Basis.WITHDRAWN, "no hang: the deadlines passed during an in-process restart ("
                     + "; ".join(said) + ")")
 

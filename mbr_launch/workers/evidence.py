@@ -68,12 +68,15 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
             rank=w.rank, node=node, group_rank=group_rank, local_rank=w.local_rank, pid=w.pid, state=state,
             cpu=cpu, stack=dump.stack_class if dump else StackClass.NONE, where=dump.where if dump else "",
             collective=dump.collective if dump else "", progress=progress.get(w.local_rank, ()),
-            expired=kind is not None, watched=row.get("state") == "monitoring", kind=kind or "", section=_section(row),
+            expired=kind is not None, watched=row.get("state") in _SINCE, kind=kind or "", section=_section(row),
             last_heartbeat_age=_number(row.get("last_heartbeat_age")), steps=_int(row.get("steps")),
             stacks_path=str(dump.path) if dump and dump.path else None))
     return out
 
 
+# The monitor's phases after a client initialised again following an expiry (and, armed, closed again): an
+# expired rank stays "expired" until then (monitor.deadlines).
+_SINCE = ("monitoring", "armed")
 _MUTE = (ProcState.STOPPED, ProcState.DISK, ProcState.ZOMBIE, ProcState.GONE)
 
 
