@@ -14,9 +14,11 @@ run holds ``exclusive()``.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import fcntl
 import re
 import shlex
+import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator, Sequence
@@ -70,6 +72,18 @@ def commands(launcher: Sequence[str], *, port: int, faults: str | None = None, i
     if checkpoint_dir is not None:
         worker += ["--path", str(checkpoint_dir)]
     return [[*launcher, *flags, conf, *extra, str(WORKER), *worker] for conf, extra in zip(ex.rdzv_confs, per_agent)]
+
+
+def for_launcher(launcher: Sequence[str], *, env: dict[str, str], cwd: Path) -> Example:
+    """The script's flags, less ``--ft-enable-nic-monitor=False`` where ``launcher`` does not take a value for
+    that flag (mbr-launch before issue 17's flag parity: its switch is off by default, which is what False
+    asks for). Asked of the launcher itself: ``FLAG=False --help`` exits 0 only when the value parses."""
+    ex = read_script()
+    nic = [a for a in ex.launcher_args if a.startswith("--ft-enable-nic-monitor")]
+    if not nic or subprocess.run([*launcher, *nic, "--help"], capture_output=True, env=env, cwd=cwd,
+                                 timeout=120).returncode == 0:
+        return ex
+    return dataclasses.replace(ex, launcher_args=tuple(a for a in ex.launcher_args if a not in nic))
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ import pytest
 from mbr_launch.report.events import read_events
 
 from .helpers import LAUNCHER, REPO, free_port, launcher_env
-from .nvrx_ipr_example import commands, exclusive, iterations_done, read_script
+from .nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done
 
 pytestmark = pytest.mark.timeout(420)
 
@@ -40,14 +40,6 @@ PER_AGENT_TIMEOUT = 300.0
 SIGKILLED = "SIGKILL"
 
 
-def _takes_nic_monitor_value() -> bool:
-    """ft_launcher writes --ft-enable-nic-monitor=False; until mbr-launch takes a value there (the flag-parity
-    half of issue 17, another branch), the flag is left out: False is mbr-launch's default anyway."""
-    res = subprocess.run([*LAUNCHER, "--ft-enable-nic-monitor=False", "--help"], capture_output=True, text=True,
-                         env=launcher_env(), cwd=REPO, timeout=120)
-    return res.returncode == 0
-
-
 def _events(log_dir: Path) -> list[dict]:
     files = list(log_dir.glob("*/events.jsonl"))
     assert len(files) == 1, files
@@ -55,13 +47,10 @@ def _events(log_dir: Path) -> list[dict]:
 
 
 def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_layer(tmp_path):
-    example = read_script()
-    if not _takes_nic_monitor_value():
-        example = type(example)(tuple(a for a in example.launcher_args if not a.startswith("--ft-enable-nic-monitor")),
-                                example.rdzv_confs, example.worker_args, example.faults, example.iterations)
+    env = launcher_env(TORCH_CPP_LOG_LEVEL="ERROR")  # as the script exports
+    example = for_launcher(LAUNCHER, env=env, cwd=REPO)
     argvs = commands(LAUNCHER, port=free_port(), faults=FAULTS, iterations=ITERATIONS, checkpoint_dir=tmp_path,
                      per_agent=[["--log-dir", str(tmp_path / f"logs{i}")] for i in range(3)], example=example)
-    env = launcher_env(TORCH_CPP_LOG_LEVEL="ERROR")  # as the script exports
     with exclusive():
         began = time.monotonic()
         procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
