@@ -9,7 +9,8 @@ checkpoint in the trial's directory. Faults (default: the issue's compressed sch
 rank 5 raises at 100, SIGKILLs of ranks 5, 4, 3 at 200, 300, 400 (the third leaves one node with every rank
 alive, fewer than MIN=2: one job restart), rank 5 sleeps at 700 (a hang: a second job restart).
 
-A run counts as finished when every launcher exits 0 and rank 0 logged the last iteration. A run still going
+A run counts as finished when every launcher exits 0 and rank 0 logged the last iteration; the report also
+says which faults the worker never issued (a run that resumed from a checkpoint past a fault's iteration). A run still going
 at ``--timeout`` has its launchers SIGKILLed (exit code shown as "killed"). Job restarts: mbr-launch's from
 its events.jsonl (restart_count), ft_launcher's from its "restarting worker group" log lines (each agent logs
 one per restart: the most any agent logged). In-process restarts: the Wrapper's ``restart_ex`` lines of rank
@@ -40,6 +41,7 @@ COMPRESSED = "5:100:exc,5:200:sigkill,4:300:sigkill,3:400:sigkill,5:700:sleep"
 _FT_RESTART = re.compile(r"restart attempts left; restarting worker group")
 _IPR = re.compile(r"rank=0 restart_ex: ")
 _ABORTED = re.compile(r"Unexpected _handle_msg call, current state: RankMonitorState.ABORTED")
+_ISSUED = re.compile(r"Issuing simulated fault _SimFaultDesc\(rank=(\d+), iteration=(\d+), fault_type='(\w+)'\)")
 
 
 def trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr_env: dict[str, str]) -> dict:
@@ -78,6 +80,8 @@ def trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr_env: 
     rec["iterations"] = iterations_done(logs)
     rec["in_process"] = len(_IPR.findall(logs))
     rec["aborted"] = len(_ABORTED.findall(logs))
+    issued = {":".join(m) for m in _ISSUED.findall(logs)}
+    rec["not_reached"] = [f for f in args.faults.split(",") if f not in issued]
     if name == "mbr-launch":
         events = [e for i in range(3) for e in h.read_events(d / f"logs{i}")]
         rec["restarts"] = max((e.get("restart_count") or 0 for e in events if e["event"] == "restart"), default=0)
@@ -109,6 +113,8 @@ def render(records: list[dict], args: argparse.Namespace) -> str:
             extra.append(f"hang verdicts: {', '.join(str(list(c)) for c in r['hangs'])}")
         if r.get("withdrawn"):
             extra.append(f"{r['withdrawn']} inquiries withdrawn (deadlines passed during in-process restarts)")
+        if r.get("not_reached"):
+            extra.append(f"faults never issued: {', '.join(r['not_reached'])}")
         if r.get("aborted"):
             extra.append(f"{r['aborted']} heartbeats refused: rank monitor ABORTED")
         rows.append([r["launcher"], "yes" if r["ok"] else "no", _codes(r["rcs"]), h.fmt_s(r.get("wall")),
