@@ -14,7 +14,8 @@ from mbr_launch.report.summary import FailureRecord
 
 def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,
                    exclude: bool = False, nodes_lost: int = 0, culprit_known: bool = True) -> RoundResult | None:
-    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart).
+    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart, or ranks
+    left lost under min-healthy).
     ``culprit_known`` False (an undetermined hang): the job restarts and no node is blamed."""
     for record in records:
         ctx.summary.failures.append(record)
@@ -24,7 +25,8 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
                    culprit_known=culprit_known)
     decision = decide(ctx.cfg.policy, facts)
     if decision.action is Action.CONTINUE:
-        return _leave_lost(ctx, rnd, records, decision, facts)
+        _leave_lost(ctx, rnd, records, decision, facts)
+        return None
     if ctx.telemetry:
         ctx.telemetry.end("failure", records[0].cause.value)
     if decision.kept_for_store:
@@ -76,7 +78,6 @@ def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision
                  healthy_nodes=facts.healthy_nodes, nodes=rnd.group_world_size, min_nodes=ctx.cfg.policy.min_nodes,
                  alive=[w.rank for w in ctx.group.workers if w.alive])
     ctx.say(f"rank(s) {ranks} lost, not restarted (--restart-policy min-healthy): {decision.reason}")
-    return None
 
 
 def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision) -> RoundResult | None:
