@@ -82,7 +82,7 @@ def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_l
         (3, "crash", SIGKILLED), (4, "crash", SIGKILLED)]
     assert not [e for e in of("verdict", round=0) if e["culprits"]]  # in-process restarts are no hang
     # rank 4 was left lost (2 of 3 nodes healthy); rank 3's death left 1 and restarted the job
-    assert [(e["ranks"], e["healthy_nodes"], e["min_nodes"]) for e in of("rank_lost")] == [([4], 2, 2)]
+    assert [(e["ranks"], e["healthy_nodes"], e["min_nodes"]) for e in of("rank_lost", round=0)] == [([4], 2, 2)]
     stops = {e["reason"] for e in of("stop", round=0)}
     assert len(stops) == 1 and "rank 3 " in next(iter(stops)), stops
     assert "only 1 node(s) still have every rank alive and --nnodes needs 2" in next(iter(stops))
@@ -93,4 +93,8 @@ def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_l
     named = [e for e in of("verdict", round=1) if e["culprits"]]
     assert named and all(e["culprits"] == [5] for e in named), named
     assert [(e["rank"], e["cause"]) for e in of("failure", round=1)] == [(5, "hang")]
-    assert of("failure", round=2) == [] and len(of("end", exit_code=0)) == 3
+    # The last round restarts nothing. (Now and then a rank fails in the Wrapper's teardown, when the rank that
+    # hosts the Wrapper's store exits first: a lost rank like any other, the job still ends well.)
+    late = sorted(r for e in of("rank_lost", round=2) for r in e["ranks"])
+    assert sorted(e["rank"] for e in of("failure", round=2)) == late, of("failure", round=2)
+    assert of("restart", round=2) == [] and len(of("end", exit_code=0)) == 3
