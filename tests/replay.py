@@ -190,6 +190,7 @@ class FakeCluster:
         self.silent_nodes: list[int] = []  # nodes that send no evidence
         self.remote_verdict: Verdict | None = None  # the verdict another node decided
         self.remote_opener: int | None = None  # the group rank of a node that opens every inquiry first
+        self.unhealthy: dict[int, int] = {}  # round index -> nodes that lost a rank (min-healthy), this one included
 
     def watch(self, rnd: Round, post: Callable[[Event], None]) -> FakeWatch:
         self.watches.append(FakeWatch())
@@ -207,6 +208,11 @@ class FakeCluster:
 
     def hosts_store(self, rnd: Round) -> bool:
         return self.hosting
+
+    def count_unhealthy(self, rnd: Round, *, add: bool) -> int:
+        """Other nodes' losses are scripted by setting ``unhealthy[round]`` (see ``node_lost``)."""
+        self.unhealthy[rnd.index] = self.unhealthy.get(rnd.index, 0) + int(add)
+        return self.unhealthy[rnd.index]
 
     # The hang inquiry: the other nodes' part is set by the test (remote_*, silent_nodes).
     def open_inquiry(self, rnd: Round, opener: Opener) -> Opener:
@@ -353,6 +359,14 @@ def exit_rank(local_rank: int, code: int = 0) -> Step:
     return step
 
 
+def kill_rank(local_rank: int, sig: int = signal.SIGKILL) -> Step:
+    def step(world: World) -> None:
+        worker = world.group.by_local_rank(local_rank)
+        assert worker is not None and worker.alive, f"local rank {local_rank} is not running"
+        worker.status = killed(sig)
+    return step
+
+
 def all_exit(code: int = 0) -> Step:
     def step(world: World) -> None:
         for worker in world.group.workers:
@@ -376,4 +390,11 @@ def idle(world: World) -> None:
 def silence(seconds: float) -> Step:
     def step(world: World) -> None:
         world.ctx.watch.silent = seconds  # type: ignore[union-attr]
+    return step
+
+
+def node_lost(round_index: int = 0) -> Step:
+    """Another node of the round lost a rank (min-healthy): the round's count of unhealthy nodes grows."""
+    def step(world: World) -> None:
+        world.cluster.unhealthy[round_index] = world.cluster.unhealthy.get(round_index, 0) + 1
     return step

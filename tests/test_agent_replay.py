@@ -14,7 +14,8 @@ from mbr_launch.decide.verdict import ProcState, StackClass
 from mbr_launch.cluster.peers import PeerLost
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.report import exitcodes
-from tests.replay import ScriptExhausted, all_exit, build_world, deliver, exit_rank, idle, post, silence
+from tests.replay import (ScriptExhausted, all_exit, build_world, deliver, exit_rank, idle, kill_rank, node_lost,
+                          post, silence)
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -373,3 +374,104 @@ def test_a_script_that_runs_out_fails_the_test(tmp_path):
     world = build_world(tmp_path)
     with pytest.raises(ScriptExhausted):
         world.run([idle])
+
+
+def test_a_sigkilled_rank_whose_log_shows_a_survived_timeout_is_a_crash_not_an_inquiry(tmp_path):
+    """NVRx in-process restart logs the gloo timeout it recovered from; a SIGKILL later is no timeout's doing."""
+    world = build_world(tmp_path, ("max_restarts", 1))
+    world.group.lines[1] = ["rank=1 restart_ex: HealthCheckPassed() <- RuntimeError('[gloo/transport/tcp/"
+                            "unbound_buffer.cc:78] Timed out waiting 10000ms for recv operation to complete')"]
+    assert world.run([post(RankStarted(0)), kill_rank(1), all_exit(0)]) == exitcodes.OK
+    assert world.events("verdict") == []
+    failure = world.events("failure")[0]
+    assert (failure["rank"], failure["cause"], failure["signal"]) == (1, "crash", "SIGKILL")
+
+
+# ---- --restart-policy min-healthy: three nodes of two ranks, --nnodes 2:3 (this node is group rank 0) ----------
+
+def _three_nodes(tmp_path, policy: str = "min-healthy"):
+    return build_world(tmp_path, ("nnodes", "2:3"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                       ("max_restarts", 2), ("restart_policy", policy), nodes=3)
+
+
+def test_min_healthy_a_lost_rank_restarts_nothing_while_min_nodes_are_healthy(tmp_path):
+    world = _three_nodes(tmp_path)
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), kill_rank(1), idle, exit_rank(0, 0)])
+    assert code == exitcodes.OK
+    failure = world.events("failure")[0]
+    assert (failure["rank"], failure["cause"], failure["signal"]) == (1, "crash", "SIGKILL")
+    lost = world.events("rank_lost")[0]
+    assert (lost["ranks"], lost["healthy_nodes"], lost["min_nodes"], lost["alive"]) == ([1], 2, 2, [0])
+    assert world.events("restart") == [] and world.cluster.published == [] and world.group.stops == []
+    assert world.group.starts == [(0, None)]  # nothing restarted: the survivor went on and finished
+    assert world.cluster.unhealthy == {0: 1}
+    assert any("rank(s) [1] lost, not restarted (--restart-policy min-healthy)" in line for line in world.said)
+
+
+def test_min_healthy_a_node_is_counted_unhealthy_once_however_many_ranks_it_loses(tmp_path):
+    world = _three_nodes(tmp_path)
+    code = world.run([post(RankStarted(0)), kill_rank(1), kill_rank(0)])
+    assert code == exitcodes.OK  # every local rank lost, the others finish: this node is done, the job too
+    assert [r["ranks"] for r in world.events("rank_lost")] == [[1], [0]]
+    assert [r["healthy_nodes"] for r in world.events("rank_lost")] == [2, 2]
+    assert world.cluster.unhealthy == {0: 1} and world.events("restart") == []
+
+
+def test_min_healthy_the_death_that_leaves_fewer_than_min_healthy_nodes_restarts_the_job(tmp_path):
+    world = _three_nodes(tmp_path)
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), node_lost(0), kill_rank(1), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.events("rank_lost") == []
+    assert [r["cause"] for r in world.events("failure")] == ["crash"]
+    restart = world.events("restart")[0]
+    assert (restart["scope"], restart["restart_count"]) == ("job", 1)
+    assert world.cluster.published[0].reason.endswith(
+        "SIGKILL (killed: out of memory (check dmesg) or killed by the scheduler?); only 1 node(s) still have "
+        "every rank alive and --nnodes needs 2")
+    assert world.group.starts == [(0, None), (1, None)]  # the whole job, in a new round
+    assert world.cluster.unhealthy[0] == 2 and 1 not in world.cluster.unhealthy  # the new round counts afresh
+
+
+def test_min_healthy_a_hang_still_restarts_the_job(tmp_path):
+    world = _three_nodes(tmp_path)
+    world.looks[1] = {"stack": StackClass.OUTSIDE, "where": "sleep at train.py:42", "collective": ""}
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)),
+                      post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.events("verdict")[0]["culprits"] == [1]
+    assert world.events("rank_lost") == [] and world.events("restart")[0]["scope"] == "job"
+
+
+def test_any_failed_restarts_the_job_at_the_first_lost_rank(tmp_path):
+    world = _three_nodes(tmp_path, "any-failed")
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), kill_rank(1), all_exit(0)])
+    assert code == exitcodes.OK
+    assert world.events("rank_lost") == [] and world.cluster.unhealthy == {}
+    assert world.cluster.published[0].reason == ("rank 1 (local rank 1) on n0: SIGKILL (killed: out of memory "
+                                                 "(check dmesg) or killed by the scheduler?)")
+    assert world.group.starts == [(0, None), (1, None)]
+
+
+def test_a_deadline_passed_during_an_in_process_restart_is_withdrawn_and_the_next_one_is_judged(tmp_path):
+    """NVRx in-process restart: rank 0's heartbeat deadline passes while the Wrapper restarts it, and it is back
+    with a new client session by the end of the gathering: nothing is stopped, and no quiet time follows, so
+    rank 1's deadline, passing later while it sleeps in the script, is judged (and the job restarted)."""
+    world = _three_nodes(tmp_path)
+    in_wrapper = {"stack": StackClass.RESTARTING, "where": "reentrant_barrier at store.py:295",
+                  "collective": "in-process restart"}
+    world.looks.update({0: {"watched": True, "stack": StackClass.OUTSIDE, "where": "train at x.py:255"},
+                        1: in_wrapper})
+
+    def rank_1_sleeps(w):
+        w.looks.update({0: in_wrapper, 1: {"stack": StackClass.OUTSIDE, "where": "sleep at x.py:120"}})
+        w.wakeup.post(RankExpired(local_rank=1, rank=1, pid=None, kind="heartbeat"))
+
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)),
+                      post(RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")), idle, rank_1_sleeps,
+                      all_exit(0)])
+    assert code == exitcodes.OK
+    assert [(v["basis"], v["culprits"]) for v in world.events("verdict")] == [("withdrawn", []), ("stacks", [1])]
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(1, "hang")]
+    assert world.group.stops[0]["local_ranks"] == [1] and world.events("restart")[0]["scope"] == "job"
+    assert any(line.startswith("no hang: the deadlines passed during an in-process restart (rank 0 initialised its "
+                               "client again)") for line in world.said), world.said

@@ -184,3 +184,11 @@ def test_preflight_spec_is_the_declared_view():
     assert pre.ft_declared and pre.skip_checks == ("gpu.nvml", "all") and pre.pg_timeout == 1800.0
     assert (pre.nnodes, pre.rdzv_backend, pre.standalone) == ("1:1", "static", False)
     assert build({"rank_monitor": "off"}).preflight.ft_declared is False
+
+
+def test_min_healthy_reaches_the_policy_and_refuses_a_local_restart_scope():
+    cfg = build({"restart_policy": "min-healthy"})
+    assert cfg.policy.when == "min-healthy" and cfg.policy.min_healthy
+    assert build({}).policy.when == "any-failed"
+    with pytest.raises(ConfigError, match="--restart-policy min-healthy leaves a crashed rank lost"):
+        build({"restart_policy": "min-healthy", "restart_scope": "rank"})

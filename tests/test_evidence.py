@@ -251,6 +251,9 @@ LOGGER = "/v/lib/python3.11/site-packages/torch/distributed/c10d_logger.py"
 CUDA = "/v/lib/python3.11/site-packages/torch/cuda/__init__.py"
 LOADER = "/v/lib/python3.11/site-packages/torch/utils/data/dataloader.py"
 RUNPY = "<frozen runpy>"
+IPR_WRAP = "/v/lib/python3.11/site-packages/nvidia_resiliency_ext/inprocess/wrap.py"
+IPR_STORE = "/v/lib/python3.11/site-packages/nvidia_resiliency_ext/inprocess/store.py"
+IPR_ABORT = "/v/lib/python3.11/site-packages/nvidia_resiliency_ext/inprocess/abort.py"
 
 
 def _py_spy(*frames: tuple[str, str, int]) -> str:
@@ -290,6 +293,17 @@ def test_classify_canned_stacks(tmp_path, fmt):
           ("__next__", LOADER, 700), ("<module>", tr, 1)], StackClass.OUTSIDE, "", "(in wait)"),
         # A collective far below user code is not where the thread waits.
         ([("hang", tr, 5), ("all_reduce", C10D, 3252)], StackClass.OUTSIDE, "", "hang at train.py:5"),
+        # NVRx's in-process Wrapper between runs of the wrapped function: its restart (the barrier waits on a
+        # store, torch's abort under it) ...
+        ([("StoreMixin.reentrant_barrier", IPR_STORE, 295), ("CallWrapper.__call__", IPR_WRAP, 534),
+          ("inner", "/usr/lib/python3.11/contextlib.py", 81), ("wrapped", IPR_WRAP, 241), ("main", tr, 1)],
+         StackClass.RESTARTING, "in-process restart", "reentrant_barrier"),
+        ([("destroy_process_group", C10D, 2000), ("AbortTorchDistributed.__call__", IPR_ABORT, 60),
+          ("CallWrapper.__call__", IPR_WRAP, 530), ("main", tr, 1)], StackClass.RESTARTING, "in-process restart", ""),
+        # ... but while the wrapped function runs, the script's frame is the innermost one outside torch.
+        ([("all_reduce", C10D, 3252), ("train", tr, 1), ("CallWrapper.__call__", IPR_WRAP, 534), ("main", tr, 1)],
+         StackClass.COLLECTIVE, "all_reduce", "train at train.py:1"),
+        ([("hang", tr, 5), ("CallWrapper.__call__", IPR_WRAP, 534)], StackClass.OUTSIDE, "", "hang at train.py:5"),
     ]
     for frames, cls, op, where in cases:
         got = classify(fmt(*frames), method)

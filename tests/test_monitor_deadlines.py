@@ -161,6 +161,20 @@ def test_expiry_is_reported_once_per_arm():
     assert next_deadline(w) == 202.0
 
 
+def test_a_client_that_initialises_again_after_an_expiry_is_watched_again():
+    """An NVRx in-process restart reconnects its client: a new session, with fresh deadlines."""
+    w = watch(initial=1.0, subsequent=5.0)
+    w.heartbeat(100.5)
+    assert next_verdict(w, 106.0) is not None
+    w.expire()
+    w.disconnect()  # shutdown_workload_monitoring: still expired
+    assert w.phase is Phase.EXPIRED and next_deadline(w) is None
+    w.init(107.0)
+    assert w.phase is Phase.MONITORING and w.heartbeats == 0 and next_deadline(w) == 108.0
+    assert w.heartbeat(107.5)  # the first heartbeat of the new session
+    assert next_deadline(w) == 112.5
+
+
 def test_rearm_restores_configured_timeouts():
     w = watch(initial=10.0, subsequent=5.0, sections={"s": 1.0})
     w.update_timeouts(initial=99.0, subsequent=99.0, update_hb=True, update_sections=False)

@@ -6,7 +6,7 @@ import pytest
 
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.policy import (Action, Decision, FailureFacts, RestartPolicy, backoff_delay, decide,
-                               keep_store_host, quick_failure)
+                               keep_store_host, quick_failure, tolerated)
 
 
 def test_job_scope_restart_within_budget():
@@ -93,3 +93,38 @@ def test_the_store_host_is_restarted_not_excluded_while_the_budget_lasts():
     assert d.action is Action.RESTART and d.scope == "job" and "not excluded although this node failed" in d.reason
     d = keep_store_host(excluded, restarts_used=3, max_restarts=3)
     assert d.action is Action.STOP and "restart budget exhausted" in d.reason
+
+
+MIN_HEALTHY = RestartPolicy(max_restarts=2, min_nodes=2, when="min-healthy", max_node_failures=1)
+
+
+def test_min_healthy_leaves_a_crashed_rank_lost_while_min_nodes_are_healthy():
+    d = decide(MIN_HEALTHY, FailureFacts(cause=Cause.CRASH, exit_code=None, healthy_nodes=2, node_failures=5))
+    assert d.action is Action.CONTINUE and "2 node(s) still have every rank alive" in d.reason
+    assert tolerated(MIN_HEALTHY, FailureFacts(cause=Cause.CRASH, healthy_nodes=3))
+
+
+def test_min_healthy_restarts_the_job_when_healthy_nodes_fall_below_min():
+    d = decide(MIN_HEALTHY, FailureFacts(cause=Cause.CRASH, healthy_nodes=1, node_failures=0))
+    assert (d.action, d.scope) == (Action.RESTART, "job")
+    assert d.reason == "only 1 node(s) still have every rank alive and --nnodes needs 2"
+    assert decide(MIN_HEALTHY, FailureFacts(cause=Cause.CRASH, healthy_nodes=0, restarts_used=2)).action is Action.STOP
+
+
+@pytest.mark.parametrize("cause", [Cause.HANG, Cause.PEER, Cause.MONITOR])
+def test_min_healthy_tolerates_only_crashes(cause):
+    """A hang, a lost peer, a lost monitor restart the job as under any-failed, however many nodes are healthy."""
+    facts = FailureFacts(cause=cause, healthy_nodes=3, nodes_remaining=3, node_failures=0)
+    assert not tolerated(MIN_HEALTHY, facts)
+    assert decide(MIN_HEALTHY, facts).action is Action.RESTART
+
+
+def test_min_healthy_still_ends_the_job_on_a_no_restart_exit_code_or_a_shutdown_request():
+    assert decide(MIN_HEALTHY, FailureFacts(cause=Cause.CRASH, exit_code=2, healthy_nodes=3)).action is Action.STOP
+    d = decide(MIN_HEALTHY, FailureFacts(cause=Cause.CRASH, healthy_nodes=3, shutdown_requested=True))
+    assert d.action is Action.STOP
+
+
+def test_any_failed_ignores_node_health():
+    d = decide(RestartPolicy(max_restarts=2, min_nodes=2), FailureFacts(cause=Cause.CRASH, healthy_nodes=3))
+    assert (d.action, d.reason) == (Action.RESTART, "restarting")

@@ -259,3 +259,16 @@ def test_config_paths_that_are_not_files(tmp_path, monkeypatch):
     monkeypatch.setattr(yamlfile, "MAX_BYTES", 64)
     with pytest.raises(ConfigError, match="is larger than"):
         load_config_file(str(big))
+
+
+@pytest.mark.parametrize("text", ["fault_tolerance:\n  restart_policy: min-healthy\n",
+                                  "mbr_launch:\n  restart_policy: min-healthy\n"])
+def test_restart_policy_from_either_config_section(tmp_path, text):
+    path = tmp_path / "c.yaml"
+    path.write_text(text)
+    values = load_config_file(str(path))
+    assert values == {"restart_policy": "min-healthy"}
+    assert resolve({}, {}, values)["restart_policy"] == "min-healthy"
+    assert resolve({"restart_policy": "any-failed"}, {}, values)["restart_policy"] == "any-failed"  # the flag wins
+    with pytest.raises(SettingError, match="--restart-policy"):
+        resolve({"restart_policy": "min_healthy"}, {}, {})

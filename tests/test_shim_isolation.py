@@ -68,3 +68,35 @@ def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
     loaded = json.loads(out.stdout)
     assert set(loaded) == {"mbr_launch", "mbr_launch.contract", "mbr_launch.shim", "mbr_launch.shim.boot",
                            "mbr_launch.shim.standby", "mbr_launch.shim.autobeat", "mbr_launch.shim.flight"}, loaded
+
+
+STUCK_AFTER_FAILURE = """
+import sys, threading, time
+stop = threading.Event()
+threading.Thread(target=stop.wait, name="ProgressWatchdog-4").start()  # non-daemon, never set: as NVRx's
+if sys.argv[1] == "raise":
+    raise RuntimeError("teardown failed")
+if sys.argv[1] == "exit3":
+    sys.exit(3)
+stop.set()  # "ok": the thread ends, the script succeeds
+"""
+
+
+def _boot(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
+    script = tmp_path / "stuck.py"
+    script.write_text(STUCK_AFTER_FAILURE)
+    code = ("import sys; import mbr_launch.shim.boot as boot; boot.EXIT_GRACE = 0.5; "
+            f"sys.argv = ['boot', {str(script)!r}, {mode!r}]; boot.main()")
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+
+
+def test_a_failed_script_exits_although_a_non_daemon_thread_never_ends(tmp_path):
+    """python would wait for the thread forever: the rank would neither run nor exit."""
+    res = _boot(tmp_path, "raise")
+    assert res.returncode == 1, res.stderr
+    assert "RuntimeError: teardown failed" in res.stderr
+    assert "1 non-daemon thread(s) still run 0.5 s later (ProgressWatchdog-4): exiting without them" in res.stderr
+    assert _boot(tmp_path, "exit3").returncode == 3
+    ok = _boot(tmp_path, "ok")  # success keeps Python's rules (the thread ended by itself here)
+    assert ok.returncode == 0 and "non-daemon" not in ok.stderr, ok.stderr

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 
@@ -237,6 +238,60 @@ def test_compress_ranks():
     assert compress_ranks([0, 2, 4]) == "0,2,4"
     assert compress_ranks([5]) == "5"
     assert compress_ranks([]) == ""
+
+
+# ---- NVRx in-process restart: deadlines that pass while the Wrapper restarts the wrapped function ----------
+
+RESTARTING = StackClass.RESTARTING
+IN_WRAPPER = {"stack": RESTARTING, "where": "reentrant_barrier at store.py:295", "collective": "in-process restart"}
+
+
+def test_deadlines_passed_during_an_in_process_restart_are_withdrawn():
+    """gloo timed out the ranks that waited for the failed one; the Wrapper restarts them all (on CPU that takes
+    about the collective timeout), their heartbeats stop meanwhile, some pass 12 s."""
+    v = judge([ev(0, expired=True, **IN_WRAPPER), ev(1, expired=True, watched=True, stack=OUT, where="train at x.py:9"),
+               ev(2, **IN_WRAPPER), ev(3, stack=OUT, where="train at x.py:255")])
+    assert (v.culprits, v.basis, v.determined) == ((), Basis.WITHDRAWN, False)
+    assert v.reason == ("no hang: the deadlines passed during an in-process restart (rank 1 initialised its client "
+                        "again; rank 0 is in the NVRx in-process restart)")
+
+
+def test_expired_ranks_that_exited_since_leave_their_exit_to_the_crash_path():
+    """Two ranks SIGKILLed after their deadline passed: no hang verdict on top of their crash."""
+    gone = {"state": ProcState.GONE, "stack": NONE}
+    v = judge([ev(0, expired=True, watched=True, stack=OUT), ev(4, expired=True, **gone), ev(5, expired=True, **gone)])
+    assert v.basis is Basis.WITHDRAWN and v.reason.endswith("ranks 4,5 exited (handled as a crash))"), v.reason
+    assert judge([ev(0, expired=True, **gone), ev(1, expired=True, stack=OUT)]).basis is not Basis.WITHDRAWN
+
+
+def test_a_rank_that_never_rejoins_the_in_process_restart_is_the_culprit():
+    """The others wait in the Wrapper's restart barrier for the rank asleep in the script: not withdrawn."""
+    sleeper = ev(5, expired=True, stack=OUT, where="_maybe_simulate_fault at x.py:120 (in sleep)")
+    v = judge([ev(r, expired=True, **IN_WRAPPER) for r in range(5)] + [sleeper])
+    assert (v.culprits, v.basis, v.waiting) == ((5,), Basis.STACKS, (0, 1, 2, 3, 4))
+    assert v.reason == ("rank 5 on n0 is outside any collective (in `_maybe_simulate_fault at x.py:120 (in sleep)`); "
+                        "ranks 0-4 wait in in-process restart")
+    behind = judge([ev(r, expired=True, progress=(pg(338),), **IN_WRAPPER) for r in range(5)]
+                   + [dataclasses.replace(sleeper, progress=(done(337),))])
+    assert (behind.culprits, behind.basis) == ((5,), Basis.PROGRESS)
+
+
+def test_a_stopped_rank_is_blamed_even_while_the_others_restart_in_process():
+    v = judge([ev(0, expired=True, **IN_WRAPPER), ev(1, state=ProcState.STOPPED, stack=NONE)])
+    assert (v.culprits, v.basis) == ((1,), Basis.STOPPED)
+
+
+def test_a_watched_rank_whose_deadline_never_passed_withdraws_nothing():
+    v = judge([ev(0, watched=True, stack=OUT, where="sleep at x.py:1"), ev(1, expired=True, stack=OUT),
+               ev(2, watched=True)])
+    assert v.basis is not Basis.WITHDRAWN
+
+
+def test_a_withdrawn_verdict_survives_the_store():
+    v = judge([ev(0, expired=True, **IN_WRAPPER), ev(1, expired=True, watched=True)])
+    back = verdict_from_dict(json.loads(json.dumps(verdict_to_dict(v))))
+    assert v.basis is Basis.WITHDRAWN and back == v and back.evidence == v.evidence
+    assert [(e.watched, e.stack) for e in back.evidence] == [(False, RESTARTING), (True, COLL)]
 
 
 # ---- dicts for the store -------------------------------------------------------------------------------

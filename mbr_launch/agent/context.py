@@ -68,6 +68,7 @@ class Cluster(Protocol):
     def read(self, rnd: Round) -> StopMessage | None: ...
     def mark_done(self, rnd: Round) -> bool: ...
     def hosts_store(self, rnd: Round) -> bool: ...
+    def count_unhealthy(self, rnd: Round, *, add: bool) -> int: ...
     # the hang inquiry (cluster.inquiry)
     def open_inquiry(self, rnd: Round, opener: Opener) -> Opener: ...
     def publish_evidence(self, rnd: Round, number: int, evidence: Sequence[RankEvidence]) -> None: ...
@@ -126,6 +127,7 @@ class Context:
     round: Round | None = None  # the latest round joined
     summary: RunSummary = field(default_factory=RunSummary)
     heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up in this round
+    lost: set[int] = field(default_factory=set)  # local ranks left lost this round (--restart-policy min-healthy)
     quick_failures: int = 0  # consecutive failures of rounds that died young (a crash loop)
     monitor_warnings: int = 0  # refusals and errors the rank monitor reported, this run
     round_started: float = 0.0
@@ -136,3 +138,9 @@ class Context:
     def store_call(self, what: str) -> ContextManager[None]:
         """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3)."""
         return self.guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, what)
+
+    def finished_here(self) -> bool:
+        """Every local worker has ended: succeeded, or lost to min-healthy with the job going on without it."""
+        workers = self.group.workers
+        return bool(workers) and all(w.status is not None and (w.status.ok or w.local_rank in self.lost)
+                                     for w in workers)

@@ -37,7 +37,8 @@ def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundR
             failed = cause
             lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
     records = [crash_record(ctx, rnd, w) for w in failed]
-    timed_out = {w.local_rank: line for w in failed if (line := collective_timeout(lines[w.local_rank]))}
+    timed_out = {w.local_rank: line for w in failed
+                 if (line := collective_timeout(lines[w.local_rank], w.status.signal if w.status else None))}
     if len(timed_out) == len(failed):  # every one of them waited for someone: find whom before blaming
         decided, result = inquiry.on_collective_timeout(ctx, rnd, failed, timed_out)
         if decided:

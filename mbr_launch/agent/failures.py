@@ -8,23 +8,27 @@ from mbr_launch.agent.messages import Outcome, RoundResult
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.policy import Action, Decision, FailureFacts, decide, quick_failure
+from mbr_launch.decide.policy import Action, Decision, FailureFacts, decide, quick_failure, tolerated
 from mbr_launch.report.summary import FailureRecord
 
 
 def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,
                    exclude: bool = False, nodes_lost: int = 0, culprit_known: bool = True) -> RoundResult | None:
-    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart).
+    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart, or ranks
+    left lost under min-healthy).
     ``culprit_known`` False (an undetermined hang): the job restarts and no node is blamed."""
     for record in records:
         ctx.summary.failures.append(record)
         ctx.log.emit("failure", **record.to_event(), startup=not ctx.heartbeats)
         ctx.say(f"FAILURE: {record.describe()}")
-    if ctx.telemetry:
-        ctx.telemetry.end("failure", records[0].cause.value)
     facts = _facts(ctx, rnd, records[0].cause, records[0], shutdown=shutdown, exclude=exclude, nodes_lost=nodes_lost,
                    culprit_known=culprit_known)
     decision = decide(ctx.cfg.policy, facts)
+    if decision.action is Action.CONTINUE:
+        _leave_lost(ctx, rnd, records, decision, facts)
+        return None
+    if ctx.telemetry:
+        ctx.telemetry.end("failure", records[0].cause.value)
     if decision.kept_for_store:
         ctx.say(f"this node hosts the rendezvous store ({rnd.store_host}:{rnd.store_port}), so it stays: "
                 f"{decision.reason}")
@@ -33,7 +37,8 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
         return _restart_here(ctx, rnd, records, decision)
     if decision.action is Action.EXCLUDE_NODE:
         return _leave(ctx, rnd, decision)
-    reason = records[0].describe() if decision.action is Action.RESTART else f"{records[0].describe()}; {decision.reason}"
+    plain = decision.action is Action.RESTART and facts.healthy_nodes is None
+    reason = records[0].describe() if plain else f"{records[0].describe()}; {decision.reason}"
     return _stop_round(ctx, rnd, decision, reason)
 
 
@@ -41,7 +46,9 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
            nodes_lost: int, culprit_known: bool) -> FailureFacts:
     with ctx.store_call("recording a failure in the rendezvous store"):
         restarts, startup_restarts = ctx.rendezvous.counts(rnd)
-        blamed = cause.node_fault and culprit_known
+        healthy = _healthy_nodes(ctx, rnd) if ctx.cfg.policy.min_healthy and cause is Cause.CRASH else None
+        lost = tolerated(ctx.cfg.policy, FailureFacts(cause=cause, healthy_nodes=healthy))
+        blamed = cause.node_fault and culprit_known and not lost  # a lost rank is no node failure: nothing restarts
         node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if blamed else 0
         waiting = ctx.rendezvous.spare_count()
     return FailureFacts(
@@ -51,7 +58,26 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         exclude_requested=exclude, shutdown_requested=shutdown,
         nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
         nodes_remaining=rnd.group_world_size - nodes_lost + waiting, culprit_known=culprit_known,
-        hosts_store=(exclude or ctx.cfg.policy.max_node_failures > 0) and ctx.cluster.hosts_store(rnd))
+        hosts_store=(exclude or ctx.cfg.policy.max_node_failures > 0) and ctx.cluster.hosts_store(rnd),
+        healthy_nodes=healthy)
+
+
+def _healthy_nodes(ctx: Context, rnd: Round) -> int:
+    """min-healthy: the round's nodes that still have every rank alive, job-wide; this node's first lost rank
+    of the round counts it out (once) in the round's store."""
+    return rnd.group_world_size - ctx.cluster.count_unhealthy(rnd, add=not ctx.lost)
+
+
+def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision,
+                facts: FailureFacts) -> None:
+    """min-healthy, enough healthy nodes: the crashed ranks stay lost and everything else goes on (an NVRx
+    in-process Wrapper recovers without them); the failure is recorded, nothing is stopped or restarted."""
+    ranks = [r.rank for r in records]
+    ctx.lost |= {r.local_rank for r in records}
+    ctx.log.emit("rank_lost", round=rnd.index, ranks=ranks, local_ranks=[r.local_rank for r in records],
+                 healthy_nodes=facts.healthy_nodes, nodes=rnd.group_world_size, min_nodes=ctx.cfg.policy.min_nodes,
+                 alive=[w.rank for w in ctx.group.workers if w.alive])
+    ctx.say(f"rank(s) {ranks} lost, not restarted (--restart-policy min-healthy): {decision.reason}")
 
 
 def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision) -> RoundResult | None:

@@ -20,7 +20,7 @@ from mbr_launch.agent.messages import InquiryOpened, RankExpired, RoundResult
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.verdict import ProcState, RankEvidence, StackClass, Verdict, judge
+from mbr_launch.decide.verdict import Basis, ProcState, RankEvidence, StackClass, Verdict, judge
 from mbr_launch.decide.verdict_codec import evidence_to_dict
 from mbr_launch.report.summary import FailureRecord
 from mbr_launch.workers.process import Worker
@@ -99,7 +99,8 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener,
         with ctx.store_call("waiting for the hang verdict"):
             verdict = ctx.cluster.wait_verdict(rnd, number, deadline=began + bound + VERDICT_SLACK) \
                 or _silence_noted(judge(local), [opener.group_rank])
-    ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
+    if verdict.basis is not Basis.WITHDRAWN:  # after a withdrawn one, the next expiry is judged afresh
+        ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
     _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began)
     return verdict, local
 
@@ -156,14 +157,17 @@ def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequ
     if stacks:
         ctx.log.emit("stacks", round=rnd.index, method=[ctx.cfg.monitor.stack_dump], paths=stacks)
     trigger = _trigger(ctx, opener)
-    ctx.say((f"HANG: {verdict.reason}" if verdict.determined else f"HANG, culprit undetermined: {verdict.reason}")
-            + (f" (inquiry opened when {trigger})" if trigger else ""))
+    head = "HANG: " if verdict.determined else "HANG, culprit undetermined: "
+    head = "" if verdict.basis is Basis.WITHDRAWN else head
+    ctx.say(head + verdict.reason + (f" (inquiry opened when {trigger})" if trigger else ""))
 
 
 def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidence],
          decider: bool) -> RoundResult | None:
     """The culprit's node stops it and runs the failure path; an undetermined verdict restarts the job from the
     decider; a node without culprits waits for the culprit's node to act (its stop message)."""
+    if verdict.basis is Basis.WITHDRAWN:
+        return None  # the ranks restart in process: nothing hung, nothing to stop
     mine = {e.rank: e for e in local}
     culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
     if verdict.determined and not culprits:

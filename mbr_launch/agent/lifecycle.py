@@ -97,8 +97,9 @@ class Agent:
         group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
         monitor.start()
         rendezvous = self._rendezvous = Rendezvous(cfg)
-        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout,
-                                     membership=cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone)
+        # min-healthy (as in ft_launcher) admits late nodes at the next restart, not by stopping the ranks at work
+        elastic = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone and not cfg.policy.min_healthy
+        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
                        cluster=self._cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
                        gather_evidence=functools.partial(self._gather, run_dir), run_dir=run_dir,
@@ -107,10 +108,14 @@ class Agent:
     def _gather(self, run_dir: Path, rnd: Round, bound: float) -> list[RankEvidence]:
         """This node's ranks' evidence for a hang inquiry (process state, Flight Recorder, stacks)."""
         assert self._group and self._monitor
-        try:
-            rows = (self._monitor.snapshot() or {}).get("ranks")
-        except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
-            rows = None
+        monitor = self._monitor
+
+        def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
+            try:
+                return (monitor.snapshot() or {}).get("ranks")
+            except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
+                return None
+
         return evidence.gather(self._group.workers, node=self.node, group_rank=rnd.group_rank,
                                out_dir=run_dir / f"attempt_{rnd.index}" / "stacks",
                                stack_method=self.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows)

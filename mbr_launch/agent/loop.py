@@ -53,7 +53,7 @@ class Supervisor:
             result = self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
             if result is None and not local_done:
                 result = self._tick_telemetry(rnd)
-                if result is None and self.ctx.group.all_succeeded():
+                if result is None and self.ctx.finished_here():
                     local_done = True
                     result = self._done_here(rnd)
             if result is not None or (result := self._silence(rnd)) is not None:
@@ -146,7 +146,7 @@ class Supervisor:
     def _run_round(self, rnd: Round) -> RoundResult:
         ctx = self.ctx
         ctx.wakeup.drop_events()
-        ctx.heartbeats = set()
+        ctx.heartbeats, ctx.lost = set(), set()
         ctx.round_started = ctx.clock()
         ctx.inquiry = InquiryState()
         ctx.watch = ctx.cluster.watch(rnd, ctx.wakeup.post)

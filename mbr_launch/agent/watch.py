@@ -10,7 +10,8 @@ from mbr_launch.cluster import inquiry
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerWatch
 from mbr_launch.cluster.rendezvous import Rendezvous, Round, hosts_store
-from mbr_launch.cluster.stops import ALL_DONE_KEY, StopMessage, StopWatcher, mark_done, publish_stop, read_stop
+from mbr_launch.cluster.stops import (ALL_DONE_KEY, StopMessage, StopWatcher, count_unhealthy, mark_done, publish_stop,
+                                      read_stop)
 from mbr_launch.decide.verdict import RankEvidence, Verdict
 from mbr_launch.decide.verdict_codec import (evidence_list_from_dicts, evidence_to_dict, verdict_from_dict,
                                              verdict_to_dict)
@@ -80,6 +81,9 @@ class StoreCluster:
 
     def hosts_store(self, rnd: Round) -> bool:
         return hosts_store(rnd.store_port)
+
+    def count_unhealthy(self, rnd: Round, *, add: bool) -> int:
+        return count_unhealthy(rnd, add=add)
 
     def open_inquiry(self, rnd: Round, opener: Opener) -> Opener:
         return inquiry.open_inquiry(rnd, opener)

@@ -18,6 +18,7 @@ from mbr_launch.report import exitcodes
 
 STOP_KEY = "stop"
 ALL_DONE_KEY = "all_done"
+UNHEALTHY_KEY = "unhealthy_nodes"
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,12 @@ def mark_done(rnd: Round) -> bool:
         rnd.control.set(ALL_DONE_KEY, "1")
         return True
     return False
+
+
+def count_unhealthy(rnd: Round, *, add: bool) -> int:
+    """Nodes of the round that lost a rank (``--restart-policy min-healthy``); ``add``: this node just did.
+    One atomic counter: when two nodes lose ranks at once, exactly one of them sees the count cross MIN."""
+    return int(rnd.control.add(UNHEALTHY_KEY, 1 if add else 0))
 
 
 class StopWatcher:

@@ -157,13 +157,6 @@ def _ft(v: Mapping[str, Any]) -> FaultToleranceSpec:
         pci_topo_file=v["pci_topo_file"], link_down_path_template=v["link_down_path_template"])
 
 
-def _restart_policy(resolved: Resolved) -> str:
-    # Found by ft_launcher's flag, not by a name: the setting is issue 17's other half, declared apart from this
-    # code; until it is, the launcher's behaviour is any-failed.
-    declared = next((s for s in SETTINGS if "--ft-restart-policy" in s.flags), None)
-    return "any-failed" if declared is None else str(resolved.values[declared.name])
-
-
 def preflight_spec(resolved: Resolved, *, script: str | None = None,
                    script_args: tuple[str, ...] = ()) -> PreflightSpec:
     """What the doctor checks, from the settings as declared (``mbr-launch doctor`` and the preflight), and
@@ -177,7 +170,7 @@ def preflight_spec(resolved: Resolved, *, script: str | None = None,
         rdzv_endpoint="" if v["standalone"] else v["rdzv_endpoint"], standalone=v["standalone"],
         master_addr=v["master_addr"], master_port=v["master_port"], log_dir=v["log_dir"],
         ft_declared=ft_declared, config_path=v["config"], pg_timeout=v["pg_timeout"],
-        restart_policy=_restart_policy(resolved),
+        restart_policy=v["restart_policy"],
         script=None if v["module"] or v["no_python"] else script, script_args=tuple(script_args))
 
 
@@ -207,6 +200,9 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
     if v["logs_specs"] is not None:
         raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
+    if v["restart_policy"] == "min-healthy" and v["restart_scope"] != "job":
+        raise ConfigError(f"--restart-policy min-healthy leaves a crashed rank lost, --restart-scope "
+                          f"{v['restart_scope']} restarts it in place: drop one of them")
     if v["log_dir"] is not None and (problem := probes.log_dir_problem(v["log_dir"])):
         raise ConfigError(f"--log-dir: {problem}; give a directory this user can write")
     entrypoint, use_boot = _entrypoint(script, v, environ, probes)
@@ -232,7 +228,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
                              no_restart_exit_codes=v["no_restart_exit_codes"],
                              max_node_failures=v["max_node_failures"], backoff=v["restart_backoff"],
                              backoff_max=v["restart_backoff_max"], crash_loop_window=v["crash_loop_window"],
-                             min_nodes=rendezvous.min_nodes),
+                             min_nodes=rendezvous.min_nodes, when=v["restart_policy"]),
         preemption=PreemptionSpec(
             signals=v["preempt_signals"], forward_signal=v["preempt_forward_signal"],
             grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),

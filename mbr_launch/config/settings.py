@@ -23,6 +23,7 @@ from mbr_launch.config.errors import SettingError
 from mbr_launch.config.parse import (as_bool, choice, comma_list, exit_code_list, fraction, module_list,
                                      non_negative, optional_timeout, positive, section_timeouts, signal_list,
                                      signal_name)
+from mbr_launch.decide.policy import RESTART_POLICIES
 
 SETTINGS: tuple[Setting, ...] = (
     # -- torchrun: every flag of torch.distributed.run.get_args_parser(), same names and defaults --
@@ -184,6 +185,11 @@ SETTINGS: tuple[Setting, ...] = (
             help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
                  "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
                  "recover in process)."),
+    Setting(name="restart_policy", flags=("--restart-policy", "--restart_policy", "--ft-restart-policy",
+            "--ft-restart_policy"), kind=str, default="any-failed", panel=POLICY, ft_key="restart_policy",
+            parse=choice("--restart-policy", RESTART_POLICIES), choices=RESTART_POLICIES,
+            help="any-failed: any crash or hang restarts; min-healthy: a crashed rank is left lost (NVRx in-process "
+                 "restart goes on without it) until fewer than MIN nodes have all ranks alive, then the job restarts."),
     Setting(name="max_startup_restarts", flags=("--max-startup-restarts",), kind=int, default=None,
             panel=POLICY, parse=non_negative("--max-startup-restarts", int), metavar="N",
             help="A separate budget for failures before any local rank's first heartbeat (counted apart "

@@ -12,6 +12,13 @@ failures before the first heartbeat of a round ("startup" failures) count agains
 against ``max_restarts``. Some exit codes are never restarted. A node whose ranks failed
 ``max_node_failures`` times, or whose worker asked for it, is excluded: it leaves and the job goes on
 without it (spares join through the rendezvous) as long as at least MIN nodes remain.
+
+When (``--restart-policy``, ft_launcher's ``--ft-restart-policy``):
+- ``any-failed`` (default, torchrun's semantics): any failure restarts at the scope above.
+- ``min-healthy``: a rank that crashed is lost, not restarted: the node's other ranks and the other nodes go on
+  (an NVRx in-process ``Wrapper`` carries on without it), and the job restarts only when fewer than MIN nodes
+  (``--nnodes MIN:MAX``) still have every rank alive. Hangs, lost peers, a lost monitor and worker requests
+  act as under ``any-failed``.
 """
 
 from __future__ import annotations
@@ -26,9 +33,12 @@ class Action(enum.Enum):
     RESTART = "restart"  # restart at the decision's scope
     EXCLUDE_NODE = "exclude_node"  # this node leaves; the others re-rendezvous without it
     STOP = "stop"  # end the job
+    CONTINUE = "continue"  # min-healthy: the rank is lost, everyone else goes on
 
 
 SCOPES = ("job", "node", "rank")
+ANY_FAILED, MIN_HEALTHY = "any-failed", "min-healthy"
+RESTART_POLICIES = (ANY_FAILED, MIN_HEALTHY)
 
 
 @dataclass(frozen=True)
@@ -42,6 +52,11 @@ class RestartPolicy:
     backoff_max: float = 30.0
     crash_loop_window: float = 30.0  # a round that fails sooner than this after it started is "quick"
     min_nodes: int = 1
+    when: str = ANY_FAILED  # --restart-policy: any-failed | min-healthy
+
+    @property
+    def min_healthy(self) -> bool:
+        return self.when == MIN_HEALTHY
 
 
 @dataclass(frozen=True)
@@ -60,6 +75,7 @@ class FailureFacts:
     nodes_remaining: int = 1  # nodes still alive after this failure, this one included (spares included)
     hosts_store: bool = False  # this node serves the rendezvous store: its exit would end every node
     culprit_known: bool = True  # False: a hang whose culprit the verdict could not name
+    healthy_nodes: int | None = None  # min-healthy: nodes of the round with every rank alive, after this failure
 
 
 @dataclass(frozen=True)
@@ -86,6 +102,12 @@ def backoff_delay(policy: RestartPolicy, facts: FailureFacts) -> float:
     return min(policy.backoff_max, policy.backoff * 2 ** (facts.quick_failures - 1))
 
 
+def tolerated(policy: RestartPolicy, facts: FailureFacts) -> bool:
+    """min-healthy: a crashed rank is left lost while at least MIN nodes still have every rank alive."""
+    return (policy.min_healthy and facts.cause is Cause.CRASH and facts.healthy_nodes is not None
+            and facts.healthy_nodes >= policy.min_nodes)
+
+
 def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.shutdown_requested:
         why = "a straggler was detected (--stop-on-straggler)" if facts.cause is Cause.STRAGGLER \
@@ -94,6 +116,9 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.exit_code is not None and facts.exit_code in policy.no_restart_exit_codes:
         return Decision(Action.STOP, "job", f"exit code {facts.exit_code} is not restarted "
                                             f"(--no-restart-exit-codes)")
+    if tolerated(policy, facts):
+        return Decision(Action.CONTINUE, "rank", f"{facts.healthy_nodes} node(s) still have every rank alive and "
+                                                 f"--nnodes needs {policy.min_nodes}: the other ranks go on")
     exclude_reason = None
     if facts.exclude_requested:
         exclude_reason = "a worker asked to exclude this node"
@@ -121,7 +146,10 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
         return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)")
     # Restarting one rank or one node mends only a failure whose culprit is known to be there.
     scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else "job"
-    return Decision(Action.RESTART, scope, "restarting", backoff=backoff_delay(policy, facts),
+    reason = "restarting"
+    if policy.min_healthy and facts.healthy_nodes is not None:
+        reason = f"only {facts.healthy_nodes} node(s) still have every rank alive and --nnodes needs {policy.min_nodes}"
+    return Decision(Action.RESTART, scope, reason, backoff=backoff_delay(policy, facts),
                     counts_as_startup=startup)
 
 

@@ -20,9 +20,11 @@ _PATTERNS = re.compile(
     r"|DistBackendError.*[Tt]imed? ?out")
 
 
-def collective_timeout(lines: Sequence[str]) -> str | None:
-    """The line that says a collective timed out, from a dead worker's last lines (latest first)."""
-    return _last_match(_PATTERNS, lines)
+def collective_timeout(lines: Sequence[str], signal: str | None = None) -> str | None:
+    """The line that says a collective timed out, from a dead worker's last lines (latest first). None for a
+    rank SIGKILLed from outside: a timeout raises (gloo) or aborts (NCCL), so its line is from an earlier
+    timeout the rank survived (an NVRx in-process restart logs the one it recovered from)."""
+    return None if signal == "SIGKILL" else _last_match(_PATTERNS, lines)
 
 
 # What a rank prints when the peer it was talking to went away (its crash is a consequence of that peer's).

@@ -36,6 +36,7 @@ class ProcState(enum.Enum):
 class StackClass(enum.Enum):
     COLLECTIVE = "collective"  # waiting in a collective, work.wait(), a CUDA synchronize or a store call
     OUTSIDE = "outside"  # anywhere else (user code, a DataLoader, time.sleep, a busy loop)
+    RESTARTING = "restarting"  # in NVRx's in-process Wrapper, between the wrapped function's runs (its restart)
     NONE = "none"  # no stack could be taken
 
 
@@ -65,6 +66,7 @@ class RankEvidence:
     collective: str = ""  # with StackClass.COLLECTIVE: what it waits in ("all_reduce", "barrier", ...)
     progress: tuple[GroupProgress, ...] = ()  # empty: no Flight Recorder dump
     expired: bool = False  # a deadline of this rank passed (the monitor's verdict)
+    watched: bool = False  # at the end of the gathering the monitor holds no passed deadline of it (re-init)
     kind: str = ""  # which deadline (heartbeat, section, step, ...)
     section: str | None = None
     last_heartbeat_age: float | None = None
@@ -79,6 +81,7 @@ class Basis(enum.Enum):
     PROGRESS = "progress"  # Flight Recorder: behind its peers in a process group
     STACKS = "stacks"  # outside any collective while the peers wait in one
     ONLY_EXPIRED = "only_expired"  # the only rank whose deadline passed, the others still progress
+    WITHDRAWN = "withdrawn"  # no hang: every rank whose deadline passed is restarting in process
     UNDETERMINED = "undetermined"
 
 
@@ -131,7 +134,10 @@ _SILENT = (ProcState.GONE, ProcState.ZOMBIE, ProcState.UNKNOWN)
 def judge(evidence: Sequence[RankEvidence]) -> Verdict:
     """The culprit(s) of a hang from every rank's evidence, or an undetermined verdict that says why."""
     ev = _by_rank(evidence)
-    found = _stopped(ev) or _progress_or_stacks(ev) or _only_expired(ev)
+    stopped = _stopped(ev)
+    if stopped is None and (withdrawn := _withdrawn(ev)) is not None:
+        return Verdict((), Basis.WITHDRAWN, withdrawn.reason, (), tuple(ev))
+    found = stopped or _progress_or_stacks(ev) or _only_expired(ev)
     if found is None:
         waiting = tuple(e.rank for e in ev if _waits(e))
         return Verdict((), Basis.UNDETERMINED, _why_undetermined(ev), waiting, tuple(ev))
@@ -167,8 +173,12 @@ def _pending(e: RankEvidence) -> GroupProgress | None:
 
 
 def _waits(e: RankEvidence) -> bool:
-    """Waits in a collective: its stack says so, or, with no stack, its counters do."""
-    return e.stack is StackClass.COLLECTIVE or (e.stack is StackClass.NONE and _pending(e) is not None)
+    """Waits in a collective: its stack says so (the in-process restart's barrier waits for every rank too),
+    or, with no stack, its counters do."""
+    return e.stack in _WAITING or (e.stack is StackClass.NONE and _pending(e) is not None)
+
+
+_WAITING = (StackClass.COLLECTIVE, StackClass.RESTARTING)
 
 
 def _places(ev: Sequence[RankEvidence], ranks: Sequence[int]) -> dict[str, list[int]]:
@@ -202,6 +212,29 @@ def _stopped(ev: Sequence[RankEvidence]) -> _Finding | None:
     waiting = tuple(e.rank for e in ev if e.rank not in blamed and _waits(e))
     clauses = [f"{who(e.rank, e.node)} {_STATE_TEXT[e.state]}" for e in culprits]
     return _Finding(tuple(sorted(blamed)), Basis.STOPPED, _with_waiting(clauses, ev, waiting), waiting)
+
+
+def _withdrawn(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Before the rules: no hang when every rank whose deadline passed is restarting in process, in NVRx's
+    Wrapper (which watches its own restart with its soft, hard and barrier timeouts), or is back with a new
+    client session (the restart re-initialises the client, which starts its deadlines over, as in
+    ft_launcher), or has exited (its exit is handled as a crash). A restart that outlasts the heartbeat timeout
+    is no hang; a rank that never rejoins it still expires outside it (it sleeps, spins or waits elsewhere)
+    and is judged by the rules."""
+    expired = [e for e in ev if e.expired]
+    back = [e.rank for e in expired if e.watched]
+    inside = [e.rank for e in expired if not e.watched and e.stack is StackClass.RESTARTING]
+    # (a rank that died of a collective timeout waited for someone: that is evidence of a hang, not an exit)
+    gone = [e.rank for e in expired if e.rank not in back + inside and e.state in _EXITED and not _waits(e)]
+    if not expired or len(back) + len(inside) + len(gone) < len(expired):
+        return None
+    said = [f"{ranks_phrase(back)} initialised {verb(len(back), 'its', 'their')} client again"] if back else []
+    if inside:
+        said.append(f"{ranks_phrase(inside)} {verb(len(inside), 'is', 'are')} in the NVRx in-process restart")
+    if gone:
+        said.append(f"{ranks_phrase(gone)} exited (handled as a crash)")
+    return _Finding((), Basis.WITHDRAWN, "no hang: the deadlines passed during an in-process restart ("
+                    + "; ".join(said) + ")")
 
 
 def _progress_or_stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
@@ -275,7 +308,7 @@ def _stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
     """Rule c (ByteRobust's stack grouping): with some ranks waiting in a collective, the ranks outside any
     are what they wait for. If no rank waits in one (independent workers), stacks tell nothing apart."""
     outside = [e for e in ev if e.stack is StackClass.OUTSIDE]
-    inside = tuple(e.rank for e in ev if e.stack is StackClass.COLLECTIVE)
+    inside = tuple(e.rank for e in ev if e.stack in _WAITING)
     if not outside or not inside:
         return None
     clauses = [f"{who(e.rank, e.node)} is outside any collective{place_phrase(e.where, e.cpu)}" for e in outside]

@@ -33,6 +33,7 @@ def evidence_from_dict(d: object) -> RankEvidence | None:
         state=_enum(ProcState, d.get("state"), ProcState.UNKNOWN), cpu=_float(d.get("cpu")),
         stack=_enum(StackClass, d.get("stack"), StackClass.NONE), where=_str(d.get("where")),
         collective=_str(d.get("collective")), progress=progress, expired=d.get("expired") is True,
+        watched=d.get("watched") is True,
         kind=_str(d.get("kind")), section=_str(d.get("section"), None),
         last_heartbeat_age=_float(d.get("last_heartbeat_age")), steps=_int(d.get("steps")),
         stacks_path=_str(d.get("stacks_path"), None))
@@ -55,12 +56,13 @@ def verdict_from_dict(d: object) -> Verdict | None:
         return None
     basis = _enum(Basis, d.get("basis"), Basis.UNDETERMINED)
     culprits = () if basis is Basis.UNDETERMINED else _ranks(d.get("culprits"))
-    return Verdict(culprits, basis if culprits else Basis.UNDETERMINED, _str(d.get("reason")),
+    kept = culprits or basis is Basis.WITHDRAWN  # a withdrawn inquiry has no culprit by design
+    return Verdict(culprits, basis if kept else Basis.UNDETERMINED, _str(d.get("reason")),
                    _ranks(d.get("waiting")), evidence_list_from_dicts(d.get("evidence")))
 
 
 _EVIDENCE_PLAIN = ("rank", "node", "group_rank", "local_rank", "pid", "cpu", "where", "collective", "expired",
-                   "kind", "section", "last_heartbeat_age", "steps", "stacks_path")
+                   "watched", "kind", "section", "last_heartbeat_age", "steps", "stacks_path")
 _E = TypeVar("_E", bound=enum.Enum)
 _D = TypeVar("_D")
 

@@ -15,12 +15,15 @@ server can sleep exactly until the next one:
 Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state starts over)::
 
     DISARMED --arm--> ARMED --init--> MONITORING --deadline passed--> EXPIRED
-                        ^                 |  ^                          |
-                        +---disconnect----+  +-- heartbeat, section,    +-- messages acked, ignored
-                                                 update, re-init
+                        ^                 |  ^  ^                       |  |
+                        +---disconnect----+  |  +-- heartbeat, section, |  +-- messages acked, ignored
+                                             |      update, re-init     |
+                                             +--------- re-init --------+
     any state --disarm--> DISARMED
 
-Each arm produces at most one verdict: after EXPIRED nothing expires again until the next arm.
+Each client session produces at most one verdict: after EXPIRED nothing expires again until the next arm
+or until the client initialises again. A re-init starts a new session (NVRx's server resets its timers on
+InitMsg too): that is how an NVRx in-process restart reconnects, and its ranks are watched again.
 """
 
 from __future__ import annotations
@@ -67,7 +70,7 @@ TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
     (_P.MONITORING, _E.EXPIRE): _P.EXPIRED,
     (_P.MONITORING, _E.DISARM): _P.DISARMED,
     (_P.EXPIRED, _E.ARM): _P.ARMED,
-    (_P.EXPIRED, _E.INIT): _P.EXPIRED,
+    (_P.EXPIRED, _E.INIT): _P.MONITORING,  # a new client session (in-process restart): watched again
     (_P.EXPIRED, _E.MESSAGE): _P.EXPIRED,
     (_P.EXPIRED, _E.DISCONNECT): _P.EXPIRED,
     (_P.EXPIRED, _E.DISARM): _P.DISARMED,
@@ -156,8 +159,6 @@ class RankWatch:
 
     def init(self, now: float) -> None:
         self._go(Event.INIT)
-        if self.phase is Phase.EXPIRED:
-            return
         self._reset_session()
         self.init_at = self.oos_since = now
         self._recompute_hb()

@@ -17,12 +17,15 @@ hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartb
 stacks              round, method (list), paths (stack dump files, one per local rank)
 verdict             round, inquiry (its number in the round), culprits (global ranks; empty: undetermined),
                     nodes (the culprits' nodes), group_ranks (theirs), basis (stopped|progress|stacks|
-                    only_expired|undetermined),
+                    only_expired|undetermined|withdrawn: no hang, the expired ranks restart in process),
                     reason, waiting (ranks seen waiting for the culprits), decider (group rank), seconds (from
                     the inquiry's start), evidence (this node's ranks: state, cpu, stack, where, collective,
-                    progress per process group, expired, kind, section, last_heartbeat_age, stacks_path)
+                    progress per process group, expired, watched, kind, section, last_heartbeat_age,
+                    stacks_path)
 failure             round, rank, local_rank, cause (crash|hang|monitor|peer|request|straggler), exit_code,
                     signal, section, detail
+rank_lost           round, ranks, local_ranks, healthy_nodes, nodes, min_nodes, alive (--restart-policy
+                    min-healthy: crashed ranks left lost, the rest goes on; the failure event says how they died)
 stop                round, reason, origin (node that asked)
 restart             round, restart_count, max_restarts, scope (job|node|rank), backoff
 exclude             round, reason
@@ -77,6 +80,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "verdict": ("round", "inquiry", "culprits", "nodes", "group_ranks", "basis", "reason", "waiting", "decider",
                 "seconds", "evidence"),
     "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail"),
+    "rank_lost": ("round", "ranks", "local_ranks", "healthy_nodes", "nodes", "min_nodes", "alive"),
     "stop": ("round", "reason", "origin"),
     "restart": ("round", "restart_count", "max_restarts", "scope", "backoff"),
     "exclude": ("round", "reason"),

@@ -19,6 +19,12 @@ What it arms, each driven by an environment variable the agent sets:
   the standby level says, waits for its assignment (environment, working directory) and applies it; all
   the above is then armed from the assigned environment, as in a fresh worker.
 
+One difference from ``python SCRIPT``: when the script fails (an exception, or a non-zero ``sys.exit``),
+Python would wait for every non-daemon thread before exiting, forever if one never ends, and the rank would
+neither run nor exit. Here those threads get ``EXIT_GRACE`` seconds, then the process exits with the
+failure's code. (NVRx's in-process Wrapper leaves its ProgressWatchdog thread running when its teardown
+raises, e.g. when the Wrapper's store host exited first at the end of a run.)
+
 The variable names and the signal come from ``mbr_launch.contract``, which the agent uses too; the shim
 imports nothing else of mbr_launch.
 """
@@ -32,11 +38,14 @@ import os
 import runpy
 import signal
 import sys
+import threading
+import time
 
 from mbr_launch.contract import (AUTOBEAT_ENV, BOOT_MODULE, FR_TRIGGER_ENV, STACK_FILE_ENV, STACK_SIGNAL,
                                  STANDBY_CHANNEL_ENV, preemption_signals)
 
 _stack_file = None  # kept open for the life of the process: faulthandler writes to its fd
+EXIT_GRACE = 30.0  # seconds a failed script's leftover non-daemon threads get before the process exits anyway
 
 
 def arm_stack_dump() -> None:
@@ -113,6 +122,36 @@ def run_target(argv: list[str]) -> None:
     runpy.run_path(script, run_name="__main__")
 
 
+def run_failing_fast(argv: list[str]) -> None:
+    """``run_target``; when the script fails, exit with its code within ``EXIT_GRACE`` (see the docstring)."""
+    try:
+        run_target(argv)
+    except SystemExit as exc:
+        if exc.code is None or exc.code == 0:
+            raise
+        if not isinstance(exc.code, int):
+            print(exc.code, file=sys.stderr)  # what Python prints for sys.exit("message")
+        _exit_failed(exc.code if isinstance(exc.code, int) else 1)
+    except Exception:
+        sys.excepthook(*sys.exc_info())  # the traceback, as Python prints it, before waiting for the threads
+        _exit_failed(1)
+
+
+def _exit_failed(code: int) -> None:
+    deadline = time.monotonic() + EXIT_GRACE
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join(max(0.0, deadline - time.monotonic()))
+    left = [t.name for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if not left:
+        raise SystemExit(code)  # the usual end: atexit handlers, buffers flushed
+    print(f"mbr-launch: the script failed and {len(left)} non-daemon thread(s) still run {EXIT_GRACE:g} s later "
+          f"({', '.join(left)}): exiting without them", file=sys.stderr)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def main() -> None:
     # First, also in a waiting standby: Slurm signals every process of the step, standbys included.
     ignore_preemption_signals()
@@ -127,7 +166,7 @@ def main() -> None:
     arm_autobeat()
     # Registered first, so it runs after every atexit handler the script or torch registers.
     atexit.register(collect_process_groups_at_exit)
-    run_target(sys.argv[1:])
+    run_failing_fast(sys.argv[1:])
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.decide.verdict import GroupProgress, ProcState, RankEvidence, StackClass
@@ -25,13 +25,17 @@ from mbr_launch.workers.stacks import StackDump, StackTarget, dump_stacks
 _POLL = 0.02
 
 
+Rows = Sequence[Mapping[str, Any]]
+
+
 def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Path, stack_method: str,
-           bound: float = 2.0, monitor_rows: Sequence[Mapping[str, Any]] | None = None,
+           bound: float = 2.0, monitor_rows: Rows | Callable[[], Rows | None] | None = None,
            expired: Mapping[int, str] | None = None, window: float = 0.05) -> list[RankEvidence]:
     """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
 
-    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.status.describe``); ``expired``: local
-    rank -> the kind of deadline that passed, for the ranks whose deadline did. Never raises for a rank.
+    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.status.describe``), or how to get them: then
+    they are read last, so a client that initialised again meanwhile (an in-process restart) is seen as
+    watched. ``expired``: local rank -> the kind of deadline that passed. Never raises for a rank.
     """
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
@@ -51,6 +55,8 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     progress = _await_dumps({lr: files[lr] for lr in asked}, before, deadline)
     states = sample.finish(min_window=min(window, bound / 4))
 
+    if callable(monitor_rows):
+        monitor_rows = monitor_rows()
     rows = {row.get("local_rank"): row for row in monitor_rows or () if isinstance(row, Mapping)}
     out = []
     for w in sorted(workers, key=lambda w: w.local_rank):
@@ -62,12 +68,15 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
             rank=w.rank, node=node, group_rank=group_rank, local_rank=w.local_rank, pid=w.pid, state=state,
             cpu=cpu, stack=dump.stack_class if dump else StackClass.NONE, where=dump.where if dump else "",
             collective=dump.collective if dump else "", progress=progress.get(w.local_rank, ()),
-            expired=kind is not None, kind=kind or "", section=_section(row),
+            expired=kind is not None, watched=row.get("state") in _SINCE, kind=kind or "", section=_section(row),
             last_heartbeat_age=_number(row.get("last_heartbeat_age")), steps=_int(row.get("steps")),
             stacks_path=str(dump.path) if dump and dump.path else None))
     return out
 
 
+# The monitor's phases after a client initialised again following an expiry (and, armed, closed again): an
+# expired rank stays "expired" until then (monitor.deadlines).
+_SINCE = ("monitoring", "armed")
 _MUTE = (ProcState.STOPPED, ProcState.DISK, ProcState.ZOMBIE, ProcState.GONE)
 
 

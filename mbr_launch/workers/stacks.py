@@ -320,6 +320,8 @@ def classify(text: str, method: str) -> tuple[StackClass, str, str]:
     if not frames:
         return StackClass.NONE, "", ""
     user = next((f for f in frames if not _LIBRARY.search(f.filename)), None)
+    if _restarting(frames):
+        return StackClass.RESTARTING, summarize(frames[0]), "in-process restart"
     op = _waiting_in(frames)
     if op:
         return StackClass.COLLECTIVE, summarize(user or frames[0]), op
@@ -327,6 +329,18 @@ def classify(text: str, method: str) -> tuple[StackClass, str, str]:
     if user is not None and user is not frames[0]:
         where += f" (in {frames[0].function})"
     return StackClass.OUTSIDE, where, ""
+
+
+_INPROCESS = os.path.join("nvidia_resiliency_ext", "inprocess") + os.sep
+_STDLIB = re.compile(r"^<|/lib/python3\.\d+/(?!(site|dist)-packages/)")
+
+
+def _restarting(frames: list[Frame]) -> bool:
+    """In NVRx's in-process Wrapper between runs of the wrapped function (its restart: barriers, health checks,
+    aborting the process group): the innermost frame outside torch and the standard library is the Wrapper's.
+    While the function runs, that frame is the script's (the Wrapper's frames lie further down)."""
+    own = next((f for f in frames if _TORCH not in f.filename and not _STDLIB.search(f.filename)), None)
+    return own is not None and _INPROCESS in own.filename
 
 
 def _waiting_in(frames: list[Frame]) -> str:
