@@ -81,13 +81,10 @@ def test_restart_policy(launcher, policy, nnodes, severity):
 
 def test_preflight_takes_the_launchers_restart_policy():
     from mbr_launch.config.build import preflight_spec
-    from mbr_launch.config.settings import SETTINGS, resolve
+    from mbr_launch.config.settings import resolve
 
-    declared = next((s for s in SETTINGS if "--ft-restart-policy" in s.flags), None)
     assert preflight_spec(resolve({}, {}, {})).restart_policy == "any-failed"
-    if declared is None:
-        pytest.skip("--ft-restart-policy is not declared on this branch yet (issue 17's restart-policy half)")
-    assert preflight_spec(resolve({declared.name: "min-healthy"}, {}, {})).restart_policy == "min-healthy"
+    assert preflight_spec(resolve({"restart_policy": "min-healthy"}, {}, {})).restart_policy == "min-healthy"
 
 
 def test_policy_checks_skip_without_inprocess_restart():

@@ -21,12 +21,6 @@ from .helpers import run_launcher
 
 pytestmark = pytest.mark.timeout(120)
 
-# ft_launcher's restart policy (any-failed | min-healthy) comes with the f17ipr branch of issue 17. Until it
-# is merged these four spellings are the only ft_launcher options mbr-launch lacks; the coordinator deletes
-# this set at merge (test_pending_restart_policy_is_exactly_what_is_missing fails once they are accepted).
-PENDING_RESTART_POLICY = {"--ft-restart-policy", "--ft-restart_policy", "--restart-policy", "--restart_policy"}
-
-
 def _ft_actions() -> list[argparse.Action]:
     return [a for a in get_args_parser()._actions
             if a.option_strings and not isinstance(a, argparse._HelpAction)]
@@ -53,14 +47,12 @@ def test_parser_is_the_one_we_think():
     assert len(FT_FLAGS) > 80
 
 
-def test_pending_restart_policy_is_exactly_what_is_missing():
-    missing = {flag for flag, _ in FT_FLAGS if flag not in OURS}
-    assert missing == PENDING_RESTART_POLICY, (
-        f"ft_launcher options mbr-launch rejects: {sorted(missing - PENDING_RESTART_POLICY)}; "
-        f"accepted now, delete from PENDING_RESTART_POLICY: {sorted(PENDING_RESTART_POLICY - missing)}")
+def test_every_ft_launcher_option_is_accepted():
+    missing = sorted(flag for flag, _ in FT_FLAGS if flag not in OURS)
+    assert not missing, f"ft_launcher options mbr-launch rejects: {missing}"
 
 
-ACCEPTED = [f for f in FT_FLAGS if f[0] not in PENDING_RESTART_POLICY]
+ACCEPTED = FT_FLAGS
 
 
 @pytest.mark.parametrize(("flag", "action"), ACCEPTED, ids=[flag for flag, _ in ACCEPTED])
@@ -135,8 +127,7 @@ def test_readme_lists_every_ft_launcher_option():
 
     readme = (REPO / "README.md").read_text()
     table = readme[readme.index("<!-- options:start -->"):readme.index("<!-- options:end -->")]
-    missing = [flag for flag, _ in FT_FLAGS if flag not in PENDING_RESTART_POLICY
-               and f"`{flag}`" not in table and f"`{flag} " not in table]
+    missing = [flag for flag, _ in FT_FLAGS if f"`{flag}`" not in table and f"`{flag} " not in table]
     assert not missing, f"the README options table lacks ft_launcher's {missing}: run python -m tools.docgen --write"
 
 
