@@ -256,6 +256,14 @@ def test_deadlines_passed_during_an_in_process_restart_are_withdrawn():
                         "again; rank 0 is in the NVRx in-process restart)")
 
 
+def test_a_passed_step_deadline_is_never_withdrawn():
+    """The zero-code step timeout: the monitor row of a rank without a client stays "armed" (with one,
+    "monitoring") all along, which is no new client session: the hang is judged, not withdrawn."""
+    v = judge([ev(0, expired=True, watched=True, kind="step", stack=OUT, where="train at x.py:9 (in sleep)"),
+               ev(1, watched=True, stack=COLL, where="all_reduce at x.py:12")])
+    assert v.basis is not Basis.WITHDRAWN and v.culprits == (0,), v
+
+
 def test_expired_ranks_that_exited_since_leave_their_exit_to_the_crash_path():
     """Two ranks SIGKILLed after their deadline passed: no hang verdict on top of their crash."""
     gone = {"state": ProcState.GONE, "stack": NONE}

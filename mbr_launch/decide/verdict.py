@@ -160,6 +160,7 @@ def _by_rank(evidence: Sequence[RankEvidence]) -> list[RankEvidence]:
 
 
 _EXITED = (ProcState.GONE, ProcState.ZOMBIE)
+STEP_DEADLINE = "step"  # the kind of an expired step deadline (monitor.wire.STEP_KIND)
 
 
 def _has_evidence(e: RankEvidence) -> bool:
@@ -222,7 +223,9 @@ def _withdrawn(ev: Sequence[RankEvidence]) -> _Finding | None:
     is no hang; a rank that never rejoins it still expires outside it (it sleeps, spins or waits elsewhere)
     and is judged by the rules."""
     expired = [e for e in ev if e.expired]
-    back = [e.rank for e in expired if e.watched]
+    # A step deadline (the zero-code step timeout) is kept apart from the client's session: the rank is
+    # "armed" (no client) or "monitoring" all along, which says nothing of a restart.
+    back = [e.rank for e in expired if e.watched and e.kind != STEP_DEADLINE]
     inside = [e.rank for e in expired if not e.watched and e.stack is StackClass.RESTARTING]
     # (a rank that died of a collective timeout waited for someone: that is evidence of a hang, not an exit)
     gone = [e.rank for e in expired if e.rank not in back + inside and e.state in _EXITED and not _waits(e)]
