@@ -475,3 +475,16 @@ def test_a_deadline_passed_during_an_in_process_restart_is_withdrawn_and_the_nex
     assert world.group.stops[0]["local_ranks"] == [1] and world.events("restart")[0]["scope"] == "job"
     assert any(line.startswith("no hang: the deadlines passed during an in-process restart (rank 0 initialised its "
                                "client again)") for line in world.said), world.said
+
+
+def test_a_step_deadline_is_never_withdrawn_by_the_monitor_phase(tmp_path):
+    """Autobeat's step deadline leaves the monitor's phase alone (a script without the NVRx client stays
+    "armed"): that phase says nothing about a restart, and the sleeping rank is named."""
+    world = build_world(tmp_path, ("max_restarts", 1))
+    world.looks.update({0: {"watched": True}, 1: {"watched": True, "stack": StackClass.OUTSIDE,
+                                                  "where": "sleep at train.py:42", "collective": ""}})
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)),
+                      post(RankExpired(local_rank=0, rank=0, pid=None, kind="step")), all_exit(0)])
+    assert code == exitcodes.OK
+    assert [(v["basis"], v["culprits"]) for v in world.events("verdict")] == [("stacks", [1])]
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(1, "hang")]

@@ -22,6 +22,7 @@ from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.verdict import Basis, ProcState, RankEvidence, StackClass, Verdict, judge
 from mbr_launch.decide.verdict_codec import evidence_to_dict
+from mbr_launch.monitor.wire import STEP_KIND
 from mbr_launch.report.summary import FailureRecord
 from mbr_launch.workers.process import Worker
 
@@ -118,9 +119,13 @@ def overdue(ctx: Context, rnd: Round) -> RoundResult | None:
 
 
 def _with_expiry(evidence: RankEvidence, event: object) -> RankEvidence:
+    """This node's expiry of the rank, in its evidence. ``watched`` (the monitor's phase is no longer
+    "expired") says the client initialised again only for the NVRx client's deadlines: a step deadline of
+    autobeat leaves the phase alone."""
     if not isinstance(event, RankExpired):
-        return evidence
+        return dataclasses.replace(evidence, watched=False)
     return dataclasses.replace(evidence, expired=True, kind=event.kind, section=event.section,
+                               watched=evidence.watched and event.kind != STEP_KIND,
                                last_heartbeat_age=event.last_heartbeat_age
                                if event.last_heartbeat_age is not None else evidence.last_heartbeat_age)
 

@@ -66,7 +66,7 @@ class RankEvidence:
     collective: str = ""  # with StackClass.COLLECTIVE: what it waits in ("all_reduce", "barrier", ...)
     progress: tuple[GroupProgress, ...] = ()  # empty: no Flight Recorder dump
     expired: bool = False  # a deadline of this rank passed (the monitor's verdict)
-    watched: bool = False  # at the end of the gathering the monitor holds no passed deadline of it (re-init)
+    watched: bool = False  # expired, and the NVRx client initialised again since (its deadlines started over)
     kind: str = ""  # which deadline (heartbeat, section, step, ...)
     section: str | None = None
     last_heartbeat_age: float | None = None

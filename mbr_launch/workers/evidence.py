@@ -74,8 +74,8 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     return out
 
 
-# The monitor's phases after a client initialised again following an expiry (and, armed, closed again): an
-# expired rank stays "expired" until then (monitor.deadlines).
+# The monitor's phases once a client initialised again after a heartbeat or section expiry (and, armed, closed
+# again): until then the rank stays "expired" (monitor.deadlines). The inquiry keeps this only for such expiries.
 _SINCE = ("monitoring", "armed")
 _MUTE = (ProcState.STOPPED, ProcState.DISK, ProcState.ZOMBIE, ProcState.GONE)
 
