@@ -142,13 +142,17 @@ def signal_in_rendezvous(ctx: Ctx) -> Run:
 # ---- agents of several nodes killed ---------------------------------------------------------------
 
 
+PEER_TIMEOUT = 2.0
+
+
 def agent_sigkill(ctx: Ctx) -> Run:
     """Three agents, --nnodes 2:3, workers without collectives (only the agents' liveness check can notice);
-    one agent is SIGKILLed: its processes die with it, the two others restart without it and finish."""
+    one agent is SIGKILLed: its processes die with it, the two others restart without it and finish. torch's
+    default last call (30 s) is left as it is: the survivors' failure round must not wait on it (issue #18)."""
     ready = ctx.tmp / "ready"
-    agents = c10d_agents(ctx, 3, "2:3", ["--nproc-per-node", "1", "--max-restarts", "1", "--peer-timeout", "2",
-                                         "--standby", "interpreter", SLEEPER, "--ready-file", str(ready),
-                                         "--run-seconds", "8"], rdzv_conf="last_call_timeout=1")
+    agents = c10d_agents(ctx, 3, "2:3", ["--nproc-per-node", "1", "--max-restarts", "1", "--peer-timeout",
+                                         str(PEER_TIMEOUT), "--standby", "interpreter", SLEEPER, "--ready-file",
+                                         str(ready), "--run-seconds", "8"])
     ctx.wait_lines(ready, 3)
     t_fault, orphans = ctx.kill_agent(agents[2])
     ctx.finish(agents[:2])
@@ -158,7 +162,9 @@ def agent_sigkill(ctx: Ctx) -> Run:
 
 def check_agent_sigkill(run: Run) -> None:
     assert len(run.info["restarted"]) == 2, run.info["restarted"]
-    assert run.t_fault is not None and max(run.info["restarted"]) - run.t_fault < 25, run.info["restarted"]
+    # Issue #18: the survivors run again within --peer-timeout + 5 s of the loss (no 30 s last call).
+    assert run.t_fault is not None and max(run.info["restarted"]) - run.t_fault < PEER_TIMEOUT + 5, \
+        (max(run.info["restarted"]) - run.t_fault, run.tail())
     assert any("silent" in err for err in run.stderr[:2]), run.tail()
 
 

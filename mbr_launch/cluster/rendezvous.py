@@ -31,6 +31,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
+from mbr_launch.cluster import shrink
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
@@ -119,10 +120,13 @@ class Rendezvous:
         )
         _disable_shared_store()
         try:
-            return get_rendezvous_handler(params)
+            handler = get_rendezvous_handler(params)
         except Exception as err:  # torch raises many types here; all mean "cannot start"
             raise RendezvousFailed(f"cannot set up the {rdzv.backend} rendezvous at "
                                    f"{rdzv.endpoint or '(none)'}: {err}") from err
+        if rdzv.backend == "c10d":  # a failure round does not sit in last_call waiting for nobody
+            shrink.install(handler, active=lambda: self._joined > 0)
+        return handler
 
     @property
     def handler(self) -> RendezvousHandler:

@@ -1,0 +1,78 @@
+"""Closing a failure round as soon as every node that announced itself has joined (issue #18).
+
+torch's c10d rendezvous opens a round's "last call" when ``--nnodes MIN`` nodes have joined and then waits
+``last_call_timeout`` (30 s by default) for more, even when nobody else is there. At launch that wait is
+useful: the job's nodes start at different times. In a round that follows a failure it is dead time: every
+node that is still alive is already in the rendezvous state (in the wait list, or as a spare in the redundancy
+list), because the new round cannot begin before every participant of the failed one has left it (or has
+been dropped for a missed keep-alive). So after a node is lost without a spare, the survivors waited 30 s
+for nodes that were not coming.
+
+``install`` wraps the handler's operation executor so that, in a round this agent joins after its first, the
+join closes the round once: it is a participant, at least MIN nodes are in, nobody is in the wait list or the
+redundancy list (spares and announced joiners are still waited for, by torch's own rules), and ``SETTLE``
+seconds have passed since MIN was reached (a spare moves from the redundancy list to the participants in two
+writes; the pause covers that gap). Everything else is torch's own join.
+
+Uses torch's private classes (there is no public hook); if they are missing, nothing is wrapped and torch's
+own last call applies.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from typing import Any, Callable
+
+SETTLE = 1.0  # seconds after MIN nodes joined before a failure round may close without its last call
+
+
+def install(handler: Any, *, active: Callable[[], bool]) -> bool:
+    """Wrap ``handler``'s join so that failure rounds close early; ``active()`` is asked at each join (True
+    in rounds after this agent's first). False when torch's internals are not what we expect."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+        inner = handler._op_executor
+        dr._RendezvousJoinOp, dr._Action.MARK_RENDEZVOUS_COMPLETE  # noqa: B018 - present in this torch?
+    except (ImportError, AttributeError):
+        return False
+    handler._op_executor = _Executor(inner, dr, active)
+    return True
+
+
+class _Executor:
+    """torch's executor, with the join operation swapped for ``_EarlyClose`` while ``active()``."""
+
+    def __init__(self, inner: Any, dr: Any, active: Callable[[], bool]) -> None:
+        self._inner, self._dr, self._active = inner, dr, active
+
+    def run(self, op: Any, deadline: float, update_deadline: Any = None) -> None:
+        if isinstance(op, self._dr._RendezvousJoinOp) and self._active():
+            op = _EarlyClose(op, self._dr._Action)
+        return self._inner.run(op, deadline, update_deadline)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _EarlyClose:
+    def __init__(self, inner: Callable[[Any, float], Any], actions: Any) -> None:
+        self._inner, self._actions = inner, actions
+
+    def __call__(self, ctx: Any, deadline: float) -> Any:
+        action = self._inner(ctx, deadline)
+        if action in (self._actions.SYNC, self._actions.KEEP_ALIVE) and may_close(ctx.state, ctx.node, ctx.settings):
+            return self._actions.MARK_RENDEZVOUS_COMPLETE
+        return action
+
+
+def may_close(state: Any, node: Any, settings: Any, *, now: datetime | None = None) -> bool:
+    """Whether a failure round may be closed now (see the module's docstring)."""
+    if state.closed or state.complete or node not in state.participants or state.deadline is None:
+        return False
+    if not settings.min_nodes <= len(state.participants) <= settings.max_nodes:
+        return False
+    if state.wait_list or getattr(state, "redundancy_list", ()):
+        return False
+    now = now or datetime.now(timezone.utc)
+    min_reached = state.deadline - settings.timeout.last_call  # torch sets the deadline when MIN joined
+    return now >= min_reached + timedelta(seconds=SETTLE)
