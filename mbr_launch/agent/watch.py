@@ -65,8 +65,11 @@ class StoreCluster:
         self.current: RoundWatch | None = None  # the latest round's (earlier ones were cancelled with their round)
 
     def watch(self, rnd: Round, post: Callable[[Event], None]) -> RoundWatch:
+        # Only group rank 0 asks whether nodes wait to join (it then stops the round for all): each ask reads
+        # torch's whole rendezvous state, O(N) bytes, so N askers cost the store's host O(N^2) per interval.
+        asks = self._membership and rnd.group_rank == 0
         watch = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
-                           waiting=self._rendezvous.num_nodes_waiting if self._membership else None)
+                           waiting=self._rendezvous.num_nodes_waiting if asks else None)
         self.current = watch
         return watch
 

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import shrink
+from mbr_launch.cluster import layout, shrink
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
@@ -167,21 +167,15 @@ class Rendezvous:
                  master_addr: str, master_port: int) -> Round:
         timeout = datetime.timedelta(seconds=self._cfg.rendezvous.join_timeout)
         store.set_timeout(timeout)
-        store.set(f"mbr/lws/{group_rank}", str(self._cfg.workers.nproc_per_node))
-        if group_rank == 0:
-            store.set("mbr/token", uuid.uuid4().hex[:12])
-            store.set("mbr/restarts", str(self._restart_count_from_job(store)))
-            store.set("mbr/master_port", str(pick_master_port()))
         # torch picks an ephemeral port (bind 0, close): outgoing connections (NCCL's many sockets) can take
         # it before rank 0's store binds it (EADDRINUSE, seen on 2 H200s). Ours lies below that range.
-        master_port = int(store.get("mbr/master_port"))
-        sizes = [int(store.get(f"mbr/lws/{r}")) for r in range(group_world_size)]
-        token = store.get("mbr/token").decode()
-        restarts = int(store.get("mbr/restarts"))
+        lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
+                           lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store), pick_master_port()))
+        token, restarts, master_port = lay.token, lay.restarts, lay.master_port
         base = _base_store(store)
         prefix = f"mbr/job/{self._cfg.rendezvous.run_id}/round/{token}"
         return Round(index=index, group_rank=group_rank, group_world_size=group_world_size,
-                     world_size=sum(sizes), rank_offset=sum(sizes[:group_rank]),
+                     world_size=sum(lay.sizes), rank_offset=lay.offset(group_rank),
                      master_addr=master_addr, master_port=master_port, restart_count=restarts,
                      token=token, store=store, control=PrefixStore(prefix, base), control_prefix=prefix,
                      store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)))

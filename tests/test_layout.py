@@ -1,0 +1,38 @@
+"""cluster.layout: the round's layout through a real TCPStore, O(1) operations per non-zero rank."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+from torch.distributed import PrefixStore, TCPStore
+
+from mbr_launch.cluster.layout import agree, decode_sizes, encode_sizes
+
+
+def test_sizes_run_length_round_trip():
+    for sizes in ([8] * 4096, [1], [2, 2, 4, 1, 1, 2]):
+        assert decode_sizes(encode_sizes(sizes)) == sizes
+    assert encode_sizes([8] * 4096) == "8x4096"
+
+
+def test_every_rank_agrees_on_one_layout():
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=10))
+    sizes = [2, 1, 2, 2]
+    results: dict[int, object] = {}
+
+    def node(rank: int) -> None:
+        client = PrefixStore("r0", TCPStore("127.0.0.1", server.port, is_master=False,
+                                            timeout=datetime.timedelta(seconds=10)))
+        results[rank] = agree(client, rank, len(sizes), sizes[rank], lambda: ("tok", 3, 12345))
+
+    threads = [threading.Thread(target=node, args=(r,)) for r in reversed(range(len(sizes)))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(results) == len(sizes)
+    for rank, lay in results.items():
+        assert (lay.token, lay.restarts, lay.master_port, lay.sizes) == ("tok", 3, 12345, sizes)
+        assert lay.offset(rank) == sum(sizes[:rank])
