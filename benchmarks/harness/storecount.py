@@ -69,6 +69,40 @@ def _writer(path: str) -> None:
                 f.write(json.dumps({"t": time.time(), "ops": snap[0], **snap[1]}) + "\n")
 
 
+def _trace(path: str) -> None:
+    """With MBR_RDZV_TRACE set: one line per decision of torch's join/exit operations (what the node saw and
+    what it chose) and per state write (won or lost), to find where a join spends its time."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
+
+    def log(**fields: Any) -> None:
+        with open(path, "a") as f:
+            f.write(json.dumps({"t": time.time(), **fields}) + "\n")
+
+    for cls in (dr._RendezvousJoinOp, dr._RendezvousExitOp):
+        original = cls.__call__
+
+        def call(self: Any, ctx: Any, deadline: float, _original: Any = original, _name: str = cls.__name__) -> Any:
+            action = _original(self, ctx, deadline)
+            st = ctx.state
+            log(op=_name, action=action.name, round=st.round, complete=st.complete, participants=len(st.participants),
+                wait=len(st.wait_list), spare=len(st.redundancy_list), me=ctx.node in st.participants)
+            return action
+
+        cls.__call__ = call
+    sync = dr._BackendRendezvousStateHolder.sync
+
+    def traced_sync(self: Any) -> Any:
+        dirty = self._dirty
+        result = sync(self)
+        if dirty:
+            log(op="write", won=bool(result), dead=len(self._dead_nodes))
+        elif self._dead_nodes:
+            log(op="read", dead=len(self._dead_nodes))
+        return result
+
+    dr._BackendRendezvousStateHolder.sync = traced_sync
+
+
 def main() -> None:
     from torch.distributed import PrefixStore, TCPStore
 
@@ -77,6 +111,8 @@ def main() -> None:
             _wrap(cls, name)
     out = os.environ["MBR_STORECOUNT_DIR"]
     os.makedirs(out, exist_ok=True)
+    if os.environ.get("MBR_RDZV_TRACE"):
+        _trace(os.path.join(out, f"{os.getpid()}.trace"))
     threading.Thread(target=_writer, args=(os.path.join(out, f"{os.getpid()}.jsonl"),), daemon=True).start()
     module = sys.argv[1]
     sys.argv = [module, *sys.argv[2:]]

@@ -31,7 +31,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import layout, shrink
+from mbr_launch.cluster import contention, layout, shrink
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
@@ -126,6 +126,7 @@ class Rendezvous:
                                    f"{rdzv.endpoint or '(none)'}: {err}") from err
         if rdzv.backend == "c10d":  # a failure round does not sit in last_call waiting for nobody
             shrink.install(handler, active=lambda: self._joined > 0)
+            contention.install(handler)  # no retry storms on torch's one state key (the "5 s join steps")
         return handler
 
     @property
