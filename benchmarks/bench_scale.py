@@ -234,10 +234,18 @@ def main() -> int:
     args.agent_counts = [int(a) for a in str(args.agents).split(",")]
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
     session = h.start(args, "scale")
-    mbr_env = h.mbr_env(session.mbr_path)
+    envs = {name: h.mbr_env(session.mbr_path) for name in names}
+    if session.baseline:  # --mbr-baseline REV: every mbr-launch variant again on REV's code, same trials
+        path, rev = session.baseline
+        for name in [n for n in names if VARIANTS[n][0] == "mbr-launch"]:
+            tool, extra, env_extra, note = VARIANTS[name]
+            VARIANTS[f"{name}@{rev}"] = (tool, extra, env_extra, f"{note}; code of {rev}")
+            names.append(f"{name}@{rev}")
+            envs[f"{name}@{rev}"] = h.mbr_env(path)
     steps = [step for n in args.agent_counts for step in h.plan(names, args.trials, phases=(str(n),))]
     done = h.run_trials(args, session, steps,
-                        lambda step: scale_trial(step.item, session.root, step.trial, args, mbr_env, int(step.phase)),
+                        lambda step: scale_trial(step.item, session.root, step.trial, args, envs[step.item],
+                                                 int(step.phase)),
                         lambda r: f"{r['agents']} agents: all started {r['rendezvous']:.2f} s, restarted "
                                   f"{r['restart']:.2f} s", width=21)
     return h.publish(args, SECTION, render(done.records, names, args), done.records)
