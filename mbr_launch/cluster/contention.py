@@ -13,7 +13,7 @@ N nodes completes only after one of the next storms: the 5 s steps measured with
 (benchmarks/RESULTS.md).
 
 ``install`` wraps the state holder that torch's operation executor writes through: after a lost write, the
-node sleeps a random time in [0, cap], reads the state afresh and only then retries, cap doubling from ``FIRST`` to ``CAP`` with each
+node sleeps a random time in [0, cap] before it retries, cap doubling from ``FIRST`` to ``CAP`` with each
 further loss (reset by a won write). The winner of each generation then usually writes unopposed. Private
 torch attributes; when missing, nothing is wrapped.
 """
@@ -24,11 +24,13 @@ import random
 import time
 from typing import Any, Callable
 
-FIRST = 0.02  # seconds: the first back-off's cap (about a store round trip plus a state's pickling)
-CAP = 1.0  # seconds: torch polls the state once a second anyway
+FIRST = 0.01  # seconds: the first back-off's cap (a few store round trips plus a state's pickling)
+CAP = 0.32  # seconds: reached after 5 losses in a row; well under torch's 1 s state poll
 
 
 def install(handler: Any, *, sleep: Callable[[float], None] = time.sleep) -> bool:
+    """Back-off on lost writes, and keep-alives out of lockstep (``spread_keep_alives``)."""
+    spread_keep_alives(handler)
     executor = getattr(handler, "_op_executor", None)
     executor = getattr(executor, "_inner", executor)  # under cluster.shrink's wrapper
     holder = getattr(executor, "_state_holder", None)
@@ -49,12 +51,10 @@ class BackOff:
     def sync(self) -> Any:
         won = self._inner.sync()
         if won is False:  # None: a plain read; True: our write landed
+            # The lost write brought the latest state back (compare_set answers with it); a retry decided on
+            # it after the pause usually lands, since the others pause too.
             self._sleep(self._rand(0.0, min(CAP, FIRST * 2 ** self.losses)))
             self.losses += 1
-            # The state that came back with the lost write is as old as the sleep: read it again (past
-            # torch's one-second cache), so that the retry is decided on, and written against, the latest.
-            self._inner._last_sync_time = -1
-            self._inner.sync()
         elif won:
             self.losses = 0
         return won
@@ -68,3 +68,28 @@ class BackOff:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
+
+
+def spread_keep_alives(handler: Any, *, rand: Callable[[float, float], float] = random.uniform) -> bool:
+    """Give each node's keep-alive timer its own phase: the first keep-alive of a round waits a random part of
+    half an interval more (on the timer's own stop event, so stopping the timer is not delayed), which shifts
+    every later one too. Half an interval at most, so that a heartbeat is never older than 1.5 intervals,
+    inside the 2 that the shortest expiry allows (``keep_alive_max_attempt`` >= 2, cluster.rendezvous)."""
+    keep_alive = getattr(handler, "_keep_alive", None)
+    settings = getattr(handler, "_settings", None)
+    if keep_alive is None or settings is None or not hasattr(handler, "_keep_alive_timer"):
+        return False
+    half = settings.keep_alive_interval.total_seconds() / 2
+    shifted: list[Any] = []  # the timers already shifted (one per round)
+
+    def spread() -> None:
+        timer = handler._keep_alive_timer
+        if timer is not None and timer not in shifted:
+            shifted[:] = [timer]
+            stop = getattr(getattr(timer, "_ctx", None), "stop_event", None)
+            if stop is not None and stop.wait(rand(0.0, half)):
+                return  # the timer was stopped meanwhile: the round is over for this node
+        keep_alive()
+
+    handler._keep_alive = spread
+    return True
