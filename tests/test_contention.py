@@ -1,5 +1,5 @@
 """cluster.contention: after a lost write of torch's rendezvous state, a growing random sleep before the retry
-(nothing after a won write or a plain read); keep-alive timers out of lockstep."""
+(nothing after a won write or a plain read)."""
 
 from __future__ import annotations
 
@@ -47,31 +47,3 @@ def test_the_sleep_is_capped():
         backoff.sync()
     assert max(slept) == CAP
 
-
-def test_the_first_keep_alive_of_a_round_is_shifted_once_and_a_stop_cancels_it():
-    import threading
-    from datetime import timedelta
-    from types import SimpleNamespace
-
-    from mbr_launch.cluster.contention import spread_keep_alives
-
-    sent: list[int] = []
-    waits: list[float] = []
-
-    class Stop(threading.Event):
-        def wait(self, timeout=None):
-            waits.append(timeout)
-            return self.is_set()
-
-    handler = SimpleNamespace(_keep_alive=lambda: sent.append(1), _settings=SimpleNamespace(
-        keep_alive_interval=timedelta(seconds=4)), _keep_alive_timer=None)
-    assert spread_keep_alives(handler, rand=lambda lo, hi: hi)
-    handler._keep_alive_timer = SimpleNamespace(_ctx=SimpleNamespace(stop_event=Stop()))
-    handler._keep_alive()
-    handler._keep_alive()
-    assert waits == [2.0] and sent == [1, 1]  # half an interval at most, only before the round's first
-    stopped = Stop()
-    stopped.set()
-    handler._keep_alive_timer = SimpleNamespace(_ctx=SimpleNamespace(stop_event=stopped))  # the next round
-    handler._keep_alive()
-    assert sent == [1, 1]  # stopped while waiting: no keep-alive for a round that is over

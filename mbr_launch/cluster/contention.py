@@ -29,8 +29,6 @@ CAP = 0.32  # seconds: reached after 5 losses in a row; well under torch's 1 s s
 
 
 def install(handler: Any, *, sleep: Callable[[float], None] = time.sleep) -> bool:
-    """Back-off on lost writes, and keep-alives out of lockstep (``spread_keep_alives``)."""
-    spread_keep_alives(handler)
     executor = getattr(handler, "_op_executor", None)
     executor = getattr(executor, "_inner", executor)  # under cluster.shrink's wrapper
     holder = getattr(executor, "_state_holder", None)
@@ -69,27 +67,3 @@ class BackOff:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._inner, name)
 
-
-def spread_keep_alives(handler: Any, *, rand: Callable[[float, float], float] = random.uniform) -> bool:
-    """Give each node's keep-alive timer its own phase: the first keep-alive of a round waits a random part of
-    half an interval more (on the timer's own stop event, so stopping the timer is not delayed), which shifts
-    every later one too. Half an interval at most, so that a heartbeat is never older than 1.5 intervals,
-    inside the 2 that the shortest expiry allows (``keep_alive_max_attempt`` >= 2, cluster.rendezvous)."""
-    keep_alive = getattr(handler, "_keep_alive", None)
-    settings = getattr(handler, "_settings", None)
-    if keep_alive is None or settings is None or not hasattr(handler, "_keep_alive_timer"):
-        return False
-    half = settings.keep_alive_interval.total_seconds() / 2
-    shifted: list[Any] = []  # the timers already shifted (one per round)
-
-    def spread() -> None:
-        timer = handler._keep_alive_timer
-        if timer is not None and timer not in shifted:
-            shifted[:] = [timer]
-            stop = getattr(getattr(timer, "_ctx", None), "stop_event", None)
-            if stop is not None and stop.wait(rand(0.0, half)):
-                return  # the timer was stopped meanwhile: the round is over for this node
-        keep_alive()
-
-    handler._keep_alive = spread
-    return True
