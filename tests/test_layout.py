@@ -36,3 +36,32 @@ def test_every_rank_agrees_on_one_layout():
     for rank, lay in results.items():
         assert (lay.token, lay.restarts, lay.master_port, lay.sizes) == ("tok", 3, 12345, sizes)
         assert lay.offset(rank) == sum(sizes[:rank])
+
+
+def test_the_store_host_waits_for_every_farewell():
+    """cluster.stops: the host's wait ends when the last node says farewell (each node on its own connection,
+    as each agent is), and gives up after its timeout when one never does."""
+    import time
+    from types import SimpleNamespace
+
+    from mbr_launch.cluster.stops import await_farewells, farewell
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                      timeout=datetime.timedelta(seconds=10))
+
+    def node(prefix: str, size: int = 3) -> SimpleNamespace:
+        client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
+        return SimpleNamespace(group_world_size=size, control=PrefixStore(prefix, client))
+
+    farewell(node("r1"))
+    farewell(node("r1"))
+    later = threading.Timer(0.3, farewell, args=(node("r1"),))
+    later.start()
+    t0 = time.monotonic()
+    assert await_farewells(node("r1"), 5.0)
+    assert time.monotonic() - t0 < 3
+    later.join()
+    farewell(node("r2"))  # one of three: the host gives up after its timeout
+    t0 = time.monotonic()
+    assert not await_farewells(node("r2"), 0.3)
+    assert 0.25 < time.monotonic() - t0 < 3

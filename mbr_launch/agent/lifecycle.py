@@ -22,6 +22,7 @@ from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous, Round
+from mbr_launch.cluster.stops import await_farewells, farewell
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
@@ -36,6 +37,9 @@ from mbr_launch.workers.standby import StandbyPool
 # Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
 # outside the round (spares): they poll about once a second and should read "closed", not find it gone.
 SPARE_LINGER = 3.0
+# Seconds the store's host waits, after a successful job, for every node's farewell (stops.await_farewells);
+# the farewell thread is given 5 s in all.
+FAREWELL_WAIT = 2.0
 
 
 class Agent:
@@ -167,11 +171,25 @@ class Agent:
             part = self._rendezvous.leave
         else:
             hosting = rnd is not None and self._cluster is not None and self._cluster.hosts_store(rnd)
-            part = functools.partial(self._rendezvous.shutdown, linger=SPARE_LINGER if hosting else 0.0)
+            succeeded = rnd is not None and self.ctx is not None and self.ctx.summary.exit_code == exitcodes.OK
+            part = functools.partial(self._close_rendezvous, rnd if succeeded else None, hosting)
         # Bounded: on a dead link these calls would never return.
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
         farewell.join(5.0)
+
+    def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
+        """After a successful job (``done``: its round) every node says farewell and the store's host waits
+        for all of them before it closes the rendezvous and takes the store down with its process."""
+        if done is not None:
+            try:
+                farewell(done)
+                if hosting:
+                    await_farewells(done, FAREWELL_WAIT)
+            except Exception:
+                pass  # the store is gone already: nothing to wait for
+        assert self._rendezvous is not None
+        self._rendezvous.shutdown(linger=SPARE_LINGER if hosting else 0.0)
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""

@@ -19,6 +19,7 @@ from mbr_launch.report import exitcodes
 STOP_KEY = "stop"
 ALL_DONE_KEY = "all_done"
 UNHEALTHY_KEY = "unhealthy_nodes"
+FAREWELLS_KEY, ALL_GONE_KEY = "farewells", "all_farewells"
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,23 @@ def mark_done(rnd: Round) -> bool:
         rnd.control.set(ALL_DONE_KEY, "1")
         return True
     return False
+
+
+def farewell(rnd: Round) -> None:
+    """This node is done with a successful job and leaves; the last one to say so tells the store's host."""
+    if int(rnd.control.add(FAREWELLS_KEY, 1)) >= rnd.group_world_size:
+        rnd.control.set(ALL_GONE_KEY, "1")
+
+
+def await_farewells(rnd: Round, timeout: float) -> bool:
+    """The store's host, after a successful job: wait (at most ``timeout``) until every node of the round has
+    said farewell. Without it the host could exit before a slower node had read "all done"; that node then
+    found the store gone and, ``--peer-timeout`` later, exited 3 (seen with 16 agents on a loaded machine)."""
+    try:
+        rnd.control.wait([ALL_GONE_KEY], datetime.timedelta(seconds=timeout))
+        return True
+    except Exception:  # the wait timed out: leave anyway
+        return False
 
 
 def count_unhealthy(rnd: Round, *, add: bool) -> int:
