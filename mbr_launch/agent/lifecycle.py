@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mbr_launch.agent import progress
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
@@ -80,6 +81,7 @@ class Agent:
         log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
+        group.watch_stop = progress.stop_watch(wakeup, self.say)  # a stop's grace: its progress, and Ctrl-C
         slurm = cfg.slurm
         # The command line without secrets; the environment is never written.
         log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
@@ -147,7 +149,7 @@ class Agent:
             self._cluster.close(join=not self._exit_after)
         if self._monitor:
             self._monitor.close()
-        self._part_from_rendezvous(rnd)
+        self._part_from_rendezvous(rnd, wakeup)
         guard.close()
         for sig, old in old_handlers.items():
             signal.signal(sig, old)
@@ -159,7 +161,7 @@ class Agent:
         if self._log:
             self._log.close()
 
-    def _part_from_rendezvous(self, rnd: Round | None) -> None:
+    def _part_from_rendezvous(self, rnd: Round | None, wakeup: Wakeup) -> None:
         departure = self.ctx.departure if self.ctx else Departure.CLOSE
         if self._rendezvous is None or departure is Departure.NONE:
             return
@@ -171,7 +173,7 @@ class Agent:
         # Bounded: on a dead link these calls would never return.
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
-        farewell.join(5.0)
+        progress.farewell(wakeup, farewell, 5.0)  # a Ctrl-C now ends the wait
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""

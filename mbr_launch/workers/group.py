@@ -21,7 +21,7 @@ from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers.output import OutputPump
 from mbr_launch.workers import strays
-from mbr_launch.workers.process import Worker, WorkerSpec, signal_group, spawn, stop_all
+from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
 
 if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
     from mbr_launch.cluster.rendezvous import Round
@@ -53,6 +53,7 @@ class WorkerGroup:
         self._warned = False  # the one warning about worker logs that cannot be written
         self.standby: StandbyPool | None = None
         self._envs: dict[int, dict[str, str]] = {}  # the latest environment of each local rank
+        self.watch_stop: Callable[[float], StopWatch] | None = None  # grace -> a watch for one stop (the agent's)
 
     def start_standbys(self, pool: StandbyPool | None = None) -> None:
         """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
@@ -230,7 +231,8 @@ class WorkerGroup:
         ranks = None if local_ranks is None else {w.local_rank for w in targets}
         stop_all(targets, first_signal=first_signal, grace=grace,
                  on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"),
-                 find_strays=lambda: self._strays(targets, ranks))
+                 find_strays=lambda: self._strays(targets, ranks),
+                 watch=self.watch_stop(grace) if self.watch_stop else None)
         strays.reap_zombies(self._own_children())
         # Disarm only after the groups are reaped: until then the monitor must still be able to kill them
         # should this agent die mid-stop. Verdicts that arrive meanwhile find the rank gone and are ignored.
