@@ -1,0 +1,76 @@
+"""Progress lines where a person waits, as pure logic with injected clocks (the real launches that show them
+are in test_waiting.py): when the rendezvous reports, what the back-off counts down, when a stop's grace
+speaks and when a signal cuts it short."""
+
+from __future__ import annotations
+
+import signal
+
+from mbr_launch.agent.progress import JoinReport, StopProgress
+from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.cluster.joining import JoinState
+from mbr_launch.report import exitcodes
+from tests.replay import build_world, exit_rank
+
+
+def test_rendezvous_lines_come_after_a_moment_then_every_few_seconds_or_on_a_change():
+    report = JoinReport(min_nodes=2, max_nodes=2, timeout=600)
+    one, two = JoinState(joined=1, waiting=0, complete=False), JoinState(joined=2, waiting=0, complete=False)
+    assert report.line(1.0, one) is None  # a quick join says nothing
+    assert report.line(2.0, one) == "rendezvous: 1 of 2 nodes joined, waiting 2 s of 600 s"
+    assert report.line(3.0, one) is None and report.line(6.9, one) is None
+    assert report.line(7.0, one) == "rendezvous: 1 of 2 nodes joined, waiting 7 s of 600 s"
+    assert report.line(8.0, two) == "rendezvous: 2 of 2 nodes joined, waiting 8 s of 600 s"  # a change: at once
+    assert report.line(70.0, two) is not None and report.line(80.0, two) is None  # later: every 30 s
+    assert report.line(100.0, two) is not None
+    assert "2 of 2 nodes joined" in report.timed_out() and "join_timeout=SECONDS" in report.timed_out()
+
+
+def test_rendezvous_lines_without_a_count_and_behind_a_running_round():
+    report = JoinReport(min_nodes=2, max_nodes=4, timeout=30)
+    assert report.line(2.0, None) == "rendezvous: waiting 2 s of 30 s for 2-4 nodes"
+    assert report.timed_out().startswith("the rendezvous timed out after 30 s (raise")
+    line = report.line(3.0, JoinState(joined=3, waiting=1, complete=True))
+    assert line == "rendezvous: a round is running; 1 node(s) queued for the next, waiting 3 s of 30 s"
+
+
+def test_back_off_counts_down_and_says_why(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 2), ("restart_backoff", 25.0))
+    assert world.run([exit_rank(0, 1), exit_rank(0, 1), exit_rank(0, 1)]) == exitcodes.FAILED
+    assert world.wakeup.sleeps == [0.0, 5.0, 10.0, 10.0]  # to 20 s left, to 10 s left, to the end
+    backing = [line for line in world.said if line.startswith("restarting in")]
+    assert backing == ["restarting in 25 s (back-off after 2 quick failures; Ctrl-C stops)",
+                       "restarting in 20 s", "restarting in 10 s"], world.said
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class Rank:
+    def __init__(self, rank: int) -> None:
+        self.rank = rank
+
+
+def test_stop_grace_speaks_after_a_moment_and_a_signal_ends_it():
+    clock, said, wakeup = Clock(), [], Wakeup()
+    try:
+        watch = StopProgress(wakeup, said.append, 30.0, clock=clock)
+        ranks = [Rank(0), Rank(1)]
+        assert watch(ranks, ranks, 30.0) is False and said == []  # most stops end within a moment
+        clock.now = 1.0
+        assert watch(ranks, ranks[1:], 29.0) is False
+        assert said == ["stopping rank 1: waiting up to 30 s for it to exit (Ctrl-C kills at once)"]
+        clock.now = 3.0
+        assert watch(ranks, ranks[1:], 27.0) is False and len(said) == 1
+        clock.now = 6.0
+        assert watch(ranks, ranks[1:], 24.0) is False and said[-1] == "stopping: rank 1 still running, SIGKILL in 24 s"
+        wakeup.post_signal(signal.SIGINT)
+        assert watch(ranks, ranks[1:], 23.0) is True  # SIGKILL now
+        assert said[-1] == "received SIGINT while stopping: killing rank 1 now"
+    finally:
+        wakeup.close()
