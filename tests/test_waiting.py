@@ -98,17 +98,32 @@ def _ended_by_sigint(console: Console, seconds: float, log_dir: Path) -> list[di
     return events
 
 
-def test_rendezvous_progress_and_ctrl_c_while_waiting_for_nodes(tmp_path):
-    """--nnodes 2 with one agent: lines say how many nodes joined and how long of the join timeout it has
-    waited; Ctrl-C there ends the launch at once."""
-    console = _launch(["--nnodes", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}",
-                       "--rdzv-id", "lonely", "--rdzv-conf", "join_timeout=30", "--nproc-per-node", "1",
-                       "--skip-check", "all", "--log-dir", str(tmp_path), TRAIN])
-    line = console.wait_for("rendezvous: 1 of 2 nodes joined, waiting ")
-    assert line.endswith(" of 30 s"), line
-    seconds = console.ctrl_c()
-    _ended_by_sigint(console, seconds, tmp_path)
-    assert "received SIGINT: while waiting in the rendezvous" in console.text()
+def test_rendezvous_progress_and_ctrl_c_while_waiting_for_nodes_or_for_the_store_host(tmp_path):
+    """Two launches side by side (they share the start-up time). The store host of --nnodes 2, alone: lines say
+    how many nodes joined and how long of the join timeout it has waited, and Ctrl-C ends it at once. A node
+    started before the store's host: it waits inside torch's C++ store client, where Python runs no signal
+    handler; Ctrl-C must end it too (main ignored it until the store client's 60 s connect timeout, and the
+    rendezvous retried after that)."""
+    common = ["--nnodes", "2", "--rdzv-backend", "c10d", "--nproc-per-node", "1", "--skip-check", "all"]
+    alone, early = tmp_path / "alone", tmp_path / "early"
+    host = _launch([*common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "alone", "--rdzv-conf",
+                    "join_timeout=30", "--log-dir", str(alone), TRAIN])
+    waiter = _launch([*common, "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "--rdzv-id", "early", "--rdzv-conf",
+                      "is_host=0", "--log-dir", str(early), TRAIN])
+    try:
+        line = host.wait_for("rendezvous: 1 of 2 nodes joined, waiting ")
+        assert line.endswith(" of 30 s"), line
+        seconds = host.ctrl_c()
+        _ended_by_sigint(host, seconds, alone)
+        assert "received SIGINT: while waiting in the rendezvous" in host.text()
+
+        waiter.wait_for("rendezvous: waiting ")  # 2 s into the join: inside the store client's connect
+        seconds = waiter.ctrl_c()
+        _ended_by_sigint(waiter, seconds, early)
+        assert "received SIGINT while blocked in a store call: stopping now" in waiter.text()
+    finally:
+        host.kill()
+        waiter.kill()
 
 
 def test_stop_grace_and_crash_loop_back_off_are_shown_and_ctrl_c_ends_the_back_off(tmp_path):

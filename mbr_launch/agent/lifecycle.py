@@ -19,6 +19,7 @@ from mbr_launch.agent.context import Context
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
+from mbr_launch.agent.stuck import StuckSignals
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
@@ -63,13 +64,14 @@ class Agent:
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
+        stuck = StuckSignals(lambda: wakeup.received, self._signal_unseen).start()
         guard = StoreGuard(self._store_hung)
         guard.start()
         try:
             self.ctx = self._assemble(wakeup, guard)
             return Supervisor(self.ctx).run()
         finally:
-            self._teardown(guard, wakeup, old_handlers)
+            self._teardown(guard, wakeup, old_handlers, stuck)
 
     # ---- set up ---------------------------------------------------------------------------------
 
@@ -135,7 +137,7 @@ class Agent:
 
     # ---- tear down ------------------------------------------------------------------------------
 
-    def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any]) -> None:
+    def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any], stuck: StuckSignals) -> None:
         rnd = self.ctx.round if self.ctx else None
         if self._group:
             try:
@@ -151,6 +153,7 @@ class Agent:
             self._monitor.close()
         self._part_from_rendezvous(rnd, wakeup)
         guard.close()
+        stuck.close()
         for sig, old in old_handlers.items():
             signal.signal(sig, old)
         wakeup.close()
@@ -177,20 +180,33 @@ class Agent:
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""
-        if self._group:
-            self._group.kill_now()
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
                   f"from {self.cfg.rendezvous.endpoint})")
-        print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
+        self._end_from_watchdog(exitcodes.RENDEZVOUS, reason, f"LOST THE RENDEZVOUS STORE: {reason}")
+
+    def _signal_unseen(self, signum: int) -> None:
+        """Watchdog thread: a signal came while the main thread is stuck in C code (torch's store client waiting
+        for a rendezvous host that is not up yet, a store call on a dead link). Stop everything from here."""
+        name = signal.Signals(signum).name
+        preempted = name in self.cfg.preemption.signals
+        code = exitcodes.PREEMPTED if preempted else 128 + signum
+        reason = f"{'preempted by' if preempted else 'launcher received'} {name} (while blocked in a store call)"
+        if self._log:
+            self._log.emit("signal", signal=name)
+        self._end_from_watchdog(code, reason, f"received {name} while blocked in a store call: stopping now")
+
+    def _end_from_watchdog(self, code: int, reason: str, line: str) -> None:
+        if self._group:
+            self._group.kill_now()
+        print(f"[mbr-launch {self.node}] {line}", file=sys.stderr, flush=True)
         try:
             if self._log:
-                self._log.emit("end", exit_code=exitcodes.RENDEZVOUS, reason=reason,
-                               seconds=round(self.clock() - self._started, 3))
+                self._log.emit("end", exit_code=code, reason=reason, seconds=round(self.clock() - self._started, 3))
                 self._log.close()
             if self._monitor:
                 self._monitor.close(timeout=2)
         finally:
-            os._exit(exitcodes.RENDEZVOUS)
+            os._exit(code)
 
     def say(self, message: str) -> None:
         if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
