@@ -31,7 +31,7 @@ def test_rendezvous_lines_without_a_count_and_behind_a_running_round():
     assert report.line(2.0, None) == "rendezvous: waiting 2 s of 30 s for 2-4 nodes"
     assert report.timed_out().startswith("the rendezvous timed out after 30 s (raise")
     line = report.line(3.0, JoinState(joined=3, waiting=1, complete=True))
-    assert line == "rendezvous: a round is running; 1 node(s) queued for the next, waiting 3 s of 30 s"
+    assert line == "rendezvous: 1 node(s) queued until the current round's nodes rejoin, waiting 3 s of 30 s"
 
 
 def test_back_off_counts_down_and_says_why(tmp_path):

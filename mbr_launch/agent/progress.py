@@ -60,8 +60,8 @@ class JoinReport:
         waited = f"waiting {elapsed:.0f} s of {self.timeout:.0f} s"
         if state is None:
             return f"rendezvous: {waited} for {self.expected} nodes"
-        if state.complete:  # a round runs without this node: it is admitted when that round restarts
-            return f"rendezvous: a round is running; {state.waiting} node(s) queued for the next, {waited}"
+        if state.complete:  # the latest round formed without this node: admitted once its nodes rejoin
+            return f"rendezvous: {state.waiting} node(s) queued until the current round's nodes rejoin, {waited}"
         return f"rendezvous: {state.joined} of {self.expected} nodes joined, {waited}"
 
     def timed_out(self) -> str:
