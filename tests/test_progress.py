@@ -59,7 +59,7 @@ class Rank:
 def test_stop_grace_speaks_after_a_moment_and_a_signal_ends_it():
     clock, said, wakeup = Clock(), [], Wakeup()
     try:
-        watch = StopProgress(wakeup, said.append, 30.0, clock=clock)
+        watch = StopProgress(wakeup, said.append, 30.0, preemption=("SIGTERM", "SIGUSR1"), clock=clock)
         ranks = [Rank(0), Rank(1)]
         assert watch(ranks, ranks, 30.0) is False and said == []  # most stops end within a moment
         clock.now = 1.0
@@ -69,6 +69,8 @@ def test_stop_grace_speaks_after_a_moment_and_a_signal_ends_it():
         assert watch(ranks, ranks[1:], 27.0) is False and len(said) == 1
         clock.now = 6.0
         assert watch(ranks, ranks[1:], 24.0) is False and said[-1] == "stopping: rank 1 still running, SIGKILL in 24 s"
+        wakeup.post_signal(signal.SIGTERM)  # a preemption signal: the grace is for the checkpoint
+        assert watch(ranks, ranks[1:], 23.5) is False
         wakeup.post_signal(signal.SIGINT)
         assert watch(ranks, ranks[1:], 23.0) is True  # SIGKILL now
         assert said[-1] == "received SIGINT while stopping: killing rank 1 now"

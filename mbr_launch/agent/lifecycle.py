@@ -83,7 +83,8 @@ class Agent:
         log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
-        group.watch_stop = progress.stop_watch(wakeup, self.say)  # a stop's grace: its progress, and Ctrl-C
+        # A stop's grace: its progress, and a second Ctrl-C that ends it.
+        group.watch_stop = progress.stop_watch(wakeup, self.say, preemption=cfg.preemption.signals)
         slurm = cfg.slurm
         # The command line without secrets; the environment is never written.
         log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,

@@ -12,7 +12,7 @@ import math
 import signal
 import threading
 import time
-from typing import Callable, Sequence
+from typing import Callable, Collection, Sequence
 
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.wakeup import Wakeup
@@ -150,18 +150,22 @@ def back_off(ctx: Context, seconds: float, origin: str | None = None) -> bool:
 
 class StopProgress:
     """One stop's grace, watched (``workers.process.StopWatch``): after a moment, who is still running and
-    when SIGKILL comes; a signal that arrives, or is pending, ends the grace at once (a second Ctrl-C)."""
+    when SIGKILL comes. A stop request that arrives, or is pending (a second Ctrl-C, SIGHUP), ends the grace
+    at once. A preemption signal does not: the grace is what lets the workers finish a checkpoint (Slurm sends
+    USR1 ahead of the time limit, then SIGTERM at it, and SIGKILL itself later)."""
 
     def __init__(self, wakeup: Wakeup, say: Callable[[str], None], grace: float, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 preemption: Collection[str] = (), clock: Callable[[], float] = time.monotonic) -> None:
         self._wakeup, self._say, self._grace, self._clock = wakeup, say, grace, clock
+        self._preemption = frozenset(preemption)
         self._began = clock()
         self._said_at: float | None = None
 
     def __call__(self, stopping: Sequence[Worker], alive: Sequence[Worker], left: float) -> bool:
-        signum = self._wakeup.pending_signal()
-        if signum is not None:
-            self._say(f"received {signal.Signals(signum).name} while stopping: killing {_ranks(alive)} now")
+        names = [signal.Signals(signum).name for signum in self._wakeup.pending_signals()]
+        cutting = next((name for name in names if name not in self._preemption), None)
+        if cutting is not None:
+            self._say(f"received {cutting} while stopping: killing {_ranks(alive)} now")
             return True
         elapsed = self._clock() - self._began
         if elapsed < STOP_FIRST_REPORT or (self._said_at is not None and elapsed - self._said_at < STOP_REPORT_EVERY):
@@ -181,10 +185,10 @@ def _ranks(workers: Sequence[Worker]) -> str:
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
 
 
-def stop_watch(wakeup: Wakeup, say: Callable[[str], None], *,
+def stop_watch(wakeup: Wakeup, say: Callable[[str], None], *, preemption: Collection[str] = (),
                clock: Callable[[], float] = time.monotonic) -> Callable[[float], StopWatch]:
     """For ``WorkerGroup.watch_stop``: a fresh watch for each stop, given its grace."""
-    return lambda grace: StopProgress(wakeup, say, grace, clock=clock)
+    return lambda grace: StopProgress(wakeup, say, grace, preemption=preemption, clock=clock)
 
 
 def farewell(wakeup: Wakeup, thread: threading.Thread, bound: float) -> None:

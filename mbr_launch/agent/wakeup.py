@@ -75,6 +75,9 @@ class Wakeup:
     def pending_signal(self) -> int | None:
         return self._signals[0] if self._signals else None
 
+    def pending_signals(self) -> tuple[int, ...]:
+        return tuple(self._signals)
+
     def take_signal(self) -> int | None:
         try:
             return self._signals.popleft()
