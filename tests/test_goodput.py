@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mbr_launch.decide.goodput import CATEGORIES, compute
+from mbr_launch.decide.goodput_text import render
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -21,7 +22,7 @@ def test_clean_run():
                          "other": 2.0}
     assert g.fraction == pytest.approx(90 / 102)
     assert not g.failures
-    assert "Goodput: 88.2%" in g.render()
+    assert "Goodput: 88.2%" in render(g)
 
 
 def test_hang_then_restart_without_checkpoints_loses_the_whole_attempt():
@@ -39,7 +40,7 @@ def test_hang_then_restart_without_checkpoints_loses_the_whole_attempt():
     assert sum(g.fractions().values()) == pytest.approx(1.0)
     (f,) = g.failures
     assert (f.cause, f.lost, f.detection, f.restart) == ("hang", 30.0, 2.0, pytest.approx(13.0))
-    assert "failure 1 (round 0, hang): lost 30.0 s" in g.render()
+    assert "failure 1 (round 0, hang): lost 30.0 s" in render(g)
 
 
 def test_checkpoint_keeps_work_before_it():
@@ -72,7 +73,7 @@ def test_no_steps_at_all():
 
 def test_clean_run_explains_every_bucket_it_shows():
     # a short clean run: most of its time is start-up and the script's wind-down after its last step
-    text = compute([progress(0.13, 2.70, 1.28, 1.82, "end", steps=300), {"event": "end", "t": 2.70}]).render()
+    text = render(compute([progress(0.13, 2.70, 1.28, 1.82, "end", steps=300), {"event": "end", "t": 2.70}]))
     shown = [line for line in text.splitlines()[1:] if line.strip()]
     assert [line.split()[0] for line in shown] == ["start-up", "training", "other"]
     assert "after the last step" in shown[2]  # "other" says what it is
@@ -81,7 +82,7 @@ def test_clean_run_explains_every_bucket_it_shows():
 
 
 def test_no_optimizer_steps_says_so_instead_of_zero_percent():
-    text = compute([progress(0.1, 1.6, None, None, "end", steps=0), {"event": "end", "t": 1.6}]).render()
+    text = render(compute([progress(0.1, 1.6, None, None, "end", steps=0), {"event": "end", "t": 1.6}]))
     assert "no optimizer steps seen" in text
     assert "0.0%" not in text and "startup" not in text
 
@@ -91,7 +92,7 @@ def test_crash_loop_that_never_trained_claims_no_training_again():
                progress(1.4, 2.5, None, None, "failure", rnd=1, steps=0, detail="crash"),
                progress(2.9, 4.0, None, None, "failure", rnd=2, steps=0, detail="crash"), {"event": "end", "t": 4.1}]
     g = compute(records)
-    text = g.render()
+    text = render(g)
     assert "training again" not in text and "after the last step" not in text
     assert text.count("restarted; no step seen since") == 2
     assert "failure 3 (round 2, crash): before the first step of its attempt; not restarted" in text
@@ -101,7 +102,7 @@ def test_crash_loop_that_never_trained_claims_no_training_again():
 def test_last_failure_after_steps_is_not_restarted():
     records = [progress(0.1, 3.0, 1.0, 2.9, "failure", detail="crash"),
                progress(3.5, 6.0, 4.0, 5.9, "failure", rnd=1, detail="crash"), {"event": "end", "t": 6.1}]
-    text = compute(records).render()
+    text = render(compute(records))
     assert "failure 1 (round 0, crash): lost 1.9 s of work, detected 0.1 s after the last step; training again " \
            "1.0 s later" in text
     assert "failure 2 (round 1, crash): lost 1.9 s of work, detected 0.1 s after the last step; not restarted" in text

@@ -77,11 +77,6 @@ class Goodput:
     def fractions(self) -> dict[str, float]:
         return {k: (v / self.wall if self.wall > 0 else 0.0) for k, v in self.seconds.items()}
 
-    def render(self) -> str:
-        from mbr_launch.decide.goodput_text import render
-
-        return render(self)
-
     def to_event(self) -> dict[str, Any]:
         return {"wall": round(self.wall, 3), "goodput": round(self.fraction, 4) if self.stepped else None,
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()},

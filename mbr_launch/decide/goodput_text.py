@@ -6,10 +6,7 @@ the run report (``mbr-launch report``), so the terminal, the files and the summa
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from mbr_launch.decide.goodput import FailureCost, Goodput
+from mbr_launch.decide.goodput import FailureCost, Goodput
 
 LABEL = {"startup": "start-up", "productive": "training", "lost": "lost work", "detection": "detection",
          "restart": "restart", "other": "other"}
@@ -26,7 +23,7 @@ NO_STEPS_WHY = ("  (mbr-launch counts step() calls of torch.optim optimizers: a 
                 "  with --autobeat off, has no training time to measure)")
 
 
-def render(g: "Goodput") -> str:
+def render(g: Goodput) -> str:
     if g.wall <= 0:
         return ""
     if not g.stepped:
@@ -45,11 +42,11 @@ def render(g: "Goodput") -> str:
     return "\n".join(lines)
 
 
-def _failures(g: "Goodput") -> list[str]:
+def _failures(g: Goodput) -> list[str]:
     return [f"  failure {i} (round {f.round}, {f.cause}): {failure_line(f)}" for i, f in enumerate(g.failures, 1)]
 
 
-def _startup_parts(g: "Goodput") -> str:
+def _startup_parts(g: Goodput) -> str:
     """Start-up in two: the launcher's own (before its workers started) and the workers' (until a step)."""
     if g.workers_started is None or g.seconds["startup"] <= g.workers_started:
         return ""
@@ -57,7 +54,7 @@ def _startup_parts(g: "Goodput") -> str:
     return f"launch -> 1st step: launcher {g.workers_started:.1f} s, workers {workers:.1f} s"
 
 
-def failure_line(f: "FailureCost") -> str:
+def failure_line(f: FailureCost) -> str:
     """One failure's cost, claiming only what the log shows: no "after the last step" without a step, no
     "training again" unless a step came after it."""
     if f.stepped:
