@@ -119,6 +119,6 @@ def test_spans_tile_the_run_and_sum_to_the_seconds():
     for kind in CATEGORIES:
         assert sum(s.end - s.start for s in g.spans if s.kind == kind) == pytest.approx(g.seconds[kind])
     assert [s.kind for s in g.spans] == ["startup", "productive", "lost", "detection", "restart", "restart",
-                                         "productive", "other", "other"]
+                                         "productive", "other"]
     assert [s.failure for s in g.spans if s.kind == "restart"] == [0, 1]
     assert g.to_event()["failures"][0]["resumed"] is False and g.to_event()["failures"][1]["resumed"] is True

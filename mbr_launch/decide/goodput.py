@@ -98,7 +98,11 @@ class _Cutter:
             return
         self.g.seconds[kind] += self.cursor - start
         index = self.g.failures.index(failure) if failure is not None and failure in self.g.failures else None
-        self.g.spans.append(Span(kind, start, self.cursor, rnd, index))
+        spans = self.g.spans
+        if spans and spans[-1].kind == kind and spans[-1].failure == index and spans[-1].end == start:
+            spans[-1] = Span(kind, spans[-1].start, self.cursor, spans[-1].round, index)  # one stretch, one span
+        else:
+            spans.append(Span(kind, start, self.cursor, rnd, index))
         if kind == "restart" and failure is not None:
             failure.restart += self.cursor - start
 
