@@ -23,7 +23,7 @@ from mbr_launch.cli.app import main
 from mbr_launch.report import render_plot
 from mbr_launch.report.render_text import GLYPH, print_report, story, timeline_rows
 from mbr_launch.report.runs import LATEST, ReportError, find_run
-from mbr_launch.report.timeline import RUNNING, build
+from mbr_launch.report.timeline import OPEN, RUNNING, build
 
 from .helpers import LAUNCHER, REPO, SCRIPTS, launcher_env, run_launcher
 
@@ -106,6 +106,18 @@ def test_crash_loop_without_steps_is_drawn_as_running():
     assert "training again" not in out
     assert out.count("restarted; no step seen since") == 2 and "not restarted" in out
     assert run.rounds[1].then == "restart 2 of 2 (job scope, back-off 1 s)"
+
+
+def test_a_log_without_its_end_is_drawn_open(tmp_path):
+    """A run still going (or a launcher killed): what follows the last attempt on record is not a wind-down."""
+    node = tmp_path / "run"
+    node.mkdir()
+    lines = (DATA / "two_nodes" / "job51453_204ec4_vm" / "events.jsonl").read_text().splitlines()
+    (node / "events.jsonl").write_text("\n".join(lines[:9]) + "\n")  # up to round 0's progress record
+    run = build(find_run(node, NOWHERE))
+    assert run.exit_code is None and "no end event" in run.reason
+    (lane,) = run.lanes
+    assert [s.kind for s in lane.segments][-2:] == ["detection", OPEN]
 
 
 @pytest.mark.parametrize("width", [60, 100, 160])

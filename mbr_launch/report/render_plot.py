@@ -18,7 +18,8 @@ from mbr_launch.report.timeline import KINDS, RunTimeline
 
 INSTALL = "pip install 'mbr-launch[report]'"
 COLOR = {"startup": "#e0b030", "productive": "#2ca02c", "lost": "#d62728", "detection": "#b04cc0",
-         "restart": "#1f77b4", "other": "#a0a0a0", "running": "#17becf"}
+         "restart": "#1f77b4", "other": "#a0a0a0", "running": "#17becf", "open": "#e8e8e8"}
+FAILURE = "#800000"
 
 
 class PlotUnavailable(Exception):
@@ -52,17 +53,17 @@ def svg(run: RunTimeline) -> str:
             ax.axvline(rnd.t, color="#606060", linestyle=":", linewidth=0.8, gid=f"round-{rnd.index}")
             ax.text(rnd.t, -0.55, f" round {rnd.index}", fontsize=8, color="#606060", va="bottom")
         for f in run.failures:
-            ax.axvline(f.t, color=COLOR["lost"], linewidth=1.2, gid=f"failure-{f.number}")
-            ax.text(f.t, len(run.lanes) - 0.45, f" {f.number}: rank {f.rank} {f.cause}", fontsize=8,
-                    color=COLOR["lost"], va="top")
+            right = f.t > 0.75 * run.wall  # near the right edge: the label goes left of its line
+            ax.axvline(f.t, color=FAILURE, linewidth=1.2, gid=f"failure-{f.number}")
+            ax.text(f.t, len(run.lanes) - 0.45, f" {f.number}: rank {f.rank} {f.cause} ", fontsize=8,
+                    color=FAILURE, va="top", ha="right" if right else "left")
         ax.set_yticks(range(len(run.lanes)), [lane.label for lane in run.lanes])
         ax.set_ylim(len(run.lanes) - 0.3, -0.7)
         ax.set_xlim(0, max(run.wall, 1e-3))
         ax.set_xlabel("seconds since launch")
         shown = [k for k in KINDS if any(s.kind == k for lane in run.lanes for s in lane.segments)]
-        ax.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {_seconds(run, k):.1f} s") for k in shown],
-                  loc="upper center", bbox_to_anchor=(0.5, -0.35 if len(run.lanes) < 3 else -0.2),
-                  ncol=min(len(shown), 7), frameon=False, fontsize=8)
+        fig.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {_seconds(run, k):.1f} s") for k in shown],
+                   loc="outside lower center", ncols=min(len(shown), 7), frameon=False, fontsize=8)
         result = "exit code {}".format(run.exit_code) if run.exit_code is not None else "no end event"
         ax.set_title(f"mbr-launch run {run.run_id}: {len(run.failures)} failure(s), {result}", fontsize=10)
         out = io.StringIO()

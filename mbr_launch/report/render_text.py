@@ -13,14 +13,15 @@ from rich.console import Console
 from rich.text import Text
 
 from mbr_launch.decide.goodput_text import LABEL, MEANING, render
-from mbr_launch.report.timeline import RUNNING, Failure, Lane, RunTimeline
+from mbr_launch.report.timeline import OPEN, RUNNING, Failure, Lane, RunTimeline
 
 GLYPH = {"startup": "░", "productive": "█", "lost": "▓", "detection": "!", "restart": "~", "other": "·",
-         RUNNING: "="}
+         RUNNING: "=", OPEN: "?"}
 STYLE = {"startup": "yellow", "productive": "green", "lost": "red", "detection": "magenta", "restart": "blue",
-         "other": "grey50", RUNNING: "cyan"}
-NAME = {**LABEL, RUNNING: "running"}
-WHAT = {**MEANING, RUNNING: "workers ran; no optimizer step seen (no goodput to split)"}
+         "other": "grey50", RUNNING: "cyan", OPEN: "white"}
+NAME = {**LABEL, RUNNING: "running", OPEN: "open"}
+WHAT = {**MEANING, RUNNING: "workers ran; no optimizer step seen (no goodput to split)",
+        OPEN: "no end in the log yet: an attempt still going, or cut off"}
 LABEL_WIDTH = 22
 
 

@@ -20,7 +20,8 @@ from mbr_launch.report.events import event_time
 from mbr_launch.report.runs import NodeLog
 
 RUNNING = "running"
-KINDS = ("startup", "productive", "lost", "detection", "restart", "other", RUNNING)
+OPEN = "open"  # after the last attempt on record, in a log without its end: an attempt still going (or cut off)
+KINDS = ("startup", "productive", "lost", "detection", "restart", "other", RUNNING, OPEN)
 
 
 @dataclass(frozen=True)
@@ -132,6 +133,9 @@ def _lane(log: NodeLog, offset: float) -> Lane:
     else:
         spans = _unstepped(records, g.wall)
     end = next((r for r in reversed(records) if r["event"] == "end"), None)
+    if end is None and spans and spans[-1][0] == "other":
+        kind, start, stop, rnd = spans[-1]
+        spans[-1] = (OPEN, start, stop, rnd)  # not a wind-down: the log just has nothing after it yet
     group_ranks = [r.get("group_rank") for r in records if r.get("group_rank") is not None]
     node = str(records[0].get("node"))
     group_rank = group_ranks[0] if group_ranks else None
