@@ -8,6 +8,7 @@ The recorded logs in tests/data/report come from real launches: ``two_nodes`` (t
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import shutil
@@ -21,7 +22,7 @@ import pytest
 
 from mbr_launch.cli.app import main
 from mbr_launch.report import render_plot
-from mbr_launch.report.render_text import GLYPH, print_report, story, timeline_rows
+from mbr_launch.report.render_text import GLYPH, story, timeline_rows
 from mbr_launch.report.runs import LATEST, ReportError, find_run
 from mbr_launch.report.timeline import OPEN, RUNNING, build
 
@@ -213,8 +214,9 @@ def test_real_crash_and_restart_reported_end_to_end(tmp_path):
     assert buckets and all(len(line.split("%", 1)[1].strip()) > 20 for line in buckets), block
     assert any("failure 1 (round 0, crash)" in line and "training again" in line for line in block), block
     svg = tmp_path / "run.svg"
-    rep = subprocess.run([*LAUNCHER, "report", "--svg", str(svg)], capture_output=True, text=True, env=env,
-                         cwd=REPO, timeout=60)
+    plots = importlib.util.find_spec("matplotlib") is not None  # scripts/setup installs it; the text needs none
+    rep = subprocess.run([*LAUNCHER, "report", *(["--svg", str(svg)] if plots else [])], capture_output=True,
+                         text=True, env=env, cwd=REPO, timeout=60)
     assert rep.returncode == 0, rep.stderr
     out = rep.stdout
     assert "1 failure(s)" in out and "exit code 0: all workers succeeded" in out
@@ -222,6 +224,8 @@ def test_real_crash_and_restart_reported_end_to_end(tmp_path):
     assert "training again" in out and "then: restart 1 of 1 (job scope)" in out
     lane = next(line for line in out.splitlines() if line.endswith(tuple(GLYPH.values())) and "(node 0)" in line)
     assert len(lane) == 100 and GLYPH["productive"] in lane and GLYPH["restart"] in lane
+    if not plots:
+        return
     ids = {el.get("id") for el in ET.parse(svg).getroot().iter() if el.get("id")}
     assert {"failure-1", "round-0", "round-1"} <= ids
     for kind in ("startup", "productive", "restart", "other"):

@@ -57,6 +57,10 @@ def story(run: RunTimeline) -> list[str]:
         for number in rnd.failures:
             lines.extend(failure_lines(by_number[number]))
         lines.append(f"  then: {rnd.then}")
+    listed = {n for rnd in run.rounds for n in rnd.failures}
+    for f in run.failures:
+        if f.number not in listed:  # outside any round on record (e.g. while joining one)
+            lines.extend(failure_lines(f))
     return lines
 
 

@@ -10,7 +10,7 @@ monitor), from its workers' start and exit.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -111,7 +111,7 @@ def build(logs: Iterable[NodeLog]) -> RunTimeline:
                 rounds_seen.setdefault(r.get("round"), []).append((float(r["t"]) + offset, r))
     lanes.sort(key=lambda lane: (lane.group_rank is None, lane.group_rank or 0, lane.label))
     failures.sort(key=lambda f: f.t)
-    failures = [Failure(**{**f.__dict__, "number": i}) for i, f in enumerate(failures, 1)]
+    failures = [replace(f, number=i) for i, f in enumerate(failures, 1)]
     records = [r for log in logs for r in log.records]
     ends = [lane for lane in lanes if lane.exit_code is not None]
     worst = max(ends, key=lambda lane: lane.exit_code or 0) if ends else None
