@@ -250,7 +250,7 @@ class Console:
     def _stop(self, dev: _Device) -> None:
         if not dev.live:
             return
-        dev.live, self._render, self._rows = False, None, None
+        dev.live, self._render, self._rows, dev.dirty = False, None, None, True
         self._wake.notify_all()
         self._flush(dev)  # erases the area
         for src in list(self._sources.values()):  # unfinished lines go back where a terminal shows them
