@@ -13,7 +13,6 @@ the same under the mbr_launch of a git revision (a ``git archive`` snapshot), fo
 from __future__ import annotations
 
 import argparse
-import os
 import statistics
 import subprocess
 import sys

@@ -217,7 +217,7 @@ def test_live_area_is_drawn_below_the_lines_and_bounded(monkeypatch):
     console, _out_r, err_r = _pipes()
     dev = console._devices["stderr"]
     dev.tty = True  # a pipe that counts as a terminal: the bytes are checked as they would be drawn
-    monkeypatch.setattr("mbr_launch.report.console._size", lambda fd: (40, 10))
+    monkeypatch.setattr("mbr_launch.report.console.size", lambda fd: (40, 10))
     src = console.source("stderr", b"[rank0]:")
     assert console.set_status(lambda width: [f"status ({width})"])
     src.write(b"line 1\nbar 5%")

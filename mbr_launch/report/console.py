@@ -21,13 +21,14 @@ Everything meant for the launcher's stdout or stderr is written through a ``Cons
 
 from __future__ import annotations
 
-import os
+import atexit
 import re
-import select
 import sys
 import threading
 import unicodedata
 from typing import Any, Callable, Sequence, TextIO
+
+from mbr_launch.report.tty import Device, isatty, same_device, size
 
 BUFFER = 64 * 1024  # bytes held for one device before they are written, whatever else is ready
 LINE_CAP = 64 * 1024  # an unfinished line kept for the live area scrolls up in pieces of this size
@@ -80,41 +81,12 @@ class Source:
         return head + body if head else body
 
 
-class _Device:
-    """One output device behind one or two fds (stdout and stderr on one terminal share it)."""
-
-    def __init__(self, fd: int, tty: bool) -> None:
-        self.fd, self.tty = fd, tty
-        self.buf = bytearray()
-        self.buf_fd = fd
-        self.owner: Source | None = None  # whose unfinished line the cursor stands after
-        self.alive = True
-        self.live = False  # a status area is pinned at the bottom
-        self.drawn = 0  # rows of the area on the screen now (the cursor is at the start of the row below)
-        self.dirty = False  # the area must be redrawn
-
-    def put(self, fd: int, data: bytes) -> None:
-        if not self.tty and fd != self.buf_fd:
-            self.write_out()  # a file shared by stdout and stderr: keep the order, each through its fd
-            self.buf_fd = fd
-        self.buf += data
-
-    def write_out(self, extra: bytes = b"") -> None:
-        data, self.buf = bytes(self.buf) + extra, bytearray()
-        if not self.alive or not data:
-            return
-        try:
-            _write_all(self.fd if self.tty else self.buf_fd, data)
-        except OSError:
-            self.alive = False  # a closed terminal or pipe: keep draining the workers, show nothing more
-
-
 class Console:
     def __init__(self, out_fd: int = 1, err_fd: int = 2, *, redirect: bool = False) -> None:
         self._lock = threading.RLock()
         self._wake = threading.Condition(self._lock)
-        err = _Device(err_fd, _isatty(err_fd))
-        out = err if _same_device(out_fd, err_fd) else _Device(out_fd, _isatty(out_fd))
+        err = Device(err_fd, isatty(err_fd))
+        out = err if same_device(out_fd, err_fd) else Device(out_fd, isatty(out_fd))
         self._devices = {"stdout": out, "stderr": err}
         self._fds = {"stdout": out_fd, "stderr": err_fd}
         self._sources: dict[int, Source] = {}  # sources with output so far and no end yet, in first-write order
@@ -124,6 +96,7 @@ class Console:
         self._painter: threading.Thread | None = None
         self._redirect = redirect  # the process's console: sys.stdout/sys.stderr go through it while live
         self._saved: tuple[TextIO, TextIO] | None = None
+        self._exit_hook = False
 
     def source(self, stream: str, prefix: bytes = b"") -> Source:
         return Source(self, stream, prefix)
@@ -156,7 +129,7 @@ class Console:
                 self._flush(dev)
             return dev.alive
 
-    def _above(self, dev: _Device, src: Source, text: bytes) -> None:
+    def _above(self, dev: Device, src: Source, text: bytes) -> None:
         """Live area up: complete lines go above it, the unfinished one into it."""
         cut = text.rfind(b"\n") + 1
         if cut:
@@ -173,7 +146,7 @@ class Console:
             src.at_start, src.after_cr = True, False
         dev.dirty = True
 
-    def _break(self, dev: _Device) -> None:
+    def _break(self, dev: Device) -> None:
         """End the unfinished line of ``dev.owner`` before someone else writes."""
         owner, dev.owner = dev.owner, None
         if owner is not None:
@@ -201,7 +174,7 @@ class Console:
                 else:
                     self._flush(dev)
 
-    def _flush(self, dev: _Device) -> None:
+    def _flush(self, dev: Device) -> None:
         if not dev.alive:
             dev.buf.clear()
             return
@@ -216,7 +189,7 @@ class Console:
         dev.write_out(b"".join(row.encode(errors="replace") + b"\n" for row in rows))
         dev.drawn, dev.dirty = len(rows), False
 
-    def _unique(self) -> list[_Device]:
+    def _unique(self) -> list[Device]:
         return list({id(d): d for d in self._devices.values()}.values())
 
     # ---- the live area --------------------------------------------------------------------------
@@ -236,18 +209,21 @@ class Console:
             self._flush(dev)
             return True
 
-    def _start(self, dev: _Device) -> None:
+    def _start(self, dev: Device) -> None:
         if dev.owner is not None:
             self._break(dev)  # the area goes below: the dangling line is ended, its rest shows in the area
         dev.live = True
         self._painter = threading.Thread(target=self._paint, args=(dev,), daemon=True, name="console-live")
         self._painter.start()
+        if not self._exit_hook:  # an agent that dies of an exception leaves no table behind
+            self._exit_hook = True
+            atexit.register(self.set_status, None)
         if self._redirect and self._saved is None:
             self._saved = (sys.stdout, sys.stderr)
             sys.stdout = _TextStream(self._own["stdout"], sys.stdout)  # type: ignore[assignment]
             sys.stderr = _TextStream(self._own["stderr"], sys.stderr)  # type: ignore[assignment]
 
-    def _stop(self, dev: _Device) -> None:
+    def _stop(self, dev: Device) -> None:
         if not dev.live:
             return
         dev.live, self._render, self._rows, dev.dirty = False, None, None, True
@@ -268,7 +244,7 @@ class Console:
                 sys.stderr = self._saved[1]
             self._saved = None
 
-    def _paint(self, dev: _Device) -> None:
+    def _paint(self, dev: Device) -> None:
         me = threading.current_thread()
         with self._wake:
             while dev.live and self._painter is me:  # a later area has a painter of its own
@@ -279,8 +255,8 @@ class Console:
                 if dev.live and self._painter is me:
                     self._flush(dev)
 
-    def _area(self, dev: _Device) -> list[str]:
-        width, height = _size(dev.fd)
+    def _area(self, dev: Device) -> list[str]:
+        width, height = size(dev.fd)
         rows = [_visible(src.pending, width - 1) for src in self._sources.values()
                 if src.pending and self._devices[src.stream] is dev]
         if self._render is not None:
@@ -336,38 +312,6 @@ def _visible(line: bytearray, width: int) -> str:
         out.append(ch)
         used += w
     return "".join(out)
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        try:
-            view = view[os.write(fd, view):]
-        except BlockingIOError:  # someone made the terminal non-blocking: wait until it takes more
-            select.select([], [fd], [], 1.0)
-
-
-def _size(fd: int) -> tuple[int, int]:
-    try:
-        cols, rows = os.get_terminal_size(fd)
-    except OSError:
-        cols, rows = 0, 0
-    return cols or 80, rows or 24
-
-
-def _isatty(fd: int) -> bool:
-    try:
-        return os.isatty(fd)
-    except OSError:
-        return False
-
-
-def _same_device(a: int, b: int) -> bool:
-    try:
-        sa, sb = os.fstat(a), os.fstat(b)
-    except OSError:
-        return False
-    return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
 
 
 _PROCESS: Console | None = None
