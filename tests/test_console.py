@@ -167,6 +167,7 @@ def test_output_passes_through_and_an_endless_line_keeps_memory_bounded(tmp_path
             reader.join(10)
     err = b"".join(d for _, d in times).decode(errors="replace")
     assert baseline is not None, err[-2000:]
+    print(f"agent RSS {baseline >> 20} MiB -> peak {peak >> 20} MiB")
     assert peak - baseline < 40 << 20, f"agent grew by {(peak - baseline) >> 20} MiB for a {mb} MiB line"
     assert got["stdout"] == mb << 20
     logs = list(log_dir.rglob("stdout.log"))
@@ -232,3 +233,36 @@ def test_live_area_is_drawn_below_the_lines_and_bounded(monkeypatch):
     assert not any("status" in line for line in term.lines())
     assert term.lines()[1].startswith("[rank0]:bar 6%xxxx")
     assert len(src.pending) == 0
+
+
+def test_pump_keeps_whole_lines_for_files_and_filters_and_a_bounded_tail(tmp_path):
+    """The pump reads chunks, not lines: the log file still gets whole lines (and the unfinished last one at
+    the end), the filters see whole lines across chunk boundaries, the tail keeps what a terminal shows of
+    a \\r-redrawn line and at most LINE_CAP of an endless one."""
+    import collections
+
+    from mbr_launch.report.appender import LineAppender
+    from mbr_launch.workers.output import OutputPump
+
+    read_end, write_end = os.pipe()
+    console, out_r, _err_r = _pipes()
+    tail: collections.deque[bytes] = collections.deque(maxlen=3)
+    filtered = LineAppender(tmp_path / "filtered.log")
+    pump = OutputPump(os.fdopen(read_end, "rb", buffering=0), prefix=b"[rank0]:",
+                      console=console.source("stdout", b"[rank0]:"), logfile=tmp_path / "out.log",
+                      filters=["loss"], filtered=filtered, tail=tail)
+    thread = pump.start()
+    chunks = [b"step 1 lo", b"ss 0.5\nprogress 10%\rprogress 90%", b"\r\nstep 2 loss 0.4\n", b"z" * (LINE_CAP * 3),
+              b"\nlast, no end"]
+    for chunk in chunks:
+        os.write(write_end, chunk)
+        time.sleep(0.05)
+    os.close(write_end)
+    thread.join(10)
+    filtered.close()
+    assert (tmp_path / "out.log").read_bytes() == b"".join(chunks)
+    assert (tmp_path / "filtered.log").read_bytes() == b"[rank0]:step 1 loss 0.5\n[rank0]:step 2 loss 0.4\n"
+    assert list(tail) == [b"step 2 loss 0.4\n", b"z" * LINE_CAP + b"\n", b"last, no end\n"]
+    shown = _read(out_r)
+    assert shown.startswith(b"[rank0]:step 1 loss 0.5\n[rank0]:progress 10%\r[rank0]:progress 90%\r\n[rank0]:step 2")
+    assert shown.endswith(b"\n[rank0]:last, no end\n")
