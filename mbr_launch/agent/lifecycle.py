@@ -29,6 +29,7 @@ from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
+from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
 from mbr_launch.workers import evidence, strays
@@ -199,7 +200,7 @@ class Agent:
     def _end_from_watchdog(self, code: int, reason: str, line: str) -> None:
         if self._group:
             self._group.kill_now()
-        print(f"[mbr-launch {self.node}] {line}", file=sys.stderr, flush=True)
+        process_console().say(f"[mbr-launch {self.node}] {line}")
         try:
             if self._log:
                 self._log.emit("end", exit_code=code, reason=reason, seconds=round(self.clock() - self._started, 3))
@@ -211,4 +212,5 @@ class Agent:
 
     def say(self, message: str) -> None:
         if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
-            print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)
+            # through the console the worker output and the live view share: never glued to a worker's line
+            process_console().say(f"[mbr-launch {self.node}] {message}")

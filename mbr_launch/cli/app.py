@@ -17,16 +17,18 @@ import typer
 from mbr_launch.cli.doctor import DOCTOR_NOT_RUN, doctor_command, print_json_error
 from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.launch import launch_command
+from mbr_launch.cli.report import report_command
 from mbr_launch.cli.options import USER_ENV
 from mbr_launch.report import exitcodes
 
 # No interspersed args: everything after SCRIPT is the script's, even when it looks like our option.
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 DOCTOR = "doctor"
+REPORT = "report"
 
 
-def _typer() -> typer.Typer:
-    return typer.Typer(add_completion=False, context_settings=CONTEXT, rich_markup_mode="rich",
+def _typer(context: dict | None = None) -> typer.Typer:
+    return typer.Typer(add_completion=False, context_settings=context or CONTEXT, rich_markup_mode="rich",
                        pretty_exceptions_enable=False)
 
 
@@ -35,6 +37,8 @@ app = _typer()
 app.command(name=PROG)(launch_command)
 doctor_app = _typer()
 doctor_app.command(name=DOCTOR)(doctor_command)
+report_app = _typer({**CONTEXT, "allow_interspersed_args": True})  # no script: options go anywhere
+report_app.command(name=REPORT)(report_command)
 
 
 def _run_app(application: typer.Typer, argv: list[str], prog: str, *, usage_code: int = exitcodes.USAGE,
@@ -79,6 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             as_json = "--json" in argv[1:]  # the parser failed before it could say so
             return _run_app(doctor_app, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,
                             on_usage=print_json_error if as_json else None)
+        if argv and argv[0] == REPORT:
+            return _run_app(report_app, argv[1:], f"{PROG} {REPORT}")
         return _run_app(app, argv, PROG)
     except KeyboardInterrupt:
         return 130
