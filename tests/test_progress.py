@@ -76,3 +76,20 @@ def test_stop_grace_speaks_after_a_moment_and_a_signal_ends_it():
         assert said[-1] == "received SIGINT while stopping: killing rank 1 now"
     finally:
         wakeup.close()
+
+
+def test_a_signal_during_a_failures_stop_ends_the_run_instead_of_restarting(tmp_path):
+    """Ctrl-C while the ranks of a failed round are being stopped: no restart is announced or slept, the signal
+    is recorded, and the run ends with 130 (main went on to log a restart and ended without a signal event)."""
+    world = build_world(tmp_path, ("max_restarts", 3))
+    stop = world.group.stop
+
+    def stop_then_ctrl_c(*args, **kwargs):
+        stop(*args, **kwargs)
+        world.wakeup.post_signal(signal.SIGINT)
+
+    world.group.stop = stop_then_ctrl_c  # type: ignore[method-assign]
+    assert world.run([exit_rank(0, 1)]) == 128 + signal.SIGINT
+    assert world.events("restart") == [] and world.wakeup.sleeps == []
+    assert [e["signal"] for e in world.events("signal")] == ["SIGINT"]
+    assert "received SIGINT: while restarting; stopping" in world.said
