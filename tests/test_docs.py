@@ -135,14 +135,31 @@ def _bash_complete(line: str) -> list[str]:
     return result.stdout.split()
 
 
+def _twins(flags: list[str]) -> list[str]:
+    """Flags offered together with their underscore twin (--max_restarts beside --max-restarts)."""
+    return sorted(f for f in flags if "_" in f and f.replace("_", "-") in flags)
+
+
 def test_bash_completion():
     result = _run(["bash", "--norc", "-c", "source completions/mbr-launch.bash && complete -p mbr-launch"])
     assert result.returncode == 0 and "_mbr_launch_complete" in result.stdout, result
-    assert {"--nproc-per-node", "--nproc_per_node"} <= set(_bash_complete("mbr-launch --nproc"))
+    offered = _bash_complete("mbr-launch --")
+    assert len(offered) == len(set(offered)) and not _twins(offered), _twins(offered)
+    assert not [f for f in offered if "_" in f], "underscore spellings are accepted, not offered"
+    assert "--nproc-per-node" in offered and "--version" in offered and "--help-all" in offered
+    # Values for every setting that has choices or suggestions, under every spelling of its flag.
+    assert _bash_complete("mbr-launch --rdzv-backend ") == ["c10d", "static"]
+    assert {"gpu", "cpu", "auto", "1", "8"} <= set(_bash_complete("mbr-launch --nproc-per-node "))
+    assert {"gpu", "cpu", "auto"} <= set(_bash_complete("mbr-launch --nproc_per_node "))
+    for setting in SETTINGS:
+        if setting.suggestions and not setting.hidden:
+            assert _bash_complete(f"mbr-launch {setting.flag} ") == list(setting.suggestions), setting.name
+    assert "--status" in _bash_complete("mbr-launch --max_restarts 3 --sta")  # the alias's value is skipped
     assert _bash_complete("mbr-launch --start-method f") == ["fork", "forkserver"]
     assert _bash_complete("mbr-launch --start-method = f") == ["fork", "forkserver"]
     assert "doctor" in _bash_complete("mbr-launch do")
     assert "--skip-check" in _bash_complete("mbr-launch doctor --sk")
+    assert {"--json", "--deep", "--verbose"} <= set(_bash_complete("mbr-launch doctor --"))
     assert _bash_complete("mbr-launch --nnodes 2 train.py --npr") == []  # the script's own arguments
 
 
@@ -180,8 +197,11 @@ def _zsh_complete(line: str) -> set[str]:
 
 def test_zsh_completion_completes():
     _need("zsh")
-    assert {"--nproc-per-node", "--nproc_per_node"} <= _zsh_complete("mbr-launch --nproc")
+    assert _zsh_complete("mbr-launch --nproc") == {"--nproc-per-node"}  # not --nproc_per_node too
     assert _zsh_complete("mbr-launch --numa-binding ") == {"node", "socket", "exclusive", "core-complex"}
+    assert _zsh_complete("mbr-launch --rdzv-backend ") == {"c10d", "static"}
+    assert {"gpu", "cpu", "auto", "8"} <= _zsh_complete("mbr-launch --nproc-per-node ")
+    assert "--json" in _zsh_complete("mbr-launch doctor --js")
 
 
 def test_fish_completion():
@@ -190,7 +210,10 @@ def test_fish_completion():
     assert result.returncode == 0 and not result.stderr, result
     result = _run(["fish", "--no-config", "-c", "source completions/mbr-launch.fish; complete -C'mbr-launch --nproc'"])
     assert result.returncode == 0 and not result.stderr, result
-    assert {"--nproc-per-node", "--nproc_per_node"} <= {line.split("\t")[0] for line in result.stdout.splitlines()}
+    assert {line.split("\t")[0] for line in result.stdout.splitlines()} == {"--nproc-per-node"}
+    result = _run(["fish", "--no-config", "-c",
+                   "source completions/mbr-launch.fish; complete -C'mbr-launch --rdzv-backend '"])
+    assert {line.split("\t")[0] for line in result.stdout.splitlines()} == {"c10d", "static"}, result
 
 
 def test_man_page_renders():

@@ -29,6 +29,7 @@ from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
+from mbr_launch.report.version import versions
 from mbr_launch.workers import evidence, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standby import StandbyPool
@@ -86,7 +87,7 @@ class Agent:
                  nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
-                        "restart_count": slurm.restart_count} if slurm else None)
+                        "restart_count": slurm.restart_count} if slurm else None, version=versions())
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
         monitor = self._monitor = MonitorHandle(

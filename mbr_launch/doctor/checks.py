@@ -14,7 +14,7 @@ from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import REGISTRY, CheckResult, DoctorError, Finding, check
 
 
-@check("deep.gpu", "GPU GEMM and NCCL all-reduce self-test", cheap=False)
+@check("deep.gpu", "collective self-test: GPU GEMM and NCCL all-reduce, or gloo without a GPU", cheap=False)
 def _deep(ctx: DoctorContext) -> list[CheckResult]:
     # Imported here, not at the top: ``python -m mbr_launch.doctor.deep`` must find the module unimported.
     from mbr_launch.doctor.deep import run_deep  # noqa: PLC0415
