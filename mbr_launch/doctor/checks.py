@@ -39,7 +39,9 @@ def check_skip(skip: Iterable[str]) -> None:
                       "(`mbr-launch doctor` shows what each one checks)")
 
 
-def run_checks(ctx: DoctorContext, *, only_cheap: bool = False, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
+def run_checks(ctx: DoctorContext, *, only_cheap: bool = True, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
+    """The cheap checks, and with ``only_cheap=False`` the deep ones too (they start processes and take
+    seconds, so only when asked for: ``doctor --deep``)."""
     skip = set(skip)
     check_skip(skip)
     results: list[CheckResult] = []
