@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
 
 from mbr_launch.config.settings import SETTINGS
-from mbr_launch.doctor.deep_cpu import run_gloo
 
 from .conftest import REPO
 from .helpers import free_port, launcher_env, run_launcher
@@ -97,7 +99,7 @@ def test_version_everywhere_and_aliases_still_accepted(tmp_path: Path):
     line = out.stdout.strip()
 
     doctor = _cli("doctor", "--skip-check", "rdzv.port")
-    assert doctor.stdout.splitlines()[0] == f"doctor: {line}", doctor.stdout[:300]
+    assert " ".join(doctor.stdout.splitlines()[:2]).startswith(line), doctor.stdout[:300]
     report = json.loads(_cli("doctor", "--json").stdout)
     assert set(report["versions"]) == {"mbr-launch", "torch", "nvidia-resiliency-ext", "python"}
     assert report["versions"]["mbr-launch"] in line
@@ -125,12 +127,13 @@ def _quiet_preflight(stderr: str) -> None:
     assert all(PREFLIGHT.match(x) for x in lines if x.startswith("preflight:")), stderr
 
 
-def _fake(tmp_path: Path, name: str, *args: str, env: dict[str, str], **kw) -> subprocess.Popen:
-    """A real process whose command line is ``<dir>/NAME ARGS...``, as `ps` shows another launcher."""
-    exe = tmp_path / name
-    exe.write_text(f"#!{sys.executable}\nimport time\ntime.sleep(120)\n")
+def _fake(where: Path, name: str, *args: str, env: dict[str, str], **kw) -> subprocess.Popen:
+    """A real process whose command line is ``/bin/sh <dir>/NAME ARGS...``, as `ps` shows another
+    launcher (its own session, so that killing the group also ends its sleep)."""
+    exe = where / name
+    exe.write_text("#!/bin/sh\nsleep 120\n")
     exe.chmod(0o755)
-    return subprocess.Popen([str(exe), *args], env=env, **kw)
+    return subprocess.Popen([str(exe), *args], env=env, start_new_session=True, **kw)
 
 
 def test_preflight_is_one_line_and_counts_only_launches_that_get_in_the_way(tmp_path: Path):
@@ -138,18 +141,21 @@ def test_preflight_is_one_line_and_counts_only_launches_that_get_in_the_way(tmp_
     env = launcher_env(PET_MASTER_PORT=str(port))
     theirs = {**env, "CUDA_VISIBLE_DEVICES": "7"}
     ours = {**env, "CUDA_VISIBLE_DEVICES": "0"}
-    fakes = {
-        # Same rendezvous as ours: a second launch of this job on this node.
-        "same_job": _fake(tmp_path, "torchrun", "--master-port", str(port), "--nproc-per-node", "1", "t.py", env=theirs),
-        "help": _fake(tmp_path, "ft_launcher", "--help", env=theirs),
-        "doctor": _fake(tmp_path, "mbr-launch", "doctor", "--deep", env=theirs),
-        # Another job of ours with its own rendezvous and other GPUs: no business of this launch.
-        "other_job": _fake(tmp_path, "torchrun", "--master-port", str(other_port), "t.py", env={**theirs}),
-    }
-    if os.getuid() == 0:  # someone else's launch on our port: theirs to sort out, not reported here
-        fakes["other_user"] = _fake(tmp_path, "torchrun", "--master-port", str(port), "t.py", env=theirs,
-                                    user=65534)
+    fakes: dict[str, subprocess.Popen] = {}
+    shared = Path(tempfile.mkdtemp(prefix="mbr-cli-ux-"))  # another user must be able to run the fake
+    shared.chmod(0o755)
     try:
+        # Same rendezvous as ours: a second launch of this job on this node.
+        fakes["same_job"] = _fake(tmp_path, "torchrun", "--master-port", str(port), "--nproc-per-node", "1",
+                                  "t.py", env=theirs)
+        fakes["help"] = _fake(tmp_path, "ft_launcher", "--help", env=theirs)
+        fakes["doctor"] = _fake(tmp_path, "mbr-launch", "doctor", "--deep", env=theirs)
+        # Another job of ours with its own rendezvous and other GPUs: no business of this launch.
+        fakes["other_job"] = _fake(tmp_path, "torchrun", "--master-port", str(other_port), "t.py", env=theirs)
+        if os.getuid() == 0:  # someone else's launch on our port: theirs to sort out, not reported here
+            fakes["other_user"] = _fake(shared, "torchrun", "--master-port", str(port), "t.py", env=theirs,
+                                        user=65534, cwd="/")
+
         doctor = _cli("doctor", "--json", env=ours)
         check = next(c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "launcher.per_node")
         assert check["severity"] == "warn", check
@@ -169,8 +175,9 @@ def test_preflight_is_one_line_and_counts_only_launches_that_get_in_the_way(tmp_
         assert "t.py" not in run.stderr and str(fakes["same_job"].pid) not in run.stderr
     finally:
         for proc in fakes.values():
-            proc.kill()
+            os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+        shutil.rmtree(shared, ignore_errors=True)
 
     # An error is still printed in full, with its fix, and stops the launch (exit 2).
     step = {**ours, "SLURM_STEP_ID": "0", "SLURM_STEP_TASKS_PER_NODE": "2"}
@@ -207,5 +214,7 @@ def test_doctor_deep_runs_gloo_without_gpu():
 
 def test_deep_gloo_reports_a_timeout_as_an_error():
     """Ranks that cannot finish in time (here: not even import torch in 0.3 s) are killed and reported."""
+    from mbr_launch.doctor.deep_cpu import run_gloo
+
     [result] = run_gloo(world=2, timeout_s=0.3)
     assert result.severity == "error" and "did not finish within 0.3 s" in result.saw, result

@@ -40,7 +40,7 @@ def run_doctor(
     if as_json:
         print(to_json(results), flush=True)  # plain stdout: rich would wrap and colour the JSON
     else:
-        render_table(results, console or _console(), verbose=verbose, title=f"doctor: {version_line()}")
+        render_table(results, console or _console(), verbose=verbose, title=version_line())
     return exit_code(results)
 
 

@@ -104,9 +104,10 @@ def render_table(results: Sequence[CheckResult], console: Console, *, verbose: b
     """The doctor's report for people (the name is kept for callers): see ``render_lines``."""
     from rich.markup import escape  # noqa: PLC0415
 
-    if title:
-        console.print(escape(title), highlight=False, soft_wrap=True)
-    for style, line in render_lines(results, width=min(console.width, 120), verbose=verbose):
+    width = min(console.width, 120)
+    for line in _wrap(title, width, 2) if title else []:
+        console.print(f"[bold]{escape(line)}[/]", highlight=False, soft_wrap=True)
+    for style, line in render_lines(results, width=width, verbose=verbose):
         console.print(f"[{style}]{escape(line)}[/]" if style else escape(line), highlight=False, soft_wrap=True)
     counts = summary(results)
     told = ", ".join(f"[{_STYLE[s]}]{n} {'skipped' if s == 'skip' else s}[/]" for s, n in counts.items() if n)
