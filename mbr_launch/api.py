@@ -14,6 +14,7 @@ from mbr_launch.config.settings import Resolved, resolve
 
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
+    from mbr_launch.report.timeline import RunTimeline
 
 
 def resolve_settings(*, cli: Mapping[str, Any], environ: Mapping[str, str]) -> Resolved:
@@ -101,3 +102,16 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     finally:
         if pool is not None:
             pool.close()
+
+
+def run_report(run_dir: "str | os.PathLike[str] | None" = None) -> "RunTimeline":
+    """What happened in the run at ``run_dir`` (a run folder, its events.jsonl, or a folder of runs: the
+    latest there), default the latest run under this user's default log folder. Raises
+    ``report.runs.ReportError`` with a one-line reason when there is nothing to report."""
+    from pathlib import Path
+
+    from mbr_launch.config.rundir import default_base
+    from mbr_launch.report.runs import find_run
+    from mbr_launch.report.timeline import build
+
+    return build(find_run(Path(run_dir) if run_dir is not None else None, default_base()))

@@ -90,6 +90,7 @@ def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundRes
     if message.group_rank != rnd.group_rank:
         ctx.say(f"stopping local workers: {message.reason} (from {message.origin})")
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
+    _end_attempt(ctx)
     return RoundResult(Outcome.FINAL if message.final else Outcome.RESTART, message=message)
 
 
@@ -101,7 +102,15 @@ def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> Round
         ctx.cluster.publish(rnd, message)
         decided = ctx.cluster.read(rnd) or message
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
+    _end_attempt(ctx)
     return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)
+
+
+def _end_attempt(ctx: Context) -> None:
+    """The attempt ends when its workers stop, not when the next one starts: goodput's detection time for
+    this node is then up to the stop, and the rendezvous after it counts as restart."""
+    if ctx.telemetry:
+        ctx.telemetry.end("stop")
 
 
 def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> RoundResult | None:

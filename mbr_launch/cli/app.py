@@ -1,8 +1,10 @@
 """The command line: a thin typer layer over ``mbr_launch.api``.
 
 ``mbr-launch [OPTIONS] SCRIPT [ARGS...]`` launches (``launch.py``); ``mbr-launch doctor [OPTIONS]`` checks
-the environment (``doctor.py``). Both take the options generated from the settings table (``options.py``).
-Here: the two typer apps, and how every outcome becomes one exit code and at most one line of error.
+the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``). The
+launch and the doctor take the options generated from the settings table (``options.py``); every command's
+--help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, and how every
+outcome becomes one exit code and at most one line of error.
 """
 
 from __future__ import annotations
@@ -19,30 +21,36 @@ from mbr_launch.cli.doctor import DOCTOR_NOT_RUN, doctor_command, print_json_err
 from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
+from mbr_launch.cli.report import report_command
 from mbr_launch.cli.options import USER_ENV
 from mbr_launch.report import exitcodes
 
 # No interspersed args: everything after SCRIPT is the script's, even when it looks like our option.
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 DOCTOR = "doctor"
+REPORT = "report"
 
 
-def _typer() -> typer.Typer:
-    return typer.Typer(add_completion=False, context_settings=CONTEXT, rich_markup_mode="rich",
+def _typer(context: dict | None = None) -> typer.Typer:
+    return typer.Typer(add_completion=False, context_settings=context or CONTEXT, rich_markup_mode="rich",
                        pretty_exceptions_enable=False)
 
 
-def command(name: str, function: Callable[..., None], *, usage: str, subcommand: bool = True) -> typer.core.TyperCommand:
+def command(name: str, function: Callable[..., None], *, usage: str, subcommand: bool = True,
+            context: dict | None = None) -> typer.core.TyperCommand:
     """One typer app per command, not one app with subcommands: ``mbr-launch SCRIPT`` must not read SCRIPT
-    as a command name. A subcommand (``mbr-launch NAME ...``) is dispatched by ``main`` and listed in
-    the launch's --help (``helptext.COMMANDS``) by registering it here."""
-    application = _typer()
+    as a command name. A subcommand (``mbr-launch NAME ...``) is dispatched by ``main``, listed in the
+    launch's --help and completed by the shells (``helptext.COMMANDS``, docgen) by registering it here."""
+    application = _typer(context)
     application.command(name=name, cls=HelpCommand)(function)
     return configure(application, name, usage=usage, subcommand=subcommand)
 
 
 launch_cli = command(PROG, launch_command, usage="[OPTIONS] SCRIPT [ARGS]...", subcommand=False)
 doctor_cli = command(DOCTOR, doctor_command, usage="[OPTIONS] [SCRIPT [ARGS]...]")
+# No script: the report's options may come anywhere.
+report_cli = command(REPORT, report_command, usage="[RUN_DIR] [OPTIONS]",
+                     context={**CONTEXT, "allow_interspersed_args": True})
 # typer's view of the launch, for tests that inspect the parser (test_docs).
 app = _typer()
 app.command(name=PROG, cls=HelpCommand)(launch_command)

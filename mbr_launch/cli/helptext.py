@@ -67,7 +67,7 @@ def _own_options(command: typer.core.TyperCommand, ctx: typer.Context) -> list[A
 def _option_lines(option: Any, ctx: typer.Context, cols: int) -> list[str]:
     head = ", ".join(sorted(option.opts, key=len))
     if not option.is_flag:
-        head += f" {option.make_metavar(ctx)}"
+        head += f" {option.metavar or (option.name or 'value').upper()}"
     return _entry(head, option.help or "", cols)
 
 
@@ -85,7 +85,10 @@ def usage_args(command: typer.core.TyperCommand, ctx: typer.Context) -> str:
 
 
 def summary(command: typer.core.TyperCommand) -> str:
-    return (command.help or "").strip().split("\n\n")[0].replace("\n", " ")
+    """The first sentence of the command's help (up to a '.' or ':'), for the list of commands."""
+    first = " ".join((command.help or "").strip().split("\n\n")[0].split())
+    cut = min((i for i in (first.find(". "), first.find(": ")) if i >= 0), default=len(first))
+    return first[:cut].rstrip(".") + "."
 
 
 def render(ctx: typer.Context, command: typer.core.TyperCommand) -> str:
@@ -102,6 +105,12 @@ def render(ctx: typer.Context, command: typer.core.TyperCommand) -> str:
             out.append(f"  {name.ljust(name_width)}{body[0]}")
             out += [" " * (2 + name_width) + line for line in body[1:]]
         out += [f"  (`{PROG} COMMAND --help` for each)", ""]
+    arguments = [p for p in command.params if p.param_type_name == "argument" and getattr(p, "help", None)]
+    if arguments:
+        out.append("Arguments:")
+        for argument in arguments:
+            out += _entry(argument.metavar or (argument.name or "").upper(), argument.help, cols)
+        out.append("")
     out.append("Options:")
     for option in _own_options(command, ctx):
         out += _option_lines(option, ctx, cols)
@@ -119,8 +128,9 @@ def render(ctx: typer.Context, command: typer.core.TyperCommand) -> str:
         out += ["", "Common options:"]
         for setting in settings:
             out += _entry(setting_head(setting, aliases=False), setting_body(setting, everything=False), cols)
-    out.append("")
-    out += _wrap(_footer(everything, len([s for s in SETTINGS if not s.hidden and s.name in taken])), cols, 0)
+    total = len([s for s in SETTINGS if not s.hidden and s.name in taken])
+    if total:
+        out += [""] + _wrap(_footer(everything, total), cols, 0)
     return "\n".join(out) + "\n"
 
 

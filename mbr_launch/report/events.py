@@ -43,8 +43,9 @@ progress            round, started, first_step, last_step, checkpoint, ended (al
                     (failure|stop|end), steps: one attempt of this node's workers, for goodput
 straggler           round, interval, threshold, stragglers (ranks), ranks (list of {rank, relative,
                     individual, median, best, samples})
-goodput             wall, goodput (fraction), seconds ({startup, productive, lost, detection, restart,
-                    other}), failures (list of {round, cause, lost, detection, restart})
+goodput             wall, goodput (fraction; null when no optimizer step was seen), seconds ({startup,
+                    productive, lost, detection, restart, other}), failures (list of {round, cause, lost,
+                    detection, restart, resumed (a step came after it: restart is the time until then)})
 output_lost         rank, local_rank, stream (stdout|stderr|filtered_stdout|filtered_stderr), path, error,
                     lost_bytes, lost_lines: a log file that could not be written (disk full, I/O error); its
                     complete lines are kept, the rest went to the console only
