@@ -18,7 +18,7 @@ import typer
 import typer.core
 
 from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, default_text, in_panel_order
-from mbr_launch.report.version import PROG
+from mbr_launch.report.version import PROG, version_line
 
 INDENT, WIDEST = 6, 100  # help text beneath its flag; past 100 columns lines only get harder to read
 HELP_ALL = "help_all"  # ctx.meta key: render every setting
@@ -166,8 +166,6 @@ def show_help_all(ctx: typer.Context, value: bool) -> None:
 def show_version(ctx: typer.Context, value: bool) -> None:
     if not value or ctx.resilient_parsing:
         return
-    from mbr_launch.report.version import version_line  # noqa: PLC0415
-
     typer.echo(version_line())
     ctx.exit()
 
@@ -189,7 +187,8 @@ def _eager(name: str, flag: str, callback: Any, help: str) -> inspect.Parameter:
 def configure(application: Any, name: str, *, usage: str, subcommand: bool) -> typer.core.TyperCommand:
     """The click command of a one-command typer app, set up for this help."""
     command = typer.main.get_command(application)
-    assert isinstance(command, HelpCommand), "register the command with cls=HelpCommand"
+    if not isinstance(command, HelpCommand):
+        raise TypeError(f"register {name!r} with cls=HelpCommand")
     command.usage_args, command.is_subcommand = usage, subcommand
     if subcommand:
         COMMANDS[name] = command
