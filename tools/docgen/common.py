@@ -59,6 +59,11 @@ class Option:
     flags: tuple[str, ...]
     help: str
     takes_value: bool
+    metavar: str = ""  # FILE or DIR complete paths
+
+    @property
+    def completes(self) -> str:
+        return {"FILE": "file", "DIR": "dir"}.get(self.metavar, "")
 
 
 @dataclass(frozen=True)
@@ -86,7 +91,7 @@ def subcommands() -> list[Subcommand]:
 
     found = []
     for name, command in COMMANDS.items():
-        own = [Option(tuple(p.opts), p.help or "", not p.is_flag) for p in command.params
+        own = [Option(tuple(p.opts), p.help or "", not p.is_flag, p.metavar or "") for p in command.params
                if p.param_type_name == "option" and p.name not in BY_NAME and not getattr(p, "hidden", False)]
         own.append(Option(HELP_FLAGS, "Show the help and exit", False))
         found.append(Subcommand(name, summary(command).rstrip("."), tuple(own),

@@ -28,7 +28,12 @@ def render_bash(settings: Sequence[Setting]) -> str:
             cases.append(_bash_case(setting.flags, f'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen {flag} -- "$cur"))'))
         else:
             free += setting.flags
-    free += sorted({f for sub in subs for f in sub.value_flags})
+    for option in (o for sub in subs for o in sub.options if o.takes_value):
+        if option.completes:
+            flag = "-d" if option.completes == "dir" else "-f"
+            cases.insert(0, _bash_case(option.flags, f'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen {flag} -- "$cur"))'))
+        else:
+            free += option.flags
     # A free-form value (a number, a host): offer nothing rather than flags.
     cases.append(_bash_case(free, "true"))
     sub_cases = []
@@ -110,7 +115,8 @@ def _zsh_sub_specs(sub: Subcommand) -> list[str]:
     specs = []
     for option in sub.options:
         specs += _zsh_specs(option.flags, option.help or f"{sub.name}: {option.flags[0].lstrip('-')}",
-                            "VALUE" if option.takes_value else "", " ")
+                            option.metavar or "VALUE" if option.takes_value else "",
+                            {"file": "_files", "dir": "_files -/"}.get(option.completes, " "))
     return specs
 
 
@@ -237,6 +243,6 @@ def render_fish(settings: Sequence[Setting]) -> str:
         for option in sub.options:
             for flag in option.flags:
                 lines.append(f"complete -c mbr-launch -n '__mbr_launch_sub {sub.name}' {_fish_flag(flag)}"
-                             + (" -x" if option.takes_value else "")
+                             + ((" -r -F" if option.completes else " -x") if option.takes_value else "")
                              + (f" -d {_fish_quote(option.help)}" if option.help else ""))
     return "\n".join(lines) + "\n"
