@@ -27,6 +27,7 @@ from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
+from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
 from mbr_launch.report.version import versions
@@ -180,7 +181,7 @@ class Agent:
             self._group.kill_now()
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
                   f"from {self.cfg.rendezvous.endpoint})")
-        print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
+        process_console().say(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}")
         try:
             if self._log:
                 self._log.emit("end", exit_code=exitcodes.RENDEZVOUS, reason=reason,
@@ -193,4 +194,5 @@ class Agent:
 
     def say(self, message: str) -> None:
         if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
-            print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)
+            # through the console the worker output and the live view share: never glued to a worker's line
+            process_console().say(f"[mbr-launch {self.node}] {message}")

@@ -6,7 +6,6 @@ import errno
 import functools
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -14,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.appender import LineAppender, describe
+from mbr_launch.report.console import Console, process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
@@ -39,8 +39,9 @@ def longest_socket_name(nproc_per_node: int) -> str:
 
 class WorkerGroup:
     def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str], run_dir: Path, sock_dir: Path,
-                 log: EventLog, monitor: Any, say: Callable[[str], None]) -> None:
+                 log: EventLog, monitor: Any, say: Callable[[str], None], console: Console | None = None) -> None:
         self.cfg = cfg
+        self.console = console or process_console()  # worker output shares the terminal with the live view
         self.environ = environ
         self.run_dir = run_dir
         self.sock_dir = sock_dir
@@ -138,18 +139,20 @@ class WorkerGroup:
         lr = worker.local_rank
         show = out.local_ranks_filter is None or lr in out.local_ranks_filter
         pumps = []
-        for bit, stream, name, console, filters in (
-            (1, worker.proc.stdout, "stdout", sys.stdout.buffer, out.duplicate_stdout_filters),
-            (2, worker.proc.stderr, "stderr", sys.stderr.buffer, out.duplicate_stderr_filters),
+        for bit, stream, name, filters in (
+            (1, worker.proc.stdout, "stdout", out.duplicate_stdout_filters),
+            (2, worker.proc.stderr, "stderr", out.duplicate_stderr_filters),
         ):
             redirected = bool(out.redirects.for_rank(lr) & bit)
             teed = bool(out.tee.for_rank(lr) & bit)
             logfile = rank_dir / f"{name}.log" if (redirected or teed) else None
-            to_console = console if show and (teed or not redirected) else None
+            prefix = f"[rank{worker.rank}]:".encode()
+            console = self.console.source(name, prefix) if show else None
+            to_console = console if teed or not redirected else None
             filtered = self._filtered_file(name) if filters else None
-            pump = OutputPump(stream, prefix=f"[rank{worker.rank}]:".encode(), console=to_console,
+            pump = OutputPump(stream, prefix=prefix, console=to_console,
                               logfile=logfile, filters=filters, filtered=filtered,
-                              tail=worker.tail if name == "stderr" else None, fallback=console if show else None,
+                              tail=worker.tail if name == "stderr" else None, fallback=console,
                               on_log_failure=self._pump_failed,
                               on_done=functools.partial(self._pump_done, worker, name))
             pumps.append(pump.start())
