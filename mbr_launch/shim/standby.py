@@ -42,6 +42,7 @@ import os
 import select
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -113,11 +114,24 @@ def _preload_modules(modules: Sequence[str]) -> None:
                   "will import it itself", file=sys.stderr, flush=True)
 
 
+# The one warning the preload silences, and only while it runs (see _preload).
+PYNVML_DEPRECATED = "The pynvml package is deprecated"
+
+
 def _preload(level: str) -> None:
     if level == "interpreter":
         return
     try:
-        import torch
+        # `import torch` looks for pynvml, and the deprecated `pynvml` package that nvidia-resiliency-ext (our
+        # dependency) installs warns once per process that it is deprecated: noise about how the launcher was
+        # installed, which this preload would print on every rank of every round, also for scripts that never
+        # import torch. Only that message is filtered, only around this import of ours (catch_warnings puts
+        # the filters back): every other warning of the preload is shown as before, and a script's own
+        # `import torch` in a fresh worker (--standby off or interpreter, or a standby assigned before it
+        # preloaded) shows it as `python SCRIPT` would, since that import is the script's, not ours.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
+            import torch
     except Exception:
         return  # the script meets the same error itself, on its own `import torch`
     if level != "cuda":
