@@ -70,6 +70,11 @@ def serve() -> None:
     channel, level, delay = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
+    from mbr_launch.shim.proctitle import retitle  # only standbys need it
+
+    # Named as what it is in `ps` while it waits, not as the worker whose command line it was started with.
+    title = retitle(f"mbr-launch standby for local rank {os.environ.get('LOCAL_RANK', '?')}: "
+                    + " ".join(sys.argv[1:]))
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
     early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
@@ -79,6 +84,8 @@ def serve() -> None:
         _preload(level)
         _preload_modules(modules)
     message = _read_message(channel)
+    if title is not None:
+        title.restore()
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
     assignment = Assignment.decode(message)
