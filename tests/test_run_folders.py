@@ -130,8 +130,9 @@ while not standbys and time.time() < deadline:  # the agent starts this rank's r
         except psutil.Error:
             pass
     time.sleep(0.1)
+from mbr_launch.doctor.probes import other_launchers
 with open(sys.argv[1], "w") as f:
-    json.dump({"standbys": standbys, "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
+    json.dump({"standbys": standbys, "launchers": other_launchers(), "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
 '''
 
 
@@ -158,6 +159,8 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
         assert standby["cmdline"][:6] == ["mbr-launch", "standby", "for", "local", "rank", "0:"], standby
         assert standby["name"] == "mbr-standby" and "mbr-launch standby for local rank 0: " in standby["ps"]
         assert standby["ps"].startswith("mbr-standby "), standby
+    # ... and the preflight's count of other launchers on the host does not take it for one.
+    assert not [pid for pid, cmd in seen["launchers"] if cmd.startswith("mbr-launch standby")], seen["launchers"]
     # Once it became the rank, the standby had its worker's command line and name back.
     assert seen["cmdline"] == seen["orig_argv"] and seen["cmdline"][-2:] == [str(script), str(out)], seen
     assert seen["name"] != "mbr-standby", seen

@@ -301,7 +301,9 @@ def other_launchers() -> list[tuple[int, str]]:
         if proc.info["pid"] in mine or not cmd:
             continue
         name = launcher_of(cmd)
-        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents.
-        if name is not None and "mbr_launch.shim.boot" not in cmd and "doctor" not in cmd:
+        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
+        # standby shows as "mbr-launch standby ..." (shim.proctitle).
+        if name is not None and "mbr_launch.shim.boot" not in cmd and "doctor" not in cmd \
+                and cmd[:2] != ["mbr-launch", "standby"]:
             found.append((proc.info["pid"], " ".join(cmd)[:200]))
     return found
