@@ -8,11 +8,16 @@ prefixing hook is installed) and raises from a function of the script."""
 
 from __future__ import annotations
 
+import os
 import re
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
-from .helpers import launcher_env, run_launcher
+from .helpers import REPO, launcher_env, run_launcher
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -53,3 +58,22 @@ def test_traceback_starts_at_the_script_with_one_prefix_and_no_pynvml_noise(tmp_
     assert trace[3] == f'  File "{script}", line 9, in fail', trace
     assert trace[5] == "RuntimeError: rank 1 fails here", trace
     assert not [line for line in trace if "runpy" in line or "mbr_launch" in line], trace
+
+
+def _boot(script: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "mbr_launch.shim.boot", str(script)], capture_output=True,
+                          text=True, timeout=30, cwd=REPO, env={**os.environ, "PYTHONPATH": str(REPO)})
+
+
+def test_other_uncaught_exceptions_show_the_scripts_frames_as_python_does(tmp_path):
+    """What reaches the interpreter itself (a KeyboardInterrupt; dying of SIGINT, as Python does, is kept) and
+    a script that does not compile print exactly as under ``python SCRIPT``: no frame of the shim or runpy."""
+    interrupted = tmp_path / "interrupted.py"
+    interrupted.write_text("def stop():\n    raise KeyboardInterrupt\n\nstop()\n")
+    broken = tmp_path / "broken.py"
+    broken.write_text("x = (\n")
+    for script, code in ((interrupted, -signal.SIGINT), (broken, 1)):
+        res = _boot(script)
+        plain = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=30)
+        assert res.returncode == plain.returncode == code, res.stderr
+        assert res.stderr == plain.stderr and "runpy" not in res.stderr, res.stderr

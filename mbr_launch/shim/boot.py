@@ -116,18 +116,19 @@ def collect_process_groups_at_exit() -> None:
 _LAUNCHER_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, runpy.__file__, "<frozen runpy>")
 
 
-def user_frames(tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` without its leading launcher frames, so the traceback starts where ``python SCRIPT``'s does;
-    a traceback made only of launcher frames (the shim's own failure) is kept whole."""
+def user_frames(exc: BaseException, tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without its leading launcher frames, so the traceback starts where ``python SCRIPT``'s does.
+    When every frame is the launcher's: none for a SyntaxError (the script's, met while compiling it, which
+    Python prints with no frames), else all (the shim's own failure)."""
     first = tb
     while first is not None and first.tb_frame.f_code.co_filename.startswith(_LAUNCHER_FILES):
         first = first.tb_next
-    return first or tb
+    return first if first is not None or isinstance(exc, SyntaxError) else tb
 
 
 def _trimming_hook(hook):  # type: ignore[no-untyped-def]
     def excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
-        hook(exc_type, exc, user_frames(tb))
+        hook(exc_type, exc, _trimmed(exc, tb))
 
     excepthook.mbr_launch_trims = True  # type: ignore[attr-defined]
     return excepthook
@@ -152,11 +153,16 @@ def install_excepthook() -> None:
         sys.excepthook = _trimming_hook(sys.excepthook)
 
 
+def _trimmed(exc: BaseException, tb: types.TracebackType | None) -> types.TracebackType | None:
+    tb = user_frames(exc, tb)
+    # Python's own hook prints the exception's traceback, not the one it is given, when the exception has one.
+    exc.__traceback__ = tb
+    return tb
+
+
 def show_failure(exc_type: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> None:
     """Print the script's uncaught exception as Python would, from the script's first frame, prefixed once."""
-    tb = user_frames(tb)
-    exc.__traceback__ = tb  # a hook that reads the exception's own traceback sees the same frames
-    unprefixed(sys.excepthook)(exc_type, exc, tb)
+    unprefixed(sys.excepthook)(exc_type, exc, _trimmed(exc, tb))
 
 
 def run_target(argv: list[str]) -> None:
