@@ -16,6 +16,12 @@ from typing import BinaryIO, Callable, Sequence
 from mbr_launch.report.appender import LineAppender
 
 
+def prefixed(prefix: bytes, line: bytes) -> bytes:
+    """``line`` with the rank prefix, once: once a process group exists torch starts lines of its own with the
+    same ``[rankN]:`` (its logging handler: TORCH_LOGS, dynamo's warnings)."""
+    return line if line.startswith(prefix) else prefix + line
+
+
 class OutputPump:
     """Copies one worker stream line by line to a log file and/or the console with a rank prefix.
 
@@ -76,12 +82,12 @@ class OutputPump:
             self._log_failed(self.log)
         if self._filtered is not None and any(f in line for f in self._filters):
             with self._console_lock:
-                if not self._filtered.append(self.prefix + line):
+                if not self._filtered.append(prefixed(self.prefix, line)):
                     self._log_failed(self._filtered)
         if self._console is not None:
             with self._console_lock:
                 try:
-                    self._console.write(self.prefix + line)
+                    self._console.write(prefixed(self.prefix, line))
                     self._console.flush()
                 except (OSError, ValueError):
                     self._console = None  # a closed terminal: keep draining, show nothing more
