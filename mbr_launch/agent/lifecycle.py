@@ -76,7 +76,8 @@ class Agent:
 
     def _assemble(self, wakeup: Wakeup, guard: StoreGuard) -> Context:
         cfg = self.cfg
-        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node)  # private, 0700
+        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node,  # private, 0700
+                               keep_runs=cfg.output.keep_runs)
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self._sock_dir = make_socket_dir(longest_socket_name(cfg.workers.nproc_per_node))
         log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)

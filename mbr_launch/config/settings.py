@@ -258,6 +258,11 @@ SETTINGS: tuple[Setting, ...] = (
     # -- logging --
     Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING, common=True,
             help="Print only worker output and errors, not the launcher's progress lines."),
+    Setting(name="keep_runs", flags=("--keep-runs",), kind=int, default=20, panel=LOGGING,
+            parse=non_negative("--keep-runs", int), metavar="N",
+            help="Run folders to keep in the default log folder (<temp dir>/mbr-launch-<uid>, where 'latest' "
+                 "links to the newest): older ones no launcher uses are removed when a run starts (0 keeps "
+                 "all). Folders under --log-dir are never removed."),
     # -- zero-code resiliency: automatic step heartbeats, stragglers, live status --
     Setting(name="autobeat", flags=("--autobeat",), kind=str, default="on", panel=FAULT,
             parse=choice("--autobeat", ("on", "off")), choices=("on", "off"),

@@ -314,8 +314,9 @@ def other_launchers() -> list[LauncherProcess]:
         cmd = proc.info.get("cmdline") or []
         if proc.info["pid"] in mine or not cmd:
             continue
-        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents.
-        if launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd:
+        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
+        # standby shows as "mbr-launch standby ..." (shim.proctitle).
+        if launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]:
             continue
         uids = proc.info.get("uids")
         devices, read = None, False
