@@ -73,7 +73,7 @@ def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
         return True
     ctx = doctor_context(cfg.preflight, environ=environ, launcher="mbr-launch")
     try:
-        return run_preflight(ctx, skip=skip)
+        return run_preflight(ctx, skip=skip, quiet=cfg.output.quiet)
     except DoctorError as err:
         raise ConfigError(f"--skip-check: {err}") from None
 

@@ -32,6 +32,7 @@ from mbr_launch.report import exitcodes
 from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
+from mbr_launch.report.version import versions
 from mbr_launch.workers import evidence, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standby import StandbyPool
@@ -78,7 +79,8 @@ class Agent:
 
     def _assemble(self, wakeup: Wakeup, guard: StoreGuard) -> Context:
         cfg = self.cfg
-        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node)  # private, 0700
+        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node,  # private, 0700
+                               keep_runs=cfg.output.keep_runs)
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self._sock_dir = make_socket_dir(longest_socket_name(cfg.workers.nproc_per_node))
         log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)
@@ -92,7 +94,7 @@ class Agent:
                  nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
-                        "restart_count": slurm.restart_count} if slurm else None)
+                        "restart_count": slurm.restart_count} if slurm else None, version=versions())
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
         monitor = self._monitor = MonitorHandle(

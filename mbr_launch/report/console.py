@@ -78,7 +78,10 @@ class Source:
             body = _STARTS.sub(self._template, data)
         last = data[-1:]
         self.at_start, self.after_cr = last in (b"\n", b"\r"), last == b"\r"
-        return head + body if head else body
+        text = head + body if head else body
+        # Once a process group exists torch starts lines of its own with the same ``[rankN]:`` (its logging
+        # handler: TORCH_LOGS, dynamo's warnings; its excepthook): the prefix goes on once.
+        return text.replace(self.prefix + self.prefix, self.prefix) if self.prefix in data else text
 
 
 class Console:

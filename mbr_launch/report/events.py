@@ -7,7 +7,8 @@ hostname, "group_rank": int|null, ...event fields}``. Event names and their fiel
 ==================  =========================================================================================
 event               fields (besides the common ones; any may be null where it does not apply)
 ==================  =========================================================================================
-start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir)
+start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir),
+                    version ({mbr-launch, torch, nvidia-resiliency-ext, python}: what ran, for bug reports)
 rendezvous          round, group_world_size, world_size, rank_offset, master_addr, master_port, restart_count,
                     seconds (to join)
 worker_start        rank, local_rank, pid, round
@@ -70,7 +71,7 @@ SCHEMA_VERSION = 1
 
 # event name -> fields it always carries (besides the common ones)
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "start": ("argv", "run_id", "nproc_per_node", "nnodes", "max_restarts", "log_dir"),
+    "start": ("argv", "run_id", "nproc_per_node", "nnodes", "max_restarts", "log_dir", "version"),
     "rendezvous": ("round", "group_world_size", "world_size", "rank_offset", "master_addr",
                    "master_port", "restart_count", "seconds"),
     "worker_start": ("rank", "local_rank", "pid", "round"),

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import signal
 import subprocess
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from mbr_launch.config.model import LaunchConfig
+from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.report.appender import LineAppender, describe
 from mbr_launch.report.console import Console, process_console
 from mbr_launch.report.events import EventLog
@@ -35,6 +37,21 @@ def longest_socket_name(nproc_per_node: int) -> str:
     """The longest file name in the socket folder, for a check that every socket path fits."""
     last = nproc_per_node - 1
     return max(MONITOR_SOCKET.format(last), STEPS_SOCKET.format(last), "launcher.sock", key=len)
+
+
+def drop_empty_stack_file(worker: Worker) -> None:
+    """Remove the ended worker's faulthandler stack file when nothing was dumped into it. ``boot`` must open
+    it when the worker starts (faulthandler writes to an fd from its signal handler), so every rank has one;
+    it is read only while the worker lives (``stacks``, for a hang's evidence), so once the worker is gone an
+    empty one says nothing."""
+    path = worker.spec.env.get(STACK_FILE_ENV)
+    if not path:
+        return
+    try:
+        if os.lstat(path).st_size == 0:
+            os.unlink(path)
+    except OSError:
+        pass  # not made (a full disk), or gone already
 
 
 class WorkerGroup:
@@ -250,6 +267,8 @@ class WorkerGroup:
                 worker.noticed = True
                 if rnd is not None:
                     self._log_exit(rnd, worker)
+                else:
+                    drop_empty_stack_file(worker)
 
     def kill_now(self) -> None:
         """SIGKILL every worker's process group and their strays, without waiting: the agent exits next."""
@@ -298,6 +317,7 @@ class WorkerGroup:
 
     def _log_exit(self, rnd: Round, worker: Worker) -> None:
         assert worker.status is not None
+        drop_empty_stack_file(worker)
         self.log.emit("worker_exit", rank=worker.rank, local_rank=worker.local_rank, pid=worker.pid,
                       round=rnd.index, exit_code=worker.status.code, signal=worker.status.signal,
                       seconds=round((worker.ended or time.monotonic()) - worker.started, 3))

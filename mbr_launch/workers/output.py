@@ -28,6 +28,11 @@ CHUNK = 64 * 1024  # one read; also the batch after which the log file is writte
 LINE_CAP = 64 * 1024  # the longest line kept whole (tail, filters) or held back for the log file
 
 
+def prefixed(prefix: bytes, line: bytes) -> bytes:
+    """``line`` with the rank prefix, once: torch starts some lines with the same ``[rankN]:`` itself."""
+    return line if line.startswith(prefix) else prefix + line
+
+
 class OutputPump:
     """Copies one worker stream to a log file and/or the console (a ``Source`` that adds the rank prefix).
 
@@ -150,7 +155,7 @@ class OutputPump:
     def _complete(self, block: bytes) -> None:
         """``block``: whole lines, each ending with \\n."""
         if self._filtered is not None and any(f in block for f in self._filters):
-            hits = b"".join(self.prefix + line[:LINE_CAP] + b"\n" for line in block[:-1].split(b"\n")
+            hits = b"".join(prefixed(self.prefix, line[:LINE_CAP]) + b"\n" for line in block[:-1].split(b"\n")
                             if any(f in line for f in self._filters))
             with self._filter_lock:
                 if hits and not self._filtered.append(hits):
