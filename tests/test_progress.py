@@ -93,3 +93,38 @@ def test_a_signal_during_a_failures_stop_ends_the_run_instead_of_restarting(tmp_
     assert world.events("restart") == [] and world.wakeup.sleeps == []
     assert [e["signal"] for e in world.events("signal")] == ["SIGINT"]
     assert "received SIGINT: while restarting; stopping" in world.said
+
+
+def test_a_watched_signal_that_no_handler_sees_is_reported_and_other_signals_are_not():
+    """``agent.stuck`` with real signals to this process: a watched signal whose Python handler runs is fine,
+    an unwatched one (a terminal's SIGWINCH, say) is ignored, a watched one that the handler does not see
+    (the main thread stuck in C code, here: a handler that does not count it) is reported."""
+    import os
+    import time
+
+    from mbr_launch.agent.stuck import StuckSignals
+
+    seen, fired = [], []
+    counted = {"on": True}
+
+    def handler(signum, _frame):  # counts the watched signal, as Wakeup.post_signal does
+        if counted["on"] and signum == signal.SIGUSR1:
+            seen.append(signum)
+
+    old = {sig: signal.signal(sig, handler) for sig in (signal.SIGUSR1, signal.SIGUSR2)}
+    stuck = StuckSignals([signal.SIGUSR1], lambda: len(seen), fired.append, patience=0.3).start()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR2)  # not watched
+        os.kill(os.getpid(), signal.SIGUSR1)  # watched, and its handler runs
+        time.sleep(0.8)
+        assert fired == [] and seen == [signal.SIGUSR1]
+        counted["on"] = False  # from now on the handler "does not run"
+        os.kill(os.getpid(), signal.SIGUSR1)
+        deadline = time.monotonic() + 5
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert fired == [signal.SIGUSR1]
+    finally:
+        stuck.close()
+        for sig, previous in old.items():
+            signal.signal(sig, previous)

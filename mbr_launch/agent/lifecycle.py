@@ -66,7 +66,7 @@ class Agent:
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
-        stuck = StuckSignals(lambda: wakeup.received, self._signal_unseen).start()
+        stuck = StuckSignals(old_handlers, lambda: wakeup.received, self._signal_unseen).start()
         guard = StoreGuard(self._store_hung)
         guard.start()
         try:

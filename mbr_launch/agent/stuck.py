@@ -16,17 +16,19 @@ import select
 import signal
 import threading
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 PATIENCE = 1.0  # seconds: a main thread in Python code runs the handler within milliseconds
 
 
 class StuckSignals:
-    """Started and closed on the main thread (``set_wakeup_fd`` must be); ``handled()``: how many signals the
-    Python-level handler has seen so far."""
+    """Started and closed on the main thread (``set_wakeup_fd`` must be); ``handled()``: how many of the
+    ``watched`` signals the Python-level handler has seen so far. Other signals that some Python handler
+    catches (a terminal's SIGWINCH, say) are written to the same file and are not counted."""
 
-    def __init__(self, handled: Callable[[], int], on_stuck: Callable[[int], None], *,
+    def __init__(self, watched: Iterable[int], handled: Callable[[], int], on_stuck: Callable[[int], None], *,
                  patience: float = PATIENCE) -> None:
+        self._watched = frozenset(int(sig) for sig in watched)
         self._handled, self._on_stuck, self._patience = handled, on_stuck, patience
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_fd = -1
@@ -47,7 +49,8 @@ class StuckSignals:
                     data = os.read(self._read_fd, 512)
                 except OSError:  # closed at exit
                     return
-                arrived, last = arrived + len(data), data[-1] if data else last
+                ours = [signum for signum in data if signum in self._watched]
+                arrived, last = arrived + len(ours), ours[-1] if ours else last
             if self._handled() >= arrived:
                 unseen_since = None
             elif unseen_since is None:
