@@ -132,7 +132,7 @@ while not standbys and time.time() < deadline:  # the agent starts this rank's r
     time.sleep(0.1)
 from mbr_launch.doctor.probes import other_launchers
 with open(sys.argv[1], "w") as f:
-    json.dump({"standbys": standbys, "launchers": other_launchers(), "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
+    json.dump({"standbys": standbys, "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
 '''
 
 
