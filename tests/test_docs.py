@@ -1,4 +1,4 @@
-"""The generated docs (man page, completions, README table) match ``SETTINGS`` and work in real tools.
+"""The generated docs (man page, completions, options page, README tables) match ``SETTINGS`` and work in real tools.
 
 Shell and man tests need zsh, fish, man-db and groff (Debian packages of the same names); each is skipped
 with a reason when its tool is missing.
@@ -55,8 +55,8 @@ def _with_alias_added(settings: tuple[Setting, ...]) -> tuple[Setting, ...]:
 
 @pytest.mark.parametrize(("change", "stale"), [
     (_with_help_changed, {"man/mbr-launch.1", "completions/_mbr-launch", "completions/mbr-launch.fish",
-                          "README.md"}),
-    (_with_alias_added, {*docgen.RENDERERS, "README.md"}),
+                          "docs/options.md"}),
+    (_with_alias_added, {*docgen.RENDERERS}),
 ])
 def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
     """Proves the drift test can fail: a changed declaration makes the committed files stale."""
@@ -68,17 +68,19 @@ def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
     assert "stale: man/mbr-launch.1" in capsys.readouterr().err
 
 
-def test_write_touches_only_the_readme_region(tmp_path):
-    before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- options:start --> not a marker line\n"
-    others = "".join(f"<!-- {n}:start -->\nold {n}\n<!-- {n}:end -->\n" for n in ("exitcodes", "events"))
-    (tmp_path / "README.md").write_text(f"{others}{before}<!-- options:start -->\nold table\n<!-- options:end -->{after}")
+def test_write_touches_only_the_readme_regions(tmp_path):
+    before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- events:start --> not a marker line\n"
+    (tmp_path / "README.md").write_text(f"{before}<!-- exitcodes:start -->\nold exitcodes\n<!-- exitcodes:end -->\n"
+                                        f"middle\n<!-- events:start -->\nold events\n<!-- events:end -->{after}")
     assert docgen.main(["--check"], root=tmp_path) == 1
     assert docgen.main(["--write"], root=tmp_path) == 0
     readme = (tmp_path / "README.md").read_text()
-    assert before + "<!-- options:start -->\n" in readme and readme.endswith("<!-- options:end -->" + after)
-    assert "old table" not in readme and "`--nproc-per-node {N,auto,cpu,gpu,xpu}`" in readme
+    assert readme.startswith(before + "<!-- exitcodes:start -->\n") and readme.endswith("<!-- events:end -->" + after)
+    assert "\n<!-- exitcodes:end -->\nmiddle\n<!-- events:start -->\n" in readme
     assert "old exitcodes" not in readme and "| `5` | preempted" in readme
     assert "old events" not in readme and "| `hang` |" in readme
+    options = (tmp_path / "docs/options.md").read_text()
+    assert options.startswith("# mbr-launch options") and "`--nproc-per-node {N,auto,cpu,gpu,xpu}`" in options
     assert docgen.main(["--check"], root=tmp_path) == 0
 
 

@@ -1,7 +1,7 @@
 """Every launcher setting, declared once.
 
 The CLI options, the environment variables, the config-file keys, the man page, the shell completions
-and the README options table are all generated from ``SETTINGS``. Precedence when resolving a value:
+and the options page (docs/options.md) are all generated from ``SETTINGS``. Precedence when resolving a value:
 command line > environment (``MBR_*`` first, then torchrun's ``PET_*``) > config file > default.
 
 Resolution is pure: ``resolve(cli, environ, config_file)`` takes plain mappings, so tests need no
