@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import sys
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterator, Mapping
 
 from mbr_launch.config.build import build_config
 from mbr_launch.config.errors import ConfigError, SettingError
@@ -14,6 +16,7 @@ from mbr_launch.config.settings import Resolved, resolve
 
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
+    from mbr_launch.report.timeline import RunTimeline
 
 
 def resolve_settings(*, cli: Mapping[str, Any], environ: Mapping[str, str]) -> Resolved:
@@ -70,9 +73,35 @@ def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
         return True
     ctx = doctor_context(cfg.preflight, environ=environ, launcher="mbr-launch")
     try:
-        return run_preflight(ctx, skip=skip)
+        return run_preflight(ctx, skip=skip, quiet=cfg.output.quiet)
     except DoctorError as err:
         raise ConfigError(f"--skip-check: {err}") from None
+
+
+class _Stopped(BaseException):
+    """A handled signal before the agent took the signals over (preflight, importing torch)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+
+
+def _stop_early(signum: int, _frame: Any) -> None:
+    raise _Stopped(signum)
+
+
+@contextlib.contextmanager
+def _signals_while_starting(cfg: LaunchConfig) -> Iterator[None]:
+    """Until the agent installs its own handlers, a signal it would handle (Ctrl-C, scancel's SIGTERM) ends
+    the start-up at once, with the exit code the agent would give it, instead of killing the launcher
+    uncleanly (SIGTERM's default) or surfacing as a traceback."""
+    names = dict.fromkeys((*cfg.workers.signals_to_handle, *cfg.preemption.signals))
+    old = {sig: signal.signal(sig, _stop_early) for sig in (signal.Signals[name] for name in names)}
+    try:
+        yield
+    finally:
+        for sig, handler in old.items():
+            signal.signal(sig, handler)
 
 
 def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_after: bool = False) -> int:
@@ -89,15 +118,34 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     # preflight and rendezvous (cold launch); nothing above this line imports torch.
     pool = early_pool(cfg, env)
     try:
-        if not preflight(cfg, environ=env):
-            print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
-                  "--skip-check ID", file=sys.stderr, flush=True)
-            return exitcodes.USAGE
-        from mbr_launch.agent.lifecycle import Agent
+        with _signals_while_starting(cfg):
+            if not preflight(cfg, environ=env):
+                print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
+                      "--skip-check ID", file=sys.stderr, flush=True)
+                return exitcodes.USAGE
+            from mbr_launch.agent.lifecycle import Agent
 
-        agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
+            agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
         pool = None  # the agent owns it now (closed with its worker group)
         return agent.run()
+    except _Stopped as stop:
+        name = signal.Signals(stop.signum).name
+        print(f"mbr-launch: received {name} while starting (before the rendezvous); stopping",
+              file=sys.stderr, flush=True)
+        return exitcodes.PREEMPTED if name in cfg.preemption.signals else 128 + stop.signum
     finally:
         if pool is not None:
             pool.close()
+
+
+def run_report(run_dir: "str | os.PathLike[str] | None" = None) -> "RunTimeline":
+    """What happened in the run at ``run_dir`` (a run folder, its events.jsonl, or a folder of runs: the
+    latest there), default the latest run under this user's default log folder. Raises
+    ``report.runs.ReportError`` with a one-line reason when there is nothing to report."""
+    from pathlib import Path
+
+    from mbr_launch.config.rundir import default_base
+    from mbr_launch.report.runs import find_run
+    from mbr_launch.report.timeline import build
+
+    return build(find_run(Path(run_dir) if run_dir is not None else None, default_base()))

@@ -93,7 +93,7 @@ CASES: list[Case] = [
          agents.store_host_lost, (None, 3), (Expect("peer_lost", {"kind": "store_lost"}, agent=1),
                                              Expect("end", {"exit_code": 3}, agent=1))),
     Case("rendezvous_failure", "2 of --nnodes 3 agents wait in the rendezvous; one is SIGKILLed there",
-         agents.rendezvous_failure, (3, None), (Expect("end", {"exit_code": 3, "reason": has("RendezvousTimeoutError")}, agent=0),)),
+         agents.rendezvous_failure, (3, None), (Expect("end", {"exit_code": 3, "reason": has("the rendezvous timed out after 6 s")}, agent=0),)),
     Case("node_cut", "node 2 of 3 (--nnodes 3, network namespaces) loses its link", agents.node_cut("3", 60),
          (1, 1, 3), (Expect("peer_lost", {"kind": "peer_lost"}, agent=0), Expect("failure", {"cause": "peer"}),
                      Expect("end", {"exit_code": 3}, agent=2)),

@@ -1,7 +1,7 @@
 """A real single-machine Slurm cluster for tests: the ``slurm_cluster`` session fixture.
 
-``shared/slurm/start-slurm.sh`` (MODE=netns) runs slurmctld plus one slurmd per "node" n<i>, each in its
-own network namespace mbr-n<i> with IP <subnet>.<i+1> on a private bridge. Job steps run inside their
+``tests/slurm_testbed.py`` runs slurmctld plus one slurmd per "node" n<i>, each in its own network
+namespace mbr-n<i> with IP <subnet>.<i+1> on a private bridge. Job steps run inside their
 node's namespace, on the same filesystem, so the repo's venv works in them and a step on n1 reaches a
 port opened by a step on n2 at n2's IP (or name: /etc/hosts lists the nodes).
 
@@ -29,23 +29,15 @@ from pathlib import Path
 
 import pytest
 
+from tests import slurm_testbed
+
 REPO = Path(__file__).resolve().parents[1]
-# CI clones the repo elsewhere with shared/ beside it, so never hard-code /work/shared.
-SLURM_DIR = REPO.parent / "shared" / "slurm"
-NODES = 2
-_MARKER = "MBR_TEST_SESSION"
-_STATE = Path("/run/mbr-slurm/state")
+
+LAYOUT = slurm_testbed.Layout(nodes=2)
 
 
 class ClusterError(RuntimeError):
     """A cluster command failed or timed out; the message has the command and its output."""
-
-
-def _daemon_env() -> dict[str, str]:
-    # Daemons outlive every test: keep them out of the conftest leftover check's marker entirely.
-    env = {k: v for k, v in os.environ.items() if k != _MARKER}
-    env.update(MODE="netns", NODES=str(NODES))
-    return env
 
 
 def _tail(text: str, lines: int = 30) -> str:
@@ -212,19 +204,16 @@ class SlurmCluster:
 
 def _start() -> SlurmCluster:
     t0 = time.monotonic()
-    r = subprocess.run([str(SLURM_DIR / "start-slurm.sh")], env=_daemon_env(), capture_output=True,
-                       text=True, timeout=300)
-    if r.returncode != 0:
-        raise ClusterError(f"start-slurm.sh failed ({r.returncode}):\n{_tail(r.stdout)}\n{_tail(r.stderr)}")
-    state = dict(line.split("=", 1) for line in _STATE.read_text().split() if "=" in line)
-    nodes = tuple(f"n{i}" for i in range(1, int(state["NODES"]) + 1))
-    ips = {n: f"{state['SUBNET']}.{i + 1}" for i, n in enumerate(nodes, start=1)}
-    return SlurmCluster(nodes=nodes, ips=ips, start_seconds=time.monotonic() - t0)
+    try:
+        slurm_testbed.start(LAYOUT)
+    except (slurm_testbed.TestbedError, subprocess.TimeoutExpired, OSError) as exc:
+        raise ClusterError(f"the Slurm test cluster did not come up: {exc}") from None
+    return SlurmCluster(nodes=LAYOUT.names, ips={n: LAYOUT.ip(n) for n in LAYOUT.names},
+                        start_seconds=time.monotonic() - t0)
 
 
 def _stop() -> None:
-    subprocess.run([str(SLURM_DIR / "stop-slurm.sh")], env=_daemon_env(), capture_output=True, text=True,
-                   timeout=120)
+    slurm_testbed.stop(LAYOUT)
 
 
 # One cluster per process even when several modules import the fixture (each import is its own
@@ -238,9 +227,9 @@ def slurm_cluster() -> Iterator[SlurmCluster]:
     global _cluster, _users
     if os.geteuid() != 0:
         pytest.skip("the Slurm test cluster needs root")
-    for script in ("start-slurm.sh", "stop-slurm.sh"):
-        if not (SLURM_DIR / script).is_file():
-            pytest.skip(f"{SLURM_DIR / script} is missing (shared/ must sit beside the repo)")
+    missing = slurm_testbed.missing_tools()
+    if missing:
+        pytest.skip(f"Slurm is not installed ({', '.join(missing)} missing): run `bash .ci/slurm-setup.sh` as root")
     if _cluster is None:
         _cluster = _start()
     _users += 1

@@ -1,4 +1,4 @@
-"""The generated docs (man page, completions, README table) match ``SETTINGS`` and work in real tools.
+"""The generated docs (man page, completions, options page, README tables) match ``SETTINGS`` and work in real tools.
 
 Shell and man tests need zsh, fish, man-db and groff (Debian packages of the same names); each is skipped
 with a reason when its tool is missing.
@@ -55,8 +55,8 @@ def _with_alias_added(settings: tuple[Setting, ...]) -> tuple[Setting, ...]:
 
 @pytest.mark.parametrize(("change", "stale"), [
     (_with_help_changed, {"man/mbr-launch.1", "completions/_mbr-launch", "completions/mbr-launch.fish",
-                          "README.md"}),
-    (_with_alias_added, {*docgen.RENDERERS, "README.md"}),
+                          "docs/options.md"}),
+    (_with_alias_added, {*docgen.RENDERERS}),
 ])
 def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
     """Proves the drift test can fail: a changed declaration makes the committed files stale."""
@@ -68,17 +68,19 @@ def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
     assert "stale: man/mbr-launch.1" in capsys.readouterr().err
 
 
-def test_write_touches_only_the_readme_region(tmp_path):
-    before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- options:start --> not a marker line\n"
-    others = "".join(f"<!-- {n}:start -->\nold {n}\n<!-- {n}:end -->\n" for n in ("exitcodes", "events"))
-    (tmp_path / "README.md").write_text(f"{others}{before}<!-- options:start -->\nold table\n<!-- options:end -->{after}")
+def test_write_touches_only_the_readme_regions(tmp_path):
+    before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- events:start --> not a marker line\n"
+    (tmp_path / "README.md").write_text(f"{before}<!-- exitcodes:start -->\nold exitcodes\n<!-- exitcodes:end -->\n"
+                                        f"middle\n<!-- events:start -->\nold events\n<!-- events:end -->{after}")
     assert docgen.main(["--check"], root=tmp_path) == 1
     assert docgen.main(["--write"], root=tmp_path) == 0
     readme = (tmp_path / "README.md").read_text()
-    assert before + "<!-- options:start -->\n" in readme and readme.endswith("<!-- options:end -->" + after)
-    assert "old table" not in readme and "`--nproc-per-node N`" in readme
+    assert readme.startswith(before + "<!-- exitcodes:start -->\n") and readme.endswith("<!-- events:end -->" + after)
+    assert "\n<!-- exitcodes:end -->\nmiddle\n<!-- events:start -->\n" in readme
     assert "old exitcodes" not in readme and "| `5` | preempted" in readme
     assert "old events" not in readme and "| `hang` |" in readme
+    options = (tmp_path / "docs/options.md").read_text()
+    assert options.startswith("# mbr-launch options") and "`--nproc-per-node {N,auto,cpu,gpu,xpu}`" in options
     assert docgen.main(["--check"], root=tmp_path) == 0
 
 
@@ -103,7 +105,7 @@ def test_cli_parses_every_declared_flag():
 
 
 def _help_text() -> str:
-    result = _run([sys.executable, "-m", "mbr_launch", "--help"], env={"COLUMNS": "200", "NO_COLOR": "1"})
+    result = _run([sys.executable, "-m", "mbr_launch", "--help-all"], env={"COLUMNS": "200", "NO_COLOR": "1"})
     assert result.returncode == 0, result.stderr
     return result.stdout
 
@@ -111,14 +113,13 @@ def _help_text() -> str:
 def test_help_groups_options_in_panels_in_order():
     text = _help_text()
     used = [p for p in PANELS if any(s.panel == p and not s.hidden for s in SETTINGS)]
-    positions = [text.find(f"─ {panel} ─") for panel in used]
+    positions = [text.find(f"\n{panel}:\n") for panel in used]
     assert -1 not in positions, dict(zip(used, positions))
     shown = [used[positions.index(p)] for p in sorted(positions)]
     assert shown == used, f"panels out of order: {shown}"
 
 
 def test_help_shows_defaults_and_environment():
-    # option_help's "[default: ...] [env: ...]" must not be swallowed as rich markup.
     text = _help_text()
     assert "MBR_NPROC_PER_NODE" in text and "[default: 1:1]" in text
 
@@ -135,14 +136,31 @@ def _bash_complete(line: str) -> list[str]:
     return result.stdout.split()
 
 
+def _twins(flags: list[str]) -> list[str]:
+    """Flags offered together with their underscore twin (--max_restarts beside --max-restarts)."""
+    return sorted(f for f in flags if "_" in f and f.replace("_", "-") in flags)
+
+
 def test_bash_completion():
     result = _run(["bash", "--norc", "-c", "source completions/mbr-launch.bash && complete -p mbr-launch"])
     assert result.returncode == 0 and "_mbr_launch_complete" in result.stdout, result
-    assert {"--nproc-per-node", "--nproc_per_node"} <= set(_bash_complete("mbr-launch --nproc"))
+    offered = _bash_complete("mbr-launch --")
+    assert len(offered) == len(set(offered)) and not _twins(offered), _twins(offered)
+    assert not [f for f in offered if "_" in f], "underscore spellings are accepted, not offered"
+    assert "--nproc-per-node" in offered and "--version" in offered and "--help-all" in offered
+    # Values for every setting that has choices or suggestions, under every spelling of its flag.
+    assert _bash_complete("mbr-launch --rdzv-backend ") == ["c10d", "static"]
+    assert {"gpu", "cpu", "auto", "1", "8"} <= set(_bash_complete("mbr-launch --nproc-per-node "))
+    assert {"gpu", "cpu", "auto"} <= set(_bash_complete("mbr-launch --nproc_per_node "))
+    for setting in SETTINGS:
+        if setting.suggestions and not setting.hidden:
+            assert _bash_complete(f"mbr-launch {setting.flag} ") == list(setting.suggestions), setting.name
+    assert "--status" in _bash_complete("mbr-launch --max_restarts 3 --sta")  # the alias's value is skipped
     assert _bash_complete("mbr-launch --start-method f") == ["fork", "forkserver"]
     assert _bash_complete("mbr-launch --start-method = f") == ["fork", "forkserver"]
     assert "doctor" in _bash_complete("mbr-launch do")
     assert "--skip-check" in _bash_complete("mbr-launch doctor --sk")
+    assert {"--json", "--deep", "--verbose"} <= set(_bash_complete("mbr-launch doctor --"))
     assert _bash_complete("mbr-launch --nnodes 2 train.py --npr") == []  # the script's own arguments
 
 
@@ -180,8 +198,12 @@ def _zsh_complete(line: str) -> set[str]:
 
 def test_zsh_completion_completes():
     _need("zsh")
-    assert {"--nproc-per-node", "--nproc_per_node"} <= _zsh_complete("mbr-launch --nproc")
+    offered = _zsh_complete("mbr-launch --nproc")
+    assert "--nproc-per-node" in offered and "--nproc_per_node" not in offered, offered  # one spelling
     assert _zsh_complete("mbr-launch --numa-binding ") == {"node", "socket", "exclusive", "core-complex"}
+    assert _zsh_complete("mbr-launch --rdzv-backend ") == {"c10d", "static"}
+    assert {"gpu", "cpu", "auto", "8"} <= _zsh_complete("mbr-launch --nproc-per-node ")
+    assert "--json" in _zsh_complete("mbr-launch doctor --js")
 
 
 def test_fish_completion():
@@ -190,7 +212,10 @@ def test_fish_completion():
     assert result.returncode == 0 and not result.stderr, result
     result = _run(["fish", "--no-config", "-c", "source completions/mbr-launch.fish; complete -C'mbr-launch --nproc'"])
     assert result.returncode == 0 and not result.stderr, result
-    assert {"--nproc-per-node", "--nproc_per_node"} <= {line.split("\t")[0] for line in result.stdout.splitlines()}
+    assert {line.split("\t")[0] for line in result.stdout.splitlines()} == {"--nproc-per-node"}
+    result = _run(["fish", "--no-config", "-c",
+                   "source completions/mbr-launch.fish; complete -C'mbr-launch --rdzv-backend '"])
+    assert {line.split("\t")[0] for line in result.stdout.splitlines()} == {"c10d", "static"}, result
 
 
 def test_man_page_renders():

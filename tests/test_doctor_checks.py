@@ -11,7 +11,7 @@ import json
 import pytest
 
 from mbr_launch.doctor import DoctorContext, DoctorError, check_ids, exit_code, run_checks, to_json
-from mbr_launch.doctor.probes import GpuInfo, Limit, NvmlView, Versions
+from mbr_launch.doctor.probes import GpuInfo, LauncherProcess, Limit, NvmlView, Versions
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -179,13 +179,48 @@ def test_srun_kill_on_bad_exit(env, ipr, ft, severity):
         ({**SRUN, "SLURM_STEP_TASKS_PER_NODE": "1,2"}, "torchrun", [], "error"),
         ({**SRUN, "SLURM_STEP_TASKS_PER_NODE": "8(x2)"}, "srun", [], "ok"),  # ranks started by srun directly
         ({"SLURM_JOB_ID": "7", "SLURM_NTASKS_PER_NODE": "4"}, "mbr-launch", [], "warn"),
-        ({}, "mbr-launch", [(4242, "torchrun --nproc-per-node 8 train.py")], "warn"),
         ({}, "mbr-launch", [], "ok"),
     ],
 )
 def test_launchers_per_node(env, launcher, others, severity):
     r = result(ctx(env=env, launcher=launcher, other_launchers=lambda: others), "launcher.per_node")
     assert r["severity"] == severity, r
+
+
+ME, SOMEONE = 1000, 1001
+TWO_GPUS = NvmlView(True, driver="550", gpus=(GpuInfo(0, "H100"), GpuInfo(1, "H100")))
+NO_GPU = NvmlView(False, "no driver")
+
+
+def _other(*argv: str, uid: int = ME, devices: str | None = None, read: bool = True) -> LauncherProcess:
+    return LauncherProcess(4242, uid, argv, devices, read)
+
+
+@pytest.mark.parametrize(
+    ("other", "view", "ours", "severity", "fix_names_devices"),
+    [
+        # The same rendezvous endpoint: a second launch of this job here, GPUs or not.
+        (_other("torchrun", "--master-port", "29511", "train.py"), NO_GPU, "0", "warn", False),
+        (_other("python", "-m", "mbr_launch", "--master_port=29511", "train.py"), NO_GPU, "0", "warn", False),
+        # Another user's job, --help, doctor: never this launch's concern.
+        (_other("torchrun", "--master-port", "29511", "train.py", uid=SOMEONE), TWO_GPUS, None, "ok", False),
+        (_other("ft_launcher", "--help"), TWO_GPUS, None, "ok", False),
+        (_other("/usr/bin/python3", "-m", "mbr_launch", "doctor", "--deep"), TWO_GPUS, None, "ok", False),
+        (_other("torchrun", "--version"), TWO_GPUS, None, "ok", False),
+        # Another job of ours with its own rendezvous: it matters only when it can use our GPUs.
+        (_other("torchrun", "--master-port", "29999", "train.py"), NO_GPU, None, "ok", False),
+        (_other("torchrun", "--master-port", "29999", "train.py"), TWO_GPUS, None, "warn", True),
+        (_other("torchrun", "--master-port", "29999", "train.py", devices="1"), TWO_GPUS, "0", "ok", False),
+        (_other("torchrun", "--master-port", "29999", "train.py", devices="0,1"), TWO_GPUS, "1", "warn", True),
+        (_other("torchrun", "--master-port", "29999", "train.py", read=False), TWO_GPUS, "0", "warn", True),
+    ],
+)
+def test_per_node_counts_only_launches_that_get_in_the_way(other, view, ours, severity, fix_names_devices):
+    env = {} if ours is None else {"CUDA_VISIBLE_DEVICES": ours}
+    r = result(ctx(env=env, uid=ME, master_port=29511, nvml=lambda: view, other_launchers=lambda: [other]),
+               "launcher.per_node")
+    assert r["severity"] == severity, r
+    assert ("CUDA_VISIBLE_DEVICES" in r["fix"]) == fix_names_devices, r
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from mbr_launch.decide.goodput import CATEGORIES, compute
+from mbr_launch.decide.goodput_text import render
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -21,7 +22,7 @@ def test_clean_run():
                          "other": 2.0}
     assert g.fraction == pytest.approx(90 / 102)
     assert not g.failures
-    assert "Goodput: 88.2%" in g.render()
+    assert "Goodput: 88.2%" in render(g)
 
 
 def test_hang_then_restart_without_checkpoints_loses_the_whole_attempt():
@@ -39,7 +40,7 @@ def test_hang_then_restart_without_checkpoints_loses_the_whole_attempt():
     assert sum(g.fractions().values()) == pytest.approx(1.0)
     (f,) = g.failures
     assert (f.cause, f.lost, f.detection, f.restart) == ("hang", 30.0, 2.0, pytest.approx(13.0))
-    assert "failure 1 (round 0, hang): lost 30.0 s" in g.render()
+    assert "failure 1 (round 0, hang): lost 30.0 s" in render(g)
 
 
 def test_checkpoint_keeps_work_before_it():
@@ -65,3 +66,59 @@ def test_no_steps_at_all():
     g = compute([progress(0.0, 5.0, None, None, "end", steps=0)], wall=6.0)
     assert g.seconds["productive"] == 0.0 and g.seconds["startup"] == 5.0
     assert sum(g.seconds.values()) == pytest.approx(6.0)
+
+
+# ---- the summary's words (issue 15, finding 7) -----------------------------------------------------------
+
+
+def test_clean_run_explains_every_bucket_it_shows():
+    # a short clean run: most of its time is start-up and the script's wind-down after its last step
+    text = render(compute([progress(0.13, 2.70, 1.28, 1.82, "end", steps=300), {"event": "end", "t": 2.70}]))
+    shown = [line for line in text.splitlines()[1:] if line.strip()]
+    assert [line.split()[0] for line in shown] == ["start-up", "training", "other"]
+    assert "after the last step" in shown[2]  # "other" says what it is
+    assert "launcher 0.1 s, workers 1.1 s" in shown[0]  # start-up split: the launcher's own, then the workers'
+    assert all(len(line) <= 80 for line in text.splitlines()), text
+
+
+def test_no_optimizer_steps_says_so_instead_of_zero_percent():
+    text = render(compute([progress(0.1, 1.6, None, None, "end", steps=0), {"event": "end", "t": 1.6}]))
+    assert "no optimizer steps seen" in text
+    assert "0.0%" not in text and "startup" not in text
+
+
+def test_crash_loop_that_never_trained_claims_no_training_again():
+    records = [progress(0.1, 1.0, None, None, "failure", steps=0, detail="crash"),
+               progress(1.4, 2.5, None, None, "failure", rnd=1, steps=0, detail="crash"),
+               progress(2.9, 4.0, None, None, "failure", rnd=2, steps=0, detail="crash"), {"event": "end", "t": 4.1}]
+    g = compute(records)
+    text = render(g)
+    assert "training again" not in text and "after the last step" not in text
+    assert text.count("restarted; no step seen since") == 2
+    assert "failure 3 (round 2, crash): before the first step of its attempt; not restarted" in text
+    assert [f.resumed for f in g.failures] == [False, False, False]
+
+
+def test_last_failure_after_steps_is_not_restarted():
+    records = [progress(0.1, 3.0, 1.0, 2.9, "failure", detail="crash"),
+               progress(3.5, 6.0, 4.0, 5.9, "failure", rnd=1, detail="crash"), {"event": "end", "t": 6.1}]
+    text = render(compute(records))
+    assert "failure 1 (round 0, crash): lost 1.9 s of work, detected 0.1 s after the last step; training again " \
+           "1.0 s later" in text
+    assert "failure 2 (round 1, crash): lost 1.9 s of work, detected 0.1 s after the last step; not restarted" in text
+    assert "every step was lost to a failure" in text
+
+
+def test_spans_tile_the_run_and_sum_to_the_seconds():
+    records = [progress(1.0, 20.0, 5.0, 15.0, "failure", checkpoint=10.0, detail="crash"),
+               progress(21.0, 25.0, None, None, "failure", rnd=1, detail="crash"),
+               progress(26.0, 60.0, 35.0, 59.0, "end", rnd=2)]
+    g = compute(records, wall=61.0)
+    assert g.spans[0].start == 0.0 and g.spans[-1].end == 61.0
+    assert all(a.end == b.start for a, b in zip(g.spans, g.spans[1:]))
+    for kind in CATEGORIES:
+        assert sum(s.end - s.start for s in g.spans if s.kind == kind) == pytest.approx(g.seconds[kind])
+    assert [s.kind for s in g.spans] == ["startup", "productive", "lost", "detection", "restart", "restart",
+                                         "productive", "other"]
+    assert [s.failure for s in g.spans if s.kind == "restart"] == [0, 1]
+    assert g.to_event()["failures"][0]["resumed"] is False and g.to_event()["failures"][1]["resumed"] is True

@@ -6,12 +6,15 @@ The env tables are trimmed copies of what Slurm 22.05 really exported on the loc
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 
 from mbr_launch.config.slurm import SlurmEnv, SlurmError, parse_nodelist, parse_tasks_per_node
+from tests import slurm_testbed
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -62,11 +65,13 @@ def test_parse_nodelist_rejects_and_quotes(text: str) -> None:
 
 
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol missing: run .ci/slurm-setup.sh")
-def test_parse_nodelist_agrees_with_scontrol() -> None:
-    # scontrol show hostnames needs no running cluster; one call per form keeps failures readable.
-    for text in GOOD:
+def test_parse_nodelist_agrees_with_scontrol(tmp_path: Path) -> None:
+    # scontrol show hostnames needs no running cluster, but it reads a slurm.conf first: give it one of
+    # its own, so the test passes whether or not an earlier test wrote /etc/slurm/slurm.conf.
+    env = {**os.environ, "SLURM_CONF": str(slurm_testbed.scratch_conf(tmp_path))}
+    for text in GOOD:  # one call per form keeps failures readable
         out = subprocess.run(["scontrol", "show", "hostnames", text], capture_output=True, text=True,
-                             timeout=10, check=True).stdout.split()
+                             timeout=10, check=True, env=env).stdout.split()
         assert parse_nodelist(text) == out, text
 
 

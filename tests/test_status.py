@@ -51,8 +51,7 @@ def test_segments_stragglers_and_plain_status():
     assert tel.next_tick() == 1005.0
     clock.now = 1005.0
     assert tel.tick(0) is None
-    assert said[-1].startswith("status: rank 0 (local 0) stepping, heartbeat 0.3 s ago, section -, step 5 (20.0 ms)")
-    assert "rank 1 (local 1) monitoring, heartbeat 1.5 s ago, section step" in said[-1]
+    assert said[-1] == "status: 2 ranks: 1 stepping, 1 monitoring · step 5 · 20 ms/step · sections: step 1/2"
     clock.now = 1010.0
     report = tel.tick(0)
     assert report is not None and report.stragglers == [1]
@@ -82,3 +81,41 @@ def test_table_renders_and_off_is_silent():
     text = out.getvalue()
     assert "stepping" in text and "10.5 ms" in text and "0.1 s ago" in text
     assert said == []
+
+
+def test_plain_status_is_one_short_line_for_eight_ranks_and_never_repeats():
+    """Issue 15, finding 7: one summary line of ~100 columns whatever the number of ranks, printed only when
+    it differs from the last one (start-up used to repeat identical 800-character lines)."""
+    clock = Clock()
+    tel, _log, said = _telemetry(clock, io.StringIO())
+    tel.begin(0, list(range(8)))
+
+    def status(step_age: float | None, step: int | None, sections: list[str]) -> None:
+        tel.on_status({"ranks": [{"local_rank": lr, "rank": lr, "state": "monitoring" if step else "armed",
+                                  "last_heartbeat_age": None, "last_step_age": step_age, "steps": step or 0,
+                                  "step": step, "open_sections": sections} for lr in range(8)]})
+
+    def tick() -> None:
+        clock.now += 5.0
+        tel.tick(0)
+
+    status(None, None, [])  # start-up: nothing changes for three intervals
+    tick(), tick(), tick()
+    assert said == ["status: 8 ranks armed"]
+    tel.on_steps({"ranks": [{"local_rank": lr, "rank": lr, "steps": 120, "index": 120,
+                             "periods": [0.45 if lr == 3 else 0.31], "cpu": []} for lr in range(8)]})
+    status(0.2, 120, ["step"])
+    tick()
+    assert said[-1] == ("status: 8 ranks monitoring · step 120 · 310 ms/step · slowest rank 3 (450 ms) · "
+                        "sections: step")
+    tick()
+    assert len(said) == 2  # the same again: not printed
+    status(12.4, 120, ["step", "checkpoint"])  # a stall: the quietest rank is named, anew each interval
+    tick()
+    tel.begin(1, list(range(8)))  # a restart
+    status(17.4, 120, ["step", "checkpoint"])
+    tick()
+    assert said[2:] == [
+        "status: 8 ranks monitoring · step 120 · 310 ms/step · rank 0 quiet for 12 s",  # 102 columns in full
+        "status: 8 ranks monitoring · step 120 · 310 ms/step · restarts 1 · rank 0 quiet for 17 s"]
+    assert all(len(line) <= 100 for line in said), said

@@ -64,7 +64,7 @@ def test_sleeping_rank_is_caught_by_step_heartbeats_and_restarted(tmp_path):
     (verdict,) = [e for e in events if e["event"] == "verdict"]
     assert verdict["culprits"] == [1] and verdict["basis"] in ("progress", "stacks"), verdict
     assert [e["rank"] for e in events if e["event"] == "failure"] == [1]
-    assert "status: rank 0 (local 0)" in res.stderr  # plain status lines when not a terminal
+    assert "status: 2 ranks" in res.stderr  # plain status lines (one summary line) when not a terminal
     first_steps = [e for e in events if e["event"] == "first_step"]
     assert sorted((e["round"], e["rank"]) for e in first_steps) == [(0, 0), (0, 1), (1, 0), (1, 1)]
     good = _goodput_ok(events, res.stderr, failures=1)

@@ -9,6 +9,7 @@ from mbr_launch.agent.context import Context
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.requeue import maybe_requeue
 from mbr_launch.decide.goodput import compute
+from mbr_launch.decide.goodput_text import render
 from mbr_launch.report import exitcodes
 from mbr_launch.report.appender import describe
 from mbr_launch.report.summary import loss_lines
@@ -47,5 +48,5 @@ def _goodput(ctx: Context) -> None:
     if not any(r.get("event") == "progress" for r in ctx.log.records):
         return
     result = compute(ctx.log.records, wall=ctx.log.t_of(ctx.clock()))
-    ctx.summary.goodput = result.render()
+    ctx.summary.goodput = render(result)
     ctx.log.emit("goodput", **result.to_event())

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.messages import Outcome, RoundResult
+from mbr_launch.agent.progress import back_off
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
@@ -91,7 +92,7 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
                  scope=decision.scope, backoff=decision.backoff)
     which = "this node" if ranks is None else "rank(s) " + str([rnd.rank_offset + r for r in ranks])
     ctx.say(f"restarting {which} only (--restart-scope {decision.scope}; restart {total} of {cfg.policy.max_restarts})")
-    if not ctx.wakeup.sleep(decision.backoff):
+    if not back_off(ctx, decision.backoff):
         return None  # a signal came during the back-off: the loop handles it next
     ctx.heartbeats = set() if ranks is None else ctx.heartbeats - set(ranks)
     ctx.group.start(rnd, ranks, restart_count=total)

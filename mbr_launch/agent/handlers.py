@@ -66,9 +66,11 @@ def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
     return RoundResult(Outcome.SIGNALED, signum=signum)
 
 
-def note_signal(ctx: Context, signum: int, *, workers: bool = True) -> tuple[signal.Signals, float]:
+def note_signal(ctx: Context, signum: int, *, workers: bool = True,
+                phase: str = "while waiting in the rendezvous") -> tuple[signal.Signals, float]:
     """Record a signal (and a preemption) in the log and on the console; what the workers get, and their grace.
-    ``workers`` False: none are running (the signal came while this node waited in the rendezvous)."""
+    ``workers`` False: none are running (the signal came in ``phase``, e.g. while this node waited in the
+    rendezvous)."""
     cfg = ctx.cfg
     name = signal.Signals(signum).name
     ctx.log.emit("signal", signal=name)
@@ -77,11 +79,11 @@ def note_signal(ctx: Context, signum: int, *, workers: bool = True) -> tuple[sig
         ctx.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
         ctx.say(f"PREEMPTION ({name}): " + (f"sending {forward.name} to the workers so they can checkpoint, then "
                                             f"stopping them after {grace:g} s" if workers else
-                                            "while waiting in the rendezvous; no workers to stop"))
+                                            f"{phase}; no workers to stop"))
     else:
         forward, grace = signal.Signals(signum), cfg.workers.shutdown_timeout
         ctx.say(f"received {name}: " + (f"forwarding it to the workers, then stopping them (grace {grace:g} s)"
-                                        if workers else "while waiting in the rendezvous; stopping"))
+                                        if workers else f"{phase}; stopping"))
     return forward, grace
 
 
@@ -90,6 +92,7 @@ def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundRes
     if message.group_rank != rnd.group_rank:
         ctx.say(f"stopping local workers: {message.reason} (from {message.origin})")
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
+    _end_attempt(ctx)
     return RoundResult(Outcome.FINAL if message.final else Outcome.RESTART, message=message)
 
 
@@ -101,7 +104,15 @@ def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> Round
         ctx.cluster.publish(rnd, message)
         decided = ctx.cluster.read(rnd) or message
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
+    _end_attempt(ctx)
     return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)
+
+
+def _end_attempt(ctx: Context) -> None:
+    """The attempt ends when its workers stop, not when the next one starts: goodput's detection time for
+    this node is then up to the stop, and the rendezvous after it counts as restart."""
+    if ctx.telemetry:
+        ctx.telemetry.end("stop")
 
 
 def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> RoundResult | None:

@@ -14,10 +14,12 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mbr_launch.agent import progress
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
+from mbr_launch.agent.stuck import StuckSignals
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
@@ -28,8 +30,10 @@ from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.report import exitcodes
+from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
+from mbr_launch.report.version import versions
 from mbr_launch.workers import evidence, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standby import StandbyPool
@@ -66,31 +70,35 @@ class Agent:
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
+        stuck = StuckSignals(old_handlers, lambda: wakeup.received, self._signal_unseen).start()
         guard = StoreGuard(self._store_hung)
         guard.start()
         try:
             self.ctx = self._assemble(wakeup, guard)
             return Supervisor(self.ctx).run()
         finally:
-            self._teardown(guard, wakeup, old_handlers)
+            self._teardown(guard, wakeup, old_handlers, stuck)
 
     # ---- set up ---------------------------------------------------------------------------------
 
     def _assemble(self, wakeup: Wakeup, guard: StoreGuard) -> Context:
         cfg = self.cfg
-        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node)  # private, 0700
+        run_dir = make_run_dir(cfg.output.log_dir, cfg.rendezvous.run_id, self.node,  # private, 0700
+                               keep_runs=cfg.output.keep_runs)
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self._sock_dir = make_socket_dir(longest_socket_name(cfg.workers.nproc_per_node))
         log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
+        # A stop's grace: its progress, and a second Ctrl-C that ends it.
+        group.watch_stop = progress.stop_watch(wakeup, self.say, preemption=cfg.preemption.signals)
         slurm = cfg.slurm
         # The command line without secrets; the environment is never written.
         log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
                  nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
-                        "restart_count": slurm.restart_count} if slurm else None)
+                        "restart_count": slurm.restart_count} if slurm else None, version=versions())
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
         monitor = self._monitor = MonitorHandle(
@@ -137,7 +145,7 @@ class Agent:
 
     # ---- tear down ------------------------------------------------------------------------------
 
-    def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any]) -> None:
+    def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any], stuck: StuckSignals) -> None:
         rnd = self.ctx.round if self.ctx else None
         if self._group:
             try:
@@ -151,8 +159,9 @@ class Agent:
             self._cluster.close(join=not self._exit_after)
         if self._monitor:
             self._monitor.close()
-        self._part_from_rendezvous(rnd)
+        self._part_from_rendezvous(rnd, wakeup)
         guard.close()
+        stuck.close()
         for sig, old in old_handlers.items():
             signal.signal(sig, old)
         wakeup.close()
@@ -163,7 +172,7 @@ class Agent:
         if self._log:
             self._log.close()
 
-    def _part_from_rendezvous(self, rnd: Round | None) -> None:
+    def _part_from_rendezvous(self, rnd: Round | None, wakeup: Wakeup) -> None:
         departure = self.ctx.departure if self.ctx else Departure.CLOSE
         if self._rendezvous is None or departure is Departure.NONE:
             return
@@ -176,7 +185,7 @@ class Agent:
         # Bounded: on a dead link these calls would never return.
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
-        farewell.join(5.0)
+        progress.farewell(wakeup, farewell, 5.0)  # a Ctrl-C now ends the wait
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
         """After a successful job (``done``: its round) every node says farewell and the store's host waits
@@ -193,21 +202,35 @@ class Agent:
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""
-        if self._group:
-            self._group.kill_now()
         reason = (f"lost the rendezvous store: {what} blocked for {seconds:.0f} s (this node may be cut off "
                   f"from {self.cfg.rendezvous.endpoint})")
-        print(f"[mbr-launch {self.node}] LOST THE RENDEZVOUS STORE: {reason}", file=sys.stderr, flush=True)
+        self._end_from_watchdog(exitcodes.RENDEZVOUS, reason, f"LOST THE RENDEZVOUS STORE: {reason}")
+
+    def _signal_unseen(self, signum: int) -> None:
+        """Watchdog thread: a signal came while the main thread is stuck in C code (torch's store client waiting
+        for a rendezvous host that is not up yet, a store call on a dead link). Stop everything from here."""
+        name = signal.Signals(signum).name
+        preempted = name in self.cfg.preemption.signals
+        code = exitcodes.PREEMPTED if preempted else 128 + signum
+        reason = f"{'preempted by' if preempted else 'launcher received'} {name} (while blocked in a store call)"
+        if self._log:
+            self._log.emit("signal", signal=name)
+        self._end_from_watchdog(code, reason, f"received {name} while blocked in a store call: stopping now")
+
+    def _end_from_watchdog(self, code: int, reason: str, line: str) -> None:
+        if self._group:
+            self._group.kill_now()
+        process_console().say(f"[mbr-launch {self.node}] {line}")
         try:
             if self._log:
-                self._log.emit("end", exit_code=exitcodes.RENDEZVOUS, reason=reason,
-                               seconds=round(self.clock() - self._started, 3))
+                self._log.emit("end", exit_code=code, reason=reason, seconds=round(self.clock() - self._started, 3))
                 self._log.close()
             if self._monitor:
                 self._monitor.close(timeout=2)
         finally:
-            os._exit(exitcodes.RENDEZVOUS)
+            os._exit(code)
 
     def say(self, message: str) -> None:
         if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
-            print(f"[mbr-launch {self.node}] {message}", file=sys.stderr, flush=True)
+            # through the console the worker output and the live view share: never glued to a worker's line
+            process_console().say(f"[mbr-launch {self.node}] {message}")

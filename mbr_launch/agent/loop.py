@@ -24,6 +24,7 @@ from mbr_launch.agent.ending import finish, finish_signaled
 from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, note_signal, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
+from mbr_launch.agent.progress import back_off, join_progress, timed_out
 from mbr_launch.agent.wakeup import Interrupted
 from mbr_launch.cluster.peers import StoreLost
 from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed, Round
@@ -117,8 +118,9 @@ class Supervisor:
         ctx, cfg = self.ctx, self.ctx.cfg
         began = ctx.clock()
         ctx.say(f"joining rendezvous ({cfg.rendezvous.backend} {cfg.rendezvous.endpoint}, nodes {cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes})")
+        progress = join_progress(ctx)  # lines while the other nodes are awaited
         try:
-            with ctx.guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"), \
+            with progress, ctx.guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"), \
                     ctx.wakeup.interruptible():
                 rnd = ctx.rendezvous.next_round()
         except Interrupted as stop:  # Ctrl-C, or a preemption, while waiting for the other nodes
@@ -129,9 +131,9 @@ class Supervisor:
             ctx.departure = Departure.NONE  # closed already, by the node that ended the job
             return finish(ctx, exitcodes.OK, str(err))
         except RendezvousFailed as err:
-            return finish(ctx, exitcodes.RENDEZVOUS, str(err))
+            return finish(ctx, exitcodes.RENDEZVOUS, progress.report.timed_out() if timed_out(err) else str(err))
         ctx.round = rnd
-        signum = ctx.wakeup.pending_signal()
+        signum = ctx.wakeup.take_signal()
         if signum is not None:
             note_signal(ctx, signum, workers=False)
             return finish_signaled(ctx, signum, rnd)
@@ -178,13 +180,16 @@ class Supervisor:
             return finish(ctx, exitcodes.EXCLUDED, message.reason)
         if result.outcome is Outcome.FINAL or message.final:
             return finish(ctx, message.exit_code, message.reason)
-        ctx.log.emit("restart", round=rnd.index, restart_count=message.restart_count,
-                     max_restarts=ctx.cfg.policy.max_restarts, scope="job", backoff=message.backoff)
-        if not message.membership:
-            count = "?" if message.restart_count is None else message.restart_count
-            ctx.say(f"restarting all ranks: {message.reason} (restart {count} of {ctx.cfg.policy.max_restarts})")
-        if not ctx.wakeup.sleep(message.backoff):
-            signum = ctx.wakeup.pending_signal()
-            assert signum is not None  # sleep() ends early only for a signal
-            return finish_signaled(ctx, signum, rnd)
-        return None
+        signum = ctx.wakeup.take_signal()  # one that came while the round stopped: the job ends here
+        if signum is None:
+            ctx.log.emit("restart", round=rnd.index, restart_count=message.restart_count,
+                         max_restarts=ctx.cfg.policy.max_restarts, scope="job", backoff=message.backoff)
+            if not message.membership:
+                count = "?" if message.restart_count is None else message.restart_count
+                ctx.say(f"restarting all ranks: {message.reason} (restart {count} of {ctx.cfg.policy.max_restarts})")
+            if back_off(ctx, message.backoff, None if message.origin == ctx.node else message.origin):
+                return None
+            signum = ctx.wakeup.take_signal()
+            assert signum is not None  # the back-off ends early only for a signal
+        note_signal(ctx, signum, workers=False, phase="while restarting")
+        return finish_signaled(ctx, signum, rnd)

@@ -2,31 +2,39 @@
 per-rank status display out.
 
 ``Telemetry`` is fed the rank monitor's ``first_step``, ``steps`` and ``status`` events by the agent loop and
-ticked from it; it never blocks and starts no thread of its own (rich's ``Live`` is refreshed by hand). It
-keeps the current attempt ("segment") of this node: when the first and last steps were made, the last
-checkpoint, how many steps; ``end`` writes that as a ``progress`` event, from which ``goodput.compute``
-splits the run's time.
+ticked from it; it never blocks and starts no thread of its own. It keeps the current attempt ("segment") of
+this node: when the first and last steps were made, the last checkpoint, how many steps; ``end`` writes that
+as a ``progress`` event, from which ``goodput.compute`` splits the run's time.
 
-Status display (``--status``): ``live`` is a rich table on stderr, one row per local rank (rank, state, age of
-the last heartbeat or step, open sections, last step time, restarts), redrawn when the monitor sends a
-status update (twice a second); ``plain`` prints the same as one line every ``--status-interval`` seconds;
-``auto`` is live on a terminal and plain otherwise.
+Status display (``--status``): ``live`` is a rich table, one row per local rank (rank, state, age of the last
+heartbeat or step, open sections, last step time, restarts), pinned at the bottom of the terminal by the
+console that the worker output goes through (report/console.py: lines scroll above it, nothing is drawn
+over), redrawn when the monitor sends a status update (twice a second); ``plain`` prints one summary line of
+all ranks every ``--status-interval`` seconds, short whatever the number of ranks, and only when it differs
+from the last one; ``auto`` is live on a terminal and plain otherwise.
 """
 
 from __future__ import annotations
 
+import collections
+import functools
+import io
+import statistics
 import sys
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from mbr_launch.decide.straggler import Report, StragglerCheck
+from mbr_launch.report.console import Console, process_console
 
 if TYPE_CHECKING:
     from mbr_launch.config.model import LaunchConfig
     from mbr_launch.report.events import EventLog
 
 LIVE_REFRESH = 0.5  # seconds between the monitor's status updates in live mode
+PLAIN_WIDTH = 100  # a plain status line fits a terminal of this many columns, whatever the number of ranks
+QUIET = 10.0  # seconds without a heartbeat or step after which the plain line names the quietest rank
 
 
 @dataclass
@@ -42,7 +50,8 @@ class Segment:
 class Telemetry:
     def __init__(self, cfg: "LaunchConfig", log: "EventLog", say: Callable[[str], None], *,
                  clock: Callable[[], float] = time.monotonic, stream: TextIO | None = None,
-                 snapshot: Callable[[], dict[str, Any] | None] | None = None) -> None:
+                 snapshot: Callable[[], dict[str, Any] | None] | None = None,
+                 console: Console | None = None) -> None:
         self.log, self.say, self.clock = log, say, clock
         self.snapshot = snapshot  # the monitor's snapshot: the latest steps, not yet reported in a batch
         t = cfg.telemetry
@@ -54,13 +63,18 @@ class Telemetry:
         self.starts: dict[int, int] = {}  # local rank -> times started
         self.rows: dict[int, dict[str, Any]] = {}  # local rank -> last status from the monitor
         self.stream = stream or sys.stderr
+        # The live table is drawn by the console the worker output goes through (a given stream: none).
+        self.console = console if console is not None else process_console() if stream is None else None
+        terminal = self.console.is_terminal("stderr") if self.console else _isatty(self.stream)
         mode: str = cfg.output.status
-        if mode == "auto":
-            mode = "live" if _isatty(self.stream) and cfg.monitor.enabled else "plain"
+        if mode == "auto" or (mode == "live" and not (terminal and self.console)):
+            mode = "live" if terminal and self.console and cfg.monitor.enabled else "plain"
         self.mode = mode if cfg.monitor.enabled else "off"
         self.plain_interval = cfg.output.status_interval
         self.next_plain = clock() + self.plain_interval if self.mode == "plain" and self.plain_interval > 0 else None
-        self._live: Any = None
+        self._last_plain = ""  # the last plain line printed: an identical one is not printed again
+        self._live = False
+        self._colors: str | None = None
 
     # ---- what the monitor and the workers need --------------------------------------------------
 
@@ -168,45 +182,59 @@ class Telemetry:
             self.log.emit("straggler", round=round_index, **report.to_event())
         if self.next_plain is not None and now >= self.next_plain:
             self.next_plain = now + self.plain_interval
-            if self.rows:
-                self.say("status: " + "; ".join(_plain(r, self.starts) for _, r in sorted(self.rows.items(),
-                                                                                        key=lambda kv: kv[0] or 0)))
+            line = status_line(self.rows, self.starts) if self.rows else ""
+            if line and line != self._last_plain:
+                self._last_plain = line
+                self.say(line)
         return report
 
     def close(self) -> None:
-        if self._live is not None:
+        if self._live and self.console is not None:
+            self._live = False
             try:
-                self._live.stop()
+                self.console.set_status(None)
             except Exception:
                 pass
-            self._live = None
 
     # ---- rendering ----------------------------------------------------------------------------------
 
     def table(self) -> Any:
-        from rich.table import Table
-
-        table = Table(title="mbr-launch ranks", title_justify="left", expand=False)
-        for name in ("local", "rank", "state", "heartbeat", "section", "step", "step time", "restarts"):
-            table.add_column(name, justify="right" if name not in ("state", "section") else "left")
-        for lr, row in sorted(self.rows.items(), key=lambda kv: kv[0] or 0):
-            cells = _cells(row, self.starts)
-            table.add_row(*cells)
-        return table
+        return _table(self.rows, self.starts)
 
     def _draw_live(self) -> None:
         try:
-            if self._live is None:
-                from rich.console import Console
-                from rich.live import Live
+            if self._colors is None:
+                from rich.console import Console as RichConsole
 
-                self._live = Live(self.table(), console=Console(file=self.stream), auto_refresh=False,
-                                  redirect_stdout=False, redirect_stderr=False, transient=True)
-                self._live.start()
-            else:
-                self._live.update(self.table(), refresh=True)
+                self._colors = RichConsole(file=self.stream).color_system or ""
+            # a copy: the console may draw it again (a new width) from a pump's thread
+            rows, starts = {lr: dict(row) for lr, row in self.rows.items()}, dict(self.starts)
+            assert self.console is not None
+            self._live = self.console.set_status(functools.partial(_render, rows, starts, self._colors or None))
+            if not self._live:
+                self.mode = "off"
         except Exception:
             self.mode = "off"  # a display problem must never disturb the supervision
+
+
+def _table(rows: dict[int, dict[str, Any]], starts: dict[int, int]) -> Any:
+    from rich.table import Table
+
+    table = Table(title="mbr-launch ranks", title_justify="left", expand=False)
+    for name in ("local", "rank", "state", "heartbeat", "section", "step", "step time", "restarts"):
+        table.add_column(name, justify="right" if name not in ("state", "section") else "left")
+    for _lr, row in sorted(rows.items(), key=lambda kv: kv[0] or 0):
+        table.add_row(*_cells(row, starts))
+    return table
+
+
+def _render(rows: dict[int, dict[str, Any]], starts: dict[int, int], colors: str | None, width: int) -> list[str]:
+    from rich.console import Console as RichConsole
+
+    out = io.StringIO()
+    RichConsole(file=out, width=width, force_terminal=True, color_system=colors,  # type: ignore[arg-type]
+                highlight=False).print(_table(rows, starts), crop=True)
+    return out.getvalue().splitlines()
 
 
 def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
@@ -225,10 +253,49 @@ def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
             str(max(0, starts.get(lr, 1) - 1)) if isinstance(lr, int) else "0"]
 
 
-def _plain(row: dict[str, Any], starts: dict[int, int]) -> str:
-    lr, rank, state, hb, section, step, step_time, restarts = _cells(row, starts)
-    return (f"rank {rank} (local {lr}) {state}, heartbeat {hb}, section {section}, step {step} "
-            f"({step_time}), restarts {restarts}")
+def status_line(rows: dict[int, dict[str, Any]], starts: dict[int, int], width: int = PLAIN_WIDTH) -> str:
+    """All ranks in one line that fits ``width``: "status: 8 ranks monitoring · step 120 · 310 ms/step · slowest
+    rank 3 (450 ms) · sections: step · restarts 1". The least telling parts are left out when it is too long."""
+    ranks = [r for _, r in sorted(rows.items(), key=lambda kv: kv[0] or 0)]
+    states = collections.Counter(_cells(r, starts)[2] for r in ranks)
+    n = len(ranks)
+    head = f"{n} rank{'s' * (n != 1)}" + (f" {next(iter(states))}" if len(states) == 1 else
+                                          ": " + ", ".join(f"{c} {s}" for s, c in states.most_common()))
+    parts = [(0, head)]  # (rank: the highest is left out first, text), in the order shown
+    steps = [r["step"] for r in ranks if isinstance(r.get("step"), int)]
+    if steps:
+        parts.append((1, f"step {max(steps)}" if min(steps) == max(steps) else f"step {min(steps)}-{max(steps)}"))
+    times = {r.get("rank"): r["last_step_time"] for r in ranks if isinstance(r.get("last_step_time"), (int, float))}
+    if times:
+        typical = statistics.median(times.values())
+        parts.append((4, f"{_seconds(typical)}/step"))
+        slow = max(times, key=lambda k: times[k])
+        if len(times) > 1 and times[slow] > 1.1 * typical:
+            parts.append((5, f"slowest rank {slow} ({_seconds(times[slow])})"))
+    sections = collections.Counter(s for r in ranks for s in r.get("open_sections") or [])
+    if sections:
+        parts.append((6, "sections: " + ", ".join(s if c == n else f"{s} {c}/{n}" for s, c in sections.most_common(3))))
+    restarts = max((starts.get(r.get("local_rank"), 1) - 1 for r in ranks), default=0)
+    if restarts > 0:
+        parts.append((3, f"restarts {restarts}"))
+    ages = {r.get("rank"): _age(r) for r in ranks}
+    quiet = max((k for k in ages if ages[k] is not None), key=lambda k: ages[k] or 0.0, default=None)
+    if quiet is not None and (ages[quiet] or 0.0) >= QUIET:  # whole seconds: a stall prints anew, a healthy run not
+        parts.append((2, f"rank {quiet} quiet for {ages[quiet]:.0f} s"))
+    while True:
+        line = "status: " + " · ".join(text for _, text in parts)
+        if len(line) <= width or len(parts) == 1:
+            return line[:width]
+        parts.remove(max(parts))
+
+
+def _age(row: dict[str, Any]) -> float | None:
+    ages = [a for a in (row.get("last_heartbeat_age"), row.get("last_step_age")) if isinstance(a, (int, float))]
+    return min(ages) if ages else None
+
+
+def _seconds(t: float) -> str:
+    return f"{t * 1e3:.0f} ms" if t < 1 else f"{t:.2f} s"
 
 
 def _isatty(stream: TextIO) -> bool:

@@ -36,6 +36,7 @@ class Wakeup:
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         # A deque: append and popleft are atomic, so a signal handler may append while the loop reads.
         self._signals: collections.deque[int] = collections.deque()
+        self.received = 0  # signals seen by the handler so far (``agent.stuck`` compares it with the C level's)
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def post(self, event: Event) -> None:
@@ -47,6 +48,7 @@ class Wakeup:
         """Safe in a signal handler: record the signal and wake the loop; inside ``interruptible``, also raise
         ``Interrupted`` in the main thread, where the handler runs."""
         self._signals.append(signum)
+        self.received += 1
         self._poke()
         if self._interruptible:
             self._interruptible = False
@@ -72,6 +74,9 @@ class Wakeup:
 
     def pending_signal(self) -> int | None:
         return self._signals[0] if self._signals else None
+
+    def pending_signals(self) -> tuple[int, ...]:
+        return tuple(self._signals)
 
     def take_signal(self) -> int | None:
         try:

@@ -1,8 +1,10 @@
 """The command line: a thin typer layer over ``mbr_launch.api``.
 
 ``mbr-launch [OPTIONS] SCRIPT [ARGS...]`` launches (``launch.py``); ``mbr-launch doctor [OPTIONS]`` checks
-the environment (``doctor.py``). Both take the options generated from the settings table (``options.py``).
-Here: the two typer apps, and how every outcome becomes one exit code and at most one line of error.
+the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``). The
+launch and the doctor take the options generated from the settings table (``options.py``); every command's
+--help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, and how every
+outcome becomes one exit code and at most one line of error.
 """
 
 from __future__ import annotations
@@ -13,37 +15,54 @@ import warnings
 from typing import Callable
 
 import typer
+import typer.core
 
 from mbr_launch.cli.doctor import DOCTOR_NOT_RUN, doctor_command, print_json_error
 from mbr_launch.cli.errors import PROG, CommandError, error
+from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
+from mbr_launch.cli.report import report_command
 from mbr_launch.cli.options import USER_ENV
 from mbr_launch.report import exitcodes
 
 # No interspersed args: everything after SCRIPT is the script's, even when it looks like our option.
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
 DOCTOR = "doctor"
+REPORT = "report"
 
 
-def _typer() -> typer.Typer:
-    return typer.Typer(add_completion=False, context_settings=CONTEXT, rich_markup_mode="rich",
+def _typer(context: dict | None = None) -> typer.Typer:
+    return typer.Typer(add_completion=False, context_settings=context or CONTEXT, rich_markup_mode="rich",
                        pretty_exceptions_enable=False)
 
 
-# Two apps, not one with subcommands: ``mbr-launch SCRIPT`` must not read SCRIPT as a command name.
+def command(name: str, function: Callable[..., None], *, usage: str, subcommand: bool = True,
+            context: dict | None = None) -> typer.core.TyperCommand:
+    """One typer app per command, not one app with subcommands: ``mbr-launch SCRIPT`` must not read SCRIPT
+    as a command name. A subcommand (``mbr-launch NAME ...``) is dispatched by ``main``, listed in the
+    launch's --help and completed by the shells (``helptext.COMMANDS``, docgen) by registering it here."""
+    application = _typer(context)
+    application.command(name=name, cls=HelpCommand)(function)
+    return configure(application, name, usage=usage, subcommand=subcommand)
+
+
+launch_cli = command(PROG, launch_command, usage="[OPTIONS] SCRIPT [ARGS]...", subcommand=False)
+doctor_cli = command(DOCTOR, doctor_command, usage="[OPTIONS] [SCRIPT [ARGS]...]")
+# No script: the report's options may come anywhere.
+report_cli = command(REPORT, report_command, usage="[RUN_DIR] [OPTIONS]",
+                     context={**CONTEXT, "allow_interspersed_args": True})
+# typer's view of the launch, for tests that inspect the parser (test_docs).
 app = _typer()
-app.command(name=PROG)(launch_command)
-doctor_app = _typer()
-doctor_app.command(name=DOCTOR)(doctor_command)
+app.command(name=PROG, cls=HelpCommand)(launch_command)
 
 
-def _run_app(application: typer.Typer, argv: list[str], prog: str, *, usage_code: int = exitcodes.USAGE,
+def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_code: int = exitcodes.USAGE,
              on_usage: Callable[[str], None] | None = None) -> int:
     """``usage_code`` and ``on_usage`` (given the message) are for the parser's own errors (unknown option,
     missing value): the doctor has its own code for "could not run", and prints JSON with --json."""
     try:
         # Without standalone mode the parser returns the command's exit code instead of raising.
-        result = application(args=argv, prog_name=prog, standalone_mode=False)
+        result = cli.main(args=argv, prog_name=prog, standalone_mode=False)
         if isinstance(result, int):
             return result
     except typer.Exit as done:
@@ -77,9 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == DOCTOR:
             as_json = "--json" in argv[1:]  # the parser failed before it could say so
-            return _run_app(doctor_app, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,
+            return _run_app(doctor_cli, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,
                             on_usage=print_json_error if as_json else None)
-        return _run_app(app, argv, PROG)
+        if argv and argv[0] in COMMANDS:
+            return _run_app(COMMANDS[argv[0]], argv[1:], f"{PROG} {argv[0]}")
+        return _run_app(launch_cli, argv, PROG)
     except KeyboardInterrupt:
         return 130
     except Exception as err:  # a bug of ours: one line unless debugging

@@ -9,6 +9,7 @@ import typer
 
 from mbr_launch.api import doctor_context, resolve_settings
 from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli.helptext import help_all_option
 from mbr_launch.cli.options import USER_ENV, keyword, with_settings
 from mbr_launch.config.build import preflight_spec
 from mbr_launch.config.errors import ConfigError
@@ -24,7 +25,7 @@ def doctor_command(**values: Any) -> None:
     # standbys, without first loading every doctor check (cold-launch time).
     from mbr_launch.doctor import DoctorError, detect_launcher, run_doctor
 
-    as_json, deep = bool(values.pop("json")), bool(values.pop("deep"))
+    as_json, deep, verbose = bool(values.pop("json")), bool(values.pop("deep")), bool(values.pop("verbose"))
     script, *script_args = values.pop("training_script", None) or [None]
     try:
         resolved = resolve_settings(cli=values, environ=USER_ENV)
@@ -33,7 +34,7 @@ def doctor_command(**values: Any) -> None:
         ctx = doctor_context(spec, environ=USER_ENV,
                              launcher="mbr-launch" if launcher == "none" else launcher)
         skip = {s for s in resolved["skip_check"] if s != "all"}
-        code = run_doctor(ctx, deep=deep, as_json=as_json, skip=skip)
+        code = run_doctor(ctx, deep=deep, as_json=as_json, skip=skip, verbose=verbose)
     except (ConfigError, DoctorError) as err:
         if as_json:
             print_json_error(str(err))
@@ -57,9 +58,14 @@ with_settings(
     doctor_command,
     keyword("json", False, Annotated[bool, typer.Option("--json", help="Print the results as JSON.")]),
     keyword("deep", False, Annotated[bool, typer.Option(
-        "--deep", help="Also run a short NCCL all-reduce and GEMM test on the local GPUs.")]),
+        "--deep", help="Also run a real collective self-test: GEMM and NCCL all-reduce on the local GPUs, or a "
+                       "gloo all-reduce across local processes without a GPU.")]),
+    keyword("verbose", False, Annotated[bool, typer.Option(
+        "--verbose", "--all", "-v", help="Show every check, the skipped ones too (folded into one line per "
+                                         "area otherwise).")]),
     keyword("training_script", None, Annotated[Optional[list[str]], typer.Argument(
         metavar="[SCRIPT [ARGS]...]", show_default=False,
         help="The launch's script and its arguments, as given to a launch: the in-process-restart checks "
              "look for NVRx's inprocess package in it and for --inprocess-restart.")]),
+    help_all_option(),
 )

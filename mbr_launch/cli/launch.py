@@ -11,6 +11,7 @@ import typer
 
 from mbr_launch.api import build_launch_config, launch
 from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli.helptext import help_all_option, version_option
 from mbr_launch.cli.options import USER_ENV, keyword, with_settings
 from mbr_launch.config.build import ConfigError
 
@@ -18,8 +19,8 @@ from mbr_launch.config.build import ConfigError
 def launch_command(**values: Any) -> None:
     """Launch SCRIPT on this node like torchrun, with hang detection and restarts that work.
 
-    Run one mbr-launch per node (under Slurm: srun --kill-on-bad-exit=0 mbr-launch ...).
-    Everything after SCRIPT is passed to the script. `mbr-launch doctor --help` checks a setup."""
+    Run one mbr-launch per node (under Slurm: srun --kill-on-bad-exit=0 mbr-launch ...). Everything
+    after SCRIPT is passed to the script."""
     script = values.pop("training_script")
     script_args = tuple(values.pop("training_script_args") or ())
     try:
@@ -38,4 +39,6 @@ with_settings(
         metavar="SCRIPT", show_default=False, help="Training script (or module with -m).")]),
     keyword("training_script_args", None, Annotated[Optional[list[str]], typer.Argument(
         metavar="[ARGS]...", show_default=False, help="Arguments of the script.")]),
+    help_all_option(),
+    version_option(),
 )

@@ -219,7 +219,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             log_dir=v["log_dir"], redirects=redirects, tee=tee, local_ranks_filter=ranks_filter,
             duplicate_stdout_filters=v["duplicate_stdout_filters"],
             duplicate_stderr_filters=v["duplicate_stderr_filters"], quiet=v["quiet"], status=v["status"],
-            status_interval=float(v["status_interval"])),
+            status_interval=float(v["status_interval"]), keep_runs=v["keep_runs"]),
         ft=_ft(v),
         monitor=MonitorSpec(enabled=v["rank_monitor"] == "on", stack_dump=v["stack_dump"],
                             hang_kill_grace=v["hang_kill_grace"], inquiry_timeout=v["hang_inquiry_timeout"]),

@@ -35,6 +35,14 @@ class Setting:
     # A bool that takes a value on the command line (``--ft-enable-nic-monitor=False``), as ft_launcher's
     # do: a switch there would read the value as the training script.
     valued: bool = False
+    common: bool = False  # shown by plain --help (the torchrun basics and the few fault-tolerance flags most need)
+    # Values to suggest (completions, --help) for a setting that also takes others, e.g. a number or a word.
+    values: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        # A ``choice`` parser knows its choices: take them from it, so they are declared once.
+        if not self.choices and getattr(self.parse, "choices", None):
+            object.__setattr__(self, "choices", tuple(self.parse.choices))  # type: ignore[union-attr]
 
     @property
     def envvars(self) -> tuple[str, ...]:
@@ -48,22 +56,52 @@ class Setting:
     def takes_value(self) -> bool:
         return self.kind is not bool or self.valued
 
+    @property
+    def shown_flags(self) -> tuple[str, ...]:
+        """The spellings offered in --help and completions: torchrun's underscore aliases (``--max_restarts``)
+        and ft_launcher's (``--ft-param-rank_heartbeat_timeout``) are accepted but not offered twice."""
+        plain = tuple(f for f in self.flags if "_" not in f)
+        return plain or self.flags[:1]
+
+    @property
+    def suggestions(self) -> tuple[str, ...]:
+        """Values a completion offers: the choices, else the declared suggestions, else true/false."""
+        if self.choices or self.values:
+            return self.choices or self.values
+        return ("true", "false") if self.kind is bool and self.valued else ()
+
+    @property
+    def bounds(self) -> str:
+        """The range a number must lie in, as --help shows it ("[0..]", "(0..] or none"), or ""."""
+        return str(getattr(self.parse, "bounds", ""))
+
+    @property
+    def value_hint(self) -> str:
+        """What follows the flag in --help: "{a,b,c}" for choices, the metavar, "" for a switch."""
+        if not self.takes_value:
+            return ""
+        if self.choices:
+            return "{" + ",".join(self.choices) + "}"
+        return self.metavar or "VALUE"
+
 
 def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
                      pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
-                     metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = ()) -> Setting:
+                     metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = (),
+                     common: bool = False, values: tuple[str, ...] = ()) -> Setting:
     dashed = "--" + name.replace("_", "-")
     flags = [dashed] + ([f"--{name}"] if "_" in name else []) + list(aliases)
     if short:
         flags.insert(0, short)
     env = (f"PET_{name.upper()}",) if pet else ()
     return Setting(name=name, flags=tuple(flags), kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, env=env, torchrun_dest=name, choices=choices, metavar=metavar)
+                   parse=parse, env=env, torchrun_dest=name, choices=choices, metavar=metavar, common=common,
+                   values=values)
 
 
 def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
                parse: Parser | None = None, panel: str = FAULT, metavar: str = "",
-               deprecated_dashed: bool = False, valued: bool = False) -> Setting:
+               deprecated_dashed: bool = False, valued: bool = False, common: bool = False) -> Setting:
     """A setting that ft_launcher also has: accept its spellings exactly.
 
     ``deprecated_dashed``: ft_launcher 0.4.1 also spells its NIC-monitor flags ``--ft-param-a-b`` and
@@ -77,7 +115,7 @@ def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, 
         flags += [f"--ft-param-{dashed}", f"--ft_param_{ft_name}"]
     unique = tuple(dict.fromkeys(flags))
     return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, ft_key=ft_name, metavar=metavar, valued=valued)
+                   parse=parse, ft_key=ft_name, metavar=metavar, valued=valued, common=common)
 
 
 def default_text(setting: Setting) -> str:

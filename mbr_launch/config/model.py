@@ -115,6 +115,7 @@ class OutputSpec:
     quiet: bool
     status: StatusMode
     status_interval: float
+    keep_runs: int = 20  # run folders kept in the default base (0: all)
 
 
 @dataclass(frozen=True)

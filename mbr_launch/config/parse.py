@@ -77,6 +77,7 @@ def non_negative(name: str, kind: type, *, most: float = LARGEST) -> Parser:
             raise _fail(name, value, "must be zero or positive")
         return number
 
+    parse.bounds = f"[0..{'' if most == LARGEST else most}]"  # type: ignore[attr-defined]  # shown by --help
     return parse
 
 
@@ -89,6 +90,7 @@ def positive(name: str, kind: type) -> Parser:
             raise _fail(name, value, "must be positive")
         return number
 
+    parse.bounds = "(0..]"  # type: ignore[attr-defined]
     return parse
 
 
@@ -110,6 +112,7 @@ def optional_timeout(name: str) -> Parser:
         return number
 
     parse.takes_none = True  # type: ignore[attr-defined]  # YAML null means 'none' (settings.parse_value)
+    parse.bounds = "(0..] or none"  # type: ignore[attr-defined]
     return parse
 
 
@@ -180,6 +183,7 @@ def choice(name: str, options: tuple[str, ...]) -> Parser:
             raise _fail(name, value, f"choose one of {', '.join(options)}")
         return text
 
+    parse.choices = options  # type: ignore[attr-defined]  # the setting's choices, for --help and completions
     return parse
 
 
@@ -236,6 +240,7 @@ def fraction(name: str) -> Parser:
             raise _fail(name, value, "must be between 0 and 1")
         return number
 
+    parse.bounds = "[0..1]"  # type: ignore[attr-defined]
     return parse
 
 

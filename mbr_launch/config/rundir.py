@@ -7,6 +7,8 @@ created it first, or planted a symlink there, to read our logs or to have us app
 of their choice: so it must be a real folder of ours that nobody else can write, or we refuse. Run folders
 are created fresh (never reused) with mode 0700, and their names come from ids we do not control (the
 rendezvous id, ``SLURM_JOB_ID``, the host name), so each id is made into one harmless path component.
+Their names start with the start time, so the newest sorts last; in the default base ``latest`` links to the
+newest and only the last ``--keep-runs`` are kept (``runhistory``).
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ import os
 import re
 import stat
 import tempfile
+import time
 import uuid
 from pathlib import Path
 
+from mbr_launch.config import runhistory
 from mbr_launch.config.errors import ConfigError
 
 DIR_MODE = 0o700
@@ -81,15 +85,32 @@ def checked_log_dir(path: Path) -> Path:
     return path
 
 
-def make_run_dir(log_dir: str | None, run_id: str, node: str) -> Path:
-    """A fresh run folder (0700) for this node: ``<base>/<run id>_<6 hex>_<node>``, always inside ``base``."""
+def run_folder_name(run_id: str, node: str, *, now: float | None = None) -> str:
+    """``<start time>_<run id>_<6 hex>_<node>``: sorted by name is sorted by start (local time, to the
+    second); the random part keeps two agents of one host that share a log folder apart."""
+    started = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
+    return f"{started}_{safe_component(run_id)}_{uuid.uuid4().hex[:6]}_{safe_component(node)}"
+
+
+def make_run_dir(log_dir: str | None, run_id: str, node: str, *, keep_runs: int = 0,
+                 now: float | None = None) -> Path:
+    """A fresh run folder (0700) for this node (``run_folder_name``), always inside the base folder.
+
+    Under the default base (no ``--log-dir``) the run also holds its folder (``runhistory.hold``) while this
+    process lives, points ``<base>/latest`` at it and removes the runs beyond the ``keep_runs`` newest
+    (0 keeps all). A ``--log-dir`` is the user's folder, maybe shared by nodes and read by their own tools
+    (a ``*/events.jsonl`` glob there would find a ``latest`` link twice): only the run folder goes there."""
     base = checked_log_dir(Path(log_dir)) if log_dir else private_base(default_base())
-    run_dir = base / f"{safe_component(run_id)}_{uuid.uuid4().hex[:6]}_{safe_component(node)}"
+    run_dir = base / run_folder_name(run_id, node, now=now)
     try:
         os.mkdir(run_dir, DIR_MODE)  # fresh: a folder already there (planted or not) is never reused
         os.chmod(run_dir, DIR_MODE)  # whatever the umask
     except OSError as exc:
         raise ConfigError(f"cannot create the run folder {run_dir}: {exc.strerror}") from None
+    if not log_dir:
+        runhistory.hold(run_dir)
+        runhistory.point_latest(base, run_dir)
+        runhistory.prune(base, keep=keep_runs, now=now)
     return run_dir
 
 
@@ -113,4 +134,5 @@ def make_socket_dir(longest_name: str) -> Path:
                       f"{SOCKET_PATH_MAX} bytes): {'; '.join(tried)}; set TMPDIR to a short, writable folder")
 
 
-__all__ = ["checked_log_dir", "default_base", "make_run_dir", "make_socket_dir", "private_base", "safe_component"]
+__all__ = ["checked_log_dir", "default_base", "make_run_dir", "make_socket_dir", "private_base", "run_folder_name",
+           "safe_component"]

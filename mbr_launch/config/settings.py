@@ -1,7 +1,7 @@
 """Every launcher setting, declared once.
 
 The CLI options, the environment variables, the config-file keys, the man page, the shell completions
-and the README options table are all generated from ``SETTINGS``. Precedence when resolving a value:
+and the options page (docs/options.md) are all generated from ``SETTINGS``. Precedence when resolving a value:
 command line > environment (``MBR_*`` first, then torchrun's ``PET_*``) > config file > default.
 
 Resolution is pure: ``resolve(cli, environ, config_file)`` takes plain mappings, so tests need no
@@ -28,21 +28,21 @@ from mbr_launch.decide.policy import RESTART_POLICIES
 SETTINGS: tuple[Setting, ...] = (
     # -- torchrun: every flag of torch.distributed.run.get_args_parser(), same names and defaults --
     _torchrun("nnodes", str, "1:1", "Number of nodes, or the range of nodes in form MIN:MAX.",
-              metavar="N|MIN:MAX"),
+              metavar="N|MIN:MAX", common=True),
     _torchrun("nproc_per_node", str, "1", "Number of workers per node: an integer, auto, cpu, gpu or xpu.",
-              metavar="N"),
+              metavar="{N,auto,cpu,gpu,xpu}", common=True, values=("gpu", "cpu", "auto", "xpu", "1", "2", "4", "8")),
     _torchrun("rdzv_backend", str, "static", "Rendezvous backend: c10d (or static; etcd is not supported).",
-              metavar="NAME"),
+              metavar="{c10d,static}", common=True, values=("c10d", "static")),
     _torchrun("rdzv_endpoint", str, "", "Rendezvous endpoint, HOST[:PORT] (c10d default port 29400).",
-              metavar="HOST:PORT"),
+              metavar="HOST:PORT", common=True),
     _torchrun("rdzv_id", str, "none", "User-defined id of the job; all agents of one job use the same.",
-              metavar="ID"),
+              metavar="ID", common=True),
     _torchrun("rdzv_conf", str, "", "Extra rendezvous configuration: KEY=VALUE,... (e.g. join_timeout=600).",
               metavar="K=V,..."),
     _torchrun("standalone", bool, False,
-              "Single-node job: start a local c10d rendezvous on a free port; overrides the rdzv flags."),
+              "Single-node job: start a local c10d rendezvous on a free port; overrides the rdzv flags.", common=True),
     _torchrun("max_restarts", int, 0, "Restarts allowed after worker failures, counted for the whole job.",
-              parse=non_negative("--max-restarts", int), metavar="N"),
+              parse=non_negative("--max-restarts", int), metavar="N", common=True),
     _torchrun("monitor_interval", float, 0.1,
               "Seconds between membership checks (failures are detected by events, not by this poll).",
               parse=non_negative("--monitor-interval", float), metavar="SECONDS"),
@@ -53,18 +53,18 @@ SETTINGS: tuple[Setting, ...] = (
     _torchrun("event_log_handler", str, "null", "torchelastic event handler name (accepted for compatibility).",
               metavar="NAME"),
     _torchrun("role", str, "default", "User-defined role of the workers (ROLE_NAME).", metavar="NAME"),
-    _torchrun("module", bool, False, "Run the training script as a module, like 'python -m'.", short="-m"),
+    _torchrun("module", bool, False, "Run the training script as a module, like 'python -m'.", short="-m", common=True),
     _torchrun("no_python", bool, False, "Execute the training script directly instead of with python."),
     _torchrun("run_path", bool, False, "Run the script with runpy.run_path (torchrun compatibility)."),
     _torchrun("log_dir", str, None,
               "Directory for logs, stack dumps and the event log (a private per-run sub-directory is created; "
               "default: <temp dir>/mbr-launch-<uid>).",
-              metavar="DIR", panel=LOGGING),
+              metavar="DIR", panel=LOGGING, common=True),
     _torchrun("redirects", str, "0",
               "Redirect std streams of workers into log files: 0 none, 1 stdout, 2 stderr, 3 both, or per "
-              "local rank '0:1,1:2'.", short="-r", metavar="SPEC", panel=LOGGING),
+              "local rank '0:1,1:2'.", short="-r", metavar="SPEC", panel=LOGGING, values=("0", "1", "2", "3")),
     _torchrun("tee", str, "0", "Tee std streams into log files and the console (same format as --redirects).",
-              short="-t", metavar="SPEC", panel=LOGGING),
+              short="-t", metavar="SPEC", panel=LOGGING, values=("0", "1", "2", "3")),
     _torchrun("local_ranks_filter", str, "",
               "Only show the console output of these local ranks (e.g. 0,1); log files keep everything.",
               metavar="RANKS", panel=LOGGING),
@@ -104,7 +104,7 @@ SETTINGS: tuple[Setting, ...] = (
               "Set LOCAL_RANK=0 in every worker and point CUDA_VISIBLE_DEVICES at its own GPU."),
     # -- fault tolerance: ft_launcher's flags as they are, plus readable names --
     Setting(name="config", flags=("--config", "--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path"),
-            kind=str, default=None, panel=FAULT, env=("PET_FT_CFG_PATH",), metavar="FILE",
+            kind=str, default=None, panel=FAULT, common=True, env=("PET_FT_CFG_PATH",), metavar="FILE",
             help="YAML config file: an 'mbr_launch:' section with any setting, and/or ft_launcher's "
                  "'fault_tolerance:' section as it is."),
     _ft("initial_heartbeat_timeout", "initial_rank_heartbeat_timeout", float, 3600.0,
@@ -180,7 +180,7 @@ SETTINGS: tuple[Setting, ...] = (
                  "which DistributedDataParallel and torch.compile import on first use (about 1.5 s), or "
                  "megatron.core. Their import-time environment variables are the standby's, as with torch."),
     # -- restart policy --
-    Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY,
+    Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY, common=True,
             parse=choice("--restart-scope", ("job", "node", "rank")), choices=("job", "node", "rank"),
             help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
                  "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
@@ -247,7 +247,7 @@ SETTINGS: tuple[Setting, ...] = (
             parse=non_negative("--max-requeues", int), metavar="N",
             help="Requeue at most N times in the life of the job (compared with SLURM_RESTART_COUNT)."),
     # -- preflight checks (mbr-launch doctor) --
-    Setting(name="skip_check", flags=("--skip-check",), kind=str, default="", panel=CHECKS,
+    Setting(name="skip_check", flags=("--skip-check",), kind=str, default="", panel=CHECKS, common=True,
             parse=comma_list, metavar="IDS",
             help="Doctor check ids to skip before launching (comma-separated; 'all' skips the preflight). "
                  "Errors stop the launch; `mbr-launch doctor` lists the ids."),
@@ -256,8 +256,13 @@ SETTINGS: tuple[Setting, ...] = (
             help="The process-group (NCCL watchdog) timeout your script passes to init_process_group, so "
                  "the checks can compare it with the in-process-restart hard_timeout."),
     # -- logging --
-    Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING,
+    Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING, common=True,
             help="Print only worker output and errors, not the launcher's progress lines."),
+    Setting(name="keep_runs", flags=("--keep-runs",), kind=int, default=20, panel=LOGGING,
+            parse=non_negative("--keep-runs", int), metavar="N",
+            help="Run folders to keep in the default log folder (<temp dir>/mbr-launch-<uid>, where 'latest' "
+                 "links to the newest): older ones no launcher uses are removed when a run starts (0 keeps "
+                 "all). Folders under --log-dir are never removed."),
     # -- zero-code resiliency: automatic step heartbeats, stragglers, live status --
     Setting(name="autobeat", flags=("--autobeat",), kind=str, default="on", panel=FAULT,
             parse=choice("--autobeat", ("on", "off")), choices=("on", "off"),
@@ -268,7 +273,7 @@ SETTINGS: tuple[Setting, ...] = (
             panel=FAULT, parse=optional_timeout("--initial-step-timeout"), metavar="SECONDS",
             help="Seconds from a rank's start to its first optimizer step, which includes start-up, "
                  "compilation and data warm-up ('none' disables)."),
-    Setting(name="step_timeout", flags=("--step-timeout",), kind=float, default=1800.0, panel=FAULT,
+    Setting(name="step_timeout", flags=("--step-timeout",), kind=float, default=1800.0, panel=FAULT, common=True,
             parse=optional_timeout("--step-timeout"), metavar="SECONDS",
             help="Seconds allowed between two optimizer steps of a rank, evaluation and checkpointing "
                  "included ('none' disables). Not applied to ranks whose script uses the NVRx "
@@ -282,7 +287,7 @@ SETTINGS: tuple[Setting, ...] = (
             help="Seconds between straggler reports (0 disables them)."),
     Setting(name="stop_on_straggler", flags=("--stop-on-straggler",), kind=bool, default=False, panel=FAULT,
             help="Stop the job (exit code 1) when a straggler is reported."),
-    Setting(name="status", flags=("--status",), kind=str, default="auto", panel=LOGGING,
+    Setting(name="status", flags=("--status",), kind=str, default="auto", panel=LOGGING, common=True,
             parse=choice("--status", ("auto", "live", "plain", "off")), choices=("auto", "live", "plain", "off"),
             help="Per-rank status (state, heartbeat age, section, step time, restarts): live (a table, on a "
                  "terminal), plain (a line every --status-interval), auto (live on a terminal, else plain)."),

@@ -2,20 +2,25 @@
 
 Computed per node from its event log: one ``progress`` record per attempt ("segment": from the workers'
 start to their stop; a rank- or node-scope restart starts a new one) and the ``end`` record. Times are the
-log's ``t`` (seconds since launch). The run's wall time is split, without overlap or gap, into:
+log's ``t`` (seconds since launch). The run's wall time is cut, without overlap or gap, into spans of six
+kinds (``CATEGORIES``; ``goodput_text.MEANING`` says each in a line for people):
 
-- startup: launch -> the first optimizer step of the first attempt (rendezvous, interpreter and torch start-up,
-  model build, the first step itself with its compilation and data warm-up);
-- productive: from an attempt's first step to its last step, minus lost work;
+- startup: launch -> the first optimizer step of the first attempt (the launcher's own start and
+  rendezvous, then the workers' interpreter and torch start-up, model build, the first step itself with its
+  compilation and data warm-up);
+- productive ("training"): from an attempt's first step to its last step, minus lost work;
 - lost: work a failure threw away. A plain script restarts from its beginning, so that is the failed
   attempt's whole stepping time; when the script marks its checkpoints with an NVRx section whose name starts
   with ``checkpoint``, ``ckpt`` or ``save``, or saves a dict with ``torch.save`` (seen by the automatic step
   heartbeat), only the steps after the last such checkpoint are lost;
 - detection: a failed attempt's last step -> the failure was detected (for a hang, about the step timeout);
 - restart: detection -> the first step of the next attempt (stop, back-off, rendezvous, start-up again);
-- other: after the last step of a successful attempt (final save, teardown), and after the last attempt.
+  when no step came after it, up to the next failure or the last attempt's end;
+- other: after the last step of a successful attempt (the script's final save, teardown, interpreter exit),
+  and after the last attempt (the launcher's stop).
 
-Per failure: its lost work, detection time and restart downtime. The fractions add up to 1.
+Per failure: its lost work, detection time and restart downtime, and whether a step was seen after it.
+The spans are what the run report draws; the seconds are their sums, so the fractions add up to 1.
 """
 
 from __future__ import annotations
@@ -26,6 +31,18 @@ from typing import Any, Iterable
 CATEGORIES = ("startup", "productive", "lost", "detection", "restart", "other")
 
 
+@dataclass(frozen=True)
+class Span:
+    """One stretch of a node's run, in the log's ``t``; ``failure``: index into ``Goodput.failures`` of the
+    failure whose lost work, detection or downtime it is."""
+
+    kind: str
+    start: float
+    end: float
+    round: Any = None
+    failure: int | None = None
+
+
 @dataclass
 class FailureCost:
     round: Any
@@ -33,6 +50,10 @@ class FailureCost:
     lost: float = 0.0
     detection: float = 0.0
     restart: float = 0.0
+    at: float = 0.0  # when it was detected (its attempt's end)
+    stepped: bool = False  # its attempt made optimizer steps, so "after the last step" means something
+    restarted: bool = False  # another attempt started after it
+    resumed: bool = False  # ... and made a step: ``restart`` is the time until training went on
 
 
 @dataclass
@@ -41,6 +62,13 @@ class Goodput:
     seconds: dict[str, float] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0.0))
     failures: list[FailureCost] = field(default_factory=list)
     steps: int = 0
+    spans: list[Span] = field(default_factory=list)
+    workers_started: float | None = None  # the first attempt's start: start-up before it is the launcher's
+
+    @property
+    def stepped(self) -> bool:
+        """Whether any optimizer step was seen (without one there is no goodput to speak of)."""
+        return self.steps > 0 or any(s.kind in ("productive", "lost") for s in self.spans)
 
     @property
     def fraction(self) -> float:
@@ -49,25 +77,34 @@ class Goodput:
     def fractions(self) -> dict[str, float]:
         return {k: (v / self.wall if self.wall > 0 else 0.0) for k, v in self.seconds.items()}
 
-    def render(self) -> str:
-        if self.wall <= 0:
-            return ""
-        names = {"lost": "lost work", "detection": "failure detection"}
-        lines = [f"Goodput: {self.fraction * 100:.1f}% ({self.seconds['productive']:.1f} s of productive steps in "
-                 f"{self.wall:.1f} s, {self.steps} step(s) on local rank 0)",
-                 "  " + ", ".join(f"{names.get(k, k)} {v:.1f} s ({v / self.wall * 100:.1f}%)"
-                                  for k, v in self.seconds.items() if v > 0 or k == "productive")]
-        for i, f in enumerate(self.failures, 1):
-            lines.append(f"  failure {i} (round {f.round}, {f.cause}): lost {f.lost:.1f} s of work, detected "
-                         f"{f.detection:.1f} s after the last step, training again {f.restart:.1f} s later")
-        return "\n".join(lines)
-
     def to_event(self) -> dict[str, Any]:
-        return {"wall": round(self.wall, 3), "goodput": round(self.fraction, 4),
+        return {"wall": round(self.wall, 3), "goodput": round(self.fraction, 4) if self.stepped else None,
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                 "failures": [{"round": f.round, "cause": f.cause, "lost": round(f.lost, 3),
-                              "detection": round(f.detection, 3), "restart": round(f.restart, 3)}
+                              "detection": round(f.detection, 3), "restart": round(f.restart, 3),
+                              "resumed": f.resumed}
                              for f in self.failures]}
+
+
+class _Cutter:
+    """Lays spans end to end from a cursor; seconds and per-failure costs follow from the spans."""
+
+    def __init__(self, g: Goodput) -> None:
+        self.g, self.cursor = g, 0.0
+
+    def to(self, kind: str, until: float, rnd: Any = None, failure: FailureCost | None = None) -> None:
+        start, self.cursor = self.cursor, max(self.cursor, until)
+        if self.cursor <= start:
+            return
+        self.g.seconds[kind] += self.cursor - start
+        index = self.g.failures.index(failure) if failure is not None and failure in self.g.failures else None
+        spans = self.g.spans
+        if spans and spans[-1].kind == kind and spans[-1].failure == index and spans[-1].end == start:
+            spans[-1] = Span(kind, spans[-1].start, self.cursor, spans[-1].round, index)  # one stretch, one span
+        else:
+            spans.append(Span(kind, start, self.cursor, rnd, index))
+        if kind == "restart" and failure is not None:
+            failure.restart += self.cursor - start
 
 
 def compute(records: Iterable[dict[str, Any]], wall: float | None = None) -> Goodput:
@@ -78,50 +115,51 @@ def compute(records: Iterable[dict[str, Any]], wall: float | None = None) -> Goo
         ends = [r["t"] for r in records if r.get("event") == "end"]
         wall = ends[-1] if ends else max((r.get("t", 0.0) for r in records), default=0.0)
     g = Goodput(wall=wall)
-    sec = g.seconds
-    cursor = 0.0  # everything before it is accounted for
+    cut = _Cutter(g)
     pending: FailureCost | None = None  # the failure whose restart downtime is running
     for seg in segments:
-        started, ended = _clip(seg["started"], cursor, wall), _clip(seg["ended"], seg["started"], wall)
+        rnd = seg.get("round")
+        started, ended = _clip(seg["started"], cut.cursor, wall), _clip(seg["ended"], seg["started"], wall)
+        if g.workers_started is None:
+            g.workers_started = started
+        if pending is not None:
+            pending.restarted = True
         first, last = seg.get("first_step"), seg.get("last_step")
         waiting = "restart" if pending else "startup" if not g.steps and not g.failures else "other"
         # the gap before this segment, and its part before the first step
-        until = _clip(first, started, ended) if first is not None else ended
-        _add(sec, waiting, until - cursor, pending)
-        cursor = until
+        cut.to(waiting, _clip(first, started, ended) if first is not None else ended, rnd, pending)
         if first is not None and last is not None:
-            last = _clip(last, until, ended)
+            first = cut.cursor
+            last = _clip(last, first, ended)
             g.steps += int(seg.get("steps") or 0)
+            if pending is not None:
+                pending.resumed = True
             pending = None
             if seg.get("cause") == "end":
-                sec["productive"] += last - until
-                sec["other"] += ended - last
+                cut.to("productive", last, rnd)
+                cut.to("other", ended, rnd)
             else:
-                cost = FailureCost(round=seg.get("round"), cause=seg.get("cause_detail") or seg.get("cause", "?"))
-                ckpt = seg.get("checkpoint")
-                kept = _clip(ckpt, until, last) if ckpt is not None else until
-                sec["productive"] += kept - until
-                cost.lost, cost.detection = last - kept, ended - last
-                sec["lost"] += cost.lost
-                sec["detection"] += cost.detection
+                cost = _failure(seg, ended, stepped=True)
                 g.failures.append(cost)
+                ckpt = seg.get("checkpoint")
+                cut.to("productive", _clip(ckpt, first, last) if ckpt is not None else first, rnd)
+                kept = cut.cursor
+                cut.to("lost", last, rnd, cost)
+                cut.to("detection", ended, rnd, cost)
+                cost.lost, cost.detection = last - kept, ended - last
                 pending = cost
-            cursor = ended
         elif seg.get("cause") != "end":
             # failed before its first step: the time so far stays with the failure (or startup) before it
-            _add(sec, waiting, ended - cursor, pending)
-            cursor = ended
-            pending = FailureCost(round=seg.get("round"), cause=seg.get("cause_detail") or seg.get("cause", "?"))
+            cut.to(waiting, ended, rnd, pending)
+            pending = _failure(seg, ended, stepped=False)
             g.failures.append(pending)
-    _add(sec, "other", wall - cursor, None)  # after the last attempt: final stop, summary
+    cut.to("other", wall)  # after the last attempt: final stop, summary
     return g
 
 
-def _add(sec: dict[str, float], category: str, seconds: float, failure: FailureCost | None) -> None:
-    seconds = max(0.0, seconds)
-    sec[category] += seconds
-    if category == "restart" and failure is not None:
-        failure.restart += seconds
+def _failure(seg: dict[str, Any], ended: float, *, stepped: bool) -> FailureCost:
+    return FailureCost(round=seg.get("round"), cause=seg.get("cause_detail") or seg.get("cause", "?"), at=ended,
+                       stepped=stepped)
 
 
 def _clip(value: float, low: float, high: float) -> float:

@@ -27,21 +27,29 @@ __all__ = [
 
 
 def run_doctor(
-    ctx: DoctorContext, *, deep: bool, as_json: bool, skip: Iterable[str] = frozenset(), console: Console | None = None
+    ctx: DoctorContext, *, deep: bool, as_json: bool, skip: Iterable[str] = frozenset(), console: Console | None = None,
+    verbose: bool = False,
 ) -> int:
-    """Run the checks (all of them with ``deep``, else the cheap ones), print, return the exit code."""
+    """Run the checks (all of them with ``deep``, else the cheap ones), print, return the exit code.
+
+    The text report groups the checks by area and folds the skipped ones into a line per area unless
+    ``verbose``; it starts with the versions, as the JSON holds them, for bug reports."""
+    from mbr_launch.report.version import version_line  # noqa: PLC0415
+
     results = run_checks(ctx, only_cheap=not deep, skip=set(skip))
     if as_json:
         print(to_json(results), flush=True)  # plain stdout: rich would wrap and colour the JSON
     else:
-        render_table(results, console or _console())
+        render_table(results, console or _console(), verbose=verbose, title=version_line())
     return exit_code(results)
 
 
-def preflight(ctx: DoctorContext, *, skip: Iterable[str] = frozenset(), console: Console | None = None) -> bool:
-    """The launcher's gate: run the cheap checks, print warnings and errors with fixes, True to go on."""
+def preflight(ctx: DoctorContext, *, skip: Iterable[str] = frozenset(), console: Console | None = None,
+              quiet: bool = False) -> bool:
+    """The launcher's gate: run the cheap checks, print each error with its fix and the warnings as one
+    line (`mbr-launch doctor` has the details), True to go on."""
     results = run_checks(ctx, only_cheap=True, skip=set(skip))
-    render_problems(results, console or _console(stderr=True))
+    render_problems(results, console or _console(stderr=True), quiet=quiet)
     return exit_code(results) < 2
 
 

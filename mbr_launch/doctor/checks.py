@@ -14,7 +14,7 @@ from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import REGISTRY, CheckResult, DoctorError, Finding, check
 
 
-@check("deep.gpu", "GPU GEMM and NCCL all-reduce self-test", cheap=False)
+@check("deep.gpu", "collective self-test: GPU GEMM and NCCL all-reduce, or gloo without a GPU", cheap=False)
 def _deep(ctx: DoctorContext) -> list[CheckResult]:
     # Imported here, not at the top: ``python -m mbr_launch.doctor.deep`` must find the module unimported.
     from mbr_launch.doctor.deep import run_deep  # noqa: PLC0415
@@ -39,7 +39,9 @@ def check_skip(skip: Iterable[str]) -> None:
                       "(`mbr-launch doctor` shows what each one checks)")
 
 
-def run_checks(ctx: DoctorContext, *, only_cheap: bool = False, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
+def run_checks(ctx: DoctorContext, *, only_cheap: bool = True, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
+    """The cheap checks, and with ``only_cheap=False`` the deep ones too (they start processes and take
+    seconds, so only when asked for: ``doctor --deep``)."""
     skip = set(skip)
     check_skip(skip)
     results: list[CheckResult] = []

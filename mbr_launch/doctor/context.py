@@ -60,7 +60,8 @@ class DoctorContext:
     resolve: Callable[[str], list[str]] = probes.resolve
     local_addresses: Callable[[], set[str]] = probes.local_addresses
     rdma_devices: Callable[[], list[str]] = probes.rdma_devices
-    other_launchers: Callable[[], list[tuple[int, str]]] = probes.other_launchers
+    other_launchers: Callable[[], list[probes.LauncherProcess]] = probes.other_launchers
+    uid: int = field(default_factory=os.getuid)  # whose launchers count (launcher.per_node)
     script_head: Callable[[str], str | None] = probes.script_head
 
     @classmethod

@@ -5,7 +5,7 @@ One process per GPU (spawned, so the parent never touches CUDA); each measures b
 GPU, then all processes join one NCCL group and time an all-reduce on every GPU pair (and, with more
 than two GPUs, on all of them), checking the summed values too. A GPU or pair well below the median is a
 warning; a worker that fails, hangs past the deadline or returns wrong sums is an error. Without CUDA it
-returns one ``skip``.
+runs a gloo all-reduce across local processes instead (``deep_cpu``).
 
 Run alone: ``python -m mbr_launch.doctor.deep [--timeout S]`` prints the JSON report.
 """
@@ -33,7 +33,9 @@ def run_deep(*, timeout_s: float = 90.0, gemm_n: int = 8192, allreduce_mib: int 
     except ImportError as exc:
         return [CheckResult(ID, "skip", TITLE, f"no GPU (torch not importable: {exc})", "")]
     if not torch.cuda.is_available():
-        return [CheckResult(ID, "skip", TITLE, "no GPU (CUDA not available)", "")]
+        from mbr_launch.doctor.deep_cpu import run_gloo  # noqa: PLC0415
+
+        return run_gloo(timeout_s=timeout_s)
     world = torch.cuda.device_count()
     msgs, failures = _run_workers(world, timeout_s, gemm_n, allreduce_mib)
     return _assess(world, msgs, failures)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 
 from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor.neighbours import C10D_PORT, conflicts, endpoint_key, split_host_port
 from mbr_launch.config.slurm import SlurmError, parse_tasks_per_node
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
 
@@ -87,12 +88,34 @@ def per_node(ctx: DoctorContext) -> Finding:
         if n > 1:
             return warn(f"the allocation has {n} tasks per node; an srun without --ntasks-per-node=1 would start "
                         f"{n} launchers per node", fix_srun)
-    others = ctx.other_launchers()
-    if others:
-        listed = "; ".join(f"pid {pid}: {cmd}" for pid, cmd in others[:3])
-        return warn(f"{len(others)} other launcher process(es) on this host: {listed}",
-                    "stop them or give each job its own GPUs (CUDA_VISIBLE_DEVICES) and rendezvous port")
-    return ok("no other launcher on this node")
+    return _neighbours(ctx)
+
+
+def _neighbours(ctx: DoctorContext) -> Finding:
+    view = ctx.nvml()
+    has_gpus = bool(view.available and view.gpus)
+    found, ignored = conflicts(ctx.other_launchers(), uid=ctx.uid, env=ctx.env, has_gpus=has_gpus,
+                               rendezvous=own_rendezvous(ctx))
+    aside = f" ({ignored} other launcher process(es) ignored: other users' jobs, --help, doctor)" if ignored else ""
+    if not found:
+        scope = "these GPUs or this rendezvous" if has_gpus else "this rendezvous"
+        return ok(f"no other launch of yours on this host uses {scope}{aside}")
+    listed = "; ".join(f"pid {c.process.pid} {c.why}: {' '.join(c.process.argv)[:100]}" for c in found[:3])
+    pids = " ".join(str(c.process.pid) for c in found)
+    gpu_fix = "give each job its own GPUs (CUDA_VISIBLE_DEVICES=...) or " if any("GPU" in c.why for c in found) else ""
+    port_fix = "use another --rdzv-endpoint port, or " if any("rendezvous" in c.why for c in found) else ""
+    return warn(f"{len(found)} other launch(es) of yours on this host: {listed}",
+                f"{gpu_fix}{port_fix}stop the other launch (kill {pids}) if it is left over")
+
+
+def own_rendezvous(ctx: DoctorContext) -> tuple[str, int] | None:
+    """Where this launch's rendezvous listens; None when it picks a free port (--standalone)."""
+    if ctx.standalone:
+        return None
+    if ctx.rdzv_endpoint:
+        parsed = split_host_port(ctx.rdzv_endpoint, C10D_PORT)
+        return endpoint_key(*parsed) if parsed else None
+    return endpoint_key(ctx.master_addr, ctx.master_port)
 
 
 @check("launcher.group_rank", "GROUP_RANK present and unique off Slurm (NVRx infrastructure rank)")

@@ -284,8 +284,22 @@ def detect_launcher(env: Mapping[str, str], parents: Sequence[Sequence[str]] | N
     return "none"
 
 
-def other_launchers() -> list[tuple[int, str]]:
-    """Launcher processes on this host outside our own process tree (pid, command line)."""
+@dataclass(frozen=True)
+class LauncherProcess:
+    """Another launcher process on this host, as ``launcher.per_node`` judges it."""
+
+    pid: int
+    uid: int | None  # None: unknown (the process went away while being read)
+    argv: tuple[str, ...]
+    # Its CUDA_VISIBLE_DEVICES; None when unset (every GPU) or when its environment cannot be read
+    # (another user's process), ``env_read`` says which.
+    visible_devices: str | None = None
+    env_read: bool = False
+
+
+def other_launchers() -> list[LauncherProcess]:
+    """Launcher agents on this host outside our own process tree, whoever runs them and whatever they do
+    (``launcher.per_node`` decides which ones matter)."""
     import psutil  # noqa: PLC0415
 
     me = psutil.Process()
@@ -296,12 +310,19 @@ def other_launchers() -> list[tuple[int, str]]:
     except psutil.Error:
         pass
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline"]):
+    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
         cmd = proc.info.get("cmdline") or []
         if proc.info["pid"] in mine or not cmd:
             continue
-        name = launcher_of(cmd)
-        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents.
-        if name is not None and "mbr_launch.shim.boot" not in cmd and "doctor" not in cmd:
-            found.append((proc.info["pid"], " ".join(cmd)[:200]))
+        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
+        # standby shows as "mbr-launch standby ..." (shim.proctitle).
+        if launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]:
+            continue
+        uids = proc.info.get("uids")
+        devices, read = None, False
+        try:
+            devices, read = proc.environ().get("CUDA_VISIBLE_DEVICES"), True
+        except (psutil.Error, OSError):
+            pass  # another user's process: its environment is private
+        found.append(LauncherProcess(proc.info["pid"], uids.real if uids else None, tuple(cmd), devices, read))
     return found

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import textwrap
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from mbr_launch.doctor.registry import SEVERITIES, CheckResult
@@ -15,6 +16,9 @@ if TYPE_CHECKING:
 SCHEMA_VERSION = 1
 NOT_RUN = exitcodes.DOCTOR_NOT_RUN  # no check could run (bad option or config): not 0/1/2, a check outcome
 _STYLE = {"ok": "green", "warn": "yellow", "error": "bold red", "skip": "dim", "info": "cyan"}
+# A check id's prefix -> the heading its area is reported under.
+AREAS = {"launcher": "Launcher", "rdzv": "Rendezvous", "gpu": "GPUs", "versions": "Versions", "limits": "Limits",
+         "fs": "Files and disk", "config": "Config file", "ipr": "In-process restart", "deep": "Deep self-test"}
 
 
 def summary(results: Sequence[CheckResult]) -> dict[str, int]:
@@ -27,10 +31,11 @@ def exit_code(results: Sequence[CheckResult]) -> int:
     return 2 if counts["error"] else 1 if counts["warn"] else 0
 
 
-def to_json(results: Sequence[CheckResult]) -> str:
+def to_json(results: Sequence[CheckResult], versions: Mapping[str, str | None] | None = None) -> str:
     return json.dumps(
         {
             "version": SCHEMA_VERSION,
+            "versions": dict(versions) if versions is not None else _versions(),
             "checks": [{"id": r.id, "severity": r.severity, "title": r.title, "saw": r.saw, "fix": r.fix}
                        for r in results],
             "summary": summary(results),
@@ -41,29 +46,94 @@ def to_json(results: Sequence[CheckResult]) -> str:
 
 def to_json_error(message: str) -> str:
     """The JSON document when no check could run: the same schema, no checks, and the reason."""
-    return json.dumps({"version": SCHEMA_VERSION, "error": message, "checks": [], "summary": summary([])}, indent=2)
+    return json.dumps({"version": SCHEMA_VERSION, "versions": _versions(), "error": message, "checks": [],
+                       "summary": summary([])}, indent=2)
 
 
-def render_table(results: Sequence[CheckResult], console: Console) -> None:
-    from rich.table import Table  # noqa: PLC0415 - keep JSON mode free of rich
+def _versions() -> dict[str, str | None]:
+    from mbr_launch.report.version import versions  # noqa: PLC0415
 
-    table = Table(title="mbr-launch doctor", show_lines=False, expand=False)
-    table.add_column("check", no_wrap=True)
-    table.add_column("", no_wrap=True)
-    table.add_column("saw")
-    table.add_column("fix")
+    return versions()
+
+
+def area(result: CheckResult) -> str:
+    prefix = result.id.split(".", 1)[0]
+    return AREAS.get(prefix, prefix)
+
+
+def skip_reason(saw: str) -> str:
+    """The gist of a skip ("no GPU (NVML init failed ...)" -> "no GPU"), for the folded line."""
+    return saw.split(" (", 1)[0].strip() or saw
+
+
+def grouped(results: Sequence[CheckResult]) -> list[tuple[str, list[CheckResult]]]:
+    """Results by area, areas in the order their first check ran."""
+    groups: dict[str, list[CheckResult]] = {}
     for r in results:
-        style = _STYLE[r.severity]
-        table.add_row(r.id, f"[{style}]{r.severity}[/]", r.saw, r.fix)
-    console.print(table)
-    counts = summary(results)
-    console.print(", ".join(f"[{_STYLE[s]}]{n} {s}[/]" for s, n in counts.items() if n))
+        groups.setdefault(area(r), []).append(r)
+    return list(groups.items())
 
 
-def render_problems(results: Sequence[CheckResult], console: Console) -> None:
-    """The short form the launcher prints before starting: only warnings and errors, each with its fix."""
-    for r in results:
-        if r.severity in ("warn", "error"):
-            console.print(f"[{_STYLE[r.severity]}]{r.severity}[/] {r.id}: {r.saw}")
+def render_lines(results: Sequence[CheckResult], *, width: int, verbose: bool) -> list[tuple[str, str]]:
+    """(style, text) lines of the doctor's report: grouped by area, each check's finding and fix wrapped
+    to ``width``; the skipped checks of an area folded into one line unless ``verbose``."""
+    out: list[tuple[str, str]] = []
+    for name, members in grouped(results):
+        out.append(("bold", name))
+        shown = [r for r in members if verbose or r.severity != "skip"]
+        for r in shown:
+            head = f"  {r.severity:<5} {r.id}: "
+            for i, line in enumerate(_wrap(head + r.saw, width, 8)):
+                out.append((_STYLE[r.severity] if i == 0 else "", line))
             if r.fix:
-                console.print(f"    fix: {r.fix}   (override: --skip-check {r.id})")
+                out += [("", line) for line in _wrap(f"        fix: {r.fix}", width, 13)]
+        folded = [r for r in members if r not in shown]
+        if folded:
+            reasons = "; ".join(dict.fromkeys(skip_reason(r.saw) for r in folded))
+            out += [("dim", line) for line in _wrap(f"  {len(folded)} skipped ({reasons})", width, 4)]
+    return out
+
+
+def _wrap(text: str, width: int, indent: int) -> list[str]:
+    return textwrap.wrap(text, max(width - 1, 40), subsequent_indent=" " * indent, break_on_hyphens=False,
+                         break_long_words=True) or [text]
+
+
+def render_table(results: Sequence[CheckResult], console: Console, *, verbose: bool = False,
+                 title: str = "") -> None:
+    """The doctor's report for people (the name is kept for callers): see ``render_lines``."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    width = min(console.width, 120)
+    for line in _wrap(title, width, 2) if title else []:
+        console.print(f"[bold]{escape(line)}[/]", highlight=False, soft_wrap=True)
+    for style, line in render_lines(results, width=width, verbose=verbose):
+        console.print(f"[{style}]{escape(line)}[/]" if style else escape(line), highlight=False, soft_wrap=True)
+    counts = summary(results)
+    told = ", ".join(f"[{_STYLE[s]}]{n} {'skipped' if s == 'skip' else s}[/]" for s, n in counts.items() if n)
+    hint = " (--verbose shows the skipped checks)" if counts["skip"] and not verbose else ""
+    console.print(told + hint, highlight=False, soft_wrap=True)
+
+
+def preflight_line(results: Sequence[CheckResult]) -> str | None:
+    """The launcher's one line for warnings, or None when there are none."""
+    warned = [r for r in results if r.severity == "warn"]
+    if not warned:
+        return None
+    return (f"preflight: {len(warned)} warning{'s' if len(warned) > 1 else ''}; "
+            "run `mbr-launch doctor` for details")
+
+
+def render_problems(results: Sequence[CheckResult], console: Console, *, quiet: bool = False) -> None:
+    """What the launcher prints before starting: every error in full, with its fix (they stop the launch);
+    warnings as one line pointing at the doctor (none with ``quiet``)."""
+    from rich.markup import escape  # noqa: PLC0415
+
+    for r in results:
+        if r.severity == "error":
+            console.print(f"[{_STYLE[r.severity]}]{r.severity}[/] {escape(r.id)}: {escape(r.saw)}")
+            if r.fix:
+                console.print(f"    fix: {escape(r.fix)}   (override: --skip-check {escape(r.id)})")
+    line = preflight_line(results)
+    if line and not quiet:
+        console.print(escape(line), highlight=False, soft_wrap=True)

@@ -7,7 +7,8 @@ hostname, "group_rank": int|null, ...event fields}``. Event names and their fiel
 ==================  =========================================================================================
 event               fields (besides the common ones; any may be null where it does not apply)
 ==================  =========================================================================================
-start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir)
+start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir),
+                    version ({mbr-launch, torch, nvidia-resiliency-ext, python}: what ran, for bug reports)
 rendezvous          round, group_world_size, world_size, rank_offset, master_addr, master_port, restart_count,
                     seconds (to join)
 worker_start        rank, local_rank, pid, round
@@ -42,8 +43,9 @@ progress            round, started, first_step, last_step, checkpoint, ended (al
                     (failure|stop|end), steps: one attempt of this node's workers, for goodput
 straggler           round, interval, threshold, stragglers (ranks), ranks (list of {rank, relative,
                     individual, median, best, samples})
-goodput             wall, goodput (fraction), seconds ({startup, productive, lost, detection, restart,
-                    other}), failures (list of {round, cause, lost, detection, restart})
+goodput             wall, goodput (fraction; null when no optimizer step was seen), seconds ({startup,
+                    productive, lost, detection, restart, other}), failures (list of {round, cause, lost,
+                    detection, restart, resumed (a step came after it: restart is the time until then)})
 output_lost         rank, local_rank, stream (stdout|stderr|filtered_stdout|filtered_stderr), path, error,
                     lost_bytes, lost_lines: a log file that could not be written (disk full, I/O error); its
                     complete lines are kept, the rest went to the console only
@@ -69,7 +71,7 @@ SCHEMA_VERSION = 1
 
 # event name -> fields it always carries (besides the common ones)
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
-    "start": ("argv", "run_id", "nproc_per_node", "nnodes", "max_restarts", "log_dir"),
+    "start": ("argv", "run_id", "nproc_per_node", "nnodes", "max_restarts", "log_dir", "version"),
     "rendezvous": ("round", "group_world_size", "world_size", "rank_offset", "master_addr",
                    "master_port", "restart_count", "seconds"),
     "worker_start": ("rank", "local_rank", "pid", "round"),

@@ -77,7 +77,7 @@ class RunSummary:
     restarts: int = 0
     exit_code: int = 0
     reason: str = ""
-    goodput: str = ""  # goodput.Goodput.render() of this node, when workers made steps
+    goodput: str = ""  # goodput_text.render() of this node: where its time went
     losses: list[str] = field(default_factory=list)  # what the log files miss (a full disk, an I/O error)
 
     def root_cause(self) -> FailureRecord | None:

@@ -19,6 +19,12 @@ What it arms, each driven by an environment variable the agent sets:
   the standby level says, waits for its assignment (environment, working directory) and applies it; all
   the above is then armed from the assigned environment, as in a fresh worker.
 
+The traceback of an exception the script does not catch starts at the script's own first frame, as under
+``python SCRIPT``: the frames of this shim and of ``runpy`` are left out (``user_frames``). It is printed once
+per line with the agent's ``[rankN]:`` prefix only: torch's ``init_process_group`` wraps ``sys.excepthook``
+in one that prefixes every line with ``[rankN]: `` again, and the shim prints through the hook torch wrapped
+(``unprefixed``); a hook the script installs itself is used as it is.
+
 One difference from ``python SCRIPT``: when the script fails (an exception, or a non-zero ``sys.exit``),
 Python would wait for every non-daemon thread before exiting, forever if one never ends, and the rank would
 neither run nor exit. Here those threads get ``EXIT_GRACE`` seconds, then the process exits with the
@@ -40,6 +46,7 @@ import signal
 import sys
 import threading
 import time
+import types
 
 from mbr_launch.contract import (AUTOBEAT_ENV, BOOT_MODULE, FR_TRIGGER_ENV, STACK_FILE_ENV, STACK_SIGNAL,
                                  STANDBY_CHANNEL_ENV, preemption_signals)
@@ -105,6 +112,59 @@ def collect_process_groups_at_exit() -> None:
         gc.collect()
 
 
+# Where the frames that come before the script's own are: this package's files and runpy (frozen or not).
+_LAUNCHER_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, runpy.__file__, "<frozen runpy>")
+
+
+def user_frames(exc: BaseException, tb: types.TracebackType | None) -> types.TracebackType | None:
+    """``tb`` without its leading launcher frames, so the traceback starts where ``python SCRIPT``'s does.
+    When every frame is the launcher's: none for a SyntaxError (the script's, met while compiling it, which
+    Python prints with no frames), else all (the shim's own failure)."""
+    first = tb
+    while first is not None and first.tb_frame.f_code.co_filename.startswith(_LAUNCHER_FILES):
+        first = first.tb_next
+    return first if first is not None or isinstance(exc, SyntaxError) else tb
+
+
+def _trimming_hook(hook):  # type: ignore[no-untyped-def]
+    def excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        hook(exc_type, exc, _trimmed(exc, tb))
+
+    excepthook.mbr_launch_trims = True  # type: ignore[attr-defined]
+    return excepthook
+
+
+def unprefixed(hook):  # type: ignore[no-untyped-def]
+    """The hook torch's ``init_process_group`` wrapped, when ``hook`` is torch's wrapper: the agent prefixes
+    every line of the rank's console output with ``[rankN]:`` already, and torch's wrapper would add its own
+    ``[rankN]: `` to each line of the traceback (``[rank0]:[rank0]: Traceback``). Anything else (a hook the
+    script installed after torch's) is left as it is."""
+    if getattr(hook, "__module__", "") == "torch.distributed.distributed_c10d" and \
+            getattr(hook, "__name__", "") == "_distributed_excepthook":
+        cells = dict(zip(hook.__code__.co_freevars, (c.cell_contents for c in hook.__closure__ or ())))
+        if callable(cells.get("old_hook")):
+            return cells["old_hook"]
+    return hook
+
+
+def install_excepthook() -> None:
+    """For exceptions that reach the interpreter itself (e.g. KeyboardInterrupt): the script's frames only."""
+    if not getattr(sys.excepthook, "mbr_launch_trims", False):
+        sys.excepthook = _trimming_hook(sys.excepthook)
+
+
+def _trimmed(exc: BaseException, tb: types.TracebackType | None) -> types.TracebackType | None:
+    tb = user_frames(exc, tb)
+    # Python's own hook prints the exception's traceback, not the one it is given, when the exception has one.
+    exc.__traceback__ = tb
+    return tb
+
+
+def show_failure(exc_type: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> None:
+    """Print the script's uncaught exception as Python would, from the script's first frame, prefixed once."""
+    unprefixed(sys.excepthook)(exc_type, exc, _trimmed(exc, tb))
+
+
 def run_target(argv: list[str]) -> None:
     """Run ``argv`` (``-m MODULE ARGS`` or ``SCRIPT ARGS``) as the ``__main__`` program."""
     if not argv:
@@ -133,7 +193,7 @@ def run_failing_fast(argv: list[str]) -> None:
             print(exc.code, file=sys.stderr)  # what Python prints for sys.exit("message")
         _exit_failed(exc.code if isinstance(exc.code, int) else 1)
     except Exception:
-        sys.excepthook(*sys.exc_info())  # the traceback, as Python prints it, before waiting for the threads
+        show_failure(*sys.exc_info())  # type: ignore[arg-type]  # before waiting for the threads
         _exit_failed(1)
 
 
@@ -164,6 +224,7 @@ def main() -> None:
     arm_stack_dump()
     arm_flight_recorder()
     arm_autobeat()
+    install_excepthook()
     # Registered first, so it runs after every atexit handler the script or torch registers.
     atexit.register(collect_process_groups_at_exit)
     run_failing_fast(sys.argv[1:])

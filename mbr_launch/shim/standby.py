@@ -42,6 +42,7 @@ import os
 import select
 import signal
 import sys
+import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
@@ -69,6 +70,11 @@ def serve() -> None:
     channel, level, delay = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
+    from mbr_launch.shim.proctitle import retitle  # only standbys need it
+
+    # Named as what it is in `ps` while it waits, not as the worker whose command line it was started with.
+    title = retitle(f"mbr-launch standby for local rank {os.environ.get('LOCAL_RANK', '?')}: "
+                    + " ".join(sys.argv[1:]))
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
     early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
@@ -78,6 +84,8 @@ def serve() -> None:
         _preload(level)
         _preload_modules(modules)
     message = _read_message(channel)
+    if title is not None:
+        title.restore()
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
     assignment = Assignment.decode(message)
@@ -113,11 +121,24 @@ def _preload_modules(modules: Sequence[str]) -> None:
                   "will import it itself", file=sys.stderr, flush=True)
 
 
+# The one warning the preload silences, and only while it runs (see _preload).
+PYNVML_DEPRECATED = "The pynvml package is deprecated"
+
+
 def _preload(level: str) -> None:
     if level == "interpreter":
         return
     try:
-        import torch
+        # `import torch` looks for pynvml, and the deprecated `pynvml` package that nvidia-resiliency-ext (our
+        # dependency) installs warns once per process that it is deprecated: noise about how the launcher was
+        # installed, which this preload would print on every rank of every round, also for scripts that never
+        # import torch. Only that message is filtered, only around this import of ours (catch_warnings puts
+        # the filters back): every other warning of the preload is shown as before, and a script's own
+        # `import torch` in a fresh worker (--standby off or interpreter, or a standby assigned before it
+        # preloaded) shows it as `python SCRIPT` would, since that import is the script's, not ours.
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
+            import torch
     except Exception:
         return  # the script meets the same error itself, on its own `import torch`
     if level != "cuda":

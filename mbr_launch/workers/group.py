@@ -4,16 +4,18 @@ from __future__ import annotations
 
 import errno
 import functools
+import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from mbr_launch.config.model import LaunchConfig
+from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.report.appender import LineAppender, describe
+from mbr_launch.report.console import Console, process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
@@ -21,7 +23,7 @@ from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers.output import OutputPump
 from mbr_launch.workers import strays
-from mbr_launch.workers.process import Worker, WorkerSpec, signal_group, spawn, stop_all
+from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
 
 if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
     from mbr_launch.cluster.rendezvous import Round
@@ -37,10 +39,26 @@ def longest_socket_name(nproc_per_node: int) -> str:
     return max(MONITOR_SOCKET.format(last), STEPS_SOCKET.format(last), "launcher.sock", key=len)
 
 
+def drop_empty_stack_file(worker: Worker) -> None:
+    """Remove the ended worker's faulthandler stack file when nothing was dumped into it. ``boot`` must open
+    it when the worker starts (faulthandler writes to an fd from its signal handler), so every rank has one;
+    it is read only while the worker lives (``stacks``, for a hang's evidence), so once the worker is gone an
+    empty one says nothing."""
+    path = worker.spec.env.get(STACK_FILE_ENV)
+    if not path:
+        return
+    try:
+        if os.lstat(path).st_size == 0:
+            os.unlink(path)
+    except OSError:
+        pass  # not made (a full disk), or gone already
+
+
 class WorkerGroup:
     def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str], run_dir: Path, sock_dir: Path,
-                 log: EventLog, monitor: Any, say: Callable[[str], None]) -> None:
+                 log: EventLog, monitor: Any, say: Callable[[str], None], console: Console | None = None) -> None:
         self.cfg = cfg
+        self.console = console or process_console()  # worker output shares the terminal with the live view
         self.environ = environ
         self.run_dir = run_dir
         self.sock_dir = sock_dir
@@ -53,6 +71,7 @@ class WorkerGroup:
         self._warned = False  # the one warning about worker logs that cannot be written
         self.standby: StandbyPool | None = None
         self._envs: dict[int, dict[str, str]] = {}  # the latest environment of each local rank
+        self.watch_stop: Callable[[float], StopWatch] | None = None  # grace -> a watch for one stop (the agent's)
 
     def start_standbys(self, pool: StandbyPool | None = None) -> None:
         """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
@@ -138,18 +157,20 @@ class WorkerGroup:
         lr = worker.local_rank
         show = out.local_ranks_filter is None or lr in out.local_ranks_filter
         pumps = []
-        for bit, stream, name, console, filters in (
-            (1, worker.proc.stdout, "stdout", sys.stdout.buffer, out.duplicate_stdout_filters),
-            (2, worker.proc.stderr, "stderr", sys.stderr.buffer, out.duplicate_stderr_filters),
+        for bit, stream, name, filters in (
+            (1, worker.proc.stdout, "stdout", out.duplicate_stdout_filters),
+            (2, worker.proc.stderr, "stderr", out.duplicate_stderr_filters),
         ):
             redirected = bool(out.redirects.for_rank(lr) & bit)
             teed = bool(out.tee.for_rank(lr) & bit)
             logfile = rank_dir / f"{name}.log" if (redirected or teed) else None
-            to_console = console if show and (teed or not redirected) else None
+            prefix = f"[rank{worker.rank}]:".encode()
+            console = self.console.source(name, prefix) if show else None
+            to_console = console if teed or not redirected else None
             filtered = self._filtered_file(name) if filters else None
-            pump = OutputPump(stream, prefix=f"[rank{worker.rank}]:".encode(), console=to_console,
+            pump = OutputPump(stream, prefix=prefix, console=to_console,
                               logfile=logfile, filters=filters, filtered=filtered,
-                              tail=worker.tail if name == "stderr" else None, fallback=console if show else None,
+                              tail=worker.tail if name == "stderr" else None, fallback=console,
                               on_log_failure=self._pump_failed,
                               on_done=functools.partial(self._pump_done, worker, name))
             pumps.append(pump.start())
@@ -230,7 +251,8 @@ class WorkerGroup:
         ranks = None if local_ranks is None else {w.local_rank for w in targets}
         stop_all(targets, first_signal=first_signal, grace=grace,
                  on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"),
-                 find_strays=lambda: self._strays(targets, ranks))
+                 find_strays=lambda: self._strays(targets, ranks),
+                 watch=self.watch_stop(grace) if self.watch_stop else None)
         strays.reap_zombies(self._own_children())
         # Disarm only after the groups are reaped: until then the monitor must still be able to kill them
         # should this agent die mid-stop. Verdicts that arrive meanwhile find the rank gone and are ignored.
@@ -245,6 +267,8 @@ class WorkerGroup:
                 worker.noticed = True
                 if rnd is not None:
                     self._log_exit(rnd, worker)
+                else:
+                    drop_empty_stack_file(worker)
 
     def kill_now(self) -> None:
         """SIGKILL every worker's process group and their strays, without waiting: the agent exits next."""
@@ -293,6 +317,7 @@ class WorkerGroup:
 
     def _log_exit(self, rnd: Round, worker: Worker) -> None:
         assert worker.status is not None
+        drop_empty_stack_file(worker)
         self.log.emit("worker_exit", rank=worker.rank, local_rank=worker.local_rank, pid=worker.pid,
                       round=rnd.index, exit_code=worker.status.code, signal=worker.status.signal,
                       seconds=round((worker.ended or time.monotonic()) - worker.started, 3))

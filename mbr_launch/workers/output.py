@@ -1,4 +1,10 @@
-"""Worker output: each stream copied line by line to its log file and/or the console, with a rank prefix.
+"""Worker output: each stream copied as it comes to its log file and/or the console, with a rank prefix.
+
+The pump reads whatever the pipe holds (``os.read``: partial lines and ``\\r`` progress bars show at once) and
+hands it to the console, which adds the prefix at each line start. Writes are batched: the console and the
+log file are written when the pipe has nothing more ready (or a batch is full), not once per line. Memory
+stays bounded whatever a worker writes: the log file gets whole lines, except that a line without end is
+written on in pieces of ``LINE_CAP``; the copies kept for the failure report and the filters are cut there.
 
 The pump never stops reading before the worker's end of the pipe closes: a worker whose pipe is not
 drained blocks in ``write`` and the job freezes. A log file that fails (disk full, I/O error) is given up
@@ -9,25 +15,36 @@ and what the file missed is counted. A console that fails (a closed terminal) is
 from __future__ import annotations
 
 import collections
+import os
+import select
 import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from mbr_launch.report.appender import LineAppender
+from mbr_launch.report.console import Source
+
+CHUNK = 64 * 1024  # one read; also the batch after which the log file is written even while more is ready
+LINE_CAP = 64 * 1024  # the longest line kept whole (tail, filters) or held back for the log file
+
+
+def prefixed(prefix: bytes, line: bytes) -> bytes:
+    """``line`` with the rank prefix, once: torch starts some lines with the same ``[rankN]:`` itself."""
+    return line if line.startswith(prefix) else prefix + line
 
 
 class OutputPump:
-    """Copies one worker stream line by line to a log file and/or the console with a rank prefix.
+    """Copies one worker stream to a log file and/or the console (a ``Source`` that adds the rank prefix).
 
     ``fallback`` is the console the stream switches to when its log file fails (None: the lines are only
     counted); ``on_log_failure`` is told once, at the first failure, and ``on_done`` when the stream ends
     (both on the pump's thread: they must be quick and thread-safe)."""
 
-    _console_lock = threading.Lock()
+    _filter_lock = threading.Lock()  # the filtered files are shared by the pumps of all ranks
 
-    def __init__(self, source: BinaryIO, *, prefix: bytes, console: BinaryIO | None,
+    def __init__(self, source: BinaryIO, *, prefix: bytes, console: Source | None,
                  logfile: Path | None, filters: Sequence[str] = (), filtered: LineAppender | None = None,
-                 tail: collections.deque[bytes] | None = None, fallback: BinaryIO | None = None,
+                 tail: collections.deque[bytes] | None = None, fallback: Source | None = None,
                  on_log_failure: Callable[["OutputPump", LineAppender], None] | None = None,
                  on_done: Callable[["OutputPump"], None] | None = None,
                  appender: Callable[[Path], LineAppender] = LineAppender) -> None:
@@ -44,6 +61,8 @@ class OutputPump:
         self._on_done = on_done
         self._appender = appender  # tests give one whose writes fail the way a disk rarely does (EIO)
         self._told: set[int] = set()  # the appenders whose failure was told
+        self._pending_log = bytearray()  # read, not yet in the log file
+        self._line = bytearray()  # the unfinished line, cut at LINE_CAP (for the tail and the filters)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, daemon=True, name=f"pump{self.prefix!r}")
@@ -55,36 +74,96 @@ class OutputPump:
             self.log = self._appender(self.logfile) if self.logfile else None
             if self.log is not None and not self.log.ok:
                 self._log_failed(self.log)
-            for line in iter(self._source.readline, b""):
-                self._deliver(line)
+            fd = self._source.fileno()
+            ready = select.poll()
+            ready.register(fd, select.POLLIN)
+            while data := os.read(fd, CHUNK):
+                self._take(data)
+                if len(self._pending_log) >= CHUNK or not ready.poll(0):
+                    self._flush()
         except (OSError, ValueError):
             pass  # the pipe itself failed: there is nothing left to drain
         finally:
-            if self.log is not None:
-                self.log.close()
-            try:
-                self._source.close()
-            except (OSError, ValueError):
-                pass
-            if self._on_done is not None:
-                self._on_done(self)
+            self._finish()
 
-    def _deliver(self, line: bytes) -> None:
-        if self._tail is not None:
-            self._tail.append(line)
-        if self.log is not None and not self.log.append(line):
-            self._log_failed(self.log)
-        if self._filtered is not None and any(f in line for f in self._filters):
-            with self._console_lock:
-                if not self._filtered.append(self.prefix + line):
-                    self._log_failed(self._filtered)
+    def _take(self, data: bytes) -> None:
+        if self._console is not None and not self._console.write(data):
+            self._console = None  # a closed terminal: keep draining, show nothing more
+        if self.log is not None:
+            self._pending_log += data
+        if self._tail is not None or self._filters:
+            self._lines(data)
+
+    def _flush(self) -> None:
+        self._write_log(final=False)
         if self._console is not None:
-            with self._console_lock:
-                try:
-                    self._console.write(self.prefix + line)
-                    self._console.flush()
-                except (OSError, ValueError):
-                    self._console = None  # a closed terminal: keep draining, show nothing more
+            self._console.flush()
+
+    def _finish(self) -> None:
+        if self._line:
+            self._complete(bytes(self._line) + b"\n")  # the last line had no end; it counts all the same
+            self._line.clear()
+        self._write_log(final=True)
+        for console in dict.fromkeys((self._console, self._fallback)):
+            if console is not None:
+                console.end()
+        if self.log is not None:
+            self.log.close()
+        try:
+            self._source.close()
+        except (OSError, ValueError):
+            pass
+        if self._on_done is not None:
+            self._on_done(self)
+
+    # ---- the log file: whole lines ----------------------------------------------------------------
+
+    def _write_log(self, *, final: bool) -> None:
+        buf = self._pending_log
+        if self.log is None or not buf:
+            return
+        cut = len(buf) if final else buf.rfind(b"\n") + 1
+        if not cut and len(buf) >= LINE_CAP:
+            cut = len(buf)  # a line without end: written on in pieces, never held whole
+        if not cut:
+            return
+        piece = bytes(buf[:cut])
+        del buf[:cut]
+        shown = self._console is not None
+        if not self.log.append(piece):
+            self._log_failed(self.log)
+            if not shown and self._console is not None:  # what the file refused shows on the fallback console
+                self._console.write(piece + bytes(buf))
+
+    # ---- lines: the tail and the filters ------------------------------------------------------------
+
+    def _lines(self, data: bytes) -> None:
+        last = data.rfind(b"\n")
+        if last < 0:
+            self._keep(data)
+            return
+        block = bytes(self._line) + data[: last + 1]
+        self._line.clear()
+        self._keep(data[last + 1:])
+        self._complete(block)
+
+    def _keep(self, piece: bytes) -> None:
+        room = LINE_CAP - len(self._line)
+        if room > 0:
+            self._line += piece[:room]
+
+    def _complete(self, block: bytes) -> None:
+        """``block``: whole lines, each ending with \\n."""
+        if self._filtered is not None and any(f in block for f in self._filters):
+            hits = b"".join(prefixed(self.prefix, line[:LINE_CAP]) + b"\n" for line in block[:-1].split(b"\n")
+                            if any(f in line for f in self._filters))
+            with self._filter_lock:
+                if hits and not self._filtered.append(hits):
+                    self._log_failed(self._filtered)
+        if self._tail is not None and self._tail.maxlen != 0:
+            keep = self._tail.maxlen or block.count(b"\n")
+            lines = block[:-1].rsplit(b"\n", keep)
+            self._tail.extend(_for_tail(line) for line in lines[-keep:])
 
     def _log_failed(self, log: LineAppender) -> None:
         if id(log) in self._told:
@@ -97,3 +176,9 @@ class OutputPump:
                 self._on_log_failure(self, log)
             except (OSError, ValueError):
                 pass  # the warning could not be shown (the console is gone too): keep draining
+
+
+def _for_tail(line: bytes) -> bytes:
+    """One line of the tail: what a terminal would show of it (after its last \\r), cut at LINE_CAP."""
+    line = line.rstrip(b"\r")
+    return line[line.rfind(b"\r") + 1:][:LINE_CAP] + b"\n"

@@ -147,10 +147,15 @@ def wait_any(workers: Sequence[Worker], timeout: float | None) -> list[Worker]:
 # Strays finder for a stop: (process table, pids) of descendants the group signals may miss (``strays.py``).
 FindStrays = Callable[[], "tuple[dict[int, strays.Proc], set[int]]"]
 PUMP_DRAIN = 1.0  # seconds, for all pumps of a stop together, to copy what the dead workers wrote last
+# Watches a stop's grace, called about every STOP_TICK s with (the workers stopping, those still alive,
+# seconds of grace left): reports progress; True ends the grace at once (SIGKILL now: a second Ctrl-C).
+StopWatch = Callable[[Sequence[Worker], Sequence[Worker], float], bool]
+STOP_TICK = 0.2
 
 
 def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, grace: float = 30.0,
-             on_escalate: Callable[[Worker], None] | None = None, find_strays: FindStrays | None = None) -> None:
+             on_escalate: Callable[[Worker], None] | None = None, find_strays: FindStrays | None = None,
+             watch: StopWatch | None = None) -> None:
     """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left.
 
     Groups are signalled again with SIGKILL even after the leader exited, so grandchildren die too. Strays
@@ -169,13 +174,17 @@ def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, g
     found.signal(signal.SIGCONT)
     found.signal(first_signal)
     deadline = time.monotonic() + grace
+    cut = False
     while any(w.alive for w in targets):
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             break
-        wait_any(targets, remaining)
+        if watch and watch(targets, [w for w in targets if w.alive], remaining):
+            cut, deadline = True, time.monotonic()  # the watch said why; no grace left for strays either
+            break
+        wait_any(targets, min(remaining, STOP_TICK) if watch else remaining)
     for worker in targets:
-        if worker.alive and on_escalate:
+        if worker.alive and on_escalate and not cut:
             on_escalate(worker)
         signal_group(worker, signal.SIGKILL)
     if find_strays:

@@ -3,8 +3,8 @@
 A new worker process spends most of its start-up importing torch (seconds), and on GPUs creating its CUDA
 context. None of that depends on the round, so the agent keeps one standby process per local rank that did
 it in advance. A standby is started like a worker, with the worker's own command line (``python -u -m
-mbr_launch.shim.boot SCRIPT ARGS``: ``ps`` shows what it will run), own session, parent-death signal and
-output pipes, and with the worker's environment minus the variables that change each round
+mbr_launch.shim.boot SCRIPT ARGS``; ``ps`` names it ``mbr-launch standby`` while it waits), own session,
+parent-death signal and output pipes, and with the worker's environment minus the variables that change each round
 (``ROUND_KEYS``), plus ``MBR_STANDBY_CHANNEL=FD:LEVEL:DELAY``, which makes ``boot`` call
 ``mbr_launch.shim.standby.serve`` first. When the agent starts a rank it sends the standby its assignment
 over that pipe (``contract.Assignment``: one JSON message ``{"argv", "env", "cwd"}``); the standby replaces

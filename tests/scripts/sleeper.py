@@ -7,6 +7,7 @@
   --child-file F       first start a child process (sleep 600, in this worker's process group) and append
                        "RANK PID CHILD_PID" to F
   --ignore-term        ignore SIGTERM (the child too): only SIGKILL stops them
+  --ignore-int         ignore SIGINT too (a script that catches Ctrl-C to clean up slowly)
 """
 import argparse
 import os
@@ -22,11 +23,14 @@ p.add_argument("--crash-if-env", default=None)
 p.add_argument("--crash-after", type=float, default=0.5)
 p.add_argument("--child-file", default=None)
 p.add_argument("--ignore-term", action="store_true")
+p.add_argument("--ignore-int", action="store_true")
 p.add_argument("--run-seconds", type=float, default=3.0)
 args = p.parse_args()
 rank, restart = int(os.environ["RANK"]), int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 if args.ignore_term:
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # inherited by the child: ignored dispositions survive exec
+if args.ignore_int:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
 if args.child_file:
     child = subprocess.Popen(["sleep", "600"])
     with open(args.child_file, "a") as f:

@@ -1,4 +1,5 @@
-"""Generate the man page, the shell completions and the README tables from ``settings.SETTINGS``.
+"""Generate the man page, the shell completions the options page and the README tables from
+``settings.SETTINGS``.
 
 - ``man``: the man page; ``completions``: bash, zsh and fish; ``readme``: the README's generated regions;
   ``common``: what they all need to know about a setting.
@@ -44,8 +45,10 @@ def render_fish() -> str:
     return completions.render_fish(SETTINGS)
 
 
-def render_readme_table() -> str:
-    return readme.options_table(SETTINGS)
+def render_options_page() -> str:
+    """docs/options.md: every option in one place for readers on the web (the README links to it; a
+    terminal has ``--help-all`` and the man page)."""
+    return readme.options_page(SETTINGS)
 
 
 def render_exit_codes() -> str:
@@ -57,13 +60,14 @@ def render_events() -> str:
 
 
 README_REGIONS: dict[str, Callable[[], str]] = {
-    "options": render_readme_table, "exitcodes": render_exit_codes, "events": render_events,
+    "exitcodes": render_exit_codes, "events": render_events,
 }
 RENDERERS: dict[str, Callable[[], str]] = {
     "man/mbr-launch.1": render_man,
     "completions/mbr-launch.bash": render_bash,
     "completions/_mbr-launch": render_zsh,
     "completions/mbr-launch.fish": render_fish,
+    "docs/options.md": render_options_page,
 }
 
 

@@ -8,7 +8,8 @@ from mbr_launch.cli.options import option_help
 from mbr_launch.config.settings import Setting
 from mbr_launch.report import exitcodes
 
-from .common import DOCTOR_ABOUT, DOCTOR_USAGE, GENERATED, HELP_FLAGS, by_panel, long_flag, metavar, visible
+from .common import (DOCTOR_ABOUT, DOCTOR_USAGE, GENERATED, HELP_FLAGS, by_panel, long_flag, metavar, offered,
+                     subcommands, visible)
 
 
 def _roff(text: str) -> str:
@@ -27,7 +28,8 @@ def _roff_usage(usage: str) -> str:
 
 
 def _man_option(setting: Setting) -> list[str]:
-    tag = ", ".join(_roff_flag(f) for f in setting.flags)
+    # Each spelling once: torchrun's underscore twins are accepted, and said so once in DESCRIPTION.
+    tag = ", ".join(_roff_flag(f) for f in offered(setting))
     if meta := metavar(setting):
         tag += " \\fI" + _roff(meta) + "\\fR"
     return [".TP", tag, _roff(option_help(setting))]
@@ -51,19 +53,33 @@ def render(settings: Sequence[Setting]) -> str:
         "[\\fIOPTIONS\\fR] \\fISCRIPT\\fR [\\fIARGS\\fR...]",
         ".br",
         _roff_usage(DOCTOR_USAGE),
+        *(line for sub in subcommands() if sub.name != "doctor"
+          for line in (".br", _roff_usage(f"mbr-launch {sub.name} [OPTIONS]"))),
+        ".br",
+        _roff_usage("mbr-launch --help | --help-all | --version"),
         ".SH DESCRIPTION",
         "Run one \\fBmbr\\-launch\\fR per node, as you would run torchrun. It joins a rendezvous, starts one "
         "worker per GPU, watches each rank's heartbeats and sections, stops and restarts the workers when a "
         "rank hangs or crashes, and forwards signals. Everything after \\fISCRIPT\\fR is passed to the script.",
         ".PP",
-        "torchrun's and ft_launcher's flags are accepted as they are. Each option can also be set by "
+        "torchrun's and ft_launcher's flags are accepted as they are, torchrun's underscore spellings "
+        "(\\-\\-max_restarts) and ft_launcher's (\\-\\-ft\\-param\\-rank_heartbeat_timeout) too; this page lists each "
+        "option once. \\-\\-help shows the common options, \\-\\-help\\-all all of them, "
+        "\\-\\-version the versions of mbr\\-launch, torch, nvidia\\-resiliency\\-ext and Python. "
+        "Each option can also be set by "
         "environment variable or in the config file; the command line wins over the environment "
         "(MBR_* before PET_*), which wins over the config file, which wins over the default. An empty "
         "environment variable is an error, except for a setting whose default is empty, where it means unset.",
         ".SH OPTIONS",
         ".TP",
         ", ".join(_roff_flag(f) for f in HELP_FLAGS),
-        "Show the help and exit.",
+        "Show the common options and exit.",
+        ".TP",
+        _roff_flag("--help-all"),
+        "Show every option, with its environment variables and other spellings, and exit.",
+        ".TP",
+        _roff_flag("--version"),
+        "Print the versions of mbr\\-launch, torch, nvidia\\-resiliency\\-ext and Python, and exit.",
     ]
     for panel, members in by_panel(settings):
         out += [f'.SS "{panel}"']

@@ -1,4 +1,4 @@
-"""The generated regions of README.md: the options tables, the exit codes and the event names."""
+"""The generated regions of README.md (the exit codes, the event names) and docs/options.md (the options tables)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ def _md(text: str) -> str:
 
 
 def options_table(settings: Sequence[Setting]) -> str:
-    """The README's options tables, one per panel."""
+    """The options tables, one per panel."""
     out = [f"<!-- {GENERATED} -->"]
     for panel, members in by_panel(settings):
         out += ["", f"### {panel}", "", "| Flag | Environment | Default | Description |", "|---|---|---|---|"]
@@ -28,6 +28,15 @@ def options_table(settings: Sequence[Setting]) -> str:
             default = default_shown(setting)
             out.append(f"| {_md(flags)} | {env} | {_md(f'`{default}`') if default else ''} | {_md(setting.help)} |")
     return "\n".join(out) + "\n"
+
+
+def options_page(settings: Sequence[Setting]) -> str:
+    """docs/options.md: a title, how to read the tables, then ``options_table``."""
+    head = ["# mbr-launch options", "",
+            "Every option, by panel, with its environment variables (`MBR_*`; torchrun's `PET_*` where torchrun has",
+            "the flag) and its default. A flag beats its environment variable, which beats the `mbr_launch:` section",
+            "of `--config FILE`. On a terminal: `mbr-launch --help-all` or `man ./man/mbr-launch.1`.", ""]
+    return "\n".join(head) + "\n" + options_table(settings)
 
 
 def exit_codes() -> str:
@@ -43,7 +52,7 @@ def events_table() -> str:
     return "\n".join(out) + "\n"
 
 
-def replace_region(readme: str, table: str, name: str = "options") -> str:
+def replace_region(readme: str, table: str, name: str) -> str:
     """``readme`` with the text between the ``name`` markers replaced by ``table``."""
     begin, finish = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     start, end = readme.find(begin), readme.find(finish)

@@ -1,0 +1,73 @@
+"""A signal the main thread cannot act on, because it is stuck inside C code.
+
+Python runs a signal handler in the main thread, between two bytecodes. While that thread waits inside a
+C++ call that never returns to the interpreter, no handler runs: torch's TCPStore client waiting for a
+rendezvous host that is not up yet (up to its 60 s connect timeout, retried by the rendezvous), or a store
+call on a link that drops packets. A Ctrl-C there did nothing. CPython's C-level handler does write the
+signal's number to the file given to ``signal.set_wakeup_fd``, even then: this watchdog thread reads it,
+and when the Python-level handler (``Wakeup.post_signal``) has not seen that signal within ``patience``
+seconds, the main thread is stuck and ``on_stuck`` ends the process from here.
+"""
+
+from __future__ import annotations
+
+import os
+import select
+import signal
+import threading
+import time
+from typing import Callable, Iterable
+
+PATIENCE = 1.0  # seconds: a main thread in Python code runs the handler within milliseconds
+
+
+class StuckSignals:
+    """Started and closed on the main thread (``set_wakeup_fd`` must be); ``handled()``: how many of the
+    ``watched`` signals the Python-level handler has seen so far. Other signals that some Python handler
+    catches (a terminal's SIGWINCH, say) are written to the same file and are not counted."""
+
+    def __init__(self, watched: Iterable[int], handled: Callable[[], int], on_stuck: Callable[[int], None], *,
+                 patience: float = PATIENCE) -> None:
+        self._watched = frozenset(int(sig) for sig in watched)
+        self._handled, self._on_stuck, self._patience = handled, on_stuck, patience
+        self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._old_fd = -1
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stuck-signals", daemon=True)
+
+    def start(self) -> "StuckSignals":
+        self._old_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        arrived, last, unseen_since = 0, 0, None
+        while not self._closed.is_set():
+            ready, _, _ = select.select([self._read_fd], [], [], 0.25)
+            if ready:
+                try:
+                    data = os.read(self._read_fd, 512)
+                except OSError:  # closed at exit
+                    return
+                ours = [signum for signum in data if signum in self._watched]
+                arrived, last = arrived + len(ours), ours[-1] if ours else last
+            if self._handled() >= arrived:
+                unseen_since = None
+            elif unseen_since is None:
+                unseen_since = time.monotonic()
+            elif time.monotonic() - unseen_since >= self._patience and not self._closed.is_set():
+                self._on_stuck(last)
+                return
+
+    def close(self) -> None:
+        self._closed.set()
+        try:
+            signal.set_wakeup_fd(self._old_fd)
+        except ValueError:  # not on the main thread (never, as the agent uses it)
+            pass
+        self._thread.join(1.0)
+        for fd in (self._read_fd, self._write_fd):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

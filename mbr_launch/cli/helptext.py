@@ -1,0 +1,195 @@
+"""``--help`` and ``--help-all`` as plain text that fits the terminal (80 columns and up), from the settings
+table and the command's own options.
+
+Each option takes two or more lines: the flag with its value (``{live,plain,off,auto}``, ``N [0..]``) on
+one, the help wrapped beneath it, so no flag, default or environment name is ever cut off. Plain
+``--help`` shows the settings marked ``common``; ``--help-all`` shows every setting by panel with its
+environment variables and other spellings. torchrun's underscore spellings are accepted but not listed.
+"""
+
+from __future__ import annotations
+
+import inspect
+import shutil
+import textwrap
+from typing import Annotated, Any
+
+import typer
+import typer.core
+
+from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, default_text, in_panel_order
+from mbr_launch.report.version import PROG, version_line
+
+INDENT, WIDEST = 6, 100  # help text beneath its flag; past 100 columns lines only get harder to read
+HELP_ALL = "help_all"  # ctx.meta key: render every setting
+# Subcommand name -> its click command, in the order they are listed; ``cli.app`` fills it.
+COMMANDS: dict[str, typer.core.TyperCommand] = {}
+
+
+def width() -> int:
+    return max(50, min(WIDEST, shutil.get_terminal_size((80, 24)).columns))
+
+
+def _wrap(text: str, cols: int, indent: int = INDENT) -> list[str]:
+    return textwrap.wrap(text, cols - 1, initial_indent=" " * indent, subsequent_indent=" " * indent,
+                         break_on_hyphens=False, break_long_words=True) or [""]
+
+
+def _entry(head: str, body: str, cols: int) -> list[str]:
+    return _wrap(head, cols, 2) + _wrap(body, cols)
+
+
+def setting_head(setting: Setting, *, aliases: bool) -> str:
+    short = [f for f in setting.shown_flags if not f.startswith("--")]
+    long = [f for f in setting.shown_flags if f.startswith("--")]
+    # A short flag reads first (-m, --module), as in most tools; other spellings only in --help-all.
+    flags = short + (long if aliases else long[:1])
+    hint = " ".join(p for p in (setting.value_hint, setting.bounds) if p)
+    return ", ".join(flags) + (f" {hint}" if hint else "")
+
+
+def setting_body(setting: Setting, *, everything: bool) -> str:
+    parts = [setting.help]
+    if setting.takes_value and (default := default_text(setting)):
+        parts.append(f"[default: {default}]")
+    if everything:
+        parts.append(f"[env: {', '.join(setting.envvars)}]")
+    return " ".join(parts)
+
+
+def _own_options(command: typer.core.TyperCommand, ctx: typer.Context) -> list[Any]:
+    """The command's options that are not settings (--json, --deep, --version ...), --help last."""
+    own = [p for p in command.get_params(ctx)
+           if p.param_type_name == "option" and p.name not in BY_NAME and not getattr(p, "hidden", False)]
+    return sorted(own, key=lambda p: "--help" in p.opts)
+
+
+def _option_lines(option: Any, ctx: typer.Context, cols: int) -> list[str]:
+    head = ", ".join(sorted(option.opts, key=len))
+    if not option.is_flag:
+        head += f" {option.metavar or (option.name or 'value').upper()}"
+    return _entry(head, option.help or "", cols)
+
+
+def usage_lines(ctx: typer.Context, command: typer.core.TyperCommand) -> list[str]:
+    """``Usage: mbr-launch [OPTIONS] SCRIPT [ARGS]...`` and, for the launch, one line per subcommand."""
+    lines = [f"{ctx.command_path} {usage_args(command, ctx)}"]
+    if not getattr(command, "is_subcommand", False):
+        lines += [f"{PROG} {name} {usage_args(sub, ctx)}" for name, sub in COMMANDS.items()]
+    return [("Usage: " if i == 0 else "       ") + line for i, line in enumerate(lines)]
+
+
+def usage_args(command: typer.core.TyperCommand, ctx: typer.Context) -> str:
+    declared = getattr(command, "usage_args", None)
+    return declared or " ".join(command.collect_usage_pieces(ctx))
+
+
+def summary(command: typer.core.TyperCommand) -> str:
+    """The first sentence of the command's help (up to a '.' or ':'), for the list of commands."""
+    first = " ".join((command.help or "").strip().split("\n\n")[0].split())
+    cut = min((i for i in (first.find(". "), first.find(": ")) if i >= 0), default=len(first))
+    return first[:cut].rstrip(".") + "."
+
+
+def render(ctx: typer.Context, command: typer.core.TyperCommand) -> str:
+    cols, everything = width(), bool(ctx.meta.get(HELP_ALL))
+    out = usage_lines(ctx, command) + [""]
+    for paragraph in (command.help or "").strip().split("\n\n"):
+        out += _wrap(" ".join(paragraph.split()), cols, 0)
+        out.append("")
+    if COMMANDS and not getattr(command, "is_subcommand", False):
+        out.append("Commands:")
+        name_width = max(len(n) for n in COMMANDS) + 2
+        for name, sub in COMMANDS.items():
+            body = textwrap.wrap(summary(sub), cols - 3 - name_width) or [""]
+            out.append(f"  {name.ljust(name_width)}{body[0]}")
+            out += [" " * (2 + name_width) + line for line in body[1:]]
+        out += [f"  (`{PROG} COMMAND --help` for each)", ""]
+    arguments = [p for p in command.params if p.param_type_name == "argument" and getattr(p, "help", None)]
+    if arguments:
+        out.append("Arguments:")
+        for argument in arguments:
+            out += _entry(argument.metavar or (argument.name or "").upper(), argument.help, cols)
+        out.append("")
+    out.append("Options:")
+    for option in _own_options(command, ctx):
+        out += _option_lines(option, ctx, cols)
+    settings = [s for s in in_panel_order(SETTINGS) if not s.hidden and (everything or s.common)]
+    taken = {p.name for p in command.params}
+    settings = [s for s in settings if s.name in taken]
+    if everything:
+        for panel in PANELS:
+            members = [s for s in settings if s.panel == panel]
+            if members:
+                out += ["", f"{panel}:"]
+                for setting in members:
+                    out += _entry(setting_head(setting, aliases=True), setting_body(setting, everything=True), cols)
+    elif settings:
+        out += ["", "Common options:"]
+        for setting in settings:
+            out += _entry(setting_head(setting, aliases=False), setting_body(setting, everything=False), cols)
+    total = len([s for s in SETTINGS if not s.hidden and s.name in taken])
+    if total:
+        out += [""] + _wrap(_footer(everything, total), cols, 0)
+    return "\n".join(out) + "\n"
+
+
+def _footer(everything: bool, total: int) -> str:
+    spelled = ("torchrun's and ft_launcher's spellings (--max_restarts, --ft-param-rank_heartbeat_timeout) "
+               "are accepted too.")
+    where = ("Every option can also be set by environment variable (MBR_<NAME>, or torchrun's PET_<NAME>) or "
+             "in a --config file; the command line wins.")
+    if everything:
+        return f"{where} {spelled}"
+    return f"`--help-all` lists all {total} options with their environment variables. {where} {spelled}"
+
+
+class HelpCommand(typer.core.TyperCommand):
+    """A typer command whose help is ``render``'s plain text instead of rich panels."""
+
+    usage_args: str | None = None
+    is_subcommand = False
+
+    def format_help(self, ctx: typer.Context, formatter: Any) -> None:
+        formatter.write(render(ctx, self))
+
+
+def show_help_all(ctx: typer.Context, value: bool) -> None:
+    """The eager ``--help-all`` option: every setting, then exit."""
+    if not value or ctx.resilient_parsing:
+        return
+    ctx.meta[HELP_ALL] = True
+    typer.echo(ctx.get_help(), color=ctx.color)
+    ctx.exit()
+
+
+def show_version(ctx: typer.Context, value: bool) -> None:
+    if not value or ctx.resilient_parsing:
+        return
+    typer.echo(version_line())
+    ctx.exit()
+
+
+def help_all_option() -> inspect.Parameter:
+    return _eager("help_all", "--help-all", show_help_all, "Show every option, with environment variables, and exit.")
+
+
+def version_option() -> inspect.Parameter:
+    return _eager("version", "--version", show_version,
+                  "Print the versions of mbr-launch, torch, nvidia-resiliency-ext and Python, and exit.")
+
+
+def _eager(name: str, flag: str, callback: Any, help: str) -> inspect.Parameter:
+    option = typer.Option(flag, is_eager=True, expose_value=False, callback=callback, help=help)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, option])
+
+
+def configure(application: Any, name: str, *, usage: str, subcommand: bool) -> typer.core.TyperCommand:
+    """The click command of a one-command typer app, set up for this help."""
+    command = typer.main.get_command(application)
+    if not isinstance(command, HelpCommand):
+        raise TypeError(f"register {name!r} with cls=HelpCommand")
+    command.usage_args, command.is_subcommand = usage, subcommand
+    if subcommand:
+        COMMANDS[name] = command
+    return command

@@ -1,0 +1,65 @@
+"""How far a rendezvous that this node waits in has come: how many nodes have joined so far.
+
+torch has no public call for this (``num_nodes_waiting`` counts only the nodes queued behind a running
+round). What we read, and why it holds across torch >= 2.3: the c10d backend keeps the whole rendezvous state
+under one store key, ``torch.rendezvous.<run_id>`` (``C10dRendezvousBackend``, unchanged since torch 1.9),
+and its ``get_state()`` hands back the pickled ``_RendezvousState``, whose ``participants`` (node -> rank),
+``wait_list`` and ``complete`` are the fields torch itself reads to form a round. We read them through our
+own client connection: the handler's store belongs to the main thread, which is blocked inside torch's
+``next_rendezvous`` while we count (torch itself never shares it between threads there: it stops its
+keep-alive thread first). Anything unexpected reads as "unknown", never as an error: this is a progress line.
+"""
+
+from __future__ import annotations
+
+import datetime
+import pickle
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from torch.distributed import TCPStore
+
+
+@dataclass(frozen=True)
+class JoinState:
+    joined: int  # nodes in the round being formed
+    waiting: int  # nodes queued behind a round that is already complete (running)
+    complete: bool  # a round is complete: this node waits to be admitted to the next one
+
+
+class JoinCounter:
+    """Reads the join state of a c10d rendezvous; ``read()`` is None while unknown (not created yet, another
+    backend, the store not reachable). Call from one thread only (it holds one store connection)."""
+
+    def __init__(self, handler: Callable[[], Any], *, timeout: float = 2.0) -> None:
+        self._handler = handler  # torch's DynamicRendezvousHandler once made (None before; another: unknown)
+        self._timeout = timeout
+        self._backend: Any = None
+
+    def _connect(self) -> Any:
+        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+        handler = self._handler()
+        own = getattr(handler, "_store", None)  # the c10d backend's TCPStore (host and port)
+        run_id = getattr(getattr(handler, "_settings", None), "run_id", None)
+        host, port = getattr(own, "host", None), getattr(own, "port", None)
+        if not (run_id and host and port):
+            return None
+        client = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
+                          timeout=datetime.timedelta(seconds=self._timeout))
+        return C10dRendezvousBackend(client, run_id)
+
+    def read(self) -> JoinState | None:
+        try:
+            if self._backend is None:
+                self._backend = self._connect()
+                if self._backend is None:
+                    return None
+            got = self._backend.get_state()
+            if got is None:  # nobody has written a state yet
+                return JoinState(joined=0, waiting=0, complete=False)
+            state = pickle.loads(got[0])
+            return JoinState(joined=len(state.participants), waiting=len(getattr(state, "wait_list", ())),
+                             complete=bool(state.complete))
+        except Exception:  # a progress line is never worth an error
+            return None

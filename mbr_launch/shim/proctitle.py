@@ -1,0 +1,71 @@
+"""A waiting standby's name in ``ps``, ``top`` and psutil: ``mbr-launch standby for local rank N (...)``.
+
+A standby is started with its worker's own command line (the agent checks it when it takes the standby, and
+the rank keeps it once it runs), so without this it looks exactly like a worker. While it waits, ``retitle``
+writes the title over the process's argument area (what ``/proc/PID/cmdline`` and so ``ps -ef`` show; the
+kernel then shows the text up to its first NUL, as for setproctitle(3)) and names the main thread
+``mbr-standby`` (``prctl(PR_SET_NAME)``: ``ps -e``, ``top``, ``pgrep``); ``Title.restore`` puts both back
+when the standby becomes its rank. Python keeps its own copies of the arguments (``sys.argv``,
+``sys.orig_argv``), so nothing in the interpreter changes. The title never grows past the original
+arguments. Best effort: where /proc or prctl are not there, the standby keeps the worker's name.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from dataclasses import dataclass
+
+COMM = b"mbr-standby"  # at most 15 bytes: the kernel's thread name
+_PR_SET_NAME = 15
+
+
+@dataclass(frozen=True)
+class Title:
+    start: int  # the argument area in this process's memory
+    original: bytes  # its bytes before the title was written
+    comm: bytes  # the thread name before
+
+    def restore(self) -> None:
+        _write(self.start, self.original)
+        _set_comm(self.comm)
+
+
+def retitle(title: str) -> Title | None:
+    """Show ``title`` (cut to fit) as this process's command line; None when it could not be done."""
+    try:
+        with open("/proc/self/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end (fields 48 and 49 of proc(5))
+        with open("/proc/self/comm", "rb") as f:
+            comm = f.read().rstrip(b"\n")
+        with open("/proc/self/mem", "rb", buffering=0) as mem:
+            mem.seek(start)
+            original = mem.read(end - start)
+    except (OSError, IndexError, ValueError):
+        return None
+    if len(original) != end - start or len(original) < 2:
+        return None
+    text = title.encode(errors="replace")[: len(original) - 2]
+    # The title, a NUL, then no NUL up to the last byte: a last byte that is no NUL tells the kernel to show
+    # the text up to the first NUL rather than every argument.
+    if not _write(start, text + b"\0" + b" " * (len(original) - len(text) - 1)):
+        return None
+    _set_comm(COMM)
+    return Title(start, original, comm)
+
+
+def _write(start: int, data: bytes) -> bool:
+    try:
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            return mem.write(data) == len(data)
+    except OSError:
+        return False
+
+
+def _set_comm(name: bytes) -> None:
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
+    except (OSError, AttributeError):
+        pass

@@ -1,0 +1,166 @@
+"""Run folders (issue 15, finding 8): named by start time and run id, ``<base>/latest`` pointing at the newest,
+the last ``--keep-runs`` kept in the default base (and nothing a live run or another tool owns removed), no
+empty faulthandler stack files left behind, and standbys named as standbys in ``ps``.
+
+Naming and retention are unit tests on temp folders; one real launch checks ``latest``, the stack files and
+the standby's name as ``ps`` and psutil show it."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from mbr_launch.config import runhistory
+from mbr_launch.config.rundir import default_base, make_run_dir, run_folder_name
+from mbr_launch.report.events import read_events
+
+from .helpers import launcher_env, run_launcher
+
+pytestmark = pytest.mark.timeout(60)
+DAY = 86400.0
+NOW = time.mktime((2026, 12, 1, 0, 15, 2, 0, 0, -1))
+
+
+@pytest.fixture
+def base(tmp_path, monkeypatch):
+    """The default base, under a temp dir of this test's; the locks taken by its runs are let go after."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    yield default_base()
+    _end_runs()
+
+
+def _end_runs() -> None:
+    """Let go of the locks this process took on the runs it made, as their launchers do when they end."""
+    while runhistory._held:
+        os.close(runhistory._held.pop())
+
+
+def _age(path: Path, seconds: float) -> None:
+    then = time.time() - seconds
+    os.utime(path, (then, then), follow_symlinks=False)
+
+
+def test_names_start_with_the_start_time_and_sort_by_it(tmp_path):
+    name = run_folder_name("../job 7", "node/1", now=NOW)
+    assert re.fullmatch(r"20261201-001502__\._job_7_[0-9a-f]{6}_node_1", name), name
+    assert runhistory.RUN_FOLDER.match(name)
+    later = [run_folder_name("zzz", "a", now=NOW + 1), run_folder_name("aaa", "a", now=NOW + 3600)]
+    assert sorted([later[1], name, later[0]]) == [name, *later]
+    assert run_folder_name("j", "n", now=NOW) != run_folder_name("j", "n", now=NOW)  # two agents of one host
+    logs = tmp_path / "logs"  # a --log-dir gets the run folder only: no link, nothing removed
+    run_dir = make_run_dir(str(logs), "job", "n1", keep_runs=1, now=NOW)
+    make_run_dir(str(logs), "job", "n1", keep_runs=1, now=NOW + 1)
+    assert run_dir.name.startswith("20261201-001502_job_") and len(list(logs.iterdir())) == 2
+
+
+def test_latest_points_at_the_newest_and_old_runs_are_pruned(base):
+    runs = [make_run_dir(None, "job", "n1", keep_runs=3, now=NOW + i) for i in range(3)]
+    assert os.readlink(base / "latest") == runs[-1].name and (base / "latest" / ".").resolve() == runs[-1]
+    _end_runs()
+    for run in runs:
+        _age(run, DAY)
+    foreign = base / "20200101-000000_notes"  # not our pattern: never removed
+    foreign.mkdir()
+    _age(foreign, DAY)
+    newest = make_run_dir(None, "job", "n1", keep_runs=3, now=NOW + 10)
+    assert not runs[0].exists() and runs[1].exists() and runs[2].exists() and newest.exists() and foreign.exists()
+    assert os.readlink(base / "latest") == newest.name
+    assert not [p for p in base.iterdir() if p.name.startswith(".latest")]  # no temporary link left
+    assert runhistory.prune(base, keep=0) == []  # 0 keeps all
+
+
+def test_retention_spares_runs_in_use_recent_links_and_others(base, tmp_path):
+    old = [make_run_dir(None, "job", "n1", now=NOW + i) for i in range(4)]
+    # old[0]: a live launcher (another process) holds it
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time; fd = os.open(sys.argv[1], "
+                               "os.O_RDONLY); fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); "
+                               "time.sleep(60)", str(old[0])], stdout=subprocess.PIPE, text=True)
+    try:
+        _end_runs()
+        assert holder.stdout.readline().strip() == "held"
+        for run in old[:3]:
+            _age(run, DAY)  # old[3]: changed just now (a run that made it and has not locked it yet)
+        outside = tmp_path / "outside"
+        outside.mkdir()
+        planted = base / "20000101-000000_x_abcdef_y"  # our pattern, but a link: never followed
+        planted.symlink_to(outside)
+        removed = runhistory.prune(base, keep=1)
+        assert removed == [old[1], old[2]], removed
+        assert old[0].exists() and old[3].exists() and outside.exists() and planted.is_symlink()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert runhistory.prune(base, keep=1) == [old[0]]  # its launcher is gone now
+
+
+def test_latest_replaces_only_a_link(base, tmp_path):
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    base.mkdir(mode=0o700)
+    (base / "latest").symlink_to(elsewhere)
+    run_dir = make_run_dir(None, "job", "n1", now=NOW)
+    assert os.readlink(base / "latest") == run_dir.name and elsewhere.is_dir()  # replaced, not followed
+    os.unlink(base / "latest")
+    (base / "latest").mkdir()  # no link: left alone
+    make_run_dir(None, "job", "n1", now=NOW + 1)
+    assert (base / "latest").is_dir() and not (base / "latest").is_symlink()
+
+
+PS_PROBE = '''\
+import json, os, subprocess, sys, time
+import psutil
+me = psutil.Process()
+standbys = []
+deadline = time.time() + 20
+while not standbys and time.time() < deadline:  # the agent starts this rank's replacement standby next
+    for proc in me.parent().children():
+        try:
+            if proc.pid != me.pid and proc.cmdline()[:2] == ["mbr-launch", "standby"]:
+                ps = subprocess.run(["ps", "-o", "comm=,args=", "-p", str(proc.pid)], capture_output=True,
+                                    text=True).stdout.strip()
+                standbys.append({"cmdline": proc.cmdline(), "name": proc.name(), "ps": ps})
+        except psutil.Error:
+            pass
+    time.sleep(0.1)
+from mbr_launch.doctor.probes import other_launchers
+with open(sys.argv[1], "w") as f:
+    json.dump({"standbys": standbys, "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
+'''
+
+
+def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standbys(tmp_path):
+    script, out, tmp = tmp_path / "probe.py", tmp_path / "seen.json", tmp_path / "tmp"
+    script.write_text(PS_PROBE)
+    tmp.mkdir()
+    res = run_launcher(["--standalone", "--nproc-per-node", "1", "--skip-check", "all", str(script), str(out)],
+                       env=launcher_env(TMPDIR=str(tmp)), timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    base = tmp / f"mbr-launch-{os.geteuid()}"
+    latest = base / "latest"
+    assert latest.is_symlink(), list(base.iterdir())
+    run_dir = base / os.readlink(latest)
+    assert runhistory.RUN_FOLDER.match(run_dir.name) and (run_dir / "events.jsonl").exists()
+    events = read_events(run_dir / "events.jsonl")
+    assert [e["standby"] for e in events if e["event"] == "worker_start"] == [True]  # the rank was a standby
+    rank_dir = run_dir / "attempt_0" / "0"
+    assert rank_dir.is_dir()
+    assert not (rank_dir / "stacks.faulthandler.txt").exists(), sorted(p.name for p in rank_dir.iterdir())
+    seen = json.loads(out.read_text())
+    assert seen["standbys"], seen
+    for standby in seen["standbys"]:
+        assert standby["cmdline"][:6] == ["mbr-launch", "standby", "for", "local", "rank", "0:"], standby
+        assert standby["name"] == "mbr-standby" and "mbr-launch standby for local rank 0: " in standby["ps"]
+        assert standby["ps"].startswith("mbr-standby "), standby
+    # ... and the preflight's count of other launchers on the host does not take it for one.
+    assert not [pid for pid, cmd in seen["launchers"] if cmd.startswith("mbr-launch standby")], seen["launchers"]
+    # Once it became the rank, the standby had its worker's command line and name back.
+    assert seen["cmdline"] == seen["orig_argv"] and seen["cmdline"][-2:] == [str(script), str(out)], seen
+    assert seen["name"] != "mbr-standby", seen
