@@ -24,7 +24,7 @@ from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous, Round
-from mbr_launch.cluster.stops import await_farewells, farewell
+from mbr_launch.cluster import stops
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
@@ -192,9 +192,9 @@ class Agent:
         for all of them before it closes the rendezvous and takes the store down with its process."""
         if done is not None:
             try:
-                farewell(done)
+                stops.farewell(done)
                 if hosting:
-                    await_farewells(done, FAREWELL_WAIT)
+                    stops.await_farewells(done, FAREWELL_WAIT)
             except Exception:
                 pass  # the store is gone already: nothing to wait for
         assert self._rendezvous is not None
