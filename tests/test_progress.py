@@ -26,6 +26,16 @@ def test_rendezvous_lines_come_after_a_moment_then_every_few_seconds_or_on_a_cha
     assert "2 of 2 nodes joined" in report.timed_out() and "join_timeout=SECONDS" in report.timed_out()
 
 
+def test_rendezvous_lines_keep_the_last_count_between_spread_reads():
+    # In a large job the state is read only now and then (progress.STATE_READS_PER_SECOND): a line due in
+    # between says the latest count, and a read that finds the same count is no change.
+    report = JoinReport(min_nodes=512, max_nodes=512, timeout=600)
+    seen = JoinState(joined=300, waiting=0, complete=False)
+    assert report.line(2.0, seen) == "rendezvous: 300 of 512 nodes joined, waiting 2 s of 600 s"
+    assert report.line(7.0, None) == "rendezvous: 300 of 512 nodes joined, waiting 7 s of 600 s"
+    assert report.line(8.0, seen) is None
+
+
 def test_rendezvous_lines_without_a_count_and_behind_a_running_round():
     report = JoinReport(min_nodes=2, max_nodes=4, timeout=30)
     assert report.line(2.0, None) == "rendezvous: waiting 2 s of 30 s for 2-4 nodes"

@@ -25,7 +25,10 @@ FIRST_REPORT = 2.0
 REPORT_EVERY = 5.0
 REPORT_EVERY_LATER = 30.0
 LATER_AFTER = 60.0
-POLL = 1.0  # seconds between two reads of the rendezvous state
+POLL = 1.0  # seconds between two looks at the clock (and, in small jobs, reads of the rendezvous state)
+# Every waiting agent reads torch's whole rendezvous state (one key, O(nodes) bytes) from the store host:
+# reads are spread so that the host serves at most STATE_READS_PER_SECOND of them whatever the job's size.
+STATE_READS_PER_SECOND = 16.0
 # Back-off: a countdown line every COUNTDOWN_EVERY seconds of a longer back-off.
 COUNTDOWN_EVERY = 10.0
 # Stop grace: the first line once the ranks have had STOP_FIRST_REPORT seconds, then every STOP_REPORT_EVERY.
@@ -50,6 +53,8 @@ class JoinReport:
     def line(self, elapsed: float, state: JoinState | None) -> str | None:
         if state is not None:
             self.last_state = state
+        else:  # not read this time (reads are spread in large jobs): the latest count stands
+            state = self.last_state
         if elapsed < FIRST_REPORT:
             return None
         every = REPORT_EVERY if elapsed < LATER_AFTER else REPORT_EVERY_LATER
@@ -77,9 +82,10 @@ class JoinProgress:
     blocked inside torch meanwhile)."""
 
     def __init__(self, report: JoinReport, counter: JoinCounter | None, say: Callable[[str], None], *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, read_every: float = POLL) -> None:
         self.report = report
         self._counter = counter
+        self._read_every = read_every
         self._say = say
         self._clock = clock
         self._began = clock()
@@ -100,10 +106,13 @@ class JoinProgress:
         self.stop()
 
     def _run(self) -> None:
+        next_read = FIRST_REPORT - POLL  # no store connection for a join that completes before a line is due
         while not self._stopped.wait(POLL):
             elapsed = self._clock() - self._began
-            # No store connection for a join that completes before its first line would be due.
-            state = self._counter.read() if self._counter and elapsed >= FIRST_REPORT - POLL else None
+            state = None
+            if self._counter and elapsed >= next_read:
+                state = self._counter.read()
+                next_read = elapsed + self._read_every
             line = self.report.line(elapsed, state)
             if line and not self._stopped.is_set():
                 self._say(line)
@@ -117,7 +126,8 @@ def join_progress(ctx: Context) -> JoinProgress:
     if rdzv.backend == "c10d":
         # The handler is made on the first join, by the blocked thread: read it when there is one.
         counter = JoinCounter(lambda: getattr(ctx.rendezvous, "_handler", None))
-    return JoinProgress(report, counter, ctx.say).start()  # real time: what a person waits
+    read_every = max(POLL, rdzv.max_nodes / STATE_READS_PER_SECOND)
+    return JoinProgress(report, counter, ctx.say, read_every=read_every).start()  # real time: what a person waits
 
 
 def timed_out(error: BaseException) -> bool:
