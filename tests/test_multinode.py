@@ -76,7 +76,7 @@ def _compare(theirs: dict[int, dict], ours: dict[int, dict], parent: dict[str, s
         for key in SAME_VALUE:
             assert theirs[rank].get(key) == ours[rank].get(key), (rank, key)
         assert theirs[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # torchrun shares its store ...
-        assert ours[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # ... we give workers a fresh one
+        assert ours[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # ... ours serves a fresh one each round
         assert ours[rank]["TORCHELASTIC_ERROR_FILE"].endswith("error.json")
         assert ours[rank]["MASTER_ADDR"] and int(ours[rank]["MASTER_PORT"]) > 0
 

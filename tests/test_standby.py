@@ -30,7 +30,8 @@ _stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
 RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "wave_preloaded": "wave" in sys.modules,
           "name": __name__,
           "argv": list(sys.argv), "path": list(sys.path), "cwd": os.getcwd(), "orig_argv": list(sys.orig_argv),
-          "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK")}
+          "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK"),
+          "nice": open("/proc/self/autogroup").read().split()[-1] if os.path.exists("/proc/self/autogroup") else None}
 OUT = os.environ.get("PROBE_OUT") or sys.argv[sys.argv.index("--out") + 1]
 def save(**extra):
     RECORD.update(extra)
@@ -88,7 +89,7 @@ def _launch(tmp_path: Path, name: str, flags: list[str], *, crash: bool = False,
     if crash:
         (out / "crash").touch()
     script = tmp_path / "probe.py"
-    settle = replenish_delay(2) + 0.5 if settle is None else settle
+    settle = (0.5 if _can_lower_priority() else replenish_delay(2) + 0.5) if settle is None else settle
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), *flags, str(script),
                         "--out", str(out)], env=launcher_env(PROBE_SETTLE=str(settle)))
     assert res.returncode == 0, res.stderr
@@ -121,16 +122,24 @@ def test_standby_preload_imports_more_modules_ahead(tmp_path):
     assert "could not preload no_such_module_mbr (ModuleNotFoundError" in stderr
 
 
-def test_a_standby_assigned_during_its_replenish_delay_starts_fresh(tmp_path):
-    # The crash comes at once, while the replacements still wait out their delay: they run the script with
-    # nothing preloaded (as a fresh process would) instead of importing torch first.
-    if replenish_delay(2) < 3:
-        pytest.skip("the crash must come within the replenish delay: 3 s only with few cores per rank")
+def _can_lower_priority() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def test_a_replacement_warming_at_low_priority_is_taken_at_once_with_its_priority_back(tmp_path):
+    # The crash comes at once, while the replacements still import torch at the lowest priority (their
+    # session's autogroup at nice 19): they are ahead of a fresh process, so they are taken, get the normal
+    # priority back before the script's first line, and finish their preload first.
+    if not _can_lower_priority():
+        pytest.skip("autogroup scheduling is off here: replacements wait out their delay instead")
     (tmp_path / "probe.py").write_text(TRAIN_PROBE)
     out, logs, _ = _launch(tmp_path, "early", ["--max-restarts", "1", "--standby", "torch"], crash=True, settle=0)
     records = _records(out)
-    assert [records[(r, 0)]["torch_preloaded"] for r in ("0", "1")] == [True, True]
-    assert [records[(r, 1)]["torch_preloaded"] for r in ("0", "1")] == [False, False]
+    assert [records[(r, 1)]["torch_preloaded"] for r in ("0", "1")] == [True, True]
+    assert [records[(r, k)]["nice"] for r in ("0", "1") for k in (0, 1)] == ["0"] * 4
     starts = [e for e in _events(logs) if e["event"] == "worker_start"]
     assert [(e["round"], e["standby"]) for e in starts] == [(0, True), (0, True), (1, True), (1, True)]
 

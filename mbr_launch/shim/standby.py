@@ -42,10 +42,11 @@ import os
 import select
 import signal
 import sys
+import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, Assignment, StandbyChannel,
+from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_LOWERED, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel,
                                  preemption_signals)
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
@@ -66,20 +67,36 @@ _READ_LATER = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CU
 def serve() -> None:
     """Run by ``boot`` in a standby: prepare, wait for the assignment, apply it; then boot goes on with its
     own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
-    channel, level, delay = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
+    channel, level, delay, status, background = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
+    # A replacement preloads at once at the lowest priority where it can give that priority back when it
+    # becomes a rank (its session's autogroup); elsewhere it waits ``delay`` so as not to slow the ranks starting.
+    lowered = _lower_priority() if background else None
+    if lowered is not None:
+        _tell(status, STANDBY_LOWERED)
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
-    early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
-    while not early and _saturated():
+    early = lowered is None and delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    while not early and lowered is None and _saturated():
         early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
+    preloading = None
     if not early:
-        _preload(level)
-        _preload_modules(modules)
+        # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
+        # before the rest of the preload (which the script would do anyway) runs; the script starts after it.
+        preloading = threading.Thread(target=_prepare, args=(level, modules, status), name="standby-preload",
+                                      daemon=True)
+        preloading.start()
     message = _read_message(channel)
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
+    if lowered is not None:
+        _restore_priority(lowered)
+    if preloading is not None:
+        preloading.join()
+        _adopt_device(level)
+    if status >= 0:
+        os.close(status)
     assignment = Assignment.decode(message)
     for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
@@ -90,6 +107,77 @@ def serve() -> None:
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level)
+
+
+AUTOGROUP = "/proc/self/autogroup"
+AUTOGROUP_ENABLED = "/proc/sys/kernel/sched_autogroup_enabled"
+
+
+def _lower_priority() -> int | None:
+    """Give this standby's session (its own autogroup: it runs in a session of its own, so a plain ``nice``
+    would weigh only against its own threads) the lowest CPU weight; its previous nice value, or None where
+    that is not possible (autogroup off, as in a cgroup-managed job step: then the caller waits ``delay``).
+    Raising it back to that value needs no privilege."""
+    try:
+        with open(AUTOGROUP_ENABLED) as f:
+            if f.read().strip() != "1":
+                return None
+        with open(AUTOGROUP) as f:
+            before = int(f.read().split()[-1])
+        return before if _write_autogroup(19, patience=0.5) else None
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _write_autogroup(nice: int, *, patience: float) -> bool:
+    """The kernel lets an unprivileged process change an autogroup's nice value once per 100 ms, host-wide
+    (EAGAIN otherwise): retry for ``patience`` seconds."""
+    import errno
+    import time
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with open(AUTOGROUP, "w") as f:
+                f.write(str(nice))
+            return True
+        except OSError as err:
+            if err.errno != errno.EAGAIN or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.02)
+
+
+def _restore_priority(nice: int) -> None:
+    """Back to the priority a fresh worker has, without delaying the script: retried in a daemon thread."""
+    if not _write_autogroup(nice, patience=0.0):
+        threading.Thread(target=_write_autogroup, args=(nice,), kwargs={"patience": 5.0}, daemon=True).start()
+
+
+def _prepare(level: str, modules: Sequence[str], status: int) -> None:
+    _preload(level)
+    _preload_modules(modules)
+    _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
+
+
+def _adopt_device(level: str) -> None:
+    """The CUDA device is current per thread: make the preload thread's current in the main thread too."""
+    if level != "cuda" or "torch" not in sys.modules:
+        return
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    except Exception:
+        pass
+
+
+def _tell(fd: int, what: bytes) -> None:
+    if fd >= 0:
+        try:
+            os.write(fd, what)
+        except OSError:
+            pass  # the agent is gone: the assignment read finds out
 
 
 def _saturated() -> bool:

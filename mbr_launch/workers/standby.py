@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS, STANDBY_PRELOAD_ENV,
-                                 Assignment, StandbyChannel)
+                                 STANDBY_LOWERED, STANDBY_WARM, Assignment, StandbyChannel)
 from mbr_launch.workers import flightrec
 
 if TYPE_CHECKING:
@@ -117,6 +117,9 @@ class Standby:
     channel: int  # write end of the assignment pipe
     env: dict[str, str]  # the environment it was started with
     started: float
+    status: int = -1  # read end of the pipe on which it says it is warm (-1: none)
+    background: bool = False  # a replacement (preloads at low priority where it can give that back)
+    said: bytes = b""  # what it wrote on its status pipe so far
 
 
 class StandbyPool:
@@ -134,18 +137,23 @@ class StandbyPool:
         self._ready: dict[int, Standby] = {}
         self.last_miss: str | None = None  # why the latest take() found no usable standby
 
-    def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0) -> None:
-        """Start a standby for each of ``local_ranks`` that has none."""
+    def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0, background: bool = False) -> None:
+        """Start a standby for each of ``local_ranks`` that has none. ``background``: a replacement, which
+        preloads at once at the lowest CPU priority (or after ``delay`` where it cannot lower it) and is taken
+        only once warm: a rank never waits for a standby that is behind a fresh process."""
         for local_rank in local_ranks:
             if local_rank in self._ready:
                 continue
             prepared = self.prepare(local_rank)
             if prepared is not None:
-                self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay)
+                self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay, background=background)
 
-    def _start(self, local_rank: int, argv: Sequence[str], env: dict[str, str], *, delay: float) -> Standby:
+    def _start(self, local_rank: int, argv: Sequence[str], env: dict[str, str], *, delay: float,
+               background: bool = False) -> Standby:
         from mbr_launch.workers.process import WorkerSpec, spawn
 
+        status_read, status_write = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(status_read, False)
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             # Room for the whole assignment, so that sending it never blocks the agent.
@@ -154,14 +162,31 @@ class StandbyPool:
             pass
         os.set_blocking(write_end, False)
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
-                          env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay).encode(),
+                          env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay, status_write,
+                                                                          background).encode(),
                                **({STANDBY_PRELOAD_ENV: ",".join(self.preload)} if self.preload else {})},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            process = spawn(spec, cwd=self.cwd, pass_fds=(read_end,))
+            process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
         finally:
             os.close(read_end)
-        return Standby(process=process, channel=write_end, env=env, started=time.monotonic())
+            os.close(status_write)
+        return Standby(process=process, channel=write_end, env=env, started=time.monotonic(), status=status_read,
+                       background=background)
+
+    @staticmethod
+    def state(standby: Standby) -> str:
+        """How far the standby is when taken (recorded with the worker's start): "warm" (preloaded),
+        "warming" (preloading at the lowest priority: it takes the normal one back when assigned, so what it
+        has done is a head start), or "starting" (not preloading: it runs the script at once, as a fresh
+        process would, minus the interpreter's start-up it has behind it). No state leaves a standby behind a
+        fresh process: it never keeps a low priority it cannot give back (``shim.standby``)."""
+        if standby.status >= 0:
+            try:
+                standby.said += os.read(standby.status, 16)
+            except OSError:  # nothing written yet
+                pass
+        return "warm" if STANDBY_WARM in standby.said else "warming" if STANDBY_LOWERED in standby.said else "starting"
 
     def take(self, spec: "WorkerSpec") -> "Worker | None":
         """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when there is
@@ -173,6 +198,7 @@ class StandbyPool:
         if standby is None:
             self.last_miss = "none ready"
             return None
+        state = self.state(standby)
         miss = self._unusable(standby, spec)
         if miss is None:
             message = Assignment(argv=tuple(spec.argv), env=spec.env, cwd=self.cwd).encode()
@@ -188,9 +214,10 @@ class StandbyPool:
             self._discard(standby)
             return None
         os.close(standby.channel)  # end of message
+        self._close_status(standby)
         proc = standby.process
         return Worker(spec=spec, proc=proc.proc, pidfd=proc.pidfd, started=time.monotonic(),
-                      standby_age=round(time.monotonic() - standby.started, 3))
+                      standby_age=round(time.monotonic() - standby.started, 3), standby_state=state)
 
     def _unusable(self, standby: Standby, spec: "WorkerSpec") -> str | None:
         if standby.process.reap() is not None:
@@ -210,12 +237,22 @@ class StandbyPool:
         if process.alive:
             process.proc.wait()
             process.reap()
+        self._close_status(standby)
         for closing in (lambda: os.close(standby.channel), process.proc.stdout.close,  # type: ignore[union-attr]
                         process.proc.stderr.close):  # type: ignore[union-attr]
             try:
                 closing()
             except (OSError, AttributeError):
                 pass
+
+    @staticmethod
+    def _close_status(standby: Standby) -> None:
+        if standby.status >= 0:
+            try:
+                os.close(standby.status)
+            except OSError:
+                pass
+            standby.status = -1
 
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._ready.values()]
