@@ -50,6 +50,26 @@ REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (
 REPLENISH_DELAY_FEW_CORES = 3.0
 
 
+def _raise_priority(pid: int, *, patience: float = 0.3) -> bool:
+    """Give a standby warming at the lowest priority the normal one back, from here, before its assignment: its
+    own main thread could do it only once it holds the GIL, which its preload thread, starved at that
+    priority, releases seconds later on a loaded host. A new session's autogroup starts at nice 0, as a fresh
+    worker's does. Unprivileged writes are limited to one per 100 ms host-wide (EAGAIN): retried briefly; the
+    standby restores itself too, should this fail."""
+    import errno
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write("0")
+            return True
+        except OSError as err:
+            if err.errno != errno.EAGAIN or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
+
+
 def replenish_delay(local_world_size: int, cpus: int | None = None) -> float:
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
     return REPLENISH_DELAY if cpus >= 4 * max(1, local_world_size) else REPLENISH_DELAY_FEW_CORES
@@ -199,6 +219,8 @@ class StandbyPool:
             self.last_miss = "none ready"
             return None
         state = self.state(standby)
+        if state == "warming":
+            _raise_priority(standby.process.pid)
         miss = self._unusable(standby, spec)
         if miss is None:
             message = Assignment(argv=tuple(spec.argv), env=spec.env, cwd=self.cwd).encode()
