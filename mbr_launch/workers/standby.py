@@ -11,11 +11,14 @@ over that pipe (``contract.Assignment``: one JSON message ``{"argv", "env", "cwd
 ``os.environ`` with ``env`` exactly, changes to ``cwd``, and continues through ``boot``'s normal path, which
 runs the script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv``,
 ``sys.orig_argv``, ``__main__`` and ``sys.path[0]``. A new standby for that local rank is started at once
-and prepares itself in the background (after ``DELAY`` seconds, so it does not compete for CPU with the
-ranks that are starting; an assignment that comes during that wait runs the script at once with nothing
+and prepares itself in the background: at once, at the lowest CPU priority (its session's autogroup at nice
+19, so it takes no CPU the ranks want), where the host schedules by autogroup; the agent gives it the normal
+priority back just before its assignment (``_raise_priority``), so what it has done is a head start and never a
+wait. Where it cannot lower its priority it waits ``DELAY`` seconds instead, so as not to compete with the
+ranks that are starting (an assignment that comes during that wait runs the script at once with nothing
 preloaded, as a fresh process would; so does one that comes while the host is far oversubscribed, above
-``shim.standby.SATURATED_LOAD_PER_CPU`` runnable processes per CPU, when standbys hold off their
-preloading). The agent falls back to a fresh process when no standby is ready, when one died, or when the
+``shim.standby.SATURATED_LOAD_PER_CPU`` runnable processes per CPU, when such standbys hold off their
+preloading). Each ``worker_start`` event records how far its standby was (``StandbyPool.state``). The agent falls back to a fresh process when no standby is ready, when one died, or when the
 worker's environment differs from the standby's in anything not ``assigned``; standbys never used are
 killed when the agent exits (and by the parent-death signal if it is killed).
 
