@@ -326,3 +326,34 @@ def test_standbys_hold_off_preloading_on_a_far_oversubscribed_host(monkeypatch):
     assert standby._saturated()
     monkeypatch.setattr(standby.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # a busy test machine
     assert not standby._saturated()
+
+
+def test_the_standby_channel_carries_its_status_pipe_and_reads_the_old_form():
+    from mbr_launch.contract import StandbyChannel
+
+    channel = StandbyChannel(7, "torch", 0.5, 9, True)
+    assert StandbyChannel.decode(channel.encode()) == channel
+    assert StandbyChannel.decode("7:torch:3") == StandbyChannel(7, "torch", 3.0, -1, False)
+
+
+def test_a_standby_lowers_its_session_and_the_agent_raises_it_back():
+    """A real process in a session of its own: its autogroup goes to nice 19 and back to 0 from outside, as
+    the agent does before an assignment (skipped where the kernel does not schedule by autogroup)."""
+    from mbr_launch.workers.standby import _raise_priority
+
+    if not _can_lower_priority():
+        pytest.skip("autogroup scheduling is off here")
+    code = ("import mbr_launch.shim.standby as s, sys; print(s._lower_priority()); sys.stdout.flush(); "
+            "sys.stdin.readline(); print(open('/proc/self/autogroup').read().split()[-1])")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, env=launcher_env())
+    try:
+        assert proc.stdout.readline().strip() == "0"  # lowered, from nice 0
+        assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "19"
+        assert _raise_priority(proc.pid)
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "0"
+    finally:
+        proc.kill()
+        proc.wait(10)
