@@ -339,7 +339,7 @@ def test_the_standby_channel_carries_its_status_pipe_and_reads_the_old_form():
 def test_a_standby_lowers_its_session_and_the_agent_raises_it_back():
     """A real process in a session of its own: its autogroup goes to nice 19 and back to 0 from outside, as
     the agent does before an assignment (skipped where the kernel does not schedule by autogroup)."""
-    from mbr_launch.workers.standby import _raise_priority
+    from mbr_launch.workers.standby import _set_priority
 
     if not _can_lower_priority():
         pytest.skip("autogroup scheduling is off here")
@@ -350,10 +350,30 @@ def test_a_standby_lowers_its_session_and_the_agent_raises_it_back():
     try:
         assert proc.stdout.readline().strip() == "0"  # lowered, from nice 0
         assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "19"
-        assert _raise_priority(proc.pid)
+        assert _set_priority(proc.pid, 0)
         proc.stdin.write("\n")
         proc.stdin.flush()
         assert proc.stdout.readline().strip() == "0"
     finally:
         proc.kill()
         proc.wait(10)
+
+
+def test_a_replacement_not_warm_after_its_low_priority_span_is_promoted_once():
+    """Injected clock: on a host loaded by others a standby at the lowest priority would never warm up; after
+    LOW_PRIORITY_SPAN it competes normally (the agent writes its autogroup; here the pid is a dead one)."""
+    from types import SimpleNamespace
+
+    from mbr_launch.workers.standby import LOW_PRIORITY_SPAN, Standby, StandbyPool
+
+    pool = StandbyPool(level="torch", prepare=lambda _lr: None)
+    fake = SimpleNamespace(pid=2 ** 22 + 12345)
+    warming = Standby(process=fake, channel=-1, env={}, started=100.0, background=True, said=b"l")  # type: ignore[arg-type]
+    warm = Standby(process=fake, channel=-1, env={}, started=100.0, background=True, said=b"lw")  # type: ignore[arg-type]
+    first = Standby(process=fake, channel=-1, env={}, started=100.0, background=False)  # type: ignore[arg-type]
+    pool._ready = {0: warming, 1: warm, 2: first}
+    pool.promote(now=100.0 + LOW_PRIORITY_SPAN / 2)
+    assert not any(s.promoted for s in pool._ready.values())
+    pool.promote(now=100.0 + LOW_PRIORITY_SPAN)
+    assert (warming.promoted, warm.promoted, first.promoted) == (True, True, False)
+    assert [pool.state(s) for s in (warming, warm, first)] == ["warming", "warm", "starting"]

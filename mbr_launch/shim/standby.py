@@ -115,17 +115,15 @@ AUTOGROUP_ENABLED = "/proc/sys/kernel/sched_autogroup_enabled"
 
 def _lower_priority() -> int | None:
     """Give this standby's session (its own autogroup: it runs in a session of its own, so a plain ``nice``
-    would weigh only against its own threads) the lowest CPU weight; its previous nice value, or None where
-    that is not possible (autogroup off, as in a cgroup-managed job step: then the caller waits ``delay``).
-    Raising it back to that value needs no privilege."""
+    would weigh only against its own threads) the lowest CPU weight; the nice value to restore (0: a new
+    session's, what a fresh worker has), or None where that is not possible (autogroup off, as in a
+    cgroup-managed job step: then the caller waits ``delay``). Going back to 0 needs no privilege."""
     try:
         with open(AUTOGROUP_ENABLED) as f:
             if f.read().strip() != "1":
                 return None
-        with open(AUTOGROUP) as f:
-            before = int(f.read().split()[-1])
-        return before if _write_autogroup(19, patience=0.5) else None
-    except (OSError, ValueError, IndexError):
+        return 0 if _write_autogroup(19, patience=0.5) else None
+    except OSError:
         return None
 
 

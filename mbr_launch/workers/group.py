@@ -193,6 +193,8 @@ class WorkerGroup:
 
     def reap(self, rnd: Round) -> list[Worker]:
         """Workers that ended since the last call (each reported once)."""
+        if self.standby:  # every turn of the agent's loop comes here: standbys due for their priority get it
+            self.standby.promote()
         ended = []
         for worker in self.workers:
             if worker.alive:

@@ -13,7 +13,7 @@ runs the script as ``python script.py`` (or ``python -m module``) would: same ``
 ``sys.orig_argv``, ``__main__`` and ``sys.path[0]``. A new standby for that local rank is started at once
 and prepares itself in the background: at once, at the lowest CPU priority (its session's autogroup at nice
 19, so it takes no CPU the ranks want), where the host schedules by autogroup; the agent gives it the normal
-priority back just before its assignment (``_raise_priority``), so what it has done is a head start and never a
+priority back just before its assignment, or once it has spent ``LOW_PRIORITY_SPAN`` seconds not warm (``_set_priority``), so what it has done is a head start and never a
 wait. Where it cannot lower its priority it waits ``DELAY`` seconds instead, so as not to compete with the
 ranks that are starting (an assignment that comes during that wait runs the script at once with nothing
 preloaded, as a fresh process would; so does one that comes while the host is far oversubscribed, above
@@ -53,7 +53,13 @@ REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (
 REPLENISH_DELAY_FEW_CORES = 3.0
 
 
-def _raise_priority(pid: int, *, patience: float = 0.3) -> bool:
+# A replacement preloads at the lowest priority for this long; one not warm by then gets the normal priority
+# back (on a host loaded by others it would otherwise never warm up; it then competes as the old delayed
+# preload did), so it is never behind what waiting REPLENISH_DELAY_FEW_CORES and preloading would give.
+LOW_PRIORITY_SPAN = REPLENISH_DELAY_FEW_CORES
+
+
+def _set_priority(pid: int, nice: int, *, patience: float = 0.3) -> bool:
     """Give a standby warming at the lowest priority the normal one back, from here, before its assignment: its
     own main thread could do it only once it holds the GIL, which its preload thread, starved at that
     priority, releases seconds later on a loaded host. A new session's autogroup starts at nice 0, as a fresh
@@ -65,7 +71,7 @@ def _raise_priority(pid: int, *, patience: float = 0.3) -> bool:
     while True:
         try:
             with open(f"/proc/{pid}/autogroup", "w") as f:
-                f.write("0")
+                f.write(str(nice))
             return True
         except OSError as err:
             if err.errno != errno.EAGAIN or time.monotonic() >= deadline:
@@ -143,6 +149,7 @@ class Standby:
     status: int = -1  # read end of the pipe on which it says it is warm (-1: none)
     background: bool = False  # a replacement (preloads at low priority where it can give that back)
     said: bytes = b""  # what it wrote on its status pipe so far
+    promoted: bool = False  # given the normal priority back before its assignment (``promote``)
 
 
 class StandbyPool:
@@ -194,8 +201,20 @@ class StandbyPool:
         finally:
             os.close(read_end)
             os.close(status_write)
+        if background:  # lowest priority from its interpreter's start on (it lowers itself too, and says so)
+            _set_priority(process.pid, 19, patience=0.0)
         return Standby(process=process, channel=write_end, env=env, started=time.monotonic(), status=status_read,
                        background=background)
+
+    def promote(self, now: float | None = None) -> None:
+        """Give the normal priority back to replacements that have preloaded at the lowest one for
+        ``LOW_PRIORITY_SPAN`` seconds and are still not warm (called from the agent's loop, cheaply)."""
+        now = time.monotonic() if now is None else now
+        for standby in self._ready.values():
+            if standby.background and not standby.promoted and now - standby.started >= LOW_PRIORITY_SPAN:
+                if self.state(standby) == "warming":
+                    _set_priority(standby.process.pid, 0, patience=0.0)
+                standby.promoted = True
 
     @staticmethod
     def state(standby: Standby) -> str:
@@ -222,8 +241,8 @@ class StandbyPool:
             self.last_miss = "none ready"
             return None
         state = self.state(standby)
-        if state == "warming":
-            _raise_priority(standby.process.pid)
+        if STANDBY_LOWERED in standby.said and not standby.promoted:  # its main thread must wake at full speed
+            _set_priority(standby.process.pid, 0)
         miss = self._unusable(standby, spec)
         if miss is None:
             message = Assignment(argv=tuple(spec.argv), env=spec.env, cwd=self.cwd).encode()
