@@ -50,7 +50,7 @@ class StandbyChannel(NamedTuple):
     level: str  # one of STANDBY_LEVELS[1:]
     delay: float  # seconds to wait before preloading (an assignment during the wait skips preloading)
     status: int = -1  # write end of a pipe on which the standby writes STANDBY_WARM once preloaded (-1: none)
-    background: bool = False  # preload at once at the lowest CPU priority (``delay`` only where it cannot)
+    background: bool = False  # the agent runs it at the lowest CPU priority: preload at once, without ``delay``
 
     def encode(self) -> str:
         return f"{self.fd}:{self.level}:{self.delay:g}:{self.status}:{int(self.background)}"
@@ -63,7 +63,6 @@ class StandbyChannel(NamedTuple):
 
 
 STANDBY_WARM = b"w"  # the standby has preloaded its level
-STANDBY_LOWERED = b"l"  # it preloads at the lowest priority and takes the normal one back when assigned
 
 
 class Assignment(NamedTuple):

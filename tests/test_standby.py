@@ -336,24 +336,19 @@ def test_the_standby_channel_carries_its_status_pipe_and_reads_the_old_form():
     assert StandbyChannel.decode("7:torch:3") == StandbyChannel(7, "torch", 3.0, -1, False)
 
 
-def test_a_standby_lowers_its_session_and_the_agent_raises_it_back():
-    """A real process in a session of its own: its autogroup goes to nice 19 and back to 0 from outside, as
-    the agent does before an assignment (skipped where the kernel does not schedule by autogroup)."""
-    from mbr_launch.workers.standby import _set_priority
+def test_the_agent_lowers_a_standbys_session_and_raises_it_back():
+    """A real process in a session of its own: its autogroup goes to nice 19 and back to 0 from the agent's
+    side (skipped where the kernel does not schedule by autogroup)."""
+    from mbr_launch.workers.standby import _set_priority, autogroup_enabled
 
-    if not _can_lower_priority():
+    if not autogroup_enabled():
         pytest.skip("autogroup scheduling is off here")
-    code = ("import mbr_launch.shim.standby as s, sys; print(s._lower_priority()); sys.stdout.flush(); "
-            "sys.stdin.readline(); print(open('/proc/self/autogroup').read().split()[-1])")
-    proc = subprocess.Popen([sys.executable, "-c", code], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, env=launcher_env())
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE,
+                            start_new_session=True)
     try:
-        assert proc.stdout.readline().strip() == "0"  # lowered, from nice 0
-        assert Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1] == "19"
-        assert _set_priority(proc.pid, 0)
-        proc.stdin.write("\n")
-        proc.stdin.flush()
-        assert proc.stdout.readline().strip() == "0"
+        group = Path(f"/proc/{proc.pid}/autogroup")
+        assert _set_priority(proc.pid, 19) and group.read_text().split()[-1] == "19"
+        assert _set_priority(proc.pid, 0) and group.read_text().split()[-1] == "0"
     finally:
         proc.kill()
         proc.wait(10)
@@ -368,8 +363,8 @@ def test_a_replacement_not_warm_after_its_low_priority_span_is_promoted_once():
 
     pool = StandbyPool(level="torch", prepare=lambda _lr: None)
     fake = SimpleNamespace(pid=2 ** 22 + 12345)
-    warming = Standby(process=fake, channel=-1, env={}, started=100.0, background=True, said=b"l")  # type: ignore[arg-type]
-    warm = Standby(process=fake, channel=-1, env={}, started=100.0, background=True, said=b"lw")  # type: ignore[arg-type]
+    warming = Standby(process=fake, channel=-1, env={}, started=100.0, background=True)  # type: ignore[arg-type]
+    warm = Standby(process=fake, channel=-1, env={}, started=100.0, background=True, said=b"w")  # type: ignore[arg-type]
     first = Standby(process=fake, channel=-1, env={}, started=100.0, background=False)  # type: ignore[arg-type]
     pool._ready = {0: warming, 1: warm, 2: first}
     pool.promote(now=100.0 + LOW_PRIORITY_SPAN / 2)

@@ -46,7 +46,7 @@ import threading
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_LOWERED, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel,
+from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel,
                                  preemption_signals)
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
@@ -70,11 +70,10 @@ def serve() -> None:
     channel, level, delay, status, background = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
-    # A replacement preloads at once at the lowest priority where it can give that priority back when it
-    # becomes a rank (its session's autogroup); elsewhere it waits ``delay`` so as not to slow the ranks starting.
-    lowered = _lower_priority() if background else None
-    if lowered is not None:
-        _tell(status, STANDBY_LOWERED)
+    # ``background``: the agent runs this standby at the lowest priority (its session's autogroup) and gives
+    # the normal one back before the assignment, so it preloads at once; otherwise it waits ``delay`` so as
+    # not to slow the ranks that are starting.
+    lowered = background or None
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
     early = lowered is None and delay > 0 and bool(select.select([channel], [], [], delay)[0])
@@ -90,8 +89,6 @@ def serve() -> None:
     message = _read_message(channel)
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
-    if lowered is not None:
-        _restore_priority(lowered)
     if preloading is not None:
         preloading.join()
         _adopt_device(level)
@@ -107,48 +104,6 @@ def serve() -> None:
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level)
-
-
-AUTOGROUP = "/proc/self/autogroup"
-AUTOGROUP_ENABLED = "/proc/sys/kernel/sched_autogroup_enabled"
-
-
-def _lower_priority() -> int | None:
-    """Give this standby's session (its own autogroup: it runs in a session of its own, so a plain ``nice``
-    would weigh only against its own threads) the lowest CPU weight; the nice value to restore (0: a new
-    session's, what a fresh worker has), or None where that is not possible (autogroup off, as in a
-    cgroup-managed job step: then the caller waits ``delay``). Going back to 0 needs no privilege."""
-    try:
-        with open(AUTOGROUP_ENABLED) as f:
-            if f.read().strip() != "1":
-                return None
-        return 0 if _write_autogroup(19, patience=0.5) else None
-    except OSError:
-        return None
-
-
-def _write_autogroup(nice: int, *, patience: float) -> bool:
-    """The kernel lets an unprivileged process change an autogroup's nice value once per 100 ms, host-wide
-    (EAGAIN otherwise): retry for ``patience`` seconds."""
-    import errno
-    import time
-
-    deadline = time.monotonic() + patience
-    while True:
-        try:
-            with open(AUTOGROUP, "w") as f:
-                f.write(str(nice))
-            return True
-        except OSError as err:
-            if err.errno != errno.EAGAIN or time.monotonic() >= deadline:
-                return False
-            time.sleep(0.02)
-
-
-def _restore_priority(nice: int) -> None:
-    """Back to the priority a fresh worker has, without delaying the script: retried in a daemon thread."""
-    if not _write_autogroup(nice, patience=0.0):
-        threading.Thread(target=_write_autogroup, args=(nice,), kwargs={"patience": 5.0}, daemon=True).start()
 
 
 def _prepare(level: str, modules: Sequence[str], status: int) -> None:

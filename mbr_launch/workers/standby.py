@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS, STANDBY_PRELOAD_ENV,
-                                 STANDBY_LOWERED, STANDBY_WARM, Assignment, StandbyChannel)
+                                 STANDBY_WARM, Assignment, StandbyChannel)
 from mbr_launch.workers import flightrec
 
 if TYPE_CHECKING:
@@ -59,12 +59,22 @@ REPLENISH_DELAY_FEW_CORES = 3.0
 LOW_PRIORITY_SPAN = REPLENISH_DELAY_FEW_CORES
 
 
+def autogroup_enabled() -> bool:
+    """Whether the kernel schedules by autogroup (one per session): then a standby's priority is its session's
+    autogroup nice value, which the agent may lower and raise again without privilege."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
 def _set_priority(pid: int, nice: int, *, patience: float = 0.3) -> bool:
-    """Give a standby warming at the lowest priority the normal one back, from here, before its assignment: its
-    own main thread could do it only once it holds the GIL, which its preload thread, starved at that
-    priority, releases seconds later on a loaded host. A new session's autogroup starts at nice 0, as a fresh
-    worker's does. Unprivileged writes are limited to one per 100 ms host-wide (EAGAIN): retried briefly; the
-    standby restores itself too, should this fail."""
+    """Set a standby's session autogroup to ``nice``: 19 from its start, 0 (a new session's, as a fresh
+    worker's) before its assignment or at its promotion. The agent does it, not the standby: the standby's main
+    thread could act only once it holds the GIL, which its preload thread, starved at nice 19, releases seconds
+    later on a loaded host. Unprivileged writes are limited to one per 100 ms host-wide (EAGAIN): retried for
+    ``patience`` seconds."""
     import errno
 
     deadline = time.monotonic() + patience
@@ -147,7 +157,7 @@ class Standby:
     env: dict[str, str]  # the environment it was started with
     started: float
     status: int = -1  # read end of the pipe on which it says it is warm (-1: none)
-    background: bool = False  # a replacement (preloads at low priority where it can give that back)
+    background: bool = False  # a replacement, run at the lowest priority until assigned or promoted
     said: bytes = b""  # what it wrote on its status pipe so far
     promoted: bool = False  # given the normal priority back before its assignment (``promote``)
 
@@ -182,6 +192,7 @@ class StandbyPool:
                background: bool = False) -> Standby:
         from mbr_launch.workers.process import WorkerSpec, spawn
 
+        background = background and autogroup_enabled()
         status_read, status_write = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(status_read, False)
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -201,8 +212,8 @@ class StandbyPool:
         finally:
             os.close(read_end)
             os.close(status_write)
-        if background:  # lowest priority from its interpreter's start on (it lowers itself too, and says so)
-            _set_priority(process.pid, 19, patience=0.0)
+        if background:  # lowest priority from its interpreter's start on (a failure leaves it at the normal one)
+            _set_priority(process.pid, 19)
         return Standby(process=process, channel=write_end, env=env, started=time.monotonic(), status=status_read,
                        background=background)
 
@@ -228,7 +239,7 @@ class StandbyPool:
                 standby.said += os.read(standby.status, 16)
             except OSError:  # nothing written yet
                 pass
-        return "warm" if STANDBY_WARM in standby.said else "warming" if STANDBY_LOWERED in standby.said else "starting"
+        return "warm" if STANDBY_WARM in standby.said else "warming" if standby.background else "starting"
 
     def take(self, spec: "WorkerSpec") -> "Worker | None":
         """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when there is
@@ -241,7 +252,7 @@ class StandbyPool:
             self.last_miss = "none ready"
             return None
         state = self.state(standby)
-        if STANDBY_LOWERED in standby.said and not standby.promoted:  # its main thread must wake at full speed
+        if standby.background and not standby.promoted:  # its main thread must wake at full speed
             _set_priority(standby.process.pid, 0)
         miss = self._unusable(standby, spec)
         if miss is None:
