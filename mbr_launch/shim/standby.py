@@ -1,8 +1,10 @@
 """A warm standby's own side, inside the process: prepare, wait for the assignment, become the rank.
 
 ``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent side, which starts standbys and
-sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says, unless
-an assignment comes during the replenish delay or the host is far oversubscribed (above
+sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says (in a
+thread, so that the assignment is read as soon as it comes; the script starts once the preload is done; a
+replacement that the agent runs at the lowest priority preloads at once), unless an assignment comes during
+the replenish delay or the host is far oversubscribed (above
 ``SATURATED_LOAD_PER_CPU`` runnable processes per CPU); then it reads its ``Assignment`` (argv, env, cwd),
 replaces ``os.environ`` with ``env`` exactly, changes to ``cwd``, and returns to ``boot``, which runs the
 script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv``, ``sys.orig_argv``,
@@ -73,11 +75,10 @@ def serve() -> None:
     # ``background``: the agent runs this standby at the lowest priority (its session's autogroup) and gives
     # the normal one back before the assignment, so it preloads at once; otherwise it waits ``delay`` so as
     # not to slow the ranks that are starting.
-    lowered = background or None
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
-    early = lowered is None and delay > 0 and bool(select.select([channel], [], [], delay)[0])
-    while not early and lowered is None and _saturated():
+    early = not background and delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    while not early and not background and _saturated():
         early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
     preloading = None
     if not early:
