@@ -354,21 +354,37 @@ def test_the_agent_lowers_a_standbys_session_and_raises_it_back():
         proc.wait(10)
 
 
-def test_a_replacement_not_warm_after_its_low_priority_span_is_promoted_once():
-    """Injected clock: on a host loaded by others a standby at the lowest priority would never warm up; after
-    LOW_PRIORITY_SPAN it competes normally (the agent writes its autogroup; here the pid is a dead one)."""
+def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
+    """Injected clock, real processes in sessions of their own: a warm replacement gets the normal priority at
+    once (its assignment then needs no write), one still warming after LOW_PRIORITY_SPAN too (on a host loaded
+    by others it would never warm at nice 19); a first-round standby is never lowered."""
     from types import SimpleNamespace
 
-    from mbr_launch.workers.standby import LOW_PRIORITY_SPAN, Standby, StandbyPool
+    from mbr_launch.workers.standby import LOW_PRIORITY_SPAN, Standby, StandbyPool, _set_priority, autogroup_enabled
 
-    pool = StandbyPool(level="torch", prepare=lambda _lr: None)
-    fake = SimpleNamespace(pid=2 ** 22 + 12345)
-    warming = Standby(process=fake, channel=-1, env={}, started=100.0, background=True)  # type: ignore[arg-type]
-    warm = Standby(process=fake, channel=-1, env={}, started=100.0, background=True, said=b"w")  # type: ignore[arg-type]
-    first = Standby(process=fake, channel=-1, env={}, started=100.0, background=False)  # type: ignore[arg-type]
-    pool._ready = {0: warming, 1: warm, 2: first}
-    pool.promote(now=100.0 + LOW_PRIORITY_SPAN / 2)
-    assert not any(s.promoted for s in pool._ready.values())
-    pool.promote(now=100.0 + LOW_PRIORITY_SPAN)
-    assert (warming.promoted, warm.promoted, first.promoted) == (True, True, False)
-    assert [pool.state(s) for s in (warming, warm, first)] == ["warming", "warm", "starting"]
+    if not autogroup_enabled():
+        pytest.skip("autogroup scheduling is off here")
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE,
+                              start_new_session=True) for _ in range(3)]
+    try:
+        def nice(proc) -> str:
+            return Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1]
+
+        def standby(proc, **kw) -> Standby:
+            low = kw.pop("low", True) and _set_priority(proc.pid, 19)
+            return Standby(process=SimpleNamespace(pid=proc.pid), channel=-1, env={}, started=100.0,  # type: ignore[arg-type]
+                           background=low, low=low, **kw)
+
+        pool = StandbyPool(level="torch", prepare=lambda _lr: None)
+        warming, warm, first = standby(procs[0]), standby(procs[1], said=b"w"), standby(procs[2], low=False)
+        pool._ready = {0: warming, 1: warm, 2: first}
+        pool.promote(now=100.0 + LOW_PRIORITY_SPAN / 2)
+        assert (warming.promoted, warm.promoted, first.promoted) == (False, True, False)
+        assert [nice(p) for p in procs] == ["19", "0", "0"]
+        pool.promote(now=100.0 + LOW_PRIORITY_SPAN)
+        assert warming.promoted and nice(procs[0]) == "0"
+        assert [pool.state(s) for s in (warming, warm, first)] == ["warming", "warm", "starting"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)

@@ -13,7 +13,9 @@ runs the script as ``python script.py`` (or ``python -m module``) would: same ``
 ``sys.orig_argv``, ``__main__`` and ``sys.path[0]``. A new standby for that local rank is started at once
 and prepares itself in the background: at once, at the lowest CPU priority (its session's autogroup at nice
 19, so it takes no CPU the ranks want), where the host schedules by autogroup; the agent gives it the normal
-priority back just before its assignment, or once it has spent ``LOW_PRIORITY_SPAN`` seconds not warm (``_set_priority``), so what it has done is a head start and never a
+priority back as soon as it is warm (idle, it costs nothing there), once it has spent ``LOW_PRIORITY_SPAN``
+seconds not warm, or at the latest just before its assignment (``_set_priority``), so what it has done is a head
+start and never a
 wait. Where it cannot lower its priority it waits ``DELAY`` seconds instead, so as not to compete with the
 ranks that are starting (an assignment that comes during that wait runs the script at once with nothing
 preloaded, as a fresh process would; so does one that comes while the host is far oversubscribed, above
@@ -159,6 +161,7 @@ class Standby:
     status: int = -1  # read end of the pipe on which it says it is warm (-1: none)
     background: bool = False  # a replacement, run at the lowest priority until assigned or promoted
     said: bytes = b""  # what it wrote on its status pipe so far
+    low: bool = False  # the agent did lower its priority (a background standby; the write may fail)
     promoted: bool = False  # given the normal priority back before its assignment (``promote``)
 
 
@@ -212,20 +215,22 @@ class StandbyPool:
         finally:
             os.close(read_end)
             os.close(status_write)
-        if background:  # lowest priority from its interpreter's start on (a failure leaves it at the normal one)
-            _set_priority(process.pid, 19)
+        # Lowest priority from its interpreter's start on. No retry: unprivileged writes are one per 100 ms
+        # host-wide, and a standby left at the normal priority only preloads as it always did.
+        low = background and _set_priority(process.pid, 19, patience=0.0)
         return Standby(process=process, channel=write_end, env=env, started=time.monotonic(), status=status_read,
-                       background=background)
+                       background=background, low=low)
 
     def promote(self, now: float | None = None) -> None:
-        """Give the normal priority back to replacements that have preloaded at the lowest one for
-        ``LOW_PRIORITY_SPAN`` seconds and are still not warm (called from the agent's loop, cheaply)."""
+        """Give the normal priority back to replacements that are warm (an idle process costs nothing at any
+        priority, and its assignment then needs no write on the restart's path) or that have preloaded at the
+        lowest one for ``LOW_PRIORITY_SPAN`` seconds (called from every turn of the agent's loop; a write
+        refused by the rate limit is tried again at the next turn)."""
         now = time.monotonic() if now is None else now
         for standby in self._ready.values():
-            if standby.background and not standby.promoted and now - standby.started >= LOW_PRIORITY_SPAN:
-                if self.state(standby) == "warming":
-                    _set_priority(standby.process.pid, 0, patience=0.0)
-                standby.promoted = True
+            if standby.low and not standby.promoted and (
+                    self.state(standby) == "warm" or now - standby.started >= LOW_PRIORITY_SPAN):
+                standby.promoted = _set_priority(standby.process.pid, 0, patience=0.0)
 
     @staticmethod
     def state(standby: Standby) -> str:
@@ -252,7 +257,7 @@ class StandbyPool:
             self.last_miss = "none ready"
             return None
         state = self.state(standby)
-        if standby.background and not standby.promoted:  # its main thread must wake at full speed
+        if standby.low and not standby.promoted:  # its main thread must wake at full speed
             _set_priority(standby.process.pid, 0)
         miss = self._unusable(standby, spec)
         if miss is None:
