@@ -49,14 +49,20 @@ class StandbyChannel(NamedTuple):
     fd: int  # read end of the assignment pipe, inherited by the standby
     level: str  # one of STANDBY_LEVELS[1:]
     delay: float  # seconds to wait before preloading (an assignment during the wait skips preloading)
+    status: int = -1  # write end of a pipe on which the standby writes STANDBY_WARM once preloaded (-1: none)
+    background: bool = False  # the agent runs it at the lowest CPU priority: preload at once, without ``delay``
 
     def encode(self) -> str:
-        return f"{self.fd}:{self.level}:{self.delay:g}"
+        return f"{self.fd}:{self.level}:{self.delay:g}:{self.status}:{int(self.background)}"
 
     @staticmethod
     def decode(text: str) -> "StandbyChannel":
-        fd, level, delay = text.split(":")
-        return StandbyChannel(fd=int(fd), level=level, delay=float(delay))
+        fd, level, delay, *rest = text.split(":")
+        status, background = (int(rest[0]), rest[1] == "1") if len(rest) == 2 else (-1, False)
+        return StandbyChannel(fd=int(fd), level=level, delay=float(delay), status=status, background=background)
+
+
+STANDBY_WARM = b"w"  # the standby has preloaded its level
 
 
 class Assignment(NamedTuple):

@@ -166,6 +166,11 @@ def check_agent_sigkill(run: Run) -> None:
     assert run.t_fault is not None and max(run.info["restarted"]) - run.t_fault < PEER_TIMEOUT + 5, \
         (max(run.info["restarted"]) - run.t_fault, run.tail())
     assert any("silent" in err for err in run.stderr[:2]), run.tail()
+    # A node is gone: the survivors' next round is not the fast path (it keeps the old members) but torch's
+    # c10d join, and each says why it fell back.
+    rejoined = [e for events in run.events[:2] for e in events if e["event"] == "rendezvous" and e["round"] == 1]
+    assert len(rejoined) == 2 and not any(e["fast"] for e in rejoined), rejoined
+    assert all(e.get("fallback") for e in rejoined), rejoined
 
 
 def store_host_lost(ctx: Ctx) -> Run:

@@ -129,10 +129,12 @@ class FakeRendezvous:
     def __init__(self, *, nodes: int = 1, nproc: int = 2, fail_after: int | None = None, spares: int = 0) -> None:
         self.nodes, self.nproc, self.fail_after, self.spares = nodes, nproc, fail_after, spares
         self.joined = 0
+        self.asked: list[tuple[int | None, str | None]] = []  # (previous round, why no fast path) per join
         self.restarts = self.startup_restarts = 0
         self.node_failures: dict[str, int] = {}
 
-    def next_round(self) -> Round:
+    def next_round(self, previous: Round | None = None, skip_fast: str | None = None) -> Round:
+        self.asked.append((previous.index if previous else None, skip_fast))
         if self.fail_after is not None and self.joined >= self.fail_after:
             raise RendezvousFailed("rendezvous failed: scripted")
         self.joined += 1

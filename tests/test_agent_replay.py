@@ -246,7 +246,7 @@ def test_signal_while_waiting_in_the_rendezvous_ends_the_run_at_once(tmp_path, s
     world = build_world(tmp_path)
     blocked = world.rendezvous.next_round
 
-    def next_round():
+    def next_round(*_args):
         world.wakeup.post_signal(signum)  # what the agent's signal handler does, in the blocked main thread
         return blocked()
 

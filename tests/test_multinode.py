@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch.report.events import read_events
 from mbr_launch.workers.flightrec import TORCH_ENV
 
 from .helpers import SCRIPTS, finish, free_port, launcher_env
@@ -43,13 +44,22 @@ def _ready(path: Path) -> list[tuple[int, int]]:
 
 def test_three_agents_restart_together(tmp_path):
     ready = tmp_path / "ready"
-    results = _agents(3, free_port(), ["--max-restarts", "2"],
+    results = _agents(3, free_port(), ["--max-restarts", "2", "--log-dir", str(tmp_path / "logs")],
                       [TRAIN, "--expect-world", "3", "--crash-rank", "2", "--ready-file", str(ready)])
     for proc, _out, err in results:
         assert proc.returncode == 0, err
     assert _ready(ready) == [(r, n) for r in range(3) for n in range(2)]
     # every agent saw the same job-wide restart count
     assert sum("restart 1 of 2" in err for _p, _o, err in results) == 3
+    # Every agent alive and nobody waiting: the restart round was agreed on the fast path, the same for all
+    # (one master port, one restart count), each agent keeping its group rank; the first round was c10d's.
+    rounds = [e for p in (tmp_path / "logs").glob("*/events.jsonl") for e in read_events(p) if e["event"] == "rendezvous"]
+    first, second = ([e for e in rounds if e["round"] == n] for n in (0, 1))
+    assert len(first) == len(second) == 3 and not any(e["fast"] for e in first), rounds
+    assert all(e["fast"] and "fallback" not in e for e in second), second
+    assert len({(e["master_port"], e["restart_count"], e["world_size"]) for e in second}) == 1, second
+    assert {e["master_port"] for e in second} != {e["master_port"] for e in first}
+    assert sorted(e["group_rank"] for e in second) == [0, 1, 2]
 
 
 def test_three_agents_budget_exhausted_all_exit_1(tmp_path):
@@ -76,7 +86,7 @@ def _compare(theirs: dict[int, dict], ours: dict[int, dict], parent: dict[str, s
         for key in SAME_VALUE:
             assert theirs[rank].get(key) == ours[rank].get(key), (rank, key)
         assert theirs[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # torchrun shares its store ...
-        assert ours[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "False"  # ... we give workers a fresh one
+        assert ours[rank]["TORCHELASTIC_USE_AGENT_STORE"] == "True"  # ... ours serves a fresh one each round
         assert ours[rank]["TORCHELASTIC_ERROR_FILE"].endswith("error.json")
         assert ours[rank]["MASTER_ADDR"] and int(ours[rank]["MASTER_PORT"]) > 0
 

@@ -30,7 +30,8 @@ _stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
 RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "wave_preloaded": "wave" in sys.modules,
           "name": __name__,
           "argv": list(sys.argv), "path": list(sys.path), "cwd": os.getcwd(), "orig_argv": list(sys.orig_argv),
-          "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK")}
+          "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK"),
+          "nice": open("/proc/self/autogroup").read().split()[-1] if os.path.exists("/proc/self/autogroup") else None}
 OUT = os.environ.get("PROBE_OUT") or sys.argv[sys.argv.index("--out") + 1]
 def save(**extra):
     RECORD.update(extra)
@@ -88,7 +89,7 @@ def _launch(tmp_path: Path, name: str, flags: list[str], *, crash: bool = False,
     if crash:
         (out / "crash").touch()
     script = tmp_path / "probe.py"
-    settle = replenish_delay(2) + 0.5 if settle is None else settle
+    settle = (0.5 if _can_lower_priority() else replenish_delay(2) + 0.5) if settle is None else settle
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), *flags, str(script),
                         "--out", str(out)], env=launcher_env(PROBE_SETTLE=str(settle)))
     assert res.returncode == 0, res.stderr
@@ -121,16 +122,24 @@ def test_standby_preload_imports_more_modules_ahead(tmp_path):
     assert "could not preload no_such_module_mbr (ModuleNotFoundError" in stderr
 
 
-def test_a_standby_assigned_during_its_replenish_delay_starts_fresh(tmp_path):
-    # The crash comes at once, while the replacements still wait out their delay: they run the script with
-    # nothing preloaded (as a fresh process would) instead of importing torch first.
-    if replenish_delay(2) < 3:
-        pytest.skip("the crash must come within the replenish delay: 3 s only with few cores per rank")
+def _can_lower_priority() -> bool:
+    try:
+        return Path("/proc/sys/kernel/sched_autogroup_enabled").read_text().strip() == "1"
+    except OSError:
+        return False
+
+
+def test_a_replacement_warming_at_low_priority_is_taken_at_once_with_its_priority_back(tmp_path):
+    # The crash comes at once, while the replacements still import torch at the lowest priority (their
+    # session's autogroup at nice 19): they are ahead of a fresh process, so they are taken, get the normal
+    # priority back before the script's first line, and finish their preload first.
+    if not _can_lower_priority():
+        pytest.skip("autogroup scheduling is off here: replacements wait out their delay instead")
     (tmp_path / "probe.py").write_text(TRAIN_PROBE)
     out, logs, _ = _launch(tmp_path, "early", ["--max-restarts", "1", "--standby", "torch"], crash=True, settle=0)
     records = _records(out)
-    assert [records[(r, 0)]["torch_preloaded"] for r in ("0", "1")] == [True, True]
-    assert [records[(r, 1)]["torch_preloaded"] for r in ("0", "1")] == [False, False]
+    assert [records[(r, 1)]["torch_preloaded"] for r in ("0", "1")] == [True, True]
+    assert [records[(r, k)]["nice"] for r in ("0", "1") for k in (0, 1)] == ["0"] * 4
     starts = [e for e in _events(logs) if e["event"] == "worker_start"]
     assert [(e["round"], e["standby"]) for e in starts] == [(0, True), (0, True), (1, True), (1, True)]
 
@@ -317,3 +326,65 @@ def test_standbys_hold_off_preloading_on_a_far_oversubscribed_host(monkeypatch):
     assert standby._saturated()
     monkeypatch.setattr(standby.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # a busy test machine
     assert not standby._saturated()
+
+
+def test_the_standby_channel_carries_its_status_pipe_and_reads_the_old_form():
+    from mbr_launch.contract import StandbyChannel
+
+    channel = StandbyChannel(7, "torch", 0.5, 9, True)
+    assert StandbyChannel.decode(channel.encode()) == channel
+    assert StandbyChannel.decode("7:torch:3") == StandbyChannel(7, "torch", 3.0, -1, False)
+
+
+def test_the_agent_lowers_a_standbys_session_and_raises_it_back():
+    """A real process in a session of its own: its autogroup goes to nice 19 and back to 0 from the agent's
+    side (skipped where the kernel does not schedule by autogroup)."""
+    from mbr_launch.workers.standby import _set_priority, autogroup_enabled
+
+    if not autogroup_enabled():
+        pytest.skip("autogroup scheduling is off here")
+    proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE,
+                            start_new_session=True)
+    try:
+        group = Path(f"/proc/{proc.pid}/autogroup")
+        assert _set_priority(proc.pid, 19) and group.read_text().split()[-1] == "19"
+        assert _set_priority(proc.pid, 0) and group.read_text().split()[-1] == "0"
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
+    """Injected clock, real processes in sessions of their own: a warm replacement gets the normal priority at
+    once (its assignment then needs no write), one still warming after LOW_PRIORITY_SPAN too (on a host loaded
+    by others it would never warm at nice 19); a first-round standby is never lowered."""
+    from types import SimpleNamespace
+
+    from mbr_launch.workers.standby import LOW_PRIORITY_SPAN, Standby, StandbyPool, _set_priority, autogroup_enabled
+
+    if not autogroup_enabled():
+        pytest.skip("autogroup scheduling is off here")
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE,
+                              start_new_session=True) for _ in range(3)]
+    try:
+        def nice(proc) -> str:
+            return Path(f"/proc/{proc.pid}/autogroup").read_text().split()[-1]
+
+        def standby(proc, **kw) -> Standby:
+            low = kw.pop("low", True) and _set_priority(proc.pid, 19)
+            return Standby(process=SimpleNamespace(pid=proc.pid), channel=-1, env={}, started=100.0,  # type: ignore[arg-type]
+                           background=low, low=low, **kw)
+
+        pool = StandbyPool(level="torch", prepare=lambda _lr: None)
+        warming, warm, first = standby(procs[0]), standby(procs[1], said=b"w"), standby(procs[2], low=False)
+        pool._ready = {0: warming, 1: warm, 2: first}
+        pool.promote(now=100.0 + LOW_PRIORITY_SPAN / 2)
+        assert (warming.promoted, warm.promoted, first.promoted) == (False, True, False)
+        assert [nice(p) for p in procs] == ["19", "0", "0"]
+        pool.promote(now=100.0 + LOW_PRIORITY_SPAN)
+        assert warming.promoted and nice(procs[0]) == "0"
+        assert [pool.state(s) for s in (warming, warm, first)] == ["warming", "warm", "starting"]
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)

@@ -24,6 +24,7 @@ from mbr_launch.agent.ending import finish, finish_signaled
 from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, note_signal, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
+from mbr_launch.agent.nextround import fast_blocker
 from mbr_launch.agent.progress import back_off, join_progress, timed_out
 from mbr_launch.agent.wakeup import Interrupted
 from mbr_launch.cluster.peers import StoreLost
@@ -35,6 +36,7 @@ class Supervisor:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
         self._tick = min(0.5, ctx.cfg.rendezvous.peer_timeout / 4)  # bounds how late silence and telemetry are seen
+        self._after: tuple[Round, str | None] | None = None  # the round a job-wide restart ended, and why no fast path
 
     def run(self) -> int:
         """Join a round, run it, act on how it ended; the exit code when the job ends for this node."""
@@ -122,7 +124,7 @@ class Supervisor:
         try:
             with progress, ctx.guard.around(cfg.rendezvous.join_timeout + 60, "joining the rendezvous"), \
                     ctx.wakeup.interruptible():
-                rnd = ctx.rendezvous.next_round()
+                rnd = ctx.rendezvous.next_round(*(self._after or ()))
         except Interrupted as stop:  # Ctrl-C, or a preemption, while waiting for the other nodes
             ctx.wakeup.take_signal()
             note_signal(ctx, stop.signum, workers=False)
@@ -141,7 +143,8 @@ class Supervisor:
         ctx.log.emit("rendezvous", round=rnd.index, group_world_size=rnd.group_world_size,
                      world_size=rnd.world_size, rank_offset=rnd.rank_offset, master_addr=rnd.master_addr,
                      master_port=rnd.master_port, restart_count=rnd.restart_count,
-                     seconds=round(ctx.clock() - began, 3))
+                     seconds=round(ctx.clock() - began, 3), fast=rnd.fast,
+                     **({"fallback": rnd.fallback} if rnd.fallback else {}))
         ctx.summary.restarts = rnd.restart_count
         return rnd
 
@@ -182,6 +185,7 @@ class Supervisor:
             return finish(ctx, message.exit_code, message.reason)
         signum = ctx.wakeup.take_signal()  # one that came while the round stopped: the job ends here
         if signum is None:
+            self._after = (rnd, fast_blocker(ctx, rnd, result))
             ctx.log.emit("restart", round=rnd.index, restart_count=message.restart_count,
                          max_restarts=ctx.cfg.policy.max_restarts, scope="job", backoff=message.backoff)
             if not message.membership:

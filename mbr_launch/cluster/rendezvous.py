@@ -14,6 +14,7 @@ a late message from an old round can never be read by a new one.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import os
 import time
@@ -31,7 +32,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import contention, layout, shrink
+from mbr_launch.cluster import contention, fastround, layout, shrink
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
@@ -62,6 +63,8 @@ class Round:
     control_prefix: str
     store_host: str  # the rendezvous TCPStore, for extra client connections (watchers)
     store_port: int
+    fast: bool = False  # agreed through the fast path (``cluster.fastround``), not a c10d join
+    fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
 
     def connect_control(self, timeout: float = 30.0) -> Store:
         """A new client connection to this round's control keys (one per thread)."""
@@ -137,7 +140,47 @@ class Rendezvous:
 
     # -- rounds -----------------------------------------------------------------------------------
 
-    def next_round(self) -> Round:
+    def next_round(self, previous: Round | None = None, skip_fast: str | None = None) -> Round:
+        """The next round. ``previous``: the round that just ended with a job-wide restart; its agents then
+        try the fast path first (``cluster.fastround``) unless ``skip_fast`` says why this agent cannot (every
+        agent of that round then falls back to the c10d join with it)."""
+        fallback = None
+        if previous is not None and self._cfg.rendezvous.backend == "c10d":
+            outcome = self._try_fast(previous, skip_fast)
+            if isinstance(outcome, fastround.Agreement):
+                return self._fast_round(previous, outcome)
+            fallback = outcome.reason
+        rnd = self._join_c10d()
+        return dataclasses.replace(rnd, fallback=fallback) if fallback else rnd
+
+    def _try_fast(self, previous: Round, skip: str | None) -> fastround.Outcome:
+        token, nodes = previous.token, previous.group_world_size
+        try:
+            if skip is not None:
+                return fastround.abort(previous.control, skip, token=token, nodes=nodes)
+            port = restarts = 0
+            if previous.group_rank == 0:
+                port, restarts = pick_master_port(), self._restart_count_from_job(previous.store)
+            return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
+                                   timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
+                                   connect=lambda: previous.connect_control(timeout=self._cfg.rendezvous.peer_timeout))
+        except Exception as err:  # the store went away: the c10d join reports it properly
+            return fastround.Fallback(f"fast path failed: {type(err).__name__}: {err}")
+
+    def _fast_round(self, previous: Round, agreed: fastround.Agreement) -> Round:
+        """The previous round's members and layout, under a new token, master port and restart count."""
+        base = _base_store(previous.store)
+        job = f"mbr/job/{self._cfg.rendezvous.run_id}"
+        store = PrefixStore(f"{job}/fast/{agreed.token}", base)
+        prefix = f"{job}/round/{agreed.token}"
+        index = self._joined
+        self._joined += 1
+        return dataclasses.replace(previous, index=index, master_port=agreed.master_port,
+                                   restart_count=agreed.restart_count, token=agreed.token, store=store,
+                                   control=PrefixStore(prefix, base), control_prefix=prefix, fast=True,
+                                   fallback=None)
+
+    def _join_c10d(self) -> Round:
         try:
             info: Any = self.handler.next_rendezvous()
         except (RendezvousClosedError, RendezvousGracefulExitError) as err:

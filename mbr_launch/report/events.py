@@ -10,8 +10,10 @@ event               fields (besides the common ones; any may be null where it do
 start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir),
                     version ({mbr-launch, torch, nvidia-resiliency-ext, python}: what ran, for bug reports)
 rendezvous          round, group_world_size, world_size, rank_offset, master_addr, master_port, restart_count,
-                    seconds (to join)
-worker_start        rank, local_rank, pid, round
+                    seconds (to join), fast (agreed in one store round trip by the same agents, not a c10d
+                    join), fallback (after a job-wide restart: why the c10d join was used)
+worker_start        rank, local_rank, pid, round, standby, standby_age, standby_state (warm|warming|starting)
+                    or standby_miss
 worker_exit         rank, local_rank, pid, round, exit_code, signal (name), seconds (lifetime)
 hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartbeat|section|out_of_section|
                     step), section, timeout, elapsed, last_heartbeat_age, open_sections
@@ -73,7 +75,7 @@ SCHEMA_VERSION = 1
 EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "start": ("argv", "run_id", "nproc_per_node", "nnodes", "max_restarts", "log_dir", "version"),
     "rendezvous": ("round", "group_world_size", "world_size", "rank_offset", "master_addr",
-                   "master_port", "restart_count", "seconds"),
+                   "master_port", "restart_count", "seconds", "fast"),
     "worker_start": ("rank", "local_rank", "pid", "round"),
     "worker_exit": ("rank", "local_rank", "pid", "round", "exit_code", "signal", "seconds"),
     "hang": ("rank", "local_rank", "pid", "round", "kind", "section", "timeout", "elapsed",

@@ -1,8 +1,10 @@
 """A warm standby's own side, inside the process: prepare, wait for the assignment, become the rank.
 
 ``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent side, which starts standbys and
-sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says, unless
-an assignment comes during the replenish delay or the host is far oversubscribed (above
+sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says (in a
+thread, so that the assignment is read as soon as it comes; the script starts once the preload is done; a
+replacement that the agent runs at the lowest priority preloads at once), unless an assignment comes during
+the replenish delay or the host is far oversubscribed (above
 ``SATURATED_LOAD_PER_CPU`` runnable processes per CPU); then it reads its ``Assignment`` (argv, env, cwd),
 replaces ``os.environ`` with ``env`` exactly, changes to ``cwd``, and returns to ``boot``, which runs the
 script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv``, ``sys.orig_argv``,
@@ -42,11 +44,12 @@ import os
 import select
 import signal
 import sys
+import threading
 import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, Assignment, StandbyChannel,
+from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel,
                                  preemption_signals)
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
@@ -67,7 +70,7 @@ _READ_LATER = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CU
 def serve() -> None:
     """Run by ``boot`` in a standby: prepare, wait for the assignment, apply it; then boot goes on with its
     own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
-    channel, level, delay = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
+    channel, level, delay, status, background = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
     from mbr_launch.shim.proctitle import retitle  # only standbys need it
@@ -75,19 +78,31 @@ def serve() -> None:
     # Named as what it is in `ps` while it waits, not as the worker whose command line it was started with.
     title = retitle(f"mbr-launch standby for local rank {os.environ.get('LOCAL_RANK', '?')}: "
                     + " ".join(sys.argv[1:]))
+    # ``background``: the agent runs this standby at the lowest priority (its session's autogroup) and gives
+    # the normal one back before the assignment, so it preloads at once; otherwise it waits ``delay`` so as
+    # not to slow the ranks that are starting.
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
-    early = delay > 0 and bool(select.select([channel], [], [], delay)[0])
-    while not early and _saturated():
+    early = not background and delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    while not early and not background and _saturated():
         early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
+    preloading = None
     if not early:
-        _preload(level)
-        _preload_modules(modules)
+        # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
+        # before the rest of the preload (which the script would do anyway) runs; the script starts after it.
+        preloading = threading.Thread(target=_prepare, args=(level, modules, status), name="standby-preload",
+                                      daemon=True)
+        preloading.start()
     message = _read_message(channel)
     if title is not None:
         title.restore()
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
+    if preloading is not None:
+        preloading.join()
+        _adopt_device(level)
+    if status >= 0:
+        os.close(status)
     assignment = Assignment.decode(message)
     for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
@@ -98,6 +113,33 @@ def serve() -> None:
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level)
+
+
+def _prepare(level: str, modules: Sequence[str], status: int) -> None:
+    _preload(level)
+    _preload_modules(modules)
+    _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
+
+
+def _adopt_device(level: str) -> None:
+    """The CUDA device is current per thread: make the preload thread's current in the main thread too."""
+    if level != "cuda" or "torch" not in sys.modules:
+        return
+    try:
+        import torch
+
+        if torch.cuda.is_initialized():
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    except Exception:
+        pass
+
+
+def _tell(fd: int, what: bytes) -> None:
+    if fd >= 0:
+        try:
+            os.write(fd, what)
+        except OSError:
+            pass  # the agent is gone: the assignment read finds out
 
 
 def _saturated() -> bool:

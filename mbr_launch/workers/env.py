@@ -19,7 +19,8 @@ _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)
 def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[str, str], *,
                error_file: Path, stack_file: Path | None, monitor_socket: str | None,
                launcher_socket: str | None, restart_count: int | None = None,
-               autobeat_socket: str | None = None, flight_dir: Path | None = None) -> dict[str, str]:
+               autobeat_socket: str | None = None, flight_dir: Path | None = None,
+               agent_store: bool = False) -> dict[str, str]:
     env = {k: v for k, v in environ.items() if k not in _AGENT_ONLY}
     rank = rnd.rank_offset + local_rank
     env.update({
@@ -37,8 +38,9 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count if restart_count is None else restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(cfg.policy.max_restarts),
         "TORCHELASTIC_RUN_ID": cfg.rendezvous.run_id,
-        # Workers never share the agent's store: each round gets a fresh MASTER_PORT.
-        "TORCHELASTIC_USE_AGENT_STORE": "False",
+        # Workers never share the agent's rendezvous store: each round gets a fresh MASTER_PORT, served by
+        # group rank 0's agent when it could bind it (cluster.workerstore), else by global rank 0.
+        "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TORCHELASTIC_ERROR_FILE": str(error_file),
         # torchrun exports its handled signals to the workers' environment; scripts may read it.

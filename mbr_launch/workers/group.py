@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from mbr_launch.cluster import workerstore
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.report.appender import LineAppender, describe
@@ -72,6 +73,8 @@ class WorkerGroup:
         self.standby: StandbyPool | None = None
         self._envs: dict[int, dict[str, str]] = {}  # the latest environment of each local rank
         self.watch_stop: Callable[[float], StopWatch] | None = None  # grace -> a watch for one stop (the agent's)
+        self._store: Any = None  # this round's workers' store, when this agent serves it (group rank 0)
+        self._agent_store = False  # whether the workers find their store served (TORCHELASTIC_USE_AGENT_STORE)
 
     def start_standbys(self, pool: StandbyPool | None = None) -> None:
         """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
@@ -95,12 +98,16 @@ class WorkerGroup:
         """Start ``local_ranks`` (default: all) for ``rnd``; a restarted rank replaces its old entry."""
         ranks = list(range(self.cfg.workers.nproc_per_node)) if local_ranks is None else local_ranks
         count = rnd.restart_count if restart_count is None else restart_count
+        if local_ranks is None:  # a new round: a new, empty store for its workers (the old one closes)
+            self._store = None
+            self._store = workerstore.serve(rnd.master_addr, rnd.master_port) if rnd.group_rank == 0 else None
+            self._agent_store = rnd.group_rank != 0 or self._store is not None
         for local_rank in ranks:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
         if self.standby:  # replacements prepare in the background once these ranks are under way
-            self.standby.fill(ranks, delay=replenish_delay(self.cfg.workers.nproc_per_node))
+            self.standby.fill(ranks, delay=replenish_delay(self.cfg.workers.nproc_per_node), background=True)
 
     def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:
         cfg = self.cfg
@@ -119,7 +126,7 @@ class WorkerGroup:
                          stack_file=rank_dir / "stacks.faulthandler.txt", monitor_socket=sock,
                          launcher_socket=self.monitor.launcher_socket if self.monitor else None,
                          restart_count=restart_count, autobeat_socket=beats,
-                         flight_dir=rank_dir if cfg.workers.use_boot else None)
+                         flight_dir=rank_dir if cfg.workers.use_boot else None, agent_store=self._agent_store)
         if cfg.workers.use_boot:
             try:
                 make_trigger(rank_dir / TRIGGER_NAME)  # boot opens it at start: it must exist before the worker
@@ -135,7 +142,8 @@ class WorkerGroup:
         worker.pumps = self._pumps(worker, rank_dir)
         if self.monitor:
             self.monitor.set_pid(local_rank=local_rank, pid=worker.pid)
-        warm = {"standby_age": worker.standby_age} if worker.standby_age is not None else \
+        warm = {"standby_age": worker.standby_age, "standby_state": worker.standby_state} \
+            if worker.standby_age is not None else \
             {"standby_miss": self.standby.last_miss} if self.standby else {}
         self.log.emit("worker_start", rank=rank, local_rank=local_rank, pid=worker.pid, round=rnd.index,
                       restart_count=restart_count, standby=worker.standby_age is not None, **warm)
@@ -206,6 +214,8 @@ class WorkerGroup:
 
     def reap(self, rnd: Round) -> list[Worker]:
         """Workers that ended since the last call (each reported once)."""
+        if self.standby:  # every turn of the agent's loop comes here: standbys due for their priority get it
+            self.standby.promote()
         ended = []
         for worker in self.workers:
             if worker.alive:
@@ -306,6 +316,7 @@ class WorkerGroup:
         return own
 
     def close(self) -> None:
+        self._store = None
         if self.standby:
             self.standby.close()
         for name, handle in self._filtered.items():

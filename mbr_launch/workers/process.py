@@ -53,6 +53,7 @@ class Worker:
     tail: collections.deque[bytes] = field(default_factory=lambda: collections.deque(maxlen=TAIL_LINES))
     noticed: bool = False  # the agent has seen (and logged) this worker's exit
     standby_age: float | None = None  # seconds it waited as a warm standby (None: started fresh)
+    standby_state: str | None = None  # how far that standby was when taken (StandbyPool.state)
 
     @property
     def pid(self) -> int:

@@ -11,11 +11,16 @@ over that pipe (``contract.Assignment``: one JSON message ``{"argv", "env", "cwd
 ``os.environ`` with ``env`` exactly, changes to ``cwd``, and continues through ``boot``'s normal path, which
 runs the script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv``,
 ``sys.orig_argv``, ``__main__`` and ``sys.path[0]``. A new standby for that local rank is started at once
-and prepares itself in the background (after ``DELAY`` seconds, so it does not compete for CPU with the
-ranks that are starting; an assignment that comes during that wait runs the script at once with nothing
+and prepares itself in the background: at once, at the lowest CPU priority (its session's autogroup at nice
+19, so it takes no CPU the ranks want), where the host schedules by autogroup; the agent gives it the normal
+priority back as soon as it is warm (idle, it costs nothing there), once it has spent ``LOW_PRIORITY_SPAN``
+seconds not warm, or at the latest just before its assignment (``_set_priority``), so what it has done is a head
+start and never a
+wait. Where it cannot lower its priority it waits ``DELAY`` seconds instead, so as not to compete with the
+ranks that are starting (an assignment that comes during that wait runs the script at once with nothing
 preloaded, as a fresh process would; so does one that comes while the host is far oversubscribed, above
-``shim.standby.SATURATED_LOAD_PER_CPU`` runnable processes per CPU, when standbys hold off their
-preloading). The agent falls back to a fresh process when no standby is ready, when one died, or when the
+``shim.standby.SATURATED_LOAD_PER_CPU`` runnable processes per CPU, when such standbys hold off their
+preloading). Each ``worker_start`` event records how far its standby was (``StandbyPool.state``). The agent falls back to a fresh process when no standby is ready, when one died, or when the
 worker's environment differs from the standby's in anything not ``assigned``; standbys never used are
 killed when the agent exits (and by the parent-death signal if it is killed).
 
@@ -36,7 +41,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS, STANDBY_PRELOAD_ENV,
-                                 Assignment, StandbyChannel)
+                                 STANDBY_WARM, Assignment, StandbyChannel)
 from mbr_launch.workers import flightrec
 
 if TYPE_CHECKING:
@@ -48,6 +53,42 @@ REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (
 # With few cores per rank, replacements importing torch right away slow down the ranks that are starting
 # (measured on 2 cores: a failure just after a restart then took 1.6x ft_launcher's time): wait longer there.
 REPLENISH_DELAY_FEW_CORES = 3.0
+
+
+# A replacement preloads at the lowest priority for this long; one not warm by then gets the normal priority
+# back (on a host loaded by others it would otherwise never warm up; it then competes as the old delayed
+# preload did), so it is never behind what waiting REPLENISH_DELAY_FEW_CORES and preloading would give.
+LOW_PRIORITY_SPAN = REPLENISH_DELAY_FEW_CORES
+
+
+def autogroup_enabled() -> bool:
+    """Whether the kernel schedules by autogroup (one per session): then a standby's priority is its session's
+    autogroup nice value, which the agent may lower and raise again without privilege."""
+    try:
+        with open("/proc/sys/kernel/sched_autogroup_enabled") as f:
+            return f.read().strip() == "1"
+    except OSError:
+        return False
+
+
+def _set_priority(pid: int, nice: int, *, patience: float = 0.3) -> bool:
+    """Set a standby's session autogroup to ``nice``: 19 from its start, 0 (a new session's, as a fresh
+    worker's) before its assignment or at its promotion. The agent does it, not the standby: the standby's main
+    thread could act only once it holds the GIL, which its preload thread, starved at nice 19, releases seconds
+    later on a loaded host. Unprivileged writes are limited to one per 100 ms host-wide (EAGAIN): retried for
+    ``patience`` seconds."""
+    import errno
+
+    deadline = time.monotonic() + patience
+    while True:
+        try:
+            with open(f"/proc/{pid}/autogroup", "w") as f:
+                f.write(str(nice))
+            return True
+        except OSError as err:
+            if err.errno != errno.EAGAIN or time.monotonic() >= deadline:
+                return False
+            time.sleep(0.01)
 
 
 def replenish_delay(local_world_size: int, cpus: int | None = None) -> float:
@@ -117,6 +158,11 @@ class Standby:
     channel: int  # write end of the assignment pipe
     env: dict[str, str]  # the environment it was started with
     started: float
+    status: int = -1  # read end of the pipe on which it says it is warm (-1: none)
+    background: bool = False  # a replacement, run at the lowest priority until assigned or promoted
+    said: bytes = b""  # what it wrote on its status pipe so far
+    low: bool = False  # the agent did lower its priority (a background standby; the write may fail)
+    promoted: bool = False  # given the normal priority back before its assignment (``promote``)
 
 
 class StandbyPool:
@@ -134,18 +180,24 @@ class StandbyPool:
         self._ready: dict[int, Standby] = {}
         self.last_miss: str | None = None  # why the latest take() found no usable standby
 
-    def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0) -> None:
-        """Start a standby for each of ``local_ranks`` that has none."""
+    def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0, background: bool = False) -> None:
+        """Start a standby for each of ``local_ranks`` that has none. ``background``: a replacement, which
+        preloads at once at the lowest CPU priority (or after ``delay`` where it cannot lower it) and is taken
+        only once warm: a rank never waits for a standby that is behind a fresh process."""
         for local_rank in local_ranks:
             if local_rank in self._ready:
                 continue
             prepared = self.prepare(local_rank)
             if prepared is not None:
-                self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay)
+                self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay, background=background)
 
-    def _start(self, local_rank: int, argv: Sequence[str], env: dict[str, str], *, delay: float) -> Standby:
+    def _start(self, local_rank: int, argv: Sequence[str], env: dict[str, str], *, delay: float,
+               background: bool = False) -> Standby:
         from mbr_launch.workers.process import WorkerSpec, spawn
 
+        background = background and autogroup_enabled()
+        status_read, status_write = os.pipe2(os.O_CLOEXEC)
+        os.set_blocking(status_read, False)
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         try:
             # Room for the whole assignment, so that sending it never blocks the agent.
@@ -154,14 +206,45 @@ class StandbyPool:
             pass
         os.set_blocking(write_end, False)
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
-                          env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay).encode(),
+                          env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay, status_write,
+                                                                          background).encode(),
                                **({STANDBY_PRELOAD_ENV: ",".join(self.preload)} if self.preload else {})},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            process = spawn(spec, cwd=self.cwd, pass_fds=(read_end,))
+            process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
         finally:
             os.close(read_end)
-        return Standby(process=process, channel=write_end, env=env, started=time.monotonic())
+            os.close(status_write)
+        # Lowest priority from its interpreter's start on. No retry: unprivileged writes are one per 100 ms
+        # host-wide, and a standby left at the normal priority only preloads as it always did.
+        low = background and _set_priority(process.pid, 19, patience=0.0)
+        return Standby(process=process, channel=write_end, env=env, started=time.monotonic(), status=status_read,
+                       background=background, low=low)
+
+    def promote(self, now: float | None = None) -> None:
+        """Give the normal priority back to replacements that are warm (an idle process costs nothing at any
+        priority, and its assignment then needs no write on the restart's path) or that have preloaded at the
+        lowest one for ``LOW_PRIORITY_SPAN`` seconds (called from every turn of the agent's loop; a write
+        refused by the rate limit is tried again at the next turn)."""
+        now = time.monotonic() if now is None else now
+        for standby in self._ready.values():
+            if standby.low and not standby.promoted and (
+                    self.state(standby) == "warm" or now - standby.started >= LOW_PRIORITY_SPAN):
+                standby.promoted = _set_priority(standby.process.pid, 0, patience=0.0)
+
+    @staticmethod
+    def state(standby: Standby) -> str:
+        """How far the standby is when taken (recorded with the worker's start): "warm" (preloaded),
+        "warming" (preloading at the lowest priority: it takes the normal one back when assigned, so what it
+        has done is a head start), or "starting" (not preloading: it runs the script at once, as a fresh
+        process would, minus the interpreter's start-up it has behind it). No state leaves a standby behind a
+        fresh process: it never keeps a low priority it cannot give back (``shim.standby``)."""
+        if standby.status >= 0:
+            try:
+                standby.said += os.read(standby.status, 16)
+            except OSError:  # nothing written yet
+                pass
+        return "warm" if STANDBY_WARM in standby.said else "warming" if standby.background else "starting"
 
     def take(self, spec: "WorkerSpec") -> "Worker | None":
         """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when there is
@@ -173,6 +256,9 @@ class StandbyPool:
         if standby is None:
             self.last_miss = "none ready"
             return None
+        state = self.state(standby)
+        if standby.low and not standby.promoted:  # its main thread must wake at full speed
+            _set_priority(standby.process.pid, 0)
         miss = self._unusable(standby, spec)
         if miss is None:
             message = Assignment(argv=tuple(spec.argv), env=spec.env, cwd=self.cwd).encode()
@@ -188,9 +274,10 @@ class StandbyPool:
             self._discard(standby)
             return None
         os.close(standby.channel)  # end of message
+        self._close_status(standby)
         proc = standby.process
         return Worker(spec=spec, proc=proc.proc, pidfd=proc.pidfd, started=time.monotonic(),
-                      standby_age=round(time.monotonic() - standby.started, 3))
+                      standby_age=round(time.monotonic() - standby.started, 3), standby_state=state)
 
     def _unusable(self, standby: Standby, spec: "WorkerSpec") -> str | None:
         if standby.process.reap() is not None:
@@ -210,12 +297,22 @@ class StandbyPool:
         if process.alive:
             process.proc.wait()
             process.reap()
+        self._close_status(standby)
         for closing in (lambda: os.close(standby.channel), process.proc.stdout.close,  # type: ignore[union-attr]
                         process.proc.stderr.close):  # type: ignore[union-attr]
             try:
                 closing()
             except (OSError, AttributeError):
                 pass
+
+    @staticmethod
+    def _close_status(standby: Standby) -> None:
+        if standby.status >= 0:
+            try:
+                os.close(standby.status)
+            except OSError:
+                pass
+            standby.status = -1
 
     def pids(self) -> list[int]:
         return [s.process.pid for s in self._ready.values()]

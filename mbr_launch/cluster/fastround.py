@@ -1,0 +1,123 @@
+"""The fast path between rounds: the same agents agree on the next round in one store round trip.
+
+A job-wide restart after a rank failure keeps every node: the next round has the same members, group ranks and
+rank layout, and needs only what is new (a token for its control keys, a fresh MASTER_PORT, the restart count).
+A full c10d join (torch's exit and join operations, each a compare-and-set loop over the whole rendezvous state,
+then our layout exchange) costs far more than that. So, after such a round, every agent of it does ONE
+``add`` on a counter under the failed round's control keys (``Round.control``; no other round can read them):
+
+- every agent adds 1; group rank 0 also packs the master port it picked and the job's restart count into its
+  addition (``pack``), so the sum carries them once group rank 0 has arrived;
+- the agent whose ``add`` brings the count to the round's number of nodes publishes the sum as the decision
+  (``compare_set`` on the decision key, "go:<sum>"); the others wait for that key.
+
+Any agent may instead decide to fall back (a node was lost, spares or joiners wait, or it waited ``timeout``
+for the others): it writes "abort:<why>" with the same ``compare_set``. Exactly one value is ever stored under
+the decision key, so every agent of the round takes the same path: all of them start the fast round, or all of
+them go to the full c10d join (where torch's rendezvous admits joiners and drops lost nodes, as before).
+
+Pure logic over a store with ``add``, ``compare_set``, ``wait`` and ``get`` (tests inject one); the caller
+builds the ``Round`` from the ``Agreement``.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+from dataclasses import dataclass
+from typing import Callable, Optional, Protocol, Union
+
+ARRIVED_KEY = "next/arrived"
+DECIDED_KEY = "next/decided"
+GO, ABORT = "go:", "abort:"
+COUNT_BITS = 20  # up to a million agents
+PORT_BITS = 16
+RESTART_LIMIT = 1 << (63 - COUNT_BITS - PORT_BITS)  # the sum must fit torch's signed 64-bit counter
+
+
+class FastStore(Protocol):
+    def add(self, key: str, value: int) -> int: ...
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None: ...
+    def get(self, key: str) -> bytes: ...
+
+
+@dataclass(frozen=True)
+class Agreement:
+    """The next round, agreed by every agent of the previous one."""
+
+    token: str
+    master_port: int
+    restart_count: int
+
+
+@dataclass(frozen=True)
+class Fallback:
+    """The agents go to the full c10d join; ``reason`` says why (recorded in the rendezvous event)."""
+
+    reason: str
+
+
+Outcome = Union[Agreement, Fallback]
+
+
+def pack(count: int, master_port: int = 0, restarts: int = 0) -> int:
+    if not 0 <= master_port < (1 << PORT_BITS) or not 0 <= restarts < RESTART_LIMIT or not 0 <= count < (1 << COUNT_BITS):
+        raise ValueError(f"cannot pack count {count}, port {master_port}, restarts {restarts}")
+    return count | (master_port << COUNT_BITS) | (restarts << (COUNT_BITS + PORT_BITS))
+
+
+def unpack(value: int) -> tuple[int, int, int]:
+    """(count, master port, restarts) of a packed sum."""
+    return (value & ((1 << COUNT_BITS) - 1), (value >> COUNT_BITS) & ((1 << PORT_BITS) - 1),
+            value >> (COUNT_BITS + PORT_BITS))
+
+
+def next_token(token: str) -> str:
+    """The fast round's token: derived from the failed round's (unique), so every agent computes the same one
+    without a store read, and it differs from every earlier token."""
+    return hashlib.sha1(f"{token}/fast".encode()).hexdigest()[:12]
+
+
+def read_decision(raw: bytes | str, *, token: str, nodes: int) -> Outcome:
+    text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
+    if text.startswith(GO):
+        try:
+            count, port, restarts = unpack(int(text[len(GO):]))
+        except ValueError:
+            return Fallback(f"unreadable fast-path decision {text[:40]!r}")
+        if count != nodes or port == 0:
+            return Fallback(f"fast-path decision for {count} nodes (port {port}); this round had {nodes}")
+        return Agreement(token=next_token(token), master_port=port, restart_count=restarts)
+    if text.startswith(ABORT):
+        return Fallback(text[len(ABORT):] or "aborted")
+    return Fallback(f"unreadable fast-path decision {text[:40]!r}")
+
+
+def abort(control: FastStore, reason: str, *, token: str, nodes: int) -> Outcome:
+    """Send every agent of the round to the full join; returns what was decided (a decision taken before
+    this call stands: then it may still be an ``Agreement``)."""
+    return read_decision(control.compare_set(DECIDED_KEY, "", ABORT + reason), token=token, nodes=nodes)
+
+
+def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
+          master_port: int = 0, restarts: int = 0, connect: Optional[Callable[[], FastStore]] = None) -> Outcome:
+    """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
+    the master port it picked and the job's restart count; the others' are ignored. ``connect``: a separate
+    connection for the blocking wait (torch's store client serialises its operations, and the agent's shared
+    one carries torch's rendezvous keep-alive, which must not stall behind the wait)."""
+    contribution = pack(1, master_port, restarts) if group_rank == 0 else 1
+    arrived = int(control.add(ARRIVED_KEY, contribution))
+    count = unpack(arrived)[0]
+    if count == nodes:  # the last to arrive: the sum now holds group rank 0's values
+        return read_decision(control.compare_set(DECIDED_KEY, "", f"{GO}{arrived}"), token=token, nodes=nodes)
+    if count > nodes:
+        return abort(control, f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes)
+    try:
+        waiter = connect() if connect is not None else control
+        waiter.wait([DECIDED_KEY], datetime.timedelta(seconds=timeout))
+        raw = waiter.get(DECIDED_KEY)
+    except Exception:  # torch raises on the timeout; the decision may still be taken in the meantime
+        return abort(control, f"not all {nodes} agents arrived within {timeout:g} s",
+                     token=token, nodes=nodes)
+    return read_decision(raw, token=token, nodes=nodes)

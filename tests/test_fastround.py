@@ -1,0 +1,158 @@
+"""The fast path between rounds (cluster.fastround): its decision logic over an injected in-memory store,
+with agents as threads; and, through the replayed agent loop, which rounds may take it."""
+
+from __future__ import annotations
+
+import datetime
+import threading
+
+import pytest
+
+from mbr_launch.cluster import fastround
+from mbr_launch.cluster.fastround import Agreement, Fallback, agree, abort, next_token, pack, unpack
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class MemoryStore:
+    """torch's Store semantics for add / compare_set / wait / get, in memory; ``ops`` counts round trips."""
+
+    def __init__(self) -> None:
+        self._data: dict[str, bytes] = {}
+        self._changed = threading.Condition()
+        self.ops: dict[str, int] = {}
+
+    def _count(self, op: str) -> None:
+        self.ops[op] = self.ops.get(op, 0) + 1
+
+    def add(self, key: str, value: int) -> int:
+        with self._changed:
+            self._count("add")
+            total = int(self._data.get(key, b"0")) + value
+            self._data[key] = str(total).encode()
+            self._changed.notify_all()
+            return total
+
+    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+        with self._changed:
+            self._count("compare_set")
+            current = self._data.get(key)
+            if (current is None and expected == "") or current == expected.encode():
+                self._data[key] = desired.encode()
+                self._changed.notify_all()
+                return desired.encode()
+            return current if current is not None else expected.encode()
+
+    def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
+        with self._changed:
+            self._count("wait")
+            if not self._changed.wait_for(lambda: all(k in self._data for k in keys), timeout.total_seconds()):
+                raise RuntimeError("Socket Timeout")  # what torch raises, in spirit
+
+    def get(self, key: str) -> bytes:
+        with self._changed:
+            self._count("get")
+            return self._data[key]
+
+
+def _agents(store: MemoryStore, ranks: list[int], nodes: int, *, timeout: float = 5.0, port: int = 23456,
+            restarts: int = 3) -> dict[int, fastround.Outcome]:
+    out: dict[int, fastround.Outcome] = {}
+
+    def one(rank: int) -> None:
+        out[rank] = agree(store, group_rank=rank, nodes=nodes, token="tok", timeout=timeout,
+                          master_port=port if rank == 0 else 0, restarts=restarts if rank == 0 else 0)
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in ranks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    return out
+
+
+def test_pack_round_trips_and_refuses_what_does_not_fit():
+    assert unpack(pack(7, 65535, 12345)) == (7, 65535, 12345)
+    assert unpack(pack(1, 23456, 0) + 3 * pack(1)) == (4, 23456, 0)  # the others' additions only count
+    with pytest.raises(ValueError):
+        pack(1, 70000, 0)
+
+
+def test_single_node_agrees_in_one_add_and_one_compare_set():
+    store = MemoryStore()
+    out = agree(store, group_rank=0, nodes=1, token="tok", timeout=1, master_port=20001, restarts=2)
+    assert out == Agreement(token=next_token("tok"), master_port=20001, restart_count=2)
+    assert store.ops == {"add": 1, "compare_set": 1}  # no wait: nothing to wait for
+    assert next_token("tok") != "tok" and next_token(next_token("tok")) != next_token("tok")
+
+
+def test_every_agent_gets_rank_zeros_port_and_count_whoever_arrives_last():
+    store = MemoryStore()
+    out = _agents(store, [3, 1, 0, 2], nodes=4)
+    assert set(out) == {0, 1, 2, 3}
+    assert set(out.values()) == {Agreement(token=next_token("tok"), master_port=23456, restart_count=3)}
+    assert store.ops["add"] == 4 and store.ops["compare_set"] == 1  # one decision, by the last to arrive
+
+
+def test_a_missing_agent_sends_everyone_to_the_full_join_after_the_timeout():
+    store = MemoryStore()
+    out = _agents(store, [0, 1], nodes=3, timeout=0.3)
+    assert set(out) == {0, 1}
+    assert all(isinstance(o, Fallback) and "not all 3 agents arrived" in o.reason for o in out.values())
+    # the late agent arrives after the decision: it follows it, it does not start a round of its own
+    late = agree(store, group_rank=2, nodes=3, token="tok", timeout=0.3)
+    assert isinstance(late, Fallback)
+
+
+def test_one_agent_that_must_not_take_the_fast_path_stops_the_others_at_once():
+    store = MemoryStore()
+    box: dict[str, fastround.Outcome] = {}
+    waiter = threading.Thread(target=lambda: box.setdefault("o", agree(store, group_rank=0, nodes=2, token="tok",
+                                                                         timeout=10, master_port=20001)))
+    waiter.start()
+    assert abort(store, "a node was lost", token="tok", nodes=2) == Fallback("a node was lost")
+    waiter.join(5)
+    assert box["o"] == Fallback("a node was lost")  # well before its 10 s timeout
+
+
+def test_the_first_decision_stands_for_everyone():
+    store = MemoryStore()
+    assert agree(store, group_rank=0, nodes=1, token="tok", timeout=1, master_port=20001) == \
+        Agreement(token=next_token("tok"), master_port=20001, restart_count=0)
+    # an abort that comes later does not undo it: that agent must take the agreed round too
+    assert isinstance(abort(store, "late", token="tok", nodes=1), Agreement)
+
+
+def test_more_arrivals_than_nodes_fall_back():
+    store = MemoryStore()
+    store.add(fastround.ARRIVED_KEY, 2)
+    assert isinstance(agree(store, group_rank=1, nodes=2, token="tok", timeout=1), Fallback)
+
+
+def test_a_broken_decision_falls_back():
+    assert isinstance(fastround.read_decision(b"go:notanumber", token="t", nodes=1), Fallback)
+    assert isinstance(fastround.read_decision(b"go:" + str(pack(1)).encode(), token="t", nodes=1), Fallback)  # no port
+    assert isinstance(fastround.read_decision(b"???", token="t", nodes=1), Fallback)
+
+
+# ---- which rounds may take it: the real loop, replayed ---------------------------------------------------
+
+def test_the_loop_offers_the_failed_round_and_says_why_not(tmp_path):
+    from mbr_launch.agent.messages import RankStarted
+    from mbr_launch.cluster.peers import PeerLost
+    from tests.replay import all_exit, build_world, kill_rank, post
+
+    for sub in ("plain", "spares", "lost"):
+        (tmp_path / sub).mkdir()
+    script = [post(RankStarted(0)), kill_rank(1), all_exit(0)]
+    world = build_world(tmp_path / "plain", ("max_restarts", 1))
+    assert world.run(script) == 0
+    assert world.rendezvous.asked == [(None, None), (0, None)]  # a rank crashed: same members, fast path offered
+
+    world = build_world(tmp_path / "spares", ("max_restarts", 1), spares=1)
+    assert world.run(script) == 0
+    assert world.rendezvous.asked[1] == (0, "1 node(s) wait outside the round")
+
+    world = build_world(tmp_path / "lost", ("max_restarts", 1), nodes=2)
+    assert world.run([post(RankStarted(0)), post(PeerLost(group_rank=1, silent_for=20.0)), all_exit(0)]) == 0
+    assert world.rendezvous.asked[1] == (0, "a node was lost")
