@@ -212,7 +212,13 @@ def test_flight_env_leaves_the_users_settings_alone(tmp_path):
     assert mismatched_keys({"A": "1"}, {"A": "1", **flightrec.flight_env(tmp_path, {})}) == []
 
 
-SHIM_PROBE = "import sys, _thread; print('mbr_launch.shim.flight' in sys.modules, _thread._count())"
+# A started thread counts in _thread._count() only once it runs: on a loaded machine, wait for it a moment.
+SHIM_PROBE = ("import sys, _thread, time\n"
+              "armed = 'mbr_launch.shim.flight' in sys.modules\n"
+              "t = time.monotonic()\n"
+              "while armed and _thread._count() < 1 and time.monotonic() - t < 10:\n"
+              "    time.sleep(0.01)\n"
+              "print(armed, _thread._count())\n")
 
 
 def test_flight_thread_costs_nothing_unless_asked(tmp_path):
