@@ -138,3 +138,30 @@ def test_a_watched_signal_that_no_handler_sees_is_reported_and_other_signals_are
         stuck.close()
         for sig, previous in old.items():
             signal.signal(sig, previous)
+
+
+def test_a_handler_that_ran_once_for_two_signals_is_not_taken_for_a_stuck_main_thread():
+    """CPython runs a handler once for a signal that came twice before it ran (a Ctrl-C to the launcher's
+    process group while another is on its way): two bytes in the wakeup file, one handler run. The main thread
+    is alive; the watchdog must not end the run (it did, under load, in test_waiting)."""
+    import os
+    import time
+
+    from mbr_launch.agent.stuck import StuckSignals
+
+    runs, fired = [], []
+
+    def handler(signum, _frame):  # counts the first SIGUSR1 only: the second "coalesced" into it
+        if not runs:
+            runs.append(signum)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    stuck = StuckSignals([signal.SIGUSR1], lambda: len(runs), fired.append, patience=0.3).start()
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+        os.kill(os.getpid(), signal.SIGUSR1)
+        time.sleep(1.2)
+        assert runs == [signal.SIGUSR1] and fired == []
+    finally:
+        stuck.close()
+        signal.signal(signal.SIGUSR1, old)

@@ -41,23 +41,43 @@ class StuckSignals:
         return self
 
     def _run(self) -> None:
-        arrived, last, unseen_since = 0, 0, None
+        # CPython runs a handler once for a signal however often it came before the handler ran, so bytes in
+        # the file are not handler runs: any run of the handler since the last look means the main thread is
+        # alive and has taken every signal that came before it ran. The count is read before the file, so a
+        # byte written before a run is never read after that run's count (a signal that comes between the two
+        # reads is taken as seen: the next one is caught).
+        pending, last, unseen_since, last_handled = 0, 0, None, self._handled()
         while not self._closed.is_set():
-            ready, _, _ = select.select([self._read_fd], [], [], 0.25)
-            if ready:
-                try:
-                    data = os.read(self._read_fd, 512)
-                except OSError:  # closed at exit
-                    return
-                ours = [signum for signum in data if signum in self._watched]
-                arrived, last = arrived + len(ours), ours[-1] if ours else last
-            if self._handled() >= arrived:
-                unseen_since = None
-            elif unseen_since is None:
+            select.select([self._read_fd], [], [], 0.25)
+            handled = self._handled()
+            ours = self._drain()  # whether or not select saw it: a byte may have come since it returned
+            if ours is None:
+                return
+            last = ours[-1] if ours else last
+            pending += len(ours)
+            if handled != last_handled:
+                pending, last_handled, unseen_since = 0, handled, None
+            if not pending:
+                continue
+            if unseen_since is None:
                 unseen_since = time.monotonic()
             elif time.monotonic() - unseen_since >= self._patience and not self._closed.is_set():
                 self._on_stuck(last)
                 return
+
+    def _drain(self) -> list[int] | None:
+        """The watched signals written to the file so far; None once it is closed."""
+        ours: list[int] = []
+        while True:
+            try:
+                data = os.read(self._read_fd, 512)
+            except BlockingIOError:
+                return ours
+            except OSError:  # closed at exit
+                return None
+            if not data:
+                return ours
+            ours += [signum for signum in data if signum in self._watched]
 
     def close(self) -> None:
         self._closed.set()
