@@ -116,8 +116,9 @@ def test_the_node_hosting_the_store_is_not_excluded(tmp_path):
     if "hosts the rendezvous store" not in outs[1][1]:
         pytest.skip("the crashing agent stayed a spare in this run (nothing to exclude)")
     assert 6 not in codes and 3 not in codes, (codes, outs)
-    if outs[1][1].count("started 1 workers") == 1 and "while this node waited to join a round" in outs[1][1]:
-        # It stayed (the point of this test), but the spare joined the restarted round before it did, and the
-        # round finished without it: 2:2 admits the first two. Seen on 2 loaded cores, also before #13.
-        pytest.skip("the crashing agent stayed, but the spare took its place in the next round")
+    if "while this node waited to join a round" in outs[1][1]:
+        # It stayed (the point of this test: checked above), but the spare joined a restarted round before it
+        # did, and that round finished without it: 2:2 admits the first two. Seen on 2 loaded cores, after the
+        # first restart (also before #13) and after the second (2026-12-01, CI of a fresh clone).
+        pytest.skip("the crashing agent stayed, but the spare took its place in a later round")
     assert codes[1] == 1 and "restart budget exhausted" in outs[1][1], outs[1][1]
