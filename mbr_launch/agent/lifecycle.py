@@ -29,7 +29,7 @@ from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
-from mbr_launch.report import exitcodes
+from mbr_launch.report import exitcodes, runs
 from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
@@ -87,7 +87,7 @@ class Agent:
                                keep_runs=cfg.output.keep_runs)
         # Sockets live in a private directory (0700), never directly in the shared temp dir.
         self._sock_dir = make_socket_dir(longest_socket_name(cfg.workers.nproc_per_node))
-        log = self._log = EventLog(run_dir / "events.jsonl", node=self.node, warn=self.say)
+        log = self._log = EventLog(run_dir / runs.LOG, node=self.node, warn=self.say)
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
         # A stop's grace: its progress, and a second Ctrl-C that ends it.

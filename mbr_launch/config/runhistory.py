@@ -21,7 +21,8 @@ import time
 import uuid
 from pathlib import Path
 
-LATEST = "latest"
+from mbr_launch.report.runs import LATEST  # the name `mbr-launch report` looks for
+
 # A folder with a change more recent than this may belong to a run that has just made it and not yet locked it.
 QUIET_AGE = 300.0
 RUN_FOLDER = re.compile(r"^\d{8}-\d{6}_[A-Za-z0-9._-]*_[0-9a-f]{6}_[A-Za-z0-9._-]+$")

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import argparse
 import queue
-import socket
 import statistics
 import sys
 import time
 from typing import Any
 
+from mbr_launch.doctor.deep_cpu import free_port, run_gloo
 from mbr_launch.doctor.registry import CheckResult
 
 ID = "deep.gpu"
@@ -33,18 +33,10 @@ def run_deep(*, timeout_s: float = 90.0, gemm_n: int = 8192, allreduce_mib: int 
     except ImportError as exc:
         return [CheckResult(ID, "skip", TITLE, f"no GPU (torch not importable: {exc})", "")]
     if not torch.cuda.is_available():
-        from mbr_launch.doctor.deep_cpu import run_gloo  # noqa: PLC0415
-
         return run_gloo(timeout_s=timeout_s)
     world = torch.cuda.device_count()
     msgs, failures = _run_workers(world, timeout_s, gemm_n, allreduce_mib)
     return _assess(world, msgs, failures)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _run_workers(world: int, timeout_s: float, gemm_n: int, mib: int) -> tuple[list[tuple], list[str]]:
@@ -52,7 +44,7 @@ def _run_workers(world: int, timeout_s: float, gemm_n: int, mib: int) -> tuple[l
 
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
-    port = _free_port()
+    port = free_port()
     procs = [ctx.Process(target=_worker, args=(r, world, port, q, gemm_n, mib), daemon=True) for r in range(world)]
     for p in procs:
         p.start()

@@ -29,7 +29,7 @@ ITERS = 10
 
 def run_gloo(*, world: int = 2, timeout_s: float = 60.0, mib: int = 4) -> list[CheckResult]:
     """Start ``world`` ranks, all-reduce ``mib`` MiB ``ITERS`` times, check the sums: one ok or error."""
-    port = _free_port()
+    port = free_port()
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "mbr_launch.doctor.deep_cpu", "--rank", str(r),
                                "--world", str(world), "--port", str(port), "--mib", str(mib),
@@ -78,7 +78,8 @@ def _assess(world: int, mib: int, outputs: list[tuple[str, str, int | None]], to
                                         f"group formed in {join:.2f} s, {total:.1f} s in all (no GPU: gloo)")
 
 
-def _free_port() -> int:
+def free_port() -> int:
+    """A port free on this host now, for the ranks' store (both deep checks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
