@@ -8,7 +8,7 @@ from __future__ import annotations
 
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.neighbours import C10D_PORT, conflicts, endpoint_key, split_host_port
+from mbr_launch.doctor.neighbours import conflicts, rendezvous_key, split_endpoint
 from mbr_launch.config.slurm import SlurmError, parse_tasks_per_node
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
 
@@ -110,12 +110,8 @@ def _neighbours(ctx: DoctorContext) -> Finding:
 
 def own_rendezvous(ctx: DoctorContext) -> tuple[str, int] | None:
     """Where this launch's rendezvous listens; None when it picks a free port (--standalone)."""
-    if ctx.standalone:
-        return None
-    if ctx.rdzv_endpoint:
-        parsed = split_host_port(ctx.rdzv_endpoint, C10D_PORT)
-        return endpoint_key(*parsed) if parsed else None
-    return endpoint_key(ctx.master_addr, ctx.master_port)
+    return rendezvous_key(standalone=ctx.standalone, endpoint=ctx.rdzv_endpoint, master_addr=ctx.master_addr,
+                          master_port=ctx.master_port)
 
 
 @check("launcher.group_rank", "GROUP_RANK present and unique off Slurm (NVRx infrastructure rank)")
@@ -161,22 +157,3 @@ def rdzv_host(ctx: DoctorContext) -> str | None:
 def is_local_host(ctx: DoctorContext, host: str) -> bool:
     addrs = ctx.resolve(host)
     return bool(addrs) and bool(set(addrs) & ctx.local_addresses())
-
-
-def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
-    """"host:port", "host", "[v6]:port" -> (host, port). Raises ValueError quoting the input."""
-    text = endpoint.strip()
-    if text.startswith("["):
-        host, _, rest = text[1:].partition("]")
-        port_text = rest.lstrip(":")
-    elif text.count(":") == 1:
-        host, _, port_text = text.partition(":")
-    else:
-        host, port_text = text, ""
-    try:
-        port = int(port_text) if port_text else default_port
-    except ValueError:
-        raise ValueError(f"bad port in rendezvous endpoint {endpoint!r}") from None
-    if not host or not 0 < port < 65536:
-        raise ValueError(f"bad rendezvous endpoint {endpoint!r}: expected HOST:PORT")
-    return host, port

@@ -13,11 +13,11 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mbr_launch.config.build import C10D_PORT
 from mbr_launch.config.settings import BY_NAME
 from mbr_launch.doctor.probes import LauncherProcess, launcher_of
 
 NOT_A_LAUNCH = frozenset({"-h", "--help", "--help-all", "--version"})
-C10D_PORT, STATIC_PORT = 29400, 29500  # torch's defaults when the port is left out
 _LOCAL = frozenset({"", "localhost", "127.0.0.1", "::1", "0.0.0.0"})
 
 
@@ -62,26 +62,45 @@ def endpoint_key(host: str | None, port: int | None) -> tuple[str, int] | None:
     return ("local" if host in _LOCAL else host, port)
 
 
-def split_host_port(endpoint: str, default_port: int) -> tuple[str, int] | None:
-    host, sep, port = endpoint.strip().rpartition(":")
-    if not sep or "]" in port:
-        host, port = endpoint.strip(), ""
+def split_endpoint(endpoint: str, default_port: int) -> tuple[str, int]:
+    """"host:port", "host", "[v6]:port" -> (host, port). Raises ValueError quoting the input."""
+    text = endpoint.strip()
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        port_text = rest.lstrip(":")
+    elif text.count(":") == 1:
+        host, _, port_text = text.partition(":")
+    else:
+        host, port_text = text, ""
     try:
-        return host, int(port) if port else default_port
+        port = int(port_text) if port_text else default_port
     except ValueError:
+        raise ValueError(f"bad port in rendezvous endpoint {endpoint!r}") from None
+    if not host or not 0 < port < 65536:
+        raise ValueError(f"bad rendezvous endpoint {endpoint!r}: expected HOST:PORT")
+    return host, port
+
+
+def rendezvous_key(*, standalone: bool, endpoint: str | None, master_addr: str | None,
+                   master_port: int | None) -> tuple[str, int] | None:
+    """Where a launch's rendezvous listens, as a key two launches can be compared by; None when it picks a
+    free port (--standalone) or the flags do not say."""
+    if standalone:
         return None
+    if endpoint:
+        try:
+            return endpoint_key(*split_endpoint(endpoint, C10D_PORT))
+        except ValueError:
+            return None
+    return endpoint_key(master_addr, master_port)
 
 
 def rendezvous_of(args: Sequence[str]) -> tuple[str, int] | None:
-    """Where another launcher's rendezvous listens, read from its flags; None when it picks a free port
-    (--standalone) or its flags do not say."""
-    if "--standalone" in args:
-        return None
-    if endpoint := _flag_value(args, "rdzv_endpoint"):
-        parsed = split_host_port(endpoint, C10D_PORT)
-        return endpoint_key(*parsed) if parsed else None
+    """Where another launcher's rendezvous listens, read from its flags."""
     port = _flag_value(args, "master_port")
-    return endpoint_key(_flag_value(args, "master_addr"), int(port)) if port and port.isdigit() else None
+    return rendezvous_key(standalone="--standalone" in args, endpoint=_flag_value(args, "rdzv_endpoint"),
+                          master_addr=_flag_value(args, "master_addr"),
+                          master_port=int(port) if port and port.isdigit() else None)
 
 
 def devices(text: str | None) -> set[str] | None:
