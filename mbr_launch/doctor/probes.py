@@ -7,7 +7,6 @@ Every probe is cheap, bounded in time, and returns data rather than raising wher
 
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import resource
 import shutil
@@ -16,6 +15,8 @@ import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from mbr_launch.report.version import installed
 
 
 @dataclass(frozen=True)
@@ -54,7 +55,7 @@ class Limit:
 
 
 def versions() -> Versions:
-    nvrx = _dist_version("nvidia-resiliency-ext")
+    nvrx = installed("nvidia-resiliency-ext")
     try:
         import torch  # noqa: PLC0415 - heavy; only when the check runs
     except Exception as exc:  # a broken torch install raises more than ImportError
@@ -73,13 +74,6 @@ def versions() -> Versions:
 def _nccl_int(code: int) -> str:
     # Old torch returned NCCL_VERSION_CODE: major*10000 + minor*100 + patch (>= 2.9).
     return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-
-
-def _dist_version(name: str) -> str | None:
-    try:
-        return importlib.metadata.version(name)
-    except importlib.metadata.PackageNotFoundError:
-        return None
 
 
 # NVML's nvmlGpuRecoveryAction_t values, named as the fix text should say them.

@@ -16,7 +16,8 @@ PROG = "mbr-launch"
 DEPENDENCIES = ("torch", "nvidia-resiliency-ext")
 
 
-def _installed(dist: str) -> str | None:
+def installed(dist: str) -> str | None:
+    """The installed version of distribution ``dist``; None when it is not installed (or unreadable)."""
     try:
         return importlib.metadata.version(dist)
     except importlib.metadata.PackageNotFoundError:
@@ -28,7 +29,7 @@ def _installed(dist: str) -> str | None:
 def versions() -> dict[str, str | None]:
     """{"mbr-launch": X.Y.Z, "torch": A or None, "nvidia-resiliency-ext": B or None, "python": C}."""
     found: dict[str, str | None] = {PROG: mbr_launch.__version__}
-    found.update({dist: _installed(dist) for dist in DEPENDENCIES})
+    found.update({dist: installed(dist) for dist in DEPENDENCIES})
     found["python"] = platform.python_version()
     return found
 
