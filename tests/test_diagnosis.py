@@ -53,8 +53,11 @@ def hung(tmp_path):
                                 stdout=subprocess.PIPE, text=True, start_new_session=True)
         procs.append(proc)
         assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        if mode in ("sleep", "stopped"):
+            # Inside time.sleep, not still finishing the print of "ready": a dump taken in between names the
+            # print line (seen once in CI on a loaded 2-core machine).
+            _wait_state(proc.pid, "S")
         if mode == "stopped":
-            _wait_state(proc.pid, "S")  # inside time.sleep, not still printing "ready"
             os.kill(proc.pid, signal.SIGSTOP)
             _wait_state(proc.pid, "T")
         return StackTarget(rank=rank, local_rank=rank, pid=proc.pid, faulthandler_file=stack_file)
