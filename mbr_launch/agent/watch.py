@@ -69,7 +69,7 @@ class StoreCluster:
         # torch's whole rendezvous state, O(N) bytes, so N askers cost the store's host O(N^2) per interval.
         asks = self._membership and rnd.group_rank == 0
         watch = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
-                           waiting=self._rendezvous.num_nodes_waiting if asks else None)
+                           waiting=self._rendezvous.waiting_counter() if asks else None)
         self.current = watch
         return watch
 

@@ -25,6 +25,12 @@ class JoinState:
     joined: int  # nodes in the round being formed
     waiting: int  # nodes queued behind a round that is already complete (running)
     complete: bool  # a round is complete: this node waits to be admitted to the next one
+    spares: int = 0  # nodes beyond --nnodes MAX, in torch's redundancy list
+
+    @property
+    def outside(self) -> int:
+        """Nodes waiting outside the current round: the wait list and the spares."""
+        return self.waiting + self.spares
 
 
 class JoinCounter:
@@ -60,6 +66,6 @@ class JoinCounter:
                 return JoinState(joined=0, waiting=0, complete=False)
             state = pickle.loads(got[0])
             return JoinState(joined=len(state.participants), waiting=len(getattr(state, "wait_list", ())),
-                             complete=bool(state.complete))
+                             complete=bool(state.complete), spares=len(getattr(state, "redundancy_list", ())))
         except Exception:  # a progress line is never worth an error
             return None
