@@ -89,36 +89,69 @@ def serve() -> None:
     preloading = None
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
-        # before the rest of the preload (which the script would do anyway) runs; the script starts after it.
-        preloading = threading.Thread(target=_prepare, args=(level, modules, status), name="standby-preload",
-                                      daemon=True)
+        # before the rest of the preload (which the script would do anyway) runs. The thread owns ``status``
+        # from here on (it says "warm" on it, then closes it). Not a daemon: an exit during the preload waits
+        # for it (a daemon thread stopped inside torch's C++ initialisation can abort the exit).
+        preloading = threading.Thread(target=_prepare, args=(level, modules, status), name="standby-preload")
         preloading.start()
+    elif status >= 0:
+        os.close(status)
     message = _read_message(channel)
     if title is not None:
         title.restore()
     if not message:
         os._exit(0)  # the agent closed the pipe without an assignment: it is gone or shutting down
-    if preloading is not None:
-        preloading.join()
+    if preloading is not None and (level == "cuda" or not preloading.is_alive()):
+        preloading.join()  # the CUDA context is made in the preload thread: adopt it before the script runs
         _adopt_device(level)
-    if status >= 0:
-        os.close(status)
+        preloading = None
     assignment = Assignment.decode(message)
     for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
-    os.environ.clear()
-    os.environ.update(assignment.env)
+    _replace_environ(assignment.env)
     if assignment.cwd != os.getcwd():
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
+    if preloading is not None:
+        # Still importing: the script starts now instead of after the preload. A script that never imports
+        # torch (or imports it late) is not held up by an import it does not need (32 agents on 2 cores: 32
+        # replacements importing torch at once kept every restarted script waiting 50 s); one that imports
+        # it waits at that import for the rest of the preload (below), no longer than a fresh process would.
+        _finish_preload_when_needed(preloading)
     if level in ("torch", "cuda") and not early:
-        _watch_torch_import(startup_env, level)
+        _watch_torch_import(startup_env, level, preloading)
 
 
 def _prepare(level: str, modules: Sequence[str], status: int) -> None:
-    _preload(level)
-    _preload_modules(modules)
-    _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
+    try:
+        _preload(level)
+        _preload_modules(modules)
+        _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
+    finally:
+        if status >= 0:
+            os.close(status)
+
+
+def _replace_environ(env: Mapping[str, str]) -> None:
+    """``os.environ`` becomes ``env`` exactly. Changed and new keys first, then the removed ones: a preload
+    still running in its thread never sees an empty environment in between (``clear()`` then ``update()``
+    would show it one)."""
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+
+
+def _finish_preload_when_needed(preloading: threading.Thread) -> None:
+    """The script runs while the preload finishes. It waits for the preload where sharing the process with it
+    would not be safe: before a fork (a child would inherit import locks held by the preload thread) and at
+    its first ``import torch`` (``_watch_torch_import``); an exit waits for the thread (not a daemon)."""
+    def before_fork() -> None:
+        if threading.current_thread() is not preloading:
+            preloading.join()
+
+    os.register_at_fork(before=before_fork)
 
 
 def _adopt_device(level: str) -> None:
@@ -210,19 +243,25 @@ def _read_message(channel: int) -> bytes:
     return b"".join(chunks)
 
 
-def _watch_torch_import(startup_env: Mapping[str, str], level: str) -> None:
+def _watch_torch_import(startup_env: Mapping[str, str], level: str,
+                        preloading: threading.Thread | None = None) -> None:
     """At the script's first ``import torch`` (or ``import torch.x``, also from a library it imports; not
-    from mbr_launch's own modules), compare the environment with the one torch was imported with: repair OMP_NUM_THREADS, warn about the
-    rest. The hook removes itself on first use."""
+    from mbr_launch's own modules), wait for a preload still under way, then compare the environment with the
+    one torch was imported with: repair OMP_NUM_THREADS, warn about the rest. The hook removes itself on first
+    use."""
     import builtins
 
     original = builtins.__import__
 
     def hook(name, globals=None, locals=None, fromlist=(), level_=0):  # type: ignore[no-untyped-def]
         importer = str((globals or {}).get("__name__", ""))
-        if (name == "torch" or name.startswith("torch.")) and not importer.startswith("mbr_launch"):
+        if preloading is not None and threading.current_thread() is preloading:
+            pass  # torch importing its own parts inside the preload still under way: not the script's import
+        elif (name == "torch" or name.startswith("torch.")) and not importer.startswith("mbr_launch"):
             if builtins.__import__ is hook:
                 builtins.__import__ = original
+            if preloading is not None:
+                preloading.join()
             if "torch" in sys.modules:
                 try:
                     _reconcile(startup_env, level)
