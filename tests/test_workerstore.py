@@ -1,0 +1,67 @@
+"""The agent-served worker store: listening before torch's server thread runs, reachable the ways ranks
+reach it, and gone with its port and descriptor once dropped. Real TCPStores on this machine."""
+
+from __future__ import annotations
+
+import datetime
+import gc
+import os
+import socket
+
+import pytest
+from torch.distributed import TCPStore
+
+from mbr_launch.cluster import workerstore
+from tests.helpers import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def _client(host: str, port: int) -> TCPStore:
+    return TCPStore(host, port, is_master=False, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+
+
+def test_the_socket_accepts_connections_before_anyone_accepts_them():
+    # What the store's own client needs inside torch's constructor: the kernel completes the connection
+    # from the backlog, whether or not the server thread has started.
+    port = free_port()
+    fd = workerstore._listening_fd(port)
+    assert fd is not None
+    try:
+        for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+            with socket.socket(family, socket.SOCK_STREAM) as conn:
+                conn.settimeout(2)
+                conn.connect((host, port))
+    finally:
+        os.close(fd)
+
+
+def test_served_store_is_reachable_and_releases_port_and_descriptor():
+    warm_up = workerstore.serve("localhost", free_port())  # torch keeps 2 descriptors after its first store
+    del warm_up
+    gc.collect()
+    port = free_port()
+    fds = len(os.listdir("/proc/self/fd"))
+    store = workerstore.serve("localhost", port)
+    assert store is not None
+    for host in ("localhost", "127.0.0.1", "::1"):
+        client = _client(host, port)
+        client.set(f"key-{host}", "v")
+        assert store.get(f"key-{host}") == b"v"
+        del client
+    del store
+    gc.collect()
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as again:  # the port is free for the next round
+        again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        again.bind(("::", port))
+    assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_a_port_held_by_another_listener_gives_none():
+    with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as other:
+        other.bind(("::", 0))
+        other.listen(1)
+        port = other.getsockname()[1]
+        fds = len(os.listdir("/proc/self/fd"))
+        assert workerstore.serve("localhost", port) is None
+        assert len(os.listdir("/proc/self/fd")) == fds
