@@ -49,6 +49,11 @@ class MemoryStore:
             if not self._changed.wait_for(lambda: all(k in self._data for k in keys), timeout.total_seconds()):
                 raise RuntimeError("Socket Timeout")  # what torch raises, in spirit
 
+    def check(self, keys: list[str]) -> bool:
+        with self._changed:
+            self._count("check")
+            return all(k in self._data for k in keys)
+
     def get(self, key: str) -> bytes:
         with self._changed:
             self._count("get")
@@ -156,3 +161,14 @@ def test_the_loop_offers_the_failed_round_and_says_why_not(tmp_path):
     world = build_world(tmp_path / "lost", ("max_restarts", 1), nodes=2)
     assert world.run([post(RankStarted(0)), post(PeerLost(group_rank=1, silent_for=20.0)), all_exit(0)]) == 0
     assert world.rendezvous.asked[1] == (0, "a node was lost")
+
+
+def test_a_waiting_agent_looks_without_blocking_and_gives_up_at_its_timeout():
+    # Injected clock: the pauses grow to POLL_MAX, so a 2 s wait costs about 2 / POLL_MAX reads, and no
+    # blocking wait ever holds the connection it shares with torch's keep-alive.
+    store, now = MemoryStore(), [0.0]
+    out = agree(store, group_rank=1, nodes=2, token="tok", timeout=2.0, clock=lambda: now[0],
+                sleep=lambda s: now.__setitem__(0, now[0] + s))
+    assert isinstance(out, Fallback) and "within 2 s" in out.reason
+    assert now[0] == pytest.approx(2.0)
+    assert "wait" not in store.ops and store.ops["check"] <= 2.0 / fastround.POLL_MAX + 8
