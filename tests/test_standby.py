@@ -388,3 +388,31 @@ def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
         for proc in procs:
             proc.kill()
             proc.wait(10)
+
+
+def test_a_standby_whose_priority_cannot_be_given_back_is_not_used(monkeypatch):
+    """The host-wide limit on unprivileged autogroup writes refuses the promotion: the rank starts fresh
+    instead of running at the lowest priority, and the standby is killed."""
+    from types import SimpleNamespace
+
+    from mbr_launch.workers import standby as standbys
+    from mbr_launch.workers.process import WorkerSpec, spawn
+
+    argv = [sys.executable, "-c", "import sys; sys.stdin.readline()"]
+    proc = spawn(WorkerSpec(local_rank=0, rank=-1, argv=argv, env=dict(os.environ), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE))
+    read_end, write_end = os.pipe()
+    try:
+        monkeypatch.setattr(standbys, "_set_priority", lambda pid, nice, patience=0.3: False)
+        pool = standbys.StandbyPool(level="torch", prepare=lambda _lr: None)
+        pool._ready = {0: standbys.Standby(process=proc, channel=write_end, env=dict(os.environ), started=0.0,
+                                           background=True, low=True)}
+        spec = WorkerSpec(local_rank=0, rank=0, argv=argv, env=dict(os.environ), stdout=None, stderr=None)
+        assert pool.take(spec) is None
+        assert pool.last_miss == "could not give it the normal priority back"
+        assert not proc.alive and proc.status is not None
+    finally:
+        os.close(read_end)
+        if proc.alive:
+            proc.proc.kill()
+            proc.proc.wait(10)

@@ -257,9 +257,13 @@ class StandbyPool:
             self.last_miss = "none ready"
             return None
         state = self.state(standby)
-        if standby.low and not standby.promoted:  # its main thread must wake at full speed
-            _set_priority(standby.process.pid, 0)
-        miss = self._unusable(standby, spec)
+        miss = None
+        # Its main thread must wake at full speed, and the rank must never keep the lowest priority: if the
+        # write is refused for longer than several ranks' worth of the host-wide limit (one unprivileged write
+        # per 100 ms), a fresh process takes its place.
+        if standby.low and not standby.promoted and not _set_priority(standby.process.pid, 0, patience=1.0):
+            miss = "could not give it the normal priority back"
+        miss = miss or self._unusable(standby, spec)
         if miss is None:
             message = Assignment(argv=tuple(spec.argv), env=spec.env, cwd=self.cwd).encode()
             try:
