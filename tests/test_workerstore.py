@@ -1,5 +1,5 @@
-"""The agent-served worker store: listening before torch's server thread runs, reachable the ways ranks
-reach it, and gone with its port and descriptor once dropped. Real TCPStores on this machine."""
+"""The agent-served worker store: listening before torch's server exists, made off the agent's thread,
+reachable the ways ranks reach it, and gone with its port and descriptor once dropped. Real TCPStores."""
 
 from __future__ import annotations
 
@@ -38,18 +38,19 @@ def test_the_socket_accepts_connections_before_anyone_accepts_them():
 
 def test_served_store_is_reachable_and_releases_port_and_descriptor():
     warm_up = workerstore.serve("localhost", free_port())  # torch keeps 2 descriptors after its first store
+    assert warm_up is not None and warm_up.ready(30)
     del warm_up
     gc.collect()
     port = free_port()
     fds = len(os.listdir("/proc/self/fd"))
-    store = workerstore.serve("localhost", port)
-    assert store is not None
-    for host in ("localhost", "127.0.0.1", "::1"):
+    served = workerstore.serve("localhost", port)
+    assert served is not None
+    for host in ("localhost", "127.0.0.1", "::1"):  # before the store is made too: the kernel queues them
         client = _client(host, port)
         client.set(f"key-{host}", "v")
-        assert store.get(f"key-{host}") == b"v"
+        assert served.ready(30) and served.store.get(f"key-{host}") == b"v"
         del client
-    del store
+    del served
     gc.collect()
     with socket.socket(socket.AF_INET6, socket.SOCK_STREAM) as again:  # the port is free for the next round
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
