@@ -2,7 +2,8 @@
 
 ``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent side, which starts standbys and
 sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says (in a
-thread, so that the assignment is read as soon as it comes; the script starts once the preload is done; a
+thread, so that the assignment is read as soon as it comes; an assignment that comes mid-preload starts the
+script at once, which waits for the rest only at its first ``import torch``, before a fork and at exit; a
 replacement that the agent runs at the lowest priority preloads at once), unless an assignment comes during
 the replenish delay or the host is far oversubscribed (above
 ``SATURATED_LOAD_PER_CPU`` runnable processes per CPU); then it reads its ``Assignment`` (argv, env, cwd),
