@@ -416,3 +416,18 @@ def test_a_standby_whose_priority_cannot_be_given_back_is_not_used(monkeypatch):
         if proc.alive:
             proc.proc.kill()
             proc.proc.wait(10)
+
+
+def test_saturation_counts_the_processes_runnable_now_not_only_the_lagging_average(monkeypatch):
+    from mbr_launch.shim import standby as shim
+
+    limit = shim.SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
+    monkeypatch.setattr(shim.os, "getloadavg", lambda: (0.5, 0.5, 0.5))  # the idle minute before a burst
+    monkeypatch.setattr(shim, "_running_now", lambda: int(limit) + 1)
+    assert shim._saturated()
+    monkeypatch.setattr(shim, "_running_now", lambda: 1)
+    assert not shim._saturated()
+    monkeypatch.setattr(shim.os, "getloadavg", lambda: (limit + 1, 0.5, 0.5))
+    assert shim._saturated()
+    monkeypatch.undo()
+    assert shim._running_now() >= 1  # this test itself is running

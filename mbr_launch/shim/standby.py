@@ -178,11 +178,30 @@ def _tell(fd: int, what: bytes) -> None:
 
 def _saturated() -> bool:
     """The host is far oversubscribed (many agents on few cores): a preload now would slow every process that
-    is starting, and a restart would wait for it; wait until the load drops (or the assignment comes)."""
+    is starting, and a restart would wait for it; wait until the load drops (or the assignment comes).
+
+    The 1-minute load average lags a burst by most of a minute: 32 agents started together on 2 cores all
+    began preloading while it still read the idle minute before, and doubled the launch's CPU work. So the
+    processes runnable at this moment count too."""
+    limit = SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
     try:
-        return os.getloadavg()[0] > SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
+        if os.getloadavg()[0] > limit:
+            return True
     except OSError:
-        return False
+        pass
+    return _running_now() > limit
+
+
+def _running_now() -> int:
+    """Processes runnable on the host right now (``procs_running`` in /proc/stat); 0 where unknown."""
+    try:
+        with open("/proc/stat", "rb") as f:
+            for line in f:
+                if line.startswith(b"procs_running "):
+                    return int(line.split()[1])
+    except (OSError, ValueError, IndexError):
+        pass
+    return 0
 
 
 def _preload_modules(modules: Sequence[str]) -> None:
