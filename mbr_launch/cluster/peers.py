@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.rendezvous import Round, release_control
 
 
 @dataclass(frozen=True)
@@ -106,12 +106,18 @@ class PeerWatch:
         store = self._connect()
         if store is None:
             return
+        if self._watch(store):
+            release_control(store)  # stopped with the round, its last operation answered: the next round's
+
+    def _watch(self, store: Any) -> bool:
+        """Watch until stopped (True) or a peer or the store is lost (False)."""
         keys = [f"hb/{r}" for r in self.watched()]
+        answered = True
         try:
             for key in keys:
                 store.add(key, 0)  # create missing counters so multi_get never blocks on a late peer
         except Exception:
-            pass
+            answered = False
         last: dict[str, tuple[bytes, float]] = {}
         store_ok_at = self.last_ok
         own = f"hb/{self._round.group_rank}"
@@ -121,16 +127,18 @@ class PeerWatch:
                 store.add(own, 1)
                 values = store.multi_get(keys) if keys else []
                 store_ok_at = self.last_ok = self._clock()
+                answered = True
                 if self._waiting is not None and self._on_waiting is not None:
                     count = self._waiting()
                     if count > 0:
                         self._on_waiting(count)
             except Exception as err:
+                answered = False
                 if now - store_ok_at >= self._timeout:
                     self._on_lost(StoreLost(f"the rendezvous store at {self._round.store_host}:"
                                             f"{self._round.store_port} has not answered for {now - store_ok_at:.1f} s "
                                             f"({type(err).__name__})"))
-                    return
+                    return False
                 continue
             for key, value in zip(keys, values):
                 seen = last.get(key)
@@ -138,4 +146,5 @@ class PeerWatch:
                     last[key] = (value, now)
                 elif now - seen[1] >= self._timeout:
                     self._on_lost(PeerLost(group_rank=int(key.split("/")[1]), silent_for=round(now - seen[1], 2)))
-                    return
+                    return False
+        return answered

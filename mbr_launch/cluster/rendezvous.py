@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import contention, fastround, layout, shrink
+from mbr_launch.cluster import connections, contention, fastround, layout, shrink
 from mbr_launch.cluster.joining import JoinCounter
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
@@ -68,10 +68,14 @@ class Round:
     fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
 
     def connect_control(self, timeout: float = 30.0) -> Store:
-        """A new client connection to this round's control keys (one per thread)."""
-        client = TCPStore(self.store_host, self.store_port, is_master=False, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=timeout))
-        return PrefixStore(self.control_prefix, client)
+        """A client connection of the calling thread's own to this round's control keys, from the pool of
+        earlier rounds' (``cluster.connections``) or new; ``release_control`` gives it back."""
+        return PrefixStore(self.control_prefix, connections.POOL.acquire(self.store_host, self.store_port, timeout))
+
+
+def release_control(store: Store) -> None:
+    """Give a ``connect_control`` connection back for a later round's watcher (only one that still works)."""
+    connections.POOL.release(_base_store(store))
 
 
 def hosts_store(port: int) -> bool:

@@ -13,7 +13,7 @@ import threading
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.rendezvous import Round, release_control
 from mbr_launch.report import exitcodes
 
 STOP_KEY = "stop"
@@ -134,16 +134,26 @@ class StopWatcher:
             store = self._connect()
         except Exception:
             return
+        if self._watch(store):
+            release_control(store)  # its last operation answered: the next round's watcher takes it
+
+    def _watch(self, store: Any) -> bool:
+        """Wait for the key until cancelled; True when the connection's last operation answered (a wait that
+        timed out answered too: torch's timeout message says so)."""
+        answered = True
         while not self._cancelled.is_set():
             try:
                 store.wait([self._key], datetime.timedelta(seconds=self.POLL))
-            except Exception:
+                answered = True
+            except Exception as err:
+                answered = "timeout" in str(err).lower()
                 continue
             if self._cancelled.is_set():
-                return
+                return answered
             try:
                 value = store.get(self._key)
             except Exception:
-                value = b""
+                value, answered = b"", False
             self._on_value(value)
-            return
+            return answered
+        return answered

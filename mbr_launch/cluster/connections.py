@@ -1,0 +1,54 @@
+"""Client connections to the rendezvous store for the watcher threads, kept from one round to the next.
+
+Every round starts a stop watcher, an inquiry watcher and a peer watch per agent, each on a client connection
+of its own (a blocking ``wait`` must not stall the agent's shared client). Opening them anew every round cost
+each agent three connections at the same moment as every other agent, and torch formats each new socket's
+addresses with a reverse DNS lookup (``getnameinfo``), on the store host's server thread as well: where
+reverse DNS is slow (seen here: 5 s timeouts from an overloaded resolver during a burst of 96 connections of
+32 agents), the whole store stalled for every agent. A released connection serves the next round's watcher
+instead, so after the first rounds a restart opens none.
+"""
+
+from __future__ import annotations
+
+import datetime
+import threading
+from typing import Any
+
+# Idle connections kept per store: a round's watchers plus the previous round's, still finishing their last
+# one-second wait when the next round's start.
+KEEP = 8
+
+
+class ClientPool:
+    def __init__(self) -> None:
+        self._idle: dict[tuple[str, int], list[Any]] = {}
+        self._lock = threading.Lock()
+
+    def acquire(self, host: str, port: int, timeout: float) -> Any:
+        """An idle client of the store at ``host:port``, or a new one; the caller owns it until ``release``."""
+        with self._lock:
+            idle = self._idle.get((host, port))
+            client = idle.pop() if idle else None
+        if client is not None:
+            client.set_timeout(datetime.timedelta(seconds=timeout))
+            return client
+        from torch.distributed import TCPStore
+
+        return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                        timeout=datetime.timedelta(seconds=timeout))
+
+    def release(self, client: Any) -> None:
+        """Give back a client whose last operation worked (a broken one is dropped by not releasing it)."""
+        key = (getattr(client, "host", ""), int(getattr(client, "port", 0)))
+        with self._lock:
+            idle = self._idle.setdefault(key, [])
+            if len(idle) < KEEP and client not in idle:
+                idle.append(client)
+
+    def idle(self, host: str, port: int) -> int:
+        with self._lock:
+            return len(self._idle.get((host, port), ()))
+
+
+POOL = ClientPool()

@@ -1,0 +1,92 @@
+"""Watcher connections kept from one round to the next (cluster.connections), against a real TCPStore: a
+round's watchers give theirs back when they stop cleanly, the next round's take them instead of opening new
+ones, and a connection whose store went away is not handed out again."""
+
+from __future__ import annotations
+
+import datetime
+import time
+from dataclasses import dataclass
+
+import pytest
+from torch.distributed import PrefixStore, TCPStore
+
+from mbr_launch.cluster import connections
+from mbr_launch.cluster.connections import ClientPool
+from mbr_launch.cluster.peers import PeerWatch
+from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.stops import STOP_KEY, StopWatcher
+
+from .helpers import free_port
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@dataclass
+class _Round:
+    store_port: int
+    store_host: str = "127.0.0.1"
+    control_prefix: str = "test/pool/"
+    group_rank: int = 1
+    group_world_size: int = 2
+    index: int = 0
+    connect_control = Round.connect_control
+
+
+def _host(port: int) -> TCPStore:
+    return TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=10))
+
+
+def _until(condition, seconds: float = 10.0) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached"
+        time.sleep(0.02)
+
+
+def test_the_pool_hands_back_what_was_released_and_keeps_a_bounded_number():
+    port = free_port()
+    host = _host(port)
+    pool = ClientPool()
+    first = pool.acquire("127.0.0.1", port, timeout=5)
+    pool.release(first)
+    assert pool.acquire("127.0.0.1", port, timeout=5) is first and pool.idle("127.0.0.1", port) == 0
+    clients = [pool.acquire("127.0.0.1", port, timeout=5) for _ in range(connections.KEEP + 2)]
+    for client in clients:
+        pool.release(client)
+    assert pool.idle("127.0.0.1", port) == connections.KEEP
+    del host
+
+
+def test_the_next_rounds_watchers_reuse_the_connections_and_a_dead_stores_are_dropped(monkeypatch):
+    pool = ClientPool()
+    monkeypatch.setattr(connections, "POOL", pool)
+    port = free_port()
+    host = _host(port)
+    rnd = _Round(store_port=port)
+    seen: list[bytes] = []
+
+    def one_round(key_value: bool) -> tuple[StopWatcher, PeerWatch]:
+        stop = StopWatcher(rnd, seen.append)  # type: ignore[arg-type]
+        peers = PeerWatch(rnd, timeout=5.0, on_lost=lambda _silence: None)  # type: ignore[arg-type]
+        stop.start()
+        peers.start()
+        if key_value:  # a peer's stop message ends the stop watcher with its value
+            PrefixStore(rnd.control_prefix, host).set(STOP_KEY, "bye")
+            _until(lambda: seen == [b"bye"])
+        time.sleep(0.3)
+        stop.cancel()
+        peers.cancel()
+        stop.join(5)
+        peers.join(5)
+        return stop, peers
+
+    one_round(key_value=False)
+    assert pool.idle("127.0.0.1", port) == 2  # both watchers gave their connection back
+    kept = list(pool._idle[("127.0.0.1", port)])
+    one_round(key_value=True)
+    assert sorted(map(id, pool._idle[("127.0.0.1", port)])) == sorted(map(id, kept))  # the same two, no new one
+    del host  # the store goes away: a watcher that meets it broken does not give its connection back
+    one_round(key_value=False)
+    assert pool.idle("127.0.0.1", port) == 0
