@@ -395,3 +395,33 @@ def test_exit_codes_and_summary():
     report = json.loads(to_json(broken))
     assert report["version"] == 1
     assert report["summary"]["error"] == 1 and sum(report["summary"].values()) == len(report["checks"])
+
+
+# ---- reverse DNS of the rendezvous addresses ----------------------------------------------------------
+
+@pytest.mark.parametrize("seconds, severity", [(0.01, "ok"), (1.5, "warn"), (None, "warn")])
+def test_reverse_dns(seconds, severity):
+    asked: list[str] = []
+
+    def lookup(address: str, cap: float):
+        asked.append(address)
+        return seconds
+
+    c = ctx(nnodes="2", rdzv_endpoint="node1:29400", resolve=lambda _h: ["10.0.0.5"], reverse_lookup=lookup)
+    others = set(check_ids()) - {"rdzv.reverse_dns"}  # a deep check of its own: the others start processes
+    report = json.loads(to_json(run_checks(c, only_cheap=False, skip=others)))
+    [found] = [r for r in report["checks"] if r["id"] == "rdzv.reverse_dns"]
+    assert found["severity"] == severity
+    # a dual-stack store host sees the IPv4 client as ::ffff:10.0.0.5: both forms are asked (until one is slow)
+    assert asked == (["10.0.0.5", "::ffff:10.0.0.5"] if severity == "ok" else ["10.0.0.5"])
+    if severity == "warn":
+        assert "/etc/hosts" in found["fix"] and "10.0.0.5" in found["saw"]
+    single = json.loads(to_json(run_checks(ctx(reverse_lookup=lookup), only_cheap=False, skip=others)))
+    assert [r["severity"] for r in single["checks"] if r["id"] == "rdzv.reverse_dns"] == ["skip"]
+
+
+def test_reverse_dns_probe_times_a_real_lookup():
+    from mbr_launch.doctor.probes import reverse_lookup_seconds
+
+    took = reverse_lookup_seconds("127.0.0.1", 5.0)  # /etc/hosts names it on every machine we run on
+    assert took is not None and took < 5.0

@@ -59,6 +59,7 @@ class DoctorContext:
     reachable: Callable[[str, int, float], bool] = probes.reachable
     resolve: Callable[[str], list[str]] = probes.resolve
     local_addresses: Callable[[], set[str]] = probes.local_addresses
+    reverse_lookup: Callable[[str, float], float | None] = probes.reverse_lookup_seconds
     rdma_devices: Callable[[], list[str]] = probes.rdma_devices
     other_launchers: Callable[[], list[probes.LauncherProcess]] = probes.other_launchers
     uid: int = field(default_factory=os.getuid)  # whose launchers count (launcher.per_node)

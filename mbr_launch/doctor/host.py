@@ -80,6 +80,37 @@ def port(ctx: DoctorContext) -> Finding:
     return warn(saw + " (another node's launcher on this host, perhaps)", fix) if ctx.max_nodes > 1 else error(saw, fix)
 
 
+REVERSE_DNS_WARN = 0.5  # seconds; torch pays it for every new store connection, the store host once per client
+REVERSE_DNS_CAP = 2.0
+
+
+@check("rdzv.reverse_dns", "reverse DNS of the rendezvous addresses answers quickly", cheap=False)
+def reverse_dns(ctx: DoctorContext) -> Finding:
+    """torch names both ends of every new c10d socket by reverse DNS, the store host's server thread included
+    (pytorch#159007): where that lookup waits for a resolver timeout, every connection stalls the whole store
+    for every node (seen here: 5 s stalls with 32 agents on one host, in the launch and in restarts)."""
+    try:
+        ep = _endpoint(ctx)
+    except ValueError:
+        return skip("endpoint invalid (see rdzv.endpoint)")
+    if ep is None:
+        return skip("single node: no store connections between nodes")
+    resolved = ctx.resolve(ep[0])
+    # A dual-stack server sees an IPv4 client as ::ffff:a.b.c.d, a name /etc/hosts rarely has.
+    candidates = [form for a in resolved for form in ((a, f"::ffff:{a}") if ":" not in a else (a,))]
+    for address in candidates:
+        took = ctx.reverse_lookup(address, REVERSE_DNS_CAP)
+        if took is None or took > REVERSE_DNS_WARN:
+            saw = (f"a reverse DNS lookup of {address} took {'over ' + format(REVERSE_DNS_CAP, 'g') if took is None else format(took, '.1f')} s: "
+                   "torch does one for each end of every new store connection, on the store host too, so each "
+                   "stalls the rendezvous for all nodes")
+            return warn(saw, f"give {address} a name in /etc/hosts on every node, or make the resolver answer "
+                             "quickly (a reachable DNS server, nscd)")
+    if not candidates:
+        return skip(f"{ep[0]} does not resolve (see rdzv.endpoint)")
+    return ok(f"{', '.join(candidates)}: answered within {REVERSE_DNS_WARN:g} s")
+
+
 def write_probe(path: str) -> tuple[bool, str]:
     """Can we write in ``path``, or create it? (ok, what we saw). Uses a real write, not os.access."""
     p = Path(path).absolute()

@@ -11,6 +11,7 @@ import os
 import resource
 import shutil
 import socket
+import time
 import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -201,6 +202,26 @@ def resolve(host: str) -> list[str]:
         return sorted({ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
     except (OSError, UnicodeError):
         return []
+
+
+def reverse_lookup_seconds(address: str, cap: float) -> float | None:
+    """Seconds a reverse DNS lookup of ``address`` takes (what torch's c10d sockets do for every new store
+    connection, on the store host's server thread too; pytorch#159007), up to ``cap``: None when it had not
+    returned by then (it is left to finish in a daemon thread)."""
+    import threading  # noqa: PLC0415
+
+    done = threading.Event()
+
+    def lookup() -> None:
+        try:
+            socket.getnameinfo((address, 0), socket.NI_NUMERICSERV)
+        except OSError:
+            pass
+        done.set()
+
+    started = time.monotonic()
+    threading.Thread(target=lookup, name="reverse-dns-probe", daemon=True).start()
+    return time.monotonic() - started if done.wait(cap) else None
 
 
 def local_addresses() -> set[str]:
