@@ -29,6 +29,17 @@ What each ``--standby`` level pre-initialises before the script's first line:
   ``CUDA_VISIBLE_DEVICES`` or other ``CUDA_*`` variables before ``import torch`` is warned that they had no
   effect. Each GPU then holds a second context (the standby's) while its rank runs.
 
+``--standby-preload`` modules are imported after the level's own preloading. Default: ``torch._dynamo`` at
+``torch`` and ``cuda`` (skipped without a word where torch has none; nothing at ``interpreter``), which a DDP
+script's first ``DistributedDataParallel(...)`` and ``torch.compile`` import on first use (about 1.5 s of every
+restart on 2 cores). It reads about 280 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``,
+``TORCH_COMPILE_*``, ``PT2_*``, sympy's, TMPDIR...): a script that sets one after its own ``import torch`` would
+find it ignored. The preload records which ones it read and with what value (``envwatch``); a rank whose
+environment has another value at the hand-over, or whose script later sets or deletes one of them to another
+value, gets one warning line on its stderr per variable, naming it and the module. Set such variables in the
+launch environment, or use ``--standby-preload none`` (a module the user names that fails to import is
+reported; the script then imports it itself).
+
 The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` with
 ``--virtual-local-rank``, ``MBR_*``) are in the standby's environment from the start, so they are right at
 every level. Use ``--standby interpreter`` (or ``off``) for scripts that configure torch through the
@@ -49,8 +60,9 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel,
-                                 preemption_signals)
+from mbr_launch.contract import (OPTIONAL_PRELOAD, STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment,
+                                 StandbyChannel, preemption_signals)
+from mbr_launch.shim import envwatch
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
 # per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
@@ -72,6 +84,8 @@ def serve() -> None:
     own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
     channel, level, delay, status, background = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
+    reads: envwatch.Reads = {}  # what the modules' imports read from the environment, and wrote to it
+    written: dict[str, str | None] = {}
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
     from mbr_launch.shim.proctitle import retitle  # only standbys need it
 
@@ -90,8 +104,8 @@ def serve() -> None:
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
         # before the rest of the preload (which the script would do anyway) runs; the script starts after it.
-        preloading = threading.Thread(target=_prepare, args=(level, modules, status), name="standby-preload",
-                                      daemon=True)
+        preloading = threading.Thread(target=_prepare, args=(level, modules, status, reads, written),
+                                      name="standby-preload", daemon=True)
         preloading.start()
     message = _read_message(channel)
     if title is not None:
@@ -111,13 +125,18 @@ def serve() -> None:
     if assignment.cwd != os.getcwd():
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
+    # Now that the environment is the rank's: the preload's writes are replayed, the script's own watched.
+    replayed = envwatch.adopt(reads, written)
     if level in ("torch", "cuda") and not early:
-        _watch_torch_import(startup_env, level)
+        # What the preload wrote (TORCHINDUCTOR_CACHE_DIR) is no change of the script's.
+        baseline = {k: v for k, v in {**startup_env, **replayed}.items() if v is not None}
+        _watch_torch_import(baseline, level)
 
 
-def _prepare(level: str, modules: Sequence[str], status: int) -> None:
+def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
+             written: dict[str, str | None]) -> None:
     _preload(level)
-    _preload_modules(modules)
+    _preload_modules(modules, reads, written)
     _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
 
 
@@ -151,16 +170,21 @@ def _saturated() -> bool:
         return False
 
 
-def _preload_modules(modules: Sequence[str]) -> None:
-    """--standby-preload: a module that fails to import is left for the script to meet on its own import."""
+def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dict[str, str | None]) -> None:
+    """--standby-preload: a module that fails to import is left for the script to meet on its own import
+    (reported, unless it comes from the default list: ``OPTIONAL_PRELOAD`` ahead of its name). The
+    environment variables each import reads are recorded (``envwatch``)."""
     import importlib
 
-    for name in modules:
+    for entry in modules:
+        name = entry.removeprefix(OPTIONAL_PRELOAD)
         try:
-            importlib.import_module(name)
+            with envwatch.recording(reads, written, name):
+                importlib.import_module(name)
         except Exception as err:  # noqa: BLE001 - reported, then the script decides
-            print(f"mbr-launch: warm standby: could not preload {name} ({type(err).__name__}: {err}); the script "
-                  "will import it itself", file=sys.stderr, flush=True)
+            if name == entry:
+                print(f"mbr-launch: warm standby: could not preload {name} ({type(err).__name__}: {err}); the "
+                      "script will import it itself", file=sys.stderr, flush=True)
 
 
 # The one warning the preload silences, and only while it runs (see _preload).
@@ -267,8 +291,9 @@ def _physical_cores() -> int:
 
 
 def _reconcile(startup_env: Mapping[str, str], level: str) -> None:
-    changed = sorted(k for k in set(startup_env) | set(os.environ)
-                     if startup_env.get(k) != os.environ.get(k) and _read_at_import(k, level))
+    changed = sorted(k for k in set(startup_env) | set(os.environ)  # envwatch has reported some already
+                     if startup_env.get(k) != os.environ.get(k) and _read_at_import(k, level)
+                     and k not in envwatch.reported)
     threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
     if any(k in changed for k in threads):
         count = _fresh_thread_count()

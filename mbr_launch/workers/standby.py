@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
-from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS, STANDBY_PRELOAD_ENV,
-                                 STANDBY_WARM, Assignment, StandbyChannel)
+from mbr_launch.contract import (OPTIONAL_PRELOAD, STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS,
+                                 STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel)
 from mbr_launch.workers import flightrec
 
 if TYPE_CHECKING:
@@ -147,7 +147,7 @@ def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool 
     if level == "off" or not cfg.workers.use_boot:
         return None
     pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank),
-                       preload=cfg.standby.preload)
+                       preload=cfg.standby.preload, optional=cfg.standby.preload_default)
     pool.fill(range(cfg.workers.nproc_per_node))
     return pool
 
@@ -170,11 +170,12 @@ class StandbyPool:
     parent-death signal belongs to the thread that spawned)."""
 
     def __init__(self, *, level: str, prepare: Callable[[int], "tuple[Sequence[str], dict[str, str]] | None"],
-                 cwd: str | None = None, preload: Sequence[str] = ()) -> None:
+                 cwd: str | None = None, preload: Sequence[str] = (), optional: bool = False) -> None:
         if level not in LEVELS[1:]:
             raise ValueError(f"standby level {level!r}: choose one of {', '.join(LEVELS[1:])}")
         self.level = level
         self.preload = tuple(preload)  # modules imported after the level's own preloading
+        self.optional = optional  # the default list: a module that cannot be imported is skipped quietly
         self.prepare = prepare  # local rank -> (worker argv, standby environment); None: cannot tell yet
         self.cwd = cwd or os.getcwd()
         self._ready: dict[int, Standby] = {}
@@ -208,7 +209,7 @@ class StandbyPool:
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
                           env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay, status_write,
                                                                           background).encode(),
-                               **({STANDBY_PRELOAD_ENV: ",".join(self.preload)} if self.preload else {})},
+                               STANDBY_PRELOAD_ENV: ",".join(OPTIONAL_PRELOAD * self.optional + m for m in self.preload)},
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
