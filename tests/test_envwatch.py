@@ -60,22 +60,22 @@ def test_nothing_is_recorded_where_someone_replaced_the_environs_class(environ):
     with envwatch.recording(reads, {}, "m", environ):
         environ.get(P + "SEEN")
     assert reads == {} and type(environ) is Theirs
-    assert envwatch.adopt({P + "SEEN": ("0", "m")}, {}, environ) == {} and type(environ) is Theirs
+    envwatch.adopt({P + "SEEN": ("0", "m")}, {}, environ)
+    assert type(environ) is Theirs
 
 
-def test_after_the_hand_over_writes_replay_and_changes_warn_once_per_variable(environ, capsys):
+def test_after_the_hand_over_changes_warn_once_per_variable(environ, capsys):
     reads = {P + "SEEN": ("1", "torch._dynamo"), P + "VERBOSE": (None, "torch._dynamo"),
              P + "CACHE": (None, "torch._dynamo"), P + "RANK": ("0", "torch._dynamo")}
     written = {P + "CACHE": "/tmp/cache"}
     environ[P + "RANK"] = "1"  # the rank's environment differs from what the preload saw
-    assert envwatch.adopt(reads, written, environ) == {P + "CACHE": "/tmp/cache"}
-    assert environ[P + "CACHE"] == "/tmp/cache"  # as a fresh process's import would have left it
+    envwatch.adopt(reads, written, environ)
+    assert (P + "CACHE") not in environ  # the script's first line sees what a fresh process's does
     err = capsys.readouterr().err.splitlines()
     assert err == [envwatch.warning([P + "RANK"], ["torch._dynamo"], by_script=False)]
     assert f"so {P}RANK, as this rank's environment has it, may have no effect on it" in err[0]
     # The script's writes: the values the preload saw or left, and unrelated variables, are fine.
     environ[P + "SEEN"] = "1"
-    environ[P + "CACHE"] = "/tmp/cache"
     environ[P + "UNRELATED"] = "x"
     del environ[P + "UNRELATED"]
     environ[P + "RANK"] = "2"  # reported at the hand-over already
@@ -100,4 +100,5 @@ def test_after_the_hand_over_writes_replay_and_changes_warn_once_per_variable(en
 
 
 def test_a_preload_that_read_nothing_leaves_the_environ_alone(environ):
-    assert envwatch.adopt({}, {}, environ) == {} and type(environ) is os._Environ
+    envwatch.adopt({}, {}, environ)
+    assert type(environ) is os._Environ

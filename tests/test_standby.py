@@ -28,6 +28,7 @@ PROBE_HEAD = '''\
 import json, os, sys, time
 _stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
 RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "wave_preloaded": "wave" in sys.modules,
+          "dynamo_preloaded": "torch._dynamo" in sys.modules,
           "name": __name__,
           "argv": list(sys.argv), "path": list(sys.path), "cwd": os.getcwd(), "orig_argv": list(sys.orig_argv),
           "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK"),
@@ -45,6 +46,9 @@ import signal
 import torch
 import torch.distributed as dist
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+# After `import torch`: a variable torch._dynamo reads at its import (rank 1, twice), an unrelated one (rank 0).
+for value in ("1", "2"):
+    os.environ["TORCHDYNAMO_VERBOSE" if os.environ["RANK"] == "1" else "PROBE_UNRELATED"] = value
 save(threads=torch.get_num_threads())
 dist.init_process_group("gloo")
 t = torch.ones(1)
@@ -119,7 +123,9 @@ def test_standby_preload_imports_more_modules_ahead(tmp_path):
     records = _records(out)
     assert sorted(records) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
     assert all(r["wave_preloaded"] and r["torch_preloaded"] for r in records.values()), records
+    assert not any(r["dynamo_preloaded"] for r in records.values()), records  # the list replaces the default
     assert "could not preload no_such_module_mbr (ModuleNotFoundError" in stderr
+    assert "TORCHDYNAMO_VERBOSE" not in stderr  # not preloaded: nothing to warn about
 
 
 def _can_lower_priority() -> bool:
@@ -145,8 +151,9 @@ def test_a_replacement_warming_at_low_priority_is_taken_at_once_with_its_priorit
 
 def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tmp_path):
     (tmp_path / "probe.py").write_text(TRAIN_PROBE)
-    warm_out, warm_logs, _ = _launch(tmp_path, "warm", ["--max-restarts", "1", "--standby", "torch"], crash=True)
-    fresh_out, fresh_logs, _ = _launch(tmp_path, "fresh", ["--max-restarts", "1", "--standby", "off"])
+    warm_out, warm_logs, warm_err = _launch(tmp_path, "warm", ["--max-restarts", "1", "--standby", "torch"],
+                                            crash=True)
+    fresh_out, fresh_logs, fresh_err = _launch(tmp_path, "fresh", ["--max-restarts", "1", "--standby", "off"])
 
     warm, fresh = _records(warm_out), _records(fresh_out)
     assert sorted(warm) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
@@ -158,7 +165,14 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
     killed = float((warm_out / "killed").read_text())
     for rank in ("0", "1"):
         assert warm[(rank, 1)]["created"] < killed - 0.05, (warm[(rank, 1)]["created"], killed)
-    assert all(r["torch_preloaded"] for r in warm.values())
+    assert all(r["torch_preloaded"] and r["dynamo_preloaded"] for r in warm.values())  # torch._dynamo: default
+    # Rank 1 set TORCHDYNAMO_VERBOSE after `import torch` (twice): one warning per round, on rank 1's stderr;
+    # rank 0's unrelated variable gets none.
+    warned = [line for line in warm_err.splitlines() if "TORCHDYNAMO_VERBOSE" in line]
+    assert warned == ["[rank1]:mbr-launch: warm standby: torch._dynamo was imported before this script ran "
+                      "(--standby-preload), so TORCHDYNAMO_VERBOSE, set by the script, may have no effect on it; "
+                      "set it in the launch environment instead, or run with --standby-preload none"] * 2, warm_err
+    assert "PROBE_UNRELATED" not in warm_err and "mbr-launch: warm standby" not in warm_err.replace(warned[0], "")
 
     # Each rank's environment is the round's: its rank, the round's MASTER_PORT, the restart count.
     ports = {e["round"]: e["master_port"] for e in events if e["event"] == "rendezvous"}
@@ -173,7 +187,8 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
 
     # --standby off: fresh processes, torch not imported before the script's first line.
     assert [e["standby"] for e in _events(fresh_logs) if e["event"] == "worker_start"] == [False, False]
-    assert not any(r["torch_preloaded"] for r in fresh.values())
+    assert not any(r["torch_preloaded"] or r["dynamo_preloaded"] for r in fresh.values())
+    assert "TORCHDYNAMO_VERBOSE" not in fresh_err  # a fresh process reads it when it imports dynamo itself
     for rank in ("0", "1"):
         _same_view(warm[(rank, 0)], fresh[(rank, 0)], warm_out, fresh_out)
         assert warm[(rank, 0)]["argv"][0] == str(tmp_path / "probe.py")
@@ -194,7 +209,9 @@ def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
     out.mkdir()
     direct_out.mkdir()
     logs = tmp_path / "logs"
+    # At torch, also --standby-preload none: nothing beyond the level (not torch._dynamo, the default).
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), "--standby", level,
+                        *(["--standby-preload", "none"] if level == "torch" else []),
                         "-m", "probes.omp", "--out", str(out)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert all(e["standby"] for e in _events(logs) if e["event"] == "worker_start")
@@ -206,7 +223,7 @@ def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
     for (rank, _), record in _records(out).items():
         # What a fresh import picks (3, or fewer on a machine with fewer physical cores: MKL caps it)
         assert record["threads"] == fresh["threads"] > 1, (level, record["threads"], fresh["threads"])
-        assert record["torch_preloaded"] is (level == "torch")
+        assert record["torch_preloaded"] is (level == "torch") and record["dynamo_preloaded"] is False
         assert record["name"] == fresh["name"] == "__main__"
         assert record["argv"] == fresh["argv"] == [str(pkg / "omp.py"), "--out", str(out)]
         assert record["path"] == fresh["path"] and record["path"][0] == str(tmp_path)

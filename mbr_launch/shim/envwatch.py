@@ -12,11 +12,10 @@ its first ``DistributedDataParallel``) would find it ignored. Nothing here chang
   stays the same, only its class is swapped, so every module's reference to it and ``os.getenv`` are covered.
   Every key looked up (``[]``, ``get``, ``in``) is recorded with the value seen (None: absent), and every key
   the import wrote (inductor sets TORCHINDUCTOR_CACHE_DIR) with the value it left.
-- After the hand-over (``adopt``, once the assignment has replaced the environment), writes are replayed where
-  the rank's environment still has what the preload saw (a fresh process would have made them too); a recorded
-  key the rank's environment has another value of is warned about at once; and ``os.environ`` becomes a
-  ``Watching`` instance, which warns, once per variable, when the script sets or deletes a recorded key to
-  anything but what the preload saw. Writes cost one dictionary look-up more; reads nothing.
+- After the hand-over (``adopt``, once the assignment has replaced the environment), a recorded key the
+  rank's environment has another value of is warned about at once, and ``os.environ`` becomes a ``Watching``
+  instance, which warns, once per variable, when the script sets or deletes a recorded key to anything but
+  what the preload saw. Writes cost one dictionary look-up more; reads nothing.
 
 Not seen: reads by C or C++ code (getenv(3)) and by code that copied the environment before the preload.
 Standard library only: ``shim.standby`` imports it before anything is preloaded.
@@ -142,21 +141,15 @@ def _changed(key: str) -> None:
 
 
 def adopt(reads: Reads, written: Mapping[str, "str | None"],
-          environ: "os._Environ[str]" = os.environ) -> dict[str, "str | None"]:  # type: ignore[name-defined]
-    """After the hand-over: warn about what the rank's environment has otherwise than the preload saw, replay
-    the preload's other writes (returned: None for a deletion), and watch the script's writes from now on."""
+          environ: "os._Environ[str]" = os.environ) -> None:  # type: ignore[name-defined]
+    """After the hand-over: warn about what the rank's environment has otherwise than the preload saw, and
+    watch the script's writes from now on. What the preload wrote went with the standby's environment, on
+    purpose: the script's first line sees what a fresh process's does (inductor sets its cache directory
+    again when it needs it)."""
     if not reads or type(environ) is not os._Environ:  # type: ignore[attr-defined]
-        return {}
+        return
     now = differing(reads, written, environ)
     if now:
         _say(now, sorted({reads[k][1] for k in now}), by_script=False)
-    replayed = {key: value for key, value in written.items() if key not in now}
-    for key, value in replayed.items():  # a fresh process would have made them too
-        if value is None:
-            environ.pop(key, None)
-        else:
-            environ[key] = value
-    Watching.watched = {key: (written.get(key, seen), module) for key, (seen, module) in reads.items()
-                        if key not in now}
+    Watching.watched = {key: found for key, found in reads.items() if key not in now}
     environ.__class__ = Watching
-    return replayed

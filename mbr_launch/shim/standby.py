@@ -125,12 +125,9 @@ def serve() -> None:
     if assignment.cwd != os.getcwd():
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
-    # Now that the environment is the rank's: the preload's writes are replayed, the script's own watched.
-    replayed = envwatch.adopt(reads, written)
+    envwatch.adopt(reads, written)  # now that the environment is the rank's: the script's writes are watched
     if level in ("torch", "cuda") and not early:
-        # What the preload wrote (TORCHINDUCTOR_CACHE_DIR) is no change of the script's.
-        baseline = {k: v for k, v in {**startup_env, **replayed}.items() if v is not None}
-        _watch_torch_import(baseline, level)
+        _watch_torch_import(startup_env, level)
 
 
 def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
