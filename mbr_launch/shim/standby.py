@@ -100,14 +100,15 @@ def serve() -> None:
     early = not background and delay > 0 and bool(select.select([channel], [], [], delay)[0])
     while not early and not background and _saturated():
         early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
-    preloading = None
+    preloading, assigned = None, threading.Event()
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
         # before the rest of the preload (which the script would do anyway) runs; the script starts after it.
-        preloading = threading.Thread(target=_prepare, args=(level, modules, status, reads, written),
+        preloading = threading.Thread(target=_prepare, args=(level, modules, status, reads, written, assigned),
                                       name="standby-preload", daemon=True)
         preloading.start()
     message = _read_message(channel)
+    assigned.set()
     if title is not None:
         title.restore()
     if not message:
@@ -131,9 +132,9 @@ def serve() -> None:
 
 
 def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
-             written: dict[str, str | None]) -> None:
+             written: dict[str, str | None], assigned: threading.Event) -> None:
     _preload(level)
-    _preload_modules(modules, reads, written)
+    _preload_modules(modules, reads, written, assigned)
     _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
 
 
@@ -167,13 +168,18 @@ def _saturated() -> bool:
         return False
 
 
-def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dict[str, str | None]) -> None:
+def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dict[str, str | None],
+                     assigned: threading.Event) -> None:
     """--standby-preload: a module that fails to import is left for the script to meet on its own import
     (reported, unless it comes from the default list: ``OPTIONAL_PRELOAD`` ahead of its name). The
-    environment variables each import reads are recorded (``envwatch``)."""
+    environment variables each import reads are recorded (``envwatch``). None is begun once the assignment
+    has come: the script imports what it needs itself, as a fresh process would, instead of waiting for a
+    module it may never import (the first round's standbys are often still importing torch then)."""
     import importlib
 
     for entry in modules:
+        if assigned.is_set():
+            break
         name = entry.removeprefix(OPTIONAL_PRELOAD)
         try:
             with envwatch.recording(reads, written, name):
