@@ -29,10 +29,12 @@ What each ``--standby`` level pre-initialises before the script's first line:
   ``CUDA_VISIBLE_DEVICES`` or other ``CUDA_*`` variables before ``import torch`` is warned that they had no
   effect. Each GPU then holds a second context (the standby's) while its rank runs.
 
-``--standby-preload`` modules are imported after the level's own preloading. Default: ``torch._dynamo`` at
-``torch`` and ``cuda`` (skipped without a word where torch has none; nothing at ``interpreter``), which a DDP
-script's first ``DistributedDataParallel(...)`` and ``torch.compile`` import on first use (about 1.5 s of every
-restart on 2 cores). It reads about 280 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``,
+``--standby-preload`` modules are imported after the level's own preloading, under the same hold-off on an
+oversubscribed host, and only until the assignment comes: one not begun by then is left to the script (a
+first-round standby still importing torch when the rendezvous is done adds nothing to the ranks' start).
+Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (skipped without a word where torch has none; nothing at
+``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and ``torch.compile`` import on
+first use (about 1.5 s of every restart on 2 cores). It reads about 280 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``,
 ``TORCH_COMPILE_*``, ``PT2_*``, sympy's, TMPDIR...): a script that sets one after its own ``import torch`` would
 find it ignored. The preload records which ones it read and with what value (``envwatch``); a rank whose
 environment has another value at the hand-over, or whose script later sets or deletes one of them to another
@@ -104,8 +106,8 @@ def serve() -> None:
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
         # before the rest of the preload (which the script would do anyway) runs; the script starts after it.
-        preloading = threading.Thread(target=_prepare, args=(level, modules, status, reads, written, assigned),
-                                      name="standby-preload", daemon=True)
+        preloading = threading.Thread(target=_prepare, name="standby-preload", daemon=True,
+                                      args=(level, modules, status, reads, written, assigned, background))
         preloading.start()
     message = _read_message(channel)
     assigned.set()
@@ -132,8 +134,12 @@ def serve() -> None:
 
 
 def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
-             written: dict[str, str | None], assigned: threading.Event) -> None:
+             written: dict[str, str | None], assigned: threading.Event, background: bool) -> None:
     _preload(level)
+    # The hold-off applies to the extra modules too (torch._dynamo is as much CPU again as torch): the host
+    # may have become oversubscribed while torch was imported. A replacement at the lowest priority goes on.
+    while modules and not background and _saturated() and not assigned.wait(SATURATION_RECHECK):
+        pass
     _preload_modules(modules, reads, written, assigned)
     _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
 
