@@ -34,13 +34,13 @@ oversubscribed host, and only until the assignment comes: one not begun by then 
 first-round standby still importing torch when the rendezvous is done adds nothing to the ranks' start).
 Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (skipped without a word where torch has none; nothing at
 ``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and ``torch.compile`` import on
-first use (about 1.5 s of every restart on 2 cores). It reads about 280 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``,
-``TORCH_COMPILE_*``, ``PT2_*``, sympy's, TMPDIR...): a script that sets one after its own ``import torch`` would
-find it ignored. The preload records which ones it read and with what value (``envwatch``); a rank whose
-environment has another value at the hand-over, or whose script later sets or deletes one of them to another
-value, gets one warning line on its stderr per variable, naming it and the module. Set such variables in the
-launch environment, or use ``--standby-preload none`` (a module the user names that fails to import is
-reported; the script then imports it itself).
+first use (about 1.5 s of every restart on 2 cores). It reads about 280 variables when imported
+(``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's, TMPDIR...): a script that
+sets one after its own ``import torch`` would find it ignored. The preload records which ones it read and
+with what value (``envwatch``); a rank whose environment has another value at the hand-over, or whose script
+later sets or deletes one of them to another value, gets one warning line on its stderr per variable, naming
+it and the module. Set such variables in the launch environment, or use ``--standby-preload none`` (a module
+the user names that fails to import is reported; the script then imports it itself).
 
 The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` with
 ``--virtual-local-rank``, ``MBR_*``) are in the standby's environment from the start, so they are right at

@@ -206,10 +206,11 @@ class StandbyPool:
         except OSError:
             pass
         os.set_blocking(write_end, False)
+        preload = ",".join(OPTIONAL_PRELOAD * self.optional + m for m in self.preload)
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
                           env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay, status_write,
                                                                           background).encode(),
-                               STANDBY_PRELOAD_ENV: ",".join(OPTIONAL_PRELOAD * self.optional + m for m in self.preload)},
+                               STANDBY_PRELOAD_ENV: preload},  # always: it hides the launch environment's
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
