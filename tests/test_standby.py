@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mbr_launch.report.events import read_events
-from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, standby_env
+from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, roomy, standby_env
 
 from .helpers import finish, launcher_env, run_launcher, start_launcher
 
@@ -63,6 +63,10 @@ if os.path.exists(os.path.join(OUT, "crash")) and dist.get_rank() == 1 and resta
 dist.all_reduce(t)
 dist.destroy_process_group()
 '''
+
+DYNAMO_WARNING = ("[rank1]:mbr-launch: warm standby: torch._dynamo was imported before this script ran "
+                  "(--standby-preload), so TORCHDYNAMO_VERBOSE, set by the script, may have no effect on it; "
+                  "set it in the launch environment instead, or run with --standby-preload none")
 
 # A module that configures torch through the environment before importing it.
 OMP_PROBE = PROBE_HEAD + '''\
@@ -115,17 +119,20 @@ def _same_view(warm: dict, fresh: dict, warm_out: Path, fresh_out: Path) -> None
 
 
 def test_standby_preload_imports_more_modules_ahead(tmp_path):
-    # --standby-preload wave (a module nothing else imports), and one that does not exist: reported on the
-    # rank's output, and the job runs on. Both the first ranks and the restarted ones start with wave loaded.
+    # --standby-preload wave (a module nothing else imports), torch._dynamo, and one that does not exist:
+    # reported on the rank's output, and the job runs on. Modules the user names are imported by every
+    # standby: both the first ranks and the restarted ones start with them loaded. Rank 1 sets
+    # TORCHDYNAMO_VERBOSE after `import torch` (twice): one warning per round on its stderr, none for rank 0's
+    # unrelated variable.
     (tmp_path / "probe.py").write_text(TRAIN_PROBE)
     out, _logs, stderr = _launch(tmp_path, "preload", ["--max-restarts", "1", "--standby-preload",
-                                                       "wave,no_such_module_mbr"], crash=True)
+                                                       "wave,torch._dynamo,no_such_module_mbr"], crash=True)
     records = _records(out)
     assert sorted(records) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
-    assert all(r["wave_preloaded"] and r["torch_preloaded"] for r in records.values()), records
-    assert not any(r["dynamo_preloaded"] for r in records.values()), records  # the list replaces the default
+    assert all(r["wave_preloaded"] and r["torch_preloaded"] and r["dynamo_preloaded"] for r in records.values())
     assert "could not preload no_such_module_mbr (ModuleNotFoundError" in stderr
-    assert "TORCHDYNAMO_VERBOSE" not in stderr  # not preloaded: nothing to warn about
+    assert [line for line in stderr.splitlines() if "TORCHDYNAMO_VERBOSE" in line] == [DYNAMO_WARNING] * 2, stderr
+    assert "PROBE_UNRELATED" not in stderr
 
 
 def _can_lower_priority() -> bool:
@@ -165,14 +172,13 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
     killed = float((warm_out / "killed").read_text())
     for rank in ("0", "1"):
         assert warm[(rank, 1)]["created"] < killed - 0.05, (warm[(rank, 1)]["created"], killed)
-    assert all(r["torch_preloaded"] and r["dynamo_preloaded"] for r in warm.values())  # torch._dynamo: default
-    # Rank 1 set TORCHDYNAMO_VERBOSE after `import torch` (twice): one warning per round, on rank 1's stderr;
-    # rank 0's unrelated variable gets none.
+    assert all(r["torch_preloaded"] for r in warm.values())
+    # The default list (torch._dynamo): in the first round only with 4+ cores per rank; a replacement has it
+    # if it began it before its assignment. A rank that had it and set TORCHDYNAMO_VERBOSE is warned, once.
+    assert [warm[(r, 0)]["dynamo_preloaded"] for r in ("0", "1")] == [roomy(2)] * 2
     warned = [line for line in warm_err.splitlines() if "TORCHDYNAMO_VERBOSE" in line]
-    assert warned == ["[rank1]:mbr-launch: warm standby: torch._dynamo was imported before this script ran "
-                      "(--standby-preload), so TORCHDYNAMO_VERBOSE, set by the script, may have no effect on it; "
-                      "set it in the launch environment instead, or run with --standby-preload none"] * 2, warm_err
-    assert "PROBE_UNRELATED" not in warm_err and "mbr-launch: warm standby" not in warm_err.replace(warned[0], "")
+    assert warned == [DYNAMO_WARNING] * sum(warm[("1", k)]["dynamo_preloaded"] for k in (0, 1)), warm_err
+    assert "PROBE_UNRELATED" not in warm_err
 
     # Each rank's environment is the round's: its rank, the round's MASTER_PORT, the restart count.
     ports = {e["round"]: e["master_port"] for e in events if e["event"] == "rendezvous"}
@@ -314,6 +320,49 @@ def test_a_mismatched_environment_falls_back_to_a_fresh_process(tmp_path):
     assert out == b"hello\n" and worker.proc.returncode == 0
     os.close(worker.pidfd)
     pool.close()
+
+
+DEFAULT_PRELOAD_PROBE = """\
+import os, sys
+print("dynamo preloaded:", "torch._dynamo" in sys.modules, flush=True)
+import torch
+os.environ["PROBE_UNRELATED"] = "1"
+for value in ("1", "2"):
+    os.environ["TORCHDYNAMO_VERBOSE"] = value
+"""
+
+
+def test_the_default_preload_is_quiet_and_a_warm_standby_warns_about_dynamos_variables(tmp_path):
+    """The default list as the launcher passes it (optional: a module that cannot be imported is skipped without
+    a word), in a real standby of level torch: once warm, its script starts with torch._dynamo imported, and
+    setting TORCHDYNAMO_VERBOSE after `import torch` gets one warning line; the unrelated variable none."""
+    from mbr_launch.contract import DEFAULT_PRELOAD
+    from mbr_launch.workers.process import WorkerSpec
+    from mbr_launch.workers.standby import StandbyPool
+
+    script = tmp_path / "dynamo_probe.py"
+    script.write_text(DEFAULT_PRELOAD_PROBE)
+    argv = [sys.executable, "-u", "-m", "mbr_launch.shim.boot", str(script)]
+    env = {**launcher_env(), "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
+    pool = StandbyPool(level="torch", prepare=lambda _lr: (argv, dict(env)), optional=True,
+                       preload=("no_such_module_mbr", *DEFAULT_PRELOAD["torch"]))
+    try:
+        # A replacement's way (lowest priority, no hold-off on a loaded host), as the agent promotes it.
+        pool.fill([0], background=True)
+        deadline = time.monotonic() + 90
+        while pool.state(pool._ready[0]) != "warm":
+            assert time.monotonic() < deadline, "the standby did not warm up in 90 s"
+            pool.promote()
+            time.sleep(0.1)
+        worker = pool.take(WorkerSpec(local_rank=0, rank=0, argv=argv, env=dict(env), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
+        assert worker is not None
+        out, err = worker.proc.communicate(timeout=60)
+        os.close(worker.pidfd)
+    finally:
+        pool.close()
+    assert (out.decode(), worker.proc.returncode) == ("dynamo preloaded: True\n", 0), err
+    assert err.decode().splitlines() == [DYNAMO_WARNING[len("[rank1]:"):]], err  # no_such_module_mbr: quiet
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/nvidia0"), reason="needs a GPU")

@@ -30,11 +30,13 @@ What each ``--standby`` level pre-initialises before the script's first line:
   effect. Each GPU then holds a second context (the standby's) while its rank runs.
 
 ``--standby-preload`` modules are imported after the level's own preloading, under the same hold-off on an
-oversubscribed host, and only until the assignment comes: one not begun by then is left to the script (a
-first-round standby still importing torch when the rendezvous is done adds nothing to the ranks' start).
-Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (skipped without a word where torch has none; nothing at
-``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and ``torch.compile`` import on
-first use (about 1.5 s of every restart on 2 cores). It reads about 280 variables when imported
+oversubscribed host; the script starts once they are. Default: ``torch._dynamo`` at ``torch`` and ``cuda``
+(nothing at ``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and
+``torch.compile`` import on first use (about 1.5 s of every restart on 2 cores). The default list never
+delays a rank: it is skipped without a word where torch has none, not begun once the assignment has come
+(the script imports it itself if it needs it), and imported by the first round's standbys only where there
+are at least 4 cores per local rank (``workers.standby.roomy``; on fewer, the replacements import it: two
+more such imports while the launcher itself starts would slow the first round). It reads about 280 variables when imported
 (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's, TMPDIR...): a script that
 sets one after its own ``import torch`` would find it ignored. The preload records which ones it read and
 with what value (``envwatch``); a rank whose environment has another value at the hand-over, or whose script
@@ -178,15 +180,15 @@ def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dic
                      assigned: threading.Event) -> None:
     """--standby-preload: a module that fails to import is left for the script to meet on its own import
     (reported, unless it comes from the default list: ``OPTIONAL_PRELOAD`` ahead of its name). The
-    environment variables each import reads are recorded (``envwatch``). None is begun once the assignment
-    has come: the script imports what it needs itself, as a fresh process would, instead of waiting for a
-    module it may never import (the first round's standbys are often still importing torch then)."""
+    environment variables each import reads are recorded (``envwatch``). A module of the default list is not
+    begun once the assignment has come: the script imports it itself if it needs it, as a fresh process
+    would, instead of waiting for a module it may never import. Modules the user named are always imported."""
     import importlib
 
     for entry in modules:
-        if assigned.is_set():
-            break
         name = entry.removeprefix(OPTIONAL_PRELOAD)
+        if name != entry and assigned.is_set():
+            continue
         try:
             with envwatch.recording(reads, written, name):
                 importlib.import_module(name)
