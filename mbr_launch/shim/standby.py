@@ -36,9 +36,9 @@ oversubscribed host; the script starts once they are. Default: ``torch._dynamo``
 delays a rank: it is skipped without a word where torch has none, not begun once the assignment has come
 (the script imports it itself if it needs it), and imported by the first round's standbys only where there
 are at least 4 cores per local rank (``workers.standby.roomy``; on fewer, the replacements import it: two
-more such imports while the launcher itself starts would slow the first round). It reads about 280 variables when imported
-(``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's, TMPDIR...): a script that
-sets one after its own ``import torch`` would find it ignored. The preload records which ones it read and
+more such imports while the launcher itself starts would slow the first round). torch._dynamo reads about 280
+variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's,
+TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload records which ones it read and
 with what value (``envwatch``); a rank whose environment has another value at the hand-over, or whose script
 later sets or deletes one of them to another value, gets one warning line on its stderr per variable, naming
 it and the module. Set such variables in the launch environment, or use ``--standby-preload none`` (a module
