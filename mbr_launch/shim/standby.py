@@ -38,11 +38,12 @@ delays a rank: it is skipped without a word where torch has none, not begun once
 are at least 4 cores per local rank (``workers.standby.roomy``; on fewer, the replacements import it: two
 more such imports while the launcher itself starts would slow the first round). torch._dynamo reads about 280
 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's,
-TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload records which ones it read and
-with what value (``envwatch``); a rank whose environment has another value at the hand-over, or whose script
-later sets or deletes one of them to another value, gets one warning line on its stderr per variable, naming
-it and the module. Set such variables in the launch environment, or use ``--standby-preload none`` (a module
-the user names that fails to import is reported; the script then imports it itself).
+TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload
+records which ones it read and with what value (``envwatch``); a rank whose environment has another value at
+the hand-over, or whose script later sets or deletes one of them to another value, gets one warning line on
+its stderr per variable, naming it and the module. Set such variables in the launch environment, or use
+``--standby-preload none`` (a module the user names that fails to import is reported; the script then
+imports it itself).
 
 The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` with
 ``--virtual-local-rank``, ``MBR_*``) are in the standby's environment from the start, so they are right at
