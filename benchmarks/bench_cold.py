@@ -37,7 +37,7 @@ def cold_trial(launcher: h.Launcher, root: Path, index: int, *, nproc: int, gpu:
     if rec["rc"] == 0 and not rec["ok"]:
         rec["reason"] = f"exit 0 but {len(ready)} of {nproc} ranks ready"
     rec["first_step"] = max(r.time for r in ready) - rec["t0_wall"] if wants_ready and rec["ok"] else None
-    if launcher.name == "mbr-launch" and rec["ok"]:
+    if launcher.name.startswith("mbr-launch") and rec["ok"]:
         rec["breakdown"] = breakdown(h.read_events(Path(rec["dir"]) / "logs"), rec, ready)
     return rec
 
@@ -81,15 +81,17 @@ def render(records: list[dict], names: list[str], refs: list[str], args: argpars
             verdict = "meets" if pair.median <= TARGET else "misses"
             out += [f"Paired per-trial wall ratio mbr-launch / torchrun: median {pair.median:.2f}x (p25 "
                     f"{pair.p25:.2f}x, p75 {pair.p75:.2f}x, {pair.n} trials): {verdict} the {TARGET}x target.", ""]
-    bds = [r["breakdown"] for r in by.get("mbr-launch", []) if r.get("breakdown")]
-    if bds:
+    for name in (n for n in by if n.startswith("mbr-launch")):  # with --mbr-baseline, each code's own
+        bds = [r["breakdown"] for r in by[name] if r.get("breakdown")]
+        if not bds:
+            continue
         keys = [("cli", "launch -> start event (imports, config, preflight checks)"),
                 ("rendezvous", "-> rendezvous done"), ("spawn", "-> workers spawned"),
                 ("boot", "-> first all_reduce done (python, import torch, init_process_group)"),
                 ("finish", "-> end event (workers exit, reaped)"), ("teardown", "-> launcher exited")]
         rows = [[label, h.fmt_s(s.median), h.fmt_iqr(s)] for key, label in keys
                 if (s := h.summarize([b[key] for b in bds]))]
-        out += ["mbr-launch cold-launch breakdown (events.jsonl timestamps, ms resolution; medians per segment):",
+        out += [f"{name} cold-launch breakdown (events.jsonl timestamps, ms resolution; medians per segment):",
                 "", h.table(["segment", "median", "p25 / p75"], rows), ""]
     out += h.failure_lines(records)
     return "\n".join(out)
@@ -101,7 +103,7 @@ def main() -> int:
     parser.add_argument("--no-reference", action="store_true", help="skip the bare and import-torch yardsticks")
     args = parser.parse_args()
     session = h.start(args, "cold")
-    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path)
+    launchers = session.with_baseline(h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path))
     refs = [] if args.no_reference else REFERENCES
     rotation = [*launchers, *(h.LAUNCHERS[n] for n in refs)]
 

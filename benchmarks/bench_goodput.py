@@ -176,7 +176,7 @@ def main() -> int:
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed for the exit after stop")
     args = parser.parse_args()
     session = h.start(args, "goodput")
-    launchers = h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path)
+    launchers = session.with_baseline(h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path))
     done = h.run_trials(args, session, h.plan(launchers, args.trials),
                         lambda step: goodput_trial(step.item, session.root, step.trial, args),
                         lambda r: f"goodput {r.get('goodput', 0.0):.1%}, {len(r['kills'])} faults, final step "

@@ -192,3 +192,26 @@ def test_min_healthy_reaches_the_policy_and_refuses_a_local_restart_scope():
     assert build({}).policy.when == "any-failed"
     with pytest.raises(ConfigError, match="--restart-policy min-healthy leaves a crashed rank lost"):
         build({"restart_policy": "min-healthy", "restart_scope": "rank"})
+
+
+def test_standby_preload_default_explicit_and_none():
+    # Not given: the level's default list (torch._dynamo at torch and cuda, quiet if torch has none).
+    for level in ("torch", "cuda"):
+        spec = build({"standby": level}).standby
+        assert (spec.preload, spec.preload_default) == (("torch._dynamo",), True)
+    assert build({}).standby.preload == ("torch._dynamo",)  # --standby torch is the default level
+    assert (build({"standby": "interpreter"}).standby.preload, build({"standby": "off"}).standby.preload) == ((), ())
+    # Given: replaces the default list, and a module that fails is reported (not the default's quiet).
+    spec = build({"standby_preload": "wave,megatron.core"}).standby
+    assert (spec.preload, spec.preload_default) == (("wave", "megatron.core"), False)
+    assert build({"standby": "interpreter", "standby_preload": "torch._dynamo"}).standby.preload == ("torch._dynamo",)
+    # none, an empty value, the environment variable, a config file's empty list: nothing beyond the level.
+    for cli, environ in (({"standby_preload": "none"}, {}), ({"standby_preload": ""}, {}),
+                         ({}, {"MBR_STANDBY_PRELOAD": "none"}), ({"standby_preload": []}, {})):
+        spec = build(cli, environ=environ).standby
+        assert (spec.preload, spec.preload_default) == ((), False), (cli, environ)
+    assert build({"standby": "off", "standby_preload": "none"}).standby.preload == ()
+    with pytest.raises(SettingError, match="none stands alone"):
+        build({"standby_preload": "none,wave"})
+    with pytest.raises(ConfigError, match="--standby-preload needs standbys"):
+        build({"standby": "off", "standby_preload": "wave"})

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from mbr_launch.report.events import read_events
-from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, standby_env
+from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, roomy, standby_env
 
 from .helpers import finish, launcher_env, run_launcher, start_launcher
 
@@ -28,6 +28,7 @@ PROBE_HEAD = '''\
 import json, os, sys, time
 _stat = open("/proc/self/stat").read().rsplit(")", 1)[1].split()
 RECORD = {"pid": os.getpid(), "torch_preloaded": "torch" in sys.modules, "wave_preloaded": "wave" in sys.modules,
+          "dynamo_preloaded": "torch._dynamo" in sys.modules,
           "name": __name__,
           "argv": list(sys.argv), "path": list(sys.path), "cwd": os.getcwd(), "orig_argv": list(sys.orig_argv),
           "env": dict(os.environ), "created": int(_stat[19]) / os.sysconf("SC_CLK_TCK"),
@@ -46,7 +47,11 @@ import torch
 import torch.distributed as dist
 restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
 # Nothing but a preload imports wave; a preload still under way at the first line is done by `import torch`.
-save(threads=torch.get_num_threads(), wave_at_torch="wave" in sys.modules)
+at_torch = {"wave_at_torch": "wave" in sys.modules, "dynamo_at_torch": "torch._dynamo" in sys.modules}
+# After `import torch`: a variable torch._dynamo reads at its import (rank 1, twice), an unrelated one (rank 0).
+for value in ("1", "2"):
+    os.environ["TORCHDYNAMO_VERBOSE" if os.environ["RANK"] == "1" else "PROBE_UNRELATED"] = value
+save(threads=torch.get_num_threads(), **at_torch)
 dist.init_process_group("gloo")
 t = torch.ones(1)
 dist.all_reduce(t)
@@ -60,6 +65,10 @@ if os.path.exists(os.path.join(OUT, "crash")) and dist.get_rank() == 1 and resta
 dist.all_reduce(t)
 dist.destroy_process_group()
 '''
+
+DYNAMO_WARNING = ("[rank1]:mbr-launch: warm standby: torch._dynamo was imported before this script ran "
+                  "(--standby-preload), so TORCHDYNAMO_VERBOSE, set by the script, may have no effect on it; "
+                  "set it in the launch environment instead, or run with --standby-preload none")
 
 # A module that configures torch through the environment before importing it.
 OMP_PROBE = PROBE_HEAD + '''\
@@ -112,15 +121,21 @@ def _same_view(warm: dict, fresh: dict, warm_out: Path, fresh_out: Path) -> None
 
 
 def test_standby_preload_imports_more_modules_ahead(tmp_path):
-    # --standby-preload wave (a module nothing else imports), and one that does not exist: reported on the
-    # rank's output, and the job runs on. Both the first ranks and the restarted ones start with wave loaded.
+    # --standby-preload wave (a module nothing else imports), torch._dynamo, and one that does not exist:
+    # reported on the rank's output, and the job runs on. Modules the user names are imported by every
+    # standby: both the first ranks and the restarted ones start with them loaded. Rank 1 sets
+    # TORCHDYNAMO_VERBOSE after `import torch` (twice): one warning per round on its stderr, none for rank 0's
+    # unrelated variable.
     (tmp_path / "probe.py").write_text(TRAIN_PROBE)
     out, _logs, stderr = _launch(tmp_path, "preload", ["--max-restarts", "1", "--standby-preload",
-                                                       "wave,no_such_module_mbr"], crash=True)
+                                                       "wave,torch._dynamo,no_such_module_mbr"], crash=True)
     records = _records(out)
     assert sorted(records) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
-    assert all(r["wave_at_torch"] and r["torch_preloaded"] for r in records.values()), records
+    assert all(r["wave_at_torch"] and r["torch_preloaded"] and r["dynamo_at_torch"] for r in records.values()), \
+        records
     assert "could not preload no_such_module_mbr (ModuleNotFoundError" in stderr
+    assert [line for line in stderr.splitlines() if "TORCHDYNAMO_VERBOSE" in line] == [DYNAMO_WARNING] * 2, stderr
+    assert "PROBE_UNRELATED" not in stderr
 
 
 def _can_lower_priority() -> bool:
@@ -146,8 +161,9 @@ def test_a_replacement_warming_at_low_priority_is_taken_at_once_with_its_priorit
 
 def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tmp_path):
     (tmp_path / "probe.py").write_text(TRAIN_PROBE)
-    warm_out, warm_logs, _ = _launch(tmp_path, "warm", ["--max-restarts", "1", "--standby", "torch"], crash=True)
-    fresh_out, fresh_logs, _ = _launch(tmp_path, "fresh", ["--max-restarts", "1", "--standby", "off"])
+    warm_out, warm_logs, warm_err = _launch(tmp_path, "warm", ["--max-restarts", "1", "--standby", "torch"],
+                                            crash=True)
+    fresh_out, fresh_logs, fresh_err = _launch(tmp_path, "fresh", ["--max-restarts", "1", "--standby", "off"])
 
     warm, fresh = _records(warm_out), _records(fresh_out)
     assert sorted(warm) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
@@ -160,6 +176,13 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
     for rank in ("0", "1"):
         assert warm[(rank, 1)]["created"] < killed - 0.05, (warm[(rank, 1)]["created"], killed)
     assert all(r["torch_preloaded"] for r in warm.values())
+    # The default list (torch._dynamo): in the first round only with 4+ cores per rank; a replacement has it
+    # if it began it before its assignment. A rank that had it and set TORCHDYNAMO_VERBOSE is warned, once.
+    if not roomy(2):
+        assert not any(warm[(r, 0)]["dynamo_at_torch"] for r in ("0", "1"))
+    warned = [line for line in warm_err.splitlines() if "TORCHDYNAMO_VERBOSE" in line]
+    assert warned == [DYNAMO_WARNING] * sum(warm[("1", k)]["dynamo_at_torch"] for k in (0, 1)), warm_err
+    assert "PROBE_UNRELATED" not in warm_err
 
     # Each rank's environment is the round's: its rank, the round's MASTER_PORT, the restart count.
     ports = {e["round"]: e["master_port"] for e in events if e["event"] == "rendezvous"}
@@ -174,7 +197,8 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
 
     # --standby off: fresh processes, torch not imported before the script's first line.
     assert [e["standby"] for e in _events(fresh_logs) if e["event"] == "worker_start"] == [False, False]
-    assert not any(r["torch_preloaded"] for r in fresh.values())
+    assert not any(r["torch_preloaded"] or r["dynamo_preloaded"] for r in fresh.values())
+    assert "TORCHDYNAMO_VERBOSE" not in fresh_err  # a fresh process reads it when it imports dynamo itself
     for rank in ("0", "1"):
         _same_view(warm[(rank, 0)], fresh[(rank, 0)], warm_out, fresh_out)
         assert warm[(rank, 0)]["argv"][0] == str(tmp_path / "probe.py")
@@ -195,7 +219,9 @@ def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
     out.mkdir()
     direct_out.mkdir()
     logs = tmp_path / "logs"
+    # At torch, also --standby-preload none: nothing beyond the level (not torch._dynamo, the default).
     res = run_launcher(["--standalone", "--nproc-per-node", "2", "--log-dir", str(logs), "--standby", level,
+                        *(["--standby-preload", "none"] if level == "torch" else []),
                         "-m", "probes.omp", "--out", str(out)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
     assert all(e["standby"] for e in _events(logs) if e["event"] == "worker_start")
@@ -207,7 +233,7 @@ def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
     for (rank, _), record in _records(out).items():
         # What a fresh import picks (3, or fewer on a machine with fewer physical cores: MKL caps it)
         assert record["threads"] == fresh["threads"] > 1, (level, record["threads"], fresh["threads"])
-        assert record["torch_preloaded"] is (level == "torch")
+        assert record["torch_preloaded"] is (level == "torch") and record["dynamo_preloaded"] is False
         assert record["name"] == fresh["name"] == "__main__"
         assert record["argv"] == fresh["argv"] == [str(pkg / "omp.py"), "--out", str(out)]
         assert record["path"] == fresh["path"] and record["path"][0] == str(tmp_path)
@@ -298,6 +324,49 @@ def test_a_mismatched_environment_falls_back_to_a_fresh_process(tmp_path):
     assert out == b"hello\n" and worker.proc.returncode == 0
     os.close(worker.pidfd)
     pool.close()
+
+
+DEFAULT_PRELOAD_PROBE = """\
+import os, sys
+print("dynamo preloaded:", "torch._dynamo" in sys.modules, flush=True)
+import torch
+os.environ["PROBE_UNRELATED"] = "1"
+for value in ("1", "2"):
+    os.environ["TORCHDYNAMO_VERBOSE"] = value
+"""
+
+
+def test_the_default_preload_is_quiet_and_a_warm_standby_warns_about_dynamos_variables(tmp_path):
+    """The default list as the launcher passes it (optional: a module that cannot be imported is skipped without
+    a word), in a real standby of level torch: once warm, its script starts with torch._dynamo imported, and
+    setting TORCHDYNAMO_VERBOSE after `import torch` gets one warning line; the unrelated variable none."""
+    from mbr_launch.contract import DEFAULT_PRELOAD
+    from mbr_launch.workers.process import WorkerSpec
+    from mbr_launch.workers.standby import StandbyPool
+
+    script = tmp_path / "dynamo_probe.py"
+    script.write_text(DEFAULT_PRELOAD_PROBE)
+    argv = [sys.executable, "-u", "-m", "mbr_launch.shim.boot", str(script)]
+    env = {**launcher_env(), "LOCAL_RANK": "0", "OMP_NUM_THREADS": "1"}
+    pool = StandbyPool(level="torch", prepare=lambda _lr: (argv, dict(env)), optional=True,
+                       preload=("no_such_module_mbr", *DEFAULT_PRELOAD["torch"]))
+    try:
+        # A replacement's way (lowest priority, no hold-off on a loaded host), as the agent promotes it.
+        pool.fill([0], background=True)
+        deadline = time.monotonic() + 90
+        while pool.state(pool._ready[0]) != "warm":
+            assert time.monotonic() < deadline, "the standby did not warm up in 90 s"
+            pool.promote()
+            time.sleep(0.1)
+        worker = pool.take(WorkerSpec(local_rank=0, rank=0, argv=argv, env=dict(env), stdout=subprocess.PIPE,
+                                      stderr=subprocess.PIPE))
+        assert worker is not None
+        out, err = worker.proc.communicate(timeout=60)
+        os.close(worker.pidfd)
+    finally:
+        pool.close()
+    assert (out.decode(), worker.proc.returncode) == ("dynamo preloaded: True\n", 0), err
+    assert err.decode().splitlines() == [DYNAMO_WARNING[len("[rank1]:"):]], err  # no_such_module_mbr: quiet
 
 
 @pytest.mark.skipif(not os.path.exists("/dev/nvidia0"), reason="needs a GPU")
@@ -393,8 +462,6 @@ def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
 def test_a_standby_whose_priority_cannot_be_given_back_is_not_used(monkeypatch):
     """The host-wide limit on unprivileged autogroup writes refuses the promotion: the rank starts fresh
     instead of running at the lowest priority, and the standby is killed."""
-    from types import SimpleNamespace
-
     from mbr_launch.workers import standby as standbys
     from mbr_launch.workers.process import WorkerSpec, spawn
 

@@ -22,7 +22,7 @@ from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, 
                                      parse_seconds_env, parse_std)
 from mbr_launch.config.settings import FAULT, SETTINGS, Resolved
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
-from mbr_launch.contract import BOOT_MODULE
+from mbr_launch.contract import BOOT_MODULE, DEFAULT_PRELOAD
 from mbr_launch.decide.policy import RestartPolicy
 
 C10D_PORT = 29400  # torchrun's default for a c10d endpoint without a port
@@ -196,7 +196,8 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         shutdown_timeout = parse_seconds_env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT",
                                              environ.get("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", "30"))
     ranks_filter = parse_ranks_filter(v["local_ranks_filter"])
-    if v["standby_preload"] and v["standby"] == "off":
+    preload = v["standby_preload"]  # None: not given, the level's default list
+    if preload and v["standby"] == "off":
         raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
     if v["logs_specs"] is not None:
         raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
@@ -233,7 +234,8 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             signals=v["preempt_signals"], forward_signal=v["preempt_forward_signal"],
             grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),
             requeue=v["requeue_on_preemption"], max_requeues=v["max_requeues"]),
-        standby=StandbySpec(level=v["standby"], preload=tuple(v["standby_preload"])),
+        standby=StandbySpec(level=v["standby"], preload=DEFAULT_PRELOAD.get(v["standby"], ()) if preload is None
+                            else tuple(preload), preload_default=preload is None),
         telemetry=TelemetrySpec(
             autobeat=v["autobeat"] == "on", initial_step_timeout=v["initial_step_timeout"],
             step_timeout=v["step_timeout"], straggler_threshold=v["straggler_threshold"],

@@ -143,6 +143,9 @@ class PreemptionSpec:
 class StandbySpec:
     level: StandbyLevel
     preload: tuple[str, ...]  # modules each standby imports ahead of time
+    # ``preload`` is the level's default list (contract.DEFAULT_PRELOAD), not the user's: a module that cannot
+    # be imported there (no torch._dynamo in an old torch) is skipped without a word.
+    preload_default: bool = False
 
 
 @dataclass(frozen=True)

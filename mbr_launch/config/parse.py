@@ -199,11 +199,15 @@ def comma_list(value: Any) -> tuple[str, ...]:
 
 
 def module_list(name: str) -> Parser:
-    """Comma-separated dotted module names (``torch._dynamo,megatron.core``)."""
+    """Comma-separated dotted module names (``torch._dynamo,megatron.core``); ``none`` or nothing: none."""
 
     def parse(value: Any) -> tuple[str, ...]:
         parts = [str(v).strip() for v in value] if isinstance(value, (list, tuple)) \
             else [p.strip() for p in str(value).split(",") if p.strip()]
+        if parts == ["none"]:
+            return ()
+        if "none" in parts:
+            raise _fail(name, value, "none stands alone (it means no module); drop it or the module names")
         for part in parts:
             if not all(piece.isidentifier() for piece in part.split(".")):
                 raise _fail(name, value, f"{part!r} is not a module name like torch._dynamo")

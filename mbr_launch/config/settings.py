@@ -174,11 +174,15 @@ SETTINGS: tuple[Setting, ...] = (
                  "`import torch`, no CUDA (env vars a script sets before its own `import torch` come too late, "
                  "except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: also a CUDA "
                  "context on device LOCAL_RANK; off: fresh processes only."),
-    Setting(name="standby_preload", flags=("--standby-preload",), kind=str, default=(), panel=FAULT,
+    Setting(name="standby_preload", flags=("--standby-preload",), kind=str, default=None, panel=FAULT,
             parse=module_list("--standby-preload"), metavar="MODULES",
-            help="Modules each standby also imports ahead of time (comma-separated), e.g. torch._dynamo, "
-                 "which DistributedDataParallel and torch.compile import on first use (about 1.5 s), or "
-                 "megatron.core. Their import-time environment variables are the standby's, as with torch."),
+            help="Modules each standby also imports ahead of time (comma-separated; none: nothing beyond the "
+                 "--standby level), e.g. megatron.core. Default: torch._dynamo at --standby torch and cuda, "
+                 "which DistributedDataParallel and torch.compile import on first use (about 1.5 s of each "
+                 "restart), imported only where it delays no rank (replacement standbys; the first round's "
+                 "with 4+ cores per local rank). Variables these modules read at import (TORCHDYNAMO_*, "
+                 "TORCHINDUCTOR_*...) come from the launch environment: a rank whose script sets one later is "
+                 "warned on its stderr; set it before launching, or use none."),
     # -- restart policy --
     Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY, common=True,
             parse=choice("--restart-scope", ("job", "node", "rank")), choices=("job", "node", "rank"),

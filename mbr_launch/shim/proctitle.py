@@ -13,7 +13,6 @@ arguments. Best effort: where /proc or prctl are not there, the standby keeps th
 from __future__ import annotations
 
 import ctypes
-import os
 from dataclasses import dataclass
 
 COMM = b"mbr-standby"  # at most 15 bytes: the kernel's thread name

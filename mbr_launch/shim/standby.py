@@ -30,6 +30,22 @@ What each ``--standby`` level pre-initialises before the script's first line:
   ``CUDA_VISIBLE_DEVICES`` or other ``CUDA_*`` variables before ``import torch`` is warned that they had no
   effect. Each GPU then holds a second context (the standby's) while its rank runs.
 
+``--standby-preload`` modules are imported after the level's own preloading, under the same hold-off on an
+oversubscribed host (a script assigned meanwhile waits for them where it waits for torch, see above). Default: ``torch._dynamo`` at ``torch`` and ``cuda``
+(nothing at ``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and
+``torch.compile`` import on first use (about 1.5 s of every restart on 2 cores). The default list never
+delays a rank: it is skipped without a word where torch has none, not begun once the assignment has come
+(the script imports it itself if it needs it), and imported by the first round's standbys only where there
+are at least 4 cores per local rank (``workers.standby.roomy``; on fewer, the replacements import it: two
+more such imports while the launcher itself starts would slow the first round). torch._dynamo reads about 280
+variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's,
+TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload
+records which ones it read and with what value (``envwatch``); a rank whose environment has another value at
+the hand-over, or whose script later sets or deletes one of them to another value, gets one warning line on
+its stderr per variable, naming it and the module. Set such variables in the launch environment, or use
+``--standby-preload none`` (a module the user names that fails to import is reported; the script then
+imports it itself).
+
 The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` with
 ``--virtual-local-rank``, ``MBR_*``) are in the standby's environment from the start, so they are right at
 every level. Use ``--standby interpreter`` (or ``off``) for scripts that configure torch through the
@@ -50,8 +66,9 @@ import warnings
 from pathlib import Path
 from typing import Mapping, Sequence
 
-from mbr_launch.contract import (STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel,
-                                 preemption_signals)
+from mbr_launch.contract import (OPTIONAL_PRELOAD, STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment,
+                                 StandbyChannel, preemption_signals)
+from mbr_launch.shim import envwatch, handover
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
 # per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
@@ -73,6 +90,8 @@ def serve() -> None:
     own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
     channel, level, delay, status, background = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
+    reads: envwatch.Reads = {}  # what the modules' imports read from the environment, and wrote to it
+    written: dict[str, str | None] = {}
     startup_env = dict(os.environ)  # boot has already ignored its preemption signals
     from mbr_launch.shim.proctitle import retitle  # only standbys need it
 
@@ -87,17 +106,19 @@ def serve() -> None:
     early = not background and delay > 0 and bool(select.select([channel], [], [], delay)[0])
     while not early and not background and _saturated():
         early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
-    preloading = None
+    preloading, assigned, adoption = None, threading.Event(), handover.Adoption(reads, written)
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
         # before the rest of the preload (which the script would do anyway) runs. The thread owns ``status``
         # from here on (it says "warm" on it, then closes it). Not a daemon: an exit during the preload waits
         # for it (a daemon thread stopped inside torch's C++ initialisation can abort the exit).
-        preloading = threading.Thread(target=_prepare, args=(level, modules, status), name="standby-preload")
+        preloading = threading.Thread(target=_prepare, name="standby-preload",
+                                      args=(level, modules, status, reads, written, assigned, background, adoption))
         preloading.start()
     elif status >= 0:
         os.close(status)
     message = _read_message(channel)
+    assigned.set()
     if title is not None:
         title.restore()
     if not message:
@@ -109,7 +130,7 @@ def serve() -> None:
     assignment = Assignment.decode(message)
     for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
-    _replace_environ(assignment.env)
+    handover.replace_environ(assignment.env)
     if assignment.cwd != os.getcwd():
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
@@ -118,41 +139,31 @@ def serve() -> None:
         # torch (or imports it late) is not held up by an import it does not need (32 agents on 2 cores: 32
         # replacements importing torch at once kept every restarted script waiting 50 s); one that imports
         # it waits at that import for the rest of the preload (below), no longer than a fresh process would.
-        _finish_preload_when_needed(preloading)
+        handover.finish_preload_when_needed(preloading)
+    else:
+        adoption.preload_done()
+    # Now that the environment is the rank's, the script's writes are watched (``envwatch``); with a preload
+    # still under way, once it is done (its imports record what they read until then).
+    adoption.environment_ready()
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, level, preloading)
 
 
-def _prepare(level: str, modules: Sequence[str], status: int) -> None:
+def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
+             written: dict[str, str | None], assigned: threading.Event, background: bool,
+             adoption: handover.Adoption) -> None:
     try:
         _preload(level)
-        _preload_modules(modules)
+        # The hold-off applies to the extra modules too (torch._dynamo is as much CPU again as torch): the host
+        # may have become oversubscribed while torch was imported. A replacement at the lowest priority goes on.
+        while modules and not background and _saturated() and not assigned.wait(SATURATION_RECHECK):
+            pass
+        _preload_modules(modules, reads, written, assigned)
         _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
     finally:
         if status >= 0:
             os.close(status)
-
-
-def _replace_environ(env: Mapping[str, str]) -> None:
-    """``os.environ`` becomes ``env`` exactly. Changed and new keys first, then the removed ones: a preload
-    still running in its thread never sees an empty environment in between (``clear()`` then ``update()``
-    would show it one)."""
-    for key, value in env.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
-    for key in [k for k in os.environ if k not in env]:
-        del os.environ[key]
-
-
-def _finish_preload_when_needed(preloading: threading.Thread) -> None:
-    """The script runs while the preload finishes. It waits for the preload where sharing the process with it
-    would not be safe: before a fork (a child would inherit import locks held by the preload thread) and at
-    its first ``import torch`` (``_watch_torch_import``); an exit waits for the thread (not a daemon)."""
-    def before_fork() -> None:
-        if threading.current_thread() is not preloading:
-            preloading.join()
-
-    os.register_at_fork(before=before_fork)
+        adoption.preload_done()
 
 
 def _adopt_device(level: str) -> None:
@@ -204,16 +215,26 @@ def _running_now() -> int:
     return 0
 
 
-def _preload_modules(modules: Sequence[str]) -> None:
-    """--standby-preload: a module that fails to import is left for the script to meet on its own import."""
+def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dict[str, str | None],
+                     assigned: threading.Event) -> None:
+    """--standby-preload: a module that fails to import is left for the script to meet on its own import
+    (reported, unless it comes from the default list: ``OPTIONAL_PRELOAD`` ahead of its name). The
+    environment variables each import reads are recorded (``envwatch``). A module of the default list is not
+    begun once the assignment has come: the script imports it itself if it needs it, as a fresh process
+    would, instead of waiting for a module it may never import. Modules the user named are always imported."""
     import importlib
 
-    for name in modules:
+    for entry in modules:
+        name = entry.removeprefix(OPTIONAL_PRELOAD)
+        if name != entry and assigned.is_set():
+            continue
         try:
-            importlib.import_module(name)
+            with envwatch.recording(reads, written, name):
+                importlib.import_module(name)
         except Exception as err:  # noqa: BLE001 - reported, then the script decides
-            print(f"mbr-launch: warm standby: could not preload {name} ({type(err).__name__}: {err}); the script "
-                  "will import it itself", file=sys.stderr, flush=True)
+            if name == entry:
+                print(f"mbr-launch: warm standby: could not preload {name} ({type(err).__name__}: {err}); the "
+                      "script will import it itself", file=sys.stderr, flush=True)
 
 
 # The one warning the preload silences, and only while it runs (see _preload).
@@ -326,8 +347,9 @@ def _physical_cores() -> int:
 
 
 def _reconcile(startup_env: Mapping[str, str], level: str) -> None:
-    changed = sorted(k for k in set(startup_env) | set(os.environ)
-                     if startup_env.get(k) != os.environ.get(k) and _read_at_import(k, level))
+    changed = sorted(k for k in set(startup_env) | set(os.environ)  # envwatch has reported some already
+                     if startup_env.get(k) != os.environ.get(k) and _read_at_import(k, level)
+                     and k not in envwatch.reported)
     threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
     if any(k in changed for k in threads):
         count = _fresh_thread_count()

@@ -40,8 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
-from mbr_launch.contract import (STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS, STANDBY_PRELOAD_ENV,
-                                 STANDBY_WARM, Assignment, StandbyChannel)
+from mbr_launch.contract import (OPTIONAL_PRELOAD, STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS,
+                                 STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel)
 from mbr_launch.workers import flightrec
 
 if TYPE_CHECKING:
@@ -91,9 +91,17 @@ def _set_priority(pid: int, nice: int, *, patience: float = 0.3) -> bool:
             time.sleep(0.01)
 
 
-def replenish_delay(local_world_size: int, cpus: int | None = None) -> float:
+def roomy(local_world_size: int, cpus: int | None = None) -> bool:
+    """At least 4 cores per local rank: replacements need not wait long, and the first round's standbys import
+    the default preload list (torch._dynamo) too. On fewer cores they leave it to the replacements: more
+    imports as heavy as torch's while the launcher itself starts would delay the first round, and a script
+    that never imports torch._dynamo would wait for it. Modules the user names are imported by every standby."""
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
-    return REPLENISH_DELAY if cpus >= 4 * max(1, local_world_size) else REPLENISH_DELAY_FEW_CORES
+    return cpus >= 4 * max(1, local_world_size)
+
+
+def replenish_delay(local_world_size: int, cpus: int | None = None) -> float:
+    return REPLENISH_DELAY if roomy(local_world_size, cpus) else REPLENISH_DELAY_FEW_CORES
 
 
 # The worker variables that change from round to round: a standby starts without them and gets them with
@@ -147,8 +155,8 @@ def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool 
     if level == "off" or not cfg.workers.use_boot:
         return None
     pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank),
-                       preload=cfg.standby.preload)
-    pool.fill(range(cfg.workers.nproc_per_node))
+                       preload=cfg.standby.preload, optional=cfg.standby.preload_default)
+    pool.fill(range(cfg.workers.nproc_per_node), extras=roomy(cfg.workers.nproc_per_node))
     return pool
 
 
@@ -170,29 +178,33 @@ class StandbyPool:
     parent-death signal belongs to the thread that spawned)."""
 
     def __init__(self, *, level: str, prepare: Callable[[int], "tuple[Sequence[str], dict[str, str]] | None"],
-                 cwd: str | None = None, preload: Sequence[str] = ()) -> None:
+                 cwd: str | None = None, preload: Sequence[str] = (), optional: bool = False) -> None:
         if level not in LEVELS[1:]:
             raise ValueError(f"standby level {level!r}: choose one of {', '.join(LEVELS[1:])}")
         self.level = level
         self.preload = tuple(preload)  # modules imported after the level's own preloading
+        self.optional = optional  # the default list: a module that cannot be imported is skipped quietly
         self.prepare = prepare  # local rank -> (worker argv, standby environment); None: cannot tell yet
         self.cwd = cwd or os.getcwd()
         self._ready: dict[int, Standby] = {}
         self.last_miss: str | None = None  # why the latest take() found no usable standby
 
-    def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0, background: bool = False) -> None:
+    def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0, background: bool = False,
+             extras: bool = True) -> None:
         """Start a standby for each of ``local_ranks`` that has none. ``background``: a replacement, which
         preloads at once at the lowest CPU priority (or after ``delay`` where it cannot lower it) and is taken
-        only once warm: a rank never waits for a standby that is behind a fresh process."""
+        only once warm: a rank never waits for a standby that is behind a fresh process. ``extras``: it also
+        imports ``preload`` where that is the default list (``optional``; see ``roomy``)."""
         for local_rank in local_ranks:
             if local_rank in self._ready:
                 continue
             prepared = self.prepare(local_rank)
             if prepared is not None:
-                self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay, background=background)
+                self._ready[local_rank] = self._start(local_rank, *prepared, delay=delay, background=background,
+                                                      extras=extras)
 
     def _start(self, local_rank: int, argv: Sequence[str], env: dict[str, str], *, delay: float,
-               background: bool = False) -> Standby:
+               background: bool = False, extras: bool = True) -> Standby:
         from mbr_launch.workers.process import WorkerSpec, spawn
 
         background = background and autogroup_enabled()
@@ -205,10 +217,12 @@ class StandbyPool:
         except OSError:
             pass
         os.set_blocking(write_end, False)
+        wanted = extras or not self.optional
+        preload = ",".join(OPTIONAL_PRELOAD * self.optional + m for m in self.preload) if wanted else ""
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
                           env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay, status_write,
                                                                           background).encode(),
-                               **({STANDBY_PRELOAD_ENV: ",".join(self.preload)} if self.preload else {})},
+                               STANDBY_PRELOAD_ENV: preload},  # always: it hides the launch environment's
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
             process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
