@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import datetime
 import time
-from dataclasses import dataclass
 
 import pytest
 from torch.distributed import PrefixStore, TCPStore
@@ -14,23 +13,12 @@ from torch.distributed import PrefixStore, TCPStore
 from mbr_launch.cluster import connections
 from mbr_launch.cluster.connections import ClientPool
 from mbr_launch.cluster.peers import PeerWatch
-from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import STOP_KEY, StopWatcher
 
 from .helpers import free_port
+from .test_peers import _Round  # the fields the watchers read, and Round's own connect_control
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@dataclass
-class _Round:
-    store_port: int
-    store_host: str = "127.0.0.1"
-    control_prefix: str = "test/pool/"
-    group_rank: int = 1
-    group_world_size: int = 2
-    index: int = 0
-    connect_control = Round.connect_control
 
 
 def _host(port: int) -> TCPStore:
@@ -63,7 +51,7 @@ def test_the_next_rounds_watchers_reuse_the_connections_and_a_dead_stores_are_dr
     pool = ClientPool()
     monkeypatch.setattr(connections, "POOL", pool)
     port = free_port()
-    host = _host(port)
+    hosts = [_host(port)]  # a list, so that the store can be dropped while the helper below refers to it
     rnd = _Round(store_port=port)
     seen: list[bytes] = []
 
@@ -73,7 +61,7 @@ def test_the_next_rounds_watchers_reuse_the_connections_and_a_dead_stores_are_dr
         stop.start()
         peers.start()
         if key_value:  # a peer's stop message ends the stop watcher with its value
-            PrefixStore(rnd.control_prefix, host).set(STOP_KEY, "bye")
+            PrefixStore(rnd.control_prefix, hosts[0]).set(STOP_KEY, "bye")
             _until(lambda: seen == [b"bye"])
         time.sleep(0.3)
         stop.cancel()
@@ -87,6 +75,6 @@ def test_the_next_rounds_watchers_reuse_the_connections_and_a_dead_stores_are_dr
     kept = list(pool._idle[("127.0.0.1", port)])
     one_round(key_value=True)
     assert sorted(map(id, pool._idle[("127.0.0.1", port)])) == sorted(map(id, kept))  # the same two, no new one
-    del host  # the store goes away: a watcher that meets it broken does not give its connection back
+    hosts.clear()  # the store goes away: a watcher that meets it broken does not give its connection back
     one_round(key_value=False)
     assert pool.idle("127.0.0.1", port) == 0

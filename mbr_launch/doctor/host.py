@@ -35,6 +35,15 @@ def _endpoint(ctx: DoctorContext) -> tuple[str, int] | None:
     return None
 
 
+def _endpoint_or_skip(ctx: DoctorContext, without: str) -> tuple[str, int] | Finding:
+    """The store's (host, port), or the skip of a check that needs one (``without``: when there is none)."""
+    try:
+        ep = _endpoint(ctx)
+    except ValueError:
+        return skip("endpoint invalid (see rdzv.endpoint)")
+    return skip(without) if ep is None else ep
+
+
 @check("rdzv.endpoint", "rendezvous endpoint resolvable and reachable")
 def endpoint(ctx: DoctorContext) -> Finding:
     if ctx.standalone:
@@ -63,12 +72,9 @@ def endpoint(ctx: DoctorContext) -> Finding:
 
 @check("rdzv.port", "rendezvous port free on the hosting node")
 def port(ctx: DoctorContext) -> Finding:
-    try:
-        ep = _endpoint(ctx)
-    except ValueError:
-        return skip("endpoint invalid (see rdzv.endpoint)")
-    if ep is None:
-        return skip("no fixed rendezvous port (standalone or single node)")
+    ep = _endpoint_or_skip(ctx, "no fixed rendezvous port (standalone or single node)")
+    if isinstance(ep, Finding):
+        return ep
     host, p = ep
     if not is_local_host(ctx, host):
         return skip(f"the store is hosted by {host}, not this node")
@@ -89,12 +95,9 @@ def reverse_dns(ctx: DoctorContext) -> Finding:
     """torch names both ends of every new c10d socket by reverse DNS, the store host's server thread included
     (pytorch#159007): where that lookup waits for a resolver timeout, every connection stalls the whole store
     for every node (seen here: 5 s stalls with 32 agents on one host, in the launch and in restarts)."""
-    try:
-        ep = _endpoint(ctx)
-    except ValueError:
-        return skip("endpoint invalid (see rdzv.endpoint)")
-    if ep is None:
-        return skip("single node: no store connections between nodes")
+    ep = _endpoint_or_skip(ctx, "single node: no store connections between nodes")
+    if isinstance(ep, Finding):
+        return ep
     resolved = ctx.resolve(ep[0])
     # A dual-stack server sees an IPv4 client as ::ffff:a.b.c.d, a name /etc/hosts rarely has.
     candidates = [form for a in resolved for form in ((a, f"::ffff:{a}") if ":" not in a else (a,))]
