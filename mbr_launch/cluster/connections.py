@@ -16,7 +16,7 @@ import threading
 from typing import Any
 
 # Idle connections kept per store: a round's watchers plus the previous round's, still finishing their last
-# one-second wait when the next round's start.
+# one-second wait when the next round's watchers start.
 KEEP = 8
 
 

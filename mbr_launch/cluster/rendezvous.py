@@ -104,6 +104,7 @@ class Rendezvous:
         self._cfg = cfg
         self._handler: RendezvousHandler | None = None
         self._state_reader: JoinCounter | None = None  # the main thread's own reader of torch's state
+        self._waiting_reader: JoinCounter | None = None  # the peer watch's, on a connection of its own
         self._joined = 0
         self._control: TCPStore | None = None  # our own client, for job-level keys
 
@@ -284,8 +285,8 @@ class Rendezvous:
         out. Only when that read fails does this fall back to the handler's own state."""
         if self._state_reader is None:
             self._state_reader = JoinCounter(lambda: self._handler, shared=True)
-        state = self._state_reader.read()
-        if state is not None and self._handler is not None:
+        state = self._state_reader.read()  # None also while there is no handler yet
+        if state is not None:
             return state.outside
         handler = self.handler
         try:
@@ -304,8 +305,12 @@ class Rendezvous:
 
     def waiting_counter(self) -> Callable[[], int]:
         """``num_nodes_waiting`` for another thread (the peer watch): its own store connection, and without
-        the handler's heartbeat lock (see ``spare_count``); the handler's count when that read fails."""
-        reader = JoinCounter(lambda: self._handler)
+        the handler's heartbeat lock (see ``spare_count``); the handler's count when that read fails. The
+        reader and its connection are made once and serve every round's peer watch (one at a time): a new
+        connection every round is what ``cluster.connections`` avoids."""
+        if self._waiting_reader is None:
+            self._waiting_reader = JoinCounter(lambda: self._handler)
+        reader = self._waiting_reader
 
         def count() -> int:
             state = reader.read()

@@ -31,8 +31,8 @@ What each ``--standby`` level pre-initialises before the script's first line:
   effect. Each GPU then holds a second context (the standby's) while its rank runs.
 
 ``--standby-preload`` modules are imported after the level's own preloading, under the same hold-off on an
-oversubscribed host (a script assigned meanwhile waits for them where it waits for torch, see above). Default: ``torch._dynamo`` at ``torch`` and ``cuda``
-(nothing at ``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and
+oversubscribed host (a script assigned meanwhile waits for them where it waits for torch, see above).
+Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (nothing at ``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and
 ``torch.compile`` import on first use (about 1.5 s of every restart on 2 cores). The default list never
 delays a rank: it is skipped without a word where torch has none, not begun once the assignment has come
 (the script imports it itself if it needs it), and imported by the first round's standbys only where there
