@@ -8,10 +8,11 @@ import gc
 import os
 import socket
 
+import psutil
 import pytest
 from torch.distributed import TCPStore
 
-from mbr_launch.cluster import workerstore
+from mbr_launch.cluster import listen, workerstore
 from tests.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,8 +25,9 @@ def _client(host: str, port: int) -> TCPStore:
 def test_the_socket_accepts_connections_before_anyone_accepts_them():
     # What the store's own client needs inside torch's constructor: the kernel completes the connection
     # from the backlog, whether or not the server thread has started.
+    # A master address with IPv6 gets a dual-stack socket: both families connect.
     port = free_port()
-    fd = workerstore._listening_fd(port)
+    fd = listen.listening_fd(port, "::1")
     assert fd is not None
     try:
         for family, host in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
@@ -43,7 +45,7 @@ def test_served_store_is_reachable_and_releases_port_and_descriptor():
     gc.collect()
     port = free_port()
     fds = len(os.listdir("/proc/self/fd"))
-    served = workerstore.serve("localhost", port)
+    served = workerstore.serve("::1", port)  # dual-stack: reachable both ways
     assert served is not None
     for host in ("localhost", "127.0.0.1", "::1"):  # before the store is made too: the kernel queues them
         client = _client(host, port)
@@ -56,6 +58,20 @@ def test_served_store_is_reachable_and_releases_port_and_descriptor():
         again.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         again.bind(("::", port))
     assert len(os.listdir("/proc/self/fd")) == fds
+
+
+def test_an_ipv4_master_address_is_served_on_ipv4():
+    # Ranks appear to the store's server thread as 127.0.0.1 (in /etc/hosts), not ::ffff:127.0.0.1 (a DNS
+    # query each, in the thread that serves every rank: ``cluster.listen``).
+    port = free_port()
+    served = workerstore.serve("127.0.0.1", port)
+    assert served is not None and served.ready(30)
+    client = _client("127.0.0.1", port)
+    client.set("k", "v")
+    assert served.store.get("k") == b"v"
+    peers = [c for c in psutil.Process().net_connections("tcp")
+             if c.status == psutil.CONN_ESTABLISHED and c.laddr.port == port]
+    assert peers and all(c.family == socket.AF_INET and c.raddr.ip == "127.0.0.1" for c in peers)
 
 
 def test_a_port_held_by_another_listener_gives_none():

@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import connections, contention, fastround, layout, shrink
+from mbr_launch.cluster import connections, contention, fastround, layout, rdzvstore, shrink
 from mbr_launch.cluster.joining import JoinCounter
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
@@ -130,7 +130,8 @@ class Rendezvous:
         )
         _disable_shared_store()
         try:
-            handler = get_rendezvous_handler(params)
+            handler = (rdzvstore.create_handler(params) if rdzv.backend == "c10d" else None) \
+                or get_rendezvous_handler(params)
         except Exception as err:  # torch raises many types here; all mean "cannot start"
             raise RendezvousFailed(f"cannot set up the {rdzv.backend} rendezvous at "
                                    f"{rdzv.endpoint or '(none)'}: {err}") from err

@@ -8,18 +8,20 @@ rendezvous store, which outlives rounds and breaks restarts (pytorch#135712). He
 empty store for every round before it starts the workers (``TORCHELASTIC_USE_AGENT_STORE=True``: every rank
 is a client), and drops it when the next round begins: no key of an earlier round can be read.
 
-The listening socket is ours, bound and listening before torch's server gets it (``master_listen_fd``), and
-torch's constructor runs in a thread (``ServedStore``): ranks that connect before it is done wait in the
-kernel's queue, not in torch's connect back-off.
+The listening socket is ours, bound and listening before torch's server gets it (``master_listen_fd``; IPv4
+when the master address is IPv4 only, ``cluster.listen`` says why), and torch's constructor runs in a thread
+(``ServedStore``): ranks that connect before it is done wait in the kernel's queue, not in torch's connect
+back-off.
 """
 
 from __future__ import annotations
 
 import datetime
 import os
-import socket
 import threading
 from typing import Any
+
+from mbr_launch.cluster import listen
 
 
 class ServedStore:
@@ -63,31 +65,10 @@ def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:
         return None
-    fd = _listening_fd(port)
+    fd = listen.listening_fd(port, master_addr)
     if fd is None:
         return None
     return ServedStore(master_addr or "localhost", port, fd, datetime.timedelta(seconds=timeout))
-
-
-def _listening_fd(port: int) -> int | None:
-    """A socket listening on ``port`` on every address (IPv6 with IPv4 mapped where there is IPv6, as torch's
-    own server binds), handed over as a bare descriptor: the store owns and closes it from then on."""
-    for family, address in ((socket.AF_INET6, "::"), (socket.AF_INET, "0.0.0.0")):
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((address, port))
-            sock.listen(socket.SOMAXCONN)
-            sock.set_inheritable(False)
-            return sock.detach()
-        except OSError:
-            sock.close()
-    return None
 
 
 def _close(fd: int) -> None:

@@ -1,0 +1,51 @@
+"""Listening sockets for the stores this launcher serves (the rendezvous store, the workers' store).
+
+torch's own store server listens on an IPv6 socket with IPv4 mapped into it, so an IPv4 client appears to it
+as ``::ffff:a.b.c.d``; torch names every accepted peer with a reverse DNS lookup (``formatSockAddr``, done
+in the store's one server thread whatever the log level), and a mapped address never matches /etc/hosts,
+so every accepted connection asks the DNS server. Where that server is slow the whole store stops
+answering: 5 s per connection on this project's 2-core sandbox during a burst of 32 agents (strace: the
+server thread's PTR query for each accepted ``::ffff:127.0.0.1``), which is what made every agent of a
+``--standby off`` 32-agent run give the store up as lost. When the store's host name resolves to IPv4
+addresses only, every client reaches it over IPv4 anyway, so the socket here is a plain IPv4 one: peers then
+appear as ``a.b.c.d``, which /etc/hosts answers at once (``127.0.0.1`` always; cluster nodes where
+/etc/hosts lists them). A name with any IPv6 address keeps torch's dual-stack socket.
+"""
+
+from __future__ import annotations
+
+import socket
+
+
+def family_for(host: str) -> socket.AddressFamily:
+    """The family to listen with for clients that connect to ``host``: IPv4 when every address the name has
+    here is IPv4, else IPv6 with IPv4 mapped (as torch listens). An unresolvable name: dual-stack."""
+    try:
+        infos = socket.getaddrinfo(host or "localhost", None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return socket.AF_INET6
+    families = {info[0] for info in infos}
+    return socket.AF_INET if families == {socket.AF_INET} else socket.AF_INET6
+
+
+def listening_fd(port: int, host: str) -> int | None:
+    """A socket listening on ``port`` on every local address of ``family_for(host)`` (falling back to IPv4
+    where the machine has no IPv6), handed over as a bare descriptor for torch's ``master_listen_fd``: the
+    store owns and closes it from then on. None when the port cannot be bound (someone else listens)."""
+    order = [socket.AF_INET] if family_for(host) == socket.AF_INET else [socket.AF_INET6, socket.AF_INET]
+    for family in order:
+        try:
+            sock = socket.socket(family, socket.SOCK_STREAM)
+        except OSError:
+            continue
+        try:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of a past round is fine
+            if family == socket.AF_INET6:
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
+            sock.listen(socket.SOMAXCONN)
+            sock.set_inheritable(False)
+            return sock.detach()
+        except OSError:
+            sock.close()  # taken (then IPv4 fails too) or no IPv6 on this machine
+    return None

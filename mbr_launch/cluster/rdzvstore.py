@@ -1,0 +1,88 @@
+"""torch's c10d rendezvous handler over a TCPStore whose listening socket is ours.
+
+torch's registry makes the store itself (``c10d_rendezvous_backend._create_tcp_store``): the first agent on
+the endpoint's machine tries to host it and becomes a client when the port is taken. The same rules here,
+with one difference: the host's listening socket comes from ``cluster.listen`` (IPv4 where the endpoint
+is IPv4 only), so the store's server thread does not stop for a DNS lookup of every agent that connects.
+The handler and backend are torch's own (``DynamicRendezvousHandler``, ``C10dRendezvousBackend``),
+unchanged. A ``store_type=file`` rendezvous, or a torch without ``master_listen_fd``, goes through
+torch's registry as before.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from typing import Any
+
+from torch.distributed import TCPStore
+from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
+from torch.distributed.elastic.rendezvous.api import RendezvousHandler
+
+from mbr_launch.cluster import listen
+
+DEFAULT_PORT = 29400  # torch's default for a c10d endpoint without a port
+
+
+def create_handler(params: RendezvousParameters) -> RendezvousHandler | None:
+    """torch's c10d handler for ``params`` over our store; None where torch's registry should make it."""
+    if params.get("store_type", "tcp").strip().lower() != "tcp":
+        return None
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
+
+    store = make_store(params)
+    if store is None:
+        return None
+    return torch_handler(store, C10dRendezvousBackend(store, params.run_id), params)
+
+
+def make_store(params: RendezvousParameters) -> TCPStore | None:
+    """The rendezvous store: served by this process when it is the endpoint's host and the port is free,
+    else a client of whoever serves it. None when this torch cannot take a listening socket."""
+    from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
+
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+    timeout = datetime.timedelta(seconds=_read_timeout(params))
+    forced = params.get_as_bool("is_host")
+    if forced if forced is not None else _is_this_machine(host):
+        fd = listen.listening_fd(port, host)
+        if fd is not None:
+            try:
+                return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout,
+                                master_listen_fd=fd)
+            except TypeError:  # a torch before master_listen_fd: its own registry path
+                _close(fd)
+                return None
+            except (ValueError, RuntimeError, TimeoutError) as err:
+                _close(fd)
+                if forced:
+                    raise RendezvousConnectionError(f"cannot host the rendezvous store on port {port}: {err}")
+        elif forced:
+            raise RendezvousConnectionError(f"cannot host the rendezvous store: port {port} is taken on this "
+                                            "machine (is_host=true)")
+    try:  # another agent on this machine hosts it, or it lives elsewhere
+        return TCPStore(host, port, is_master=False, multi_tenant=True, timeout=timeout)
+    except (ValueError, RuntimeError, TimeoutError) as err:
+        raise RendezvousConnectionError(f"cannot connect to the rendezvous store at {host}:{port}: {err}") from err
+
+
+def _read_timeout(params: RendezvousParameters) -> int:
+    value: Any = params.get_as_int("read_timeout", 60)
+    if value is None or value <= 0:
+        raise ValueError("The read timeout must be a positive integer.")
+    return int(value)
+
+
+def _is_this_machine(host: str) -> bool:
+    # torch's own test (its name, its addresses, loopback), so the same agent hosts as under torchrun
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(host))
+
+
+def _close(fd: int) -> None:
+    try:
+        os.close(fd)
+    except OSError:
+        pass
