@@ -25,7 +25,7 @@ def _never(*args: object) -> bool:
 # Every probe fails the test when called, except that the script exists.
 OFFLINE = HostProbes(device_count=_never, is_local_host=_never, port_taken=_never,  # type: ignore[arg-type]
                      listener_is_launcher=_never, is_file=lambda path: True, is_dir=_never, exists=_never,
-                     program_exists=_never, log_dir_problem=_never)
+                     program_exists=_never, log_dir_problem=_never, stdlib_only_script=lambda path: False)
 
 
 def build(cli: dict, *, environ: dict | None = None, probes: HostProbes = OFFLINE, **kwargs) -> LaunchConfig:
@@ -215,3 +215,14 @@ def test_standby_preload_default_explicit_and_none():
         build({"standby_preload": "none,wave"})
     with pytest.raises(ConfigError, match="--standby-preload needs standbys"):
         build({"standby": "off", "standby_preload": "wave"})
+
+
+def test_the_default_standby_preloads_nothing_for_a_script_of_the_standard_library_only():
+    plain = dataclasses.replace(OFFLINE, stdlib_only_script=lambda path: path == "train.py")
+    spec = build({}, probes=plain).standby
+    assert (spec.level, spec.preload) == ("interpreter", ()) and "standard library" in (spec.why or "")
+    assert build({}).standby.level == "torch" and build({}).standby.why is None  # a script that may need torch
+    # What the user asked for explicitly is kept, and a module run with -m is not read.
+    assert build({"standby": "torch"}, probes=plain).standby.level == "torch"
+    assert build({"standby_preload": "json"}, probes=plain).standby.level == "torch"
+    assert build({"module": True}, probes=plain).standby.level == "torch"

@@ -78,3 +78,18 @@ def test_the_next_rounds_watchers_reuse_the_connections_and_a_dead_stores_are_dr
     hosts.clear()  # the store goes away: a watcher that meets it broken does not give its connection back
     one_round(key_value=False)
     assert pool.idle("127.0.0.1", port) == 0
+
+
+def test_prefill_opens_the_first_rounds_connections_ahead_and_gives_up_quietly_without_a_store():
+    port = free_port()
+    host = _host(port)
+    pool = ClientPool()
+    pool.prefill("127.0.0.1", port, 3).join(30)
+    assert pool.idle("127.0.0.1", port) == 3
+    taken = pool.acquire("127.0.0.1", port, timeout=5)  # one of those, already connected
+    assert pool.idle("127.0.0.1", port) == 2
+    taken.set("k", "v")
+    assert host.get("k") == b"v"
+    nobody = free_port()
+    pool.prefill("127.0.0.1", nobody, 2, timeout=1).join(30)
+    assert pool.idle("127.0.0.1", nobody) == 0

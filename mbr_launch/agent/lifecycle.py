@@ -98,7 +98,8 @@ class Agent:
                  nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
-                        "restart_count": slurm.restart_count} if slurm else None, version=versions())
+                        "restart_count": slurm.restart_count} if slurm else None, version=versions(),
+                 standby={"level": cfg.standby.level, "why": cfg.standby.why})
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
         monitor = self._monitor = MonitorHandle(

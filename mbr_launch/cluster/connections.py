@@ -6,7 +6,10 @@ each agent three connections at the same moment as every other agent, and torch 
 addresses with a reverse DNS lookup (``getnameinfo``), on the store host's server thread as well: where
 reverse DNS is slow (seen here: 5 s timeouts from an overloaded resolver during a burst of 96 connections of
 32 agents), the whole store stalled for every agent. A released connection serves the next round's watcher
-instead, so after the first rounds a restart opens none.
+instead, so after the first rounds a restart opens none. The first round's are opened while the agent waits
+to join (``prefill``): the client side's lookup stalls too (torch names the address it connects to, a mapped
+``::ffff:`` one, which /etc/hosts never answers), and one agent whose stop watcher took 4.4 s to connect
+learned of the first failure 4.4 s after every other agent (32 agents on 2 cores), holding up the restart.
 """
 
 from __future__ import annotations
@@ -33,10 +36,7 @@ class ClientPool:
         if client is not None:
             client.set_timeout(datetime.timedelta(seconds=timeout))
             return client
-        from torch.distributed import TCPStore
-
-        return TCPStore(host, port, is_master=False, wait_for_workers=False,
-                        timeout=datetime.timedelta(seconds=timeout))
+        return _connect(host, port, timeout)
 
     def release(self, client: Any) -> None:
         """Give back a client whose last operation worked (a broken one is dropped by not releasing it)."""
@@ -46,9 +46,30 @@ class ClientPool:
             if len(idle) < KEEP and client not in idle:
                 idle.append(client)
 
+    def prefill(self, host: str, port: int, count: int, timeout: float = 60.0) -> threading.Thread:
+        """Open connections in the background until ``count`` are idle for ``host:port``, for the first
+        round's watchers to take; a failure leaves the rest to ``acquire``."""
+        def fill() -> None:
+            try:
+                while self.idle(host, port) < min(count, KEEP):
+                    self.release(_connect(host, port, timeout))
+            except Exception:
+                pass  # the store is not there (yet): the watchers open theirs as before
+
+        thread = threading.Thread(target=fill, daemon=True, name="store-connections")
+        thread.start()
+        return thread
+
     def idle(self, host: str, port: int) -> int:
         with self._lock:
             return len(self._idle.get((host, port), ()))
+
+
+def _connect(host: str, port: int, timeout: float) -> Any:
+    from torch.distributed import TCPStore
+
+    return TCPStore(host, port, is_master=False, wait_for_workers=False,
+                    timeout=datetime.timedelta(seconds=timeout))
 
 
 POOL = ClientPool()

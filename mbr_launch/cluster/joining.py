@@ -12,12 +12,11 @@ keep-alive thread first). Anything unexpected reads as "unknown", never as an er
 
 from __future__ import annotations
 
-import datetime
 import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from torch.distributed import TCPStore
+from mbr_launch.cluster import connections
 
 
 @dataclass(frozen=True)
@@ -60,9 +59,8 @@ class JoinCounter:
             return None
         if self._shared:
             return C10dRendezvousBackend(own, run_id)
-        client = TCPStore(host, int(port), is_master=False, wait_for_workers=False,
-                          timeout=datetime.timedelta(seconds=self._timeout))
-        return C10dRendezvousBackend(client, run_id)
+        # the agent's pool, where the first round's connections were opened while it waited to join
+        return C10dRendezvousBackend(connections.POOL.acquire(host, int(port), self._timeout), run_id)
 
     def read(self) -> JoinState | None:
         try:

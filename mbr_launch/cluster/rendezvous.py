@@ -38,6 +38,11 @@ from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
 
+# Connections the first round takes from the pool: the stop, inquiry and peer watchers, the peer watch's
+# waiting count and the join progress line.
+WATCHER_CONNECTIONS = 5
+
+
 class RendezvousFailed(RuntimeError):
     """The rendezvous could not complete (timeout, closed, store unreachable)."""
 
@@ -144,6 +149,9 @@ class Rendezvous:
     def handler(self) -> RendezvousHandler:
         if self._handler is None:
             self._handler = self._create_handler()
+            store = getattr(self._handler, "_store", None)  # c10d: the store the watchers connect to
+            if self._cfg.rendezvous.backend == "c10d" and getattr(store, "port", 0):
+                connections.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
         return self._handler
 
     # -- rounds -----------------------------------------------------------------------------------

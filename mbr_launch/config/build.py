@@ -11,7 +11,7 @@ from __future__ import annotations
 import sys
 import uuid
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch.config.errors import ConfigError, SettingError
 from mbr_launch.config.files import load_config_file
@@ -178,6 +178,20 @@ def _fresh_run_id() -> str:
     return uuid.uuid4().hex[:12]
 
 
+def _standby(resolved: Resolved, preload: Sequence[str] | None, script: str | None,
+             probes: HostProbes) -> StandbySpec:
+    """The standby level asked for, except that the default level does not preload torch for a script that
+    imports only the standard library (``config.scriptscan``): that work would never be used."""
+    v = resolved.values
+    level = v["standby"]
+    if (level == "torch" and preload is None and resolved.sources.get("standby") == "default"
+            and not (v["module"] or v["no_python"]) and script and probes.stdlib_only_script(script)):
+        return StandbySpec(level="interpreter", preload=(), preload_default=True,
+                           why="the script imports only the standard library: nothing to preload")
+    return StandbySpec(level=level, preload=DEFAULT_PRELOAD.get(level, ()) if preload is None else tuple(preload),
+                       preload_default=preload is None)
+
+
 def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[str, ...] = (),
                  environ: Mapping[str, str], probes: HostProbes = HostProbes(),
                  new_run_id: Callable[[], str] = _fresh_run_id) -> LaunchConfig:
@@ -234,8 +248,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             signals=v["preempt_signals"], forward_signal=v["preempt_forward_signal"],
             grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),
             requeue=v["requeue_on_preemption"], max_requeues=v["max_requeues"]),
-        standby=StandbySpec(level=v["standby"], preload=DEFAULT_PRELOAD.get(v["standby"], ()) if preload is None
-                            else tuple(preload), preload_default=preload is None),
+        standby=_standby(resolved, preload, script, probes),
         telemetry=TelemetrySpec(
             autobeat=v["autobeat"] == "on", initial_step_timeout=v["initial_step_timeout"],
             step_timeout=v["step_timeout"], straggler_threshold=v["straggler_threshold"],

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
+from mbr_launch.config.scriptscan import imports_only_stdlib
+
 
 def device_count(kind: str) -> int:
     """Workers that ``--nproc-per-node KIND`` means on this machine (auto: GPUs if any, else CPUs)."""
@@ -131,6 +133,7 @@ class HostProbes:
     exists: Callable[[str], bool] = exists
     log_dir_problem: Callable[[str], str | None] = log_dir_problem
     program_exists: Callable[[str], bool] = program_exists
+    stdlib_only_script: Callable[[str], bool] = imports_only_stdlib
 
 
 __all__ = ["HostProbes"]

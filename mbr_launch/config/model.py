@@ -146,6 +146,7 @@ class StandbySpec:
     # ``preload`` is the level's default list (contract.DEFAULT_PRELOAD), not the user's: a module that cannot
     # be imported there (no torch._dynamo in an old torch) is skipped without a word.
     preload_default: bool = False
+    why: str | None = None  # why the level is not the one asked for (None: it is)
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,54 @@
+"""Whether a training script can need torch at all, read from its source without running it.
+
+A warm standby (``--standby torch``, the default) imports torch ahead of time: seconds of CPU per rank, done
+again for every replacement. For a script that imports only the standard library that work is never used,
+and on a small machine it is what the ranks wait for: 32 agents on 2 cores, where 32 replacement standbys
+were still importing torch when a restart handed them their ranks, started those ranks 3 to 10 s later than
+fresh processes did (and torchrun's). Such a script gets the ``interpreter`` level instead: a standby that
+has only started Python.
+
+The test is conservative: anything that can import a module this scan cannot see (an import of a package
+outside the standard library, a relative import, ``importlib``, ``__import__``, ``exec``/``eval``,
+``runpy``, a module run with ``-m``, a source that does not parse) counts as "may need torch", which keeps
+the level asked for. Guessing wrong the other way only costs what a fresh process costs.
+"""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+# Standard-library ways of importing a module by a name computed at run time.
+_DYNAMIC_MODULES = frozenset({"importlib", "runpy", "imp", "pkgutil", "zipimport"})
+_DYNAMIC_CALLS = frozenset({"__import__", "exec", "eval", "compile"})
+_MAX_BYTES = 4 * 1024 * 1024  # a larger entry script is not read (it keeps the asked-for level)
+
+
+def imports_only_stdlib(script: str | None, *, module: bool = False) -> bool:
+    """True when ``script`` (a file path; not a ``-m`` module) provably imports nothing beyond the standard
+    library."""
+    if not script or module:
+        return False
+    path = Path(script)
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_BYTES:
+            return False
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return False
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: the script belongs to a package of its own
+                return False
+            roots = [(node.module or "").split(".")[0]]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _DYNAMIC_CALLS:
+            return False
+        else:
+            continue
+        if any(root not in stdlib or root in _DYNAMIC_MODULES for root in roots):
+            return False
+    return True
