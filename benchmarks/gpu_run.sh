@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU benchmarks on a lent 2-GPU machine (python3 there has CUDA torch; carry .whl with the NVRx and
 # py-spy wheels). Writes logs and RESULTS fragments under $OUT (or benchmarks/out/gpu).
-#   usage: bash benchmarks/gpu_run.sh [standby|cold|restart|hang|attribution|deep|all] [trials]
+#   usage: bash benchmarks/gpu_run.sh [standby|cold|restart|hang|attribution|deep|scale|all] [trials]
 set -uo pipefail
 cd "$(dirname "$0")/.."
 WHAT=${1:-all}; TRIALS=${2:-10}
@@ -44,6 +44,12 @@ case $WHAT in
            --scenarios "${SCENARIOS:-sleep,sigstop,busy,dataloader,other_collective,crash_cascade}" \
            --launchers "${LAUNCHERS:-mbr-launch,mbr-launch-zerocode,ft_launcher}" \
            --raw "$DEST/attribution-raw.json" --out "$DEST/RESULTS-gpu.md" ;;
+esac
+case $WHAT in
+  # Many agents on one machine (no torch in the workers): AGENTS (a comma list), launch and one restart round.
+  scale) ulimit -n 65536 2>/dev/null; run python3 benchmarks/bench_scale.py --agents "${AGENTS:-64,128}" --trials "$TRIALS" \
+           --launchers "${LAUNCHERS:-mbr-launch,torchrun}" --deadline "${DEADLINE:-240}" --mbr-source tree \
+           --raw "$DEST/scale-raw.json" --out "$DEST/RESULTS-scale.md" ;;
 esac
 case $WHAT in
   hang|all) [ -f benchmarks/bench_hang.py ] && run python3 benchmarks/bench_hang.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
