@@ -49,7 +49,10 @@ case $WHAT in
   # Many agents on one machine (no torch in the workers): AGENTS (a comma list), launch and one restart round.
   scale) ulimit -n 65536 2>/dev/null; run python3 benchmarks/bench_scale.py --agents "${AGENTS:-64,128}" --trials "$TRIALS" \
            --launchers "${LAUNCHERS:-mbr-launch,torchrun}" --deadline "${DEADLINE:-240}" --mbr-source tree \
-           --raw "$DEST/scale-raw.json" --out "$DEST/RESULTS-scale.md" ;;
+           --raw "$DEST/scale-raw.json" --out "$DEST/RESULTS-scale.md" ${KEEP:+--keep}
+         # KEEP=1: every agent's events and stderr come back as one archive
+         [ -n "${KEEP:-}" ] && tar czf "$DEST/scale-logs.tgz" -C /tmp --wildcards 'mbr-bench-scale-*/*/agent*.stderr' \
+           'mbr-bench-scale-*/*/logs*/*/events.jsonl' 2>/dev/null; ls -la "$DEST" ;;
 esac
 case $WHAT in
   hang|all) [ -f benchmarks/bench_hang.py ] && run python3 benchmarks/bench_hang.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
