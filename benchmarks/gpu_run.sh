@@ -51,8 +51,8 @@ case $WHAT in
            --launchers "${LAUNCHERS:-mbr-launch,torchrun}" --deadline "${DEADLINE:-240}" --mbr-source tree \
            --raw "$DEST/scale-raw.json" --out "$DEST/RESULTS-scale.md" ${KEEP:+--keep}
          # KEEP=1: every agent's events and stderr come back as one archive
-         [ -n "${KEEP:-}" ] && tar czf "$DEST/scale-logs.tgz" -C /tmp --wildcards 'mbr-bench-scale-*/*/agent*.stderr' \
-           'mbr-bench-scale-*/*/logs*/*/events.jsonl' 2>/dev/null; ls -la "$DEST" ;;
+         [ -n "${KEEP:-}" ] && (dest=$(cd "$DEST" && pwd); cd /tmp && tar czf "$dest/scale-logs.tgz" \
+           mbr-bench-scale-*/*/agent*.stderr mbr-bench-scale-*/*/logs*/*/events.jsonl); ls -la "$DEST" ;;
 esac
 case $WHAT in
   hang|all) [ -f benchmarks/bench_hang.py ] && run python3 benchmarks/bench_hang.py --gpu --trials "$TRIALS" --mbr-source tree --out "$DEST/RESULTS-gpu.md" ;;
