@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from mbr_launch.config.scriptscan import imports_only_stdlib
+from tests.helpers import run_launcher
 
-pytestmark = pytest.mark.timeout(30)
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.mark.parametrize("source, only_stdlib", [
@@ -33,3 +36,25 @@ def test_what_cannot_be_read_may_need_torch(tmp_path):
     assert not imports_only_stdlib(str(tmp_path))  # a directory
     assert not imports_only_stdlib("json", module=True)
     assert not imports_only_stdlib(None)
+
+
+def _start_and_standby(tmp_path, source: str) -> tuple[dict, set[str]]:
+    """One real launch of ``source`` with the default --standby: its start event and, from its standby's
+    worker, whether torch was in sys.modules when the script ran."""
+    script = tmp_path / "s.py"
+    script.write_text(source)
+    logs = tmp_path / "logs"
+    run = run_launcher(["--nproc-per-node", "1", "--max-restarts", "0", "--status", "off", "--log-dir", str(logs),
+                        str(script)], timeout=120)
+    assert run.returncode == 0, run.stderr
+    events = [json.loads(x) for f in logs.rglob("events.jsonl") for x in f.read_text().splitlines()]
+    return next(e for e in events if e["event"] == "start"), set(run.stdout.split())
+
+
+def test_a_launch_of_a_plain_script_preloads_nothing_and_a_torch_script_keeps_the_default(tmp_path):
+    probe = "import sys\nprint('torch-loaded' if 'torch' in sys.modules else 'no-torch')\n"
+    start, out = _start_and_standby(tmp_path, probe)
+    assert start["standby"]["level"] == "interpreter" and "standard library" in start["standby"]["why"]
+    assert "no-torch" in " ".join(out), out
+    start, _ = _start_and_standby(tmp_path, "import torch\n" + probe)
+    assert start["standby"] == {"level": "torch", "why": None}

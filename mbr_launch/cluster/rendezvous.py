@@ -32,7 +32,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import connections, fastround, layout, rdzvstore, shrink
+from mbr_launch.cluster import connections, eventnames, fastround, layout, rdzvstore, shrink
 from mbr_launch.cluster.joining import JoinCounter
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
@@ -143,6 +143,7 @@ class Rendezvous:
                                    f"{rdzv.endpoint or '(none)'}: {err}") from err
         if rdzv.backend == "c10d":  # a failure round does not sit in last_call waiting for nobody
             shrink.install(handler, active=lambda: self._joined > 0)
+            eventnames.install()  # torch's event names without inspect.stack (most of a crowded join's CPU)
             # torch's own immediate retry after a lost write of its state is kept: it retries with the state the
             # lost compare-and-set brought back. A random pause there (tried: cluster.contention, removed) left
             # that state stale by the retry, and a joiner lost to the others' keep-alives every time: 127 of 128

@@ -1,0 +1,37 @@
+"""A cheap name for each of torch's rendezvous events.
+
+torch's dynamic rendezvous records an event for nearly every step of a join and every keep-alive
+(``_record``), and names it with ``get_method_name()``, which calls ``inspect.stack()`` twice: source
+context for every frame of the stack, ~1.6 ms of CPU at the agent's depth (35 frames; 0.9 ms at 15). It is
+paid even when nobody collects the events, and in a crowded join it is most of each retry's CPU: every lost
+write of the state is retried at once and recorded again. 256 agents on 16 cores spent the join's CPU
+there, and the round had 48 of 256 nodes after 116 s. ``install`` swaps in the same answer (the name of the
+function ``depth`` frames up) from ``sys._getframe``, which reads no source.
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def install() -> bool:
+    """Replace torch's ``get_method_name`` (same result, no source reads); False where it is not there."""
+    try:
+        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+    except ImportError:
+        return False
+    current = getattr(dynamic_rendezvous, "get_method_name", None)
+    if current is None:
+        return False
+    if current is get_method_name:
+        return True
+    dynamic_rendezvous.get_method_name = get_method_name
+    return True
+
+
+def get_method_name(depth: int = 2) -> str:
+    # Frame 0 is this function, as inspect.stack()[0] is torch's own: the same frame ``depth`` up.
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # a stack shallower than depth
+        return "no_method_name"
