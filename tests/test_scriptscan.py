@@ -38,12 +38,12 @@ def test_what_cannot_be_read_may_need_torch(tmp_path):
     assert not imports_only_stdlib(None)
 
 
-def _start_and_standby(tmp_path, source: str) -> tuple[dict, set[str]]:
+def _start_and_standby(tmp_path, name: str, source: str) -> tuple[dict, set[str]]:
     """One real launch of ``source`` with the default --standby: its start event and, from its standby's
     worker, whether torch was in sys.modules when the script ran."""
-    script = tmp_path / "s.py"
+    script = tmp_path / f"{name}.py"
     script.write_text(source)
-    logs = tmp_path / "logs"
+    logs = tmp_path / f"logs-{name}"  # one run's events only
     run = run_launcher(["--nproc-per-node", "1", "--max-restarts", "0", "--status", "off", "--log-dir", str(logs),
                         str(script)], timeout=120)
     assert run.returncode == 0, run.stderr
@@ -53,8 +53,8 @@ def _start_and_standby(tmp_path, source: str) -> tuple[dict, set[str]]:
 
 def test_a_launch_of_a_plain_script_preloads_nothing_and_a_torch_script_keeps_the_default(tmp_path):
     probe = "import sys\nprint('torch-loaded' if 'torch' in sys.modules else 'no-torch')\n"
-    start, out = _start_and_standby(tmp_path, probe)
+    start, out = _start_and_standby(tmp_path, "plain", probe)
     assert start["standby"]["level"] == "interpreter" and "standard library" in start["standby"]["why"]
     assert "no-torch" in " ".join(out), out
-    start, _ = _start_and_standby(tmp_path, "import torch\n" + probe)
+    start, _ = _start_and_standby(tmp_path, "torchy", "import torch\n" + probe)
     assert start["standby"] == {"level": "torch", "why": None}

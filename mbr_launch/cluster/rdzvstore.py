@@ -31,10 +31,10 @@ def create_handler(params: RendezvousParameters) -> RendezvousHandler | None:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
 
-    try:
-        from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname  # noqa: F401
-    except ImportError:  # a torch without the private helpers this mirrors: its registry decides everything
-        return None
+    from torch.distributed.elastic.rendezvous import utils
+
+    if not hasattr(utils, "_matches_machine_hostname"):  # a torch without the private helper this mirrors:
+        return None  # its registry decides everything
     store = make_store(params)
     if store is None:
         return None
