@@ -14,9 +14,12 @@ appear as ``a.b.c.d``, which /etc/hosts answers at once (``127.0.0.1`` always; c
 
 from __future__ import annotations
 
+import functools
+import os
 import socket
 
 
+@functools.lru_cache(maxsize=16)  # group rank 0 asks again for every round's worker store, on the restart's path
 def family_for(host: str) -> socket.AddressFamily:
     """The family to listen with for clients that connect to ``host``: IPv4 when every address the name has
     here is IPv4, else IPv6 with IPv4 mapped (as torch listens). An unresolvable name: dual-stack."""
@@ -49,3 +52,11 @@ def listening_fd(port: int, host: str) -> int | None:
         except OSError:
             sock.close()  # taken (then IPv4 fails too) or no IPv6 on this machine
     return None
+
+
+def close_fd(fd: int) -> None:
+    """Close a ``listening_fd`` descriptor that no store took over (the store closes the ones it owns)."""
+    try:
+        os.close(fd)
+    except OSError:
+        pass

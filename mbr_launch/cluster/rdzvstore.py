@@ -12,7 +12,6 @@ torch's registry as before.
 from __future__ import annotations
 
 import datetime
-import os
 from typing import Any
 
 from torch.distributed import TCPStore
@@ -20,9 +19,7 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError, Rend
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
 from mbr_launch.cluster import listen
-
-DEFAULT_PORT = 29400  # torch's default for a c10d endpoint without a port
-
+from mbr_launch.config.build import C10D_PORT
 
 def create_handler(params: RendezvousParameters) -> RendezvousHandler | None:
     """torch's c10d handler for ``params`` over our store; None where torch's registry should make it."""
@@ -46,7 +43,7 @@ def make_store(params: RendezvousParameters) -> TCPStore | None:
     else a client of whoever serves it. None when this torch cannot take a listening socket."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
-    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=DEFAULT_PORT)
+    host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_PORT)
     timeout = datetime.timedelta(seconds=_read_timeout(params))
     forced = params.get_as_bool("is_host")
     if forced if forced is not None else _is_this_machine(host):
@@ -56,10 +53,10 @@ def make_store(params: RendezvousParameters) -> TCPStore | None:
                 return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout,
                                 master_listen_fd=fd)
             except TypeError:  # a torch before master_listen_fd: its own registry path
-                _close(fd)
+                listen.close_fd(fd)
                 return None
             except (ValueError, RuntimeError, TimeoutError) as err:
-                _close(fd)
+                listen.close_fd(fd)
                 if forced:
                     raise RendezvousConnectionError(f"cannot host the rendezvous store on port {port}: {err}")
         elif forced:
@@ -84,9 +81,3 @@ def _is_this_machine(host: str) -> bool:
 
     return bool(_matches_machine_hostname(host))
 
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass

@@ -17,7 +17,6 @@ back-off.
 from __future__ import annotations
 
 import datetime
-import os
 import threading
 from typing import Any
 
@@ -46,7 +45,7 @@ class ServedStore:
                                   master_listen_fd=fd)
             return
         except Exception:
-            _close(fd)  # a torch without master_listen_fd (or that refused the socket): its own bind below
+            listen.close_fd(fd)  # a torch without master_listen_fd (or that refused the socket): its own bind below
         try:
             self.store = TCPStore(host, port, is_master=True, wait_for_workers=False, timeout=timeout)
         except Exception as err:
@@ -70,9 +69,3 @@ def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore
         return None
     return ServedStore(master_addr or "localhost", port, fd, datetime.timedelta(seconds=timeout))
 
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass

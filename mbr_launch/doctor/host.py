@@ -92,21 +92,24 @@ REVERSE_DNS_CAP = 2.0
 
 @check("rdzv.reverse_dns", "reverse DNS of the rendezvous addresses answers quickly", cheap=False)
 def reverse_dns(ctx: DoctorContext) -> Finding:
-    """torch names both ends of every new c10d socket by reverse DNS, the store host's server thread included
-    (pytorch#159007): where that lookup waits for a resolver timeout, every connection stalls the whole store
-    for every node (seen here: 5 s stalls with 32 agents on one host, in the launch and in restarts)."""
+    """torch names the address every new c10d client connects to by reverse DNS, and a dual-stack store
+    server names each client it accepts (pytorch#159007): where that lookup waits for a resolver timeout, each
+    connection waits that long, and on such a server the whole store with it (seen here: 5 s stalls with 32
+    agents on one host). mbr-launch's own stores listen on IPv4 for an IPv4 endpoint (``cluster.listen``),
+    which takes the server's lookups off the mapped form; the clients' remain."""
     ep = _endpoint_or_skip(ctx, "single node: no store connections between nodes")
     if isinstance(ep, Finding):
         return ep
     resolved = ctx.resolve(ep[0])
-    # A dual-stack server sees an IPv4 client as ::ffff:a.b.c.d, a name /etc/hosts rarely has.
+    # torch's client connects to an IPv4 address in its mapped form, ::ffff:a.b.c.d, and a dual-stack server sees
+    # an IPv4 client so: a name /etc/hosts rarely has.
     candidates = [form for a in resolved for form in ((a, f"::ffff:{a}") if ":" not in a else (a,))]
     for address in candidates:
         took = ctx.reverse_lookup(address, REVERSE_DNS_CAP)
         if took is None or took > REVERSE_DNS_WARN:
             saw = (f"a reverse DNS lookup of {address} took {'over ' + format(REVERSE_DNS_CAP, 'g') if took is None else format(took, '.1f')} s: "
-                   "torch does one for each end of every new store connection, on the store host too, so each "
-                   "stalls the rendezvous for all nodes")
+                   "torch does one for every new store connection (and a dual-stack store host, as under "
+                   "torchrun, for every client it accepts), so each connection waits that long")
             return warn(saw, f"give {address} a name in /etc/hosts on every node, or make the resolver answer "
                              "quickly (a reachable DNS server, nscd)")
     if not candidates:
