@@ -172,7 +172,9 @@ def test_preflight_is_one_line_and_counts_only_launches_that_get_in_the_way(tmp_
         assert run.returncode == 0, run.stderr
         assert [x for x in run.stderr.splitlines() if PREFLIGHT.match(x)], run.stderr  # the warning, folded
         _quiet_preflight(run.stderr)
-        assert "t.py" not in run.stderr and str(fakes["same_job"].pid) not in run.stderr
+        # Whole words only: a run id such as 20261201-075531 or hex suffix may contain the pid's digits by chance.
+        assert not re.search(r"(?<![\w./-])t\.py\b", run.stderr), run.stderr
+        assert not re.search(rf"(?<!\w){fakes['same_job'].pid}(?!\w)", run.stderr), run.stderr
     finally:
         for proc in fakes.values():
             os.killpg(proc.pid, signal.SIGKILL)
