@@ -1,5 +1,5 @@
 """``python -m mbr_launch`` is ``mbr-launch``."""
 
-from mbr_launch.cli.app import entry
+from mbr_launch.cli.entry import entry
 
 entry()

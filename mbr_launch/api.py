@@ -13,6 +13,7 @@ from mbr_launch.config.errors import ConfigError, SettingError
 from mbr_launch.config.files import load_config_file
 from mbr_launch.config.model import LaunchConfig, PreflightSpec
 from mbr_launch.config.settings import Resolved, resolve
+from mbr_launch.startup import resume_gc
 
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
@@ -126,6 +127,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
             from mbr_launch.agent.lifecycle import Agent
 
             agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
+        resume_gc()  # the console script paused it for the imports above (startup.py)
         pool = None  # the agent owns it now (closed with its worker group)
         return agent.run()
     except _Stopped as stop:

@@ -24,6 +24,7 @@ from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
 from mbr_launch.cli.options import USER_ENV
 from mbr_launch.report import exitcodes
+from mbr_launch.startup import resume_gc
 
 # No interspersed args: everything after SCRIPT is the script's, even when it looks like our option.
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
     # torch.cuda imports the deprecated pynvml that nvidia-resiliency-ext pulls in: not the user's concern.
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     try:
+        if argv and argv[0] in COMMANDS:
+            resume_gc()  # only the launch keeps it paused until its imports are done (api.launch)
         if argv and argv[0] == DOCTOR:
             as_json = "--json" in argv[1:]  # the parser failed before it could say so
             return _run_app(doctor_cli, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,

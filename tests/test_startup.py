@@ -1,0 +1,95 @@
+"""The launcher starts with the cyclic collector paused (``mbr_launch.startup``) and collects again, with the
+start-up's objects frozen, before its agent runs or any other command does its work."""
+
+from __future__ import annotations
+
+import gc
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mbr_launch import startup
+from tests.helpers import REPO, launcher_env, free_port
+
+pytestmark = pytest.mark.timeout(120)
+
+
+@pytest.fixture
+def collector():
+    """Restore this process's collector whatever a test did to it."""
+    was = gc.isenabled()
+    yield
+    startup._paused = False
+    gc.unfreeze()
+    (gc.enable if was else gc.disable)()
+
+
+def test_pause_then_resume_freezes_what_was_made_meanwhile(collector):
+    gc.enable()
+    startup.pause_gc()
+    assert not gc.isenabled()
+    kept = [[] for _ in range(1000)]
+    startup.resume_gc()
+    assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
+    frozen = gc.get_freeze_count()
+    startup.resume_gc()  # a second end of the start-up changes nothing
+    assert gc.get_freeze_count() == frozen
+
+
+def test_a_collector_someone_else_disabled_stays_disabled(collector):
+    gc.disable()
+    startup.pause_gc()
+    startup.resume_gc()  # the Python API in someone's process: their choice stands
+    assert not gc.isenabled() and gc.get_freeze_count() == 0
+
+
+def _agent_sees(argv: list[str]) -> dict:
+    """Run the real console entry in a fresh interpreter with the agent's loop replaced by a probe that
+    reports the collector's state when the agent would start running."""
+    probe = textwrap.dedent(f"""
+        import gc, json, os, sys
+        from mbr_launch.agent import lifecycle
+
+        def run(self):
+            print(json.dumps({{"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                               "torch": "torch" in sys.modules}}), flush=True)
+            return 0
+
+        lifecycle.Agent.run = run
+        sys.argv = ["mbr-launch", *{argv!r}]
+        from mbr_launch.cli.entry import entry
+        entry()
+    """)
+    # the probe patches lifecycle before entry() pauses: import it after a pause of our own, as entry would
+    probe = "from mbr_launch.startup import pause_gc; pause_gc()\n" + probe
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=90, cwd=REPO,
+                          env=launcher_env(PET_MASTER_PORT=str(free_port())))
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    seen = _agent_sees(["--standby", "off", "--nproc-per-node", "1", str(script)])
+    # frozen: the start-up's objects (typer, rich, torch's elastic stack) are out of every later collection
+    assert seen["enabled"] and seen["torch"] and seen["frozen"] > 100_000, seen
+
+
+def test_the_console_script_pauses_the_collector_from_its_first_import():
+    code = ("import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.app as a; "
+            "a.entry = lambda: print(gc.isenabled(), 'typer' in sys.modules); e.entry()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.stdout.split() == ["False", "True"], done
+
+
+def test_other_commands_collect_again_before_they_work():
+    code = ("import gc; from mbr_launch.startup import pause_gc; pause_gc(); from mbr_launch.cli import app; "
+            "app._run_app = lambda cli, argv, prog, **kw: print(prog, gc.isenabled()) or 0; "
+            "app.main(['s.py']); app.main(['doctor']); app.main(['report'])")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    # the launch stays paused until its imports are done (api.launch: the test above)
+    assert done.stdout.splitlines() == ["mbr-launch False", "mbr-launch doctor True", "mbr-launch report True"], done
