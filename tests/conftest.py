@@ -74,6 +74,22 @@ def leftover_processes(grace: float = 3.0) -> list[str]:
     return described
 
 
+# What ``cli.app.main`` sets for the launcher's own process: a test that calls it in pytest's process must not
+# hand it to every later test's subprocesses.
+_LAUNCHER_ONLY = ("TORCH_CPP_LOG_LEVEL", "RES_OPTIONS")
+
+
+@pytest.fixture(autouse=True)
+def launcher_only_environment():
+    before = {name: os.environ.get(name) for name in _LAUNCHER_ONLY}
+    yield
+    for name, value in before.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 @pytest.fixture(autouse=True)
 def no_leftover_processes(request):
     yield

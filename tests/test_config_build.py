@@ -104,7 +104,6 @@ def test_peer_timeout_must_be_positive(tmp_path, value):
 
 
 def test_peer_timeout_zero_exits_with_usage_code(tmp_path, capsys, monkeypatch):
-    monkeypatch.delenv("TORCH_CPP_LOG_LEVEL", raising=False)  # main() sets it; restored after the test
     script = tmp_path / "s.py"
     script.write_text("")
     assert main(["--peer-timeout", "0", str(script)]) == exitcodes.USAGE == 2

@@ -23,6 +23,7 @@ from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
 from mbr_launch.cli.options import USER_ENV
+from mbr_launch.cluster import resolver
 from mbr_launch.report import exitcodes
 from mbr_launch.startup import resume_gc
 
@@ -92,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     # The agent's own store clients time out on purpose (watchers); keep torch's C++ warnings about it
     # out of the user's console. Workers get the user's setting, not this one.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    resolver.quick_retries(os.environ)  # before the first lookup of this process (glibc reads it then)
     # torch.cuda imports the deprecated pynvml that nvidia-resiliency-ext pulls in: not the user's concern.
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
     try:

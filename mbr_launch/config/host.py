@@ -45,8 +45,8 @@ def port_taken(host: str, port: int) -> bool:
 
 
 def is_local_host(host: str) -> bool:
-    if host in ("localhost", "127.0.0.1", "::1", "", socket.gethostname(), socket.getfqdn()):
-        return True
+    if host in ("localhost", "127.0.0.1", "::1", "") or host in (socket.gethostname(), socket.getfqdn()):
+        return True  # the common names first: getfqdn is a lookup
     try:
         return socket.gethostbyname(host).startswith("127.")
     except OSError:
