@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from mbr_launch.cli import app
+from mbr_launch.cli import app, process
 from mbr_launch.cluster import resolver
 from tests.helpers import launcher_env, run_launcher
 
@@ -28,7 +28,7 @@ def test_the_launcher_sets_it_for_itself(monkeypatch):
     monkeypatch.setattr(app, "_run_app", lambda *a, **kw: 0)
     assert app.main(["s.py"]) == 0
     assert os.environ["RES_OPTIONS"] == resolver.AGENT_RES_OPTIONS
-    assert "RES_OPTIONS" not in app.USER_ENV  # what the workers get
+    assert "RES_OPTIONS" not in process.USER_ENV  # what the workers get
 
 
 def test_workers_get_the_users_environment(tmp_path):

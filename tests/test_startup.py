@@ -55,7 +55,7 @@ def _agent_sees(argv: list[str]) -> dict:
 
         def run(self):
             print(json.dumps({{"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
-                               "torch": "torch" in sys.modules}}), flush=True)
+                               "torch": "torch" in sys.modules, "typer": "typer" in sys.modules}}), flush=True)
             return 0
 
         lifecycle.Agent.run = run
@@ -75,15 +75,19 @@ def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     seen = _agent_sees(["--standby", "off", "--nproc-per-node", "1", str(script)])
-    # frozen: the start-up's objects (typer, rich, torch's elastic stack) are out of every later collection
+    # frozen: the start-up's objects (torch's elastic stack) are out of every later collection
     assert seen["enabled"] and seen["torch"] and seen["frozen"] > 100_000, seen
+    assert not seen["typer"], seen  # a plain line: read without typer (cli.quick)
+    seen = _agent_sees(["--standby", "off", "--nproc-per-node", "1", "--nproc-per-node", "1", str(script)])
+    assert seen["enabled"] and seen["typer"], seen  # repeated: typer's, and the collector still comes back
 
 
 def test_the_console_script_pauses_the_collector_from_its_first_import():
-    code = ("import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.app as a; "
-            "a.entry = lambda: print(gc.isenabled(), 'typer' in sys.modules); e.entry()")
+    code = ("import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.quick as q; "
+            "q.run = lambda argv: print(gc.isenabled(), 'typer' in sys.modules, 'torch' in sys.modules, flush=True) or 0; "
+            "e.entry()")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
-    assert done.stdout.split() == ["False", "True"], done
+    assert done.stdout.split() == ["False", "False", "False"], done
 
 
 def test_other_commands_collect_again_before_they_work():

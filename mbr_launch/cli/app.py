@@ -9,9 +9,7 @@ outcome becomes one exit code and at most one line of error.
 
 from __future__ import annotations
 
-import os
 import sys
-import warnings
 from typing import Callable
 
 import typer
@@ -22,15 +20,13 @@ from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
-from mbr_launch.cli.options import USER_ENV
-from mbr_launch.cluster import resolver
+from mbr_launch.cli.process import guarded, prepare
+from mbr_launch.cli.quick import DOCTOR, REPORT
 from mbr_launch.report import exitcodes
 from mbr_launch.startup import resume_gc
 
 # No interspersed args: everything after SCRIPT is the script's, even when it looks like our option.
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}
-DOCTOR = "doctor"
-REPORT = "report"
 
 
 def _typer(context: dict | None = None) -> typer.Typer:
@@ -88,41 +84,17 @@ def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_
 
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    USER_ENV.clear()
-    USER_ENV.update(os.environ)
-    # The agent's own store clients time out on purpose (watchers); keep torch's C++ warnings about it
-    # out of the user's console. Workers get the user's setting, not this one.
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    resolver.quick_retries(os.environ)  # before the first lookup of this process (glibc reads it then)
-    # torch.cuda imports the deprecated pynvml that nvidia-resiliency-ext pulls in: not the user's concern.
-    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
-    try:
-        if argv and argv[0] in COMMANDS:
-            resume_gc()  # only the launch keeps it paused until its imports are done (api.launch)
-        if argv and argv[0] == DOCTOR:
-            as_json = "--json" in argv[1:]  # the parser failed before it could say so
-            return _run_app(doctor_cli, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,
-                            on_usage=print_json_error if as_json else None)
-        if argv and argv[0] in COMMANDS:
-            return _run_app(COMMANDS[argv[0]], argv[1:], f"{PROG} {argv[0]}")
-        return _run_app(launch_cli, argv, PROG)
-    except KeyboardInterrupt:
-        return 130
-    except Exception as err:  # a bug of ours: one line unless debugging
-        if os.environ.get("MBR_DEBUG"):
-            raise
-        error(f"internal error: {type(err).__name__}: {err} (set MBR_DEBUG=1 for the traceback)")
-        return exitcodes.INTERNAL
+    prepare()
+    return guarded(lambda: _dispatch(argv))
 
 
-def entry() -> None:
-    code = main()
-    # Everything of ours is stopped and flushed by now; skip interpreter teardown, where torch's C++
-    # objects still referenced by stray threads could abort the process and change the exit code.
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            if stream is not None:  # None: started with the descriptor closed (`>&-`)
-                stream.flush()
-        except (OSError, ValueError):  # a reader that went away (`| head`): the exit code still counts
-            pass
-    os._exit(code)
+def _dispatch(argv: list[str]) -> int:
+    if argv and argv[0] in COMMANDS:
+        resume_gc()  # only the launch keeps it paused until its imports are done (api.launch)
+    if argv and argv[0] == DOCTOR:
+        as_json = "--json" in argv[1:]  # the parser failed before it could say so
+        return _run_app(doctor_cli, argv[1:], f"{PROG} {DOCTOR}", usage_code=DOCTOR_NOT_RUN,
+                        on_usage=print_json_error if as_json else None)
+    if argv and argv[0] in COMMANDS:
+        return _run_app(COMMANDS[argv[0]], argv[1:], f"{PROG} {argv[0]}")
+    return _run_app(launch_cli, argv, PROG)

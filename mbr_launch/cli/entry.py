@@ -1,16 +1,33 @@
-"""The console script ``mbr-launch`` (and ``python -m mbr_launch``): the collector paused, then the CLI.
+"""The console script ``mbr-launch`` (and ``python -m mbr_launch``).
 
-Kept apart from ``app`` so that the pause (``mbr_launch.startup``) comes before typer, rich and torch are
-imported; tests import ``app`` in their own process and keep their collector.
+The collector is paused first (``mbr_launch.startup``), before typer, rich and torch are imported; a plain
+launch line then runs without typer at all (``cli.quick``), anything else through ``cli.app``. Kept apart
+from ``app`` so that tests can import ``app`` in their own process and keep their collector.
 """
 
 from __future__ import annotations
+
+import os
+import sys
 
 from mbr_launch.startup import pause_gc
 
 
 def entry() -> None:
     pause_gc()
-    from mbr_launch.cli.app import entry as run
+    from mbr_launch.cli import quick
 
-    run()
+    code = quick.run(sys.argv[1:])
+    if code is None:
+        from mbr_launch.cli.app import main
+
+        code = main()
+    # Everything of ours is stopped and flushed by now; skip interpreter teardown, where torch's C++
+    # objects still referenced by stray threads could abort the process and change the exit code.
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            if stream is not None:  # None: started with the descriptor closed (`>&-`)
+                stream.flush()
+        except (OSError, ValueError):  # a reader that went away (`| head`): the exit code still counts
+            pass
+    os._exit(code)

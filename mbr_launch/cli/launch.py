@@ -9,11 +9,9 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from mbr_launch.api import build_launch_config, launch
-from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli import quick
 from mbr_launch.cli.helptext import help_all_option, version_option
-from mbr_launch.cli.options import USER_ENV, keyword, with_settings
-from mbr_launch.config.build import ConfigError
+from mbr_launch.cli.options import keyword, with_settings
 
 
 def launch_command(**values: Any) -> None:
@@ -21,16 +19,7 @@ def launch_command(**values: Any) -> None:
 
     Run one mbr-launch per node (under Slurm: srun --kill-on-bad-exit=0 mbr-launch ...). Everything
     after SCRIPT is passed to the script."""
-    script = values.pop("training_script")
-    script_args = tuple(values.pop("training_script_args") or ())
-    try:
-        cfg = build_launch_config(cli=values, script=script, script_args=script_args, environ=USER_ENV)
-        # The run folder and the socket folder are checked when the agent makes them: a refusal there is
-        # a usage error too (exit 2), not a crash.
-        code = launch(cfg, environ=USER_ENV, exit_after=True)
-    except ConfigError as err:
-        raise CommandError(str(err)) from None
-    raise typer.Exit(code)
+    raise typer.Exit(quick.launch(values))  # the same launch as a plain command line's, read by typer
 
 
 with_settings(

@@ -5,7 +5,6 @@ config file, the man page and the completions cannot drift apart; and the enviro
 from __future__ import annotations
 
 import inspect
-import os
 from typing import Annotated, Any, Callable, Optional
 
 import typer
@@ -13,9 +12,6 @@ from rich.markup import escape
 
 from mbr_launch.config.settings import SETTINGS, Setting, default_text, in_panel_order
 
-# The environment as the user gave it, before the launcher adjusts its own: settings' env vars are read
-# from it and workers inherit it. ``app.main`` takes it again at each call.
-USER_ENV: dict[str, str] = dict(os.environ)
 
 
 def option_help(setting: Setting) -> str:

@@ -1,0 +1,42 @@
+"""The launcher process's own set-up and last-resort error handling, shared by every command and by the plain
+launch (``cli.quick``), which runs without typer. Imports nothing heavy: the plain launch's start-up pays for
+every module imported here."""
+
+from __future__ import annotations
+
+import os
+import warnings
+from typing import Callable
+
+from mbr_launch.cli.errors import error
+from mbr_launch.cluster import resolver
+from mbr_launch.report import exitcodes
+
+# The environment as the user gave it, before the launcher adjusts its own: settings' env vars are read
+# from it and workers inherit it. ``prepare`` takes it again at each call.
+USER_ENV: dict[str, str] = dict(os.environ)
+
+
+def prepare() -> None:
+    """Keep the user's environment for the workers, then adjust this process's own."""
+    USER_ENV.clear()
+    USER_ENV.update(os.environ)
+    # The agent's own store clients time out on purpose (watchers); keep torch's C++ warnings about it
+    # out of the user's console. Workers get the user's setting, not this one.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    resolver.quick_retries(os.environ)  # before the first lookup of this process (glibc reads it then)
+    # torch.cuda imports the deprecated pynvml that nvidia-resiliency-ext pulls in: not the user's concern.
+    warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
+
+
+def guarded(run: Callable[[], int]) -> int:
+    """``run()``'s exit code; Ctrl-C is 130 and a bug of ours one line (the traceback with MBR_DEBUG=1)."""
+    try:
+        return run()
+    except KeyboardInterrupt:
+        return 130
+    except Exception as err:
+        if os.environ.get("MBR_DEBUG"):
+            raise
+        error(f"internal error: {type(err).__name__}: {err} (set MBR_DEBUG=1 for the traceback)")
+        return exitcodes.INTERNAL

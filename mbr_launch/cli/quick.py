@@ -1,0 +1,96 @@
+"""The launch from a plain command line, without typer.
+
+typer (with click, rich and, since typer 0.2x, pydantic, whose adapters it builds for each of the launch's 80
+options) costs an agent about 0.12 s of CPU before its rank can start; 32 agents on 2 cores pay it 32 times
+(launch 1.17x torchrun's there). Most launch lines are plain: settings' flags, each once, then SCRIPT and its
+arguments. ``read`` reads exactly those into the values typer would pass to ``launch_command`` (``test_quick``
+compares the two on every flag of the settings table) and returns None for anything else: --help, --version,
+``--``, ``-`` , an unknown or repeated option, a flag with ``=``, a value that starts with ``-``, combined short
+flags, no script. typer then parses the line as always and gives its own message for a mistake.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Sequence
+
+from mbr_launch.cli.errors import CommandError, error
+from mbr_launch.cli.process import USER_ENV, guarded, prepare
+from mbr_launch.config.settings import SETTINGS, Setting
+
+# Subcommands: their first word is never a script (``cli.app`` registers them under these names).
+DOCTOR, REPORT = "doctor", "report"
+SUBCOMMANDS = (DOCTOR, REPORT)
+_FLAGS: dict[str, Setting] = {flag: setting for setting in SETTINGS for flag in setting.flags}
+# The launch's options that are not settings (typer's: they print and exit).
+_NOT_SETTINGS = frozenset({"-h", "--help", "--help-all", "--version"})
+
+
+def read(argv: Sequence[str]) -> dict[str, Any] | None:
+    """``launch_command``'s keyword arguments for a plain ``argv``; None when typer must read it."""
+    if argv and argv[0] in SUBCOMMANDS:
+        return None
+    given: dict[str, Any] = {}
+    i = 0
+    while i < len(argv) and argv[i].startswith("-"):
+        token = argv[i]
+        if token in ("-", "--") or token in _NOT_SETTINGS:
+            return None
+        name, equals, inline = token.partition("=") if token.startswith("--") else (token, "", "")
+        setting = _FLAGS.get(name)
+        if setting is None or setting.name in given:
+            return None
+        if not setting.takes_value:
+            if equals:
+                return None
+            given[setting.name], i = True, i + 1
+            continue
+        if equals:
+            value, i = inline, i + 1
+        elif i + 1 < len(argv):
+            value, i = argv[i + 1], i + 2
+        else:
+            return None
+        if not value or value.startswith("-"):
+            return None
+        given[setting.name] = value
+    if i >= len(argv):
+        return None
+    values: dict[str, Any] = {setting.name: given.get(setting.name) for setting in SETTINGS}
+    rest = argv[i + 1:]
+    values.update(training_script=argv[i], training_script_args=list(rest) if rest else None, help_all=False,
+                  version=False)
+    return values
+
+
+def launch(values: dict[str, Any]) -> int:
+    """Build the config from ``launch_command``'s values and run this node's agent; a config the user can
+    fix raises ``CommandError``."""
+    from mbr_launch.api import build_launch_config, launch as run_agent
+    from mbr_launch.config.build import ConfigError
+
+    script = values.pop("training_script")
+    script_args = tuple(values.pop("training_script_args") or ())
+    try:
+        cfg = build_launch_config(cli=values, script=script, script_args=script_args, environ=USER_ENV)
+        # The run folder and the socket folder are checked when the agent makes them: a refusal there is
+        # a usage error too (exit 2), not a crash.
+        return run_agent(cfg, environ=USER_ENV, exit_after=True)
+    except ConfigError as err:
+        raise CommandError(str(err)) from None
+
+
+def run(argv: Sequence[str]) -> int | None:
+    """Launch from a plain ``argv`` (the exit code), or None: typer's turn (``cli.app.main``)."""
+    values = read(argv)
+    if values is None:
+        return None
+    prepare()
+
+    def plain() -> int:
+        try:
+            return launch(values)
+        except CommandError as err:
+            error(str(err))
+            return err.code
+
+    return guarded(plain)
