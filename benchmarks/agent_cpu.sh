@@ -23,6 +23,7 @@ start, tool, path = float(sys.argv[1]), sys.argv[2], sys.argv[3]
 rows = [line.split() for line in open(path)]
 print(f"{tool}: {len(rows)} ranks, all started {max(float(r[1]) for r in rows) - start:.1f} s after launch; "
       f"agent CPU when its worker started: mean {st.mean(float(r[2]) for r in rows):.2f} s "
-      f"(main thread {st.mean(float(r[3]) for r in rows):.2f} s)")
+      f"(main thread {st.mean(float(r[3]) for r in rows):.2f} s; with its other processes "
+      f"{st.mean(float(r[6]) for r in rows):.2f} s)")
 PY
 rm -rf "$out"

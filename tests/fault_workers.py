@@ -50,10 +50,14 @@ def worker_exit(ctx: Ctx) -> Run:
 
 def check_budget(run: Run) -> None:
     err = run.stderr[0]
-    assert "restart budget exhausted" in err and "mbr-launch failure summary (2 failure(s)" in err, run.tail()
+    assert "restart budget exhausted" in err, run.tail()
     assert "rank 0 (local rank 0)" in err and "exit code 3" in err, run.tail()
-    failures = [(e["rank"], e["exit_code"]) for e in run.events[0] if e["event"] == "failure"]
-    assert failures == [(0, 3), (0, 3)], failures
+    failures = [(e["round"], e["rank"], e["exit_code"]) for e in run.events[0] if e["event"] == "failure"]
+    # rank 1 may also be recorded in round 0: rank 0's exit breaks its all_reduce, and on a loaded machine its
+    # own error exit can come before the agent's stop reaches it (seen in CI). Every failure is recorded.
+    assert [f for f in failures if f[1] == 0] == [(0, 0, 3), (1, 0, 3)], failures
+    assert set(failures) <= {(0, 0, 3), (1, 0, 3), (0, 1, 1)}, failures
+    assert f"mbr-launch failure summary ({len(failures)} failure(s), 1 restart(s))" in err, run.tail()
 
 
 def worker_exit_no_restart(ctx: Ctx) -> Run:

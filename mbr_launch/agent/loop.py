@@ -144,7 +144,8 @@ class Supervisor:
                      world_size=rnd.world_size, rank_offset=rnd.rank_offset, master_addr=rnd.master_addr,
                      master_port=rnd.master_port, restart_count=rnd.restart_count,
                      seconds=round(ctx.clock() - began, 3), fast=rnd.fast,
-                     **({"fallback": rnd.fallback} if rnd.fallback else {}))
+                     **({"fallback": rnd.fallback} if rnd.fallback else {}),
+                     **({"woken": True} if rnd.woken else {}))
         ctx.summary.restarts = rnd.restart_count
         return rnd
 

@@ -38,6 +38,12 @@ class ClientPool:
             return client
         return _connect(host, port, timeout)
 
+    def take_idle(self, host: str, port: int) -> Any | None:
+        """An idle client of ``host:port`` if there is one (never a new connection); ``release`` it after."""
+        with self._lock:
+            idle = self._idle.get((host, port))
+            return idle.pop() if idle else None
+
     def release(self, client: Any) -> None:
         """Give back a client whose last operation worked (a broken one is dropped by not releasing it)."""
         key = (getattr(client, "host", ""), int(getattr(client, "port", 0)))

@@ -14,6 +14,7 @@ a late message from an old round can never be read by a new one.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import datetime
 import os
@@ -32,7 +33,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import connections, eventnames, fastround, layout, rdzvstore, shrink
+from mbr_launch.cluster import connections, eventnames, fastround, joinwake, layout, rdzvstore, shrink
 from mbr_launch.cluster.joining import JoinCounter
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
@@ -72,6 +73,7 @@ class Round:
     store_port: int
     fast: bool = False  # agreed through the fast path (``cluster.fastround``), not a c10d join
     fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
+    woken: bool = False  # the c10d join learnt of its round's completion from the completer (joinwake)
 
     def connect_control(self, timeout: float = 30.0) -> Store:
         """A client connection of the calling thread's own to this round's control keys, from the pool of
@@ -113,6 +115,7 @@ class Rendezvous:
         self._waiting_reader: JoinCounter | None = None  # the peer watch's, on a connection of its own
         self._joined = 0
         self._control: TCPStore | None = None  # our own client, for job-level keys
+        self._wake: joinwake.JoinWake | None = None  # ends a join's pauses when its round completes
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -157,6 +160,8 @@ class Rendezvous:
             store = getattr(self._handler, "_store", None)  # c10d: the store the watchers connect to
             if self._cfg.rendezvous.backend == "c10d" and getattr(store, "port", 0):
                 connections.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
+                self._wake = joinwake.install(self._handler, host=store.host, port=int(store.port),
+                                              run_id=self._cfg.rendezvous.run_id)
         return self._handler
 
     # -- rounds -----------------------------------------------------------------------------------
@@ -201,8 +206,10 @@ class Rendezvous:
                                    fallback=None)
 
     def _join_c10d(self) -> Round:
+        handler = self.handler
         try:
-            info: Any = self.handler.next_rendezvous()
+            with self._wake.waiting() if self._wake else contextlib.nullcontext():
+                info: Any = handler.next_rendezvous()
         except (RendezvousClosedError, RendezvousGracefulExitError) as err:
             raise RendezvousClosed("the job ended on the other nodes (the rendezvous was closed) while this node "
                                    "waited to join a round") from err
@@ -224,8 +231,9 @@ class Rendezvous:
             from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
             bootstrap = RendezvousStoreInfo.build(group_rank, store, local_addr=self._cfg.rendezvous.local_addr)
-        return self._lay_out(store, index, group_rank, group_world_size, bootstrap.master_addr,
-                             bootstrap.master_port)
+        rnd = self._lay_out(store, index, group_rank, group_world_size, bootstrap.master_addr,
+                            bootstrap.master_port)
+        return dataclasses.replace(rnd, woken=True) if self._wake and self._wake.woken else rnd
 
     def _lay_out(self, store: Store, index: int, group_rank: int, group_world_size: int,
                  master_addr: str, master_port: int) -> Round:

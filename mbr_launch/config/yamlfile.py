@@ -13,13 +13,15 @@ syntax error). What is refused, and why:
 
 from __future__ import annotations
 
+import functools
 import os
 import stat
-from typing import Any
-
-import yaml
+from typing import TYPE_CHECKING, Any
 
 from mbr_launch.config.errors import ConfigError
+
+if TYPE_CHECKING:
+    import yaml
 
 MAX_BYTES = 16 * 1024 * 1024
 
@@ -27,22 +29,28 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
           (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error."""
+@functools.lru_cache(maxsize=None)
+def _loader() -> type:
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error. Made on first use:
+    PyYAML costs every launch 10-15 ms of start-up, and most launches read no config file."""
+    import yaml
 
-    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-        seen: set[Any] = set()
-        for key_node, _ in node.value:
-            key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
-            try:
-                duplicate = key in seen
-                seen.add(key)
-            except TypeError:  # an unhashable key: the base class reports it
-                break
-            if duplicate:
-                raise yaml.constructor.ConstructorError(
-                    None, None, f"key {key!r} is given twice", key_node.start_mark)
-        return super().construct_mapping(node, deep=deep)
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
 
 
 def _read_bytes(path: str, what: str) -> bytes:
@@ -94,8 +102,10 @@ def read_yaml(path: str, *, what: str = "--config") -> Any:
                           "give the path of a YAML file") from None
     if "\0" in text:
         raise ConfigError(f"{what}: {path} holds a NUL byte, so it is not a text file; give the path of a YAML file")
+    import yaml
+
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as err:
         raise _syntax_error(path, what, err) from None
     except RecursionError:

@@ -49,11 +49,11 @@ def preflight(ctx: DoctorContext, *, skip: Iterable[str] = frozenset(), console:
     """The launcher's gate: run the cheap checks, print each error with its fix and the warnings as one
     line (`mbr-launch doctor` has the details), True to go on."""
     results = run_checks(ctx, only_cheap=True, skip=set(skip))
-    render_problems(results, console or _console(stderr=True), quiet=quiet)
+    render_problems(results, console, quiet=quiet)
     return exit_code(results) < 2
 
 
-def _console(*, stderr: bool = False) -> Console:
+def _console() -> Console:
     from rich.console import Console  # noqa: PLC0415
 
-    return Console(stderr=stderr)
+    return Console()
