@@ -111,13 +111,16 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     ``environ`` is what the workers inherit (default: this process's environment). ``exit_after``: the
     caller ends the process with ``os._exit`` right after (the CLI), so lingering watcher threads need no
     join."""
+    from mbr_launch.monitor.link import MonitorLink
     from mbr_launch.report import exitcodes
     from mbr_launch.workers.standby import early_pool
 
     env = dict(os.environ if environ is None else environ)
     # Warm workers start first: their interpreters and `import torch` overlap the launcher's own imports,
-    # preflight and rendezvous (cold launch); nothing above this line imports torch.
+    # preflight and rendezvous (cold launch); nothing above this line imports torch. So does the rank
+    # monitor's process, which the agent would otherwise wait for before it joins.
     pool = early_pool(cfg, env)
+    monitor = MonitorLink(env=dict(env)).spawn() if cfg.monitor.enabled else None
     try:
         with _signals_while_starting(cfg):
             if not preflight(cfg, environ=env):
@@ -126,9 +129,9 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
                 return exitcodes.USAGE
             from mbr_launch.agent.lifecycle import Agent
 
-            agent = Agent(cfg, environ=env, standby=pool, exit_after=exit_after)
+            agent = Agent(cfg, environ=env, standby=pool, monitor=monitor, exit_after=exit_after)
         resume_gc()  # the console script paused it for the imports above (startup.py)
-        pool = None  # the agent owns it now (closed with its worker group)
+        pool = monitor = None  # the agent owns them now (closed with its worker group and monitor handle)
         return agent.run()
     except _Stopped as stop:
         name = signal.Signals(stop.signum).name
@@ -138,6 +141,8 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     finally:
         if pool is not None:
             pool.close()
+        if monitor is not None:
+            monitor.close()
 
 
 def run_report(run_dir: "str | os.PathLike[str] | None" = None) -> "RunTimeline":

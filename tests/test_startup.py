@@ -46,30 +46,41 @@ def test_a_collector_someone_else_disabled_stays_disabled(collector):
     assert not gc.isenabled() and gc.get_freeze_count() == 0
 
 
-def _agent_sees(argv: list[str]) -> dict:
-    """Run the real console entry in a fresh interpreter with the agent's loop replaced by a probe that
-    reports the collector's state when the agent would start running."""
-    probe = textwrap.dedent(f"""
-        import gc, json, os, sys
-        from mbr_launch.agent import lifecycle
-
-        def run(self):
-            print(json.dumps({{"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
-                               "torch": "torch" in sys.modules, "typer": "typer" in sys.modules,
-                               "rich": "rich" in sys.modules, "yaml": "yaml" in sys.modules}}), flush=True)
-            return 0
-
-        lifecycle.Agent.run = run
-        sys.argv = ["mbr-launch", *{argv!r}]
-        from mbr_launch.cli.entry import entry
-        entry()
-    """)
-    # the probe patches lifecycle before entry() pauses: import it after a pause of our own, as entry would
-    probe = "from mbr_launch.startup import pause_gc; pause_gc()\n" + probe
+def _launch_probe(run_body: str, argv: list[str], setup: str = "") -> dict:
+    """Run the real console entry in a fresh interpreter with the agent's loop replaced by ``run_body`` (the
+    body of ``run(self)``, which prints one JSON line). The replacement is installed when the preflight
+    starts, after the early processes are spawned and before torch is imported, so the probe changes
+    nothing that happens before."""
+    probe = (
+        "from mbr_launch.startup import pause_gc; pause_gc()\n"  # as entry() would, before any import of ours
+        "import gc, json, sys\n"
+        "from mbr_launch import api\n"
+        f"{textwrap.dedent(setup)}\n"
+        "def run(self):\n"
+        f"{textwrap.indent(textwrap.dedent(run_body), '    ')}\n"
+        "preflight = api.preflight\n"
+        "def then_patch(*args, **kwargs):\n"
+        "    from mbr_launch.agent import lifecycle\n"
+        "    lifecycle.Agent.run = run\n"
+        "    return preflight(*args, **kwargs)\n"
+        "api.preflight = then_patch\n"
+        f"sys.argv = ['mbr-launch', *{argv!r}]\n"
+        "from mbr_launch.cli.entry import entry\n"
+        "entry()\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=90, cwd=REPO,
                           env=launcher_env(PET_MASTER_PORT=str(free_port())))
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _agent_sees(argv: list[str]) -> dict:
+    """The collector's state and what is imported when the agent would start running."""
+    return _launch_probe("""
+        print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
+                          "torch": "torch" in sys.modules, "typer": "typer" in sys.modules,
+                          "rich": "rich" in sys.modules, "yaml": "yaml" in sys.modules}), flush=True)
+        return 0
+    """, argv)
 
 
 def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
@@ -100,3 +111,27 @@ def test_other_commands_collect_again_before_they_work():
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     # the launch stays paused until its imports are done (api.launch: the test above)
     assert done.stdout.splitlines() == ["mbr-launch False", "mbr-launch doctor True", "mbr-launch report True"], done
+
+
+def test_the_rank_monitor_starts_before_the_launcher_imports_torch(tmp_path):
+    """Its start-up overlaps the launcher's: the agent does not wait for it before joining (many agents on
+    few cores give each process only its share of the CPUs). The agent adopts that process."""
+    script = tmp_path / "s.py"
+    script.write_text("pass\n")
+    seen = _launch_probe("""
+        early = self._early_monitor
+        print(json.dumps({"torch_at_spawn": spawned, "adopted": early is not None and early.pid is not None,
+                          "alive": early is not None and early.exit_code() is None}), flush=True)
+        early.close()
+        return 0
+    """, ["--standby", "off", "--nproc-per-node", "1", str(script)], setup="""
+        from mbr_launch.monitor import link
+        spawned = []
+        spawn = link.MonitorLink.spawn
+        def recorded(self):
+            spawned.append("torch" in sys.modules)
+            return spawn(self)
+        link.MonitorLink.spawn = recorded
+    """)
+    # spawned once, before torch; the agent received that very process, still running (waiting for its config)
+    assert seen == {"torch_at_spawn": [False], "adopted": True, "alive": True}, seen

@@ -29,6 +29,7 @@ from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
+from mbr_launch.monitor.link import MonitorLink
 from mbr_launch.report import exitcodes, runs
 from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
@@ -48,11 +49,12 @@ FAREWELL_WAIT = 2.0
 
 class Agent:
     def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str] | None = None,
-                 standby: StandbyPool | None = None, exit_after: bool = False,
+                 standby: StandbyPool | None = None, monitor: MonitorLink | None = None, exit_after: bool = False,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.cfg = cfg
         self._exit_after = exit_after  # the process ends (os._exit) as soon as run() returns
         self._early_standby = standby  # a StandbyPool the launcher started before importing torch
+        self._early_monitor = monitor  # the rank monitor's process, spawned then too (MonitorLink.spawn)
         self.environ = dict(os.environ if environ is None else environ)
         self.node = socket.gethostname()
         self.clock = clock
@@ -104,7 +106,8 @@ class Agent:
             self.say(f"WARNING: {warning}")
         monitor = self._monitor = MonitorHandle(
             enabled=cfg.monitor.enabled, sock_dir=self._sock_dir, ft=cfg.ft.as_nvrx_dict(), steps=None,
-            env=self.environ, post=wakeup.post, on_link=lambda link: setattr(group, "monitor", link))
+            env=self.environ, post=wakeup.post, on_link=lambda link: setattr(group, "monitor", link),
+            early=self._early_monitor)
         telemetry = Telemetry(cfg, log, self.say, clock=self.clock, snapshot=monitor.snapshot)
         monitor.steps = telemetry.monitor_config()
         group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
@@ -160,6 +163,8 @@ class Agent:
             self._cluster.close(join=not self._exit_after)
         if self._monitor:
             self._monitor.close()
+        elif self._early_monitor:
+            self._early_monitor.close()  # set-up failed before the monitor handle took it
         self._part_from_rendezvous(rnd, wakeup)
         guard.close()
         stuck.close()

@@ -14,8 +14,9 @@ from mbr_launch.monitor.link import MonitorLink
 class MonitorHandle:
     def __init__(self, *, enabled: bool, sock_dir: Path, ft: dict[str, Any], steps: dict[str, Any] | None,
                  env: dict[str, str], post: Callable[[Event], None],
-                 on_link: Callable[[MonitorLink | None], None]) -> None:
+                 on_link: Callable[[MonitorLink | None], None], early: MonitorLink | None = None) -> None:
         self._enabled = enabled
+        self._early = early  # the monitor's process, spawned by the launcher before it imported torch
         self._sock_dir, self._ft, self._env = sock_dir, ft, env
         self.steps = steps  # the step-deadline settings, from telemetry (set before start)
         self._post = post
@@ -25,7 +26,9 @@ class MonitorHandle:
     def start(self) -> None:
         if not self._enabled:
             return
-        self.link = MonitorLink(self._on_raw, env=dict(self._env))
+        link, self._early = self._early, None
+        self.link = link or MonitorLink(env=dict(self._env))
+        self.link.on_event = self._on_raw
         self.link.start(self._sock_dir, self._ft, steps=self.steps)
         self._on_link(self.link)
 
@@ -66,5 +69,6 @@ class MonitorHandle:
         return None
 
     def close(self, timeout: float = 5.0) -> None:
-        if self.link:
-            self.link.close(timeout=timeout)
+        for link in (self.link, self._early):
+            if link:
+                link.close(timeout=timeout)
