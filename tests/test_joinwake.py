@@ -35,6 +35,7 @@ class _Holder:
     def __init__(self) -> None:
         self.state = _State()
         self.writes = 0
+        self._last_sync_time = 123.0  # torch serves reads within a second of this from its cache
 
     def sync(self) -> bool:
         self.writes += 1
@@ -70,6 +71,21 @@ def test_a_pause_ends_when_another_agent_completes_the_round(store):
     timer.join()
     assert wake.woken and completer._announced == 3
     assert connections.POOL.idle("127.0.0.1", port) == 1  # the connection went back to the pool
+    # torch's next read goes to the store: its cache still says "not complete" (a second of spinning else)
+    assert waiting._last_sync_time == -1
+
+
+def test_a_rounds_key_ends_one_pause_only(store, monkeypatch):
+    server, port = store
+    holder = _Holder()
+    server.set("mbr/job/job/complete/3", b"1")  # say the read after the wake still showed round 3 open
+    slept: list[float] = []
+    monkeypatch.setattr(joinwake, "_torch_delay", slept.append)
+    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, "job")
+    wake.pause(1.0)
+    assert wake.woken and slept == []
+    wake.pause(1.0)  # the key exists for good: waiting on it again would spin
+    assert slept == [1.0]
 
 
 def test_without_a_completion_the_pause_is_torchs(store):

@@ -9,7 +9,10 @@ last member arrived (the last agent's join took at least 1.2 s in every trial of
 Here the agent whose write of the completed state went through also sets a key for that round, and while
 this agent waits in a join its one-second pause is a ``wait`` for that key, on an idle connection of the
 agent's pool (never on the handler's own client: a blocking wait there would hold up torch's keep-alive),
-so the pause ends when the round is complete. The state is still read and written only as torch does; where
+so the pause ends when the round is complete. torch serves a state read within a second of the last one
+from its cache (which still says "not complete"), so a woken pause also marks that cache stale; and a
+round's key ends at most one pause (a second one in the same round is torch's). The state is still read
+and written only as torch does; where
 no key comes (an agent of an older mbr-launch, a torch without these internals) or no idle connection is
 there, the pause is torch's own second.
 """
@@ -33,6 +36,7 @@ class JoinWake:
         self._holder, self._store, self._host, self._port = holder, store, host, port
         self._prefix = f"mbr/job/{run_id}/complete/"
         self._announced: int | None = None
+        self._woken_round: int | None = None  # a round's key ends one pause only: it never goes away
         self.woken = False  # the last join's pause ended because its round was complete
         self._sync = holder.sync
         holder.sync = self._synced  # an instance attribute: torch's executor calls holder.sync()
@@ -51,13 +55,17 @@ class JoinWake:
     def pause(self, seconds: float) -> None:
         """torch's pause between two reads of the state, ended early when the round completes."""
         state = self._holder.state
-        client = None if state.complete else connections.POOL.take_idle(self._host, self._port)
-        if client is None:  # complete already (a waiting spare): the key would not wait
+        client = None
+        if not state.complete and state.round != self._woken_round:
+            client = connections.POOL.take_idle(self._host, self._port)
+        if client is None:  # complete already (a waiting spare), or woken once: the key would not wait
             _torch_delay(seconds)  # type: ignore[misc]
             return
         try:
             client.wait([self._prefix + str(state.round)], datetime.timedelta(seconds=seconds))
-            self.woken = True
+            self.woken, self._woken_round = True, state.round
+            if hasattr(self._holder, "_last_sync_time"):
+                self._holder._last_sync_time = -1  # torch's next sync reads the store, not its cache
         except Exception as err:
             if "timeout" not in str(err).lower():
                 return  # a broken connection is not given back; the next pause reads the state again
