@@ -637,3 +637,22 @@ def test_a_process_outside_the_workers_tree_is_refused(make_mon):
     assert refused[0]["local_rank"] == 0 and refused[0]["pid"] == os.getpid()
     assert [e["pid"] for e in events if e["ev"] == "connected"] == [proc.pid]
     assert not [e for e in events if e["ev"] in ("expired", "workload_request", "timeouts_updated")]
+
+
+def test_the_agents_link_starts_it_without_site_from_anywhere(tmp_path, monkeypatch):
+    """``MonitorLink`` runs the monitor with ``python -S`` (no site initialisation, no ``.pth`` files): it
+    still finds this package from another working directory, with no PYTHONPATH of the user's, and answers."""
+    from mbr_launch.monitor.link import MonitorLink
+
+    monkeypatch.chdir(tmp_path)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    link = MonitorLink(lambda event: None, env=env).spawn()
+    try:
+        sock_dir = tmp_path / "sock"
+        sock_dir.mkdir(mode=0o700)
+        link.start(sock_dir, {"rank_heartbeat_timeout": None, "workload_check_interval": 5.0}, timeout=30)
+        assert link.launcher_socket, "no ready reply"
+        cmdline = Path(f"/proc/{link.pid}/cmdline").read_bytes().split(b"\0")  # read once it has answered
+        assert cmdline[1:3] == [b"-S", b"-m"], cmdline
+    finally:
+        link.close()
