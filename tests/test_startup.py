@@ -96,11 +96,15 @@ def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
     assert seen["enabled"] and seen["typer"], seen  # repeated: typer's, and the collector still comes back
 
 
+def _python_c(code: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+
+
 def test_the_console_script_pauses_the_collector_from_its_first_import():
     code = ("import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.quick as q; "
             "q.run = lambda argv: print(gc.isenabled(), 'typer' in sys.modules, 'torch' in sys.modules, flush=True) or 0; "
             "e.entry()")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = _python_c(code)
     assert done.stdout.split() == ["False", "False", "False"], done
 
 
@@ -108,7 +112,7 @@ def test_other_commands_collect_again_before_they_work():
     code = ("import gc; from mbr_launch.startup import pause_gc; pause_gc(); from mbr_launch.cli import app; "
             "app._run_app = lambda cli, argv, prog, **kw: print(prog, gc.isenabled()) or 0; "
             "app.main(['s.py']); app.main(['doctor']); app.main(['report'])")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    done = _python_c(code)
     # the launch stays paused until its imports are done (api.launch: the test above)
     assert done.stdout.splitlines() == ["mbr-launch False", "mbr-launch doctor True", "mbr-launch report True"], done
 
