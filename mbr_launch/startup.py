@@ -1,6 +1,6 @@
 """The launcher's start-up without the cyclic garbage collector.
 
-An agent imports typer, rich and then torch's elastic stack (over a million objects) before its rank can start.
+An agent imports its own modules and then torch's elastic stack (over a million objects) before its rank can start.
 With the collector on, every few hundred allocations it walks the young objects and, as they age, the whole
 heap: about 0.25 s of CPU per agent on this project's 2-core machine (1.35 s -> 1.07 s for the imports alone),
 which 32 agents starting on 2 cores pay 32 times. Imports make almost no cyclic garbage, so the collector is

@@ -21,6 +21,7 @@ from mbr_launch.report.events import read_events
 from .helpers import finish, free_port, launcher_env
 
 pytestmark = pytest.mark.timeout(120)
+PREFIX = "mbr/job/job/complete/"  # what Rendezvous gives: its job prefix, then complete/
 
 
 @dataclass
@@ -55,8 +56,8 @@ def store():
 def test_a_pause_ends_when_another_agent_completes_the_round(store):
     server, port = store
     waiting, completing = _Holder(), _Holder()
-    wake = joinwake.JoinWake(waiting, server, "127.0.0.1", port, "job")
-    completer = joinwake.JoinWake(completing, server, "127.0.0.1", port, "job")
+    wake = joinwake.JoinWake(waiting, server, "127.0.0.1", port, PREFIX)
+    completer = joinwake.JoinWake(completing, server, "127.0.0.1", port, PREFIX)
     completing.sync()  # a write of a state that is not complete yet announces nothing
     assert not server.check(["mbr/job/job/complete/3"])
 
@@ -81,7 +82,7 @@ def test_a_rounds_key_ends_one_pause_only(store, monkeypatch):
     server.set("mbr/job/job/complete/3", b"1")  # say the read after the wake still showed round 3 open
     slept: list[float] = []
     monkeypatch.setattr(joinwake, "_torch_delay", slept.append)
-    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, "job")
+    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, PREFIX)
     wake.pause(1.0)
     assert wake.woken and slept == []
     wake.pause(1.0)  # the key exists for good: waiting on it again would spin
@@ -90,7 +91,7 @@ def test_a_rounds_key_ends_one_pause_only(store, monkeypatch):
 
 def test_without_a_completion_the_pause_is_torchs(store):
     server, port = store
-    wake = joinwake.JoinWake(_Holder(), server, "127.0.0.1", port, "job")
+    wake = joinwake.JoinWake(_Holder(), server, "127.0.0.1", port, PREFIX)
     with wake.waiting():
         wake.pause(0.2)
     assert not wake.woken
@@ -104,7 +105,7 @@ def test_a_spare_of_a_complete_round_does_not_spin(store, monkeypatch):
     server.set("mbr/job/job/complete/3", b"1")
     slept: list[float] = []
     monkeypatch.setattr(joinwake, "_torch_delay", slept.append)
-    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, "job")
+    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, PREFIX)
     wake.pause(1.0)
     assert slept == [1.0] and not wake.woken
 

@@ -13,7 +13,6 @@ from rich.markup import escape
 from mbr_launch.config.settings import SETTINGS, Setting, default_text, in_panel_order
 
 
-
 def option_help(setting: Setting) -> str:
     """The help text with the default and environment variables, as shown by --help and the man page."""
     default = default_text(setting)

@@ -20,9 +20,9 @@ from mbr_launch.config.settings import SETTINGS, Setting
 # Subcommands: their first word is never a script (``cli.app`` registers them under these names).
 DOCTOR, REPORT = "doctor", "report"
 SUBCOMMANDS = (DOCTOR, REPORT)
+# Every flag of every setting. Anything else that starts with "-" (--help, --version, "--", "-", combined short
+# flags, a typo) is not among them and leaves the line to typer.
 _FLAGS: dict[str, Setting] = {flag: setting for setting in SETTINGS for flag in setting.flags}
-# The launch's options that are not settings (typer's: they print and exit).
-_NOT_SETTINGS = frozenset({"-h", "--help", "--help-all", "--version"})
 
 
 def read(argv: Sequence[str]) -> dict[str, Any] | None:
@@ -33,8 +33,6 @@ def read(argv: Sequence[str]) -> dict[str, Any] | None:
     i = 0
     while i < len(argv) and argv[i].startswith("-"):
         token = argv[i]
-        if token in ("-", "--") or token in _NOT_SETTINGS:
-            return None
         name, equals, inline = token.partition("=") if token.startswith("--") else (token, "", "")
         setting = _FLAGS.get(name)
         if setting is None or setting.name in given:

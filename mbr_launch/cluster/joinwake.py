@@ -12,9 +12,8 @@ agent's pool (never on the handler's own client: a blocking wait there would hol
 so the pause ends when the round is complete. torch serves a state read within a second of the last one
 from its cache (which still says "not complete"), so a woken pause also marks that cache stale; and a
 round's key ends at most one pause (a second one in the same round is torch's). The state is still read
-and written only as torch does; where
-no key comes (an agent of an older mbr-launch, a torch without these internals) or no idle connection is
-there, the pause is torch's own second.
+and written only as torch does; where no key comes (an agent of an older mbr-launch, a torch without these
+internals) or no idle connection is there, the pause is torch's own second.
 """
 
 from __future__ import annotations
@@ -32,9 +31,9 @@ _torch_delay: Callable[..., None] | None = None
 
 
 class JoinWake:
-    def __init__(self, holder: Any, store: Any, host: str, port: int, run_id: str) -> None:
+    def __init__(self, holder: Any, store: Any, host: str, port: int, prefix: str) -> None:
         self._holder, self._store, self._host, self._port = holder, store, host, port
-        self._prefix = f"mbr/job/{run_id}/complete/"
+        self._prefix = prefix  # + the round: the key its completer sets
         self._announced: int | None = None
         self._woken_round: int | None = None  # a round's key ends one pause only: it never goes away
         self.woken = False  # the last join's pause ended because its round was complete
@@ -90,7 +89,7 @@ def _delay(seconds: float | tuple[float, float]) -> None:
         _torch_delay(seconds)  # type: ignore[misc]
 
 
-def install(handler: Any, *, host: str, port: int, run_id: str) -> JoinWake | None:
+def install(handler: Any, *, host: str, port: int, prefix: str) -> JoinWake | None:
     """Wake ``handler``'s joins at their round's completion; None where torch's internals are not as
     expected (the joins then poll as torch does)."""
     global _torch_delay
@@ -106,4 +105,4 @@ def install(handler: Any, *, host: str, port: int, run_id: str) -> JoinWake | No
     if current is not _delay:
         _torch_delay = current
         dynamic_rendezvous._delay = _delay
-    return JoinWake(holder, store, host, port, run_id)
+    return JoinWake(holder, store, host, port, prefix)

@@ -21,14 +21,14 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from mbr_launch.cluster import listen
 from mbr_launch.config.build import C10D_PORT
 
+
 def create_handler(params: RendezvousParameters) -> RendezvousHandler | None:
     """torch's c10d handler for ``params`` over our store; None where torch's registry should make it."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
         return None
+    from torch.distributed.elastic.rendezvous import utils
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
-
-    from torch.distributed.elastic.rendezvous import utils
 
     if not hasattr(utils, "_matches_machine_hostname"):  # a torch without the private helper this mirrors:
         return None  # its registry decides everything

@@ -116,6 +116,7 @@ class Rendezvous:
         self._joined = 0
         self._control: TCPStore | None = None  # our own client, for job-level keys
         self._wake: joinwake.JoinWake | None = None  # ends a join's pauses when its round completes
+        self._job = f"mbr/job/{cfg.rendezvous.run_id}"  # our keys that outlive a round, on the rendezvous store
 
     # -- construction ----------------------------------------------------------------------------
 
@@ -161,7 +162,7 @@ class Rendezvous:
             if self._cfg.rendezvous.backend == "c10d" and getattr(store, "port", 0):
                 connections.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
                 self._wake = joinwake.install(self._handler, host=store.host, port=int(store.port),
-                                              run_id=self._cfg.rendezvous.run_id)
+                                              prefix=f"{self._job}/complete/")
         return self._handler
 
     # -- rounds -----------------------------------------------------------------------------------
@@ -195,7 +196,7 @@ class Rendezvous:
     def _fast_round(self, previous: Round, agreed: fastround.Agreement) -> Round:
         """The previous round's members and layout, under a new token, master port and restart count."""
         base = _base_store(previous.store)
-        job = f"mbr/job/{self._cfg.rendezvous.run_id}"
+        job = self._job
         store = PrefixStore(f"{job}/fast/{agreed.token}", base)
         prefix = f"{job}/round/{agreed.token}"
         index = self._joined
@@ -245,7 +246,7 @@ class Rendezvous:
                            lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store), pick_master_port()))
         token, restarts, master_port = lay.token, lay.restarts, lay.master_port
         base = _base_store(store)
-        prefix = f"mbr/job/{self._cfg.rendezvous.run_id}/round/{token}"
+        prefix = f"{self._job}/round/{token}"
         return Round(index=index, group_rank=group_rank, group_world_size=group_world_size,
                      world_size=sum(lay.sizes), rank_offset=lay.offset(group_rank),
                      master_addr=master_addr, master_port=master_port, restart_count=restarts,
@@ -260,7 +261,7 @@ class Rendezvous:
 
     def job_store(self, round_store: Store) -> Store:
         """Keys that outlive a round: the job-wide restart counts and per-node failure counts."""
-        return PrefixStore(f"mbr/job/{self._cfg.rendezvous.run_id}", _base_store(round_store))
+        return PrefixStore(self._job, _base_store(round_store))
 
     def counts(self, rnd: Round) -> tuple[int, int]:
         """(restarts, startup restarts) used so far by the whole job."""

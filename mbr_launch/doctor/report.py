@@ -128,17 +128,17 @@ def render_problems(results: Sequence[CheckResult], console: Console | None = No
     """What the launcher prints before starting: every error in full, with its fix (they stop the launch);
     warnings as one line pointing at the doctor (none with ``quiet``). ``console`` defaults to stderr; rich
     is imported only when there is something to print (most launches: nothing, with ``--quiet``)."""
-    line = preflight_line(results)
-    if not (line and not quiet) and not any(r.severity == "error" for r in results):
+    errors = [r for r in results if r.severity == "error"]
+    line = None if quiet else preflight_line(results)
+    if not errors and not line:
         return
     from rich.console import Console  # noqa: PLC0415
     from rich.markup import escape  # noqa: PLC0415
 
     console = console or Console(stderr=True)
-    for r in results:
-        if r.severity == "error":
-            console.print(f"[{_STYLE[r.severity]}]{r.severity}[/] {escape(r.id)}: {escape(r.saw)}")
-            if r.fix:
-                console.print(f"    fix: {escape(r.fix)}   (override: --skip-check {escape(r.id)})")
-    if line and not quiet:
+    for r in errors:
+        console.print(f"[{_STYLE[r.severity]}]{r.severity}[/] {escape(r.id)}: {escape(r.saw)}")
+        if r.fix:
+            console.print(f"    fix: {escape(r.fix)}   (override: --skip-check {escape(r.id)})")
+    if line:
         console.print(escape(line), highlight=False, soft_wrap=True)
