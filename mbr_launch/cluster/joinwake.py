@@ -21,11 +21,16 @@ from __future__ import annotations
 import contextlib
 import datetime
 import threading
+import time
 from typing import Any, Callable, Iterator
 
 from mbr_launch.cluster import connections
 
 PAUSE = 1.0  # torch's pause between two reads of the state while it waits in a join
+# A wait inside torch's C++ client holds off this thread's signal handlers until it returns: waits of at most
+# STEP keep a Ctrl-C in the join prompt (a whole second let the stuck-signal watchdog, agent/stuck.py, end the
+# agent too, and the signal and the end were recorded twice).
+STEP = 0.25
 _local = threading.local()
 _torch_delay: Callable[..., None] | None = None
 
@@ -60,14 +65,18 @@ class JoinWake:
         if client is None:  # complete already (a waiting spare), or woken once: the key would not wait
             _torch_delay(seconds)  # type: ignore[misc]
             return
-        try:
-            client.wait([self._prefix + str(state.round)], datetime.timedelta(seconds=seconds))
+        key, deadline = self._prefix + str(state.round), time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                client.wait([key], datetime.timedelta(seconds=min(STEP, left)))
+            except Exception as err:
+                if "timeout" not in str(err).lower():
+                    return  # a broken connection is not given back; the next pause reads the state again
+                continue
             self.woken, self._woken_round = True, state.round
             if hasattr(self._holder, "_last_sync_time"):
                 self._holder._last_sync_time = -1  # torch's next sync reads the store, not its cache
-        except Exception as err:
-            if "timeout" not in str(err).lower():
-                return  # a broken connection is not given back; the next pause reads the state again
+            break
         connections.POOL.release(client)
 
     @contextlib.contextmanager
