@@ -319,6 +319,17 @@ def test_the_store_host_is_restarted_instead_of_excluded(tmp_path):
     assert world.events("exclude") == []
 
 
+def test_a_node_nobody_can_replace_is_restarted_instead_of_excluded(tmp_path):
+    """2:2 with no spare waiting yet (a spare still starting up is not counted): leaving would end the job, so
+    the node stays and the job restarts with it while the budget lasts."""
+    world = build_world(tmp_path, ("nnodes", "2:2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
+                        ("max_restarts", 3), ("max_node_failures", 1), nodes=2, spares=0)
+    assert world.run([exit_rank(0, 1), all_exit(0)]) == exitcodes.OK
+    assert any(line.startswith("no node would take its place, so this node stays: not excluded although this "
+                               "node failed 1 times") for line in world.said), world.said
+    assert world.events("exclude") == [] and len(world.events("restart")) == 1
+
+
 def test_peer_stop_message_ends_the_job_with_its_code(tmp_path):
     world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
                         nodes=2)

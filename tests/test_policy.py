@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.policy import (Action, Decision, FailureFacts, RestartPolicy, backoff_delay, decide,
-                               keep_store_host, quick_failure, tolerated)
+from mbr_launch.decide.policy import (Action, FailureFacts, RestartPolicy, backoff_delay, decide,
+                               Kept, quick_failure, tolerated)
 
 
 def test_job_scope_restart_within_budget():
@@ -52,8 +52,13 @@ def test_exclusion_after_k_failures_needs_min_nodes():
     policy = RestartPolicy(max_restarts=9, max_node_failures=2, min_nodes=2)
     assert decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=1, nodes_left=2)).action is Action.RESTART
     assert decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=2, nodes_left=2)).action is Action.EXCLUDE_NODE
-    d = decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=2, nodes_left=1))
-    assert d.action is Action.STOP and "at least 2" in d.reason
+    # No node would take its place: it stays, and the job restarts while the budget lasts (ending it would
+    # waste the budget the user gave; a spare still starting up is not counted yet)
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=2, nodes_left=1, restarts_used=8))
+    assert (d.action, d.scope, d.kept) == (Action.RESTART, "job", Kept.LAST_NODES), d
+    assert "not excluded although this node failed 2 times" in d.reason and "at least 2" in d.reason
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, node_failures=2, nodes_left=1, restarts_used=9))
+    assert (d.action, d.kept) == (Action.STOP, Kept.LAST_NODES) and "restart budget exhausted" in d.reason
 
 
 def test_worker_requests():
@@ -88,11 +93,15 @@ def test_lost_peer_restarts_only_while_min_nodes_remain():
 
 
 def test_the_store_host_is_restarted_not_excluded_while_the_budget_lasts():
-    excluded = Decision(Action.EXCLUDE_NODE, "job", "this node failed 1 times (--max-node-failures 1)")
-    d = keep_store_host(excluded, restarts_used=1, max_restarts=3)
-    assert d.action is Action.RESTART and d.scope == "job" and "not excluded although this node failed" in d.reason
-    d = keep_store_host(excluded, restarts_used=3, max_restarts=3)
-    assert d.action is Action.STOP and "restart budget exhausted" in d.reason
+    policy = RestartPolicy(max_restarts=3, max_node_failures=1, min_nodes=1)
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, nodes_left=2, hosts_store=True, restarts_used=1))
+    assert (d.action, d.scope, d.kept) == (Action.RESTART, "job", Kept.STORE), d
+    assert "not excluded although this node failed 1 times" in d.reason
+    d = decide(policy, FailureFacts(cause=Cause.CRASH, nodes_left=2, hosts_store=True, restarts_used=3))
+    assert (d.action, d.kept) == (Action.STOP, Kept.STORE) and "restart budget exhausted" in d.reason
+    # below its threshold a store host is restarted like any node, with nothing turned down
+    d = decide(RestartPolicy(max_restarts=3, max_node_failures=2), FailureFacts(cause=Cause.CRASH, hosts_store=True))
+    assert (d.action, d.kept) == (Action.RESTART, None)
 
 
 MIN_HEALTHY = RestartPolicy(max_restarts=2, min_nodes=2, when="min-healthy", max_node_failures=1)

@@ -9,7 +9,7 @@ from mbr_launch.agent.progress import back_off
 from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.policy import Action, Decision, FailureFacts, decide, quick_failure, tolerated
+from mbr_launch.decide.policy import Action, Decision, FailureFacts, Kept, decide, quick_failure, tolerated
 from mbr_launch.report.summary import FailureRecord
 
 
@@ -30,9 +30,10 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
         return None
     if ctx.telemetry:
         ctx.telemetry.end("failure", records[0].cause.value)
-    if decision.kept_for_store:
-        ctx.say(f"this node hosts the rendezvous store ({rnd.store_host}:{rnd.store_port}), so it stays: "
-                f"{decision.reason}")
+    if decision.kept is Kept.STORE:
+        ctx.say(f"{Kept.STORE.value} ({rnd.store_host}:{rnd.store_port}), so it stays: {decision.reason}")
+    elif decision.kept is Kept.LAST_NODES:
+        ctx.say(f"{Kept.LAST_NODES.value}, so this node stays: {decision.reason}")
     ctx.quick_failures = ctx.quick_failures + 1 if quick_failure(ctx.cfg.policy, facts) else 0
     if decision.action is Action.RESTART and decision.scope != "job":
         return _restart_here(ctx, rnd, records, decision)

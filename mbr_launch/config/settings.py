@@ -201,7 +201,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="max_node_failures", flags=("--max-node-failures",), kind=int, default=0, panel=POLICY,
             parse=non_negative("--max-node-failures", int), metavar="K",
             help="Exclude a node whose ranks failed K times (0: never); with --nnodes MIN:MAX a spare "
-                 "agent takes its place and the job goes on while MIN nodes remain."),
+                 "agent takes its place and the job goes on while MIN nodes remain; a node that no waiting "
+                 "spare could replace stays, and the job restarts while the budget lasts."),
     Setting(name="restart_backoff", flags=("--restart-backoff",), kind=float, default=1.0, panel=POLICY,
             parse=non_negative("--restart-backoff", float), metavar="SECONDS",
             help="First delay of a crash loop (rounds failing within --crash-loop-window); doubles each "

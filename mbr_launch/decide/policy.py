@@ -11,7 +11,10 @@ failures before the first heartbeat of a round ("startup" failures) count agains
 ``max_startup_restarts`` when it is set, and against ``max_restarts`` otherwise; all later failures count
 against ``max_restarts``. Some exit codes are never restarted. A node whose ranks failed
 ``max_node_failures`` times, or whose worker asked for it, is excluded: it leaves and the job goes on
-without it (spares join through the rendezvous) as long as at least MIN nodes remain.
+without it (spares join through the rendezvous) as long as at least MIN nodes remain. An exclusion is turned
+down, and the job restarts with the node while the budget lasts, when its exit would end the job instead: the
+node serves the rendezvous store, or no node would take its place (a spare still starting up is not counted
+yet: ending a job whose budget is left would be worse than one more round on a suspect node).
 
 When (``--restart-policy``, ft_launcher's ``--ft-restart-policy``):
 - ``any-failed`` (default, torchrun's semantics): any failure restarts at the scope above.
@@ -78,6 +81,12 @@ class FailureFacts:
     healthy_nodes: int | None = None  # min-healthy: nodes of the round with every rank alive, after this failure
 
 
+class Kept(enum.Enum):
+    """Why a node that should leave stays: its exit would end the job rather than shrink it."""
+    STORE = "this node hosts the rendezvous store"
+    LAST_NODES = "no node would take its place"
+
+
 @dataclass(frozen=True)
 class Decision:
     action: Action
@@ -85,7 +94,7 @@ class Decision:
     reason: str
     backoff: float = 0.0
     counts_as_startup: bool = False
-    kept_for_store: bool = False  # an exclusion turned down because this node hosts the rendezvous store
+    kept: Kept | None = None  # why an exclusion was turned down (the node stays)
 
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
@@ -125,13 +134,12 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     elif policy.max_node_failures and facts.node_failures >= policy.max_node_failures:
         exclude_reason = f"this node failed {facts.node_failures} times (--max-node-failures {policy.max_node_failures})"
     if exclude_reason:
-        if facts.nodes_left >= policy.min_nodes:
-            excluded = Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
-            if facts.hosts_store:  # leaving would take the rendezvous store, and every other node, down
-                return keep_store_host(excluded, restarts_used=facts.restarts_used, max_restarts=policy.max_restarts)
-            return excluded
-        return Decision(Action.STOP, "job", f"{exclude_reason}, but only {facts.nodes_left} node(s) would remain "
-                                            f"(--nnodes needs at least {policy.min_nodes})")
+        if facts.nodes_left < policy.min_nodes:
+            return keep_node(f"{exclude_reason}, but only {facts.nodes_left} node(s) would remain (--nnodes needs "
+                             f"at least {policy.min_nodes})", Kept.LAST_NODES, facts, policy)
+        if facts.hosts_store:  # leaving would take the rendezvous store, and every other node, down
+            return keep_node(exclude_reason, Kept.STORE, facts, policy)
+        return Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
     if facts.cause is Cause.PEER and facts.nodes_remaining < policy.min_nodes:
         return Decision(Action.STOP, "job", f"only {facts.nodes_remaining} node(s) remain and --nnodes needs at "
                                             f"least {policy.min_nodes}")
@@ -153,11 +161,11 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
                     counts_as_startup=startup)
 
 
-def keep_store_host(decision: Decision, *, restarts_used: int, max_restarts: int) -> Decision:
-    """An exclusion turned down because the node hosts the rendezvous store (its exit would end every node):
-    a job-wide restart while the budget lasts, else the end of the job."""
-    why = f"not excluded although {decision.reason}"
-    if restarts_used >= max_restarts:
-        return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({max_restarts} restarts allowed)",
-                        kept_for_store=True)
-    return Decision(Action.RESTART, "job", f"{why}; restarting instead", kept_for_store=True)
+def keep_node(exclude_reason: str, kept: Kept, facts: FailureFacts, policy: RestartPolicy) -> Decision:
+    """An exclusion turned down because the node's exit would end the job: a job-wide restart while the budget
+    lasts, else the end of the job."""
+    why = f"not excluded although {exclude_reason}"
+    if facts.restarts_used >= policy.max_restarts:
+        return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({policy.max_restarts} restarts "
+                                            f"allowed)", kept=kept)
+    return Decision(Action.RESTART, "job", f"{why}; restarting instead", kept=kept)
