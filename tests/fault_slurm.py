@@ -53,9 +53,14 @@ def check_usr1(run: Run) -> None:
     assert got[1].count("SIGUSR1") == 1, got  # delivered by Slurm: the launcher never sends USR1
     assert "SIGUSR1" not in got[0], got
     steps = {kv["step"] for _r, what, kv in rows if what == "checkpoint"}
-    for rank in (0, 1):  # one SIGTERM, the launcher's, then the checkpoint
-        assert got[rank].count("SIGTERM") == 1 and got[rank][-1] == "checkpoint", got
-        assert got[rank].index("SIGTERM") < got[rank].index("checkpoint"), got
+    # Each launcher sends its own workers one SIGTERM. The ranks agree on the stop step (all_reduce of the flag),
+    # so a rank whose launcher was the slower of the two may checkpoint on its peer's flag before its own SIGTERM
+    # comes (then noted after the checkpoint, or not at all once it exited): seen in CI as running, SIGUSR1,
+    # checkpoint, SIGTERM. The first SIGTERM to arrive is what stopped the job.
+    for rank in (0, 1):
+        assert got[rank].count("checkpoint") == 1 and got[rank].count("SIGTERM") <= 1, got
+        assert set(got[rank][got[rank].index("checkpoint") + 1:]) <= {"SIGTERM"}, got
+    assert any(got[r].count("SIGTERM") and got[r].index("SIGTERM") < got[r].index("checkpoint") for r in (0, 1)), got
     assert len(steps) == 1, rows  # every rank stopped after the same step
     assert run.info["checkpoint"], "no checkpoint written"
     assert len(run.events) == 2, run.info["keys"]
