@@ -96,25 +96,25 @@ def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
     assert seen["enabled"] and seen["typer"], seen  # repeated: typer's, and the collector still comes back
 
 
-def _python_c(code: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+# python -c probes of when the collector runs, and what is imported by then
+PAUSED_FROM_THE_FIRST_IMPORT = (
+    "import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.quick as q; "
+    "q.run = lambda argv: print(gc.isenabled(), 'typer' in sys.modules, 'torch' in sys.modules, flush=True) or 0; "
+    "e.entry()")
+# the launch stays paused until its imports are done (api.launch: the agent test above); other commands collect
+OTHER_COMMANDS_COLLECT = (
+    "import gc; from mbr_launch.startup import pause_gc; pause_gc(); from mbr_launch.cli import app; "
+    "app._run_app = lambda cli, argv, prog, **kw: print(prog, gc.isenabled()) or 0; "
+    "app.main(['s.py']); app.main(['doctor']); app.main(['report'])")
 
 
-def test_the_console_script_pauses_the_collector_from_its_first_import():
-    code = ("import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.quick as q; "
-            "q.run = lambda argv: print(gc.isenabled(), 'typer' in sys.modules, 'torch' in sys.modules, flush=True) or 0; "
-            "e.entry()")
-    done = _python_c(code)
-    assert done.stdout.split() == ["False", "False", "False"], done
-
-
-def test_other_commands_collect_again_before_they_work():
-    code = ("import gc; from mbr_launch.startup import pause_gc; pause_gc(); from mbr_launch.cli import app; "
-            "app._run_app = lambda cli, argv, prog, **kw: print(prog, gc.isenabled()) or 0; "
-            "app.main(['s.py']); app.main(['doctor']); app.main(['report'])")
-    done = _python_c(code)
-    # the launch stays paused until its imports are done (api.launch: the test above)
-    assert done.stdout.splitlines() == ["mbr-launch False", "mbr-launch doctor True", "mbr-launch report True"], done
+@pytest.mark.parametrize("code, expected", [
+    (PAUSED_FROM_THE_FIRST_IMPORT, ["False False False"]),
+    (OTHER_COMMANDS_COLLECT, ["mbr-launch False", "mbr-launch doctor True", "mbr-launch report True"]),
+], ids=["console-script-paused-first", "other-commands-collect"])
+def test_when_the_collector_runs(code: str, expected: list[str]) -> None:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert done.stdout.splitlines() == expected, done
 
 
 def test_the_rank_monitor_starts_before_the_launcher_imports_torch(tmp_path):

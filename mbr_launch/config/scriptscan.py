@@ -25,10 +25,10 @@ _DYNAMIC_CALLS = frozenset({"__import__", "exec", "eval", "compile"})
 _MAX_BYTES = 4 * 1024 * 1024  # a larger entry script is not read (it keeps the asked-for level)
 
 
-def imports_only_stdlib(script: str | None, *, module: bool = False) -> bool:
-    """True when ``script`` (a file path; not a ``-m`` module) provably imports nothing beyond the standard
-    library."""
-    if not script or module:
+def imports_only_stdlib(script: str | None) -> bool:
+    """True when ``script`` (a file path; the caller never asks about a ``-m`` module) provably imports nothing
+    beyond the standard library."""
+    if not script:
         return False
     path = Path(script)
     try:
