@@ -121,7 +121,8 @@ def test_the_node_hosting_the_store_is_not_excluded(tmp_path):
     assert 6 not in codes and 3 not in codes, (codes, outs)
     if "while this node waited to join a round" in outs[1][1]:
         # It stayed (the point of this test: checked above), but the spare joined a restarted round before it
-        # did, and that round finished without it: 2:2 admits the first two. Seen on 2 loaded cores, after the
-        # first restart (also before #13) and after the second (2026-12-01, CI of a fresh clone).
-        pytest.skip("the crashing agent stayed, but the spare took its place in a later round")
+        # did, and that round finished without it (2:2 admits the first two; the common case since the restart
+        # got faster, seen in most CI runs of 2026-12-01): it kept serving the store to the end, so all exit 0.
+        assert codes == [0, 0, 0], (codes, outs)
+        return
     assert codes[1] == 1 and "restart budget exhausted" in outs[1][1], outs[1][1]
