@@ -74,7 +74,7 @@ def leftover_processes(grace: float = 3.0) -> list[str]:
     return described
 
 
-# What ``cli.app.main`` sets for the launcher's own process: a test that calls it in pytest's process must not
+# What ``cli.process.prepare`` sets for the launcher's own process: a test that calls it in pytest's process must not
 # hand it to every later test's subprocesses.
 _LAUNCHER_ONLY = ("TORCH_CPP_LOG_LEVEL", "RES_OPTIONS")
 

@@ -16,7 +16,7 @@ import typer
 import typer.core
 
 from mbr_launch.cli.doctor import DOCTOR_NOT_RUN, doctor_command, print_json_error
-from mbr_launch.cli.errors import PROG, CommandError, error
+from mbr_launch.cli.errors import PROG, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
@@ -67,9 +67,6 @@ def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_
         return int(done.exit_code)
     except typer.Abort:
         return 128 + 2
-    except CommandError as err:
-        error(str(err))
-        return err.code
     except Exception as err:
         # Usage errors from the parser carry an exit code and a message: show one line, no traceback.
         if hasattr(err, "format_message") and hasattr(err, "exit_code"):

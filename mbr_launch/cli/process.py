@@ -8,7 +8,7 @@ import os
 import warnings
 from typing import Callable
 
-from mbr_launch.cli.errors import error
+from mbr_launch.cli.errors import CommandError, error
 from mbr_launch.cluster import resolver
 from mbr_launch.report import exitcodes
 
@@ -30,9 +30,13 @@ def prepare() -> None:
 
 
 def guarded(run: Callable[[], int]) -> int:
-    """``run()``'s exit code; Ctrl-C is 130 and a bug of ours one line (the traceback with MBR_DEBUG=1)."""
+    """``run()``'s exit code; a mistake the user can fix (``CommandError``) is its message and code, Ctrl-C is
+    130, and a bug of ours one line (the traceback with MBR_DEBUG=1)."""
     try:
         return run()
+    except CommandError as err:
+        error(str(err))
+        return err.code
     except KeyboardInterrupt:
         return 130
     except Exception as err:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from mbr_launch.cli.errors import CommandError, error
+from mbr_launch.cli.errors import CommandError
 from mbr_launch.cli.process import USER_ENV, guarded, prepare
 from mbr_launch.config.settings import SETTINGS, Setting
 
@@ -83,12 +83,4 @@ def run(argv: Sequence[str]) -> int | None:
     if values is None:
         return None
     prepare()
-
-    def plain() -> int:
-        try:
-            return launch(values)
-        except CommandError as err:
-            error(str(err))
-            return err.code
-
-    return guarded(plain)
+    return guarded(lambda: launch(values))
