@@ -95,7 +95,7 @@ def test_hang_verdict_names_the_culprit_on_the_other_node(slurm_clean: SlurmClus
 CUT_DEADLINE = 40.0
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(240)
 def test_cut_node_link_ends_both_launchers(slurm_clean: SlurmCluster, tmp_path: Path) -> None:
     """Take n2's link down mid-training (job-scope policy, one restart allowed). The survivor notices the
     silent peer, stops its worker, and with the budget left re-rendezvouses, which cannot complete
@@ -141,8 +141,7 @@ def test_cut_node_link_ends_both_launchers(slurm_clean: SlurmCluster, tmp_path: 
         except subprocess.TimeoutExpired:
             os.killpg(srun.pid, signal.SIGKILL)
             srun.communicate()
-        slurm_clean.wait_for("the job to leave squeue",
-                             lambda: all(j["name"] != name for j in slurm_clean.squeue()), 30)
+        slurm_clean.settle(name, 90)  # a job that ran on the cut node may need its node forced out of CG
 
 
 @pytest.mark.timeout(60)
