@@ -116,12 +116,14 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     from mbr_launch.workers.standby import early_pool
 
     env = dict(os.environ if environ is None else environ)
-    # Warm workers start first: their interpreters and `import torch` overlap the launcher's own imports,
-    # preflight and rendezvous (cold launch); nothing above this line imports torch. So does the rank
-    # monitor's process, which the agent would otherwise wait for before it joins.
-    pool = early_pool(cfg, env)
-    monitor = MonitorLink(env=dict(env)).spawn() if cfg.monitor.enabled else None
+    # The rank monitor's process and the warm workers start first: their start-up and `import torch` overlap
+    # the launcher's own imports, preflight and rendezvous (cold launch), and the agent would otherwise wait
+    # for the monitor before it joins; nothing above this line imports torch. The monitor before the pool:
+    # it is forked while this process has one thread (the pool starts output pumps).
+    monitor = MonitorLink(env=dict(env)).spawn(fork=True) if cfg.monitor.enabled else None
+    pool = None
     try:
+        pool = early_pool(cfg, env)
         with _signals_while_starting(cfg):
             if not preflight(cfg, environ=env):
                 print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "

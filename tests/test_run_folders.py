@@ -130,13 +130,20 @@ while not standbys and time.time() < deadline:  # the agent starts this rank's r
         except psutil.Error:
             pass
     time.sleep(0.1)
+monitors = []
+for proc in me.parent().children():
+    try:
+        if proc.name() == "mbr-monitor":
+            monitors.append({"pid": proc.pid, "cmdline": proc.cmdline(), "ppid": proc.ppid()})
+    except psutil.Error:
+        pass
 from mbr_launch.doctor.probes import other_launchers
 with open(sys.argv[1], "w") as f:
-    json.dump({"standbys": standbys, "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
+    json.dump({"standbys": standbys, "monitors": monitors, "launcher": me.parent().pid, "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
 '''
 
 
-def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standbys(tmp_path):
+def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standbys_and_monitor(tmp_path):
     script, out, tmp = tmp_path / "probe.py", tmp_path / "seen.json", tmp_path / "tmp"
     script.write_text(PS_PROBE)
     tmp.mkdir()
@@ -161,6 +168,14 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
         assert standby["ps"].startswith("mbr-standby "), standby
     # ... and the preflight's count of other launchers on the host does not take it for one.
     assert not [pid for pid, cmd in seen["launchers"] if cmd.startswith("mbr-launch standby")], seen["launchers"]
+    # The rank monitor, forked from the launcher (monitor.forked), is named as the monitor, not as a second
+    # launcher (its memory holds the launcher's arguments until it writes its title over them).
+    [monitor] = seen["monitors"]
+    assert monitor["cmdline"][:1] == ["mbr_launch.monitor.server:"], monitor
+    assert " ".join(monitor["cmdline"]).startswith(f"mbr_launch.monitor.server: rank monitor of mbr-launch "
+                                                   f"{seen['launcher']}"), monitor
+    assert monitor["ppid"] == seen["launcher"], monitor
+    assert monitor["pid"] not in [pid for pid, _cmd in seen["launchers"]], seen["launchers"]
     # Once it became the rank, the standby had its worker's command line and name back.
     assert seen["cmdline"] == seen["orig_argv"] and seen["cmdline"][-2:] == [str(script), str(out)], seen
     assert seen["name"] != "mbr-standby", seen

@@ -119,23 +119,27 @@ def test_when_the_collector_runs(code: str, expected: list[str]) -> None:
 
 def test_the_rank_monitor_starts_before_the_launcher_imports_torch(tmp_path):
     """Its start-up overlaps the launcher's: the agent does not wait for it before joining (many agents on
-    few cores give each process only its share of the CPUs). The agent adopts that process."""
+    few cores give each process only its share of the CPUs). It is forked from the launcher, not a new
+    interpreter (monitor.forked), and the agent adopts that process."""
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     seen = _launch_probe("""
         early = self._early_monitor
         print(json.dumps({"torch_at_spawn": spawned, "adopted": early is not None and early.pid is not None,
-                          "alive": early is not None and early.exit_code() is None}), flush=True)
+                          "alive": early is not None and early.exit_code() is None,
+                          "forked": type(early._proc).__name__}), flush=True)
         early.close()
         return 0
     """, ["--standby", "off", "--nproc-per-node", "1", str(script)], setup="""
         from mbr_launch.monitor import link
         spawned = []
         spawn = link.MonitorLink.spawn
-        def recorded(self):
-            spawned.append("torch" in sys.modules)
-            return spawn(self)
+        def recorded(self, **kw):
+            spawned.append(["torch" in sys.modules, kw])
+            return spawn(self, **kw)
         link.MonitorLink.spawn = recorded
     """)
-    # spawned once, before torch; the agent received that very process, still running (waiting for its config)
-    assert seen == {"torch_at_spawn": [False], "adopted": True, "alive": True}, seen
+    # spawned once, before torch, forked (the launcher had one thread); the agent received that very process,
+    # still running (waiting for its config)
+    assert seen == {"torch_at_spawn": [[False, {"fork": True}]], "adopted": True, "alive": True,
+                    "forked": "Forked"}, seen

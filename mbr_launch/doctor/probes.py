@@ -250,6 +250,10 @@ _LAUNCHER_MARKERS = (
 )
 
 
+# Thread names of a launcher's helper processes (a waiting standby, the rank monitor): not launchers.
+_HELPER_NAMES = ("mbr-standby", "mbr-monitor")
+
+
 def launcher_of(cmdline: Sequence[str]) -> str | None:
     """Which launcher a command line is, judged by its first three words (python -m X, or X itself)."""
     for word in cmdline[:3]:
@@ -325,13 +329,15 @@ def other_launchers() -> list[LauncherProcess]:
     except psutil.Error:
         pass
     found = []
-    for proc in psutil.process_iter(["pid", "cmdline", "uids"]):
+    for proc in psutil.process_iter(["pid", "name", "cmdline", "uids"]):
         cmd = proc.info.get("cmdline") or []
         if proc.info["pid"] in mine or not cmd:
             continue
         # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
-        # standby shows as "mbr-launch standby ..." (shim.proctitle).
-        if launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]:
+        # standby shows as "mbr-launch standby ..." (shim.proctitle), a launcher's rank monitor, forked from
+        # it, by its thread name (monitor.forked) even where its title could not be written.
+        if (launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]
+                or proc.info.get("name") in _HELPER_NAMES):
             continue
         uids = proc.info.get("uids")
         devices, read = None, False

@@ -1,4 +1,5 @@
-"""The agent's end of the rank monitor process (``python -m mbr_launch.monitor.server``).
+"""The agent's end of the rank monitor process (forked from the launcher, ``monitor.forked``, where that is
+safe; else ``python -S -m mbr_launch.monitor.server``).
 
 Commands go down the monitor's stdin as JSON lines; events come back on its stdout and are handed to the
 agent through ``on_event`` (from a reader thread: the callback must only enqueue). Replies to commands
@@ -16,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from mbr_launch.monitor.forked import Forked, fork_monitor
 from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, Event, Op
 
 
@@ -44,17 +46,23 @@ class MonitorLink:
                  env: dict[str, str] | None = None) -> None:
         self.on_event = on_event  # set before ``start`` (an early link gets it when the agent adopts it)
         self._env = env
-        self._proc: subprocess.Popen | None = None
+        self._proc: subprocess.Popen | Forked | None = None
         self._replies: dict[str, queue.SimpleQueue] = {name: queue.SimpleQueue() for name in REPLIES}
         self._write_lock = threading.Lock()
         self.pidfd: int | None = None
         self.launcher_socket: str | None = None
 
-    def spawn(self) -> "MonitorLink":
+    def spawn(self, *, fork: bool = False) -> "MonitorLink":
         """Start the monitor's process, which waits for ``start``'s configuration. Done early by the launcher
         (``api.launch``), so that the process's own start-up overlaps the agent's: on a machine where many
         agents start at once, a process the agent waits for gets only its share of the CPUs (32 agents on 2
-        cores: 0.9-1.0 s from the agent's start event to its join, most of it this wait)."""
+        cores: 0.9-1.0 s from the agent's start event to its join, most of it this wait). ``fork``: fork this
+        process where that is safe (``monitor.forked``: the launcher, before its threads start), which costs a
+        fraction of a new interpreter's CPU."""
+        if self._proc is None and fork:
+            self._proc = fork_monitor()
+            if self._proc is not None:
+                self.pidfd = os.pidfd_open(self._proc.pid)
         if self._proc is None:
             # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills
             # every armed worker's process group (grandchildren included) before it exits.

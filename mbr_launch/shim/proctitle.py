@@ -27,11 +27,12 @@ class Title:
 
     def restore(self) -> None:
         _write(self.start, self.original)
-        _set_comm(self.comm)
+        set_name(self.comm)
 
 
-def retitle(title: str) -> Title | None:
-    """Show ``title`` (cut to fit) as this process's command line; None when it could not be done."""
+def retitle(title: str, name: bytes = COMM) -> Title | None:
+    """Show ``title`` (cut to fit) as this process's command line and ``name`` as its main thread's name;
+    None when it could not be done."""
     try:
         with open("/proc/self/stat", "rb") as f:
             fields = f.read().rsplit(b")", 1)[1].split()
@@ -50,7 +51,7 @@ def retitle(title: str) -> Title | None:
     # the text up to the first NUL rather than every argument.
     if not _write(start, text + b"\0" + b" " * (len(original) - len(text) - 1)):
         return None
-    _set_comm(COMM)
+    set_name(name)
     return Title(start, original, comm)
 
 
@@ -63,7 +64,8 @@ def _write(start: int, data: bytes) -> bool:
         return False
 
 
-def _set_comm(name: bytes) -> None:
+def set_name(name: bytes) -> None:
+    """This thread's name (the main thread's: the process's, in ``ps -e``, ``top`` and ``pgrep``)."""
     try:
         ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_NAME, ctypes.c_char_p(name[:15]), 0, 0, 0)
     except (OSError, AttributeError):

@@ -1,0 +1,126 @@
+"""The rank monitor's process forked from the launcher, instead of started as a new interpreter.
+
+A new ``python -S -m mbr_launch.monitor.server`` spends 40-60 ms of CPU before it serves: the interpreter, then
+typing, dataclasses, re, json and socket, which the launcher has imported already. 32 agents starting on a
+2-core machine pay that 32 times while their rendezvous waits for the CPU (about 3% of an agent's start-up,
+the gap between our launch and torchrun's there). A fork shares what the launcher has imported and only
+imports the monitor's own modules.
+
+A fork is taken only while the launcher runs a single thread (``api.launch`` forks before the warm standbys
+and their output pumps start): in a threaded process the child could inherit a lock another thread held.
+Elsewhere ``MonitorLink`` starts the interpreter as before.
+
+The child shows as ``mbr_launch.monitor.server: rank monitor of mbr-launch PID`` (``ps``, psutil) with the
+thread name ``mbr-monitor`` (``top``, ``pgrep``), so nobody takes it for a second launcher.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from typing import BinaryIO
+
+from mbr_launch.monitor.wire import SERVER_MODULE
+
+COMM = b"mbr-monitor"  # the child's thread name (at most 15 bytes)
+
+
+class Forked:
+    """The part of ``subprocess.Popen`` that ``MonitorLink`` uses, for a child this process forked."""
+
+    def __init__(self, pid: int, stdin: BinaryIO, stdout: BinaryIO) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, its status is not ours to know
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(SERVER_MODULE, timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def fork_monitor() -> Forked | None:
+    """Fork the rank monitor; None where a fork is not safe here (more than one thread, or no ``os.fork``)."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return None
+    commands_r, commands_w = os.pipe()
+    events_r, events_w = os.pipe()
+    for stream in (sys.stdout, sys.stderr):  # else what sits in their buffers is written by both processes
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    launcher = os.getpid()
+    pid = os.fork()
+    if pid == 0:
+        _child(commands_r, events_w, launcher)  # never returns
+    os.close(commands_r)
+    os.close(events_w)
+    return Forked(pid, os.fdopen(commands_w, "wb"), os.fdopen(events_r, "rb"))
+
+
+def _child(commands: int, events: int, launcher: int) -> None:
+    code = 1
+    try:
+        os.setsid()  # as start_new_session: a Ctrl-C to the launcher's group does not reach the monitor
+        os.dup2(commands, 0)
+        os.dup2(events, 1)
+        _close_from(3)  # the launcher's ends of both pipes included: its death must read as EOF here
+        from mbr_launch.shim.proctitle import retitle, set_name
+
+        if retitle(f"{SERVER_MODULE}: rank monitor of mbr-launch {launcher}", name=COMM) is None:
+            set_name(COMM)  # no title (no /proc/self/mem here): the name still tells it from the launcher
+        from mbr_launch.monitor import server
+        from mbr_launch.startup import resume_gc
+
+        resume_gc()  # the launcher paused the collector for its imports; this process runs for days
+        code = server.main()
+    except BaseException:  # noqa: BLE001 - the child must end here, never return into the launcher's code
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)
+
+
+def _close_from(low: int) -> None:
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        os.closerange(low, 65536)
+        return
+    for fd in fds:
+        if fd >= low:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed already
