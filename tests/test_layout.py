@@ -40,7 +40,8 @@ def test_every_rank_agrees_on_one_layout():
 
 def test_the_store_host_waits_for_every_farewell():
     """cluster.stops: the host's wait ends when the last node says farewell (each node on its own connection,
-    as each agent is), and gives up after its timeout when one never does."""
+    as each agent is), waits on while farewells keep coming, and gives up when none has come for its quiet
+    time (a node that never says it) or after its cap."""
     import time
     from types import SimpleNamespace
 
@@ -58,10 +59,28 @@ def test_the_store_host_waits_for_every_farewell():
     later = threading.Timer(0.3, farewell, args=(node("r1"),))
     later.start()
     t0 = time.monotonic()
-    assert await_farewells(node("r1"), 5.0)
+    assert await_farewells(node("r1"), quiet=5.0, cap=10.0)
     assert time.monotonic() - t0 < 3
     later.join()
-    farewell(node("r2"))  # one of three: the host gives up after its timeout
+    # Farewells that trickle in, each within the quiet time of the one before, are all waited for, past it.
+    trickle = [threading.Timer(0.4 * (i + 1), farewell, args=(node("r3", 6),)) for i in range(6)]
+    for timer in trickle:
+        timer.start()
     t0 = time.monotonic()
-    assert not await_farewells(node("r2"), 0.3)
-    assert 0.25 < time.monotonic() - t0 < 3
+    assert await_farewells(node("r3", 6), quiet=0.7, cap=10.0)
+    assert 2.2 < time.monotonic() - t0 < 5
+    for timer in trickle:
+        timer.join()
+    farewell(node("r2"))  # one of three: the host gives up when no more come for the quiet time
+    t0 = time.monotonic()
+    assert not await_farewells(node("r2"), quiet=0.5, cap=10.0)
+    assert 0.45 < time.monotonic() - t0 < 3
+    # ... and after the cap, however they trickle.
+    trickle = [threading.Timer(0.2 * (i + 1), farewell, args=(node("r4", 20),)) for i in range(15)]
+    for timer in trickle:
+        timer.start()
+    t0 = time.monotonic()
+    assert not await_farewells(node("r4", 20), quiet=1.0, cap=1.0)
+    assert 0.95 < time.monotonic() - t0 < 3
+    for timer in trickle:
+        timer.join()

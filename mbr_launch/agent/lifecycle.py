@@ -42,9 +42,11 @@ from mbr_launch.workers.standby import StandbyPool
 # Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
 # outside the round (spares): they poll about once a second and should read "closed", not find it gone.
 SPARE_LINGER = 3.0
-# Seconds the store's host waits, after a successful job, for every node's farewell (stops.await_farewells);
-# the farewell thread is given 5 s in all.
-FAREWELL_WAIT = 2.0
+# After a successful job the store's host waits for every node's farewell (stops.await_farewells) while they
+# keep coming: until none has come for FAREWELL_QUIET seconds, FAREWELL_CAP in all. Another node's farewell
+# thread is given PART_BOUND seconds (its own farewell is one store call).
+FAREWELL_QUIET, FAREWELL_CAP = 5.0, 60.0
+PART_BOUND = 5.0
 
 
 class Agent:
@@ -182,16 +184,19 @@ class Agent:
         departure = self.ctx.departure if self.ctx else Departure.CLOSE
         if self._rendezvous is None or departure is Departure.NONE:
             return
+        bound = PART_BOUND
         if departure is Departure.LEAVE:
             part = self._rendezvous.leave
         else:
             hosting = rnd is not None and self._cluster is not None and self._cluster.hosts_store(rnd)
             succeeded = rnd is not None and self.ctx is not None and self.ctx.summary.exit_code == exitcodes.OK
             part = functools.partial(self._close_rendezvous, rnd if succeeded else None, hosting)
+            if hosting and succeeded:
+                bound += FAREWELL_CAP
         # Bounded: on a dead link these calls would never return.
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
-        progress.farewell(wakeup, farewell, 5.0)  # a Ctrl-C now ends the wait
+        progress.farewell(wakeup, farewell, bound)  # a Ctrl-C now ends the wait
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
         """After a successful job (``done``: its round) every node says farewell and the store's host waits
@@ -200,7 +205,7 @@ class Agent:
             try:
                 stops.farewell(done)
                 if hosting:
-                    stops.await_farewells(done, FAREWELL_WAIT)
+                    stops.await_farewells(done, FAREWELL_QUIET, FAREWELL_CAP)
             except Exception:
                 pass  # the store is gone already: nothing to wait for
         assert self._rendezvous is not None
