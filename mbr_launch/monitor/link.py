@@ -59,18 +59,15 @@ class MonitorLink:
         cores: 0.9-1.0 s from the agent's start event to its join, most of it this wait). ``fork``: fork this
         process where that is safe (``monitor.forked``: the launcher, before its threads start), which costs a
         fraction of a new interpreter's CPU."""
-        if self._proc is None and fork:
-            self._proc = fork_monitor()
-            if self._proc is not None:
-                self.pidfd = os.pidfd_open(self._proc.pid)
-        if self._proc is None:
-            # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills
-            # every armed worker's process group (grandchildren included) before it exits.
-            self._proc = subprocess.Popen(
-                [sys.executable, "-S", "-m", SERVER_MODULE],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_without_site(self._env), start_new_session=True,
-            )
-            self.pidfd = os.pidfd_open(self._proc.pid)
+        if self._proc is not None:
+            return self
+        # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills every
+        # armed worker's process group (grandchildren included) before it exits.
+        self._proc = (fork_monitor() if fork else None) or subprocess.Popen(
+            [sys.executable, "-S", "-m", SERVER_MODULE],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_without_site(self._env), start_new_session=True,
+        )
+        self.pidfd = os.pidfd_open(self._proc.pid)
         return self
 
     def start(self, sock_dir: Path, cfg: dict[str, Any], timeout: float = 30.0, *,
