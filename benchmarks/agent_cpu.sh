@@ -3,6 +3,7 @@
 # and the CPU each agent had used when its worker started (benchmarks/workers/agent_cpu.py). By hand:
 #   bash benchmarks/agent_cpu.sh torchrun 32
 #   bash benchmarks/agent_cpu.sh mbr-launch 32 --standby off
+# KEEP_READY=FILE keeps the per-rank lines (RANK time agent_cpu main_thread other_threads threads tree_cpu).
 set -uo pipefail
 tool=$1; n=$2; shift 2
 here=$(cd "$(dirname "$0")" && pwd)
@@ -26,4 +27,5 @@ print(f"{tool}: {len(rows)} ranks, all started {max(float(r[1]) for r in rows) -
       f"(main thread {st.mean(float(r[3]) for r in rows):.2f} s; with its other processes "
       f"{st.mean(float(r[6]) for r in rows):.2f} s)")
 PY
+[ -n "${KEEP_READY:-}" ] && cp "$out/ready" "$KEEP_READY"
 rm -rf "$out"

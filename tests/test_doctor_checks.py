@@ -11,7 +11,8 @@ import json
 import pytest
 
 from mbr_launch.doctor import DoctorContext, DoctorError, check_ids, exit_code, run_checks, to_json
-from mbr_launch.doctor.probes import GpuInfo, LauncherProcess, Limit, NvmlView, Versions
+from mbr_launch.doctor.probes import GpuInfo, Limit, NvmlView, Versions
+from mbr_launch.doctor.processes import LauncherProcess
 
 pytestmark = pytest.mark.timeout(30)
 

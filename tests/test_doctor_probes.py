@@ -6,9 +6,11 @@ from __future__ import annotations
 import io
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -186,3 +188,83 @@ def test_preflight_prints_fixes_and_refuses_on_errors():
     env = {"TORCH_CPP_LOG_LEVEL": "error", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"}
     buf = io.StringIO()
     assert preflight(real(env=env, inprocess={}), skip={"fs.shm", "limits.nofile"}, console=Console(file=buf))
+
+
+def _orphan(command: str, env: dict[str, str] | None = None) -> int:
+    """Start ``command`` through a shell that exits at once: the process is no descendant of ours (as another
+    user's or another shell's launcher would be). Returns its pid once it runs the command itself."""
+    out = subprocess.run(["bash", "-c", f"{command} >/dev/null 2>&1 & echo $!"], capture_output=True, text=True,
+                         timeout=10, check=True, env={**os.environ, **(env or {})})
+    pid = int(out.stdout)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            if not Path(f"/proc/{pid}/cmdline").read_bytes().startswith(b"bash"):
+                return pid
+        except OSError:
+            break
+        time.sleep(0.02)
+    raise AssertionError(f"{command!r} did not start")
+
+
+def test_other_launchers_read_from_proc():
+    """The scan for other launchers (launcher.per_node), against real processes: an agent outside our tree is
+    found with its owner and CUDA_VISIBLE_DEVICES; our own descendants, a standby's title and a process named
+    as a launcher's helper are not."""
+    from mbr_launch.doctor.processes import other_launchers
+
+    sleeper = f"{sys.executable} -c 'import time; time.sleep(60)'"
+    named = (f"{sys.executable} -c 'import ctypes, time; "
+             "ctypes.CDLL(None).prctl(15, b\"mbr-monitor\", 0, 0, 0); time.sleep(60)'")  # PR_SET_NAME
+    pids: list[int] = []
+    child = subprocess.Popen(["bash", "-c", "exec -a torchrun sleep 60"])
+    try:
+        pids.append(agent := _orphan("exec -a torchrun sleep 60", {"CUDA_VISIBLE_DEVICES": "3"}))
+        pids.append(standby := _orphan(f"exec -a 'mbr-launch standby for local rank 0' {sleeper}"))
+        pids.append(helper := _orphan(f"exec -a mbr-launch {named}"))
+        pids.append(module := _orphan(f"exec -a python3 {sys.executable} -c 'import time; time.sleep(60)' "
+                                      "-m torch.distributed.run"))
+        deadline = time.monotonic() + 10
+        while Path(f"/proc/{helper}/comm").read_text().strip() != "mbr-monitor" and time.monotonic() < deadline:
+            time.sleep(0.02)
+        found = {p.pid: p for p in other_launchers()}
+        assert agent in found and found[agent].argv == ("torchrun", "60")
+        assert found[agent].uid == os.getuid() and found[agent].env_read and found[agent].visible_devices == "3"
+        # the first three words name the launcher: `python -c CODE -m torch.distributed.run` is no launcher
+        assert module not in found and standby not in found and helper not in found and child.pid not in found
+        assert os.getpid() not in found
+    finally:
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        child.kill()
+        child.wait()
+
+
+def test_installed_versions_agree_with_importlib_metadata(tmp_path, monkeypatch):
+    """report.version reads pip's metadata folders itself; it must name the version importlib.metadata
+    names, for the real installs and for a folder earlier on sys.path that shadows one."""
+    import importlib.metadata
+
+    from mbr_launch.report.version import installed
+
+    def reference(dist: str) -> str | None:
+        try:
+            return importlib.metadata.version(dist)
+        except importlib.metadata.PackageNotFoundError:
+            return None
+
+    for dist in ("torch", "nvidia-resiliency-ext", "nvidia_resiliency_ext", "psutil", "PyYAML", "no-such-dist"):
+        assert installed(dist) == reference(dist), dist
+    shadow = tmp_path / "Nvidia_Resiliency.Ext-9.9.dist-info"
+    shadow.mkdir()
+    (shadow / "METADATA").write_text("Metadata-Version: 2.1\nName: nvidia-resiliency-ext\nVersion: 9.9rc1\n\nVersion: 0\n")
+    egg = tmp_path / "oldstyle.egg-info"
+    egg.mkdir()
+    (egg / "PKG-INFO").write_text("Metadata-Version: 1.0\nName: oldstyle\nVersion: 1.2.3\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    importlib.invalidate_caches()
+    assert installed("nvidia-resiliency-ext") == reference("nvidia-resiliency-ext") == "9.9rc1"
+    assert installed("oldstyle") == reference("oldstyle") == "1.2.3"

@@ -64,3 +64,33 @@ def test_is_host_on_a_taken_port_is_one_clear_error():
 
 def test_a_file_store_is_left_to_torchs_registry():
     assert rdzvstore.create_handler(_params(free_port(), store_type="file")) is None
+
+
+def test_hosts_store_sees_only_this_processs_own_listener():
+    """hosts_store reads the kernel's socket tables: our listening store on either family is ours; a client
+    connection to it, another process's listener and a closed socket are not."""
+    import subprocess
+    import sys
+
+    from mbr_launch.cluster.rendezvous import hosts_store
+
+    for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
+        port = free_port()
+        with socket.socket(family) as server:
+            server.bind((address, port))
+            assert not hosts_store(port)  # bound, not listening
+            server.listen()
+            assert hosts_store(port)
+            with socket.create_connection((address, port)):
+                assert hosts_store(port) and not hosts_store(free_port())
+        assert not hosts_store(port)
+    port = free_port()
+    other = subprocess.Popen([sys.executable, "-c", "import socket, sys, time; s = socket.socket(); "
+                              f"s.bind(('127.0.0.1', {port})); s.listen(); print('up', flush=True); time.sleep(60)"],
+                             stdout=subprocess.PIPE, text=True)
+    try:
+        assert other.stdout.readline().strip() == "up"
+        assert not hosts_store(port)
+    finally:
+        other.kill()
+        other.wait()

@@ -137,7 +137,7 @@ for proc in me.parent().children():
             monitors.append({"pid": proc.pid, "cmdline": proc.cmdline(), "ppid": proc.ppid()})
     except psutil.Error:
         pass
-from mbr_launch.doctor.probes import other_launchers
+from mbr_launch.doctor.processes import other_launchers
 with open(sys.argv[1], "w") as f:
     json.dump({"standbys": standbys, "monitors": monitors, "launcher": me.parent().pid, "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
 '''

@@ -78,7 +78,9 @@ def _agent_sees(argv: list[str]) -> dict:
     return _launch_probe("""
         print(json.dumps({"enabled": gc.isenabled(), "frozen": gc.get_freeze_count(),
                           "torch": "torch" in sys.modules, "typer": "typer" in sys.modules,
-                          "rich": "rich" in sys.modules, "yaml": "yaml" in sys.modules}), flush=True)
+                          "rich": "rich" in sys.modules, "yaml": "yaml" in sys.modules,
+                          "psutil": "psutil" in sys.modules,
+                          "bridge": "mbr_launch.doctor.mbridge" in sys.modules}), flush=True)
         return 0
     """, argv)
 
@@ -90,6 +92,9 @@ def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
     # frozen: the start-up's objects (torch's elastic stack) are out of every later collection
     assert seen["enabled"] and seen["torch"] and seen["frozen"] > 100_000, seen
     assert not seen["typer"], seen  # a plain line: read without typer (cli.quick)
+    # Each costs every agent CPU before its ranks start: a preflight warning line is plain text (no rich),
+    # the host scans read /proc (no psutil), and no --config means no Megatron-Bridge config model.
+    assert not (seen["rich"] or seen["psutil"] or seen["bridge"]), seen
     quiet = _agent_sees(["--standby", "off", "--quiet", "--nproc-per-node", "1", str(script)])
     assert not (quiet["typer"] or quiet["rich"] or quiet["yaml"]), quiet  # nothing to print, no config file
     seen = _agent_sees(["--standby", "off", "--nproc-per-node", "1", "--nproc-per-node", "1", str(script)])

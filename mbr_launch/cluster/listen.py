@@ -60,3 +60,36 @@ def close_fd(fd: int) -> None:
         os.close(fd)
     except OSError:
         pass
+
+
+def listens_here(port: int) -> bool:
+    """Whether this process holds a TCP socket listening on ``port`` (any address): the kernel's socket
+    tables (/proc/net/tcp, tcp6) give the listener's inode, this process's descriptors say whether it is
+    ours. Read directly: psutil's per-process connection list parses every socket of the host into objects,
+    which took an agent ~4% of its CPU at the end of a 32-agent run on 2 cores."""
+    wanted = f":{port:04X}"
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                next(f, None)  # the header
+                for line in f:
+                    fields = line.split()
+                    # local address "ADDR:PORT" (hex), state 0A = LISTEN, inode
+                    if len(fields) > 9 and fields[3] == "0A" and fields[1].endswith(wanted):
+                        inodes.add(f"socket:[{fields[9]}]")
+        except OSError:
+            continue
+    if not inodes:
+        return False
+    try:
+        fds = os.listdir("/proc/self/fd")
+    except OSError:
+        return False
+    for fd in fds:
+        try:
+            if os.readlink(f"/proc/self/fd/{fd}") in inodes:
+                return True
+        except OSError:
+            continue  # closed meanwhile (the listdir's own descriptor among them)
+    return False

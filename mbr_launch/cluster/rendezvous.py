@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import connections, eventnames, fastround, joinwake, layout, rdzvstore, shrink
+from mbr_launch.cluster import connections, eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink
 from mbr_launch.cluster.joining import JoinCounter
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
@@ -89,14 +89,7 @@ def release_control(store: Store) -> None:
 def hosts_store(port: int) -> bool:
     """Whether this process listens on ``port``: it is the rendezvous store's host (torch's c10d backend
     serves the store from the first agent on the endpoint's machine)."""
-    import psutil
-
-    try:
-        proc = psutil.Process()
-        connections = getattr(proc, "net_connections", None) or proc.connections
-        return any(c.status == psutil.CONN_LISTEN and c.laddr and c.laddr.port == port for c in connections("tcp"))
-    except (psutil.Error, OSError):
-        return False
+    return listen.listens_here(port)
 
 
 def _disable_shared_store() -> None:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 from mbr_launch.doctor.checks import check_ids, check_skip, run_checks
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.probes import detect_launcher
+from mbr_launch.doctor.processes import detect_launcher
 from mbr_launch.doctor.registry import CheckResult, DoctorError
 from mbr_launch.doctor.report import NOT_RUN, exit_code, render_problems, render_table, to_json, to_json_error
 

@@ -6,9 +6,13 @@ The watchdog-vs-hard_timeout and fault-tolerance-vs-torchrun pitfalls are covere
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.mbridge import BridgeConfig
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+
+if TYPE_CHECKING:  # loaded by the context only when --config names a file
+    from mbr_launch.doctor.mbridge import BridgeConfig
 
 LOCAL_CKPT_ALGOS = {"fully_parallel", "atomic"}
 # NeMo-Run leaves no standard marker in the job's environment; these are the ones it is known to use.
@@ -28,7 +32,7 @@ def load(ctx: DoctorContext) -> Finding:
     if ctx.config_path is None:
         return skip("no --config given")
     cfg = ctx.bridge
-    if not isinstance(cfg, BridgeConfig):
+    if cfg is None or isinstance(cfg, Exception):
         return error(str(cfg), "fix the file path or YAML syntax")
     errors = [f"{p.path}: {p.message}" for p in cfg.problems if p.severity == "error"]
     infos = [p.path for p in cfg.problems if p.severity == "info"]

@@ -14,11 +14,13 @@ import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mbr_launch.doctor import mbridge, probes
-from mbr_launch.doctor.mbridge import BridgeConfig, ConfigError, InProcessRestart
+from mbr_launch.doctor import probes, processes
 from mbr_launch.doctor.probes import Limit, NvmlView, Versions
+
+if TYPE_CHECKING:  # imported where used: a launch without a Megatron-Bridge config never needs them
+    from mbr_launch.doctor.mbridge import BridgeConfig, ConfigError, InProcessRestart
 
 # torch's default for NCCL process groups (ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout).
 TORCH_NCCL_DEFAULT_PG_TIMEOUT_S = 600.0
@@ -61,7 +63,7 @@ class DoctorContext:
     local_addresses: Callable[[], set[str]] = probes.local_addresses
     reverse_lookup: Callable[[str, float], float | None] = probes.reverse_lookup_seconds
     rdma_devices: Callable[[], list[str]] = probes.rdma_devices
-    other_launchers: Callable[[], list[probes.LauncherProcess]] = probes.other_launchers
+    other_launchers: Callable[[], list[processes.LauncherProcess]] = processes.other_launchers
     uid: int = field(default_factory=os.getuid)  # whose launchers count (launcher.per_node)
     script_head: Callable[[str], str | None] = probes.script_head
 
@@ -95,14 +97,16 @@ class DoctorContext:
         """The loaded Megatron-Bridge config, the error that stopped loading it, or None without one."""
         if not self.config_path:
             return None
+        from mbr_launch.doctor import mbridge  # noqa: PLC0415 - its 11 dataclasses cost every launch ~15 ms
+
         try:
             return mbridge.load(self.config_path)
-        except ConfigError as exc:
+        except mbridge.ConfigError as exc:
             return exc
 
     @property
     def bridge_ok(self) -> BridgeConfig | None:
-        return self.bridge if isinstance(self.bridge, BridgeConfig) else None
+        return None if isinstance(self.bridge, Exception) else self.bridge
 
     @cached_property
     def effective_env(self) -> Mapping[str, str]:
@@ -126,6 +130,8 @@ class DoctorContext:
                 values["enabled"] = True
         if not values.get("enabled"):
             return None
+        from mbr_launch.doctor.mbridge import InProcessRestart  # noqa: PLC0415 - see bridge
+
         known = {f.name for f in dataclasses.fields(InProcessRestart)}
         return InProcessRestart(**{k: v for k, v in values.items() if k in known})
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from mbr_launch.config.build import C10D_PORT
 from mbr_launch.config.settings import BY_NAME
-from mbr_launch.doctor.probes import LauncherProcess, launcher_of
+from mbr_launch.doctor.processes import LauncherProcess, launcher_of
 
 NOT_A_LAUNCH = frozenset({"-h", "--help", "--help-all", "--version"})
 _LOCAL = frozenset({"", "localhost", "127.0.0.1", "::1", "0.0.0.0"})

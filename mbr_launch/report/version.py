@@ -2,13 +2,18 @@
 ``start`` event, so a bug report (exit code 4) says what ran.
 
 Read from the installed packages' metadata, never by importing them: ``--version`` must stay instant and
-must work when torch itself is broken.
+must work when torch itself is broken. The metadata folder pip writes (``NAME-VERSION.dist-info``) is read
+directly, as ``importlib.metadata`` would find it (the first on ``sys.path``): 0.4 ms a lookup where
+``importlib.metadata.version`` takes 2 ms, and an agent looks up torch and NVRx before its ranks start (the
+preflight, the start event). Anything else (an egg, a zip, a custom finder) goes through importlib.metadata.
 """
 
 from __future__ import annotations
 
-import importlib.metadata
+import os
 import platform
+import re
+import sys
 
 import mbr_launch
 
@@ -19,11 +24,48 @@ DEPENDENCIES = ("torch", "nvidia-resiliency-ext")
 def installed(dist: str) -> str | None:
     """The installed version of distribution ``dist``; None when it is not installed (or unreadable)."""
     try:
+        found = _from_metadata_folder(dist)
+        if found is not None:
+            return found
+        import importlib.metadata  # noqa: PLC0415 - an egg, a zip, a custom finder: the full search
+
         return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
+    except Exception:  # not installed, or a broken dist-info: must not break --version
         return None
-    except Exception:  # a broken dist-info must not break --version
-        return None
+
+
+def _normal(name: str) -> str:
+    return re.sub(r"[-_.]+", "_", name).lower()
+
+
+def _from_metadata_folder(dist: str) -> str | None:
+    """The version in the first ``*.dist-info``/``*.egg-info`` folder of ``dist`` on ``sys.path``; None when
+    there is none (or it gives no version)."""
+    want = _normal(dist)
+    for entry in sys.path:
+        try:
+            names = os.listdir(entry or ".")
+        except OSError:  # a zip file, a folder gone: not ours to read here
+            continue
+        for name in names:
+            stem, dot, kind = name.rpartition(".")
+            if dot and kind in ("dist-info", "egg-info") and _normal(stem.partition("-")[0]) == want:
+                meta = os.path.join(entry or ".", name, "METADATA" if kind == "dist-info" else "PKG-INFO")
+                return _version_field(meta)
+    return None
+
+
+def _version_field(path: str) -> str | None:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if not line.strip():  # the headers end at the first blank line
+                    break
+                if line.startswith("Version:"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return None
 
 
 def versions() -> dict[str, str | None]:
