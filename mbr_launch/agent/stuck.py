@@ -12,11 +12,12 @@ seconds, the main thread is stuck and ``on_stuck`` ends the process from here.
 from __future__ import annotations
 
 import os
-import select
 import signal
 import threading
 import time
 from typing import Callable, Iterable
+
+from mbr_launch.fdwait import ready
 
 PATIENCE = 1.0  # seconds: a main thread in Python code runs the handler within milliseconds
 
@@ -48,7 +49,7 @@ class StuckSignals:
         # reads is taken as seen: the next one is caught).
         pending, last, unseen_since, last_handled = 0, 0, None, self._handled()
         while not self._closed.is_set():
-            select.select([self._read_fd], [], [], 0.25)
+            ready([self._read_fd], 0.25)
             handled = self._handled()
             ours = self._drain()  # whether or not select saw it: a byte may have come since it returned
             if ours is None:

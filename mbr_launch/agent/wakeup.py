@@ -13,11 +13,11 @@ import collections
 import contextlib
 import os
 import queue
-import select
 import time
 from typing import Callable, Iterator, Sequence
 
 from mbr_launch.agent.messages import Event
+from mbr_launch.fdwait import ready
 
 
 class Interrupted(BaseException):
@@ -103,14 +103,14 @@ class Wakeup:
         return self._select(fds, timeout)
 
     def _select(self, fds: Sequence[int], timeout: float | None) -> list[int]:
-        ready, _, _ = select.select([self._read_fd, *fds], [], [], timeout)
-        if self._read_fd in ready:
+        woke = ready([self._read_fd, *fds], timeout)
+        if self._read_fd in woke:
             try:
                 while os.read(self._read_fd, 4096):
                     pass
             except BlockingIOError:
                 pass
-        return [fd for fd in ready if fd != self._read_fd]
+        return [fd for fd in woke if fd != self._read_fd]
 
     def sleep(self, seconds: float) -> bool:
         """A back-off that a signal interrupts; False when a signal arrived."""

@@ -4,8 +4,9 @@ terminal and how large, and writes that complete (for the console, report/consol
 from __future__ import annotations
 
 import os
-import select
 from typing import Any
+
+from mbr_launch.fdwait import ready
 
 
 class Device:
@@ -43,7 +44,7 @@ def write_all(fd: int, data: bytes) -> None:
         try:
             view = view[os.write(fd, view):]
         except BlockingIOError:  # someone made the terminal non-blocking: wait until it takes more
-            select.select([], [fd], [], 1.0)
+            ready([fd], 1.0, write=True)
 
 
 def size(fd: int) -> tuple[int, int]:

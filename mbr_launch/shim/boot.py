@@ -32,7 +32,7 @@ failure's code. (NVRx's in-process Wrapper leaves its ProgressWatchdog thread ru
 raises, e.g. when the Wrapper's store host exited first at the end of a run.)
 
 The variable names and the signal come from ``mbr_launch.contract``, which the agent uses too; the shim
-imports nothing else of mbr_launch.
+imports nothing else of mbr_launch (a standby, ``shim.standby``, also waits through ``mbr_launch.fdwait``).
 """
 
 from __future__ import annotations

@@ -51,14 +51,13 @@ The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_D
 every level. Use ``--standby interpreter`` (or ``off``) for scripts that configure torch through the
 environment before importing it; ``--no-python`` never uses standbys.
 
-Runs inside workers: imports only the standard library and ``mbr_launch.contract`` before its level's
+Runs inside workers: imports only the standard library, ``mbr_launch.contract`` and ``mbr_launch.fdwait`` before its level's
 preloading (torch is imported by ``_preload``, late on purpose).
 """
 
 from __future__ import annotations
 
 import os
-import select
 import signal
 import sys
 import threading
@@ -68,6 +67,7 @@ from typing import Mapping, Sequence
 
 from mbr_launch.contract import (OPTIONAL_PRELOAD, STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment,
                                  StandbyChannel, preemption_signals)
+from mbr_launch.fdwait import ready
 from mbr_launch.shim import envwatch, handover
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
@@ -103,9 +103,9 @@ def serve() -> None:
     # not to slow the ranks that are starting.
     # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
     # with nothing preloaded: preloading now would only delay a script that may not need it.
-    early = not background and delay > 0 and bool(select.select([channel], [], [], delay)[0])
+    early = not background and delay > 0 and bool(ready([channel], delay))
     while not early and not background and _saturated():
-        early = bool(select.select([channel], [], [], SATURATION_RECHECK)[0])
+        early = bool(ready([channel], SATURATION_RECHECK))
     preloading, assigned, adoption = None, threading.Event(), handover.Adoption(reads, written)
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up

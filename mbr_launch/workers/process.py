@@ -11,7 +11,6 @@ from __future__ import annotations
 import collections
 import ctypes
 import os
-import select
 import signal
 import subprocess
 import threading
@@ -20,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import BinaryIO, Callable, Sequence
 
 from mbr_launch.contract import preemption_signals
+from mbr_launch.fdwait import ready
 from mbr_launch.report.exitstatus import ExitStatus
 from mbr_launch.workers import strays
 
@@ -136,9 +136,8 @@ def wait_any(workers: Sequence[Worker], timeout: float | None) -> list[Worker]:
     live = {w.pidfd: w for w in workers if w.alive}
     if not live:
         return []
-    ready, _, _ = select.select(list(live), [], [], timeout)
     ended = []
-    for fd in ready:
+    for fd in ready(list(live), timeout):
         worker = live[fd]
         if worker.reap() is not None:
             ended.append(worker)
