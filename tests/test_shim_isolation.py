@@ -1,6 +1,6 @@
 """What runs inside workers imports nothing of the agent: ``mbr_launch.shim`` takes only ``mbr_launch.contract``
-(and the standard library; torch only late, where a standby preloads it), and ``contract`` only the standard
-library. Checked on the source (every import statement, function-local ones included) and in a real
+and ``mbr_launch.fdwait`` (and the standard library; torch only late, where a standby preloads it), and those
+two only the standard library. Checked on the source (every import statement, function-local ones included) and in a real
 interpreter (what ``import mbr_launch.shim.boot`` actually loads)."""
 
 from __future__ import annotations
@@ -30,11 +30,14 @@ def imported_modules(path: Path) -> list[str]:
     return names
 
 
+SHARED = ("mbr_launch.contract", "mbr_launch.fdwait")  # stdlib-only modules the agent and the shim both use
+
+
 def test_shim_imports_only_contract_and_shim():
     assert len(SHIM_FILES) >= 5  # __init__, boot, standby, autobeat, flight
     wrong = [(str(p.relative_to(PACKAGE)), name) for p in SHIM_FILES for name in imported_modules(p)
              if name.split(".")[0] == "mbr_launch"
-             and not (name == "mbr_launch.contract" or name == "mbr_launch.shim" or name.startswith("mbr_launch.shim."))]
+             and not (name in SHARED or name == "mbr_launch.shim" or name.startswith("mbr_launch.shim."))]
     assert not wrong, f"shim modules import agent code: {wrong}"
 
 
@@ -45,9 +48,10 @@ def test_shim_imports_no_third_party_module_but_torch():
     assert not wrong, wrong
 
 
-def test_contract_imports_only_the_standard_library():
-    names = imported_modules(PACKAGE / "contract.py")
-    assert all(n.split(".")[0] in sys.stdlib_module_names or n == "__future__" for n in names), names
+def test_contract_and_fdwait_import_only_the_standard_library():
+    for shared in ("contract.py", "fdwait.py"):
+        names = imported_modules(PACKAGE / shared)
+        assert all(n.split(".")[0] in sys.stdlib_module_names or n == "__future__" for n in names), (shared, names)
 
 
 def test_workers_start_through_the_boot_module_the_contract_names():
@@ -66,10 +70,9 @@ def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(PACKAGE.parent), os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
     loaded = json.loads(out.stdout)
-    assert set(loaded) == {"mbr_launch", "mbr_launch.contract", "mbr_launch.shim", "mbr_launch.shim.boot",
-                           "mbr_launch.shim.standby", "mbr_launch.shim.envwatch", "mbr_launch.shim.handover",
-                           "mbr_launch.shim.autobeat",
-                           "mbr_launch.shim.flight"}, loaded
+    assert set(loaded) == {"mbr_launch", "mbr_launch.contract", "mbr_launch.fdwait", "mbr_launch.shim",
+                           "mbr_launch.shim.boot", "mbr_launch.shim.standby", "mbr_launch.shim.envwatch",
+                           "mbr_launch.shim.handover", "mbr_launch.shim.autobeat", "mbr_launch.shim.flight"}, loaded
 
 
 STUCK_AFTER_FAILURE = """
