@@ -14,6 +14,10 @@ What it takes: each in-process restart lasts about the script's gloo timeout on 
 for the failed one time out before the Wrapper can restart them), the hang the 12 s heartbeat timeout, and each
 of the three rounds about 30 s on a 2-core machine under load 9 (ranks import NVRx and start the Wrapper's
 monitor process; the Wrapper's teardown at the end): 112 s there (6 NVRx ranks, 3 agents, 2 job restarts).
+
+NVRx's Wrapper can fail in its teardown when the rank that hosts its store (rank 0) exits first. One rank lost
+so is a lost rank like any other; two on two nodes (1 in 4 fresh-clone CI runs of 2026-12-01) end the job with
+exit 1 after training finished: the example then runs once more, and everything is checked on that run.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ from mbr_launch.report.events import read_events
 from .helpers import LAUNCHER, REPO, free_port, launcher_env
 from .nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done
 
-pytestmark = pytest.mark.timeout(420)
+pytestmark = pytest.mark.timeout(720)  # a second run when the first lost its last round to NVRx's teardown race
 
 FAULTS = "5:10:exc,4:10:sigkill,3:20:sigkill,5:40:sleep"
 ITERATIONS = 60
@@ -46,7 +50,9 @@ def _events(log_dir: Path) -> list[dict]:
     return read_events(files[0])
 
 
-def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_layer(tmp_path):
+def _run(tmp_path: Path) -> tuple[list[int], list[str]]:
+    """The example under three agents once: (their exit codes, their outputs); logs under tmp_path/logsN."""
+    tmp_path.mkdir(parents=True, exist_ok=True)
     env = launcher_env(TORCH_CPP_LOG_LEVEL="ERROR")  # as the script exports
     example = for_launcher(LAUNCHER, env=env, cwd=REPO)
     argvs = commands(LAUNCHER, port=free_port(), faults=FAULTS, iterations=ITERATIONS, checkpoint_dir=tmp_path,
@@ -67,7 +73,28 @@ def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_l
                     proc.wait()
         wall = time.monotonic() - began
     print(f"wall {wall:.1f} s")
-    codes = [p.returncode for p in procs]
+    return [p.returncode for p in procs], outputs
+
+
+def _lost_in_teardown(tmp_path: Path, outputs: list[str]) -> bool:
+    """Training finished, and the job then ended on exit-code failures in the last round only: ranks whose NVRx
+    Wrapper raised in its teardown because the rank hosting the Wrapper's store (rank 0) exited first. One such
+    rank is a lost rank like any other (2 of 3 nodes stay healthy); two on two nodes leave one healthy node, and
+    min-healthy restarts with no budget left. A race of NVRx's example, not of the launcher."""
+    if iterations_done("\n".join(outputs)) != ITERATIONS:
+        return False
+    events = [e for i in range(3) for e in _events(tmp_path / f"logs{i}")]
+    last = [e for e in events if e["event"] == "failure" and e.get("round") == 2]
+    return bool(last) and all(e["cause"] == "crash" and e["exit_code"] == 1 for e in last)
+
+
+def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_layer(tmp_path):
+    codes, outputs = _run(tmp_path / "run1")
+    if codes != [0, 0, 0] and _lost_in_teardown(tmp_path / "run1", outputs):
+        tmp_path /= "run2"  # once more; everything below is checked on this run
+        codes, outputs = _run(tmp_path)
+    else:
+        tmp_path /= "run1"
     assert codes == [0, 0, 0], (codes, [o[-3000:] for o in outputs])
     output = "\n".join(outputs)
     assert iterations_done(output) == ITERATIONS, output[-3000:]
