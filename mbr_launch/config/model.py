@@ -172,6 +172,40 @@ class PreflightSpec:
 
 
 @dataclass(frozen=True)
+class NvrxLauncherSpec:
+    """ft_launcher 0.6/0.7's launcher features, each given its meaning in this launcher.
+
+    Defaults are "off": ``config.build`` fills them from the settings (and, where NVRx versions disagree,
+    from the NVRx version installed in the workers' environment)."""
+
+    # Progress tracking across restarts: stop with ``no_restart_exit_code`` after this many cycles in a row
+    # that did not advance the iteration by ``min_progress_iterations`` (0 or less: off).
+    max_no_progress_cycles: int = 0
+    min_progress_iterations: int = 1
+    checkpoint_iteration_file: str | None = None  # a file holding the last checkpoint's iteration
+    no_restart_exit_code: int = 93  # what the launcher exits with when it decides not to restart
+    # Per-cycle records: cycle-info JSON files (+ ``.current`` link, NVRX_CURRENT_CYCLE_INFO in workers)
+    # and per-cycle application logs ``<prefix>_cycle<N>.log``.
+    cycle_info_dir: str | None = None
+    cycle_info_job_id: str | None = None
+    per_cycle_applog_prefix: str | None = None
+    # Pre-rendezvous health checks: a node that fails one does not join and says why.
+    enable_nic_healthcheck: bool = False
+    link_state_path_template: str | None = None
+    enable_dist_storage_healthcheck: bool = False
+    storage_healthcheck_paths: tuple[str, ...] = ()
+    node_health_check_endpoint: str | None = None
+    segment_health_check_dir: str | None = None
+    segment: int | None = None
+    # Between a stop and the next start: wait for GPU memory to come back (NVML), look for leftovers.
+    gpu_memory_reclaim_timeout: float = 0.0  # seconds; 0: do not wait
+    gpu_memory_tolerance_mb: float = 512.0
+    gpu_memory_poll_interval: float = 2.0
+    check_remaining_processes: bool = False
+    numa_bind_strict: bool = True
+
+
+@dataclass(frozen=True)
 class LaunchConfig:
     rendezvous: RendezvousSpec
     workers: WorkersSpec
@@ -185,7 +219,8 @@ class LaunchConfig:
     preflight: PreflightSpec
     slurm: SlurmEnv | None
     warnings: tuple[str, ...] = ()
+    nvrx: NvrxLauncherSpec = field(default_factory=NvrxLauncherSpec)
 
 
-__all__ = ["FaultToleranceSpec", "LaunchConfig", "MonitorSpec", "OutputSpec", "PreemptionSpec",
+__all__ = ["FaultToleranceSpec", "LaunchConfig", "MonitorSpec", "NvrxLauncherSpec", "OutputSpec", "PreemptionSpec",
            "PreflightSpec", "RendezvousSpec", "StandbySpec", "StdSpec", "TelemetrySpec", "WorkersSpec"]
