@@ -13,6 +13,7 @@ from mbr_launch.monitor.deadlines import (
     RankWatch,
     SectionError,
     Timeouts,
+    Verdict,
     next_deadline,
     next_verdict,
 )
@@ -234,3 +235,78 @@ def test_transition_table_is_total_over_listed_pairs_only():
             else:
                 with pytest.raises(InvalidTransition):
                     w._go(event)
+
+
+# ---- NVRx 0.6+ clients ------------------------------------------------------------------------------------
+
+
+def newer(sections, oos=None, *, warmup=5, at=100.0, timeouts=None) -> RankWatch:
+    w = RankWatch(Timeouts(None, None, dict(sections), oos))
+    w.arm(at - 1)
+    w.init(at, newer=True, warmup_iterations=warmup, timeouts=timeouts)
+    return w
+
+
+def test_newer_client_out_of_section_waits_for_the_first_step():
+    w = newer({"step": 30.0}, oos=2.0)
+    assert next_verdict(w, 1000.0) is None  # start-up outside any section: not timed
+    w.open_section("setup", 1000.0)
+    w.close_section("setup", 1001.0)
+    assert next_deadline(w) is None  # a section other than "step" does not start it
+    w.open_section("step", 1002.0)
+    w.close_section("step", 1003.0)
+    assert next_verdict(w, 1005.5) == Verdict(Kind.OUT_OF_SECTION, None, 2.0, 2.5)
+
+
+def test_newer_client_out_of_section_from_init_without_sections_or_with_warmup():
+    for sections in ({}, {"step": 30.0, "warmup": 60.0}):
+        w = newer(sections, oos=2.0)
+        assert next_deadline(w) == 102.0, sections
+
+
+def test_041_client_out_of_section_from_init_with_sections():
+    w = watch(sections={"step": 30.0}, oos=2.0)
+    assert next_deadline(w) == 102.0
+
+
+def test_warmup_times_the_first_steps_from_the_first_reported_iteration():
+    w = newer({"step": 1.0, "warmup": 10.0}, warmup=2)
+    w.open_section("step", 100.0, iteration=50)
+    assert next_deadline(w) == 110.0  # iteration 50 - 50 < 2: warmup's
+    w.close_section("step", 105.0, iteration=50)
+    w.open_section("step", 105.0, iteration=51)
+    assert next_deadline(w) == 115.0
+    w.close_section("step", 106.0, iteration=51)
+    w.open_section("step", 106.0, iteration=52)  # 52 - 50 = 2: step's own
+    assert next_verdict(w, 107.5) == Verdict(Kind.SECTION, "step", 1.0, 1.5)
+    assert w.iteration == 52 and w.first_iteration == 50
+
+
+def test_warmup_needs_reported_iterations_and_newer_rules():
+    w = newer({"step": 1.0, "warmup": 10.0})
+    w.open_section("step", 100.0)  # no iteration reported: step's own timeout
+    assert next_deadline(w) == 101.0
+    w = watch(sections={"step": 1.0, "warmup": 10.0})  # a 0.4.1 client: "warmup" is just a section name
+    w.open_section("step", 100.0, iteration=1)
+    assert next_deadline(w) == 101.0
+
+
+def test_only_step_messages_set_the_iteration():
+    w = newer({"step": 1.0, "setup": 5.0})
+    w.open_section("setup", 100.0, iteration=7)
+    assert w.iteration is None
+    w.close_section("setup", 100.5, iteration=7)
+    w.open_section("step", 101.0, iteration=9)
+    assert (w.first_iteration, w.iteration) == (9, 9)
+
+
+def test_init_takes_the_versions_timeouts_unless_the_client_updated_them():
+    version = Timeouts(None, None, {"step": 30.0}, None)
+    w = newer({"step": 30.0}, timeouts=version)
+    assert (w.timeouts.initial, w.timeouts.subsequent) == (None, None) and next_deadline(w) is None
+    w.update_timeouts(initial=50.0, subsequent=20.0, update_hb=True, update_sections=False)
+    w.init(200.0, newer=True, timeouts=version)  # a re-init (in-process restart) keeps the calculated ones
+    assert (w.timeouts.initial, w.timeouts.subsequent) == (50.0, 20.0)
+    w.arm(300.0)  # a new round: the configured ones again, then the version's at init
+    w.init(301.0, newer=True, timeouts=version)
+    assert w.timeouts.subsequent is None

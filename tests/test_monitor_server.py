@@ -19,6 +19,8 @@ from typing import Any, Optional
 
 import pytest
 
+from .nvrx_versions import INSTALLED, nvrx_env
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,12 +212,14 @@ class Mon:
         self.events.wait("armed", local_rank=local_rank)
         return sock
 
-    def spawn(self, mode: str, *args: str, local_rank: int = 0, rank: int = 0) -> tuple[subprocess.Popen, Lines]:
-        env = dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local_rank), PYTHONUNBUFFERED="1",
-                   FT_RANK_MONITOR_IPC_SOCKET=str(self.dir / f"rmon{local_rank}.sock"),
-                   FT_LAUNCHER_IPC_SOCKET=self.launcher_socket)
-        proc = subprocess.Popen([sys.executable, str(self.worker), mode, *args], env=env, stdout=subprocess.PIPE,
-                                text=True, start_new_session=True)
+    def spawn(self, mode: str, *args: str, local_rank: int = 0, rank: int = 0, nvrx: str = INSTALLED,
+              script: Optional[Path] = None) -> tuple[subprocess.Popen, Lines]:
+        """A client process running ``script`` (default: WORKER) with NVRx ``nvrx``'s real client."""
+        env = nvrx_env(nvrx, dict(os.environ, RANK=str(rank), LOCAL_RANK=str(local_rank), PYTHONUNBUFFERED="1",
+                                  FT_RANK_MONITOR_IPC_SOCKET=str(self.dir / f"rmon{local_rank}.sock"),
+                                  FT_LAUNCHER_IPC_SOCKET=self.launcher_socket))
+        proc = subprocess.Popen([sys.executable, str(script or self.worker), mode, *args], env=env,
+                                stdout=subprocess.PIPE, text=True, start_new_session=True)
         self.clients.append(proc)
         self.send(op="pid", local_rank=local_rank, pid=proc.pid, pgid=proc.pid)
         return proc, Lines(proc.stdout)

@@ -119,3 +119,20 @@ def test_plain_status_is_one_short_line_for_eight_ranks_and_never_repeats():
         "status: 8 ranks monitoring · step 120 · 310 ms/step · rank 0 quiet for 12 s",  # 102 columns in full
         "status: 8 ranks monitoring · step 120 · 310 ms/step · restarts 1 · rank 0 quiet for 17 s"]
     assert all(len(line) <= 100 for line in said), said
+
+
+def test_the_iteration_an_nvrx_client_reports_is_shown():
+    clock = Clock()
+    tel, _log, said = _telemetry(clock, io.StringIO())
+    tel.begin(0, [0, 1])
+    tel.on_status({"ranks": [{"local_rank": lr, "rank": lr, "state": "monitoring", "last_heartbeat_age": 0.1,
+                              "last_step_age": None, "steps": 0, "step": None, "open_sections": ["step"],
+                              "iteration": 1200 + lr, "nvrx": "0.6+"} for lr in (0, 1)]})
+    clock.now += 5.0
+    tel.tick(0)
+    assert said == ["status: 2 ranks monitoring · iteration 1200-1201 · sections: step"]
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=120).print(tel.table())
+    assert "it 1201" in out.getvalue()

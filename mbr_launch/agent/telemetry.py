@@ -249,8 +249,16 @@ def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
         state = "stepping"  # no NVRx client, but automatic step beats
     return [str(lr), str(row.get("rank", "?")), state,
             "-" if age is None else f"{age:.1f} s ago", ",".join(row.get("open_sections") or []) or "-",
-            str(row.get("step") or 0), "-" if step_time is None else f"{step_time * 1e3:.1f} ms",
+            _step_cell(row), "-" if step_time is None else f"{step_time * 1e3:.1f} ms",
             str(max(0, starts.get(lr, 1) - 1)) if isinstance(lr, int) else "0"]
+
+
+def _step_cell(row: dict[str, Any]) -> str:
+    """The optimizer steps autobeat counted, else the iteration an NVRx 0.6+ client reports (Megatron's)."""
+    iteration = row.get("iteration")
+    if not row.get("step") and isinstance(iteration, int):
+        return f"it {iteration}"
+    return str(row.get("step") or 0)
 
 
 def status_line(rows: dict[int, dict[str, Any]], starts: dict[int, int], width: int = PLAIN_WIDTH) -> str:
@@ -265,6 +273,9 @@ def status_line(rows: dict[int, dict[str, Any]], starts: dict[int, int], width: 
     steps = [r["step"] for r in ranks if isinstance(r.get("step"), int)]
     if steps:
         parts.append((1, f"step {max(steps)}" if min(steps) == max(steps) else f"step {min(steps)}-{max(steps)}"))
+    its = [r["iteration"] for r in ranks if isinstance(r.get("iteration"), int)]
+    if its:
+        parts.append((1, f"iteration {max(its)}" if min(its) == max(its) else f"iteration {min(its)}-{max(its)}"))
     times = {r.get("rank"): r["last_step_time"] for r in ranks if isinstance(r.get("last_step_time"), (int, float))}
     if times:
         typical = statistics.median(times.values())

@@ -22,6 +22,7 @@ from mbr_launch.monitor.control import (
     timeout_value,
 )
 from mbr_launch.monitor.deadlines import RankWatch
+from mbr_launch.monitor.protocol import V06, V041
 from mbr_launch.monitor.sockets import Sockets
 from mbr_launch.monitor.state import Shared, Slot
 from mbr_launch.monitor.status import ranks_event
@@ -62,10 +63,16 @@ class Commands:
         given = msg.get("cfg") or {}
         if not isinstance(given, dict):
             raise ControlError("configure: cfg must be an object")
-        cfg = {**replies.CONFIG_DEFAULTS, **given}  # absent keys: NVRx 0.4.1 defaults; null: disabled
-        configured_timeouts(cfg)  # validate before committing
+        user_set = given.get(replies.USER_SET, sorted(given))  # absent: every key given was set
+        if not isinstance(user_set, list) or not all(isinstance(k, str) for k in user_set):
+            raise ControlError(f"configure: {replies.USER_SET} must be a list of field names")
+        # Absent keys: NVRx 0.4.1 defaults for 0.4.1 clients, each newer version's own for its clients (see
+        # replies.client_config); null: disabled.
+        cfg = {**replies.CONFIG_DEFAULTS, **given, replies.USER_SET: user_set}
         try:
-            replies.ft_config(cfg)
+            for version in (V041, V06):  # validate before committing
+                configured_timeouts(replies.client_config(cfg, version))
+                replies.ft_config(replies.client_config(cfg, version), version)
         except (KeyError, ValueError, TypeError) as exc:
             raise ControlError(f"configure: bad cfg: {exc}") from None
         steps = msg.get("steps") or {}
@@ -88,7 +95,10 @@ class Commands:
         slot = shared.slots.get(local_rank)
         if slot is None:
             assert shared.cfg is not None
-            slot = shared.slots[local_rank] = Slot(local_rank, RankWatch(configured_timeouts(shared.cfg)))
+            # Until a client says which NVRx it is, the rank is armed with 0.4.1's view; a 0.6+ client's
+            # InitMsg switches it to its own version's (connections._on_init).
+            armed = configured_timeouts(replies.client_config(shared.cfg, V041))
+            slot = shared.slots[local_rank] = Slot(local_rank, RankWatch(armed))
         self.connections.drop_slot(slot)
         if slot.listener is not None and slot.path != path:
             self.sockets.unlisten(slot)

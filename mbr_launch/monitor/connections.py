@@ -3,8 +3,10 @@
 Each connection gets a thread doing blocking ``recv``/``sendall``: measured against a single epoll loop it
 saves ~10 us per round trip (no ``epoll_wait`` and no Python dispatch between the client's separate header
 and payload writes). Frames are decoded outside the lock (``protocol.py`` is pure); the handlers run with
-``Shared.lock`` held and return the reply frame. A thread wakes the main thread only when it makes a
-deadline earlier than the planned wake-up (heartbeats only ever move deadlines later).
+``Shared.lock`` held and return the reply frame, or ``NO_REPLY`` to a client that reads none (an NVRx 0.6+
+client's heartbeats and sections with ``skip_section_response``; a refusal then reaches the agent only, as an
+``error`` event it prints). A thread wakes the main thread only when it makes a deadline earlier than the
+planned wake-up (heartbeats only ever move deadlines later).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from typing import Any, Callable, Optional
 
 from mbr_launch.monitor import replies
 from mbr_launch.monitor.ancestry import descends_from, peer_of
+from mbr_launch.monitor.control import configured_timeouts
 from mbr_launch.monitor.deadlines import InvalidTransition, Phase, SectionError, next_deadline
 from mbr_launch.monitor.protocol import (
     Authkey,
@@ -29,6 +32,7 @@ from mbr_launch.monitor.protocol import (
     SectionCloseAll,
     SectionOpen,
     UpdateConfig,
+    V041,
     decode_workload_request,
     frame_length,
 )
@@ -41,8 +45,13 @@ from mbr_launch.monitor.wire import Event
 # it right after the spawn; a warm standby can connect within milliseconds of becoming the rank).
 PID_WAIT = 5.0
 _NOT_INITIALISED = replies.frame(replies.error_msg("not initialised: send InitMsg first"))
+NO_REPLY = b""  # a handler's answer to a client that reads no reply
 
 Handler = Callable[[Slot, Conn, Any], bytes]
+
+
+def _ok(conn: Conn) -> bytes:
+    return NO_REPLY if conn.quiet else replies.OK_FRAME
 
 
 def _recv_exact(sock: socket.socket, n: int) -> bytes:
@@ -144,7 +153,8 @@ class Connections:
                 reply = self._frame(conn, _recv_exact(sock, frame_length(header)))
                 if reply is None:
                     break
-                sock.sendall(reply)
+                if reply:
+                    sock.sendall(reply)
         except ProtocolError as exc:
             self._error(conn, f"{exc}; connection dropped")
         except (OSError, EOFError):
@@ -210,7 +220,8 @@ class Connections:
             try:
                 reply = handler(slot, conn, req)
             except (SectionError, InvalidTransition) as exc:
-                reply = self._refuse(slot, conn, str(exc))
+                oneway = isinstance(req, (Heartbeat, SectionOpen, SectionClose, SectionCloseAll))
+                reply = self._refuse(slot, conn, str(exc), oneway=oneway)
             wake = shared.check_by(next_deadline(slot.watch))
         if wake:
             shared.wake()
@@ -225,28 +236,28 @@ class Connections:
         if slot.watch.heartbeat(clock()):
             self.shared.emit({"ev": Event.FIRST_HEARTBEAT, "local_rank": slot.local_rank, "rank": slot.rank,
                               "t": round(clock() - slot.watch.armed_at, 6)})
-        return replies.OK_FRAME
+        return _ok(conn)
 
     def _on_open(self, slot: Slot, conn: Conn, req: SectionOpen) -> bytes:
         if slot.active is not conn:
             return _NOT_INITIALISED
-        slot.watch.open_section(req.name, self.shared.clock())
-        return replies.OK_FRAME
+        slot.watch.open_section(req.name, self.shared.clock(), req.iteration)
+        return _ok(conn)
 
     def _on_close(self, slot: Slot, conn: Conn, req: SectionClose) -> bytes:
         if slot.active is not conn:
             return _NOT_INITIALISED
         now = self.shared.clock()
-        slot.watch.close_section(req.name, now)
+        slot.watch.close_section(req.name, now, req.iteration)
         if is_checkpoint_section(req.name):
             slot.steps.checkpoint_closed(now)
-        return replies.OK_FRAME
+        return _ok(conn)
 
     def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
         if slot.active is not conn:
             return _NOT_INITIALISED
         slot.watch.close_all_sections(self.shared.clock())
-        return replies.OK_FRAME
+        return _ok(conn)
 
     def _on_authkey(self, slot: Slot, conn: Conn, req: Authkey) -> bytes:
         # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
@@ -256,15 +267,24 @@ class Connections:
         if slot.active is not None and slot.active is not conn:
             # A new client took over before the old one's EOF was seen: the newest owns the rank.
             self.drop(slot.active)
-        slot.watch.init(self.shared.clock())
+        version = req.version
+        base = self.shared.client_cfg(version)
+        newer = version != V041
+        warmup = req.num_warmup_iters if req.num_warmup_iters is not None else base.get("num_warmup_iterations", 5)
+        slot.watch.init(self.shared.clock(), newer=newer, warmup_iterations=int(warmup),
+                        timeouts=configured_timeouts(base))
         slot.steps.yield_to_client()  # the script heartbeats itself: no double heartbeats
         slot.active = conn
         slot.client_pid = conn.peer_pid or req.pid  # the kernel's word over the client's
+        slot.client_version = version
+        conn.quiet = newer and base.get("skip_section_response") is True
         if slot.rank is None:
             slot.rank = req.rank
         self.shared.emit({"ev": Event.CONNECTED, "local_rank": slot.local_rank, "rank": req.rank,
-                          "pid": slot.client_pid})
-        return replies.frame(replies.ok_msg(cfg=replies.ft_config(self.shared.effective_cfg(slot))))
+                          "pid": slot.client_pid, "nvrx": version, "iteration": req.iteration,
+                          "replies": not conn.quiet})
+        cfg = replies.ft_config(self.shared.effective_cfg(slot, version), version)
+        return replies.frame(replies.ok_msg(cfg=cfg))
 
     def _on_update(self, slot: Slot, conn: Conn, req: UpdateConfig) -> bytes:
         if slot.active is not conn:
@@ -282,10 +302,13 @@ class Connections:
         return replies.OK_FRAME
 
     def _on_invalid(self, slot: Slot, conn: Conn, req: Invalid) -> bytes:
-        return self._refuse(slot, conn, req.cause)
+        return self._refuse(slot, conn, req.cause, oneway=req.oneway)
 
-    def _refuse(self, slot: Slot, conn: Conn, cause: str) -> bytes:
-        """Lock held: answer ``ErrorMsg(cause)`` (the client raises it) and report it to the agent."""
+    def _refuse(self, slot: Slot, conn: Conn, cause: str, *, oneway: bool = False) -> bytes:
+        """Lock held: report ``cause`` to the agent and answer ``ErrorMsg(cause)`` (the client raises it),
+        unless the client reads no reply to this message (``oneway`` on a quiet connection)."""
         self.shared.emit({"ev": Event.ERROR, "local_rank": slot.local_rank, "pid": conn.peer_pid,
                           "message": f"local rank {slot.local_rank}: refused a request: {cause}"})
+        if oneway and conn.quiet:
+            return NO_REPLY
         return replies.frame(replies.error_msg(cause))

@@ -12,6 +12,15 @@ server can sleep exactly until the next one:
 - a section name without a configured timeout can still be opened (the 0.4.1 server accepts it; its
   client raises afterwards) and never expires. NVRx would crash its checker on the KeyError instead.
 
+A session of an NVRx 0.6+ client (``init(newer=True)``) follows that version's server instead:
+
+- when sections are configured and "warmup" is not one of them, the out-of-section timeout does not run
+  before the session's first open of "step" (NVRx PR #299: start-up outside any section is not a hang);
+- with a "warmup" section timeout, an open "step" is timed by it instead of by "step"'s own for the first
+  ``warmup_iterations`` iterations the client reports in "step" messages, counted from the first one;
+- the client's timeouts start from that version's defaults (the caller passes them to ``init``), unless an
+  update since the arm already replaced them.
+
 Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state starts over)::
 
     DISARMED --arm--> ARMED --init--> MONITORING --deadline passed--> EXPIRED
@@ -117,11 +126,20 @@ class SectionError(Exception):
     """Open of an open section or close of a closed one: NVRx answers ErrorMsg with this cause."""
 
 
+STEP, WARMUP = "step", "warmup"  # the section names NVRx 0.6+ gives a meaning
+
+
 @dataclass
 class RankWatch:
     configured: Timeouts
     phase: Phase = Phase.DISARMED
     timeouts: Timeouts = field(default_factory=Timeouts)
+    updated: bool = False  # the client replaced the timeouts since the arm (UpdateConfigMsg)
+    newer: bool = False  # this session's client is NVRx 0.6+: its rules apply
+    warmup_iterations: int = 5
+    first_iteration: Optional[int] = None  # of this session's "step" messages (0.6+ clients that report it)
+    iteration: Optional[int] = None  # the latest one
+    step_seen: bool = False  # "step" was opened in this session
     armed_at: float = 0.0
     init_at: Optional[float] = None
     last_hb: Optional[float] = None
@@ -132,6 +150,7 @@ class RankWatch:
     hb_deadline: Optional[float] = None
     sec_deadline: Optional[float] = None
     sec_deadline_name: Optional[str] = None  # None with sec_deadline set: out-of-section
+    sec_timeout: Optional[float] = None  # the timeout behind sec_deadline ("warmup"'s for an early "step")
 
     def _go(self, event: Event) -> None:
         try:
@@ -144,6 +163,7 @@ class RankWatch:
     def arm(self, now: float) -> None:
         self._go(Event.ARM)
         self.timeouts = self.configured.copy()
+        self.updated = False
         self.armed_at = now
         self._reset_session()
 
@@ -157,9 +177,15 @@ class RankWatch:
 
     # ---- client-driven ----------------------------------------------------------------------------------
 
-    def init(self, now: float) -> None:
+    def init(self, now: float, *, newer: bool = False, warmup_iterations: int = 5,
+             timeouts: Optional[Timeouts] = None) -> None:
+        """A client session starts. ``newer``: an NVRx 0.6+ client, whose rules apply; ``timeouts``: its
+        version's, taken unless the client already replaced the armed ones."""
         self._go(Event.INIT)
         self._reset_session()
+        self.newer, self.warmup_iterations = newer, warmup_iterations
+        if timeouts is not None and not self.updated:
+            self.timeouts = timeouts.copy()
         self.init_at = self.oos_since = now
         self._recompute_hb()
         self._recompute_sections()
@@ -180,20 +206,24 @@ class RankWatch:
         self.hb_deadline = None if sub is None else now + sub
         return self.heartbeats == 1
 
-    def open_section(self, name: str, now: float) -> None:
+    def open_section(self, name: str, now: float, iteration: Optional[int] = None) -> None:
         self._go(Event.MESSAGE)
         if self.phase is Phase.EXPIRED:
             return
+        self._note_iteration(name, iteration)
         if name in self.open_sections:
             raise SectionError(f"Section '{name}' is already open.")
         self.open_sections[name] = now
         self.oos_since = None
+        if name == STEP:
+            self.step_seen = True
         self._recompute_sections()
 
-    def close_section(self, name: str, now: float) -> None:
+    def close_section(self, name: str, now: float, iteration: Optional[int] = None) -> None:
         self._go(Event.MESSAGE)
         if self.phase is Phase.EXPIRED:
             return
+        self._note_iteration(name, iteration)
         if name not in self.open_sections:
             raise SectionError(f"Section '{name}' is not open.")
         del self.open_sections[name]
@@ -220,6 +250,7 @@ class RankWatch:
         update_sections: bool,
     ) -> None:
         self._go(Event.MESSAGE)
+        self.updated = self.updated or update_hb or update_sections
         if update_hb:
             self.timeouts.initial, self.timeouts.subsequent = initial, subsequent
         if update_sections:
@@ -236,7 +267,33 @@ class RankWatch:
         self.init_at = self.last_hb = self.oos_since = None
         self.heartbeats = 0
         self.open_sections.clear()
-        self.hb_deadline = self.sec_deadline = self.sec_deadline_name = None
+        self.hb_deadline = self.sec_deadline = self.sec_deadline_name = self.sec_timeout = None
+        self.first_iteration = self.iteration = None
+        self.step_seen = False
+
+    def _note_iteration(self, name: str, iteration: Optional[int]) -> None:
+        # As NVRx 0.6+: only "step" messages carry a trustworthy iteration (a "setup" may precede the
+        # checkpoint load). A step that goes back is taken as it is (NVRx warns; a reload does that).
+        if name == STEP and iteration is not None:
+            if self.first_iteration is None:
+                self.first_iteration = iteration
+            self.iteration = iteration
+
+    def section_limit(self, name: str) -> Timeout:
+        """The timeout an open section ``name`` runs under now."""
+        limits = self.timeouts.sections
+        if (self.newer and name == STEP and WARMUP in limits and self.first_iteration is not None
+                and self.iteration is not None and self.iteration - self.first_iteration < self.warmup_iterations):
+            return limits[WARMUP]
+        return limits.get(name)
+
+    def out_of_section_limit(self) -> Timeout:
+        """The out-of-section timeout now: none for a 0.6+ client before its first "step" when sections
+        are configured without "warmup"."""
+        limits = self.timeouts.sections
+        if self.newer and limits and WARMUP not in limits and not self.step_seen:
+            return None
+        return self.timeouts.out_of_section
 
     def _recompute_hb(self) -> None:
         if self.last_hb is None:
@@ -249,15 +306,15 @@ class RankWatch:
         # O(open sections): a handful at most, and nothing else grows with traffic.
         best: Optional[float] = None
         best_name: Optional[str] = None
+        best_t: Optional[float] = None
         if self.open_sections:
-            limits = self.timeouts.sections
             for name, opened in self.open_sections.items():
-                t = limits.get(name)
+                t = self.section_limit(name)
                 if t is not None and (best is None or opened + t < best):
-                    best, best_name = opened + t, name
-        elif self.oos_since is not None and self.timeouts.out_of_section is not None:
-            best = self.oos_since + self.timeouts.out_of_section
-        self.sec_deadline, self.sec_deadline_name = best, best_name
+                    best, best_name, best_t = opened + t, name, t
+        elif self.oos_since is not None and (t := self.out_of_section_limit()) is not None:
+            best, best_t = self.oos_since + t, t
+        self.sec_deadline, self.sec_deadline_name, self.sec_timeout = best, best_name, best_t
 
 
 def next_deadline(w: RankWatch) -> Optional[float]:
@@ -283,10 +340,9 @@ def next_verdict(w: RankWatch, now: float) -> Optional[Verdict]:
             return Verdict(Kind.INITIAL_HEARTBEAT, None, w.timeouts.initial, now - w.init_at)
         assert w.timeouts.subsequent is not None
         return Verdict(Kind.HEARTBEAT, None, w.timeouts.subsequent, now - w.last_hb)
-    name = w.sec_deadline_name
+    name, t = w.sec_deadline_name, w.sec_timeout
+    assert t is not None
     if name is not None:
-        t = w.timeouts.sections[name]
-        assert t is not None
         return Verdict(Kind.SECTION, name, t, now - w.open_sections[name])
-    assert w.oos_since is not None and w.timeouts.out_of_section is not None
-    return Verdict(Kind.OUT_OF_SECTION, None, w.timeouts.out_of_section, now - w.oos_since)
+    assert w.oos_since is not None
+    return Verdict(Kind.OUT_OF_SECTION, None, t, now - w.oos_since)

@@ -1,4 +1,4 @@
-"""The NVRx 0.4.1 rank-monitor wire protocol, decoded without NVRx and without trusting the peer.
+"""The NVRx rank-monitor wire protocol (0.4.1, and 0.6 / 0.7), decoded without NVRx and without trusting the peer.
 
 Frames are a 4-byte big-endian length followed by a pickle made by ``ForkingPickler``. NVRx unpickles
 whatever arrives, which makes its socket a code-execution door for anyone who can connect. Here a frame is
@@ -9,6 +9,11 @@ a malformed frame is a ``ProtocolError`` (drop the connection), a well-formed on
 ``Invalid`` request or a ``BadRequest`` (refuse it, answer, keep going).
 
 Importing NVRx is not an option anyway: it imports torch, and the monitor must start in milliseconds.
+
+Clients of NVRx 0.6 and later (0.7's data module is byte-identical to 0.6's) pickle the same classes with a few
+more attributes: ``InitMsg.iteration`` / ``num_warmup_iters``, ``SectionMsg.iteration``,
+``UpdateConfigMsg.current_cycle``. Their ``InitMsg`` always carries both new attributes (``None`` when unset),
+which is how a 0.6+ client is told from a 0.4.1 one (``Init.version``).
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ _DATA = "nvidia_resiliency_ext.fault_tolerance.data"
 
 
 class ProtocolError(Exception):
-    """The peer sent something that is not a valid 0.4.1 client message; drop the connection."""
+    """The peer sent something that is not a valid NVRx client message; drop the connection."""
 
 
 class BadRequest(Exception):
@@ -46,7 +51,7 @@ class WorkloadAction(enum.Enum):
     ShutdownWorkload = 2
 
 
-# Exactly what the 0.4.1 client pickles (checked with pickletools): dataclasses and enums of its data module.
+# Exactly what the 0.4.1 and 0.6+ clients pickle (checked with pickletools): dataclasses and enums of its data module.
 # Protocol 4 encodes sets with EMPTY_SET/ADDITEMS; ``set``/``frozenset`` are for peers using protocol 2 or 3.
 ALLOWED: frozenset[tuple[str, str]] = frozenset({
     *((_DATA, name) for name in ("AuthkeyMsg", "InitMsg", "RankInfo", "HeartbeatMsg", "SectionMsg", "SectionAction",
@@ -62,6 +67,12 @@ MAX_NAME = 256  # a section name
 MAX_SECTIONS = 1024  # entries of a section-timeout map
 MAX_TEXT = 1024  # a host name or a request's description (longer descriptions are cut)
 MAX_TIMEOUT = 1e8  # seconds (3 years): longer is a mistake, and epoll cannot wait that long anyway
+MAX_ITERATION = 1 << 62  # a training iteration (Megatron's); far beyond any run
+MAX_CYCLE = 1 << 31
+
+# The client generations whose rules differ (see ``deadlines``): 0.4.1, and 0.6 / 0.7.
+V041 = "0.4.1"
+V06 = "0.6+"
 
 
 def unpickle(payload: bytes) -> Any:
@@ -98,6 +109,9 @@ class Init:
     local_rank: int
     host: str
     pid: int
+    version: str = V041  # V041 or V06: which NVRx generation's rules and config the client gets
+    iteration: Optional[int] = None  # 0.6+: the training iteration at init (Megatron), else None
+    num_warmup_iters: Optional[int] = None  # 0.6+: overrides the config's num_warmup_iterations
 
 
 @dataclass(frozen=True, slots=True)
@@ -108,11 +122,13 @@ class Heartbeat:
 @dataclass(frozen=True, slots=True)
 class SectionOpen:
     name: str
+    iteration: Optional[int] = None  # 0.6+: the training iteration the client reports (Megatron), else None
 
 
 @dataclass(frozen=True, slots=True)
 class SectionClose:
     name: str
+    iteration: Optional[int] = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,13 +155,16 @@ class SecTimeouts:
 class UpdateConfig:
     hb: Optional[HbTimeouts]
     section: Optional[SecTimeouts]
+    current_cycle: Optional[int] = None  # 0.6+: NVRx's launcher tells its monitor the cycle; logged only
 
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """Decodes fine but cannot be honoured; the reply is ``ErrorMsg(cause)``."""
+    """Decodes fine but cannot be honoured; the reply is ``ErrorMsg(cause)``, except to a client that reads
+    no reply to this kind of message (``oneway``: a heartbeat or section of a 0.6+ client)."""
 
     cause: str
+    oneway: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,23 +278,33 @@ def _sec_timeouts(obj: Any) -> Optional[SecTimeouts]:
     )
 
 
+def _optional_int(value: Any, what: str, high: int) -> Optional[int]:
+    """None, or an int in [0, high): an iteration, a warm-up count, a cycle."""
+    return None if value is None else _integer(value, what, 0, high)
+
+
 def _section(fields: dict[str, Any]) -> Request:
     _rank(fields.get("rank"))
     action = _member(fields.get("action"), SectionAction)
     if action is SectionAction.CLOSE_ALL:
-        return SectionCloseAll()
+        return SectionCloseAll()  # a 0.6+ client sends section None here
     name = _text(fields.get("section"), "section name", MAX_NAME)
-    return SectionOpen(name) if action is SectionAction.OPEN else SectionClose(name)
+    iteration = _optional_int(fields.get("iteration"), "iteration", MAX_ITERATION)
+    return SectionOpen(name, iteration) if action is SectionAction.OPEN else SectionClose(name, iteration)
 
 
 def _init(fields: dict[str, Any]) -> Request:
     info = _fields(fields.get("rank_info"), "RankInfo")
     host = info.get("host")
+    newer = "num_warmup_iters" in fields or "iteration" in fields
     return Init(
         rank=_rank(info.get("global_rank")),
         local_rank=_integer(info.get("local_rank"), "local_rank", -1, MAX_RANK),  # -1: LOCAL_RANK unset
         host="" if host is None else _text(host, "host", MAX_TEXT),
         pid=_integer(info.get("pid"), "pid", 1, MAX_PID),
+        version=V06 if newer else V041,
+        iteration=_optional_int(fields.get("iteration"), "iteration", MAX_ITERATION),
+        num_warmup_iters=_optional_int(fields.get("num_warmup_iters"), "num_warmup_iters", MAX_ITERATION),
     )
 
 
@@ -286,7 +315,7 @@ def _interpret(obj: Any) -> Request:
             fields = _fields(obj, kind)
             _rank(fields.get("rank"))
             if fields.get("state"):
-                return Invalid("state in heartbeat is not supported in this version")
+                return Invalid("state in heartbeat is not supported in this version", oneway=True)
             return Heartbeat()
         if kind == "SectionMsg":
             return _section(_fields(obj, kind))
@@ -297,9 +326,10 @@ def _interpret(obj: Any) -> Request:
             return _init(_fields(obj, kind))
         if kind == "UpdateConfigMsg":
             fields = _fields(obj, kind)
-            return UpdateConfig(_hb_timeouts(fields.get("hb_timeouts")), _sec_timeouts(fields.get("section_timeouts")))
+            return UpdateConfig(_hb_timeouts(fields.get("hb_timeouts")), _sec_timeouts(fields.get("section_timeouts")),
+                                _optional_int(fields.get("current_cycle"), "current_cycle", MAX_CYCLE))
     except BadRequest as exc:
-        return Invalid(f"{kind}: {exc}")
+        return Invalid(f"{kind}: {exc}", oneway=kind in ("HeartbeatMsg", "SectionMsg"))
     raise ProtocolError(f"unexpected message type {_kind(obj)}")
 
 
@@ -307,8 +337,9 @@ class Decoder:
     """Frame payload -> validated request, memoized by the exact payload bytes.
 
     A rank's heartbeat frame, and its open/close frame for a given section, are byte-identical every
-    time, so after the first one each message costs a dict lookup instead of an unpickle. Requests are
-    frozen, so sharing them is safe. Refused payloads are never cached.
+    time, so after the first one each message costs a dict lookup instead of an unpickle. (A 0.6+ client
+    that reports Megatron's iteration makes each section frame new: those are decoded every time.) Requests
+    are frozen, so sharing them is safe. Refused payloads are never cached.
     """
 
     def __init__(self, capacity: int = 512) -> None:

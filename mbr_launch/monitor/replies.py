@@ -1,4 +1,4 @@
-"""Reply frames for the NVRx 0.4.1 client, written as raw pickle opcodes.
+"""Reply frames for the NVRx clients (0.4.1, 0.6, 0.7), written as raw pickle opcodes.
 
 The client unpickles replies into real NVRx objects (``OkMsg``, ``ErrorMsg``, ``FaultToleranceConfig``),
 but the monitor cannot import those classes (NVRx imports torch). So we emit the pickle ourselves:
@@ -14,7 +14,7 @@ import signal
 import struct
 from typing import Any, Mapping
 
-from mbr_launch.monitor.protocol import HEADER
+from mbr_launch.monitor.protocol import HEADER, V041
 
 _DATA = "nvidia_resiliency_ext.fault_tolerance.data"
 _CONFIG = "nvidia_resiliency_ext.fault_tolerance.config"
@@ -119,6 +119,60 @@ CONFIG_DEFAULTS: Mapping[str, Any] = {
 }
 
 
+# NVRx 0.7.0 FaultToleranceConfig fields and defaults, in declaration order (0.6.0 lacks the three attribution /
+# segment-health fields 0.7 added; an attribute a client does not read is harmless). What changed for a launcher:
+# heartbeat timeouts are off by default, and ``skip_section_response`` makes the client send heartbeats and
+# sections without reading a reply.
+CONFIG_DEFAULTS_06: Mapping[str, Any] = {
+    "workload_check_interval": 5.0,
+    "initial_rank_heartbeat_timeout": None,
+    "rank_heartbeat_timeout": None,
+    "rank_section_timeouts": {},
+    "rank_out_of_section_timeout": None,
+    "node_health_check_interval": 5.0,
+    "safety_factor": 5.0,
+    "rank_termination_signal": "SIGKILL",
+    "log_level": 20,
+    "restart_check_interval": 60.0,
+    "enable_nic_monitor": False,
+    "enable_nic_healthcheck": True,
+    "enable_dist_storage_healthcheck": False,
+    "storage_healthcheck_path": None,
+    "pci_topo_file": None,
+    "link_down_path_template": None,
+    "link_state_path_template": None,
+    "skip_section_response": True,
+    "segment": None,
+    "numa_bind_strict": True,
+    "gpu_memory_reclaim_timeout": 50.0,
+    "gpu_memory_tolerance_mb": 512.0,
+    "gpu_memory_poll_interval": 2.0,
+    "check_remaining_processes": False,
+    "max_no_progress_cycles": 3,
+    "min_progress_iterations": 1,
+    "checkpoint_iteration_file": None,
+    "install_exception_hook": False,
+    "num_warmup_iterations": 5,
+    "attribution_endpoint": None,
+    "attribution_stop_action": None,
+    "attribution_export_url": None,
+    "cycle_info_dir": None,
+    "segment_health_check_dir": None,
+}
+DEFAULTS_OF: Mapping[str, Mapping[str, Any]] = {V041: CONFIG_DEFAULTS}
+# The key of the agent's cfg that lists the fields the user set; absent: every key given counts as set.
+USER_SET = "user_set"
+
+
+def client_config(cfg: Mapping[str, Any], version: str) -> dict[str, Any]:
+    """The FaultToleranceConfig fields a client of ``version`` gets: what the user set, else that version's
+    defaults (a 0.6+ client is not handed 0.4.1's one-hour heartbeat timeouts it never asked for)."""
+    defaults = DEFAULTS_OF.get(version, CONFIG_DEFAULTS_06)
+    user_set = cfg.get(USER_SET)
+    chosen = set(cfg) if user_set is None else set(user_set)
+    return {k: cfg[k] if k in chosen and k in cfg else default for k, default in defaults.items()}
+
+
 def signal_number(name: str | int) -> int:
     if isinstance(name, int):
         return signal.Signals(name).value
@@ -126,13 +180,15 @@ def signal_number(name: str | int) -> int:
     return signal.Signals[key if key.startswith("SIG") else "SIG" + key].value
 
 
-def ft_config(cfg: Mapping[str, Any]) -> Obj:
-    """A ``FaultToleranceConfig`` with ``cfg`` over the 0.4.1 defaults (unknown keys are dropped).
+def ft_config(cfg: Mapping[str, Any], version: str = V041) -> Obj:
+    """A ``FaultToleranceConfig`` of ``version``'s fields: ``cfg`` over that version's defaults (keys the
+    version does not have are dropped).
 
     BUILD sets ``__dict__`` directly, so ``__post_init__`` does not run: values must already have the
     types NVRx expects (``Signals``, int log level, dict of sections).
     """
-    state = {k: cfg.get(k, default) for k, default in CONFIG_DEFAULTS.items()}
+    defaults = DEFAULTS_OF.get(version, CONFIG_DEFAULTS_06)
+    state = {k: cfg.get(k, default) for k, default in defaults.items()}
     state["rank_termination_signal"] = EnumMember("signal", "Signals", signal_number(state["rank_termination_signal"]))
     state["rank_section_timeouts"] = dict(state["rank_section_timeouts"] or {})
     return Obj(_CONFIG, "FaultToleranceConfig", state)

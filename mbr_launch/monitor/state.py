@@ -10,19 +10,23 @@ import threading
 import time
 from typing import Any, Callable, Optional
 
+from mbr_launch.monitor import replies
 from mbr_launch.monitor.control import Emit
 from mbr_launch.monitor.deadlines import RankWatch, next_deadline
 from mbr_launch.monitor.steps import StepWatch
 
 
 class Conn:
-    __slots__ = ("sock", "slot", "dropped", "peer_pid")
+    __slots__ = ("sock", "slot", "dropped", "peer_pid", "quiet")
 
     def __init__(self, sock: socket.socket, slot: Optional[Slot], peer_pid: int = 0) -> None:
         self.sock = sock
         self.slot = slot  # None: a launcher-socket (workload request) connection
         self.dropped = False  # detached from its slot; the serving thread closes the socket
         self.peer_pid = peer_pid  # the connecting process, as the kernel tells (SO_PEERCRED)
+        # An NVRx 0.6+ client with skip_section_response reads no reply to heartbeats and sections: writing
+        # one would fill the socket buffer and block both sides after a few hundred messages.
+        self.quiet = False
 
 
 class Slot:
@@ -38,6 +42,7 @@ class Slot:
         self.conns: set[Conn] = set()
         self.active: Optional[Conn] = None  # the connection whose InitMsg started this session
         self.client_pid: Optional[int] = None
+        self.client_version: Optional[str] = None  # the NVRx generation of the last client to initialise
         self.watch = watch
         self.steps = StepWatch()
         self.step_sock: Optional[socket.socket] = None  # automatic step beats (datagrams), when armed with one
@@ -88,10 +93,15 @@ class Shared:
     def sorted_slots(self) -> list[Slot]:
         return [slot for _, slot in sorted(self.slots.items())]
 
-    def effective_cfg(self, slot: Slot) -> dict[str, Any]:
+    def client_cfg(self, version: str) -> dict[str, Any]:
+        """The FaultToleranceConfig fields a client of ``version`` starts from (before any update)."""
+        assert self.cfg is not None
+        return replies.client_config(self.cfg, version)
+
+    def effective_cfg(self, slot: Slot, version: str) -> dict[str, Any]:
         """The FaultToleranceConfig fields a client gets in reply to its InitMsg."""
         # As NVRx: a client initialising after an update gets the updated timeouts in its config.
-        assert self.cfg is not None
         t = slot.watch.timeouts
-        return {**self.cfg, "initial_rank_heartbeat_timeout": t.initial, "rank_heartbeat_timeout": t.subsequent,
-                "rank_section_timeouts": dict(t.sections), "rank_out_of_section_timeout": t.out_of_section}
+        return {**self.client_cfg(version), "initial_rank_heartbeat_timeout": t.initial,
+                "rank_heartbeat_timeout": t.subsequent, "rank_section_timeouts": dict(t.sections),
+                "rank_out_of_section_timeout": t.out_of_section}

@@ -39,6 +39,8 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
         "first_step_at": steps.first_at,
         "last_step_at": steps.last_at,
         "checkpoint_at": steps.checkpoint_at,
+        "nvrx": slot.client_version,  # the generation of the rank's NVRx client ("0.4.1", "0.6+"), if any
+        "iteration": w.iteration,  # the training iteration a 0.6+ client reports in "step" (Megatron)
     }
 
 
@@ -61,6 +63,7 @@ def expired(slot: Slot, verdict: Verdict, now: float) -> dict[str, Any]:
         "elapsed": round(verdict.elapsed, 6),
         "open_sections": list(w.open_sections),
         "last_heartbeat_age": _age(now, w.last_hb),
+        "iteration": w.iteration,
         "monotonic": now,
     }
 
