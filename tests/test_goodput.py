@@ -122,3 +122,18 @@ def test_spans_tile_the_run_and_sum_to_the_seconds():
                                          "productive", "other"]
     assert [s.failure for s in g.spans if s.kind == "restart"] == [0, 1]
     assert g.to_event()["failures"][0]["resumed"] is False and g.to_event()["failures"][1]["resumed"] is True
+
+
+def test_iterations_an_nvrx_client_reports_say_what_a_failure_redid():
+    # Megatron with NVRx 0.6+: attempt 0 reached iteration 1250, attempt 1 resumed from its checkpoint at 1200.
+    first = {**progress(1.0, 42.0, 10.0, 40.0, "failure", detail="hang"), "first_iteration": 1000,
+             "last_iteration": 1250}
+    second = {**progress(45.0, 120.0, 55.0, 118.0, "end", rnd=1), "first_iteration": 1200, "last_iteration": 1900}
+    g = compute([first, second, {"event": "end", "t": 121.0}])
+    (f,) = g.failures
+    assert (f.reached, f.resumed_at, f.redone) == (1250, 1200, 50)
+    assert g.to_event()["failures"][0]["iterations_redone"] == 50
+    assert "50 iteration(s) redone (reached 1250, resumed at 1200)" in render(g)
+    # Without reported iterations nothing is claimed.
+    g = compute([progress(1.0, 42.0, 10.0, 40.0, "failure", detail="hang"), {"event": "end", "t": 50.0}])
+    assert g.failures[0].redone is None and "redone" not in render(g)

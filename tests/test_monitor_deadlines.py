@@ -310,3 +310,15 @@ def test_init_takes_the_versions_timeouts_unless_the_client_updated_them():
     w.arm(300.0)  # a new round: the configured ones again, then the version's at init
     w.init(301.0, newer=True, timeouts=version)
     assert w.timeouts.subsequent is None
+
+
+def test_the_iterations_outlive_a_disconnect_until_the_next_session():
+    w = newer({"step": 5.0})
+    w.open_section("step", 100.0, iteration=40)
+    w.close_section("step", 101.0, iteration=41)
+    w.disconnect()  # the rank crashed: what it reached is still there for the agent
+    assert (w.first_iteration, w.iteration) == (40, 41)
+    w.disarm()  # and after the agent disarmed it
+    assert (w.first_iteration, w.iteration) == (40, 41)
+    w.arm(102.0)  # the next round starts them over
+    assert (w.first_iteration, w.iteration) == (None, None)

@@ -19,7 +19,9 @@ kinds (``CATEGORIES``; ``goodput_text.MEANING`` says each in a line for people):
 - other: after the last step of a successful attempt (the script's final save, teardown, interpreter exit),
   and after the last attempt (the launcher's stop).
 
-Per failure: its lost work, detection time and restart downtime, and whether a step was seen after it.
+Per failure: its lost work, detection time and restart downtime, and whether a step was seen after it; where an
+NVRx 0.6+ client reports its training iteration (Megatron), also the iterations it redid: the last one the
+failed attempt reached minus the one the next attempt started from.
 The spans are what the run report draws; the seconds are their sums, so the fractions add up to 1.
 """
 
@@ -54,6 +56,15 @@ class FailureCost:
     stepped: bool = False  # its attempt made optimizer steps, so "after the last step" means something
     restarted: bool = False  # another attempt started after it
     resumed: bool = False  # ... and made a step: ``restart`` is the time until training went on
+    reached: int | None = None  # the last iteration the failed attempt reported
+    resumed_at: int | None = None  # the first one the next attempt reported
+
+    @property
+    def redone(self) -> int | None:
+        """Iterations trained again because of this failure (None: the client reports none)."""
+        if self.reached is None or self.resumed_at is None:
+            return None
+        return max(0, self.reached - self.resumed_at)
 
 
 @dataclass
@@ -82,7 +93,7 @@ class Goodput:
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
                 "failures": [{"round": f.round, "cause": f.cause, "lost": round(f.lost, 3),
                               "detection": round(f.detection, 3), "restart": round(f.restart, 3),
-                              "resumed": f.resumed}
+                              "resumed": f.resumed, "iterations_redone": f.redone}
                              for f in self.failures]}
 
 
@@ -122,6 +133,11 @@ def compute(records: Iterable[dict[str, Any]], wall: float | None = None) -> Goo
         started, ended = _clip(seg["started"], cut.cursor, wall), _clip(seg["ended"], seg["started"], wall)
         if g.workers_started is None:
             g.workers_started = started
+        first_it = seg.get("first_iteration")
+        if isinstance(first_it, int):
+            for failure in g.failures:  # every failure since the last attempt that reported one
+                if failure.reached is not None and failure.resumed_at is None:
+                    failure.resumed_at = first_it
         if pending is not None:
             pending.restarted = True
         first, last = seg.get("first_step"), seg.get("last_step")
@@ -158,8 +174,9 @@ def compute(records: Iterable[dict[str, Any]], wall: float | None = None) -> Goo
 
 
 def _failure(seg: dict[str, Any], ended: float, *, stepped: bool) -> FailureCost:
+    reached = seg.get("last_iteration")
     return FailureCost(round=seg.get("round"), cause=seg.get("cause_detail") or seg.get("cause", "?"), at=ended,
-                       stepped=stepped)
+                       stepped=stepped, reached=reached if isinstance(reached, int) else None)
 
 
 def _clip(value: float, low: float, high: float) -> float:

@@ -67,4 +67,6 @@ def failure_line(f: FailureCost) -> str:
         after = "restarted; no step seen since"
     else:
         after = "not restarted"
+    if f.redone is not None:
+        after += f"; {f.redone} iteration(s) redone (reached {f.reached}, resumed at {f.resumed_at})"
     return f"{cost}; {after}"

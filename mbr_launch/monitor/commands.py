@@ -72,7 +72,7 @@ class Commands:
         try:
             for version in (V041, V06):  # validate before committing
                 configured_timeouts(replies.client_config(cfg, version))
-                replies.ft_config(replies.client_config(cfg, version), version)
+                replies.dumps(replies.ft_config(replies.client_config(cfg, version), version))  # encodable
         except (KeyError, ValueError, TypeError) as exc:
             raise ControlError(f"configure: bad cfg: {exc}") from None
         steps = msg.get("steps") or {}

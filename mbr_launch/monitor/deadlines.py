@@ -166,6 +166,7 @@ class RankWatch:
         self.updated = False
         self.armed_at = now
         self._reset_session()
+        self.first_iteration = self.iteration = None
 
     def disarm(self) -> None:
         self._go(Event.DISARM)
@@ -183,6 +184,7 @@ class RankWatch:
         version's, taken unless the client already replaced the armed ones."""
         self._go(Event.INIT)
         self._reset_session()
+        self.first_iteration = self.iteration = None
         self.newer, self.warmup_iterations = newer, warmup_iterations
         if timeouts is not None and not self.updated:
             self.timeouts = timeouts.copy()
@@ -268,8 +270,9 @@ class RankWatch:
         self.heartbeats = 0
         self.open_sections.clear()
         self.hb_deadline = self.sec_deadline = self.sec_deadline_name = self.sec_timeout = None
-        self.first_iteration = self.iteration = None
         self.step_seen = False
+        # The iterations outlive a disconnect and a disarm (the agent reads them after a rank's crash or its
+        # end); a new session or a new arm starts them over.
 
     def _note_iteration(self, name: str, iteration: Optional[int]) -> None:
         # As NVRx 0.6+: only "step" messages carry a trustworthy iteration (a "setup" may precede the

@@ -41,6 +41,7 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
         "checkpoint_at": steps.checkpoint_at,
         "nvrx": slot.client_version,  # the generation of the rank's NVRx client ("0.4.1", "0.6+"), if any
         "iteration": w.iteration,  # the training iteration a 0.6+ client reports in "step" (Megatron)
+        "first_iteration": w.first_iteration,  # ... the first of this session: where it (re)started
     }
 
 
