@@ -45,6 +45,10 @@ class Segment:
     last_step: float | None = None
     checkpoint: float | None = None
     steps: int = 0
+    # The training iterations an NVRx 0.6+ client reported in "step" (Megatron's): where the attempt started
+    # (resumed) and the last one it reached. Real progress where the step count restarts from 0.
+    first_iteration: int | None = None
+    last_iteration: int | None = None
 
 
 class Telemetry:
@@ -108,19 +112,27 @@ class Telemetry:
                       first_step=None if seg.first_step is None else t(seg.first_step),
                       last_step=None if seg.last_step is None else t(seg.last_step),
                       checkpoint=None if seg.checkpoint is None else t(seg.checkpoint), cause=cause,
-                      steps=seg.steps, cause_detail=detail or None)
+                      steps=seg.steps, cause_detail=detail or None, first_iteration=seg.first_iteration,
+                      last_iteration=seg.last_iteration)
 
     # ---- monitor events -----------------------------------------------------------------------------
 
     def _catch_up(self, seg: Segment) -> None:
-        """Steps batched in the monitor but not yet reported (at most one report interval's worth)."""
-        if self.snapshot is None or not self.enabled:
+        """Steps batched in the monitor but not yet reported (at most one report interval's worth), and the
+        iterations NVRx clients reported (with or without autobeat)."""
+        if self.snapshot is None:
             return
         try:
             snap = self.snapshot() or {}
         except Exception:
             return
         for entry in snap.get("ranks", []):
+            first, last = entry.get("first_iteration"), entry.get("iteration")
+            if isinstance(first, int) and isinstance(last, int):
+                seg.first_iteration = first if seg.first_iteration is None else min(seg.first_iteration, first)
+                seg.last_iteration = last if seg.last_iteration is None else max(seg.last_iteration, last)
+            if not self.enabled:
+                continue
             self._merge(seg, entry.get("first_step_at"), entry.get("last_step_at"), entry.get("checkpoint_at"))
             if entry.get("local_rank") == 0 and entry.get("steps"):
                 seg.steps = max(seg.steps, int(entry["steps"]))
