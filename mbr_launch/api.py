@@ -61,7 +61,7 @@ def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher:
         master_port=spec.master_port, log_dir=spec.log_dir, launcher=launcher, ft_enabled=spec.ft_declared,
         config_path=spec.config_path, pg_timeout_s=spec.pg_timeout, restart_policy=spec.restart_policy,
         script=spec.script, script_args=spec.script_args,
-        disk_paths=[spec.log_dir] if spec.log_dir else [],
+        disk_paths=[spec.log_dir] if spec.log_dir else [], ft_given=spec.ft_given, flags=spec.flags,
     )
 
 

@@ -56,6 +56,22 @@ def test_no_restart_exit_code_stops_at_once(tmp_path):
     assert world.rendezvous.joined == 1
 
 
+@pytest.mark.parametrize(("action", "code"), [("log", exitcodes.FAILED), ("no-restart", 93)])
+def test_attribution_stop_action_ends_an_unfixable_failure_with_the_no_restart_code(tmp_path, action, code):
+    # ft_launcher 0.7's --ft-attribution-stop-action: a failure restarting cannot fix (here a no-restart exit code)
+    # ends every launcher with --ft-no-restart-exit-code under no-restart; under log, with the usual code.
+    world = build_world(tmp_path, ("max_restarts", 5), ("attribution_stop_action", action))
+    assert world.run([exit_rank(0, code=2)]) == code
+    assert world.cluster.published[-1].final and world.cluster.published[-1].exit_code == code
+    assert ("not to be requeued" in world.events("end")[-1]["reason"]) == (action == "no-restart")
+
+
+def test_attribution_stop_action_leaves_restartable_failures_alone(tmp_path):
+    world = build_world(tmp_path, ("max_restarts", 1), ("attribution_stop_action", "no-restart"))
+    code = world.run([post(RankStarted(0)), exit_rank(0, code=1), post(RankStarted(0)), exit_rank(1, code=1)])
+    assert code == exitcodes.FAILED  # the budget ran out: restarting could have fixed it, the job may be requeued
+
+
 def test_hang_verdict_names_the_rank_outside_the_collective_not_the_first_deadline(tmp_path):
     """Rank 0's deadline fires first (it waits in all_reduce); rank 1 sleeps outside any collective."""
     world = build_world(tmp_path, ("max_restarts", 1), ("hang_kill_grace", 1.5), ("hang_inquiry_timeout", 1.25))

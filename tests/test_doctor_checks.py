@@ -10,6 +10,7 @@ import json
 
 import pytest
 
+from mbr_launch.config.nvrx import NvrxFound
 from mbr_launch.doctor import DoctorContext, DoctorError, check_ids, exit_code, run_checks, to_json
 from mbr_launch.doctor.probes import GpuInfo, Limit, NvmlView, Versions
 from mbr_launch.doctor.processes import LauncherProcess
@@ -124,15 +125,20 @@ def test_ipr_nccl_heartbeat(extra, severity):
         (Versions("2.9.0", "2.28.8", "0.4.1", "12.9"), True, "versions.nccl", "error"),
         (Versions("2.9.0", "2.28.9", "0.4.1", "12.9"), True, "versions.nccl", "ok"),
         (Versions("2.9.0+cpu", None, "0.4.1", None), True, "versions.nccl", "skip"),
-        (Versions("2.9.0", "2.27.3", None, "12.9"), False, "versions.nvrx", "warn"),
-        (Versions("2.9.0", "2.27.3", None, "12.9"), True, "versions.nvrx", "error"),
-        (Versions("2.9.0", "2.27.3", "0.6.0", "12.9"), True, "versions.nvrx", "info"),
     ],
 )
 def test_versions(versions, ipr, check_id, severity):
     c = ctx(env=IPR_ENV, versions=lambda: versions, inprocess={} if ipr else None)
     r = result(c, check_id)
     assert r["severity"] == severity, r
+
+
+@pytest.mark.parametrize(("nvrx", "ipr", "severity"),
+                         [(None, False, "warn"), (None, True, "error"), ("0.6.0", True, "info"), ("0.4.1", True, "ok")])
+def test_nvrx_version_is_the_workers(nvrx, ipr, severity):
+    """The NVRx version checked is the one the workers import (tests/test_doctor_nvrx.py has the rest)."""
+    c = ctx(env=IPR_ENV, inprocess={} if ipr else None, find_nvrx=lambda env: NvrxFound(nvrx, "/x", "PYTHONPATH"))
+    assert result(c, "versions.nvrx")["severity"] == severity
 
 
 # ---- launcher ----------------------------------------------------------------------------------------

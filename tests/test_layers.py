@@ -11,7 +11,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1] / "mbr_launch"
 
 # Lower first. A module may import its own package and packages before it in this list.
-LAYERS = ("contract", "fdwait", "startup", "shim", "decide", "report", "config", "cluster", "workers", "monitor", "agent", "doctor",
+LAYERS = ("contract", "fdwait", "startup", "shim", "decide", "report", "config", "cluster", "workers", "health", "monitor", "agent", "doctor",
           "api", "cli", "__main__")
 MAX_LINES = 400
 LOOP_LINES = 60

@@ -179,7 +179,7 @@ def test_yaml_null_where_it_means_something(file_values, result):
     ("monitor_interval", "inf", "expected a finite number"),
     ("hang_kill_grace", "1e300", "at most 100000000"),
     ("heartbeat_timeout", "1e300", "at most 100000000 seconds"),
-    ("heartbeat_timeout", "", "expected seconds (a number) or 'none'"),
+    ("heartbeat_timeout", "0", "must be a positive number of seconds"),
     ("shutdown_timeout", "9" * 5000, "expected a finite number"),
     ("master_port", "65536", "at most 65535"),
     ("signals_to_handle", "SIGTERM,SIGKILL", "SIGKILL cannot be caught"),

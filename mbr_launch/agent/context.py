@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, ContextManager, Protocol, Sequence
 
+from mbr_launch.agent.cycles import CycleRecords
 from mbr_launch.agent.messages import Departure, Event
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
@@ -49,6 +50,7 @@ class Membership(Protocol):
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int: ...
     def count_node_failure(self, rnd: Round, node: str) -> int: ...
     def spare_count(self) -> int: ...
+    def job_get(self, key: str) -> bytes | None: ...
 
 
 class Watch(Protocol):
@@ -85,6 +87,12 @@ class Monitor(Protocol):
     def reap(self) -> int | None: ...
     def restart(self) -> None: ...
     def last_section(self, local_rank: int) -> str | None: ...
+
+
+class Gate(Protocol):
+    """What a node does before each join (``agent.healthgate.HealthGate``): None to join, else its exit code."""
+
+    def before_join(self, ctx: "Context", previous: Round | None) -> int | None: ...
 
 
 class Guard(Protocol):
@@ -124,6 +132,7 @@ class Context:
     run_dir: Path
     started: float  # when the agent started, on ``clock``
     telemetry: Telemetry | None = None
+    cycles: CycleRecords | None = None  # ft_launcher 0.6/0.7's progress tracking and cycle-info files, when asked
     round: Round | None = None  # the latest round joined
     summary: RunSummary = field(default_factory=RunSummary)
     heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up in this round
@@ -134,6 +143,7 @@ class Context:
     departure: Departure = Departure.CLOSE
     watch: Watch | None = None  # this round's
     inquiry: InquiryState = field(default_factory=InquiryState)  # this round's
+    health: Gate | None = None  # pre-rendezvous checks and between-round waits (None: none asked for)
 
     def store_call(self, what: str) -> ContextManager[None]:
         """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3)."""

@@ -10,6 +10,7 @@ from mbr_launch.cluster.rendezvous import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.policy import Action, Decision, FailureFacts, Kept, decide, quick_failure, tolerated
+from mbr_launch.report import exitcodes
 from mbr_launch.report.summary import FailureRecord
 
 
@@ -39,8 +40,19 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
         return _restart_here(ctx, rnd, records, decision)
     if decision.action is Action.EXCLUDE_NODE:
         return _leave(ctx, rnd, decision)
+    if ctx.cycles and (decision.action is Action.RESTART or decision.exhausted):
+        with ctx.store_call("recording the cycle's progress"):
+            stuck = ctx.cycles.check(rnd)  # ft_launcher's progress tracking: not worth another cycle?
+        if stuck is not None:
+            return _stop_round(ctx, rnd, Decision(Action.STOP, "job", stuck), stuck, exit_code=ctx.cycles.exit_code)
     plain = decision.action is Action.RESTART and facts.healthy_nodes is None
     reason = records[0].describe() if plain else f"{records[0].describe()}; {decision.reason}"
+    nv = ctx.cfg.nvrx
+    if decision.unfixable and nv.attribution_stop_action == "no-restart":
+        # ft_launcher 0.7 ends the job with its no-restart code on an attribution STOP verdict; ours is the
+        # policy's: a failure that restarting cannot fix. The code tells a requeue script not to requeue.
+        reason += f"; not to be requeued (--ft-attribution-stop-action no-restart: exit {nv.no_restart_exit_code})"
+        return _stop_round(ctx, rnd, decision, reason, exit_code=nv.no_restart_exit_code)
     return _stop_round(ctx, rnd, decision, reason)
 
 
@@ -113,14 +125,16 @@ def _leave(ctx: Context, rnd: Round, decision: Decision) -> RoundResult:
     return RoundResult(Outcome.EXCLUDED, message=message)
 
 
-def _stop_round(ctx: Context, rnd: Round, decision: Decision, reason: str) -> RoundResult:
-    """Restart the job (a new round everywhere) or end it: the first stop message of the round wins."""
+def _stop_round(ctx: Context, rnd: Round, decision: Decision, reason: str,
+                exit_code: int = exitcodes.FAILED) -> RoundResult:
+    """Restart the job (a new round everywhere) or end it (with ``exit_code``): the first stop message of the
+    round wins."""
     final = decision.action is Action.STOP
     with ctx.store_call("announcing the failure to the other nodes"):
         count = rnd.restart_count if final else ctx.rendezvous.count_restart(
             rnd, startup=decision.counts_as_startup, once_per_round=True)
         message = StopMessage(reason=reason, origin=ctx.node, group_rank=rnd.group_rank, final=final,
-                              restart_count=count, backoff=decision.backoff)
+                              exit_code=exit_code, restart_count=count, backoff=decision.backoff)
         ctx.cluster.publish(rnd, message)
         decided = ctx.cluster.read(rnd) or message  # when two nodes fail at once, the first message wins
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)

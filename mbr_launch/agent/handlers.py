@@ -38,6 +38,8 @@ def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundR
             ctx.telemetry.on_first_step(dict(event.first_step))
         return None
     if isinstance(event, Progress):
+        if ctx.cycles:
+            ctx.cycles.on_progress(event.payload)
         if ctx.telemetry:
             (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
         return None

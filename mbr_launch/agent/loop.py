@@ -118,6 +118,9 @@ class Supervisor:
 
     def _join(self) -> Round | int:
         ctx, cfg = self.ctx, self.ctx.cfg
+        previous = self._after[0] if self._after else None
+        if ctx.health and (code := ctx.health.before_join(ctx, previous)) is not None:
+            return code  # this node stays out (a health check failed)
         began = ctx.clock()
         ctx.say(f"joining rendezvous ({cfg.rendezvous.backend} {cfg.rendezvous.endpoint}, nodes {cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes})")
         progress = join_progress(ctx)  # lines while the other nodes are awaited
@@ -131,7 +134,8 @@ class Supervisor:
             return finish_signaled(ctx, stop.signum, None)
         except RendezvousClosed as err:
             ctx.departure = Departure.NONE  # closed already, by the node that ended the job
-            return finish(ctx, exitcodes.OK, str(err))
+            ended = ctx.cycles.no_restart_line(ctx.rendezvous.job_get) if ctx.cycles else None
+            return finish(ctx, *ended) if ended else finish(ctx, exitcodes.OK, str(err))
         except RendezvousFailed as err:
             return finish(ctx, exitcodes.RENDEZVOUS, progress.report.timed_out() if timed_out(err) else str(err))
         ctx.round = rnd
@@ -158,6 +162,8 @@ class Supervisor:
         ctx.watch = ctx.cluster.watch(rnd, ctx.wakeup.post)
         ctx.watch.watch_inquiry(0)
         try:
+            if ctx.cycles:
+                ctx.cycles.begin(rnd)
             ctx.group.start(rnd)
             if ctx.telemetry:
                 ctx.telemetry.begin(rnd.index, [w.local_rank for w in ctx.group.workers])
@@ -172,6 +178,8 @@ class Supervisor:
     def _conclude(self, rnd: Round, result: RoundResult) -> int | None:
         """The exit code when the round's end ends the job for this node; None: join the next round."""
         ctx = self.ctx
+        if ctx.cycles:
+            ctx.cycles.end(membership=result.message is not None and result.message.membership)
         if result.outcome is Outcome.SIGNALED:
             assert result.signum is not None
             return finish_signaled(ctx, result.signum, rnd)

@@ -15,7 +15,7 @@ from typing import Callable
 import typer
 import typer.core
 
-from mbr_launch.cli.doctor import DOCTOR_NOT_RUN, doctor_command, print_json_error
+from mbr_launch.cli.doctor import ARGV, DOCTOR_NOT_RUN, doctor_command, print_json_error
 from mbr_launch.cli.errors import PROG, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
@@ -60,7 +60,8 @@ def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_
     missing value): the doctor has its own code for "could not run", and prints JSON with --json."""
     try:
         # Without standalone mode the parser returns the command's exit code instead of raising.
-        result = cli.main(args=argv, prog_name=prog, standalone_mode=False)
+        # obj: the command line as typed, for a command that must see its spellings (doctor: --ft-param-*).
+        result = cli.main(args=argv, prog_name=prog, standalone_mode=False, obj={ARGV: tuple(argv)})
         if isinstance(result, int):
             return result
     except typer.Exit as done:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import sys
 from typing import Annotated, Any, Optional
 
@@ -14,24 +15,43 @@ from mbr_launch.cli.options import keyword, with_settings
 from mbr_launch.cli.process import USER_ENV
 from mbr_launch.config.build import preflight_spec
 from mbr_launch.config.errors import ConfigError
+from mbr_launch.config.settings import SETTINGS
 from mbr_launch.report.exitcodes import DOCTOR_NOT_RUN
+
+ARGV = "argv"  # ctx.obj key: the command line as typed (cli.app)
+_VALUE_FLAGS = frozenset(f for s in SETTINGS if s.takes_value for f in s.flags)
+
+
+def option_strings(argv: tuple[str, ...]) -> tuple[str, ...]:
+    """The option strings of a command line before its script (``--ft-param-safety_factor=3`` gives
+    ``--ft-param-safety_factor``), so the checks can tell which of ft_launcher's spellings were used."""
+    found, i = [], 0
+    while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
+        name, equals, _ = argv[i].partition("=")
+        found.append(name)
+        i += 2 if name in _VALUE_FLAGS and not equals else 1
+    return tuple(found)
 
 
 def doctor_command(**values: Any) -> None:
     """Check the environment and configuration of a launch without starting it.
 
-    Takes the same options as a launch. Exit code: 0 all ok, 1 warnings, 2 errors, 3 the checks could not
-    run (a bad option or config file; with --json the JSON says why)."""
+    Takes the same options as a launch. The NVRx version reported is the one the workers will import
+    (PYTHONPATH first, then the launcher's own environment); ft_launcher's options are checked against it.
+    Exit code: 0 all ok, 1 warnings, 2 errors, 3 the checks could not run (a bad option or config file;
+    with --json the JSON says why)."""
     # Imported here, not at the top: the launch command must reach ``api.launch``, which starts the warm
     # standbys, without first loading every doctor check (cold-launch time).
     from mbr_launch.doctor import DoctorError, detect_launcher, run_doctor
 
     as_json, deep, verbose = bool(values.pop("json")), bool(values.pop("deep")), bool(values.pop("verbose"))
+    context = values.pop("ctx")
+    argv = context.obj.get(ARGV, ()) if isinstance(context.obj, dict) else ()
     script, *script_args = values.pop("training_script", None) or [None]
     try:
         resolved = resolve_settings(cli=values, environ=USER_ENV)
         launcher = detect_launcher(USER_ENV)
-        spec = preflight_spec(resolved, script=script, script_args=tuple(script_args))
+        spec = preflight_spec(resolved, script=script, script_args=tuple(script_args), flags=option_strings(argv))
         ctx = doctor_context(spec, environ=USER_ENV,
                              launcher="mbr-launch" if launcher == "none" else launcher)
         skip = {s for s in resolved["skip_check"] if s != "all"}
@@ -57,6 +77,7 @@ def print_json_error(message: str) -> None:
 
 with_settings(
     doctor_command,
+    inspect.Parameter("ctx", inspect.Parameter.KEYWORD_ONLY, annotation=typer.Context),
     keyword("json", False, Annotated[bool, typer.Option("--json", help="Print the results as JSON.")]),
     keyword("deep", False, Annotated[bool, typer.Option(
         "--deep", help="Also run a real collective self-test: GEMM and NCCL all-reduce on the local GPUs, or a "

@@ -25,6 +25,8 @@ class JoinState:
     waiting: int  # nodes queued behind a round that is already complete (running)
     complete: bool  # a round is complete: this node waits to be admitted to the next one
     spares: int = 0  # nodes beyond --nnodes MAX, in torch's redundancy list
+    members: tuple[tuple[str, int], ...] = ()  # the round's nodes: (address, group rank)
+    outsiders: tuple[str, ...] = ()  # the addresses of the nodes waiting outside it (wait list, spares)
 
     @property
     def outside(self) -> int:
@@ -72,7 +74,10 @@ class JoinCounter:
             if got is None:  # nobody has written a state yet
                 return JoinState(joined=0, waiting=0, complete=False)
             state = pickle.loads(got[0])
-            return JoinState(joined=len(state.participants), waiting=len(getattr(state, "wait_list", ())),
-                             complete=bool(state.complete), spares=len(getattr(state, "redundancy_list", ())))
+            wait, spare = getattr(state, "wait_list", ()), getattr(state, "redundancy_list", ())
+            return JoinState(joined=len(state.participants), waiting=len(wait), complete=bool(state.complete),
+                             spares=len(spare),
+                             members=tuple(sorted((str(n.addr), int(r)) for n, r in state.participants.items())),
+                             outsiders=tuple(sorted(str(n.addr) for n in (*wait, *spare))))
         except Exception:  # a progress line is never worth an error
             return None

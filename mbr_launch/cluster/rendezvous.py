@@ -34,7 +34,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from mbr_launch.cluster import connections, eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink
-from mbr_launch.cluster.joining import JoinCounter
+from mbr_launch.cluster.joining import JoinCounter, JoinState
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
@@ -312,6 +312,25 @@ class Rendezvous:
                 return len(state.wait_list) + len(getattr(state, "redundancy_list", ()))
         except Exception:
             return self.num_nodes_waiting()
+
+    def state(self) -> JoinState | None:
+        """torch's view of the rendezvous now (the round's members with their group ranks, the nodes waiting
+        outside it), read as ``spare_count`` reads it; None when unknown (another backend, no handler yet)."""
+        if self._state_reader is None:
+            self._state_reader = JoinCounter(lambda: self._handler, shared=True)
+        return self._state_reader.read()
+
+    def job_get(self, key: str) -> bytes | None:
+        """A key of the job store read without a round (an agent that waited outside every round, after the
+        job closed); None when it is not there or the store cannot be reached."""
+        store = getattr(self._handler, "_store", None)
+        if store is None:
+            return None
+        try:
+            job = PrefixStore(self._job, _base_store(store))
+            return job.get(key) if job.check([key]) else None
+        except Exception:  # the store's host has gone: nothing more to learn
+            return None
 
     def num_nodes_waiting(self) -> int:
         try:

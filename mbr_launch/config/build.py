@@ -16,11 +16,12 @@ from typing import Any, Callable, Mapping, Sequence
 from mbr_launch.config.errors import ConfigError, SettingError
 from mbr_launch.config.files import load_config_file
 from mbr_launch.config.host import HostProbes
-from mbr_launch.config.model import (FaultToleranceSpec, LaunchConfig, MonitorSpec, OutputSpec, PreemptionSpec,
-                                     PreflightSpec, RendezvousSpec, StandbySpec, StdSpec, TelemetrySpec, WorkersSpec)
+from mbr_launch.config.model import (LaunchConfig, MonitorSpec, OutputSpec, PreemptionSpec, PreflightSpec,
+                                     RendezvousSpec, StandbySpec, StdSpec, TelemetrySpec, WorkersSpec)
+from mbr_launch.config.nvrxbuild import ft_spec, nvrx_spec, nvrx_warnings
 from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_rdzv_conf,
                                      parse_seconds_env, parse_std)
-from mbr_launch.config.settings import FAULT, SETTINGS, Resolved
+from mbr_launch.config.settings import COMPAT, FAULT, SETTINGS, Resolved, for_workers_nvrx
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
 from mbr_launch.contract import BOOT_MODULE, DEFAULT_PRELOAD
 from mbr_launch.decide.policy import RestartPolicy
@@ -29,6 +30,12 @@ C10D_PORT = 29400  # torchrun's default for a c10d endpoint without a port
 STATIC_PORT = 29500  # torchrun's default --master-port
 # Fault-tolerance panel settings that are mbr-launch's own switches, not a declaration of NVRx timeouts.
 _NOT_FT_DECLARATIONS = frozenset({"config", "rank_monitor", "stack_dump", "hang_kill_grace", "hang_inquiry_timeout"})
+_FT_PANELS = (FAULT, COMPAT)  # a setting given here declares fault tolerance (the doctor then wants NVRx)
+# ft_launcher's own options (an --ft-* spelling), which the doctor compares with the workers' NVRx
+# (``PreflightSpec.ft_given``); the torchrun options ft_launcher shares mean the same in every version.
+_FT_OPTIONS = frozenset(s.name for s in SETTINGS
+                        if any(f.startswith(("--ft-", "--ft_")) or f == "--ignore-missing-fault-tol-cfg"
+                               for f in s.flags))
 
 
 @dataclass(frozen=True)
@@ -77,6 +84,18 @@ def _slurm_defaults(resolved: Resolved, environ: Mapping[str, str]) -> tuple[_Re
     ), slurm, warnings
 
 
+def picks_free_port(backend: str, endpoint: str) -> bool:
+    """A c10d endpoint with port 0 (``localhost:0``, what NeMo-Run writes for one node): torch's c10d binds
+    a free port, as ``torchrun --standalone`` does internally. Only one node can use it: no other could
+    find the port."""
+    if backend != "c10d" or not endpoint:
+        return False
+    try:
+        return parse_endpoint(endpoint)[1] == 0
+    except ConfigError:
+        return False  # reported where the endpoint is checked
+
+
 def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, int], slurm: SlurmEnv | None,
                 probes: HostProbes, new_run_id: Callable[[], str]) -> RendezvousSpec:
     """torchrun's rendezvous rules (standalone, static defaults, endpoint ports), then the port checks."""
@@ -91,6 +110,11 @@ def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, i
     elif backend == "static" and max_nodes == 1 and v["master_port"] is None and not endpoint:
         # torchrun's rule: a single static node with no port becomes a private c10d rendezvous.
         backend, endpoint, run_id, standalone = "c10d", "localhost:0", new_run_id(), True
+    elif picks_free_port(backend, endpoint):
+        if max_nodes > 1:
+            raise ConfigError(f"--rdzv-endpoint {endpoint}: port 0 picks a free port on one node, which the other "
+                              f"nodes of --nnodes {declared.nnodes} cannot find; give the first node's HOST:PORT")
+        endpoint, standalone = "localhost:0", True  # the user's --rdzv-id stays the job's id
     if backend not in ("c10d", "static"):
         raise ConfigError(f"--rdzv-backend {backend}: only c10d and static are supported "
                           "(etcd is deprecated in torch)")
@@ -146,32 +170,26 @@ def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],
     return (script,), False
 
 
-def _ft(v: Mapping[str, Any]) -> FaultToleranceSpec:
-    return FaultToleranceSpec(
-        initial_rank_heartbeat_timeout=v["initial_heartbeat_timeout"], rank_heartbeat_timeout=v["heartbeat_timeout"],
-        rank_section_timeouts=v["section_timeouts"], rank_out_of_section_timeout=v["out_of_section_timeout"],
-        workload_check_interval=v["workload_check_interval"], safety_factor=v["safety_factor"],
-        rank_termination_signal=v["rank_termination_signal"], log_level=v["ft_log_level"],
-        node_health_check_interval=v["node_health_check_interval"],
-        restart_check_interval=v["restart_check_interval"], enable_nic_monitor=v["enable_nic_monitor"],
-        pci_topo_file=v["pci_topo_file"], link_down_path_template=v["link_down_path_template"])
-
-
-def preflight_spec(resolved: Resolved, *, script: str | None = None,
-                   script_args: tuple[str, ...] = ()) -> PreflightSpec:
+def preflight_spec(resolved: Resolved, *, script: str | None = None, script_args: tuple[str, ...] = (),
+                   flags: tuple[str, ...] = ()) -> PreflightSpec:
     """What the doctor checks, from the settings as declared (``mbr-launch doctor`` and the preflight), and
-    the training script (a path; None for ``-m`` and ``--no-python``), where in-process restart may show."""
+    the training script (a path; None for ``-m`` and ``--no-python``), where in-process restart may show.
+    ``flags``: the option strings of the command line, where the caller has it."""
     v = resolved.values
-    ft_declared = any(s.panel == FAULT and resolved.sources.get(s.name) != "default"
+    ft_declared = any(s.panel in _FT_PANELS and resolved.given(s.name)
                       for s in SETTINGS if s.name not in _NOT_FT_DECLARATIONS)
+    # One node on a c10d port 0 is a standalone launch for every check (a multi-node one is refused in build).
+    standalone = bool(v["standalone"]) or (picks_free_port(v["rdzv_backend"], v["rdzv_endpoint"])
+                                           and parse_nnodes(v["nnodes"])[1] == 1)
     return PreflightSpec(
         skip_checks=tuple(v["skip_check"]), nproc_per_node=v["nproc_per_node"], nnodes=v["nnodes"],
-        rdzv_backend="c10d" if v["standalone"] else v["rdzv_backend"],
-        rdzv_endpoint="" if v["standalone"] else v["rdzv_endpoint"], standalone=v["standalone"],
+        rdzv_backend="c10d" if standalone else v["rdzv_backend"],
+        rdzv_endpoint="" if standalone else v["rdzv_endpoint"], standalone=standalone,
         master_addr=v["master_addr"], master_port=v["master_port"], log_dir=v["log_dir"],
         ft_declared=ft_declared, config_path=v["config"], pg_timeout=v["pg_timeout"],
         restart_policy=v["restart_policy"],
-        script=None if v["module"] or v["no_python"] else script, script_args=tuple(script_args))
+        script=None if v["module"] or v["no_python"] else script, script_args=tuple(script_args),
+        ft_given={name: raw for name, raw in resolved.raw.items() if name in _FT_OPTIONS}, flags=tuple(flags))
 
 
 def _fresh_run_id() -> str:
@@ -194,9 +212,12 @@ def _standby(resolved: Resolved, preload: Sequence[str] | None, script: str | No
 
 def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[str, ...] = (),
                  environ: Mapping[str, str], probes: HostProbes = HostProbes(),
-                 new_run_id: Callable[[], str] = _fresh_run_id) -> LaunchConfig:
+                 new_run_id: Callable[[], str] = _fresh_run_id, flags: tuple[str, ...] = ()) -> LaunchConfig:
     """Validate and assemble. ``environ`` is the user's environment (read, never the process's own);
-    ``probes`` answers the questions about this machine; ``new_run_id`` names a standalone job."""
+    ``probes`` answers the questions about this machine; ``new_run_id`` names a standalone job. Where NVRx
+    versions disagree, the values follow the NVRx the workers import (``probes.workers_nvrx``)."""
+    found = probes.workers_nvrx(environ)
+    resolved = for_workers_nvrx(resolved, found.generation)
     declared, slurm, warnings = _slurm_defaults(resolved, environ)
     v = resolved.values
     if not script:
@@ -235,7 +256,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             duplicate_stdout_filters=v["duplicate_stdout_filters"],
             duplicate_stderr_filters=v["duplicate_stderr_filters"], quiet=v["quiet"], status=v["status"],
             status_interval=float(v["status_interval"]), keep_runs=v["keep_runs"]),
-        ft=_ft(v),
+        ft=ft_spec(resolved),
         monitor=MonitorSpec(enabled=v["rank_monitor"] == "on", stack_dump=v["stack_dump"],
                             hang_kill_grace=v["hang_kill_grace"], inquiry_timeout=v["hang_inquiry_timeout"]),
         policy=RestartPolicy(scope=v["restart_scope"], max_restarts=v["max_restarts"],
@@ -253,8 +274,10 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             autobeat=v["autobeat"] == "on", initial_step_timeout=v["initial_step_timeout"],
             step_timeout=v["step_timeout"], straggler_threshold=v["straggler_threshold"],
             straggler_interval=v["straggler_interval"], stop_on_straggler=bool(v["stop_on_straggler"])),
-        preflight=preflight_spec(resolved, script=script, script_args=tuple(script_args)),
-        slurm=slurm, warnings=tuple(warnings),
+        preflight=preflight_spec(resolved, script=script, script_args=tuple(script_args), flags=flags),
+        slurm=slurm, warnings=(*warnings, *nvrx_warnings(resolved, found)),
+        nvrx=nvrx_spec(resolved, found=found, nodes=(rendezvous.min_nodes, rendezvous.max_nodes),
+                       run_id=rendezvous.run_id, environ=environ),
     )
 
 

@@ -10,11 +10,13 @@ from mbr_launch.config.parse import Parser
 
 TORCHRUN = "torchrun"
 FAULT = "Fault tolerance"
+HEALTH = "Node health"
 POLICY = "Restart policy"
 SLURM = "Slurm"
 LOGGING = "Logging"
 CHECKS = "Preflight checks"
-PANELS = (TORCHRUN, FAULT, POLICY, SLURM, LOGGING, CHECKS)
+COMPAT = "ft_launcher compatibility"  # accepted with ft_launcher's spellings; each help says what happens instead
+PANELS = (TORCHRUN, FAULT, HEALTH, POLICY, SLURM, LOGGING, CHECKS, COMPAT)
 
 
 @dataclass(frozen=True)
@@ -38,11 +40,22 @@ class Setting:
     common: bool = False  # shown by plain --help (the torchrun basics and the few fault-tolerance flags most need)
     # Values to suggest (completions, --help) for a setting that also takes others, e.g. a number or a word.
     values: tuple[str, ...] = ()
+    # Where NVRx versions disagree on the default: (line, default) pairs, oldest first, each applying from that
+    # line of the workers' NVRx on (config.nvrx); ``default`` holds for older lines and for no NVRx at all.
+    nvrx_defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         # A ``choice`` parser knows its choices: take them from it, so they are declared once.
         if not self.choices and getattr(self.parse, "choices", None):
             object.__setattr__(self, "choices", tuple(self.parse.choices))  # type: ignore[union-attr]
+
+    def default_for(self, generation: str | None) -> Any:
+        """The default under the workers' NVRx line ``generation`` (None: no NVRx)."""
+        chosen = self.default
+        for line, value in self.nvrx_defaults:
+            if generation is not None and _release(generation) >= _release(line):
+                chosen = value
+        return chosen
 
     @property
     def envvars(self) -> tuple[str, ...]:
@@ -101,7 +114,8 @@ def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: s
 
 def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
                parse: Parser | None = None, panel: str = FAULT, metavar: str = "",
-               deprecated_dashed: bool = False, valued: bool = False, common: bool = False) -> Setting:
+               deprecated_dashed: bool = False, valued: bool = False, common: bool = False,
+               nvrx_defaults: tuple[tuple[str, Any], ...] = ()) -> Setting:
     """A setting that ft_launcher also has: accept its spellings exactly.
 
     ``deprecated_dashed``: ft_launcher 0.4.1 also spells its NIC-monitor flags ``--ft-param-a-b`` and
@@ -115,7 +129,26 @@ def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, 
         flags += [f"--ft-param-{dashed}", f"--ft_param_{ft_name}"]
     unique = tuple(dict.fromkeys(flags))
     return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, ft_key=ft_name, metavar=metavar, valued=valued, common=common)
+                   parse=parse, ft_key=ft_name, metavar=metavar, valued=valued, common=common,
+                   nvrx_defaults=nvrx_defaults)
+
+
+def _release(line: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in line.split("."))
+
+
+def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str | None = None,
+                 field: str | None = None, twin: str = "--ft_", panel: str = FAULT, parse: Parser | None = None,
+                 metavar: str = "", valued: bool = False, env: tuple[str, ...] = (),
+                 nvrx_defaults: tuple[tuple[str, Any], ...] = ()) -> Setting:
+    """An option ft_launcher 0.6 or 0.7 added: ``--ft-<option>`` and its twin, which NVRx spells either
+    ``--ft_<option>`` (``twin="--ft_"``) or ``--ft-<option>`` with underscores (``twin="--ft-"``); no
+    ``--ft-param-`` spelling (0.6 removed those). ``option`` defaults to ``name``; ``field`` is its
+    FaultToleranceConfig field (the YAML ``fault_tolerance:`` key), None for an option of the launcher alone."""
+    under = option or name
+    flags = (f"--ft-{under.replace('_', '-')}", f"{twin}{under}")
+    return Setting(name=name, flags=flags, kind=kind, default=default, help=help, panel=panel, parse=parse, env=env,
+                   ft_key=field, metavar=metavar, valued=valued, nvrx_defaults=nvrx_defaults)
 
 
 def default_text(setting: Setting) -> str:

@@ -7,11 +7,12 @@ The Bridge section names live here, the lowest layer that needs them: the loader
 
 from __future__ import annotations
 
+import difflib
 from typing import Any
 
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.parse import comma_list
-from mbr_launch.config.settings import BY_FT_KEY, BY_NAME
+from mbr_launch.config.settings import BY_FT_KEY, BY_NAME, Setting
 from mbr_launch.config.yamlfile import read_yaml
 
 # Megatron-Bridge ConfigContainer sections with resiliency meaning, checked key by key by the doctor.
@@ -33,34 +34,90 @@ def bridge_sections() -> frozenset[str]:
 
 def load_config_file(path: str) -> dict[str, Any]:
     """Read our YAML file: an ``mbr_launch:`` section of settings and/or ``fault_tolerance:`` as ft_launcher
-    writes it. Unknown keys are errors that name the key."""
+    writes it, at the top or, as NVRx finds it, inside another section (a training config that carries it). Unknown
+    keys are errors that name the key and say what to do."""
     data = read_yaml(path)
     if data is None:
         return {}
     if not isinstance(data, dict):
         raise ConfigError(f"--config: {path} must hold a mapping with 'mbr_launch:' and/or 'fault_tolerance:'")
+    found = find_fault_tolerance(data)
+    sections = {key: section for key, section in data.items() if key == "mbr_launch"}
+    if found is not None:
+        sections[found[0]] = found[1]
+    holder = found[0].split(".")[0] if found is not None else None  # the key the section was found in
+    for key in data:
+        if key not in OWN_SECTIONS and key not in bridge_sections() and str(key) != holder:
+            _check_top_level(key, path, carried=found is not None)
     values: dict[str, Any] = {}
-    for key, section in data.items():
-        if key not in OWN_SECTIONS:
-            if key in bridge_sections():
-                continue  # Megatron-Bridge resiliency settings: checked by the doctor preflight
-            raise ConfigError(f"--config: unknown top-level key {key!r} in {path}; expected 'mbr_launch', "
-                              "'fault_tolerance' or a Megatron-Bridge section (ft, inprocess_restart, ...)")
+    for where, section in sections.items():
         if section is None:
             continue
         if not isinstance(section, dict):
-            raise ConfigError(f"--config: '{key}' in {path} must be a mapping")
-        table = BY_NAME if key == "mbr_launch" else BY_FT_KEY
+            raise ConfigError(f"--config: '{where}' in {path} must be a mapping")
         for name, value in section.items():
-            setting = table.get(str(name).replace("-", "_"))
-            if setting is None or setting.name == "config":
-                raise ConfigError(f"--config: unknown key '{key}.{name}' in {path}")
-            problem = _value_problem(value, list_ok=setting.parse is comma_list or isinstance(setting.default, tuple),
+            setting = _setting(where, name, path)
+            problem = _value_problem(value, list_ok=setting.parse is comma_list or isinstance(setting.default, tuple)
+                                     or getattr(setting.parse, "takes_list", False),
                                      mapping_ok=setting.name == "section_timeouts")
             if problem:
-                raise ConfigError(f"--config: '{key}.{name}' in {path} {problem}")
+                raise ConfigError(f"--config: '{where}.{name}' in {path} {problem}")
             values[setting.name] = value
     return values
+
+
+def find_fault_tolerance(data: Any, where: str = "") -> tuple[str, Any] | None:
+    """(dotted path, section) of the ``fault_tolerance`` section as NVRx's ``_find_fault_tol_section`` finds it:
+    the top level's, even when empty, else the first non-empty one in a depth-first walk of mappings and lists."""
+    if isinstance(data, dict):
+        if "fault_tolerance" in data:
+            return f"{where}fault_tolerance", data["fault_tolerance"]
+        items: list[tuple[str, Any]] = [(f"{where}{key}.", value) for key, value in data.items()]
+    elif isinstance(data, list):
+        items = [(f"{where}{i}.", value) for i, value in enumerate(data)]
+    else:
+        return None
+    for prefix, value in items:
+        found = find_fault_tolerance(value, prefix)
+        if found is not None and found[1]:
+            return found
+    return None
+
+
+def _check_top_level(key: Any, path: str, *, carried: bool) -> None:
+    """A top-level key that is none of our sections: the rest of a training config that carries ft_launcher's
+    section (left alone, as NVRx does) unless it looks like a misspelt name of ours; in a file without that
+    section, an error."""
+    known = sorted(OWN_SECTIONS if carried else OWN_SECTIONS | bridge_sections())
+    guess = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
+    if carried and not guess:
+        return
+    hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+    raise ConfigError(f"--config: unknown top-level key {key!r} in {path}{hint}; expected 'mbr_launch', "
+                      "'fault_tolerance' or a Megatron-Bridge section (ft, inprocess_restart, ...)")
+
+
+def _setting(where: str, name: Any, path: str) -> Setting:
+    """The setting that ``name`` of section ``where`` sets; an unknown key is an error that says what to do:
+    NVRx ignores unknown keys, and a misspelt one would quietly leave a timeout at its default."""
+    key = str(name).replace("-", "_")
+    ft = where != "mbr_launch"
+    setting = (BY_FT_KEY if ft else BY_NAME).get(key)
+    if setting is not None and setting.name != "config":
+        return setting
+    other = BY_NAME.get(key) if ft else BY_FT_KEY.get(key)
+    if ft and other is not None and other.name != "config":
+        why = (f"{key} is not a fault_tolerance key of any ft_launcher (NVRx would ignore it there); move it to the "
+               f"'mbr_launch:' section or pass {other.flag}")
+    elif not ft and other is not None:
+        why = f"that is ft_launcher's name: write '{other.name}' here, or move it to 'fault_tolerance:'"
+    else:
+        names = BY_FT_KEY if ft else BY_NAME
+        guess = difflib.get_close_matches(key, list(names), n=1, cutoff=0.75)
+        why = (f"did you mean {guess[0]!r}? " if guess else "") + \
+            ("NVRx ignores unknown keys, mbr-launch refuses them so that a misspelt key cannot leave a setting at "
+             "its default: fix or remove it (docs/options.md lists every key)")
+    raise ConfigError(f"--config: unknown key '{where}.{name}' in {path}: {why}")
 
 
 _SCALARS = (str, int, float, bool)

@@ -10,12 +10,15 @@ from __future__ import annotations
 import os
 import shutil
 import socket
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Mapping
 
+from mbr_launch.config.nvrx import NvrxFound
 from mbr_launch.config.scriptscan import imports_only_stdlib
+from mbr_launch.report.version import metadata_folder
 
 
 def device_count(kind: str) -> int:
@@ -122,6 +125,18 @@ def program_exists(program: str) -> bool:
         return False
 
 
+def workers_nvrx(environ: Mapping[str, str]) -> NvrxFound:
+    """The NVRx a worker started with ``environ`` would import, found without importing it: the first
+    ``nvidia_resiliency_ext`` metadata folder on the workers' path, which is ``environ``'s PYTHONPATH entries, then
+    this launcher's own ``sys.path`` (the same interpreter and site-packages run the workers)."""
+    entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    for paths, via in ((entries, "PYTHONPATH"), (sys.path, "the launcher's sys.path")):
+        found = metadata_folder("nvidia-resiliency-ext", paths)
+        if found is not None:
+            return NvrxFound(version=found[0], where=found[1], via=via)
+    return NvrxFound(version=None)
+
+
 @dataclass(frozen=True)
 class HostProbes:
     device_count: Callable[[str], int] = device_count
@@ -134,6 +149,7 @@ class HostProbes:
     log_dir_problem: Callable[[str], str | None] = log_dir_problem
     program_exists: Callable[[str], bool] = program_exists
     stdlib_only_script: Callable[[str], bool] = imports_only_stdlib
+    workers_nvrx: Callable[[Mapping[str, str]], NvrxFound] = workers_nvrx  # where versions of NVRx disagree
 
 
 __all__ = ["HostProbes"]

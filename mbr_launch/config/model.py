@@ -33,7 +33,12 @@ class StdSpec:
 
 @dataclass(frozen=True)
 class FaultToleranceSpec:
-    """What the rank monitor enforces, in NVRx FaultToleranceConfig field names."""
+    """What the rank monitor enforces and what NVRx clients read from the config it returns, in NVRx 0.7's
+    FaultToleranceConfig field names (0.4.1 and 0.6 have a subset). The fields past ``link_down_path_template``
+    are 0.6/0.7's; their defaults here are NVRx 0.7's.
+
+    ``user_set``: the fields whose value the user gave (command line, environment or config file). The
+    monitor gives a client its own version's default for the others (NVRx 0.6+: no heartbeat timeouts)."""
 
     initial_rank_heartbeat_timeout: float | None
     rank_heartbeat_timeout: float | None
@@ -42,17 +47,42 @@ class FaultToleranceSpec:
     workload_check_interval: float
     safety_factor: float
     rank_termination_signal: str
-    log_level: str
+    log_level: str  # DEBUG ... CRITICAL, or a number between them ("15") from a YAML file
     node_health_check_interval: float
     restart_check_interval: float
     enable_nic_monitor: bool
     pci_topo_file: str | None
     link_down_path_template: str | None
+    enable_nic_healthcheck: bool = True
+    enable_dist_storage_healthcheck: bool = False
+    storage_healthcheck_path: str | None = None  # comma-separated absolute paths, as NVRx holds them
+    link_state_path_template: str | None = None
+    skip_section_response: bool = True
+    segment: int | None = None
+    numa_bind_strict: bool = True
+    gpu_memory_reclaim_timeout: float = 50.0
+    gpu_memory_tolerance_mb: float = 512.0
+    gpu_memory_poll_interval: float = 2.0
+    check_remaining_processes: bool = False
+    max_no_progress_cycles: int = 3
+    min_progress_iterations: int = 1
+    checkpoint_iteration_file: str | None = None
+    install_exception_hook: bool = False
+    num_warmup_iterations: int = 5
+    attribution_endpoint: str | None = None
+    attribution_stop_action: str | None = None
+    attribution_export_url: str | None = None
+    cycle_info_dir: str | None = None
+    segment_health_check_dir: str | None = None
+    user_set: tuple[str, ...] = ()
 
     def as_nvrx_dict(self) -> dict[str, Any]:
-        data = {f.name: getattr(self, f.name) for f in fields(self)}
+        """Every FaultToleranceConfig field of NVRx 0.7, with the types NVRx holds (an int log level), and
+        ``"user_set"``: the sorted names of the fields the user gave."""
+        data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "user_set"}
         data["rank_section_timeouts"] = dict(self.rank_section_timeouts)
-        data["log_level"] = logging.getLevelName(self.log_level)
+        data["log_level"] = int(self.log_level) if self.log_level.isdigit() else logging.getLevelName(self.log_level)
+        data["user_set"] = sorted(self.user_set)
         return data
 
 
@@ -169,6 +199,11 @@ class PreflightSpec:
     restart_policy: str = "any-failed"  # any-failed | min-healthy (ft_launcher's --ft-restart-policy)
     script: str | None = None  # the training script's path, for the in-process-restart checks (None with -m)
     script_args: tuple[str, ...] = ()
+    # ft_launcher's options as given, for the checks against the workers' NVRx (doctor ``launcher.ft_options``):
+    # setting name -> the value as typed (settings of the fault-tolerance, node-health and compatibility panels and
+    # the restart policy's), and the option strings of the command line when known (``--ft-param-...``).
+    ft_given: Mapping[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -176,7 +211,14 @@ class NvrxLauncherSpec:
     """ft_launcher 0.6/0.7's launcher features, each given its meaning in this launcher.
 
     Defaults are "off": ``config.build`` fills them from the settings (and, where NVRx versions disagree,
-    from the NVRx version installed in the workers' environment)."""
+    from the NVRx version installed in the workers' environment, ``workers_nvrx``)."""
+
+    # The NVRx the workers import ("0.7.0"; None: none), whose defaults the values here follow.
+    workers_nvrx: str | None = None
+    # What a failure that restarting cannot fix does (ft_launcher's --ft-attribution-stop-action): "log" records
+    # the decision in events.jsonl and the job ends with its usual exit code; "no-restart" makes every launcher
+    # exit with ``no_restart_exit_code`` (no requeue on preemption either).
+    attribution_stop_action: Literal["log", "no-restart"] = "log"
 
     # Progress tracking across restarts: stop with ``no_restart_exit_code`` after this many cycles in a row
     # that did not advance the iteration by ``min_progress_iterations`` (0 or less: off).
@@ -200,8 +242,10 @@ class NvrxLauncherSpec:
     # Between a stop and the next start: wait for GPU memory to come back (NVML), look for leftovers.
     gpu_memory_reclaim_timeout: float = 0.0  # seconds; 0: do not wait
     gpu_memory_tolerance_mb: float = 512.0
-    gpu_memory_poll_interval: float = 2.0
+    gpu_memory_poll_interval: float = 2.0  # seconds, > 0
     check_remaining_processes: bool = False
+    # With NVRX_GPUS_PER_NUMA in the workers' environment: bind each worker to its GPU's NUMA node, memory too
+    # (True: numactl --cpunodebind=N --membind=N) or CPUs only (False: --localalloc).
     numa_bind_strict: bool = True
 
 

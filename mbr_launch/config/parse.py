@@ -94,12 +94,20 @@ def positive(name: str, kind: type) -> Parser:
     return parse
 
 
+NONE_WORDS = ("none", "null", "")  # what ft_launcher 0.6+ reads as None (any case); 'off' is ours
+
+
+def _is_none(value: Any) -> bool:
+    return value is None or (isinstance(value, str) and value.strip().lower() in (*NONE_WORDS, "off"))
+
+
 def optional_timeout(name: str) -> Parser:
-    """Seconds > 0, or none/null/off to disable the timeout (NVRx treats None as infinite)."""
+    """Seconds > 0, or none/null/off/'' to disable the timeout (NVRx treats None as infinite). ft_launcher
+    0.6+ reads ``null``, ``none`` and an empty value as None, in any case; an empty environment variable is
+    still refused before this (``rawvalue``): an unset ``$VAR`` is no choice."""
 
     def parse(value: Any) -> float | None:
-        # An empty value does not disable a timeout: 'none' must be said (a "$UNSET_VAR" is not a choice).
-        if value is None or str(value).strip().lower() in ("none", "null", "off"):
+        if _is_none(value):
             return None
         try:
             number = float(value) if not isinstance(value, bool) else float("nan")

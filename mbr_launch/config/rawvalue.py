@@ -17,7 +17,10 @@ from typing import Any, Mapping
 from mbr_launch.config.errors import SettingError
 
 # Settings whose values are file names: those may hold any bytes the file system allows.
-PATH_SETTINGS = frozenset({"log_dir", "config", "pci_topo_file", "link_down_path_template"})
+PATH_SETTINGS = frozenset({"log_dir", "config", "pci_topo_file", "link_down_path_template", "link_state_path_template",
+                           "storage_health_check_path", "segment_health_check_dir", "checkpoint_iteration_file",
+                           "per_cycle_applog_prefix", "cycle_info_dir", "nvrx_logfile", "log_server_log_prefix",
+                           "attribution_llm_api_key_file"})
 
 
 def env_name(setting: Any, default: str, environ: Mapping[str, str]) -> str | None:

@@ -6,7 +6,9 @@ command line > environment (``MBR_*`` first, then torchrun's ``PET_*``) > config
 
 Resolution is pure: ``resolve(cli, environ, config_file)`` takes plain mappings, so tests need no
 process state. Values are parsed and validated by each setting's ``parse`` function, which raises
-``SettingError`` with a message that names the flag and the bad value.
+``SettingError`` with a message that names the flag and the bad value. ``for_workers_nvrx`` then reads them as
+the workers' NVRx version does where ft_launcher's versions disagree (defaults, a boolean's words); ft_launcher
+0.6 and 0.7's own options are declared in ``nvrxsettings``.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from typing import Any, Mapping
 
 from mbr_launch.config import rawvalue
 # The declaration's vocabulary, re-exported: callers import it from here with the table.
-from mbr_launch.config.declare import (CHECKS, FAULT, LOGGING, PANELS, POLICY, SLURM, TORCHRUN, Setting,
-                                       default_text, in_panel_order)
+from mbr_launch.config.declare import (CHECKS, COMPAT, FAULT, HEALTH, LOGGING, PANELS, POLICY, SLURM, TORCHRUN,
+                                       Setting, default_text, in_panel_order)
 from mbr_launch.config.declare import ft_setting as _ft, torchrun_setting as _torchrun  # short: the table reads
 from mbr_launch.config.errors import SettingError
+from mbr_launch.config.ftparse import log_level, optional_number, versioned_bool
+from mbr_launch.config.nvrxsettings import NVRX_SETTINGS
 from mbr_launch.config.parse import (as_bool, choice, comma_list, exit_code_list, fraction, module_list,
                                      non_negative, optional_timeout, positive, section_timeouts, signal_list,
                                      signal_name)
@@ -108,48 +112,57 @@ SETTINGS: tuple[Setting, ...] = (
             help="YAML config file: an 'mbr_launch:' section with any setting, and/or ft_launcher's "
                  "'fault_tolerance:' section as it is."),
     _ft("initial_heartbeat_timeout", "initial_rank_heartbeat_timeout", float, 3600.0,
-        "Seconds from a rank's start until its first heartbeat ('none' disables).",
+        "Seconds from a rank's start until its first heartbeat ('none', 'null' or '' disables). Default 3600, "
+        "or none when the workers import NVRx 0.6+ (ft_launcher 0.6+'s default).",
         native="--initial-heartbeat-timeout", parse=optional_timeout("--ft-initial-rank-heartbeat-timeout"),
-        metavar="SECONDS"),
+        metavar="SECONDS", nvrx_defaults=(("0.6", None),)),
     _ft("heartbeat_timeout", "rank_heartbeat_timeout", float, 2700.0,
-        "Seconds allowed between two heartbeats of a rank ('none' disables).",
+        "Seconds allowed between two heartbeats of a rank ('none', 'null' or '' disables). Default 2700, or "
+        "none when the workers import NVRx 0.6+ (ft_launcher 0.6+'s default).",
         native="--heartbeat-timeout", parse=optional_timeout("--ft-rank-heartbeat-timeout"),
-        metavar="SECONDS"),
+        metavar="SECONDS", nvrx_defaults=(("0.6", None),)),
     _ft("section_timeouts", "rank_section_timeouts", str, {},
         "Per-section timeouts, e.g. setup:600,step:180,checkpointing:420.", native="--section-timeouts",
         parse=section_timeouts, metavar="NAME:SECONDS,..."),
     _ft("out_of_section_timeout", "rank_out_of_section_timeout", float, None,
-        "Seconds a rank may spend outside any section ('none' disables).", native="--out-of-section-timeout",
+        "Seconds a rank may spend outside any section ('none', 'null' or '' disables).",
+        native="--out-of-section-timeout",
         parse=optional_timeout("--ft-rank-out-of-section-timeout"), metavar="SECONDS"),
     _ft("workload_check_interval", "workload_check_interval", float, 5.0,
-        "Accepted for ft_launcher compatibility; deadlines here are timers, not polls.",
-        parse=non_negative("--ft-workload-check-interval", float), metavar="SECONDS"),
+        "Accepted ('none' keeps the default); mbr-launch's deadlines are timers, not polls: a hang is seen "
+        "within 0.2 s of its timeout.", parse=optional_number("--ft-workload-check-interval"), metavar="SECONDS",
+        panel=COMPAT),
     _ft("safety_factor", "safety_factor", float, 5.0,
         "Multiplier the NVRx client applies to observed intervals when it calculates timeouts.",
-        parse=non_negative("--ft-safety-factor", float), metavar="X"),
+        parse=optional_number("--ft-safety-factor"), metavar="X"),
     _ft("rank_termination_signal", "rank_termination_signal", str, "SIGKILL",
-        "Accepted for ft_launcher compatibility: a hung group gets SIGTERM, then SIGKILL after "
-        "--hang-kill-grace.", parse=signal_name("--ft-rank-termination-signal"), metavar="SIGNAL"),
-    _ft("ft_log_level", "log_level", str, "INFO", "Log level handed to NVRx clients.",
-        parse=choice("--ft-log-level", ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")), metavar="LEVEL"),
+        "Accepted; a hung rank's stacks are dumped, then its group gets SIGTERM and SIGKILL after "
+        "--hang-kill-grace.", parse=signal_name("--ft-rank-termination-signal"), metavar="SIGNAL", panel=COMPAT),
+    _ft("ft_log_level", "log_level", str, "INFO", "Log level handed to NVRx clients (any case; DBG and WARN too).",
+        parse=log_level("--ft-log-level"), metavar="LEVEL"),
     _ft("node_health_check_interval", "node_health_check_interval", float, 5.0,
-        "Accepted for ft_launcher compatibility.",
-        parse=non_negative("--ft-node-health-check-interval", float), metavar="SECONDS"),
+        "Accepted ('none' keeps the default); mbr-launch checks a node's health before it joins (Node health "
+        "options) and learns of a lost node within --peer-timeout.",
+        parse=optional_number("--ft-node-health-check-interval"), metavar="SECONDS", panel=COMPAT),
     _ft("restart_check_interval", "restart_check_interval", float, 60.0,
-        "Accepted for ft_launcher compatibility.",
-        parse=non_negative("--ft-restart-check-interval", float), metavar="SECONDS"),
+        "Accepted ('none' keeps the default); restarts are events here, not polls.",
+        parse=optional_number("--ft-restart-check-interval"), metavar="SECONDS", panel=COMPAT),
     _ft("enable_nic_monitor", "enable_nic_monitor", bool, False,
-        "Takes a value like ft_launcher (true/false/1/0/yes/no); accepted for compatibility and handed to "
-        "the NVRx clients' config (ft_launcher's rank monitor runs the NIC monitor; this one does not).",
-        parse=as_bool, deprecated_dashed=True, valued=True, metavar="BOOL"),
-    _ft("pci_topo_file", "pci_topo_file", str, None, "Accepted for ft_launcher compatibility.",
-        metavar="FILE", deprecated_dashed=True),
+        "Accepted and handed to the NVRx clients' config; mbr-launch runs no NIC monitor (--ft-enable-nic-healthcheck "
+        "checks links before a node joins). A word other than true/false/1/0/yes/no/on/off is read as the "
+        "workers' NVRx reads it: false by 0.4.1, true by 0.6+.",
+        parse=versioned_bool("--ft-enable-nic-monitor", {"0.4": "truthy", "0.6": "falsy"}), deprecated_dashed=True,
+        valued=True, metavar="BOOL", panel=COMPAT),
+    _ft("pci_topo_file", "pci_topo_file", str, None, "Accepted and handed to the NVRx clients' config (it serves "
+        "ft_launcher's NIC monitor, which mbr-launch does not run).", metavar="FILE", deprecated_dashed=True,
+        panel=COMPAT),
     _ft("link_down_path_template", "link_down_path_template", str, None,
-        "Accepted for ft_launcher compatibility.", metavar="TEMPLATE", deprecated_dashed=True),
-    Setting(name="ignore_missing_ft_config", flags=("--ignore-missing-fault-tol-cfg",), kind=bool, default=False,
-            panel=FAULT,
-            help="Accepted for ft_launcher compatibility (deprecated there): without a fault_tolerance config "
-                 "the defaults apply, with or without this flag, as in ft_launcher 0.4.1."),
+        "Accepted and handed to the NVRx clients' config (it serves ft_launcher's NIC monitor, which mbr-launch "
+        "does not run).", metavar="TEMPLATE", deprecated_dashed=True, panel=COMPAT),
+    Setting(name="ignore_missing_ft_config", flags=("--ignore-missing-fault-tol-cfg", "--ft-ignore-missing-cfg"),
+            kind=bool, default=False, panel=COMPAT,
+            help="Accepted (0.4.1's and 0.7's spellings): without a fault_tolerance config the defaults apply, "
+                 "with or without this flag."),
     Setting(name="rank_monitor", flags=("--rank-monitor",), kind=str, default="on", panel=FAULT,
             parse=choice("--rank-monitor", ("on", "off")), choices=("on", "off"),
             help="Serve NVRx RankMonitorClient connections (FT_RANK_MONITOR_IPC_SOCKET) and enforce "
@@ -299,6 +312,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="status_interval", flags=("--status-interval",), kind=float, default=30.0, panel=LOGGING,
             parse=non_negative("--status-interval", float), metavar="SECONDS",
             help="Seconds between plain status lines (0 disables them)."),
+    # -- ft_launcher 0.6 and 0.7's options --
+    *NVRX_SETTINGS,
 )
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
@@ -309,9 +324,16 @@ BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
 class Resolved:
     values: dict[str, Any]
     sources: dict[str, str] = field(default_factory=dict)  # name -> "cli" | "env:NAME" | "config" | "default"
+    raw: dict[str, Any] = field(default_factory=dict)  # name -> the value as given, for settings not at default
+    # The workers' NVRx line the values follow (``for_workers_nvrx``); None: not applied yet, or no NVRx.
+    nvrx: str | None = None
 
     def __getitem__(self, name: str) -> Any:
         return self.values[name]
+
+    def given(self, name: str) -> bool:
+        """Whether the user gave this setting (command line, environment or config file)."""
+        return self.sources.get(name, "default") != "default"
 
 
 def parse_value(setting: Setting, raw: Any) -> Any:
@@ -320,9 +342,9 @@ def parse_value(setting: Setting, raw: Any) -> Any:
     rawvalue.check_text(setting, raw)
     if setting.kind is bool:
         try:
-            return as_bool(raw)
+            return setting.parse(raw) if setting.parse else as_bool(raw)
         except SettingError as err:
-            raise SettingError(f"{setting.flag}: {err}") from None
+            raise SettingError(err if setting.parse else f"{setting.flag}: {err}") from None
     if setting.parse:
         return setting.parse(raw)
     if setting.kind in (int, float):
@@ -337,6 +359,7 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
     """Pick each setting's value by precedence and parse it."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
+    given: dict[str, Any] = {}
     for setting in SETTINGS:
         raw, source = setting.default, "default"
         if cli.get(setting.name) is not None:
@@ -351,4 +374,21 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
         except SettingError as err:
             raise SettingError(f"{err}{rawvalue.source_hint(source)}") from None
         sources[setting.name] = source
-    return Resolved(values=values, sources=sources)
+        if source != "default":
+            given[setting.name] = raw
+    return Resolved(values=values, sources=sources, raw=given)
+
+
+def for_workers_nvrx(resolved: Resolved, generation: str | None) -> Resolved:
+    """``resolved`` as the workers' NVRx line ``generation`` reads it (None: no NVRx): that line's defaults for
+    the settings left at their default (``Setting.nvrx_defaults``), and its reading of a value whose meaning
+    changed between lines (``ftparse.versioned_bool``)."""
+    values = dict(resolved.values)
+    for setting in SETTINGS:
+        if not resolved.given(setting.name):
+            if setting.nvrx_defaults:
+                default = setting.default_for(generation)
+                values[setting.name] = parse_value(setting, default) if isinstance(default, str) else default
+        elif (reread := getattr(setting.parse, "for_generation", None)) and setting.name in resolved.raw:
+            values[setting.name] = reread(generation)(resolved.raw[setting.name])
+    return Resolved(values=values, sources=resolved.sources, raw=resolved.raw, nvrx=generation)

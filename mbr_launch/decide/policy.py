@@ -95,6 +95,10 @@ class Decision:
     backoff: float = 0.0
     counts_as_startup: bool = False
     kept: Kept | None = None  # why an exclusion was turned down (the node stays)
+    exhausted: bool = False  # STOP because the restart budget is spent (progress tracking may still name why)
+    # STOP because restarting cannot fix the failure (a --no-restart-exit-codes code, a worker's shutdown
+    # request): what ft_launcher's attribution service calls a STOP verdict (--ft-attribution-stop-action).
+    unfixable: bool = False
 
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
@@ -121,10 +125,10 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.shutdown_requested:
         why = "a straggler was detected (--stop-on-straggler)" if facts.cause is Cause.STRAGGLER \
             else "a worker asked to shut the workload down"
-        return Decision(Action.STOP, "job", why)
+        return Decision(Action.STOP, "job", why, unfixable=facts.cause is not Cause.STRAGGLER)
     if facts.exit_code is not None and facts.exit_code in policy.no_restart_exit_codes:
         return Decision(Action.STOP, "job", f"exit code {facts.exit_code} is not restarted "
-                                            f"(--no-restart-exit-codes)")
+                                            f"(--no-restart-exit-codes)", unfixable=True)
     if tolerated(policy, facts):
         return Decision(Action.CONTINUE, "rank", f"{facts.healthy_nodes} node(s) still have every rank alive and "
                                                  f"--nnodes needs {policy.min_nodes}: the other ranks go on")
@@ -149,9 +153,10 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
         if facts.startup_restarts_used >= policy.max_startup_restarts:
             return Decision(Action.STOP, "job", f"startup restart budget exhausted "
                                                 f"({policy.max_startup_restarts} allowed before the first heartbeat)",
-                            counts_as_startup=True)
+                            counts_as_startup=True, exhausted=True)
     elif facts.restarts_used >= policy.max_restarts:
-        return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)")
+        return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)",
+                        exhausted=True)
     # Restarting one rank or one node mends only a failure whose culprit is known to be there.
     scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else "job"
     reason = "restarting"
@@ -167,5 +172,5 @@ def keep_node(exclude_reason: str, kept: Kept, facts: FailureFacts, policy: Rest
     why = f"not excluded although {exclude_reason}"
     if facts.restarts_used >= policy.max_restarts:
         return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({policy.max_restarts} restarts "
-                                            f"allowed)", kept=kept)
+                                            f"allowed)", kept=kept, exhausted=True)
     return Decision(Action.RESTART, "job", f"{why}; restarting instead", kept=kept)

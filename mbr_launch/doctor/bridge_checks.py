@@ -140,7 +140,7 @@ def local_ckpt(ctx: DoctorContext) -> Finding:
     if ck.non_persistent_ckpt_type != "local":
         return warn(f"non_persistent_local_ckpt_dir set but non_persistent_ckpt_type={ck.non_persistent_ckpt_type!r}: "
                     "local checkpoints are never written", "set checkpoint.non_persistent_ckpt_type: local")
-    if ctx.versions().nvrx is None:
+    if ctx.workers_nvrx.version is None:
         return error("local checkpointing needs nvidia-resiliency-ext, which is not installed",
                      "pip install nvidia-resiliency-ext")
     return ok(f"local checkpoints in {ck.non_persistent_local_ckpt_dir} ({ck.non_persistent_local_ckpt_algo})")

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from mbr_launch.config.host import workers_nvrx
+from mbr_launch.config.nvrx import NvrxFound
 from mbr_launch.doctor import probes, processes
 from mbr_launch.doctor.probes import Limit, NvmlView, Versions
 
@@ -49,6 +51,9 @@ class DoctorContext:
     restart_policy: str = "any-failed"  # the launcher's --ft-restart-policy (any-failed | min-healthy)
     script: str | None = None  # the training script's path (None for -m and --no-python)
     script_args: tuple[str, ...] = ()
+    # ft_launcher's options as given (setting name -> value as typed) and the command line's option strings.
+    ft_given: Mapping[str, Any] = field(default_factory=dict)
+    flags: tuple[str, ...] = ()
     disk_paths: tuple[str, ...] = ()
     rdzv_timeout_s: float = 2.0  # how long a reachability probe may wait
     # Probes: real by default, replaced in tests.
@@ -66,6 +71,7 @@ class DoctorContext:
     other_launchers: Callable[[], list[processes.LauncherProcess]] = processes.other_launchers
     uid: int = field(default_factory=os.getuid)  # whose launchers count (launcher.per_node)
     script_head: Callable[[str], str | None] = probes.script_head
+    find_nvrx: Callable[[Mapping[str, str]], NvrxFound] = workers_nvrx  # the NVRx a worker started with env imports
 
     @classmethod
     def from_values(cls, **kwargs: Any) -> DoctorContext:
@@ -82,6 +88,8 @@ class DoctorContext:
         kwargs["env"] = dict(kwargs["env"])
         kwargs["disk_paths"] = tuple(kwargs.get("disk_paths") or ())
         kwargs["script_args"] = tuple(kwargs.get("script_args") or ())
+        kwargs["flags"] = tuple(kwargs.get("flags") or ())
+        kwargs["ft_given"] = dict(kwargs.get("ft_given") or {})
         for key, conv in (("master_port", int), ("pg_timeout_s", float)):
             if kwargs.get(key) is not None:
                 kwargs[key] = conv(kwargs[key])
@@ -107,6 +115,11 @@ class DoctorContext:
     @property
     def bridge_ok(self) -> BridgeConfig | None:
         return None if isinstance(self.bridge, Exception) else self.bridge
+
+    @cached_property
+    def workers_nvrx(self) -> NvrxFound:
+        """The NVRx the workers will import: launch options whose meaning changed between versions follow it."""
+        return self.find_nvrx(self.env)
 
     @cached_property
     def effective_env(self) -> Mapping[str, str]:

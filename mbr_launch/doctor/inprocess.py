@@ -1,5 +1,5 @@
 """In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, and the
-torch / NCCL / NVRx versions these features need.
+torch / NCCL versions these features need (the NVRx version: ``nvrx_compat``).
 
 Each of these fails silently at run time: without ``NCCL_NVLS_ENABLE=0`` the restarted communicator
 hangs, and a watchdog shorter than ``hard_timeout`` kills the process before NVRx can recover it.
@@ -10,14 +10,12 @@ from __future__ import annotations
 from packaging.version import InvalidVersion, Version
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+from mbr_launch.doctor.registry import Finding, check, error, ok, skip, warn
 
 IPR_MIN_TORCH = Version("2.5.1")
 IPR_MIN_NCCL = Version("2.26.2")
 IPR_BAD_NCCL = (Version("2.28.3"), Version("2.28.8"))  # inclusive: segfault during in-process restart
 MIN_TORCH = Version("2.3")  # our own floor (pyproject)
-MIN_NVRX = Version("0.4.1")
-NVRX_IPR_DEPRECATED = Version("0.6.0")
 NCCL_HEARTBEAT_DEFAULT_S = 480.0  # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC default in ProcessGroupNCCL
 
 _NOT_ON = "in-process restart not enabled"
@@ -174,21 +172,3 @@ def nccl_version(ctx: DoctorContext) -> Finding:
         return error(f"{saw}: NCCL {IPR_BAD_NCCL[0]} to {IPR_BAD_NCCL[1]} segfault during in-process restart",
                      "pip install 'nvidia-nccl-cu12>=2.28.9' (or a 2.27.x), or turn in-process restart off")
     return ok(saw + " (meets in-process restart requirements)")
-
-
-@check("versions.nvrx", "nvidia-resiliency-ext version")
-def nvrx_version(ctx: DoctorContext) -> Finding:
-    v = ctx.versions()
-    nv = _ver(v.nvrx)
-    needed = ctx.ft_declared or ctx.ipr is not None
-    if nv is None:
-        saw = "nvidia-resiliency-ext is not installed"
-        fix = f"pip install 'nvidia-resiliency-ext>={MIN_NVRX}'"
-        return error(saw + " but fault tolerance or in-process restart is configured", fix) if needed else warn(saw, fix)
-    if nv < MIN_NVRX:
-        return warn(f"nvidia-resiliency-ext {v.nvrx} is older than tested ({MIN_NVRX})",
-                    f"pip install 'nvidia-resiliency-ext>={MIN_NVRX}'")
-    if ctx.ipr and nv >= NVRX_IPR_DEPRECATED:
-        return info(f"nvidia-resiliency-ext {v.nvrx}: in-process restart is deprecated since 0.6",
-                    "plan a move to in-job restart (mbr-launch restarts workers itself)")
-    return ok(f"nvidia-resiliency-ext {v.nvrx}")

@@ -22,7 +22,7 @@ from typing import Any, Literal
 
 from mbr_launch.config.errors import ConfigError as BadInput
 from mbr_launch.config.files import (BRIDGE_IGNORED_KEYS, BRIDGE_LOOSE_SECTIONS, BRIDGE_OTHER_SECTIONS,
-                                     BRIDGE_STRICT_SECTIONS, OWN_SECTIONS)
+                                     BRIDGE_STRICT_SECTIONS, OWN_SECTIONS, find_fault_tolerance)
 from mbr_launch.config.yamlfile import read_yaml
 
 
@@ -185,12 +185,19 @@ def parse(raw: Mapping[str, Any], *, path: str = "<config>") -> BridgeConfig:
     problems: list[KeyProblem] = []
     sections: dict[str, Any] = {}
     known_top = set(_STRICT) | set(_LOOSE) | _OTHER_SECTIONS
+    # A training config that carries ft_launcher's section somewhere inside (NVRx finds it at any depth) has
+    # sections of its own; config.files already refuses a misspelt name of ours there.
+    carried = find_fault_tolerance(raw) is not None
     for key, value in raw.items():
         key = str(key)
         if key in _IGNORED_KEYS or key in _OTHER_SECTIONS:
             continue
         if key not in known_top:
-            problems.append(KeyProblem(key, "error", _unknown(key, known_top)))
+            if carried:
+                problems.append(KeyProblem(key, "info", "not a Megatron-Bridge section (the file carries "
+                                                        "ft_launcher's fault_tolerance section); not checked"))
+            else:
+                problems.append(KeyProblem(key, "error", _unknown(key, known_top)))
             continue
         if value is None:
             continue  # "ft: null" means the section is off, as in ConfigContainer

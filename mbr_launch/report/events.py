@@ -45,12 +45,26 @@ progress            round, started, first_step, last_step, checkpoint, ended (al
                     (failure|stop|end), steps: one attempt of this node's workers, for goodput
 straggler           round, interval, threshold, stragglers (ranks), ranks (list of {rank, relative,
                     individual, median, best, samples})
+cycle_progress      round, cycle (the job's restart count when the cycle started), source (checkpoint_file|
+                    iteration|steps; null: not scored), start, end (the iteration it advanced from and to; steps:
+                    null and the steps made), progress (null: not scored, ``note`` says why),
+                    no_progress_cycles (in a row, this one included), max_no_progress_cycles, stop (the job ends
+                    with --ft-no-restart-exit-code), note, claimed (this node scored it; else it took the verdict
+                    another node had claimed): progress across restarts (--ft-max-no-progress-cycles), written
+                    by the node whose failure ended the cycle
 goodput             wall, goodput (fraction; null when no optimizer step was seen), seconds ({startup,
                     productive, lost, detection, restart, other}), failures (list of {round, cause, lost,
                     detection, restart, resumed (a step came after it: restart is the time until then)})
 output_lost         rank, local_rank, stream (stdout|stderr|filtered_stdout|filtered_stderr), path, error,
                     lost_bytes, lost_lines: a log file that could not be written (disk full, I/O error); its
                     complete lines are kept, the rest went to the console only
+health_check        round (the round about to be joined), ok, failed (the check's name: segment|nic_links|
+                    dist_storage|storage_paths|node_health), detail (why), seconds, checks (list of {name, ok,
+                    skipped, detail}, up to the first failure): before a join, when a check was asked for
+leftovers           round (the stopped one), count, processes (list of {pid, ppid, pgid, why, cmdline}): what
+                    survived a stop (--ft-check-remaining-processes); left running
+gpu_memory          round (the next), reclaimed (null: skipped), seconds, polls, used_mb ({GPU: MB} at the last
+                    poll), tolerance_mb, timeout, skipped (why no wait: no NVML, ...)
 end                 exit_code, reason, seconds
 ==================  =========================================================================================
 """
@@ -98,8 +112,13 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "first_step": ("round", "rank", "local_rank", "seconds"),
     "progress": ("round", "started", "first_step", "last_step", "checkpoint", "ended", "cause", "steps"),
     "straggler": ("round", "interval", "threshold", "stragglers", "ranks"),
+    "cycle_progress": ("round", "cycle", "source", "start", "end", "progress", "no_progress_cycles",
+                       "max_no_progress_cycles", "stop"),
     "goodput": ("wall", "goodput", "seconds", "failures"),
     "output_lost": ("rank", "local_rank", "stream", "path", "error", "lost_bytes", "lost_lines"),
+    "health_check": ("round", "ok", "failed", "detail", "seconds", "checks"),
+    "leftovers": ("round", "count", "processes"),
+    "gpu_memory": ("round", "reclaimed", "seconds", "polls", "used_mb", "tolerance_mb", "timeout", "skipped"),
     "end": ("exit_code", "reason", "seconds"),
 }
 

@@ -7,6 +7,10 @@ RENDEZVOUS = 3  # the rendezvous failed: timed out, closed, or its store host wa
 INTERNAL = 4  # a bug or an unexpected error in mbr-launch itself
 PREEMPTED = 5  # a preemption signal arrived: workers were asked to checkpoint, then stopped
 EXCLUDED = 6  # this node was excluded from the job (it failed too often, or a worker asked); the rest go on
+UNHEALTHY = 7  # this node failed a pre-rendezvous health check and did not join; the rest go on
+# ft_launcher 0.6+'s "do not requeue": the job stopped itself because restarting it would not help (no
+# progress across --ft-max-no-progress-cycles cycles); --ft-no-restart-exit-code changes it.
+NO_RESTART = 93
 # ``mbr-launch doctor`` exits 0 all ok, 1 warnings, 2 errors found by its checks, and this when it could not
 # run them at all (a bad option or config file).
 DOCTOR_NOT_RUN = 3
@@ -26,5 +30,11 @@ TABLE = (
                 "with --requeue-on-preemption)"),
     (EXCLUDED, "this node left the job (its ranks failed --max-node-failures times, or a worker sent NVRx "
                "ExcludeThisNode); the other nodes go on without it"),
+    (UNHEALTHY, "this node failed a health check before joining a round (--ft-enable-nic-healthcheck, "
+                "--ft-storage-health-check-path, ...) and did not join; the other nodes go on without it where "
+                "--nnodes MIN:MAX allows"),
+    (NO_RESTART, "the job stopped instead of restarting: --ft-max-no-progress-cycles cycles in a row ended without "
+                 "the training iteration advancing (ft_launcher's \"do not requeue\"; --ft-no-restart-exit-code "
+                 "sets another code); every node exits with it"),
     ("128+N", "stopped by another handled signal N after forwarding it to the workers (130 SIGINT)"),
 )

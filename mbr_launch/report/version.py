@@ -14,6 +14,7 @@ import os
 import platform
 import re
 import sys
+from typing import Iterable
 
 import mbr_launch
 
@@ -41,8 +42,15 @@ def _normal(name: str) -> str:
 def _from_metadata_folder(dist: str) -> str | None:
     """The version in the first ``*.dist-info``/``*.egg-info`` folder of ``dist`` on ``sys.path``; None when
     there is none (or it gives no version)."""
+    found = metadata_folder(dist, sys.path)
+    return found[0] if found else None
+
+
+def metadata_folder(dist: str, paths: Iterable[str]) -> tuple[str | None, str] | None:
+    """(version, folder) of the first ``*.dist-info``/``*.egg-info`` folder of ``dist`` in ``paths`` (an import
+    path: a worker's, which is not necessarily this process's); None when there is none."""
     want = _normal(dist)
-    for entry in sys.path:
+    for entry in paths:
         try:
             names = os.listdir(entry or ".")
         except OSError:  # a zip file, a folder gone: not ours to read here
@@ -50,8 +58,8 @@ def _from_metadata_folder(dist: str) -> str | None:
         for name in names:
             stem, dot, kind = name.rpartition(".")
             if dot and kind in ("dist-info", "egg-info") and _normal(stem.partition("-")[0]) == want:
-                meta = os.path.join(entry or ".", name, "METADATA" if kind == "dist-info" else "PKG-INFO")
-                return _version_field(meta)
+                folder = os.path.join(entry or ".", name)
+                return _version_field(os.path.join(folder, "METADATA" if kind == "dist-info" else "PKG-INFO")), folder
     return None
 
 

@@ -1,4 +1,5 @@
-"""The environment of one worker: torchrun's variables, exactly, plus our fault-tolerance sockets."""
+"""The environment of one worker: torchrun's variables, exactly, plus our fault-tolerance sockets (and, as
+ft_launcher 0.6+ sets it, ``NVRX_CURRENT_CYCLE_INFO`` with ``--ft-cycle-info-dir``)."""
 
 from __future__ import annotations
 
@@ -7,6 +8,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import AUTOBEAT_ENV, AUTOBEAT_SOCKET_ENV, IGNORE_SIGNALS_ENV, STACK_FILE_ENV
+from mbr_launch.report import cycleinfo
 from mbr_launch.workers.flightrec import flight_env
 
 if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
@@ -58,6 +60,8 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         # Slurm delivers scancel/srun --signal to every process of the step: without this a worker would
         # die of SIGUSR1's default action before the agent asks it to checkpoint.
         env[IGNORE_SIGNALS_ENV] = ",".join(ignored)
+    if cfg.nvrx.cycle_info_dir:  # ft_launcher 0.6+: the link to the current cycle's cycle-info file
+        env[cycleinfo.ENV] = cycleinfo.current_path(cfg.nvrx.cycle_info_dir, cfg.nvrx.cycle_info_job_id, environ)
     if monitor_socket:
         env["FT_RANK_MONITOR_IPC_SOCKET"] = monitor_socket
     if launcher_socket:

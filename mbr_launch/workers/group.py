@@ -22,8 +22,9 @@ from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
+from mbr_launch.workers.cyclelog import CycleLogs
 from mbr_launch.workers.output import OutputPump
-from mbr_launch.workers import strays
+from mbr_launch.workers import numa, strays
 from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
 
 if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
@@ -68,6 +69,9 @@ class WorkerGroup:
         self.say = say
         self.workers: list[Worker] = []
         self._filtered: dict[str, LineAppender] = {}
+        # ft_launcher 0.6+'s per-cycle application logs, besides the run folder's (--ft-per-cycle-applog-prefix)
+        prefix = cfg.nvrx.per_cycle_applog_prefix
+        self.cycle_logs = CycleLogs(prefix, say) if prefix else None
         self._loss_lock = threading.Lock()
         self._warned = False  # the one warning about worker logs that cannot be written
         self.standby: StandbyPool | None = None
@@ -84,7 +88,7 @@ class WorkerGroup:
             self.standby.prepare = self._standby  # refills know the latest real environment
 
     def _argv(self, local_rank: int) -> list[str]:
-        return self.cfg.workers.argv(local_rank)
+        return numa.worker_argv(self.cfg, self.environ, local_rank)
 
     def _standby(self, local_rank: int) -> tuple[list[str], dict[str, str]] | None:
         env = self._envs.get(local_rank)
@@ -139,7 +143,7 @@ class WorkerGroup:
         worker = self.standby.take(spec) if self.standby else None
         if worker is None:
             worker = spawn(spec)
-        worker.pumps = self._pumps(worker, rank_dir)
+        worker.pumps = self._pumps(worker, rank_dir, cycle=(restart_count, rnd.world_size))
         if self.monitor:
             self.monitor.set_pid(local_rank=local_rank, pid=worker.pid)
         warm = {"standby_age": worker.standby_age, "standby_state": worker.standby_state} \
@@ -160,7 +164,8 @@ class WorkerGroup:
                 raise  # a folder swapped for a symlink or someone else's: never write through it
             self._warn_once(rank_dir, exc)
 
-    def _pumps(self, worker: Worker, rank_dir: Path) -> list:
+    def _pumps(self, worker: Worker, rank_dir: Path, *, cycle: tuple[int, int] = (0, 1)) -> list:
+        """The worker's two pumps; ``cycle``: (its TORCHELASTIC_RESTART_COUNT, world size), for the per-cycle log."""
         out = self.cfg.output
         lr = worker.local_rank
         show = out.local_ranks_filter is None or lr in out.local_ranks_filter
@@ -180,6 +185,7 @@ class WorkerGroup:
                               logfile=logfile, filters=filters, filtered=filtered,
                               tail=worker.tail if name == "stderr" else None, fallback=console,
                               on_log_failure=self._pump_failed,
+                              mirror=self.cycle_logs.sink(cycle[0], worker.rank, cycle[1]) if self.cycle_logs else None,
                               on_done=functools.partial(self._pump_done, worker, name))
             pumps.append(pump.start())
         return pumps
@@ -304,6 +310,10 @@ class WorkerGroup:
                                      local_ranks=local_ranks)
             found |= adopted | strays.descendants(table, adopted)
         return table, found
+
+    def own_pids(self) -> set[int]:
+        """The processes this agent started and still holds (workers, standbys, the rank monitor)."""
+        return self._own_children()
 
     def _own_children(self) -> set[int]:
         """The processes this agent started (workers, standbys, the rank monitor): never taken for strays."""

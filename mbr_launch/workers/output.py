@@ -19,13 +19,20 @@ import os
 import select
 import threading
 from pathlib import Path
-from typing import BinaryIO, Callable, Sequence
+from typing import BinaryIO, Callable, Protocol, Sequence
 
 from mbr_launch.report.appender import LineAppender
 from mbr_launch.report.console import Source
 
 CHUNK = 64 * 1024  # one read; also the batch after which the log file is written even while more is ready
 LINE_CAP = 64 * 1024  # the longest line kept whole (tail, filters) or held back for the log file
+
+
+class Mirror(Protocol):
+    """Where else a stream goes, as it comes (``workers.cyclelog.CycleSink``); must never raise."""
+
+    def write(self, data: bytes) -> None: ...
+    def close(self) -> None: ...
 
 
 def prefixed(prefix: bytes, line: bytes) -> bytes:
@@ -47,7 +54,7 @@ class OutputPump:
                  tail: collections.deque[bytes] | None = None, fallback: Source | None = None,
                  on_log_failure: Callable[["OutputPump", LineAppender], None] | None = None,
                  on_done: Callable[["OutputPump"], None] | None = None,
-                 appender: Callable[[Path], LineAppender] = LineAppender) -> None:
+                 appender: Callable[[Path], LineAppender] = LineAppender, mirror: Mirror | None = None) -> None:
         self._source = source
         self.prefix = prefix
         self._console = console
@@ -60,6 +67,7 @@ class OutputPump:
         self._on_log_failure = on_log_failure
         self._on_done = on_done
         self._appender = appender  # tests give one whose writes fail the way a disk rarely does (EIO)
+        self._mirror = mirror  # another copy of the stream as it comes (the per-cycle log)
         self._told: set[int] = set()  # the appenders whose failure was told
         self._pending_log = bytearray()  # read, not yet in the log file
         self._line = bytearray()  # the unfinished line, cut at LINE_CAP (for the tail and the filters)
@@ -91,6 +99,8 @@ class OutputPump:
             self._console = None  # a closed terminal: keep draining, show nothing more
         if self.log is not None:
             self._pending_log += data
+        if self._mirror is not None:
+            self._mirror.write(data)
         if self._tail is not None or self._filters:
             self._lines(data)
 
@@ -109,6 +119,8 @@ class OutputPump:
                 console.end()
         if self.log is not None:
             self.log.close()
+        if self._mirror is not None:
+            self._mirror.close()
         try:
             self._source.close()
         except (OSError, ValueError):

@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 from mbr_launch.contract import (OPTIONAL_PRELOAD, STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS,
                                  STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel)
 from mbr_launch.workers import flightrec
+from mbr_launch.workers.numa import worker_argv
 
 if TYPE_CHECKING:
     from mbr_launch.config.model import LaunchConfig
@@ -145,7 +146,7 @@ def first_assignment(cfg: "LaunchConfig", environ: Mapping[str, str],
                                   master_addr="", master_port=0, restart_count=0)
     env = worker_env(cfg, placeholder, local_rank, environ, error_file=Path(os.devnull),  # type: ignore[arg-type]
                      stack_file=None, monitor_socket=None, launcher_socket=None)
-    return cfg.workers.argv(local_rank), standby_env(env)
+    return worker_argv(cfg, environ, local_rank), standby_env(env)
 
 
 def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool | None":

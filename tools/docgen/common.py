@@ -18,11 +18,13 @@ DOCTOR_USAGE = ("mbr-launch doctor [launch options] [--json] [--deep] [--verbose
 DOCTOR_ABOUT = ("Check the environment before launching: the same launch options describe the job, and "
                 "each check reports what is wrong and how to fix it, grouped by area; the checks that do not "
                 "apply are folded into one line per area (--verbose lists them). The first line, and 'versions' "
-                "in --json, give the versions for a bug report. --deep also runs a real collective: GEMM and NCCL "
-                "all-reduce on the local GPUs, or a gloo all-reduce across two local processes without a GPU. "
-                "A launch runs the cheap checks first: errors stop it, warnings are one line. Exit status 0 all "
-                "ok, 1 warnings, 2 errors, 3 the checks could not run (a bad option or config file; with --json "
-                "the reason is in 'error').")
+                "in --json, give the versions for a bug report; versions.nvrx names the NVRx the workers will "
+                "import (PYTHONPATH first), whose defaults mbr-launch follows where ft_launcher versions differ, "
+                "and launcher.ft_options the options that version's ft_launcher refuses or its clients ignore. "
+                "--deep also runs a real collective: GEMM and NCCL all-reduce on the local GPUs, or a gloo "
+                "all-reduce across two local processes without a GPU. A launch runs the cheap checks first: "
+                "errors stop it, warnings are one line. Exit status 0 all ok, 1 warnings, 2 errors, 3 the checks "
+                "could not run (a bad option or config file; with --json the reason is in 'error').")
 HELP_FLAGS = ("-h", "--help")
 LAUNCH_ONLY = ("--help-all", "--version")  # the launch's own switches besides the settings (cli/helptext.py)
 

@@ -1,0 +1,259 @@
+"""Progress across restarts (ft_launcher 0.6/0.7's ``--ft-max-no-progress-cycles``): was a cycle worth
+restarting after? Pure: the facts of one cycle and the job-wide record in, the new record and a verdict out.
+
+A cycle is one job-wide round of workers (its number is the job's restart count when it started, the
+``TORCHELASTIC_RESTART_COUNT`` its workers saw). When it ends in a failure that the policy would restart (or
+that spent the restart budget), it is scored:
+
+1. ``--ft-checkpoint-iteration-file`` given: the iteration in that file, read when the cycle ends, against
+   the one read when the previous scored cycle ended (at launch for the first). As NVRx 0.7 reads it: the
+   stripped text as an integer (a negative one counts as 0); a missing or empty file, or one that cannot be
+   read or parsed, leaves the iteration unknown, and a cycle whose iteration is unknown is not scored at
+   all: the record stays as it was (scoring it as 0 would count a step back now and a leap forward later).
+2. otherwise, once an NVRx 0.6+ client reported a training iteration (Megatron's, in its "step" section
+   messages): the highest one reported in the cycle against the previous scored cycle's; a cycle in which no
+   rank reported one made none.
+3. otherwise the optimizer steps the automatic step heartbeat counted (``--autobeat``, scripts without
+   NVRx): the most any rank made in the cycle; they start from 0 in every cycle, so a cycle made progress
+   when it made at least ``min_progress_iterations`` of them.
+
+As NVRx, a cycle is not scored while nothing has ever been reported (the iteration was 0 before and is 0
+now, or no step was ever seen): a job that crashes before any training is left to the restart budget.
+
+A scored cycle made progress when its iteration advanced by at least ``min_progress_iterations``; it resets
+the count. One that did not extends the run of cycles without progress, and when that run reaches
+``max_no_progress_cycles`` (the first cycle included, as NVRx counts: 3 lets cycles 0, 1 and 2 fail without
+progress, then ends the job instead of starting cycle 3) the job ends with ``--ft-no-restart-exit-code``.
+
+The record (``Tracking``) lives in the rendezvous store between cycles, and each cycle's verdict is claimed
+there by the first node to score it (``cluster.progressstore``), so every node acts on the same one.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+
+class Source(str, enum.Enum):
+    FILE = "checkpoint_file"  # --ft-checkpoint-iteration-file
+    ITERATION = "iteration"  # what NVRx 0.6+ clients report
+    STEPS = "steps"  # optimizer steps seen by --autobeat
+
+
+@dataclass(frozen=True)
+class Rule:
+    max_cycles: int  # --ft-max-no-progress-cycles; 0 or less: tracking is off
+    min_iterations: int = 1  # --ft-min-progress-iterations
+    file: str | None = None  # --ft-checkpoint-iteration-file
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_cycles > 0
+
+
+@dataclass(frozen=True)
+class Facts:
+    """One cycle's end, as the node that scores it sees it."""
+
+    cycle: int
+    file_iteration: int | None = None  # the file's iteration now; None: missing, empty or unreadable
+    file_problem: str | None = None  # why it could not be read (None for a file not written yet)
+    iteration: int | None = None  # the highest training iteration an NVRx client reported in the cycle
+    steps: int | None = None  # the most optimizer steps one rank made in the cycle
+
+
+@dataclass(frozen=True)
+class Stuck:
+    """A cycle that made no progress."""
+
+    cycle: int
+    source: Source
+    start: int | None  # the iteration it had to advance from (None for steps)
+    end: int | None  # where it got (steps: how many it made; None: nothing reported)
+
+    def describe(self) -> str:
+        if self.source is Source.STEPS:
+            return f"cycle {self.cycle}: {self.end or 0} optimizer step{'s' * (self.end != 1)}"
+        what = "checkpoint iteration" if self.source is Source.FILE else "iteration"
+        end = "none reported" if self.end is None else str(self.end)
+        return f"cycle {self.cycle}: {what} {self.start} -> {end}"
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """The job-wide record between cycles."""
+
+    baseline: int | None = None  # the iteration the next cycle must advance from (file or iteration source)
+    source: Source | None = None  # what ``baseline`` was measured with
+    stepped: bool = False  # some cycle made an optimizer step: from then on 0 steps is no progress
+    stuck: tuple[Stuck, ...] = ()  # the cycles without progress in a row, oldest first
+
+
+@dataclass(frozen=True)
+class Scored:
+    """The verdict on one cycle."""
+
+    cycle: int
+    source: Source | None  # None: the cycle was not scored
+    start: int | None
+    end: int | None
+    progress: bool | None  # None: not scored (``note`` says why)
+    tracking: Tracking  # the record after this cycle
+    stop: bool = False  # the run of cycles without progress reached the limit: do not restart
+    note: str = ""
+    reason: str = ""  # with ``stop``: the line that says why
+
+
+def initial(rule: Rule, file_iteration: int | None) -> Tracking:
+    """The record before the first cycle: with a checkpoint file, the iteration it held at launch (the
+    training resumes from there; absent: 0)."""
+    if rule.file:
+        return Tracking(baseline=file_iteration or 0, source=Source.FILE)
+    return Tracking()
+
+
+def parse_iteration(text: str) -> int | None:
+    """The checkpoint iteration file's content as NVRx reads it: None when empty or not an integer."""
+    raw = text.strip()
+    if not raw:
+        return None
+    try:
+        return max(0, int(raw))
+    except ValueError:
+        return None
+
+
+def score(rule: Rule, tracking: Tracking, facts: Facts) -> Scored:
+    if not rule.enabled:
+        return _unscored(facts, tracking, "progress tracking is off")
+    if rule.file:
+        return _absolute(rule, tracking, facts, Source.FILE, facts.file_iteration)
+    if facts.iteration is not None or tracking.source is Source.ITERATION:
+        return _absolute(rule, tracking, facts, Source.ITERATION, facts.iteration)
+    return _steps(rule, tracking, facts)
+
+
+def _absolute(rule: Rule, tracking: Tracking, facts: Facts, source: Source, end: int | None) -> Scored:
+    start = (tracking.baseline or 0) if tracking.source is source else 0
+    if source is Source.FILE and end is None:
+        why = facts.file_problem or f"{rule.file} holds no iteration yet"
+        return _unscored(facts, tracking, f"checkpoint iteration unknown ({why}): cycle not scored")
+    if start == 0 and not end:  # as NVRx: 0 before and 0 now means nothing was reported yet
+        return _unscored(facts, tracking, "no iteration reported yet: cycle not scored")
+    progress = end is not None and end - start >= rule.min_iterations
+    after = replace(tracking, baseline=start if end is None else end, source=source)
+    return _judged(rule, after, facts, Stuck(facts.cycle, source, start, end), progress)
+
+
+def _steps(rule: Rule, tracking: Tracking, facts: Facts) -> Scored:
+    steps = facts.steps or 0
+    if not steps and not tracking.stepped:
+        return _unscored(facts, tracking, "no optimizer step or iteration seen yet: cycle not scored")
+    after = replace(tracking, stepped=True)
+    return _judged(rule, after, facts, Stuck(facts.cycle, Source.STEPS, None, steps), steps >= rule.min_iterations)
+
+
+def _judged(rule: Rule, tracking: Tracking, facts: Facts, this: Stuck, progress: bool) -> Scored:
+    stuck = () if progress else (*tracking.stuck, this)
+    after = replace(tracking, stuck=stuck)
+    stop = len(stuck) >= rule.max_cycles
+    return Scored(cycle=facts.cycle, source=this.source, start=this.start, end=this.end, progress=progress,
+                  tracking=after, stop=stop, reason=stop_line(rule, stuck) if stop else "")
+
+
+def _unscored(facts: Facts, tracking: Tracking, note: str) -> Scored:
+    return Scored(cycle=facts.cycle, source=None, start=None, end=None, progress=None, tracking=tracking, note=note)
+
+
+SHOWN = 6  # cycles listed in the stop line; a longer run shows its first two and last three
+
+
+def stop_line(rule: Rule, stuck: tuple[Stuck, ...]) -> str:
+    """'no progress in 3 cycles in a row (cycle 0: checkpoint iteration 100 -> 100; ...; at least 1 needed):
+    not restarting (--ft-max-no-progress-cycles 3)'."""
+    shown = [s.describe() for s in stuck]
+    if len(shown) > SHOWN:
+        shown = [*shown[:2], "...", *shown[-3:]]
+    return (f"no progress in {len(stuck)} cycle{'s' * (len(stuck) != 1)} in a row ({'; '.join(shown)}; an advance "
+            f"of at least {rule.min_iterations} needed): not restarting (--ft-max-no-progress-cycles "
+            f"{rule.max_cycles})")
+
+
+def cycle_line(rule: Rule, scored: Scored) -> str:
+    """One line for a cycle that made no progress, or was not scored."""
+    if scored.progress is None:
+        return f"cycle {scored.cycle}: {scored.note}"
+    run = len(scored.tracking.stuck)
+    last = scored.tracking.stuck[-1].describe() if run else f"cycle {scored.cycle}"
+    return f"{last}: no progress, {run} of {rule.max_cycles} cycles in a row"
+
+
+# ---- the store's copy (JSON): decoded once, here; anything unreadable reads as "nothing recorded" -------
+
+
+def encode(scored: Scored) -> str:
+    t = scored.tracking
+    return json.dumps({"cycle": scored.cycle, "source": scored.source, "start": scored.start, "end": scored.end,
+                       "progress": scored.progress, "stop": scored.stop, "note": scored.note,
+                       "reason": scored.reason, "tracking": encode_tracking(t)})
+
+
+def decode(raw: bytes | str) -> Scored | None:
+    try:
+        data = json.loads(raw)
+        tracking = decode_tracking(data["tracking"])
+        if tracking is None:
+            return None
+        return Scored(cycle=_int(data["cycle"], 0), source=_source(data.get("source")),
+                      start=_opt_int(data.get("start")), end=_opt_int(data.get("end")),
+                      progress=data.get("progress") if isinstance(data.get("progress"), bool) else None,
+                      tracking=tracking, stop=data.get("stop") is True, note=str(data.get("note") or ""),
+                      reason=str(data.get("reason") or ""))
+    except (ValueError, TypeError, KeyError):
+        return None
+
+
+def encode_tracking(t: Tracking) -> dict[str, Any]:
+    return {"baseline": t.baseline, "source": t.source, "stepped": t.stepped,
+            "stuck": [[s.cycle, s.source, s.start, s.end] for s in t.stuck]}
+
+
+def decode_tracking(data: Any) -> Tracking | None:
+    if isinstance(data, (str, bytes)):
+        try:
+            data = json.loads(data)
+        except ValueError:
+            return None
+    if not isinstance(data, dict):
+        return None
+    stuck = []
+    for item in data.get("stuck") or []:
+        source = _source(item[1]) if isinstance(item, list) and len(item) == 4 else None
+        if source is None:
+            return None
+        stuck.append(Stuck(_int(item[0], 0), source, _opt_int(item[2]), _opt_int(item[3])))
+    return Tracking(baseline=_opt_int(data.get("baseline")), source=_source(data.get("source")),
+                    stepped=data.get("stepped") is True, stuck=tuple(stuck))
+
+
+def _source(value: Any) -> Source | None:
+    try:
+        return Source(value)
+    except ValueError:
+        return None
+
+
+def _opt_int(value: Any) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _int(value: Any, default: int) -> int:
+    got = _opt_int(value)
+    return default if got is None else got
+
+
+__all__ = ["Facts", "Rule", "Scored", "Source", "Stuck", "Tracking", "cycle_line", "decode", "decode_tracking",
+           "encode", "encode_tracking", "initial", "parse_iteration", "score", "stop_line"]

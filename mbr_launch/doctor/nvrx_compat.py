@@ -1,0 +1,122 @@
+"""The NVRx the workers will import, and ft_launcher's options against it.
+
+mbr-launch takes every option of ft_launcher 0.4.1, 0.6 and 0.7, and where the versions disagree it follows the
+NVRx in the workers' environment (``config.nvrx``). These checks say which version that is, where it comes from
+and whose defaults apply; and which of the options given that version's ft_launcher would refuse (mbr-launch
+accepts them: an info) or whose clients ignore them (a warning: the option has no effect).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from packaging.version import InvalidVersion, Version
+
+from mbr_launch.config.ftparse import unclear
+from mbr_launch.config.nvrx import (CLIENT_FIELDS_SINCE_06, GENERATIONS, NAMES, NEWEST, REMOVED_VALUES,
+                                   removed_spelling)
+from mbr_launch.config.settings import BY_NAME, SETTINGS, default_text
+from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+
+MIN_NVRX = Version("0.4.1")
+NVRX_IPR_DEPRECATED = Version("0.6.0")
+_FLAGS = {flag: setting for setting in SETTINGS for flag in setting.flags}
+# What mbr-launch does with a value that a newer ft_launcher refuses.
+_KEPT = {"restart_policy": "keeps it: a crashed rank is left to in-process restart until fewer than MIN nodes "
+                           "are whole"}
+
+
+def _ver(text: str | None) -> Version | None:
+    try:
+        return Version(text) if text else None
+    except InvalidVersion:
+        return None
+
+
+def _release(line: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in line.split("."))
+
+
+def defaults_followed(line: str | None) -> str:
+    """The defaults that depend on the workers' NVRx line, as 'key value, ...' (YAML key names)."""
+    parts = []
+    for setting in SETTINGS:
+        if setting.nvrx_defaults:
+            value = setting.default_for(line)
+            if isinstance(value, float) and value.is_integer():
+                value = int(value)
+            text = default_text(dataclasses.replace(setting, default=value)) or "none"
+            parts.append(f"{setting.ft_key or setting.name} {text}")
+    return ", ".join(parts)
+
+
+@check("versions.nvrx", "nvidia-resiliency-ext the workers import")
+def nvrx_version(ctx: DoctorContext) -> Finding:
+    found = ctx.workers_nvrx
+    needed = ctx.ft_declared or ctx.ipr is not None
+    if found.version is None:
+        saw = "nvidia-resiliency-ext is not installed in the workers' environment (PYTHONPATH, then the launcher's)"
+        fix = f"pip install 'nvidia-resiliency-ext>={MIN_NVRX}'"
+        if needed:
+            return error(saw + " but fault tolerance or in-process restart is configured", fix)
+        return warn(saw, fix)
+    nv, line = _ver(found.version), found.generation
+    if nv is not None and nv < MIN_NVRX:
+        return warn(f"nvidia-resiliency-ext {found.version} is older than tested ({MIN_NVRX}), in {found.where}",
+                    f"pip install 'nvidia-resiliency-ext>={MIN_NVRX}'")
+    name = NAMES.get(line or "", line)
+    newer = nv is not None and nv.release[:2] > _release(NEWEST)
+    saw = (f"{found.describe()}; for the options not given, mbr-launch follows ft_launcher {name}'s defaults"
+           + (" (the newest line it knows)" if newer else "") + f": {defaults_followed(line)}")
+    if ctx.ipr and nv is not None and nv >= NVRX_IPR_DEPRECATED:
+        return info(f"{saw}. In-process restart is deprecated since 0.6",
+                    "plan a move to in-job restart (mbr-launch restarts workers itself)")
+    return ok(saw)
+
+
+def _reading(name: str, raw: object, line: str | None) -> object:
+    parse = BY_NAME[name].parse
+    by_line = getattr(parse, "for_generation", None)
+    return (by_line(line) if by_line else parse)(raw) if parse else raw  # type: ignore[operator]
+
+
+@check("launcher.ft_options", "ft_launcher options against the workers' NVRx")
+def ft_options(ctx: DoctorContext) -> Finding:
+    found, line = ctx.workers_nvrx, ctx.workers_nvrx.generation
+    if not ctx.ft_given and not ctx.flags:
+        return skip("no ft_launcher options given")
+    if line is None:
+        return skip("no nvidia-resiliency-ext in the workers' environment (no NVRx client to read the options)")
+    version = found.version
+    notes: list[str] = []
+    problems: list[str] = []
+    fixes: list[str] = []
+
+    def spelled(name: str) -> str:  # the option as the user typed it, where the command line is known
+        return next((f for f in ctx.flags if _FLAGS.get(f) is BY_NAME[name]), BY_NAME[name].flag)
+
+    for flag in dict.fromkeys(ctx.flags):
+        gone = removed_spelling(flag)
+        if gone and _release(line) >= _release(gone) and flag in _FLAGS:
+            notes.append(f"{flag}: ft_launcher {gone}+ refuses it (the workers have NVRx {version}); mbr-launch "
+                         f"accepts it as {_FLAGS[flag].flag}")
+    for name, raw in ctx.ft_given.items():
+        setting = BY_NAME[name]
+        gone = REMOVED_VALUES.get((name, str(raw).strip().lower()))
+        if gone and _release(line) >= _release(gone):
+            notes.append(f"{spelled(name)} {raw}: ft_launcher {gone}+ refuses it; mbr-launch "
+                         + _KEPT.get(name, "accepts it (no effect here)"))
+        if line == GENERATIONS[0] and setting.ft_key in CLIENT_FIELDS_SINCE_06:
+            problems.append(f"{spelled(name)}: NVRx {version} clients ignore it (NVRx 0.6 added it)")
+            fixes.append("give the workers nvidia-resiliency-ext>=0.6, or drop the option")
+        lenient = getattr(setting.parse, "rule", None) or getattr(setting.parse, "for_generation", None)
+        if lenient and unclear(raw):
+            problems.append(f"{spelled(name)} {raw!r} is read as {str(_reading(name, raw, line)).lower()}, as the "
+                            f"ft_launcher of NVRx {version} reads it")
+            fixes.append("write true or false to say which")
+    if problems:
+        return warn("; ".join(problems + notes), "; ".join(dict.fromkeys(fixes)))
+    if notes:
+        return info("; ".join(notes))
+    return ok(f"every ft_launcher option given means the same to NVRx {version}'s ft_launcher")

@@ -1,0 +1,194 @@
+"""Between a round's stop and the next start, as pure logic: the GPU memory reclaim wait (fake NVML reader,
+fake clock), what counts as a leftover of the stopped round (a scripted process table), and the workers' NUMA
+binding from NVRX_GPUS_PER_NUMA. One test reads real GPUs through NVML and skips where there are none."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mbr_launch.health import gpumem, leftovers
+from mbr_launch.health.gpumem import Sample
+from mbr_launch.workers import numa
+from mbr_launch.workers.strays import Proc
+
+pytestmark = pytest.mark.timeout(30)
+
+
+# ---- GPU memory reclaim ------------------------------------------------------------------------------------
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+        self.slept: list[float] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> bool:
+        self.slept.append(seconds)
+        self.now += seconds
+        return True
+
+
+def _reader(*polls: list[float | None]):
+    """A reader that gives one poll's usage per call (the last one again when they run out)."""
+    history = list(polls)
+
+    def read() -> list[Sample]:
+        used = history.pop(0) if len(history) > 1 else history[0]
+        return [Sample(str(i), mb) for i, mb in enumerate(used)]
+    return read
+
+
+def test_the_wait_ends_when_every_gpu_is_under_the_tolerance():
+    clock = Clock()
+    got = gpumem.wait_reclaimed(_reader([9000, 300], [2000, 300], [400, 100]), timeout=50, tolerance_mb=512,
+                                poll_interval=2, clock=clock, sleep=clock.sleep)
+    assert got.reclaimed and got.polls == 3 and got.seconds == 4 and clock.slept == [2, 2]
+    assert [s.used_mb for s in got.last] == [400, 100]
+
+
+def test_at_the_timeout_it_gives_up_after_a_last_poll_on_the_deadline():
+    clock = Clock()
+    got = gpumem.wait_reclaimed(_reader([9000, 100]), timeout=5, tolerance_mb=512, poll_interval=2, clock=clock,
+                                sleep=clock.sleep)
+    assert not got.reclaimed and not got.interrupted
+    assert clock.slept == [2, 2, 1] and got.polls == 4 and got.seconds == 5
+    assert got.over(512) == [Sample("0", 9000)]
+    assert gpumem.describe(got.last) == "GPU 0 9000 MB, GPU 1 100 MB"
+
+
+def test_a_gpu_that_cannot_be_read_does_not_hold_the_wait_and_a_signal_ends_it():
+    clock = Clock()
+    got = gpumem.wait_reclaimed(_reader([None, 100]), timeout=50, tolerance_mb=512, poll_interval=2, clock=clock,
+                                sleep=clock.sleep)
+    assert got.reclaimed and got.polls == 1 and clock.slept == []
+    got = gpumem.wait_reclaimed(_reader([9000]), timeout=50, tolerance_mb=512, poll_interval=2, clock=clock,
+                                sleep=lambda s: False)
+    assert not got.reclaimed and got.interrupted and got.polls == 1
+
+
+def test_the_gpus_are_the_workers():
+    assert gpumem.devices({}, 4) == ["0", "1", "2", "3"]  # NVRx: indices 0..N-1
+    assert gpumem.devices({"CUDA_VISIBLE_DEVICES": "4,5, 6,7"}, 2) == ["4", "5"]
+    assert gpumem.devices({"CUDA_VISIBLE_DEVICES": "GPU-aa,MIG-bb"}, 8) == ["GPU-aa", "MIG-bb"]
+    assert gpumem.devices({"CUDA_VISIBLE_DEVICES": ""}, 2) == []
+    assert gpumem.devices({"CUDA_VISIBLE_DEVICES": "1,-1,2"}, 4) == ["1"]  # CUDA stops at an invalid entry
+
+
+# A process that holds 2 GiB on CUDA device 0 through the driver API (no torch needed), until killed.
+HOLD_GPU_MEMORY = """
+import ctypes, time
+cuda = ctypes.CDLL("libcuda.so.1")
+dev, ctx, ptr = ctypes.c_int(), ctypes.c_void_p(), ctypes.c_uint64()
+assert cuda.cuInit(0) == 0 and cuda.cuDeviceGet(ctypes.byref(dev), 0) == 0
+assert cuda.cuCtxCreate_v2(ctypes.byref(ctx), 0, dev) == 0
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(2 << 30)) == 0
+print("holding", flush=True)
+time.sleep(120)
+"""
+
+
+def test_real_gpu_memory_is_waited_for_until_a_killed_process_gives_it_back():
+    reader = gpumem.NvmlReader.open(["0"])
+    if isinstance(reader, str):
+        pytest.skip(f"no NVML here: {reader}")
+    holder = None
+    try:
+        [before] = reader()
+        assert before.device == "0" and before.used_mb is not None and before.used_mb >= 0
+        tolerance = before.used_mb + 1024  # what NVRx's 512 MB is to an idle GPU
+        holder = subprocess.Popen([sys.executable, "-c", HOLD_GPU_MEMORY], stdout=subprocess.PIPE, text=True,
+                                  env={**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
+        assert holder.stdout.readline().strip() == "holding"
+        [held] = reader()
+        assert held.used_mb > tolerance, (before, held)
+        clock = Clock()
+        got = gpumem.wait_reclaimed(reader, timeout=3, tolerance_mb=tolerance, poll_interval=1, clock=clock,
+                                    sleep=clock.sleep)
+        assert not got.reclaimed and got.polls == 4 and [s.device for s in got.over(tolerance)] == ["0"]
+        holder.kill()  # its memory comes back once the driver has torn its context down
+        got = gpumem.wait_reclaimed(reader, timeout=30, tolerance_mb=tolerance, poll_interval=0.2,
+                                    clock=time.monotonic, sleep=lambda s: time.sleep(s) is None)
+        assert got.reclaimed, got
+    finally:
+        if holder is not None:
+            holder.kill()
+            holder.wait()
+        reader.close()
+
+
+# ---- leftovers ---------------------------------------------------------------------------------------------
+
+ME = 100
+MARKS = leftovers.markers("job", 29600, 1)
+
+
+def _table(**procs: tuple[int, int] | tuple[int, int, bool]) -> dict[int, Proc]:
+    out = {}
+    for name, spec in procs.items():
+        ppid, pgid, *zombie = spec
+        out[int(name[1:])] = Proc(ppid=ppid, pgid=pgid, zombie=bool(zombie and zombie[0]))
+    return out
+
+
+def test_what_survived_a_stop():
+    table = _table(p100=(1, 100), p200=(100, 200),  # the agent, its rank monitor (kept)
+                   p300=(100, 300),  # a standby (kept)
+                   p401=(1, 400),  # still in stopped worker 400's group (stuck past SIGKILL)
+                   p402=(100, 402),  # an orphan of a worker's tree, adopted by the agent, its environment cleared
+                   p403=(402, 402),  # ... and its child
+                   p404=(1, 404),  # escaped elsewhere, still carrying the round's environment
+                   p405=(1, 405),  # another agent's worker on this host: another group rank
+                   p406=(100, 406, True))  # a zombie of ours: the stop's sweep reaps it
+    env = {404: [b"PATH=/bin", *MARKS], 405: [m.replace(b"GROUP_RANK=1", b"GROUP_RANK=0") for m in MARKS]}
+    found = leftovers.find(table, me=ME, workers=[400], keep={200, 300}, environ_of=lambda pid: env.get(pid, []),
+                           marks=MARKS)
+    assert [(f.pid, f.why) for f in found] == [
+        (401, "in the process group of stopped worker 400"),
+        (402, "an orphan of a worker's processes, adopted by the launcher"),
+        (403, "a descendant of 402"),
+        (404, "carries this round's worker environment")]
+    named = leftovers.with_cmdlines(found, read=lambda pid: f"sleep {pid}")
+    text = leftovers.line(named, 0)
+    assert text.startswith("WARNING: 4 processes of round 0 still alive after its workers were stopped: ")
+    assert "pid 402 `sleep 402` (an orphan of a worker's processes, adopted by the launcher)" in text
+    assert named[0].to_event() == {"pid": 401, "ppid": 1, "pgid": 400, "why": found[0].why, "cmdline": "sleep 401"}
+
+
+def test_nothing_left_nothing_found_and_the_line_is_bounded():
+    assert leftovers.find(_table(p100=(1, 100), p200=(100, 200)), me=ME, workers=[400], keep={200},
+                          environ_of=lambda pid: [], marks=MARKS) == []
+    many = [leftovers.Leftover(pid, 1, 400, "why", "cmd") for pid in range(1000, 1030)]
+    assert leftovers.line(many, 2).endswith("; and 10 more (--ft-check-remaining-processes; left running)")
+
+
+# ---- NUMA binding ------------------------------------------------------------------------------------------
+
+def test_numa_binding_as_nvrx_computes_it():
+    got = numa.plan("2", nproc_per_node=4, strict=True, numactl="/usr/bin/numactl", nodes={0, 1})
+    assert got.wrap(3, ["python", "train.py"]) == ["/usr/bin/numactl", "--cpunodebind=1", "--membind=1", "python",
+                                                    "train.py"]
+    assert got.wrap(1, ["x"])[:3] == ["/usr/bin/numactl", "--cpunodebind=0", "--membind=0"]
+    assert got.line == ("NUMA binding (NVRX_GPUS_PER_NUMA=2, numactl --cpunodebind --membind): local ranks 0-1 on "
+                        "node 0, 2-3 on node 1")
+    loose = numa.plan("4", nproc_per_node=1, strict=False, numactl="numactl", nodes={0})
+    assert loose.wrap(0, ["x"]) == ["numactl", "--cpunodebind=0", "--localalloc", "x"]
+
+
+def test_what_numa_binding_cannot_do_is_said_and_nothing_is_bound():
+    unset = numa.plan(None, nproc_per_node=2, strict=True, numactl="numactl", nodes={0})
+    assert unset.line is None and unset.wrap(1, ["x"]) == ["x"]
+    for value, numactl, nodes, why in (("two", "numactl", {0}, "not a positive whole number"),
+                                       ("0", "numactl", {0}, "not a positive whole number"),
+                                       ("1", None, {0}, "numactl is not installed"),
+                                       ("1", "numactl", {0}, "need NUMA node(s) 1, which this host does not have")):
+        got = numa.plan(value, nproc_per_node=2, strict=True, numactl=numactl, nodes=nodes)
+        assert got.prefixes == {} and why in (got.line or ""), (value, got.line)
+        assert got.line.startswith("WARNING: NVRX_GPUS_PER_NUMA=") and got.line.endswith("workers are not NUMA-bound")
+    assert numa.parse_nodes("0-2,4\n") == {0, 1, 2, 4} and numa.parse_nodes("0") == {0}
