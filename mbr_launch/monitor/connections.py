@@ -20,6 +20,7 @@ from mbr_launch.monitor import replies
 from mbr_launch.monitor.ancestry import descends_from, peer_of
 from mbr_launch.monitor.control import configured_timeouts
 from mbr_launch.monitor.deadlines import InvalidTransition, Phase, SectionError, next_deadline
+from mbr_launch.monitor.frames import frames
 from mbr_launch.monitor.protocol import (
     Authkey,
     BadRequest,
@@ -34,7 +35,6 @@ from mbr_launch.monitor.protocol import (
     UpdateConfig,
     V041,
     decode_workload_request,
-    frame_length,
 )
 from mbr_launch.monitor.state import Conn, Shared, Slot
 from mbr_launch.monitor.status import timeouts_updated
@@ -52,16 +52,6 @@ Handler = Callable[[Slot, Conn, Any], bytes]
 
 def _ok(conn: Conn) -> bytes:
     return NO_REPLY if conn.quiet else replies.OK_FRAME
-
-
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
-    data = sock.recv(n)
-    while len(data) < n:
-        more = sock.recv(n - len(data))
-        if not more:
-            raise EOFError
-        data += more
-    return data
 
 
 class Connections:
@@ -142,15 +132,8 @@ class Connections:
         try:
             if not self._admit(conn):
                 return
-            while True:
-                # Exact reads (header, then payload) measured as fast as one big recv with
-                # SO_RCVLOWAT, and a short garbage frame cannot leave us waiting for more bytes.
-                header = sock.recv(4)
-                if not header:
-                    break
-                if len(header) < 4:
-                    header += _recv_exact(sock, 4 - len(header))
-                reply = self._frame(conn, _recv_exact(sock, frame_length(header)))
+            for payload in frames(sock):
+                reply = self._frame(conn, payload)
                 if reply is None:
                     break
                 if reply:
