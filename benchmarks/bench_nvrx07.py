@@ -15,7 +15,7 @@ Part ``examples``: NVRx 0.7's own examples (third_party/nvrx-v0.7.0, unmodified,
 command line and shortened arguments, the same for both launchers) from launch to exit:
 ``heartbeats`` (train_ddp_heartbeats_api.py, 3 epochs) and ``sections`` (train_ddp_sections_api.py, 2 epochs)
 without a fault, ``heartbeats+sigkill`` (rank 1 SIGKILLed once rank 0 logs a step of epoch 2, as
-tests/test_nvrx07_examples.py does) and ``sections+sigstop`` (rank 1 SIGSTOPped in epoch 1: a hang, the case
+tests/test_nvrx_examples.py does) and ``sections+sigstop`` (rank 1 SIGSTOPped in epoch 1: a hang, the case
 where a launcher must find the rank). A run counts when the launcher exits 0 and the last epoch's validation
 and ``Leaving main, ret_code=0`` were logged.
 
@@ -259,7 +259,7 @@ def example_trial(name: str, scenario: str, d: Path, args: argparse.Namespace, m
 
 
 def _inject(run: Run, sc: Scenario, name: str, d: Path, end: float, rec: dict) -> None:
-    """Rank 1 gets ``sc.fault`` once rank 0 logs a step of epoch ``sc.when`` (what tests/test_nvrx07_examples.py
+    """Rank 1 gets ``sc.fault`` once rank 0 logs a step of epoch ``sc.when`` (what tests/test_nvrx_examples.py
     does, at the moment the script's own --simulated_fault would arm)."""
     watch, trigger = OutputWatch(run.proc), in_epoch(sc.when)
     while time.monotonic() < end and run.proc.poll() is None and not watch.seen(trigger):

@@ -1,6 +1,6 @@
 """Running NVRx's own fault-tolerance examples (vendored unmodified in third_party/nvrx-v<VERSION>) under
 mbr-launch the way NVRx's docs run them under ft_launcher, for the tests of each vendored version
-(test_nvrx_examples.py: 0.4.1, test_nvrx07_examples.py: 0.7.0):
+(test_nvrx_examples.py, for 0.4.1 and 0.7.0):
 
     ft_launcher --nproc-per-node=2 --ft-cfg-path=fault_tol_cfg_heartbeats.yaml train_ddp_heartbeats_api.py --device=cpu
     ft_launcher --nproc-per-node=2 --ft-cfg-path=fault_tol_cfg_sections.yaml train_ddp_sections_api.py --device=cpu

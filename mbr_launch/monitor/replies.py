@@ -101,24 +101,6 @@ def error_msg(cause: str) -> bytes:
     return dumps(Obj(_DATA, "ErrorMsg", {"cause": cause}))
 
 
-# NVRx 0.4.1 FaultToleranceConfig fields and defaults, in declaration order.
-CONFIG_DEFAULTS: Mapping[str, Any] = {
-    "workload_check_interval": 5.0,
-    "initial_rank_heartbeat_timeout": 3600.0,
-    "rank_heartbeat_timeout": 2700.0,
-    "rank_section_timeouts": {},
-    "rank_out_of_section_timeout": None,
-    "node_health_check_interval": 5.0,
-    "safety_factor": 5.0,
-    "rank_termination_signal": "SIGKILL",
-    "log_level": 20,
-    "restart_check_interval": 60.0,
-    "enable_nic_monitor": False,
-    "pci_topo_file": None,
-    "link_down_path_template": None,
-}
-
-
 # NVRx 0.7.0 FaultToleranceConfig fields and defaults, in declaration order (0.6.0 lacks the three attribution /
 # segment-health fields 0.7 added; an attribute a client does not read is harmless). What changed for a launcher:
 # heartbeat timeouts are off by default, and ``skip_section_response`` makes the client send heartbeats and
@@ -159,6 +141,13 @@ CONFIG_DEFAULTS_06: Mapping[str, Any] = {
     "cycle_info_dir": None,
     "segment_health_check_dir": None,
 }
+# NVRx 0.4.1's fields, in its declaration order, and its defaults: 0.7's but for the heartbeat timeouts.
+_FIELDS_041 = ("workload_check_interval", "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout",
+               "rank_section_timeouts", "rank_out_of_section_timeout", "node_health_check_interval", "safety_factor",
+               "rank_termination_signal", "log_level", "restart_check_interval", "enable_nic_monitor", "pci_topo_file",
+               "link_down_path_template")
+_HEARTBEATS_041 = {"initial_rank_heartbeat_timeout": 3600.0, "rank_heartbeat_timeout": 2700.0}
+CONFIG_DEFAULTS: Mapping[str, Any] = {k: _HEARTBEATS_041.get(k, CONFIG_DEFAULTS_06[k]) for k in _FIELDS_041}
 DEFAULTS_OF: Mapping[str, Mapping[str, Any]] = {V041: CONFIG_DEFAULTS}
 # The key of the agent's cfg that lists the fields the user set; absent: every key given counts as set.
 USER_SET = "user_set"
