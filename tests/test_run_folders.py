@@ -44,7 +44,10 @@ def _end_runs() -> None:
 
 
 def _age(path: Path, seconds: float) -> None:
-    then = time.time() - seconds
+    """Make ``path`` last changed ``seconds`` before the tests' clock (NOW, which the runs here are made and
+    pruned at), not before the machine's: aged from the real time, a run looked changed after NOW once the real
+    time passed NOW + 1 day, and was spared (every CI run from 2026-12-02 00:10 UTC on)."""
+    then = NOW - seconds
     os.utime(path, (then, then), follow_symlinks=False)
 
 
