@@ -5,24 +5,29 @@ Kept apart from ``verdict`` so the rules read as rules; nothing here decides any
 
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Sequence
+
+
+def consecutive_runs(values: Sequence[int]) -> list[tuple[int, int]]:
+    """``[0, 1, 2, 5, 6, 9]`` -> ``[(0, 2), (5, 6), (9, 9)]``: the runs of consecutive numbers, in the order given."""
+    runs: list[tuple[int, int]] = []
+    for v in values:
+        if runs and v == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], v)
+        else:
+            runs.append((v, v))
+    return runs
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:
     """``[0, 1, 2, 3, 4, 6, 7]`` -> ``"0-4,6,7"``. Runs of three or more become a range; a run of two stays
     listed ("6,7", since "6-7" saves nothing and reads like a subtraction)."""
-    values = sorted(set(ranks))
     parts: list[str] = []
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        if j - i >= 2:
-            parts.append(f"{values[i]}-{values[j]}")
+    for first, last in consecutive_runs(sorted(set(ranks))):
+        if last - first >= 2:
+            parts.append(f"{first}-{last}")
         else:
-            parts.extend(str(v) for v in values[i:j + 1])
-        i = j + 1
+            parts.extend(str(v) for v in range(first, last + 1))
     return ",".join(parts)
 
 

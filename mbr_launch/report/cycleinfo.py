@@ -26,6 +26,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from mbr_launch.decide.verdict_text import consecutive_runs
 from mbr_launch.report.private import write_private
 
 ENV = "NVRX_CURRENT_CYCLE_INFO"
@@ -106,14 +107,9 @@ def rank_ranges(ranks: Sequence[int]) -> str:
 
 def _ranges(numbers: list[int], pad: int) -> list[str]:
     out: list[str] = []
-    i = 0
-    while i < len(numbers):
-        j = i
-        while j + 1 < len(numbers) and numbers[j + 1] == numbers[j] + 1:
-            j += 1
-        first, last = str(numbers[i]).zfill(pad), str(numbers[j]).zfill(pad)
-        out.append(first if i == j else f"{first}-{last}")
-        i = j + 1
+    for low, high in consecutive_runs(numbers):
+        first, last = str(low).zfill(pad), str(high).zfill(pad)
+        out.append(first if low == high else f"{first}-{last}")
     return out
 
 
