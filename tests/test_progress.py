@@ -165,3 +165,62 @@ def test_a_handler_that_ran_once_for_two_signals_is_not_taken_for_a_stuck_main_t
     finally:
         stuck.close()
         signal.signal(signal.SIGUSR1, old)
+
+
+def test_outside_a_store_call_one_unseen_signal_waits_the_long_patience_and_a_second_one_acts():
+    """A main thread slow in C code that returns (a large extension module loading on a loaded machine) is not
+    stuck: one unseen Ctrl-C there waits ``long_patience`` before the watchdog ends the run (it cut a 20 s stop
+    grace to nothing in CI); a second unseen one acts after ``patience``, as it does inside a store call. Each
+    watched signal nudges the main loop, which another thread's delivery would not wake."""
+    import os
+    import time
+
+    from mbr_launch.agent.stuck import StuckSignals
+
+    fired, nudges = [], []
+    blocked = {"in": None}
+
+    def handler(signum, _frame):  # never counts: the main thread "does not run" handlers
+        pass
+
+    def wait_for_fire(seconds: float) -> None:
+        deadline = time.monotonic() + seconds
+        while not fired and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    old = signal.signal(signal.SIGUSR1, handler)
+    try:
+        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: blocked["in"],
+                             nudge=lambda: nudges.append(1), patience=0.3, long_patience=60).start()
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            time.sleep(1.2)
+            assert fired == [] and nudges, "one unseen signal outside a store call waits the long patience"
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_for_fire(10)
+            assert fired == [signal.SIGUSR1]
+        finally:
+            stuck.close()
+
+        fired.clear()
+        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: None,
+                             patience=0.3, long_patience=1.0).start()
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_for_fire(15)
+            assert fired == [signal.SIGUSR1], "the long patience ends too"
+        finally:
+            stuck.close()
+
+        fired.clear()
+        blocked["in"] = "joining the rendezvous"
+        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: blocked["in"],
+                             patience=0.3, long_patience=60).start()
+        try:
+            os.kill(os.getpid(), signal.SIGUSR1)
+            wait_for_fire(15)
+            assert fired == [signal.SIGUSR1], "inside a store call one unseen signal acts after the patience"
+        finally:
+            stuck.close()
+    finally:
+        signal.signal(signal.SIGUSR1, old)

@@ -120,7 +120,7 @@ def test_rendezvous_progress_and_ctrl_c_while_waiting_for_nodes_or_for_the_store
         waiter.wait_for("rendezvous: waiting ")  # 2 s into the join: inside the store client's connect
         seconds = waiter.ctrl_c()
         _ended_by_sigint(waiter, seconds, early)
-        assert "received SIGINT while blocked in a store call: stopping now" in waiter.text()
+        assert "received SIGINT while blocked in a store call (joining the rendezvous): stopping now" in waiter.text()
     finally:
         host.kill()
         waiter.kill()
@@ -162,8 +162,8 @@ def test_second_ctrl_c_kills_workers_that_ignore_the_first(tmp_path):
     assert console.proc.returncode == 130, console.text()
     assert seconds < EXIT_WITHIN, f"exit took {seconds:.2f} s after the second SIGINT\n{console.text()}"
     events = _events(logs)
-    assert [e["signal"] for e in events if e["event"] == "worker_exit"] == ["SIGKILL", "SIGKILL"], events
-    assert events[-1]["event"] == "end" and events[-1]["exit_code"] == 130, events[-1]
     text = console.text()
+    assert [e["signal"] for e in events if e["event"] == "worker_exit"] == ["SIGKILL", "SIGKILL"], (events, text)
+    assert events[-1]["event"] == "end" and events[-1]["exit_code"] == 130, events[-1]
     assert "stopping ranks 0,1: waiting up to 20 s for them to exit (Ctrl-C kills at once)" in text, text
     assert "received SIGINT while stopping: killing ranks 0,1 now" in text, text

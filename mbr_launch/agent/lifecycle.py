@@ -73,14 +73,16 @@ class Agent:
         self._log: EventLog | None = None
         self._sock_dir: Path | None = None
         self._cycles: CycleRecords | None = None
+        self._guard: StoreGuard | None = None
 
     def run(self) -> int:
         # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them (strays.py).
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
-        stuck = StuckSignals(old_handlers, lambda: wakeup.received, self._signal_unseen).start()
-        guard = StoreGuard(self._store_hung)
+        guard = self._guard = StoreGuard(self._store_hung)
+        stuck = StuckSignals(old_handlers, lambda: wakeup.received, self._signal_unseen, blocked_in=guard.blocked_in,
+                             nudge=wakeup.nudge).start()
         guard.start()
         try:
             self.ctx = self._assemble(wakeup, guard)
@@ -257,10 +259,12 @@ class Agent:
         name = signal.Signals(signum).name
         preempted = name in self.cfg.preemption.signals
         code = exitcodes.PREEMPTED if preempted else 128 + signum
-        reason = f"{'preempted by' if preempted else 'launcher received'} {name} (while blocked in a store call)"
+        call = self._guard.blocked_in() if self._guard else None
+        where = f"while blocked in a store call ({call})" if call else "while the main thread was blocked in C code"
+        reason = f"{'preempted by' if preempted else 'launcher received'} {name} ({where})"
         if self._log:
             self._log.emit("signal", signal=name)
-        self._end_from_watchdog(code, reason, f"received {name} while blocked in a store call: stopping now")
+        self._end_from_watchdog(code, reason, f"received {name} {where}: stopping now")
 
     def _end_from_watchdog(self, code: int, reason: str, line: str) -> None:
         if self._group:

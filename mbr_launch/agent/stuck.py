@@ -7,6 +7,14 @@ call on a link that drops packets. A Ctrl-C there did nothing. CPython's C-level
 signal's number to the file given to ``signal.set_wakeup_fd``, even then: this watchdog thread reads it,
 and when the Python-level handler (``Wakeup.post_signal``) has not seen that signal within ``patience``
 seconds, the main thread is stuck and ``on_stuck`` ends the process from here.
+
+Only a store call can block for ever, so ``patience`` applies while the main thread is inside one
+(``blocked_in``: the store guard's name for it). Elsewhere the main thread may be slow in C code that returns
+(loading a large extension module on a loaded machine took over 1 s in CI, and the watchdog then cut a
+Ctrl-C's 20 s grace to nothing): there the watchdog waits ``long_patience``, or ``patience`` after a second
+signal the handler has not seen (a second Ctrl-C means "now"). A watched signal also ``nudge``s the main
+loop: the kernel may deliver a process's signal to any of its threads, and one taken by another thread does
+not interrupt the main thread's ``select``; the nudge wakes it so that the handler runs at once.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ from typing import Callable, Iterable
 from mbr_launch.fdwait import ready
 
 PATIENCE = 1.0  # seconds: a main thread in Python code runs the handler within milliseconds
+LONG_PATIENCE = 10.0  # seconds: outside a store call, before a single unseen signal ends the run
 
 
 class StuckSignals:
@@ -28,9 +37,11 @@ class StuckSignals:
     catches (a terminal's SIGWINCH, say) are written to the same file and are not counted."""
 
     def __init__(self, watched: Iterable[int], handled: Callable[[], int], on_stuck: Callable[[int], None], *,
-                 patience: float = PATIENCE) -> None:
+                 blocked_in: Callable[[], str | None] = lambda: "", nudge: Callable[[], None] = lambda: None,
+                 patience: float = PATIENCE, long_patience: float = LONG_PATIENCE) -> None:
         self._watched = frozenset(int(sig) for sig in watched)
         self._handled, self._on_stuck, self._patience = handled, on_stuck, patience
+        self._blocked_in, self._nudge, self._long_patience = blocked_in, nudge, long_patience
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
         self._old_fd = -1
         self._closed = threading.Event()
@@ -54,6 +65,8 @@ class StuckSignals:
             ours = self._drain()  # whether or not select saw it: a byte may have come since it returned
             if ours is None:
                 return
+            if ours:
+                self._nudge()
             last = ours[-1] if ours else last
             pending += len(ours)
             if handled != last_handled:
@@ -62,7 +75,10 @@ class StuckSignals:
                 continue
             if unseen_since is None:
                 unseen_since = time.monotonic()
-            elif time.monotonic() - unseen_since >= self._patience and not self._closed.is_set():
+                continue
+            waited = time.monotonic() - unseen_since
+            patience = self._patience if pending > 1 or self._blocked_in() is not None else self._long_patience
+            if waited >= patience and not self._closed.is_set():
                 self._on_stuck(last)
                 return
 

@@ -66,6 +66,11 @@ class Wakeup:
         finally:
             self._interruptible = False
 
+    def nudge(self) -> None:
+        """Thread-safe: wake the loop with nothing queued (a signal another thread took: the handler then runs
+        in the main thread as soon as it is back in Python code)."""
+        self._poke()
+
     def _poke(self) -> None:
         try:
             os.write(self._write_fd, b"\0")

@@ -36,6 +36,11 @@ class StoreGuard:
         if self._thread.is_alive():
             self._thread.join(self._tick * 4)
 
+    def blocked_in(self) -> str | None:
+        """What the guarded call now running is (``what`` of the innermost ``around``); None outside one."""
+        with self._lock:
+            return self._what if self._deadline is not None else None
+
     @contextlib.contextmanager
     def around(self, seconds: float, what: str) -> Iterator[None]:
         with self._lock:
