@@ -16,6 +16,19 @@ LAUNCHER = [sys.executable, "-m", "mbr_launch"]
 DEFAULT_TORCH_PORT = 29500
 
 
+def run_events(log_dir: Path) -> list[dict]:
+    """The event log of the one run under ``log_dir`` (``<log_dir>/<run>/events.jsonl``), every record checked
+    against the documented schema: a test that reads events also checks what it read is well formed."""
+    from mbr_launch.report.events import read_events, validate
+
+    files = sorted(log_dir.glob("*/events.jsonl"))
+    assert len(files) == 1, f"expected one run under {log_dir}, found {files}"
+    records = read_events(files[0])
+    for record in records:
+        assert validate(record) == [], record
+    return records
+
+
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that nobody listens on right now (never 29500). Tests and benchmarks
     share this one helper (benchmarks/harness imports it from here)."""

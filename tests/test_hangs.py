@@ -8,9 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
 
-from .helpers import SCRIPTS, run_launcher
+from .helpers import SCRIPTS, run_events, run_launcher
 
 FT_WORKER = str(SCRIPTS / "ft_worker.py")
 pytestmark = pytest.mark.timeout(150)
@@ -29,10 +28,6 @@ CASES = {
 EXPECTED_KIND = {"heartbeat": "heartbeat", "section": "section", "oos": "out_of_section"}
 
 
-def _events(log_dir: Path) -> list[dict]:
-    return read_events(next(log_dir.glob("*/events.jsonl")))
-
-
 @pytest.mark.parametrize("hang", list(CASES))
 def test_hang_is_detected_dumped_and_restarted(tmp_path, hang):
     flags, method = CASES[hang]
@@ -44,7 +39,7 @@ def test_hang_is_detected_dumped_and_restarted(tmp_path, hang):
                         "--hang-attempt-steps", "400", "--hang-when-ready", "2", "--ready-file", str(ready)],
                        timeout=120)
     assert res.returncode == 0, res.stderr
-    events = _events(tmp_path)
+    events = run_events(tmp_path)
     hangs = [e for e in events if e["event"] == "hang"]
     assert len(hangs) == 1, hangs
     h = hangs[0]
@@ -86,7 +81,7 @@ def test_calculated_timeouts_survive_a_restart(tmp_path):
     assert res.returncode == 0, res.stderr
     saved = json.loads(state.read_text())["current_timeouts"]["section"]["section"]["step"]
     assert saved < 60
-    hangs = [e for e in _events(tmp_path) if e["event"] == "hang"]
+    hangs = [e for e in run_events(tmp_path) if e["event"] == "hang"]
     assert len(hangs) == 1 and hangs[0]["section"] == "step"
     assert hangs[0]["timeout"] == pytest.approx(saved), (hangs[0], saved)
     assert hangs[0]["elapsed"] <= saved + SLACK

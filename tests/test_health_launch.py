@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events, read_log_dir
+from mbr_launch.report.events import read_log_dir
 
-from .helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher, start_launcher
+from .helpers import SCRIPTS, finish, free_port, launcher_env, run_events, run_launcher, start_launcher
 
 WORKER = str(SCRIPTS / "health_worker.py")
 pytestmark = pytest.mark.timeout(150)
@@ -29,11 +29,6 @@ def _listening(port: int, timeout: float) -> None:
                 return
         time.sleep(0.05)
     raise AssertionError(f"nobody listens on {port} after {timeout} s")
-
-
-def _events(log_dir: Path) -> list[dict]:
-    [path] = log_dir.glob("*/events.jsonl")
-    return read_events(path)
 
 
 def test_nodes_that_fail_a_check_stay_out_and_the_others_go_on(tmp_path):
@@ -67,15 +62,15 @@ def test_nodes_that_fail_a_check_stay_out_and_the_others_go_on(tmp_path):
     # c: one line saying which check failed and why; it never joined
     assert (f"FAILURE: health check storage_paths failed: {mine['c']} is missing; this node does not join the "
             "rendezvous (exit 7)") in err_c
-    events_c = _events(tmp_path / "logs_c")
+    events_c = run_events(tmp_path / "logs_c")
     assert [e["event"] for e in events_c if e["event"] in ("health_check", "rendezvous", "worker_start")] == ["health_check"]
     # b: joined round 0, failed its check before the re-join after rank 0's failure, and left
     assert f"FAILURE: health check storage_paths failed: {mine['b']} is missing" in err_b
-    events_b = _events(tmp_path / "logs_b")
+    events_b = run_events(tmp_path / "logs_b")
     assert [(e["round"], e["ok"]) for e in events_b if e["event"] == "health_check"] == [(0, True), (1, False)]
     assert [e["round"] for e in events_b if e["event"] == "rendezvous"] == [0]
     # a: round 0 with b, round 1 alone (the fast path aborted by b, which had left)
-    events_a = _events(tmp_path / "logs_a")
+    events_a = run_events(tmp_path / "logs_a")
     rounds = [e for e in events_a if e["event"] == "rendezvous"]
     assert [(e["round"], e["group_world_size"]) for e in rounds] == [(0, 2), (1, 1)], rounds
     assert "stays out" in rounds[1].get("fallback", ""), rounds[1]

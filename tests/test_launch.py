@@ -9,18 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events, validate
+from mbr_launch.report.events import validate
 
-from .helpers import SCRIPTS, launcher_env, run_launcher, start_launcher
+from .helpers import SCRIPTS, launcher_env, run_events, run_launcher, start_launcher
 
 TRAIN = str(SCRIPTS / "train.py")
 pytestmark = pytest.mark.timeout(120)
-
-
-def _events(log_dir: Path) -> list[dict]:
-    files = list(log_dir.glob("*/events.jsonl"))
-    assert len(files) == 1, files
-    return read_events(files[0])
 
 
 def test_standalone_success_prefixes_and_events(tmp_path):
@@ -28,7 +22,7 @@ def test_standalone_success_prefixes_and_events(tmp_path):
     assert res.returncode == 0, res.stderr
     assert "[rank0]:rank 0 ready restart 0 world 2" in res.stdout
     assert "[rank1]:rank 1 done" in res.stdout
-    events = _events(tmp_path)
+    events = run_events(tmp_path)
     assert all(not validate(e) for e in events), [validate(e) for e in events]
     names = [e["event"] for e in events]
     assert names[0] == "start" and names[-1] == "end" and "rendezvous" in names

@@ -31,9 +31,8 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
 
-from .helpers import LAUNCHER, REPO, free_port, launcher_env
+from .helpers import LAUNCHER, REPO, free_port, launcher_env, run_events
 from .nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done
 
 pytestmark = pytest.mark.timeout(720)  # a second run when the first lost its last round to NVRx's teardown race
@@ -42,12 +41,6 @@ FAULTS = "5:10:exc,4:10:sigkill,3:20:sigkill,5:40:sleep"
 ITERATIONS = 60
 PER_AGENT_TIMEOUT = 300.0
 SIGKILLED = "SIGKILL"
-
-
-def _events(log_dir: Path) -> list[dict]:
-    files = list(log_dir.glob("*/events.jsonl"))
-    assert len(files) == 1, files
-    return read_events(files[0])
 
 
 def _run(tmp_path: Path) -> tuple[list[int], list[str]]:
@@ -83,7 +76,7 @@ def _lost_in_teardown(tmp_path: Path, outputs: list[str]) -> bool:
     min-healthy restarts with no budget left. A race of NVRx's example, not of the launcher."""
     if iterations_done("\n".join(outputs)) != ITERATIONS:
         return False
-    events = [e for i in range(3) for e in _events(tmp_path / f"logs{i}")]
+    events = [e for i in range(3) for e in run_events(tmp_path / f"logs{i}")]
     last = [e for e in events if e["event"] == "failure" and e.get("round") == 2]
     return bool(last) and all(e["cause"] == "crash" and e["exit_code"] == 1 for e in last)
 
@@ -99,7 +92,7 @@ def test_in_job_and_in_process_example_finishes_with_each_fault_handled_by_its_l
     output = "\n".join(outputs)
     assert iterations_done(output) == ITERATIONS, output[-3000:]
     assert "example fault at iteration=10 from rank=5" in output  # the exception was raised ...
-    events = [e for i in range(3) for e in _events(tmp_path / f"logs{i}")]
+    events = [e for i in range(3) for e in run_events(tmp_path / f"logs{i}")]
 
     def of(name: str, **match: object) -> list[dict]:
         return [e for e in events if e["event"] == name and all(e.get(k) == v for k, v in match.items())]

@@ -16,10 +16,9 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
 from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, roomy, standby_env
 
-from .helpers import finish, launcher_env, run_launcher, start_launcher
+from .helpers import finish, launcher_env, run_events, run_launcher, start_launcher
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -77,11 +76,6 @@ os.environ["KMP_BLOCKTIME"] = "7"
 import torch
 save(threads=torch.get_num_threads())
 '''
-
-
-def _events(log_dir: Path) -> list[dict]:
-    (path,) = log_dir.glob("*/events.jsonl")
-    return read_events(path)
 
 
 def _records(out: Path) -> dict[tuple[str, int], dict]:
@@ -155,7 +149,7 @@ def test_a_replacement_warming_at_low_priority_is_taken_at_once_with_its_priorit
     records = _records(out)
     assert [records[(r, 1)]["torch_preloaded"] for r in ("0", "1")] == [True, True]
     assert [records[(r, k)]["nice"] for r in ("0", "1") for k in (0, 1)] == ["0"] * 4
-    starts = [e for e in _events(logs) if e["event"] == "worker_start"]
+    starts = [e for e in run_events(logs) if e["event"] == "worker_start"]
     assert [(e["round"], e["standby"]) for e in starts] == [(0, True), (0, True), (1, True), (1, True)]
 
 
@@ -167,7 +161,7 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
 
     warm, fresh = _records(warm_out), _records(fresh_out)
     assert sorted(warm) == [("0", 0), ("0", 1), ("1", 0), ("1", 1)]
-    events = _events(warm_logs)
+    events = run_events(warm_logs)
     starts = [e for e in events if e["event"] == "worker_start"]
     assert [(e["round"], e["standby"]) for e in starts] == [(0, True), (0, True), (1, True), (1, True)]
     assert {e["pid"] for e in starts} == {r["pid"] for r in warm.values()}
@@ -196,7 +190,7 @@ def test_restart_takes_prestarted_standbys_that_see_what_a_fresh_process_sees(tm
         assert f"attempt_{restart}" in env["TORCHELASTIC_ERROR_FILE"]
 
     # --standby off: fresh processes, torch not imported before the script's first line.
-    assert [e["standby"] for e in _events(fresh_logs) if e["event"] == "worker_start"] == [False, False]
+    assert [e["standby"] for e in run_events(fresh_logs) if e["event"] == "worker_start"] == [False, False]
     assert not any(r["torch_preloaded"] or r["dynamo_preloaded"] for r in fresh.values())
     assert "TORCHDYNAMO_VERBOSE" not in fresh_err  # a fresh process reads it when it imports dynamo itself
     for rank in ("0", "1"):
@@ -224,7 +218,7 @@ def test_module_mode_and_env_set_before_import_torch(tmp_path, level):
                         *(["--standby-preload", "none"] if level == "torch" else []),
                         "-m", "probes.omp", "--out", str(out)], cwd=tmp_path)
     assert res.returncode == 0, res.stderr
-    assert all(e["standby"] for e in _events(logs) if e["event"] == "worker_start")
+    assert all(e["standby"] for e in run_events(logs) if e["event"] == "worker_start")
     direct = subprocess.run([sys.executable, "-m", "probes.omp", "--out", str(out)], cwd=tmp_path,
                             env={**launcher_env(), "PROBE_OUT": str(direct_out)},
                             capture_output=True, text=True, timeout=60)

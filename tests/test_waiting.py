@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
 
-from .helpers import LAUNCHER, REPO, SCRIPTS, free_port, launcher_env
+from .helpers import LAUNCHER, REPO, SCRIPTS, free_port, launcher_env, run_events
 
 SLEEPER = str(SCRIPTS / "sleeper.py")
 TRAIN = str(SCRIPTS / "train.py")
@@ -82,17 +81,11 @@ def _launch(args: list[str]) -> Console:
                                     env=launcher_env(), cwd=REPO, start_new_session=True))
 
 
-def _events(log_dir: Path) -> list[dict]:
-    files = list(log_dir.glob("*/events.jsonl"))
-    assert len(files) == 1, files
-    return read_events(files[0])
-
-
 def _ended_by_sigint(console: Console, seconds: float, log_dir: Path) -> list[dict]:
     print(f"exit {seconds:.2f} s after SIGINT")  # measured: shown with pytest -s
     assert console.proc.returncode == 130, console.text()
     assert seconds < EXIT_WITHIN, f"exit took {seconds:.2f} s after SIGINT\n{console.text()}"
-    events = _events(log_dir)
+    events = run_events(log_dir)
     assert [e["signal"] for e in events if e["event"] == "signal"] == ["SIGINT"], events
     assert events[-1]["event"] == "end" and events[-1]["exit_code"] == 130, events[-1]
     return events
@@ -161,7 +154,7 @@ def test_second_ctrl_c_kills_workers_that_ignore_the_first(tmp_path):
     print(f"exit {seconds:.2f} s after the second SIGINT")
     assert console.proc.returncode == 130, console.text()
     assert seconds < EXIT_WITHIN, f"exit took {seconds:.2f} s after the second SIGINT\n{console.text()}"
-    events = _events(logs)
+    events = run_events(logs)
     text = console.text()
     assert [e["signal"] for e in events if e["event"] == "worker_exit"] == ["SIGKILL", "SIGKILL"], (events, text)
     assert events[-1]["event"] == "end" and events[-1]["exit_code"] == 130, events[-1]

@@ -9,21 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events, validate
 
-from .helpers import SCRIPTS, run_launcher
+from .helpers import SCRIPTS, run_events, run_launcher
 
 PLAIN = str(SCRIPTS / "plain_sgd.py")
 STEP_TIMEOUT = 2.0
 SLACK = 0.5
 pytestmark = pytest.mark.timeout(200)
-
-
-def _events(log_dir: Path) -> list[dict]:
-    records = read_events(next(log_dir.glob("*/events.jsonl")))
-    for record in records:  # every line parses against the documented schema
-        assert validate(record) == [], record
-    return records
 
 
 def _goodput_ok(events: list[dict], stderr: str, failures: int) -> dict:
@@ -47,7 +39,7 @@ def test_sleeping_rank_is_caught_by_step_heartbeats_and_restarted(tmp_path):
                         "--status", "plain", "--status-interval", "2", "--skip-check", "all",
                         PLAIN, "--steps", "60", "--sleep-rank", "1", "--sleep-at-step", "30"], timeout=180)
     assert res.returncode == 0, res.stderr
-    events = _events(tmp_path)
+    events = run_events(tmp_path)
     (hang,) = [e for e in events if e["event"] == "hang"]
     # in synchronous training both ranks stop stepping together; either may be named, the stacks tell
     assert hang["kind"] == "step" and hang["rank"] in (0, 1)
@@ -81,12 +73,14 @@ def test_slow_rank_is_reported_as_a_straggler(tmp_path):
                         PLAIN, "--steps", "150", "--hidden", "768", "--batch", "128", "--slow-rank", "1"],
                        timeout=180)
     assert res.returncode == 0, res.stderr
-    events = _events(tmp_path)
+    events = run_events(tmp_path)
     reports = [e for e in events if e["event"] == "straggler"]
     assert len(reports) >= 2, res.stderr
     by_rank = {r: [next(x for x in e["ranks"] if x["rank"] == r) for e in reports] for r in (0, 1)}
+    # Three times the compute: about 0.33 on a quiet machine; on a loaded one the shared all-reduce and the
+    # scheduler pull it toward 1 (0.66 was seen with twice the compute), so assert the verdict, not the ratio.
     slow = statistics.median(x["relative"] for x in by_rank[1])
-    assert 0.4 <= slow <= 0.6, by_rank[1]
+    assert slow < 0.7, by_rank[1]
     assert all(x["relative"] == 1.0 for x in by_rank[0])
     assert sum(1 in e["stragglers"] for e in reports) >= len(reports) - 1
     assert all(0 not in e["stragglers"] or e["ranks"][0]["individual"] < 0.7 for e in reports)
@@ -101,7 +95,7 @@ def test_rounds_that_stepped_restart_without_crash_loop_backoff(tmp_path):
                         "--log-dir", str(tmp_path), PLAIN, "--steps", "50", "--hidden", "32",
                         "--crash-rank", "1", "--crash-at-step", "5"], timeout=150)
     assert res.returncode == 1, res.stderr[-3000:]
-    events = _events(tmp_path)
+    events = run_events(tmp_path)
     failures = [e for e in events if e["event"] == "failure"]
     assert len(failures) == 3 and all(e["startup"] is False and e["rank"] == 1 for e in failures), failures
     assert [e["backoff"] for e in events if e["event"] == "restart"] == [0.0, 0.0]
@@ -114,7 +108,7 @@ def test_torch_save_checkpoints_bound_the_lost_work_in_goodput(tmp_path):
                         PLAIN, "--steps", "60", "--hidden", "32", "--crash-rank", "1", "--crash-at-step", "35",
                         "--save-every", "10", "--save", str(tmp_path / "ckpt.pt")], timeout=150)
     assert res.returncode == 1, res.stderr[-3000:]
-    events = _events(tmp_path)
+    events = run_events(tmp_path)
     segments = [e for e in events if e["event"] == "progress"]
     assert len(segments) == 2
     for seg in segments:

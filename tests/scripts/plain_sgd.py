@@ -3,7 +3,7 @@
   --steps N                 optimizer steps (default 200)
   --hidden H --batch B      model width and batch: the compute of one step
   --sleep-rank R --sleep-at-step N   rank R sleeps 3600 s before step N, on the first attempt only (a hang)
-  --slow-rank R             rank R does every step's forward and backward twice (a 2x slower device)
+  --slow-rank R             rank R does every step's forward and backward three times (a 3x slower device)
   --crash-rank R --crash-at-step N   rank R exits 1 before step N, on every attempt (a fault after progress)
   --save-every N --save PATH          rank 0 saves {"model", "opt", "step"} with torch.save every N steps
 """
@@ -53,8 +53,9 @@ for step in range(args.steps):
         os._exit(1)
     opt.zero_grad()
     if rank == args.slow_rank:
-        with model.no_sync():  # the same work again, without a second all-reduce
-            torch.nn.functional.cross_entropy(model(x), y).backward()
+        with model.no_sync():  # the same work twice more, without another all-reduce
+            for _ in range(2):
+                torch.nn.functional.cross_entropy(model(x), y).backward()
     torch.nn.functional.cross_entropy(model(x), y).backward()
     opt.step()
     if args.save_every and (step + 1) % args.save_every == 0 and rank == 0:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.workers import stacks as diagnosis
+from mbr_launch.workers import stacks
 from mbr_launch.workers.stacks import StackTarget, dump_stacks
 
 pytestmark = pytest.mark.timeout(90)
@@ -96,7 +96,7 @@ def _check(dumps, method: str, script: Path) -> None:
         assert "helper" in text or text.lower().count("thread 0x") >= 2  # every thread, not only main
 
 
-@pytest.mark.skipif(diagnosis.find_py_spy() is None, reason="py-spy is not installed")
+@pytest.mark.skipif(stacks.find_py_spy() is None, reason="py-spy is not installed")
 def test_py_spy_dumps_sleeping_busy_and_stopped_ranks(hung, tmp_path):
     targets = [hung(0, "sleep"), hung(1, "busy"), hung(2, "stopped")]
     t0 = time.monotonic()
@@ -117,21 +117,21 @@ def test_auto_falls_back_when_ptrace_is_denied(hung, tmp_path, monkeypatch):
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\necho 'Error: Operation not permitted (os error 1)' >&2\nexit 1\n")
     fake.chmod(0o755)
-    monkeypatch.setattr(diagnosis, "find_py_spy", lambda: str(fake))
+    monkeypatch.setattr(stacks, "find_py_spy", lambda: str(fake))
     targets = [hung(0, "sleep"), hung(1, "busy"), hung(2, "stopped")]
     dumps = dump_stacks(targets, tmp_path / "out", method="auto", timeout=20)
     _check(dumps, "faulthandler", tmp_path / "train.py")
 
 
 def test_auto_falls_back_when_py_spy_is_missing(hung, tmp_path, monkeypatch):
-    monkeypatch.setattr(diagnosis, "find_py_spy", lambda: None)
+    monkeypatch.setattr(stacks, "find_py_spy", lambda: None)
     dumps = dump_stacks([hung(0, "sleep")], tmp_path / "out", method="auto", timeout=20)
     assert dumps[0].method == "faulthandler"
     assert dumps[0].summary.startswith("hang_sleep at train.py"), dumps[0]
 
 
 def test_unreachable_targets_are_reported_not_raised(tmp_path, monkeypatch):
-    monkeypatch.setattr(diagnosis, "find_py_spy", lambda: None)
+    monkeypatch.setattr(stacks, "find_py_spy", lambda: None)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])
     gone.wait()
     targets = [StackTarget(5, 1, gone.pid, tmp_path / "missing.log"), StackTarget(6, 2, gone.pid + 0, None)]
@@ -154,7 +154,7 @@ def test_parsers_pick_the_main_thread():
             <module> (/x/train.py:50)
         """
     )
-    assert diagnosis._py_spy_main_frame(py_spy) == diagnosis.Frame("step", "/x/train.py", 42)
+    assert stacks._py_spy_main_frame(py_spy) == stacks.Frame("step", "/x/train.py", 42)
     fh = textwrap.dedent(
         """\
         Thread 0x00007f0000000001 (most recent call first):
@@ -166,4 +166,4 @@ def test_parsers_pick_the_main_thread():
           File "/x/train.py", line 50 in <module>
         """
     )
-    assert diagnosis._faulthandler_main_frame(fh) == diagnosis.Frame("step", "/x/train.py", 42)
+    assert stacks._faulthandler_main_frame(fh) == stacks.Frame("step", "/x/train.py", 42)
