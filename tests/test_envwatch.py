@@ -5,6 +5,7 @@ environment under names no one else uses, removed afterwards) and, for ``os.gete
 from __future__ import annotations
 
 import os
+import time
 
 import pytest
 
@@ -25,7 +26,7 @@ def environ():
     for key in list(env):
         del env[key]
     envwatch.reported.clear()
-    envwatch.Watching.watched = {}
+    envwatch.Watching.watched, envwatch.Watching.environ = {}, None
 
 
 def test_recording_sees_every_way_of_reading_and_writing_and_puts_the_class_back(environ):
@@ -79,18 +80,24 @@ def test_after_the_hand_over_changes_warn_once_per_variable(environ, capsys):
     environ[P + "UNRELATED"] = "x"
     del environ[P + "UNRELATED"]
     environ[P + "RANK"] = "2"  # reported at the hand-over already
+    envwatch.settle()
     assert capsys.readouterr().err == ""
     # Another value: one line naming the variable and the module, with what to do; once per variable.
     environ[P + "VERBOSE"] = "1"
+    envwatch.settle()
     environ[P + "VERBOSE"] = "2"
     del environ[P + "VERBOSE"]
-    del environ[P + "SEEN"]  # a deletion changes it too
+    envwatch.settle()
     err = capsys.readouterr().err.splitlines()
-    assert err == [envwatch.warning([P + "VERBOSE"], ["torch._dynamo"], by_script=True),
-                   envwatch.warning([P + "SEEN"], ["torch._dynamo"], by_script=True)]
+    assert err == [envwatch.warning([P + "VERBOSE"], ["torch._dynamo"], by_script=True)]
     assert err[0] == (f"mbr-launch: warm standby: torch._dynamo was imported before this script ran "
                       f"(--standby-preload), so {P}VERBOSE, set by the script, may have no effect on it; set it "
                       "in the launch environment instead, or run with --standby-preload none")
+    del environ[P + "SEEN"]  # a deletion that stays changes it too; on the timer, as in a rank
+    deadline = time.monotonic() + 10
+    while not (err := capsys.readouterr().err) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert err.splitlines() == [envwatch.warning([P + "SEEN"], ["torch._dynamo"], by_script=True)]
     assert envwatch.reported == {P + "RANK", P + "VERBOSE", P + "SEEN"}
     # The watched environment still behaves as os.environ does.
     environ[P + "NEW"] = "v"
@@ -102,3 +109,24 @@ def test_after_the_hand_over_changes_warn_once_per_variable(environ, capsys):
 def test_a_preload_that_read_nothing_leaves_the_environ_alone(environ):
     envwatch.adopt({}, {}, environ)
     assert type(environ) is os._Environ
+
+
+def test_a_clear_and_restore_that_changes_nothing_says_nothing_and_changes_come_in_one_line(environ, capsys):
+    """Hugging Face accelerate's ``clear_environment()``: ``os.environ.clear()``, then the saved values back.
+    Values are compared once the writes settle, not the writes themselves: nothing to say. A script that
+    changes several watched variables at once gets one line naming them all."""
+    reads = {P + "SEEN": ("1", "torch._dynamo"), P + "DEBUG": ("0", "torch._inductor"),
+             P + "VERBOSE": (None, "torch._dynamo")}
+    environ[P + "DEBUG"] = "0"
+    envwatch.adopt(reads, {}, environ)
+    saved = dict(environ)
+    environ.clear()
+    assert (P + "SEEN") not in environ
+    environ.update(saved)
+    envwatch.settle()
+    assert capsys.readouterr().err == ""
+    environ.update({P + "SEEN": "2", P + "DEBUG": "1", P + "VERBOSE": "1"})
+    envwatch.settle()
+    keys = [P + "DEBUG", P + "SEEN", P + "VERBOSE"]
+    assert capsys.readouterr().err.splitlines() == [
+        envwatch.warning(keys, ["torch._dynamo", "torch._inductor"], by_script=True)]

@@ -16,6 +16,10 @@ its first ``DistributedDataParallel``) would find it ignored. Nothing here chang
   rank's environment has another value of is warned about at once, and ``os.environ`` becomes a ``Watching``
   instance, which warns, once per variable, when the script sets or deletes a recorded key to anything but
   what the preload saw. Writes cost one dictionary look-up more; reads nothing.
+- Values are compared, not writes: a write to a watched key is looked at again ``SETTLE`` seconds later, and
+  only what still differs then is reported, in one line. Hugging Face accelerate's ``clear_environment()``
+  clears ``os.environ`` and restores it unchanged (a restarted rank printed one warning per variable, 66
+  lines for one rank); that says nothing now.
 
 Not seen: reads by C or C++ code (getenv(3)) and by code that copied the environment before the preload.
 Standard library only: ``shim.standby`` imports it before anything is preloaded.
@@ -23,8 +27,10 @@ Standard library only: ``shim.standby`` imports it before anything is preloaded.
 
 from __future__ import annotations
 
+import atexit
 import os
 import sys
+import threading
 from contextlib import contextmanager
 from typing import Iterator, Mapping
 
@@ -72,20 +78,52 @@ class Recording(os._Environ):  # type: ignore[name-defined,misc,type-arg]  # os.
 
 
 class Watching(os._Environ):  # type: ignore[name-defined,misc,type-arg]
-    """``os.environ`` after the hand-over: a write that makes a watched key differ from the value the preload
-    saw (or left) is reported, once per key (then the key is no longer watched)."""
+    """``os.environ`` after the hand-over: a write to a watched key is noted, and ``settle`` (``SETTLE`` seconds
+    later, on a timer thread) reports, once per key, those whose value then differs from what the preload saw
+    (such a key is no longer watched)."""
 
     watched: Reads = {}
+    touched: set[str] = set()  # watched keys written since the last settle
+    environ: "os._Environ[str] | None" = None  # type: ignore[name-defined]
+    timer: "threading.Timer | None" = None
 
     def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
         _set(self, key, value)  # not super(): this runs on every write the script makes
-        if key in Watching.watched and Watching.watched[key][0] != value:
-            _changed(key)
+        if key in Watching.watched:
+            _touch(key)
 
     def __delitem__(self, key):  # type: ignore[no-untyped-def]
         _delete(self, key)
-        if key in Watching.watched and Watching.watched[key][0] is not None:
-            _changed(key)
+        if key in Watching.watched:
+            _touch(key)
+
+
+SETTLE = 0.5  # seconds: a clear-and-restore takes microseconds; a script's own setting stays
+_lock = threading.Lock()
+
+
+def _touch(key: str) -> None:
+    with _lock:
+        Watching.touched.add(key)
+        if Watching.timer is None:
+            Watching.timer = threading.Timer(SETTLE, settle)
+            Watching.timer.daemon = True
+            Watching.timer.start()
+
+
+def settle() -> None:
+    """Report (one line) the watched keys written since the last look whose value now differs from the
+    preload's; those whose value came back keep being watched."""
+    with _lock:
+        keys, Watching.touched, Watching.timer = sorted(Watching.touched), set(), None
+        environ = Watching.environ
+        if environ is None:
+            return
+        changed = [key for key in keys if key in Watching.watched
+                   and os._Environ.get(environ, key) != Watching.watched[key][0]]  # type: ignore[attr-defined]
+        found = [Watching.watched.pop(key) for key in changed]
+    if changed:
+        _say(changed, sorted({module for _, module in found}), by_script=True)
 
 
 _set, _delete = os._Environ.__setitem__, os._Environ.__delitem__  # type: ignore[attr-defined]
@@ -134,12 +172,6 @@ def _say(keys: list[str], modules: list[str], by_script: bool) -> None:
     print(warning(keys, modules, by_script), file=sys.stderr, flush=True)
 
 
-def _changed(key: str) -> None:
-    found = Watching.watched.pop(key, None)
-    if found is not None:  # None: another thread reported it just now
-        _say([key], [found[1]], by_script=True)
-
-
 def adopt(reads: Reads, written: Mapping[str, "str | None"],
           environ: "os._Environ[str]" = os.environ) -> None:  # type: ignore[name-defined]
     """After the hand-over: warn about what the rank's environment has otherwise than the preload saw, and
@@ -152,4 +184,6 @@ def adopt(reads: Reads, written: Mapping[str, "str | None"],
     if now:
         _say(now, sorted({reads[k][1] for k in now}), by_script=False)
     Watching.watched = {key: found for key, found in reads.items() if key not in now}
+    Watching.environ, Watching.touched = environ, set()
+    atexit.register(settle)  # a script that ends within SETTLE of its write is still told
     environ.__class__ = Watching
