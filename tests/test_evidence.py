@@ -90,7 +90,9 @@ def job(tmp_path):
 def _gather(workers, tmp_path, method="auto"):
     t0 = time.monotonic()
     ev = gather(workers, node="n1", group_rank=0, out_dir=tmp_path / "stacks", stack_method=method, bound=BOUND,
-                monitor_rows=[{"local_rank": 1, "last_heartbeat_age": 3.5, "open_sections": ["step"], "steps": 7}],
+                monitor_rows=[{"local_rank": 1, "last_heartbeat_age": 3.5, "last_step_age": 9.0,
+                               "open_sections": ["step"], "steps": 7},
+                              {"local_rank": 0, "last_heartbeat_age": None, "last_step_age": 2.0}],
                 expired={1: "section"})
     elapsed = time.monotonic() - t0
     assert elapsed < BOUND + MARGIN, elapsed
@@ -118,6 +120,7 @@ def test_sleeping_rank_is_outside_and_behind_while_its_peer_waits_in_all_reduce(
     # The monitor's view travels along; identities are the caller's.
     assert (ev1.section, ev1.steps, ev1.last_heartbeat_age, ev1.expired, ev1.kind) == ("step", 7, 3.5, True, "section")
     assert (ev0.section, ev0.expired, ev0.node, ev0.group_rank, ev0.rank) == (None, False, "n1", 0, 0)
+    assert ev0.last_heartbeat_age == 2.0  # a zero-code rank's beat is its optimizer step: the youngest sign counts
     assert ev0.stacks_path and Path(ev0.stacks_path).exists()
 
 

@@ -158,6 +158,27 @@ def test_crash_cascade_first_exit_is_the_cause(tmp_path):
     assert first and first.group(1).startswith("rank 1 "), res.stderr[-3000:]
 
 
+def test_every_rank_stalled_alike_is_a_job_wide_stall_that_blames_no_rank(tmp_path):
+    """Every rank sleeps at the same line outside any collective (a stuck checkpoint write): the first step
+    deadline to fire names a rank at random, and rank 0 was blamed, its node charged. The verdict names the
+    place, blames no rank, and the job restarts whole."""
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path),
+                        "--hang-kill-grace", "1", "--skip-check", "all", "--status", "off", *_timeouts("none"), HANGS,
+                        "--scenario", "stall_all", "--hang-step", "20"], timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    events = read_log_dir(tmp_path)
+    verdicts = [e for e in events if e["event"] == "verdict"]
+    assert verdicts and verdicts[0]["basis"] == "job_stall" and verdicts[0]["culprits"] == [], verdicts
+    assert "every rank is in `stall_everywhere at" in verdicts[0]["reason"], verdicts[0]
+    failure = next(e for e in events if e["event"] == "failure")
+    assert (failure["rank"], failure["cause"]) == (-1, "hang"), failure
+    assert failure["detail"].startswith("hang, job-wide: every rank is in"), failure
+    assert [e["event"] for e in events].count("restart") == 1
+    line = re.search(r"^\[mbr-launch [^\]]+\] (HANG, job-wide: .*)$", res.stderr, re.M)
+    assert line and "no rank or node to blame" in line.group(1), res.stderr[-3000:]
+    assert not _hang_lines(res.stderr), res.stderr[-3000:]  # no "HANG: rank N" line
+
+
 def test_collective_timeout_of_a_waiting_rank_names_the_sleeping_one(tmp_path):
     """No heartbeat catches the hang first (step timeout 60 s): rank 0 dies of gloo's own 3 s process-group
     timeout while waiting for rank 1, which sleeps. torchrun blames rank 0 here (pytorch#122694)."""

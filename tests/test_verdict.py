@@ -351,3 +351,74 @@ def test_malformed_verdicts():
     assert (v.culprits, v.basis, v.reason, v.waiting, len(v.evidence)) == ((), Basis.UNDETERMINED, "", (0,), 1)
     v = verdict_from_dict({"culprits": [5, "5"], "basis": "progress", "reason": "rank 5 ..."})
     assert (v.culprits, v.basis) == ((5,), Basis.PROGRESS)
+
+
+# ---- the job-wide stall --------------------------------------------------------------------------------
+
+CKPT = "save at ckpt.py:88"
+
+
+def test_every_rank_stalled_at_the_same_place_blames_no_rank():
+    """What real training code found: every rank sleeps alike in a checkpoint write outside any collective;
+    rank 0's step deadline fires first. Rank 0 was blamed (rule d) and its node charged; the verdict is now
+    a job-wide stall naming the place."""
+    v = judge([ev(0, stack=OUT, where=CKPT, expired=True, kind="step", last_heartbeat_age=10.4),
+               ev(1, stack=OUT, where=CKPT, last_heartbeat_age=10.3)])
+    assert (v.culprits, v.basis, v.determined) == ((), Basis.JOB_STALL, False)
+    assert v.reason == ("every rank is in `save at ckpt.py:88` (ranks 0,1; rank 0 past a deadline; last heartbeat "
+                        "0: 10 s, 1: 10 s ago): a job-wide stall (a shared file system, a checkpoint write?), no "
+                        "rank or node to blame")
+
+
+def test_every_heartbeat_old_is_a_job_stall_even_at_different_places():
+    v = judge([ev(0, stack=OUT, where="write at io.py:5", expired=True, last_heartbeat_age=30.0),
+               ev(1, stack=OUT, where="flush at io.py:9", last_heartbeat_age=29.0),
+               ev(2, "n1", stack=OUT, where="fsync at io.py:12", last_heartbeat_age=16.0)])
+    assert (v.culprits, v.basis) == ((), Basis.JOB_STALL)
+    assert v.reason.startswith("every rank is outside any collective (ranks 0-2; rank 0 past a deadline")
+
+
+def test_a_fresh_heartbeat_means_not_everyone_stalled():
+    # the same line on every rank, but rank 1 keeps beating: it progresses, rank 0 alone is stuck (rule d)
+    v = judge([ev(0, stack=OUT, where=CKPT, expired=True, last_heartbeat_age=12.0),
+               ev(1, stack=OUT, where=CKPT, last_heartbeat_age=0.2)])
+    assert (v.culprits, v.basis) == ((0,), Basis.ONLY_EXPIRED)
+
+
+def test_different_places_without_heartbeat_ages_stay_with_rule_d():
+    v = judge([ev(0, stack=OUT, where="read at io.py:5", expired=True),
+               ev(1, stack=OUT, where="work at job.py:1")])
+    assert (v.culprits, v.basis) == ((0,), Basis.ONLY_EXPIRED)
+
+
+def test_a_stall_beside_a_rank_waiting_in_a_collective_is_no_job_stall():
+    v = judge([ev(0, stack=OUT, where=CKPT, expired=True, last_heartbeat_age=10.0),
+               ev(1, stack=COLL, last_heartbeat_age=10.0)])
+    assert (v.culprits, v.basis) == ((0,), Basis.STACKS)
+
+
+def test_real_clients_failure_shapes():
+    """The shapes Lightning, HF Trainer and plain DDP with DCP gave on 2 CPU ranks: a culprit sleeping outside
+    while its peer waits in the gloo all-reduce, a SIGSTOPped culprit (no stack, no dump), a culprit stuck in
+    its DataLoader, and every rank stalled in the same save."""
+    sleeping = judge([ev(0, stack=COLL, last_heartbeat_age=11.0, expired=True),
+                      ev(1, stack=OUT, where="sleep at train.py:42", last_heartbeat_age=11.2)])
+    assert (sleeping.culprits, sleeping.basis) == ((1,), Basis.STACKS)
+    stopped = judge([ev(0, stack=COLL, expired=True, last_heartbeat_age=11.0),
+                     ev(1, state=ProcState.STOPPED, stack=NONE)])
+    assert (stopped.culprits, stopped.basis) == ((1,), Basis.STOPPED)
+    loader = judge([ev(0, stack=COLL, expired=True),
+                    ev(1, stack=OUT, where="_recv at multiprocessing/connection.py:430 (DataLoader)")])
+    assert (loader.culprits, loader.basis) == ((1,), Basis.STACKS)
+    everyone = judge([ev(r, stack=OUT, where="write at filesystem.py:60 (torch.distributed.checkpoint)",
+                         expired=r == 1, last_heartbeat_age=10.0 + r) for r in range(2)])
+    assert (everyone.culprits, everyone.basis) == ((), Basis.JOB_STALL)
+
+
+def test_a_job_stall_survives_the_store_and_culprits_smuggled_into_it_are_dropped():
+    v = judge([ev(0, stack=OUT, where=CKPT, expired=True, last_heartbeat_age=10.4),
+               ev(1, stack=OUT, where=CKPT, last_heartbeat_age=10.3)])
+    back = verdict_from_dict(json.loads(json.dumps(verdict_to_dict(v))))
+    assert (back.basis, back.culprits, back.reason) == (Basis.JOB_STALL, (), v.reason)
+    hostile = dict(verdict_to_dict(v), culprits=[1])
+    assert verdict_from_dict(hostile).culprits == ()

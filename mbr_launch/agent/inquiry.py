@@ -162,8 +162,8 @@ def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequ
     if stacks:
         ctx.log.emit("stacks", round=rnd.index, method=[ctx.cfg.monitor.stack_dump], paths=stacks)
     trigger = _trigger(ctx, opener)
-    head = "HANG: " if verdict.determined else "HANG, culprit undetermined: "
-    head = "" if verdict.basis is Basis.WITHDRAWN else head
+    head = {Basis.WITHDRAWN: "", Basis.JOB_STALL: "HANG, job-wide: "}.get(
+        verdict.basis, "HANG: " if verdict.determined else "HANG, culprit undetermined: ")
     ctx.say(head + verdict.reason + (f" (inquiry opened when {trigger})" if trigger else ""))
 
 
@@ -185,7 +185,9 @@ def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidenc
         return None
     records = [_record_of(ctx, rnd, e, verdict) for e in culprits] or [
         FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=ctx.node, group_rank=rnd.group_rank,
-                      cause=Cause.HANG, status=None, detail=f"hang, culprit undetermined: {verdict.reason}")]
+                      cause=Cause.HANG, status=None,
+                      detail=f"hang, {'job-wide' if verdict.basis is Basis.JOB_STALL else 'culprit undetermined'}: "
+                             f"{verdict.reason}")]
     if culprits:
         ctx.group.stop(rnd, local_ranks=[e.local_rank for e in culprits], grace=ctx.cfg.monitor.hang_kill_grace)
     return handle_failure(ctx, rnd, records, culprit_known=verdict.determined)

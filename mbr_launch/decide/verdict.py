@@ -81,6 +81,7 @@ class Basis(enum.Enum):
     PROGRESS = "progress"  # Flight Recorder: behind its peers in a process group
     STACKS = "stacks"  # outside any collective while the peers wait in one
     ONLY_EXPIRED = "only_expired"  # the only rank whose deadline passed, the others still progress
+    JOB_STALL = "job_stall"  # every rank stalled alike outside any collective: no rank to blame, the job restarts
     WITHDRAWN = "withdrawn"  # no hang: every rank whose deadline passed is restarting in process
     UNDETERMINED = "undetermined"
 
@@ -137,7 +138,10 @@ def judge(evidence: Sequence[RankEvidence]) -> Verdict:
     stopped = _stopped(ev)
     if stopped is None and (withdrawn := _withdrawn(ev)) is not None:
         return Verdict((), Basis.WITHDRAWN, withdrawn.reason, (), tuple(ev))
-    found = stopped or _progress_or_stacks(ev) or _only_expired(ev)
+    found = stopped or _progress_or_stacks(ev)
+    if found is None and (stall := _job_stall(ev)) is not None:
+        return Verdict((), Basis.JOB_STALL, stall.reason, (), tuple(ev))
+    found = found or _only_expired(ev)
     if found is None:
         waiting = tuple(e.rank for e in ev if _waits(e))
         return Verdict((), Basis.UNDETERMINED, _why_undetermined(ev), waiting, tuple(ev))
@@ -316,6 +320,33 @@ def _stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
         return None
     clauses = [f"{who(e.rank, e.node)} is outside any collective{place_phrase(e.where, e.cpu)}" for e in outside]
     return _Finding(tuple(e.rank for e in outside), Basis.STACKS, _with_waiting(clauses, ev, inside), inside)
+
+
+STALL_SHARE = 0.5  # a rank whose last beat is at least this share as old as the expired rank's stalled too
+
+
+def _job_stall(ev: Sequence[RankEvidence]) -> _Finding | None:
+    """Before rule d: every live rank outside any collective, one past a deadline, and nothing says another
+    still progresses: all at the same place, or every last beat old (a checkpoint write to a stuck file
+    system). The first deadline to fire names a rank at random here: blame no rank and no node."""
+    live = [e for e in ev if e.state not in _EXITED]
+    expired = [e for e in live if e.expired]
+    if len(live) < 2 or not expired or any(e.stack is not StackClass.OUTSIDE or _waits(e) for e in live):
+        return None
+    oldest = max((e.last_heartbeat_age for e in expired if e.last_heartbeat_age is not None), default=None)
+    # per rank: stalled (True), beating (False), or no age known (None)
+    seen = [True if e.expired else None if e.last_heartbeat_age is None or oldest is None
+            else e.last_heartbeat_age >= STALL_SHARE * oldest for e in live]
+    places = {e.where for e in live}
+    same = len(places) == 1 and "" not in places
+    if False in seen or (not same and None in seen):
+        return None  # someone progresses, or only rule d can tell
+    ages = ", ".join(f"{e.rank}: {e.last_heartbeat_age:.0f} s" for e in live if e.last_heartbeat_age is not None)
+    return _Finding((), Basis.JOB_STALL,
+                    f"every rank {f'is in `{places.pop()}`' if same else 'is outside any collective'} "
+                    f"({ranks_phrase([e.rank for e in live])}; {ranks_phrase([e.rank for e in expired])} past a "
+                    f"deadline{f'; last heartbeat {ages} ago' if ages else ''}): a job-wide stall (a shared file "
+                    "system, a checkpoint write?), no rank or node to blame")
 
 
 def _only_expired(ev: Sequence[RankEvidence]) -> _Finding | None:

@@ -49,14 +49,19 @@ def verdict_to_dict(v: Verdict) -> dict[str, Any]:
             "evidence": [evidence_to_dict(e) for e in v.evidence]}
 
 
+# Verdicts that name no culprit by design: culprits sent with one are dropped, never acted on.
+_BLAMELESS = (Basis.UNDETERMINED, Basis.WITHDRAWN, Basis.JOB_STALL)
+
+
 def verdict_from_dict(d: object) -> Verdict | None:
     """None when not a dict. A basis this version does not know makes the verdict undetermined (no culprits):
     acting on a rule we cannot name would restart or exclude the wrong thing with no reason to give."""
     if not isinstance(d, Mapping):
         return None
     basis = _enum(Basis, d.get("basis"), Basis.UNDETERMINED)
-    culprits = () if basis is Basis.UNDETERMINED else _ranks(d.get("culprits"))
-    kept = culprits or basis is Basis.WITHDRAWN  # a withdrawn inquiry has no culprit by design
+    blameless = basis in _BLAMELESS
+    culprits = () if blameless else _ranks(d.get("culprits"))
+    kept = culprits or blameless
     return Verdict(culprits, basis if kept else Basis.UNDETERMINED, _str(d.get("reason")),
                    _ranks(d.get("waiting")), evidence_list_from_dicts(d.get("evidence")))
 

@@ -69,7 +69,8 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
             cpu=cpu, stack=dump.stack_class if dump else StackClass.NONE, where=dump.where if dump else "",
             collective=dump.collective if dump else "", progress=progress.get(w.local_rank, ()),
             expired=kind is not None, watched=row.get("state") in _SINCE, kind=kind or "", section=_section(row),
-            last_heartbeat_age=_number(row.get("last_heartbeat_age")), steps=_int(row.get("steps")),
+            last_heartbeat_age=_freshest(row.get("last_heartbeat_age"), row.get("last_step_age")),
+            steps=_int(row.get("steps")),
             stacks_path=str(dump.path) if dump and dump.path else None))
     return out
 
@@ -133,6 +134,13 @@ def _section(row: Mapping[str, Any]) -> str | None:
 
 def _number(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _freshest(*ages: Any) -> float | None:
+    """The youngest sign of life the monitor has: an NVRx heartbeat or an optimizer step (autobeat's beat, all
+    a zero-code rank sends); None when it has neither."""
+    known = [age for age in map(_number, ages) if age is not None]
+    return min(known) if known else None
 
 
 def _int(value: Any) -> int | None:

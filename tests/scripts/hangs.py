@@ -38,7 +38,7 @@ import torch
 import torch.distributed as dist
 
 SCENARIOS = ("sleep", "sigstop", "busy", "dataloader", "dataloader_workers", "other_collective", "crash_cascade",
-             "none")
+             "stall_all", "none")
 
 p = argparse.ArgumentParser()
 p.add_argument("--scenario", choices=SCENARIOS, required=True)
@@ -101,6 +101,13 @@ class Batches(torch.utils.data.Dataset):
         return torch.randn(8, 16, generator=torch.Generator().manual_seed(index))
 
 
+def stall_everywhere() -> None:
+    """stall_all: every rank, not one culprit, sleeps here outside any collective (a checkpoint write to a stuck
+    file system looks like this)."""
+    announce()
+    time.sleep(3600)
+
+
 def stuck_in_step() -> None:
     """The fault, between the backward and the all_reduce: peers are already waiting in that all_reduce."""
     announce()
@@ -139,6 +146,8 @@ for step in range(total):
     model(x).square().mean().backward()
     if faulty and step == args.hang_step:
         stuck_in_step()
+    if restart == 0 and args.scenario == "stall_all" and step == args.hang_step:
+        stall_everywhere()
     grads = torch.cat([q.grad.flatten() for q in model.parameters()])
     dist.all_reduce(grads)
     offset = 0
