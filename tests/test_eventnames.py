@@ -25,12 +25,12 @@ def test_the_name_is_torchs_and_no_source_is_read(monkeypatch):
     original = dynamic_rendezvous.get_method_name
     if original is not eventnames.get_method_name:  # torch's own, before any agent of this process swapped it
         assert _outer(original) == "_outer"
-    assert eventnames.install()
+    assert eventnames.install().installed
     assert dynamic_rendezvous.get_method_name is eventnames.get_method_name
     monkeypatch.setattr(inspect, "stack", lambda *a, **k: pytest.fail("inspect.stack read the source"))
     assert _outer(dynamic_rendezvous.get_method_name) == "_outer"  # depth 2: the caller of _record's caller
     assert eventnames.get_method_name(depth=10_000) == "no_method_name"
-    assert eventnames.install()  # twice is harmless
+    assert eventnames.install().installed  # twice is harmless
 
 
 def test_a_handlers_own_record_uses_it(monkeypatch):

@@ -46,8 +46,9 @@ def test_the_first_agent_hosts_on_ipv4_and_the_second_is_its_client():
 
 def test_torchs_handler_runs_a_round_over_our_store():
     port = free_port()
-    handler = rdzvstore.create_handler(_params(port, nodes=1, join_timeout="20"))
+    handler, patch = rdzvstore.create_handler(_params(port, nodes=1, join_timeout="20"))
     assert handler is not None and type(handler).__name__ == "DynamicRendezvousHandler"
+    assert patch.name == "store_socket" and patch.installed, patch
     info = handler.next_rendezvous()
     assert info.rank == 0 and info.world_size == 1
     handler.shutdown()
@@ -63,7 +64,8 @@ def test_is_host_on_a_taken_port_is_one_clear_error():
 
 
 def test_a_file_store_is_left_to_torchs_registry():
-    assert rdzvstore.create_handler(_params(free_port(), store_type="file")) is None
+    handler, patch = rdzvstore.create_handler(_params(free_port(), store_type="file"))
+    assert handler is None and not patch.installed and "store_type" in patch.why_not
 
 
 def test_hosts_store_sees_only_this_processs_own_listener():

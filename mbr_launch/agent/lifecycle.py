@@ -26,7 +26,7 @@ from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous, Round
-from mbr_launch.cluster import stops
+from mbr_launch.cluster import stops, torch_internals
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
@@ -104,15 +104,20 @@ class Agent:
         # A stop's grace: its progress, and a second Ctrl-C that ends it.
         group.watch_stop = progress.stop_watch(wakeup, self.say, preemption=cfg.preemption.signals)
         slurm = cfg.slurm
+        # Which of torch's private rendezvous parts, patched for the c10d restart speed-ups, this torch lacks.
+        internals = torch_internals.status() if cfg.rendezvous.backend == "c10d" else None
         # The command line without secrets; the environment is never written.
         log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
                  nproc_per_node=cfg.workers.nproc_per_node,
                  nnodes=f"{cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes}", max_restarts=cfg.policy.max_restarts, log_dir=str(run_dir),
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
                         "restart_count": slurm.restart_count} if slurm else None, version=versions(),
-                 standby={"level": cfg.standby.level, "why": cfg.standby.why})
+                 standby={"level": cfg.standby.level, "why": cfg.standby.why},
+                 torch_internals=None if internals is None else torch_internals.not_installed(internals))
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
+        if lost := torch_internals.lost_line(internals or ()):
+            self.say(f"WARNING: {lost}")
         binding = numa.for_launch(self.environ, nproc_per_node=cfg.workers.nproc_per_node,
                                   strict=cfg.nvrx.numa_bind_strict).line
         if binding:

@@ -13,20 +13,13 @@ from __future__ import annotations
 
 import sys
 
+from mbr_launch.cluster import torch_internals
+from mbr_launch.cluster.torch_internals import Patch
 
-def install() -> bool:
-    """Replace torch's ``get_method_name`` (same result, no source reads); False where it is not there."""
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-    except ImportError:
-        return False
-    current = getattr(dynamic_rendezvous, "get_method_name", None)
-    if current is None:
-        return False
-    if current is get_method_name:
-        return True
-    dynamic_rendezvous.get_method_name = get_method_name
-    return True
+
+def install() -> Patch:
+    """Replace torch's ``get_method_name`` (same result, no source reads); the record says whether it took."""
+    return torch_internals.replace_event_names(get_method_name)
 
 
 def get_method_name(depth: int = 2) -> str:

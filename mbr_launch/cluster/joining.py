@@ -3,20 +3,20 @@
 torch has no public call for this (``num_nodes_waiting`` counts only the nodes queued behind a running
 round). What we read, and why it holds across torch >= 2.3: the c10d backend keeps the whole rendezvous state
 under one store key, ``torch.rendezvous.<run_id>`` (``C10dRendezvousBackend``, unchanged since torch 1.9),
-and its ``get_state()`` hands back the pickled ``_RendezvousState``, whose ``participants`` (node -> rank),
-``wait_list`` and ``complete`` are the fields torch itself reads to form a round. We read them through our
-own client connection: the handler's store belongs to the main thread, which is blocked inside torch's
+and its ``get_state()`` hands back torch's pickled state, whose participants (node -> rank), wait list and
+completion are the fields torch itself reads to form a round (found and decoded in ``cluster.torch_internals``:
+the ``state_reads`` patch, reported at start-up on a torch without them). We read them through our own client
+connection: the handler's store belongs to the main thread, which is blocked inside torch's
 ``next_rendezvous`` while we count (torch itself never shares it between threads there: it stops its
 keep-alive thread first). Anything unexpected reads as "unknown", never as an error: this is a progress line.
 """
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mbr_launch.cluster import connections
+from mbr_launch.cluster import connections, torch_internals
 
 
 @dataclass(frozen=True)
@@ -34,6 +34,13 @@ class JoinState:
         return self.waiting + self.spares
 
 
+def join_state(view: torch_internals.StateView) -> JoinState:
+    """The counts of torch's state (as ``torch_internals`` reads it)."""
+    return JoinState(joined=len(view.members), waiting=len(view.waiting), complete=view.complete,
+                     spares=len(view.spares), members=view.members,
+                     outsiders=tuple(sorted((*view.waiting, *view.spares))))
+
+
 class JoinCounter:
     """Reads the join state of a c10d rendezvous; ``read()`` is None while unknown (not created yet, another
     backend, the store not reachable). Call from one thread only (it holds one store connection).
@@ -45,7 +52,7 @@ class JoinCounter:
     """
 
     def __init__(self, handler: Callable[[], Any], *, timeout: float = 2.0, shared: bool = False) -> None:
-        self._handler = handler  # torch's DynamicRendezvousHandler once made (None before; another: unknown)
+        self._get_handler = handler  # torch's DynamicRendezvousHandler once made (None before; another: unknown)
         self._timeout = timeout
         self._shared = shared
         self._backend: Any = None
@@ -53,12 +60,12 @@ class JoinCounter:
     def _connect(self) -> Any:
         from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
-        handler = self._handler()
-        own = getattr(handler, "_store", None)  # the c10d backend's TCPStore (host and port)
-        run_id = getattr(getattr(handler, "_settings", None), "run_id", None)
+        handler = self._get_handler()
+        own = torch_internals.handler_store(handler)  # the c10d backend's TCPStore (host and port)
         host, port = getattr(own, "host", None), getattr(own, "port", None)
-        if not (run_id and host and port):
+        if not (host and port):
             return None
+        run_id = handler.get_run_id()
         if self._shared:
             return C10dRendezvousBackend(own, run_id)
         # the agent's pool, where the first round's connections were opened while it waited to join
@@ -73,11 +80,6 @@ class JoinCounter:
             got = self._backend.get_state()
             if got is None:  # nobody has written a state yet
                 return JoinState(joined=0, waiting=0, complete=False)
-            state = pickle.loads(got[0])
-            wait, spare = getattr(state, "wait_list", ()), getattr(state, "redundancy_list", ())
-            return JoinState(joined=len(state.participants), waiting=len(wait), complete=bool(state.complete),
-                             spares=len(spare),
-                             members=tuple(sorted((str(n.addr), int(r)) for n, r in state.participants.items())),
-                             outsiders=tuple(sorted(str(n.addr) for n in (*wait, *spare))))
+            return join_state(torch_internals.decode_state(got[0]))
         except Exception:  # a progress line is never worth an error
             return None

@@ -24,7 +24,8 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from mbr_launch.cluster import connections
+from mbr_launch.cluster import connections, torch_internals
+from mbr_launch.cluster.torch_internals import Patch
 
 PAUSE = 1.0  # torch's pause between two reads of the state while it waits in a join
 # A wait inside torch's C++ client holds off this thread's signal handlers until it returns: waits of at most
@@ -74,8 +75,7 @@ class JoinWake:
                     return  # a broken connection is not given back; the next pause reads the state again
                 continue
             self.woken, self._woken_round = True, state.round
-            if hasattr(self._holder, "_last_sync_time"):
-                self._holder._last_sync_time = -1  # torch's next sync reads the store, not its cache
+            torch_internals.mark_state_stale(self._holder)  # torch's next sync reads the store, not its cache
             break
         connections.POOL.release(client)
 
@@ -98,20 +98,15 @@ def _delay(seconds: float | tuple[float, float]) -> None:
         _torch_delay(seconds)  # type: ignore[misc]
 
 
-def install(handler: Any, *, host: str, port: int, prefix: str) -> JoinWake | None:
-    """Wake ``handler``'s joins at their round's completion; None where torch's internals are not as
-    expected (the joins then poll as torch does)."""
+def install(handler: Any, *, host: str, port: int, prefix: str) -> tuple[Patch, JoinWake | None]:
+    """Wake ``handler``'s joins at their round's completion. The record says whether it took; where torch's
+    internals are not as expected there is no wake (None) and the joins poll as torch's do."""
     global _torch_delay
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-    except ImportError:
-        return None
-    holder = getattr(handler, "_state_holder", None)
-    store = getattr(getattr(holder, "_backend", None), "_store", None)
-    current = getattr(dynamic_rendezvous, "_delay", None)
-    if holder is None or store is None or current is None or not hasattr(holder, "sync"):
-        return None
-    if current is not _delay:
-        _torch_delay = current
-        dynamic_rendezvous._delay = _delay
-    return JoinWake(holder, store, host, port, prefix)
+    patch = torch_internals.JOIN_WAKE.check(handler)
+    if not patch.installed:
+        return patch, None
+    holder = torch_internals.state_holder(handler)
+    torchs = torch_internals.swap_join_pause(_delay)
+    if torchs is not None:  # None: ours already (an earlier handler of this process)
+        _torch_delay = torchs
+    return patch, JoinWake(holder, torch_internals.holder_store(holder), host, port, prefix)

@@ -5,8 +5,8 @@ the endpoint's machine tries to host it and becomes a client when the port is ta
 with one difference: the host's listening socket comes from ``cluster.listen`` (IPv4 where the endpoint
 is IPv4 only), so the store's server thread does not stop for a DNS lookup of every agent that connects.
 The handler and backend are torch's own (``DynamicRendezvousHandler``, ``C10dRendezvousBackend``),
-unchanged. A ``store_type=file`` rendezvous, or a torch without ``master_listen_fd``, goes through
-torch's registry as before.
+unchanged. A ``store_type=file`` rendezvous, or a torch without ``master_listen_fd`` or torch's private
+hostname test (``cluster.torch_internals``: the ``store_socket`` patch), goes through torch's registry as before.
 """
 
 from __future__ import annotations
@@ -18,24 +18,26 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
-from mbr_launch.cluster import listen
+from mbr_launch.cluster import listen, torch_internals
+from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.build import C10D_PORT
 
 
-def create_handler(params: RendezvousParameters) -> RendezvousHandler | None:
-    """torch's c10d handler for ``params`` over our store; None where torch's registry should make it."""
+def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | None, Patch]:
+    """torch's c10d handler for ``params`` over our store, or None where torch's registry should make it; and
+    the ``store_socket`` record: whether our own socket serves the store."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
-        return None
-    from torch.distributed.elastic.rendezvous import utils
+        return None, torch_internals.STORE_SOCKET.refused("store_type is not tcp: torch's registry makes the store")
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
 
-    if not hasattr(utils, "_matches_machine_hostname"):  # a torch without the private helper this mirrors:
-        return None  # its registry decides everything
+    patch = torch_internals.STORE_SOCKET.check(None)
+    if not patch.installed:  # a torch without the parts this mirrors: its registry decides everything
+        return None, patch
     store = make_store(params)
     if store is None:
-        return None
-    return torch_handler(store, C10dRendezvousBackend(store, params.run_id), params)
+        return None, torch_internals.STORE_SOCKET.refused("this torch's TCPStore takes no master_listen_fd")
+    return torch_handler(store, C10dRendezvousBackend(store, params.run_id), params), patch
 
 
 def make_store(params: RendezvousParameters) -> TCPStore | None:
@@ -77,7 +79,5 @@ def _read_timeout(params: RendezvousParameters) -> int:
 
 def _is_this_machine(host: str) -> bool:
     # torch's own test (its name, its addresses, loopback), so the same agent hosts as under torchrun
-    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-
-    return bool(_matches_machine_hostname(host))
+    return torch_internals.matches_this_machine(host)
 

@@ -33,8 +33,10 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import connections, eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink
-from mbr_launch.cluster.joining import JoinCounter, JoinState
+from mbr_launch.cluster import (connections, eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink,
+                                torch_internals)
+from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
+from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
@@ -109,6 +111,7 @@ class Rendezvous:
         self._joined = 0
         self._control: TCPStore | None = None  # our own client, for job-level keys
         self._wake: joinwake.JoinWake | None = None  # ends a join's pauses when its round completes
+        self._patches: list[Patch] = []  # what the c10d handler was patched with, as each took
         self._job = f"mbr/job/{cfg.rendezvous.run_id}"  # our keys that outlive a round, on the rendezvous store
 
     # -- construction ----------------------------------------------------------------------------
@@ -133,14 +136,17 @@ class Rendezvous:
         )
         _disable_shared_store()
         try:
-            handler = (rdzvstore.create_handler(params) if rdzv.backend == "c10d" else None) \
-                or get_rendezvous_handler(params)
+            made, own_socket = rdzvstore.create_handler(params) if rdzv.backend == "c10d" else (None, None)
+            handler = made or get_rendezvous_handler(params)
         except Exception as err:  # torch raises many types here; all mean "cannot start"
             raise RendezvousFailed(f"cannot set up the {rdzv.backend} rendezvous at "
                                    f"{rdzv.endpoint or '(none)'}: {err}") from err
-        if rdzv.backend == "c10d":  # a failure round does not sit in last_call waiting for nobody
-            shrink.install(handler, active=lambda: self._joined > 0)
-            eventnames.install()  # torch's event names without inspect.stack (most of a crowded join's CPU)
+        if own_socket is not None:  # c10d
+            self._patches += [
+                own_socket,
+                shrink.install(handler, active=lambda: self._joined > 0),  # a failure round: no last call for nobody
+                eventnames.install(),  # torch's event names without inspect.stack (most of a crowded join's CPU)
+            ]
             # torch's own immediate retry after a lost write of its state is kept: it retries with the state the
             # lost compare-and-set brought back. A random pause there (tried: cluster.contention, removed) left
             # that state stale by the retry, and a joiner lost to the others' keep-alives every time: 127 of 128
@@ -151,12 +157,31 @@ class Rendezvous:
     def handler(self) -> RendezvousHandler:
         if self._handler is None:
             self._handler = self._create_handler()
-            store = getattr(self._handler, "_store", None)  # c10d: the store the watchers connect to
-            if self._cfg.rendezvous.backend == "c10d" and getattr(store, "port", 0):
-                connections.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
-                self._wake = joinwake.install(self._handler, host=store.host, port=int(store.port),
-                                              prefix=f"{self._job}/complete/")
+            if self._cfg.rendezvous.backend == "c10d":
+                self._patches.append(self._install_wake(self._handler))
         return self._handler
+
+    def _install_wake(self, handler: RendezvousHandler) -> Patch:
+        """Open the watchers' connections while the join runs, and wake the join when its round completes."""
+        store = torch_internals.handler_store(handler)  # the store the watchers connect to
+        if not getattr(store, "port", 0):  # a file store (or no store found: the check says which part)
+            why = torch_internals.STORE_ADDRESS.check(handler).why_not or "the rendezvous store is not a TCPStore"
+            return torch_internals.JOIN_WAKE.refused(why)
+        connections.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
+        patch, self._wake = joinwake.install(handler, host=store.host, port=int(store.port),
+                                             prefix=f"{self._job}/complete/")
+        return patch
+
+    def existing_handler(self) -> RendezvousHandler | None:
+        """torch's handler once the first join has made it, else None (never makes one: for the join's
+        progress thread, while the joining thread may be making it)."""
+        return self._handler
+
+    @property
+    def patches(self) -> tuple[Patch, ...]:
+        """The patches of torch's c10d handler (``cluster.torch_internals``), as each took: empty before the
+        first join and for the static backend."""
+        return tuple(self._patches)
 
     # -- rounds -----------------------------------------------------------------------------------
 
@@ -273,23 +298,18 @@ class Rendezvous:
     def count_node_failure(self, rnd: Round, node: str) -> int:
         return int(self.job_store(rnd.store).add(f"node_failures/{node}", 1))
 
-    def leave(self) -> None:
-        """Leave the rendezvous without closing it for the others (an excluded node).
+    def leave(self) -> str | None:
+        """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,
+        None when it left (or had not joined).
 
-        torch has no public call for this: ``next_rendezvous`` runs the same exit operation first. If
-        the private API is not there, our keep-alive simply expires and the others drop us."""
+        torch has no public call for this (``torch_internals.leave``: the exit operation ``next_rendezvous``
+        runs first). Where it fails, our keep-alive expires and the others drop us."""
         handler = self._handler
         if handler is None:
-            return
-        try:
-            from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousExitOp
-
-            handler._stop_heartbeats()  # type: ignore[attr-defined]
-            deadline = time.monotonic() + 10
-            handler._op_executor.run(_RendezvousExitOp(), deadline)  # type: ignore[attr-defined]
-        except Exception:
-            pass
+            return None
+        why = torch_internals.leave(handler, timeout=10)
         self._handler = None
+        return why
 
     def spare_count(self) -> int:
         """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX.
@@ -306,11 +326,8 @@ class Rendezvous:
             return state.outside
         handler = self.handler
         try:
-            with handler._heartbeat_lock:  # type: ignore[attr-defined]
-                handler._state_holder.sync()  # type: ignore[attr-defined]
-                state = handler._state_holder.state  # type: ignore[attr-defined]
-                return len(state.wait_list) + len(getattr(state, "redundancy_list", ()))
-        except Exception:
+            return join_state(torch_internals.read_state_locked(handler)).outside
+        except Exception:  # the store is gone, or a torch without these parts (reported at start-up)
             return self.num_nodes_waiting()
 
     def state(self) -> JoinState | None:
@@ -323,7 +340,7 @@ class Rendezvous:
     def job_get(self, key: str) -> bytes | None:
         """A key of the job store read without a round (an agent that waited outside every round, after the
         job closed); None when it is not there or the store cannot be reached."""
-        store = getattr(self._handler, "_store", None)
+        store = torch_internals.handler_store(self._handler)
         if store is None:
             return None
         try:

@@ -14,8 +14,8 @@ redundancy list (spares and announced joiners are still waited for, by torch's o
 seconds have passed since MIN was reached (a spare moves from the redundancy list to the participants in two
 writes; the pause covers that gap). Everything else is torch's own join.
 
-Uses torch's private classes (there is no public hook); if they are missing, nothing is wrapped and torch's
-own last call applies.
+Uses torch's private classes (there is no public hook: ``cluster.torch_internals`` wraps the executor); if they
+are missing, nothing is wrapped, torch's own last call applies, and the record says so.
 """
 
 from __future__ import annotations
@@ -23,46 +23,16 @@ from __future__ import annotations
 from datetime import datetime, timedelta, timezone
 from typing import Any, Callable
 
+from mbr_launch.cluster import torch_internals
+from mbr_launch.cluster.torch_internals import Patch
+
 SETTLE = 1.0  # seconds after MIN nodes joined before a failure round may close without its last call
 
 
-def install(handler: Any, *, active: Callable[[], bool]) -> bool:
+def install(handler: Any, *, active: Callable[[], bool]) -> Patch:
     """Wrap ``handler``'s join so that failure rounds close early; ``active()`` is asked at each join (True
-    in rounds after this agent's first). False when torch's internals are not what we expect."""
-    try:
-        from torch.distributed.elastic.rendezvous import dynamic_rendezvous as dr
-        inner = handler._op_executor
-        dr._RendezvousJoinOp, dr._Action.MARK_RENDEZVOUS_COMPLETE  # noqa: B018 - present in this torch?
-    except (ImportError, AttributeError):
-        return False
-    handler._op_executor = _Executor(inner, dr, active)
-    return True
-
-
-class _Executor:
-    """torch's executor, with the join operation swapped for ``_EarlyClose`` while ``active()``."""
-
-    def __init__(self, inner: Any, dr: Any, active: Callable[[], bool]) -> None:
-        self._inner, self._dr, self._active = inner, dr, active
-
-    def run(self, op: Any, deadline: float, update_deadline: Any = None) -> None:
-        if isinstance(op, self._dr._RendezvousJoinOp) and self._active():
-            op = _EarlyClose(op, self._dr._Action)
-        return self._inner.run(op, deadline, update_deadline)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._inner, name)
-
-
-class _EarlyClose:
-    def __init__(self, inner: Callable[[Any, float], Any], actions: Any) -> None:
-        self._inner, self._actions = inner, actions
-
-    def __call__(self, ctx: Any, deadline: float) -> Any:
-        action = self._inner(ctx, deadline)
-        if action in (self._actions.SYNC, self._actions.KEEP_ALIVE) and may_close(ctx.state, ctx.node, ctx.settings):
-            return self._actions.MARK_RENDEZVOUS_COMPLETE
-        return action
+    in rounds after this agent's first). The record says whether it took."""
+    return torch_internals.close_joins_early(handler, active=active, may_close=may_close)
 
 
 def may_close(state: Any, node: Any, settings: Any, *, now: datetime | None = None) -> bool:

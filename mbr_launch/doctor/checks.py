@@ -9,7 +9,8 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from mbr_launch.doctor import bridge_checks, gpu, host, inprocess, ipr_launcher, launcher, nvrx_compat  # noqa: F401
+from mbr_launch.doctor import (bridge_checks, gpu, host, inprocess, internals, ipr_launcher, launcher,  # noqa: F401
+                               nvrx_compat)
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import REGISTRY, CheckResult, DoctorError, Finding, check
 

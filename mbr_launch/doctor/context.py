@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.host import workers_nvrx
 from mbr_launch.config.nvrx import NvrxFound
 from mbr_launch.doctor import probes, processes
@@ -58,6 +59,7 @@ class DoctorContext:
     rdzv_timeout_s: float = 2.0  # how long a reachability probe may wait
     # Probes: real by default, replaced in tests.
     versions: Callable[[], Versions] = probes.versions
+    torch_patches: Callable[[], list[Patch]] = probes.torch_patches
     nvml: Callable[[], NvmlView] = probes.nvml
     ulimits: Callable[[], Mapping[str, Limit]] = probes.ulimits
     shm_bytes: Callable[[], int | None] = probes.shm_bytes

@@ -17,6 +17,8 @@ import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from mbr_launch.cluster import torch_internals
+from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.report.version import installed
 
 
@@ -70,6 +72,13 @@ def versions() -> Versions:
         except Exception:  # CUDA build without NCCL (rare): leave it unknown
             nccl = None
     return Versions(torch=torch.__version__, nccl=nccl, nvrx=nvrx, cuda=cuda)
+
+
+def torch_patches() -> list[Patch]:
+    """Whether each patch of torch's private rendezvous parts installs on the torch in use
+    (``cluster.torch_internals.status``: a throwaway handler over an in-memory store, nothing patched; torch
+    is imported then)."""
+    return torch_internals.status()
 
 
 def _nccl_int(code: int) -> str:

@@ -1,0 +1,388 @@
+"""The one place where mbr-launch touches torch's private rendezvous internals.
+
+torch's elastic rendezvous (``torch.distributed.elastic.rendezvous.dynamic_rendezvous``) has no public hook for
+what the restart speed-ups need: the handler's store, its state holder and operation executor, the module's
+pause and event-name helpers, the pickled state's fields. Every use of them is here, as a *patch*: a named
+speed-up that needs some private parts. A torch that renamed or dropped one of those parts does not break a
+launch: that patch does not install and torch's own behaviour stands. But nothing else would show it (only a
+benchmark would notice the restarts getting slower), so it is never hidden:
+
+- every install returns a ``Patch`` record: whether it took, and why not;
+- ``status()`` tells, for the torch in use, which patches install (checked on a throwaway handler over an
+  in-memory store: nothing is patched, well under a millisecond once torch is imported); the agent says one
+  line at start-up when any does not (``lost_line``), and ``mbr-launch doctor`` has a check of it.
+
+The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their
+users: ``event_names`` (``cluster.eventnames``), ``join_wake`` (``cluster.joinwake``), ``early_close``
+(``cluster.shrink``), ``leave`` (``Rendezvous.leave``), ``state_reads`` (``cluster.joining``,
+``Rendezvous.spare_count``), ``store_address`` (``Rendezvous.handler``, ``job_get``), ``store_socket``
+(``cluster.rdzvstore``). torch is imported inside the functions only: the doctor imports this module without it.
+"""
+
+from __future__ import annotations
+
+import inspect
+import pickle
+import time
+from dataclasses import dataclass
+from types import ModuleType
+from typing import Any, Callable, Sequence
+
+_MODULE = "dynamic_rendezvous"  # how the reasons name torch.distributed.elastic.rendezvous.dynamic_rendezvous
+
+
+@dataclass(frozen=True)
+class Patch:
+    """Whether one use of torch's internals took, on one handler or (``status()``) on the torch in use."""
+
+    name: str
+    buys: str  # what it gives when installed
+    without: str  # what happens instead when it is not: torch's own behaviour
+    installed: bool
+    why_not: str = ""  # the private part this torch lacks ("" when installed)
+
+
+@dataclass(frozen=True)
+class PatchKind:
+    """One patch: its name, what it buys, and the check of the private parts it needs."""
+
+    name: str
+    buys: str
+    without: str
+    missing: Callable[[Any], str | None]  # the part a handler (or torch) lacks; None when all are there
+    on_handler: bool = True  # checked on a handler (False: on torch's modules only)
+
+    def took(self) -> Patch:
+        return Patch(self.name, self.buys, self.without, installed=True)
+
+    def refused(self, why: str) -> Patch:
+        return Patch(self.name, self.buys, self.without, installed=False, why_not=why)
+
+    def check(self, handler: Any) -> Patch:
+        """Whether this patch installs on ``handler`` (torch's c10d handler); never raises."""
+        try:
+            why = self.missing(handler)
+        except ImportError as err:
+            why = f"cannot import torch's {_MODULE}: {err}"
+        except Exception as err:  # a torch shaped unlike any we know: report it, do not crash the launch
+            why = f"{type(err).__name__}: {err}"
+        return self.took() if why is None else self.refused(why)
+
+
+# ---- checks: what each patch needs ---------------------------------------------------------------------
+
+def _dynamic() -> ModuleType:
+    """torch's dynamic rendezvous module (ImportError where this torch has none)."""
+    from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
+    return dynamic_rendezvous
+
+
+def _lacks(obj: Any, owner: str, *names: str) -> str | None:
+    """'<owner> has no <name>' for the first of ``names`` that ``obj`` lacks; None when it has them all."""
+    for name in names:
+        if not hasattr(obj, name):
+            return f"{owner} has no {name}"
+    return None
+
+
+def _state_lacks(dr: ModuleType, *fields: str) -> str | None:
+    """The first of ``fields`` that torch's rendezvous state (what its c10d backend pickles) lacks."""
+    if not hasattr(dr, "_RendezvousState"):
+        return f"{_MODULE} has no _RendezvousState"
+    return _lacks(dr._RendezvousState(), "_RendezvousState", *fields)
+
+
+def _event_names_missing(_handler: Any) -> str | None:
+    dr = _dynamic()
+    return None if callable(getattr(dr, "get_method_name", None)) else f"{_MODULE} has no get_method_name"
+
+
+def _join_wake_missing(handler: Any) -> str | None:
+    dr = _dynamic()
+    holder = getattr(handler, "_state_holder", None)
+    why = (_lacks(dr, _MODULE, "_delay")
+           or _lacks(handler, "the handler", "_store", "_state_holder", "_op_executor")
+           or _lacks(holder, "its state holder", "sync", "state", "_last_sync_time", "_backend")
+           or _lacks(holder._backend, "the state backend", "_store"))
+    if why is None and getattr(handler._op_executor, "_state_holder", None) is not holder:
+        # the wake announces a completed round from the holder's sync(), which must be the executor's
+        return "the handler's executor syncs through another state holder"
+    return why
+
+
+def _early_close_missing(handler: Any) -> str | None:
+    dr = _dynamic()
+    why = (_lacks(dr, _MODULE, "_RendezvousJoinOp", "_Action", "_RendezvousContext")
+           or _lacks(dr._Action, "_Action", "SYNC", "KEEP_ALIVE", "MARK_RENDEZVOUS_COMPLETE")
+           or _lacks(handler, "the handler", "_op_executor")
+           or _lacks(handler._op_executor, "its executor", "run")
+           or _state_lacks(dr, "closed", "complete", "participants", "deadline", "wait_list"))
+    if why is None:  # the join operation's context: what the early close reads
+        params = inspect.signature(dr._RendezvousContext.__init__).parameters
+        gone = [name for name in ("node", "state", "settings") if name not in params]
+        why = f"_RendezvousContext has no {gone[0]}" if gone else None
+    return why
+
+
+def _leave_missing(handler: Any) -> str | None:
+    dr = _dynamic()
+    return (_lacks(dr, _MODULE, "_RendezvousExitOp")
+            or _lacks(handler, "the handler", "_stop_heartbeats", "_op_executor")
+            or _lacks(handler._op_executor, "its executor", "run"))
+
+
+def _state_reads_missing(handler: Any) -> str | None:
+    dr = _dynamic()
+    return (_lacks(handler, "the handler", "_store", "_heartbeat_lock", "_state_holder")
+            or _state_lacks(dr, "participants", "wait_list", "complete"))
+
+
+def _store_address_missing(handler: Any) -> str | None:
+    return _lacks(handler, "the handler", "_store")
+
+
+def _store_socket_missing(_handler: Any) -> str | None:
+    from torch.distributed import TCPStore
+    from torch.distributed.elastic.rendezvous import utils
+
+    why = _lacks(utils, "rendezvous.utils", "_matches_machine_hostname")
+    # pybind's signature line lists the keyword: there is no other way to ask a C++ constructor
+    if why is None and "master_listen_fd" not in (TCPStore.__init__.__doc__ or ""):
+        why = "TCPStore takes no master_listen_fd"
+    return why
+
+
+EVENT_NAMES = PatchKind(
+    "event_names",
+    "torch names each rendezvous event from a frame lookup, not inspect.stack (most of a crowded join's CPU)",
+    "every rendezvous event reads source files (about 1.6 ms of CPU each): a crowded join is slower",
+    _event_names_missing, on_handler=False)
+JOIN_WAKE = PatchKind(
+    "join_wake",
+    "a waiting join learns at once that its round is complete",
+    "a waiting join notices its round's completion at its next poll, up to 1 s later",
+    _join_wake_missing)
+EARLY_CLOSE = PatchKind(
+    "early_close",
+    "a round after a failure closes once every announced node has joined",
+    "a round after a failure waits torch's whole last call (last_call_timeout, 30 s by default)",
+    _early_close_missing)
+LEAVE = PatchKind(
+    "leave",
+    "an excluded node leaves the rendezvous at once",
+    "the other nodes drop an excluded node only when its keep-alive expires",
+    _leave_missing)
+STATE_READS = PatchKind(
+    "state_reads",
+    "join counts and spare counts read without torch's heartbeat lock",
+    "the join line shows no node count and a failure's facts may wait out a keep-alive (5 s by default)",
+    _state_reads_missing)
+STORE_ADDRESS = PatchKind(
+    "store_address",
+    "the rendezvous store's address: watcher connections opened while joining, job keys read after the job",
+    "the first restart opens its watcher connections then, and a late node cannot read why the job ended",
+    _store_address_missing)
+STORE_SOCKET = PatchKind(
+    "store_socket",
+    "the store's host listens on our own socket (IPv4 for an IPv4 endpoint): no DNS lookup per connection",
+    "torch's registry makes the store: its server may stop for a reverse DNS lookup of each connecting agent",
+    _store_socket_missing, on_handler=False)
+PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, STATE_READS, STORE_ADDRESS,
+                                  STORE_SOCKET)
+
+
+# ---- status for the torch in use -----------------------------------------------------------------------
+
+def status() -> list[Patch]:
+    """For the torch in use: whether each patch installs, checked on a throwaway handler (nothing patched)."""
+    try:
+        handler, failed = _probe_handler(), ""
+    except Exception as err:  # cannot even make a handler: every check on one says so
+        handler, failed = None, f"cannot make torch's c10d handler to look at: {type(err).__name__}: {err}"
+    return [kind.refused(failed) if failed and kind.on_handler else kind.check(handler) for kind in PATCHES]
+
+
+def _probe_handler() -> Any:
+    """torch's own c10d handler over an in-memory store: made as ``create_handler`` makes the agent's."""
+    from torch.distributed import HashStore
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    dr = _dynamic()
+    # Node ids of its own (where torch keeps a generator), so the agent's real handler still gets torch's
+    # first one (host_pid_0 in torch's logs); in a torch without it the probe takes id 0 (a cosmetic change).
+    generator = getattr(dr, "_NodeDescGenerator", None)
+    probe = type("_ProbeHandler", (dr.DynamicRendezvousHandler,),
+                 {"_node_desc_generator": generator()} if generator else {})
+    store = HashStore()
+    return probe.from_backend("mbr-probe", store, C10dRendezvousBackend(store, "mbr-probe"), 1, 1,
+                              local_addr="mbr-probe")
+
+
+def not_installed(patches: Sequence[Patch]) -> dict[str, str]:
+    """{name: why not} of the patches that did not install (the start event's ``torch_internals``)."""
+    return {p.name: p.why_not for p in patches if not p.installed}
+
+
+def lost_line(patches: Sequence[Patch], version: str | None = None) -> str | None:
+    """One line naming the patches that do not install and what that loses; None when all do. ``version``:
+    torch's (the one imported here by default)."""
+    lost = [p for p in patches if not p.installed]
+    if not lost:
+        return None
+    return f"torch {version or torch_version()}: " + "; ".join(f"{p.name} not installed ({p.why_not}): {p.without}"
+                                                               for p in lost)
+
+
+def torch_version() -> str:
+    import torch
+
+    return str(torch.__version__)
+
+
+# ---- event_names ---------------------------------------------------------------------------------------
+
+def replace_event_names(replacement: Callable[..., str]) -> Patch:
+    """torch's ``get_method_name`` (names every rendezvous event) replaced by ``replacement``."""
+    patch = EVENT_NAMES.check(None)
+    if patch.installed:
+        dr = _dynamic()
+        if dr.get_method_name is not replacement:
+            dr.get_method_name = replacement
+    return patch
+
+
+# ---- join_wake -----------------------------------------------------------------------------------------
+
+def state_holder(handler: Any) -> Any:
+    """The handler's state holder: ``sync()`` (True: our write went through) and ``state`` (torch's state).
+    Its executor calls ``holder.sync()``, so an instance attribute ``sync`` stands in for torch's."""
+    return handler._state_holder
+
+
+def holder_store(holder: Any) -> Any:
+    """The store the state holder's c10d backend writes through (the handler's own client)."""
+    return holder._backend._store
+
+
+def mark_state_stale(holder: Any) -> None:
+    """Make the holder's next ``sync()`` read the store: torch serves reads within a second of the last one
+    from its cache, which would still say "not complete" after a wake."""
+    holder._last_sync_time = -1
+
+
+def swap_join_pause(pause: Callable[..., None]) -> Callable[..., None] | None:
+    """Put ``pause`` where torch's executor pauses between two reads of the state (the module's ``_delay``);
+    returns torch's own, or None when ``pause`` is there already."""
+    dr = _dynamic()
+    current = dr._delay
+    if current is pause:
+        return None
+    dr._delay = pause
+    return current
+
+
+# ---- early_close ---------------------------------------------------------------------------------------
+
+def close_joins_early(handler: Any, *, active: Callable[[], bool],
+                      may_close: Callable[[Any, Any, Any], bool]) -> Patch:
+    """Wrap the handler's executor: while ``active()``, a join step that would only wait (sync, keep-alive)
+    marks the round complete instead when ``may_close(state, node, settings)``."""
+    patch = EARLY_CLOSE.check(handler)
+    if patch.installed:
+        handler._op_executor = _JoinExecutor(handler._op_executor, _dynamic(), active, may_close)
+    return patch
+
+
+class _JoinExecutor:
+    """torch's executor, with the join operation swapped for ``_EarlyClose`` while ``active()``."""
+
+    def __init__(self, inner: Any, dr: ModuleType, active: Callable[[], bool],
+                 may_close: Callable[[Any, Any, Any], bool]) -> None:
+        self._inner, self._dr, self._active, self._may_close = inner, dr, active, may_close
+
+    def run(self, op: Any, deadline: float, update_deadline: Any = None) -> None:
+        if isinstance(op, self._dr._RendezvousJoinOp) and self._active():
+            op = _EarlyClose(op, self._dr._Action, self._may_close)
+        return self._inner.run(op, deadline, update_deadline)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._inner, name)
+
+
+class _EarlyClose:
+    def __init__(self, inner: Callable[[Any, float], Any], actions: Any,
+                 may_close: Callable[[Any, Any, Any], bool]) -> None:
+        self._inner, self._actions, self._may_close = inner, actions, may_close
+
+    def __call__(self, ctx: Any, deadline: float) -> Any:
+        action = self._inner(ctx, deadline)
+        if action in (self._actions.SYNC, self._actions.KEEP_ALIVE) and \
+                self._may_close(ctx.state, ctx.node, ctx.settings):
+            return self._actions.MARK_RENDEZVOUS_COMPLETE
+        return action
+
+
+# ---- leave ---------------------------------------------------------------------------------------------
+
+def leave(handler: Any, *, timeout: float) -> str | None:
+    """Take this node out of the rendezvous without closing it (torch's own exit operation, which
+    ``next_rendezvous`` runs first; there is no public call). Returns why it could not, None when it did."""
+    patch = LEAVE.check(handler)
+    if not patch.installed:
+        return f"{patch.name} not installed: {patch.why_not}"
+    try:
+        handler._stop_heartbeats()
+        handler._op_executor.run(_dynamic()._RendezvousExitOp(), time.monotonic() + timeout)
+    except Exception as err:  # the store is gone, or the exit timed out: our keep-alive expires instead
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
+# ---- state_reads, store_address ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StateView:
+    """The fields of torch's rendezvous state that we read."""
+
+    members: tuple[tuple[str, int], ...]  # the round's nodes: (address, group rank), sorted
+    waiting: tuple[str, ...]  # the wait list's addresses: nodes queued behind a complete round
+    spares: tuple[str, ...]  # the redundancy list's: nodes beyond --nnodes MAX (empty where torch has none)
+    complete: bool
+
+
+def handler_store(handler: Any) -> Any | None:
+    """The store torch's handler joins through (c10d: its TCPStore, whose host and port our own connections
+    use); None without a handler, for the static handler, or where torch keeps it elsewhere (the last is
+    reported at start-up as ``store_address``)."""
+    return getattr(handler, "_store", None)
+
+
+def decode_state(blob: bytes) -> StateView:
+    """torch's state as its c10d backend stores it (``get_state()``: a pickled ``_RendezvousState``)."""
+    return _view(pickle.loads(blob))
+
+
+def read_state_locked(handler: Any) -> StateView:
+    """The handler's own fresh read of the state, under its heartbeat lock (which its keep-alive thread holds
+    through a whole contended write: the slow way, for when our own read failed)."""
+    with handler._heartbeat_lock:
+        handler._state_holder.sync()
+        return _view(handler._state_holder.state)
+
+
+def _view(state: Any) -> StateView:
+    wait, spare = getattr(state, "wait_list", ()), getattr(state, "redundancy_list", ())
+    return StateView(members=tuple(sorted((str(n.addr), int(r)) for n, r in state.participants.items())),
+                     waiting=tuple(str(n.addr) for n in wait), spares=tuple(str(n.addr) for n in spare),
+                     complete=bool(state.complete))
+
+
+# ---- store_socket --------------------------------------------------------------------------------------
+
+def matches_this_machine(host: str) -> bool:
+    """torch's own test of whether ``host`` is this machine (its name, its addresses, loopback), so that the
+    same agent hosts the store as under torchrun."""
+    from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
+
+    return bool(_matches_machine_hostname(host))
