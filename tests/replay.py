@@ -14,7 +14,7 @@ import os
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Iterable, Iterator, Sequence
 
 from mbr_launch import api
 from mbr_launch.agent.context import Context
@@ -246,8 +246,8 @@ class FakeMonitor:
     def restart(self) -> None:
         self.restarts += 1
 
-    def last_section(self, local_rank: int) -> str | None:
-        return None
+    def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
+        return dict.fromkeys(local_ranks)
 
 
 class NoGuard:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Protocol, Sequence
+from typing import Callable, ContextManager, Iterable, Protocol, Sequence
 
 from mbr_launch.agent.cycles import CycleRecords
 from mbr_launch.agent.messages import Departure, Event
@@ -86,7 +86,7 @@ class Monitor(Protocol):
     def pidfd(self) -> int | None: ...
     def reap(self) -> int | None: ...
     def restart(self) -> None: ...
-    def last_section(self, local_rank: int) -> str | None: ...
+    def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]: ...
 
 
 class Gate(Protocol):

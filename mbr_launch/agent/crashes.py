@@ -36,7 +36,8 @@ def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundR
         if cause:  # record the cause; the ranks that lost it are in the log as worker exits
             failed = cause
             lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
-    records = [crash_record(ctx, rnd, w) for w in failed]
+    sections = ctx.monitor.last_sections([w.local_rank for w in failed])  # one monitor round trip for all
+    records = [crash_record(ctx, rnd, w, sections.get(w.local_rank)) for w in failed]
     timed_out = {w.local_rank: line for w in failed
                  if (line := collective_timeout(lines[w.local_rank], w.status.signal if w.status else None))}
     if len(timed_out) == len(failed):  # every one of them waited for someone: find whom before blaming
@@ -58,9 +59,10 @@ def _await_cause(ctx: Context, rnd: Round) -> list[Worker]:
     return []
 
 
-def crash_record(ctx: Context, rnd: Round, worker: Worker) -> FailureRecord:
+def crash_record(ctx: Context, rnd: Round, worker: Worker, section: str | None) -> FailureRecord:
+    """``section``: the rank's open sections when it died, as the monitor said (``Monitor.last_sections``)."""
     assert worker.status is not None
     error_file = ErrorFile.read(Path(worker.spec.env["TORCHELASTIC_ERROR_FILE"]))
     return FailureRecord(round=rnd.index, rank=worker.rank, local_rank=worker.local_rank, node=ctx.node,
                          group_rank=rnd.group_rank, cause=Cause.CRASH, status=worker.status, pid=worker.pid,
-                         section=ctx.monitor.last_section(worker.local_rank), error_file=error_file)
+                         section=section, error_file=error_file)

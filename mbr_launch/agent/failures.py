@@ -64,7 +64,9 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         lost = tolerated(ctx.cfg.policy, FailureFacts(cause=cause, healthy_nodes=healthy))
         blamed = cause.node_fault and culprit_known and not lost  # a lost rank is no node failure: nothing restarts
         node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if blamed else 0
-        waiting = ctx.rendezvous.spare_count()
+        # Read only where the policy weighs it: a job-wide restart reads it once, after its stop
+        # (``nextround.fast_blocker``), and a failure costs one read of torch's whole rendezvous state, not two.
+        waiting = ctx.rendezvous.spare_count() if _spares_matter(ctx, cause, exclude, node_failures) else 0
     return FailureFacts(
         cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.heartbeats,
         round_seconds=ctx.clock() - ctx.round_started, restarts_used=restarts,
@@ -74,6 +76,14 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         nodes_remaining=rnd.group_world_size - nodes_lost + waiting, culprit_known=culprit_known,
         hosts_store=(exclude or ctx.cfg.policy.max_node_failures > 0) and ctx.cluster.hosts_store(rnd),
         healthy_nodes=healthy)
+
+
+def _spares_matter(ctx: Context, cause: Cause, exclude: bool, node_failures: int) -> bool:
+    """Whether the nodes waiting outside the round can change ``decide``'s answer: they count only in
+    ``nodes_left`` (a node about to leave: asked to, or past --max-node-failures) and ``nodes_remaining`` (a
+    lost peer)."""
+    limit = ctx.cfg.policy.max_node_failures
+    return exclude or cause is Cause.PEER or bool(limit and node_failures >= limit)
 
 
 def _healthy_nodes(ctx: Context, rnd: Round) -> int:

@@ -173,6 +173,7 @@ class Supervisor:
             return self._watch(rnd)
         finally:
             ctx.watch.cancel()
+            # Stops what is left; nothing (no signal, no /proc scan) when the round's end stopped them already
             ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
 
     def _conclude(self, rnd: Round, result: RoundResult) -> int | None:

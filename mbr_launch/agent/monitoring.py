@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from mbr_launch.agent.messages import Event, decode_monitor_event
 from mbr_launch.monitor.link import MonitorLink
@@ -58,15 +58,19 @@ class MonitorHandle:
     def snapshot(self) -> dict[str, Any] | None:
         return self.link.snapshot(timeout=1.0) if self.link else None
 
-    def last_section(self, local_rank: int) -> str | None:
+    def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
+        """Each rank's open sections ("a,b"; None: none open, or no answer), from one snapshot: one round trip
+        to the monitor for every rank a round end records."""
+        wanted = dict.fromkeys(local_ranks)
         try:
             snap = self.snapshot()
         except Exception:
-            return None
+            return wanted
         for entry in (snap or {}).get("ranks", []):
-            if entry.get("local_rank") == local_rank and entry.get("open_sections"):
-                return ",".join(entry["open_sections"])
-        return None
+            local_rank = entry.get("local_rank")
+            if local_rank in wanted and entry.get("open_sections"):
+                wanted[local_rank] = ",".join(entry["open_sections"])
+        return wanted
 
     def close(self, timeout: float = 5.0) -> None:
         for link in (self.link, self._early):

@@ -3,8 +3,8 @@ belongs to a worker's process tree.
 
 The sockets are private to the user, but any process of the user can connect. A client's claims (the pid in
 its InitMsg) prove nothing, so the monitor serves only processes the kernel says are a worker or one of its
-descendants. The tree is walked upwards through ``/proc/<pid>/stat`` (no psutil: the monitor must start in
-milliseconds).
+descendants. The tree is walked upwards through ``/proc/<pid>/stat`` (``mbr_launch.procstat``; no psutil: the
+monitor must start in milliseconds).
 """
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from __future__ import annotations
 import socket
 import struct
 from typing import Collection, Optional
+
+from mbr_launch import procstat
 
 _PEERCRED = struct.Struct("3i")  # pid, uid, gid
 MAX_HOPS = 64  # deeper process trees than this are not a worker's
@@ -24,17 +26,9 @@ def peer_of(sock: socket.socket) -> tuple[int, int]:
 
 
 def parent_of(pid: int) -> Optional[int]:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read()
-    except OSError:
-        return None
-    # The command name is in parentheses and may contain anything: the fields start after the last ")".
-    fields = text.rsplit(b")", 1)[-1].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
+    """``pid``'s parent; None when it is gone or its stat cannot be read."""
+    stat = procstat.read(pid)
+    return None if stat is None else stat.ppid
 
 
 def descends_from(pid: int, roots: Collection[int]) -> bool:

@@ -260,9 +260,10 @@ class WorkerGroup:
 
     def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None,
              first_signal: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        """Staged stop of ``local_ranks`` (default all); their exits are logged but not reported as new."""
+        """Staged stop of ``local_ranks`` (default all); their exits are logged but not reported as new. Idempotent:
+        when every target was stopped already (a failure's stop, then the round's end) it does nothing."""
         targets = [w for w in self.workers if local_ranks is None or w.local_rank in local_ranks]
-        if not targets:
+        if all(w.stopped for w in targets):  # none, or all: no signal, no /proc scan
             return
         ranks = None if local_ranks is None else {w.local_rank for w in targets}
         stop_all(targets, first_signal=first_signal, grace=grace,
@@ -279,6 +280,7 @@ class WorkerGroup:
                 except Exception:
                     pass
         for worker in targets:
+            worker.stopped = True
             if not worker.noticed:
                 worker.noticed = True
                 if rnd is not None:

@@ -54,6 +54,10 @@ class Worker:
     noticed: bool = False  # the agent has seen (and logged) this worker's exit
     standby_age: float | None = None  # seconds it waited as a warm standby (None: started fresh)
     standby_state: str | None = None  # how far that standby was when taken (StandbyPool.state)
+    # A stop took it down and cleaned up after it (its group, strays, zombies): another stop has nothing to do
+    # (``WorkerGroup.stop`` then returns at once, without a /proc scan). Set on the Worker, not by pid: a
+    # restarted rank is a new Worker.
+    stopped: bool = False
 
     @property
     def pid(self) -> int:

@@ -12,6 +12,7 @@ import os
 import time
 from typing import Iterable
 
+from mbr_launch import procstat
 from mbr_launch.decide.verdict import ProcState
 
 _STATES = {"R": ProcState.RUNNING, "S": ProcState.SLEEPING, "I": ProcState.SLEEPING, "D": ProcState.DISK,
@@ -22,17 +23,8 @@ _TICKS = os.sysconf("SC_CLK_TCK")
 
 def read_stat(pid: int) -> tuple[ProcState, int] | None:
     """(state, utime + stime in clock ticks), or None when the process is gone."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            text = f.read().decode(errors="replace")
-    except OSError:  # ENOENT, or ESRCH for a process reaped while we read
-        return None
-    # The command name is in parentheses and may contain anything, ")" included: split after the last one.
-    fields = text.rsplit(")", 1)[-1].split()
-    try:
-        return _STATES.get(fields[0], ProcState.UNKNOWN), int(fields[11]) + int(fields[12])
-    except (IndexError, ValueError):
-        return ProcState.UNKNOWN, 0
+    stat = procstat.read(pid)
+    return None if stat is None else (_STATES.get(stat.state, ProcState.UNKNOWN), stat.cpu_ticks)
 
 
 class Sample:

@@ -26,6 +26,8 @@ import time
 from dataclasses import dataclass
 from typing import Collection, Iterable
 
+from mbr_launch import procstat
+
 _PR_SET_CHILD_SUBREAPER = 36
 STRAY_GRACE = 0.5  # seconds a stray gets after the first signal once the workers are gone, before SIGKILL
 
@@ -44,17 +46,8 @@ class Proc:
 
 
 def process_table() -> dict[int, Proc]:
-    table = {}
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry.name}/stat", "rb") as f:
-                fields = f.read().rsplit(b")", 1)[-1].split()
-            table[int(entry.name)] = Proc(ppid=int(fields[1]), pgid=int(fields[2]), zombie=fields[0] in (b"Z", b"X"))
-        except (OSError, IndexError, ValueError):
-            continue  # gone meanwhile
-    return table
+    """Every process now (one pass over ``/proc``); those that exit meanwhile are left out."""
+    return {pid: Proc(ppid=stat.ppid, pgid=stat.pgid, zombie=stat.zombie) for pid, stat in procstat.scan().items()}
 
 
 def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:

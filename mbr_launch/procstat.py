@@ -1,0 +1,83 @@
+"""One process's ``/proc/<pid>/stat``, read and parsed in one place (the rank monitor's peer check, the stop's
+strays, a hang's scheduler states all read it). Standard library only: the rank monitor imports it at start.
+
+The line is ``pid (comm) state ppid pgrp session ...``. The command name is whatever the process set (``prctl``,
+the name of the file it ran): spaces, parentheses and newlines included, so the fields are taken after the
+LAST ``)``. The read is bounded; a process that is gone (or a file that cannot be read or parsed) is None,
+never an exception: a pid can vanish between any two calls.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, NamedTuple, Optional
+
+MAX_BYTES = 4096  # the line is ~300 bytes: a 64-byte name and 52 numbers of at most 20 digits fit many times over
+ZOMBIE_STATES = frozenset("ZXx")  # dead, waiting to be reaped (Z) or being torn down (X; x before 3.14)
+
+
+class Stat(NamedTuple):
+    """The fields of ``/proc/<pid>/stat`` this package uses (``man 5 proc``: fields 1-6, 14, 15, 22)."""
+
+    pid: int
+    comm: str  # the command name, as the kernel has it (at most 15 bytes for a process, more for a kthread)
+    state: str  # one letter: R S D T t Z X I ...
+    ppid: int
+    pgid: int
+    session: int
+    utime: int  # clock ticks (SC_CLK_TCK) in user mode
+    stime: int  # ... and in kernel mode
+    start_time: int  # clock ticks after boot at which it started: with the pid, names one process for good
+
+    @property
+    def zombie(self) -> bool:
+        return self.state in ZOMBIE_STATES
+
+    @property
+    def cpu_ticks(self) -> int:
+        return self.utime + self.stime
+
+
+def parse(raw: bytes) -> Optional[Stat]:
+    """A ``/proc/<pid>/stat`` line parsed; None when it is not one."""
+    head, sep, tail = raw.rpartition(b")")
+    pid_text, paren, comm = head.partition(b" (")
+    fields = tail.split()
+    if not sep or not paren or len(fields) < 20:
+        return None
+    try:
+        return Stat(pid=int(pid_text), comm=comm.decode(errors="replace"), state=fields[0].decode(errors="replace"),
+                    ppid=int(fields[1]), pgid=int(fields[2]), session=int(fields[3]), utime=int(fields[11]),
+                    stime=int(fields[12]), start_time=int(fields[19]))
+    except ValueError:
+        return None
+
+
+def read(pid: int) -> Optional[Stat]:
+    """Process ``pid``'s stat; None when it is gone (ENOENT, ESRCH while reaped) or unreadable."""
+    try:
+        fd = os.open(f"/proc/{int(pid)}/stat", os.O_RDONLY | os.O_CLOEXEC)
+    except (OSError, ValueError):
+        return None
+    try:
+        raw = os.read(fd, MAX_BYTES)  # one read: procfs hands out the whole line at once
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return parse(raw)
+
+
+def scan() -> Dict[int, Stat]:
+    """Every process now, by pid (one pass over ``/proc``); those that exit meanwhile are left out."""
+    try:
+        with os.scandir("/proc") as entries:
+            pids = [int(entry.name) for entry in entries if entry.name.isdigit()]
+    except OSError:
+        return {}
+    table = {}
+    for pid in pids:
+        stat = read(pid)
+        if stat is not None:
+            table[pid] = stat
+    return table
