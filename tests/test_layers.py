@@ -8,24 +8,12 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1] / "mbr_launch"
+from tools.layers import LAYERS, ROOT, layer as _layer, modules
 
-# Lower first. A module may import its own package and packages before it in this list.
-LAYERS = ("contract", "fdwait", "startup", "shim", "decide", "report", "config", "cluster", "workers", "health", "monitor", "agent", "doctor",
-          "api", "cli", "__main__")
 MAX_LINES = 400
 LOOP_LINES = 60
 
-
-def _modules() -> dict[str, Path]:
-    mods = {}
-    for path in ROOT.rglob("*.py"):
-        parts = ("mbr_launch", *path.relative_to(ROOT).with_suffix("").parts)
-        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = path
-    return mods
-
-
-MODULES = _modules()
+MODULES = modules()
 
 
 def _imports(name: str, path: Path) -> set[str]:
@@ -56,12 +44,9 @@ def _imports(name: str, path: Path) -> set[str]:
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
-def _layer(module: str) -> str:
-    return module.split(".")[1] if module != "mbr_launch" else "contract"
-
-
 def test_every_package_has_a_layer():
-    assert {_layer(m) for m in MODULES} <= set(LAYERS), "add the new package to LAYERS (and to the README)"
+    assert {_layer(m) for m in MODULES} <= set(LAYERS), \
+        "add the new package to LAYERS in tools/layers.py (then run scripts/layer-map for the README)"
 
 
 def test_no_arrow_points_up():

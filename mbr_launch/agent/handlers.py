@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import signal
+from typing import Any, Callable, Optional
 
 from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context
@@ -19,39 +20,44 @@ from mbr_launch.report.summary import FailureRecord
 
 
 def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundResult | None:
-    if isinstance(event, PeerStopped):
-        return handle_peer_stop(ctx, rnd, event.message)
-    if isinstance(event, (PeerLost, StoreLost)):
-        return handle_silence(ctx, rnd, event)
-    if isinstance(event, AllDone):
-        return RoundResult(Outcome.SUCCEEDED)
-    if isinstance(event, MonitorWarning):
-        note_monitor_warning(ctx, rnd, event)
+    """Hand the event to its handler (``HANDLERS``, at the end of this module); once this node's workers are
+    done (``local_done``), only an event of ``AFTER_LOCAL_DONE``."""
+    if local_done and type(event) not in AFTER_LOCAL_DONE:
         return None
-    if local_done:  # this node's workers finished: only the other nodes' news matters now
-        return None
-    if isinstance(event, NodesWaiting):
-        return handle_nodes_waiting(ctx, rnd, event)
-    if isinstance(event, RankStarted):
-        ctx.heartbeats.add(event.local_rank)
-        if event.first_step is not None and ctx.telemetry:
-            ctx.telemetry.on_first_step(dict(event.first_step))
-        return None
-    if isinstance(event, Progress):
-        if ctx.cycles:
-            ctx.cycles.on_progress(event.payload)
-        if ctx.telemetry:
-            (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
-        return None
-    if isinstance(event, RankExpired):
-        return inquiry.on_expiry(ctx, rnd, event)
-    if isinstance(event, InquiryOpened):
-        return inquiry.on_opened(ctx, rnd, event)
-    if isinstance(event, MonitorDied):
-        return handle_monitor_died(ctx, rnd, event)
-    if isinstance(event, WorkloadRequest):
-        return handle_workload_request(ctx, rnd, event)
-    return None
+    handler = HANDLERS.get(type(event))
+    return handler(ctx, rnd, event) if handler is not None else None
+
+
+# The events that still matter once this node's workers have all ended (``local_done``: succeeded, or left lost under
+# min-healthy; ``Context.finished_here``). The node then waits for the other nodes, and only their news can end that
+# wait: a peer's stop (the round restarts or the job ends, and this node goes with it), a lost peer or a lost store
+# (the others may never finish: the failure path decides), every node done (the success it waits for); a monitor
+# warning is only recorded. Every other event is about this node's workers or about re-forming their round, and
+# neither is left to act on: a rank's start, steps or expired deadline, a worker's request, the monitor's death
+# (nothing left for it to watch), a hang inquiry (the ranks here have exited: none of them hangs), nodes waiting to
+# join (re-forming the round would restart workers that are done).
+AFTER_LOCAL_DONE: frozenset[type] = frozenset({PeerStopped, PeerLost, StoreLost, AllDone, MonitorWarning})
+
+
+def _all_done(ctx: Context, rnd: Round, event: AllDone) -> RoundResult:
+    return RoundResult(Outcome.SUCCEEDED)
+
+
+def _peer_stopped(ctx: Context, rnd: Round, event: PeerStopped) -> RoundResult:
+    return handle_peer_stop(ctx, rnd, event.message)
+
+
+def note_rank_started(ctx: Context, rnd: Round, event: RankStarted) -> None:
+    ctx.heartbeats.add(event.local_rank)
+    if event.first_step is not None and ctx.telemetry:
+        ctx.telemetry.on_first_step(dict(event.first_step))
+
+
+def note_progress(ctx: Context, rnd: Round, event: Progress) -> None:
+    if ctx.cycles:
+        ctx.cycles.on_progress(event.payload)
+    if ctx.telemetry:
+        (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
 
 
 def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
@@ -184,3 +190,24 @@ def tick_telemetry(ctx: Context, rnd: Round) -> RoundResult | None:
                            detail=f"straggler: relative score {score.relative:.2f}, individual "
                                   f"{score.individual:.2f} below {report.threshold:g} (--stop-on-straggler)")
     return handle_failure(ctx, rnd, [record], shutdown=True)
+
+
+# ---- the table ---------------------------------------------------------------------------------------
+
+Handler = Callable[[Context, Round, Any], Optional[RoundResult]]
+
+# What each kind of event does (tests/test_dispatch.py: every kind of ``messages.Event`` has its handler).
+HANDLERS: dict[type, Handler] = {
+    PeerStopped: _peer_stopped,
+    PeerLost: handle_silence,
+    StoreLost: handle_silence,
+    AllDone: _all_done,
+    MonitorWarning: note_monitor_warning,
+    NodesWaiting: handle_nodes_waiting,
+    RankStarted: note_rank_started,
+    Progress: note_progress,
+    RankExpired: inquiry.on_expiry,
+    InquiryOpened: inquiry.on_opened,
+    MonitorDied: handle_monitor_died,
+    WorkloadRequest: handle_workload_request,
+}

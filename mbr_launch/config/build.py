@@ -24,7 +24,7 @@ from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, 
 from mbr_launch.config.settings import COMPAT, FAULT, SETTINGS, Resolved, for_workers_nvrx
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
 from mbr_launch.contract import BOOT_MODULE, DEFAULT_PRELOAD
-from mbr_launch.decide.policy import RestartPolicy
+from mbr_launch.decide.policy import RestartPolicy, Scope, When
 
 C10D_PORT = 29400  # torchrun's default for a c10d endpoint without a port
 STATIC_PORT = 29500  # torchrun's default --master-port
@@ -187,7 +187,7 @@ def preflight_spec(resolved: Resolved, *, script: str | None = None, script_args
         rdzv_endpoint="" if standalone else v["rdzv_endpoint"], standalone=standalone,
         master_addr=v["master_addr"], master_port=v["master_port"], log_dir=v["log_dir"],
         ft_declared=ft_declared, config_path=v["config"], pg_timeout=v["pg_timeout"],
-        restart_policy=v["restart_policy"],
+        restart_policy=When(v["restart_policy"]),
         script=None if v["module"] or v["no_python"] else script, script_args=tuple(script_args),
         ft_given={name: raw for name, raw in resolved.raw.items() if name in _FT_OPTIONS}, flags=tuple(flags))
 
@@ -236,9 +236,10 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
     if v["logs_specs"] is not None:
         raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
-    if v["restart_policy"] == "min-healthy" and v["restart_scope"] != "job":
-        raise ConfigError(f"--restart-policy min-healthy leaves a crashed rank lost, --restart-scope "
-                          f"{v['restart_scope']} restarts it in place: drop one of them")
+    scope, when = Scope(v["restart_scope"]), When(v["restart_policy"])
+    if when is When.MIN_HEALTHY and scope is not Scope.JOB:
+        raise ConfigError(f"--restart-policy {when} leaves a crashed rank lost, --restart-scope {scope} restarts it "
+                          "in place: drop one of them")
     if v["log_dir"] is not None and (problem := probes.log_dir_problem(v["log_dir"])):
         raise ConfigError(f"--log-dir: {problem}; give a directory this user can write")
     entrypoint, use_boot = _entrypoint(script, v, environ, probes)
@@ -259,12 +260,12 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         ft=ft_spec(resolved),
         monitor=MonitorSpec(enabled=v["rank_monitor"] == "on", stack_dump=v["stack_dump"],
                             hang_kill_grace=v["hang_kill_grace"], inquiry_timeout=v["hang_inquiry_timeout"]),
-        policy=RestartPolicy(scope=v["restart_scope"], max_restarts=v["max_restarts"],
+        policy=RestartPolicy(scope=scope, max_restarts=v["max_restarts"],
                              max_startup_restarts=v["max_startup_restarts"],
                              no_restart_exit_codes=v["no_restart_exit_codes"],
                              max_node_failures=v["max_node_failures"], backoff=v["restart_backoff"],
                              backoff_max=v["restart_backoff_max"], crash_loop_window=v["crash_loop_window"],
-                             min_nodes=rendezvous.min_nodes, when=v["restart_policy"]),
+                             min_nodes=rendezvous.min_nodes, when=when),
         preemption=PreemptionSpec(
             signals=v["preempt_signals"], forward_signal=v["preempt_forward_signal"],
             grace=float(v["preempt_grace"] if v["preempt_grace"] is not None else shutdown_timeout),

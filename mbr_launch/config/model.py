@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any, Literal, Mapping
 
 from mbr_launch.config.slurm import SlurmEnv
-from mbr_launch.decide.policy import RestartPolicy
+from mbr_launch.decide.policy import RestartPolicy, When
 
 RdzvBackend = Literal["c10d", "static"]
 StackDump = Literal["auto", "py-spy", "faulthandler", "off"]
@@ -196,7 +196,7 @@ class PreflightSpec:
     ft_declared: bool  # the user set some fault-tolerance setting
     config_path: str | None
     pg_timeout: float | None
-    restart_policy: str = "any-failed"  # any-failed | min-healthy (ft_launcher's --ft-restart-policy)
+    restart_policy: When = When.ANY_FAILED  # ft_launcher's --ft-restart-policy
     script: str | None = None  # the training script's path, for the in-process-restart checks (None with -m)
     script_args: tuple[str, ...] = ()
     # ft_launcher's options as given, for the checks against the workers' NVRx (doctor ``launcher.ft_options``):

@@ -27,7 +27,7 @@ from mbr_launch.config.nvrxsettings import NVRX_SETTINGS
 from mbr_launch.config.parse import (as_bool, choice, comma_list, exit_code_list, fraction, module_list,
                                      non_negative, optional_timeout, positive, section_timeouts, signal_list,
                                      signal_name)
-from mbr_launch.decide.policy import RESTART_POLICIES
+from mbr_launch.decide.policy import RESTART_POLICIES, SCOPES, Scope, When
 
 SETTINGS: tuple[Setting, ...] = (
     # -- torchrun: every flag of torch.distributed.run.get_args_parser(), same names and defaults --
@@ -197,13 +197,13 @@ SETTINGS: tuple[Setting, ...] = (
                  "TORCHINDUCTOR_*...) come from the launch environment: a rank whose script sets one later is "
                  "warned on its stderr; set it before launching, or use none."),
     # -- restart policy --
-    Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default="job", panel=POLICY, common=True,
-            parse=choice("--restart-scope", ("job", "node", "rank")), choices=("job", "node", "rank"),
+    Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default=Scope.JOB.value, panel=POLICY,
+            common=True, parse=choice("--restart-scope", SCOPES), choices=SCOPES,
             help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
                  "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
                  "recover in process)."),
     Setting(name="restart_policy", flags=("--restart-policy", "--restart_policy", "--ft-restart-policy",
-            "--ft-restart_policy"), kind=str, default="any-failed", panel=POLICY, ft_key="restart_policy",
+            "--ft-restart_policy"), kind=str, default=When.ANY_FAILED.value, panel=POLICY, ft_key="restart_policy",
             parse=choice("--restart-policy", RESTART_POLICIES), choices=RESTART_POLICIES,
             help="any-failed: any crash or hang restarts; min-healthy: a crashed rank is left lost (NVRx in-process "
                  "restart goes on without it) until fewer than MIN nodes have all ranks alive, then the job restarts."),

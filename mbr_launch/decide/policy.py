@@ -39,14 +39,39 @@ class Action(enum.Enum):
     CONTINUE = "continue"  # min-healthy: the rank is lost, everyone else goes on
 
 
-SCOPES = ("job", "node", "rank")
-ANY_FAILED, MIN_HEALTHY = "any-failed", "min-healthy"
-RESTART_POLICIES = (ANY_FAILED, MIN_HEALTHY)
+class _Spelled(str, enum.Enum):
+    """A choice of the command line as a value: equal to its flag's text, and printed (and written to the event
+    log) as that text, so parsing, messages and records read as before."""
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Scope(_Spelled):
+    """What a restart restarts (``--restart-scope``)."""
+
+    JOB = "job"  # every rank of every node; a new rendezvous round
+    NODE = "node"  # this node's ranks, in the round that goes on
+    RANK = "rank"  # the failed ranks' processes only
+
+
+class When(_Spelled):
+    """Which failures restart (``--restart-policy``, ft_launcher's ``--ft-restart-policy``)."""
+
+    ANY_FAILED = "any-failed"  # any failure restarts at the policy's scope
+    MIN_HEALTHY = "min-healthy"  # a crashed rank is lost; restart only when fewer than MIN nodes are whole
+
+
+SCOPES = tuple(s.value for s in Scope)  # the flags' choices, in the settings table
+RESTART_POLICIES = tuple(w.value for w in When)
 
 
 @dataclass(frozen=True)
 class RestartPolicy:
-    scope: str = "job"
+    scope: Scope = Scope.JOB
     max_restarts: int = 0
     max_startup_restarts: int | None = None
     no_restart_exit_codes: tuple[int, ...] = (2, 17)
@@ -55,11 +80,16 @@ class RestartPolicy:
     backoff_max: float = 30.0
     crash_loop_window: float = 30.0  # a round that fails sooner than this after it started is "quick"
     min_nodes: int = 1
-    when: str = ANY_FAILED  # --restart-policy: any-failed | min-healthy
+    when: When = When.ANY_FAILED  # --restart-policy
+
+    def __post_init__(self) -> None:
+        # The flags' text is accepted (and checked) here too: "rank" is Scope.RANK, "rnak" an error.
+        object.__setattr__(self, "scope", Scope(self.scope))
+        object.__setattr__(self, "when", When(self.when))
 
     @property
     def min_healthy(self) -> bool:
-        return self.when == MIN_HEALTHY
+        return self.when is When.MIN_HEALTHY
 
 
 @dataclass(frozen=True)
@@ -90,7 +120,7 @@ class Kept(enum.Enum):
 @dataclass(frozen=True)
 class Decision:
     action: Action
-    scope: str
+    scope: Scope
     reason: str
     backoff: float = 0.0
     counts_as_startup: bool = False
@@ -99,6 +129,9 @@ class Decision:
     # STOP because restarting cannot fix the failure (a --no-restart-exit-codes code, a worker's shutdown
     # request): what ft_launcher's attribution service calls a STOP verdict (--ft-attribution-stop-action).
     unfixable: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "scope", Scope(self.scope))
 
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
@@ -125,13 +158,13 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.shutdown_requested:
         why = "a straggler was detected (--stop-on-straggler)" if facts.cause is Cause.STRAGGLER \
             else "a worker asked to shut the workload down"
-        return Decision(Action.STOP, "job", why, unfixable=facts.cause is not Cause.STRAGGLER)
+        return Decision(Action.STOP, Scope.JOB, why, unfixable=facts.cause is not Cause.STRAGGLER)
     if facts.exit_code is not None and facts.exit_code in policy.no_restart_exit_codes:
-        return Decision(Action.STOP, "job", f"exit code {facts.exit_code} is not restarted "
-                                            f"(--no-restart-exit-codes)", unfixable=True)
+        return Decision(Action.STOP, Scope.JOB, f"exit code {facts.exit_code} is not restarted "
+                                                f"(--no-restart-exit-codes)", unfixable=True)
     if tolerated(policy, facts):
-        return Decision(Action.CONTINUE, "rank", f"{facts.healthy_nodes} node(s) still have every rank alive and "
-                                                 f"--nnodes needs {policy.min_nodes}: the other ranks go on")
+        return Decision(Action.CONTINUE, Scope.RANK, f"{facts.healthy_nodes} node(s) still have every rank alive "
+                                                     f"and --nnodes needs {policy.min_nodes}: the other ranks go on")
     exclude_reason = None
     if facts.exclude_requested:
         exclude_reason = "a worker asked to exclude this node"
@@ -143,22 +176,22 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
                              f"at least {policy.min_nodes})", Kept.LAST_NODES, facts, policy)
         if facts.hosts_store:  # leaving would take the rendezvous store, and every other node, down
             return keep_node(exclude_reason, Kept.STORE, facts, policy)
-        return Decision(Action.EXCLUDE_NODE, "job", exclude_reason)
+        return Decision(Action.EXCLUDE_NODE, Scope.JOB, exclude_reason)
     if facts.cause is Cause.PEER and facts.nodes_remaining < policy.min_nodes:
-        return Decision(Action.STOP, "job", f"only {facts.nodes_remaining} node(s) remain and --nnodes needs at "
-                                            f"least {policy.min_nodes}")
+        return Decision(Action.STOP, Scope.JOB, f"only {facts.nodes_remaining} node(s) remain and --nnodes needs at "
+                                                f"least {policy.min_nodes}")
     startup = facts.startup and policy.max_startup_restarts is not None
     if startup:
         assert policy.max_startup_restarts is not None
         if facts.startup_restarts_used >= policy.max_startup_restarts:
-            return Decision(Action.STOP, "job", f"startup restart budget exhausted "
-                                                f"({policy.max_startup_restarts} allowed before the first heartbeat)",
-                            counts_as_startup=True, exhausted=True)
+            return Decision(Action.STOP, Scope.JOB,
+                            f"startup restart budget exhausted ({policy.max_startup_restarts} allowed before the "
+                            f"first heartbeat)", counts_as_startup=True, exhausted=True)
     elif facts.restarts_used >= policy.max_restarts:
-        return Decision(Action.STOP, "job", f"restart budget exhausted ({policy.max_restarts} restarts allowed)",
+        return Decision(Action.STOP, Scope.JOB, f"restart budget exhausted ({policy.max_restarts} restarts allowed)",
                         exhausted=True)
     # Restarting one rank or one node mends only a failure whose culprit is known to be there.
-    scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else "job"
+    scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else Scope.JOB
     reason = "restarting"
     if policy.min_healthy and facts.healthy_nodes is not None:
         reason = f"only {facts.healthy_nodes} node(s) still have every rank alive and --nnodes needs {policy.min_nodes}"
@@ -171,6 +204,6 @@ def keep_node(exclude_reason: str, kept: Kept, facts: FailureFacts, policy: Rest
     lasts, else the end of the job."""
     why = f"not excluded although {exclude_reason}"
     if facts.restarts_used >= policy.max_restarts:
-        return Decision(Action.STOP, "job", f"{why}; restart budget exhausted ({policy.max_restarts} restarts "
-                                            f"allowed)", kept=kept, exhausted=True)
-    return Decision(Action.RESTART, "job", f"{why}; restarting instead", kept=kept)
+        return Decision(Action.STOP, Scope.JOB, f"{why}; restart budget exhausted ({policy.max_restarts} restarts "
+                                                f"allowed)", kept=kept, exhausted=True)
+    return Decision(Action.RESTART, Scope.JOB, f"{why}; restarting instead", kept=kept)

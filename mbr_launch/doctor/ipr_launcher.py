@@ -14,6 +14,7 @@ warn, since a launch that ignores them still runs, just with the wrong layer han
 
 from __future__ import annotations
 
+from mbr_launch.decide.policy import When
 from mbr_launch.doctor.context import DoctorContext, parse_nnodes
 from mbr_launch.doctor.host import STATIC_DEFAULT_PORT, C10D_DEFAULT_PORT
 from mbr_launch.doctor.launcher import FT_LAUNCHERS, is_local_host, split_endpoint
@@ -21,7 +22,7 @@ from mbr_launch.doctor.registry import Finding, check, info, ok, skip, warn
 
 _NOT_ON = ("no sign of in-process restart (config, --inprocess-restart, or a script using "
            "nvidia_resiliency_ext.inprocess)")
-MIN_HEALTHY = "min-healthy"
+MIN_HEALTHY = When.MIN_HEALTHY  # the launcher's --ft-restart-policy, as text or as When: the two compare equal
 
 
 @check("ipr.restart_policy", "in-process restart: the launcher restarts only when too few nodes stay healthy")

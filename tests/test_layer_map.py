@@ -1,0 +1,79 @@
+"""README.md's layer map is the one scripts/layer-map writes: every module of the package, under its layer, with
+the first sentence of its docstring. Static: no module is imported."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tools import layermap
+from tools.layers import LAYERS, modules
+
+from .conftest import REPO
+
+MODULES = modules()
+
+
+def _section(readme: str) -> str:
+    start, end = readme.index(layermap.BEGIN), readme.index(layermap.END)
+    return readme[start:end + len(layermap.END)]
+
+
+def test_every_module_says_what_it_holds():
+    missing = sorted(name for name, path in MODULES.items() if not layermap.first_sentence(layermap.docstring(path)))
+    assert not missing, f"give these modules a docstring whose first sentence says what they hold: {missing}"
+
+
+def test_the_readme_map_is_what_the_script_writes():
+    assert _section((REPO / "README.md").read_text()) == layermap.render(), \
+        "README.md's layer map is stale: run .venv/bin/python scripts/layer-map"
+
+
+def test_every_module_is_named_in_the_readme_once():
+    section = _section((REPO / "README.md").read_text())
+    for name, path in MODULES.items():
+        link = f"]({path.relative_to(REPO).as_posix()})"
+        assert section.count(link) == 1, f"{name} is not in README.md's layer map (run scripts/layer-map)"
+    assert len(section.splitlines()) == len(MODULES) + 5  # markers, note, blank lines: one line per module
+
+
+def test_the_map_follows_the_layers_lowest_first():
+    tops = [line for line in layermap.render().splitlines() if line.startswith("- ")]
+    order = [layer for layer in LAYERS if any(layermap.layer(m) == layer for m in MODULES)]
+    named = [line.split("`")[1].removesuffix("/").removesuffix(".py") for line in tops]
+    assert named == ["mbr_launch", *order]
+
+
+@pytest.mark.parametrize(("doc", "sentence"), [
+    ("One thing. Another.", "One thing."),
+    ("Wrapped\n    over lines, e.g. this. Next.", "Wrapped over lines, e.g. this."),
+    ("Opens a list:\n\n- one\n- two", "Opens a list"),
+    ("Reads /proc/<pid>/stat, ``<pid>`` in code; *stars* and _private.", "Reads /proc/\\<pid>/stat, `<pid>` in code; "
+                                                                         "\\*stars\\* and \\_private."),
+    ("", ""),
+])
+def test_first_sentence(doc: str, sentence: str):
+    assert layermap.first_sentence(doc) == sentence
+
+
+def test_check_fails_on_a_stale_map_and_writing_mends_it(tmp_path, monkeypatch, capsys):
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# title\n\n{layermap.BEGIN}\n- an old line\n{layermap.END}\n\nafter\n")
+    monkeypatch.setattr(layermap, "README", readme)
+    assert layermap.main(["--check"]) == 1
+    assert "stale" in capsys.readouterr().err and "an old line" in readme.read_text()
+    assert layermap.main([]) == 0
+    text = readme.read_text()
+    assert text.startswith("# title\n\n") and text.endswith("\n\nafter\n") and "an old line" not in text
+    assert layermap.main(["--check"]) == 0
+    readme.write_text("no markers\n")
+    assert layermap.main(["--check"]) == 2
+
+
+@pytest.mark.processes
+def test_the_script_checks_the_committed_readme():
+    done = subprocess.run([sys.executable, str(REPO / "scripts" / "layer-map"), "--check"], capture_output=True,
+                          text=True, timeout=60, cwd=REPO)
+    assert done.returncode == 0, done.stderr
