@@ -43,6 +43,23 @@ def test_hang_then_restart_without_checkpoints_loses_the_whole_attempt():
     assert "failure 1 (round 0, hang): lost 30.0 s" in render(g)
 
 
+def test_a_hangs_detection_ends_at_its_verdict_and_the_kill_grace_is_restart_time():
+    """What real training code found: "detected 13.1 s" after the last step for a 10 s step timeout (the
+    culprit's kill grace counted as detection). The record's ``detected`` (the verdict) ends detection; the
+    grace and the stop until ``ended`` are restart time."""
+    hang = dict(progress(1.0, 54.0, 10.0, 40.0, "failure", detail="hang"), detected=50.5)
+    g = compute([hang, progress(56.0, 120.0, 60.0, 118.0, "end", rnd=1), {"event": "end", "t": 121.0}])
+    (f,) = g.failures
+    assert (f.lost, f.detection, f.restart) == (30.0, 10.5, pytest.approx(3.5 + 6.0))
+    assert g.seconds["detection"] == 10.5 and g.seconds["restart"] == pytest.approx(9.5)
+    assert sum(g.seconds.values()) == pytest.approx(g.wall)
+    spans = [(sp.kind, sp.start, sp.end) for sp in g.spans]
+    assert ("detection", 40.0, 50.5) in spans and ("restart", 50.5, 60.0) in spans, spans
+    # a log written before ``detected`` existed: detection runs to the attempt's end, as it did
+    old = compute([progress(1.0, 54.0, 10.0, 40.0, "failure", detail="hang"), {"event": "end", "t": 60.0}])
+    assert old.failures[0].detection == 14.0
+
+
 def test_checkpoint_keeps_work_before_it():
     g = compute([progress(0.0, 50.0, 10.0, 48.0, "failure", checkpoint=30.0, detail="crash"),
                  progress(52.0, 80.0, 60.0, 79.0, "end", rnd=1)], wall=80.0)

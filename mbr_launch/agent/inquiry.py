@@ -173,6 +173,8 @@ def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidenc
     decider; a node without culprits waits for the culprit's node to act (its stop message)."""
     if verdict.basis is Basis.WITHDRAWN:
         return None  # the ranks restart in process: nothing hung, nothing to stop
+    if ctx.telemetry:
+        ctx.telemetry.detected()  # the verdict is the detection; the culprit's kill grace is restart time
     mine = {e.rank: e for e in local}
     culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
     if verdict.determined and not culprits:

@@ -13,8 +13,10 @@ kinds (``CATEGORIES``; ``goodput_text.MEANING`` says each in a line for people):
   attempt's whole stepping time; when the script marks its checkpoints with an NVRx section whose name starts
   with ``checkpoint``, ``ckpt`` or ``save``, or saves a dict with ``torch.save`` (seen by the automatic step
   heartbeat), only the steps after the last such checkpoint are lost;
-- detection: a failed attempt's last step -> the failure was detected (for a hang, about the step timeout);
-- restart: detection -> the first step of the next attempt (stop, back-off, rendezvous, start-up again);
+- detection: a failed attempt's last step -> the failure was detected (a crash: its exit seen; a hang: the
+  verdict, about the step timeout after the last step; the record's ``detected``, else its ``ended``);
+- restart: detection -> the first step of the next attempt (the culprit's kill grace, the stop, back-off,
+  rendezvous, start-up again);
   when no step came after it, up to the next failure or the last attempt's end;
 - other: after the last step of a successful attempt (the script's final save, teardown, interpreter exit),
   and after the last attempt (the launcher's stop).
@@ -161,8 +163,10 @@ def compute(records: Iterable[dict[str, Any]], wall: float | None = None) -> Goo
                 cut.to("productive", _clip(ckpt, first, last) if ckpt is not None else first, rnd)
                 kept = cut.cursor
                 cut.to("lost", last, rnd, cost)
-                cut.to("detection", ended, rnd, cost)
-                cost.lost, cost.detection = last - kept, ended - last
+                detected = _clip(seg.get("detected", ended), last, ended)
+                cut.to("detection", detected, rnd, cost)
+                cost.lost, cost.detection = last - kept, detected - last
+                cut.to("restart", ended, rnd, cost)  # the kill grace and the stop
                 pending = cost
         elif seg.get("cause") != "end":
             # failed before its first step: the time so far stays with the failure (or startup) before it

@@ -41,8 +41,9 @@ signal              signal
 preemption          signal, forward, grace
 requeue             job, ok
 first_step          round, rank, local_rank, seconds (from the worker's start to its first optimizer step)
-progress            round, started, first_step, last_step, checkpoint, ended (all log ``t`` values), cause
-                    (failure|stop|end), steps: one attempt of this node's workers, for goodput
+progress            round, started, first_step, last_step, checkpoint, detected, ended (all log ``t`` values),
+                    cause (failure|stop|end), steps: one attempt of this node's workers, for goodput (``detected``:
+                    when its failure was seen, before the stop; ``ended`` on a run without a failure)
 straggler           round, interval, threshold, stragglers (ranks), ranks (list of {rank, relative,
                     individual, median, best, samples})
 cycle_progress      round, cycle (the job's restart count when the cycle started), source (checkpoint_file|
