@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch import procstat
 from mbr_launch.workers import stacks
 from mbr_launch.workers.stacks import StackTarget, dump_stacks
 
@@ -109,8 +110,10 @@ def test_faulthandler_dumps_sleeping_busy_and_stopped_ranks(hung, tmp_path):
     targets = [hung(0, "sleep"), hung(1, "busy"), hung(2, "stopped")]
     dumps = dump_stacks(targets, tmp_path / "out", method="faulthandler", timeout=20)
     _check(dumps, "faulthandler", tmp_path / "train.py")
-    # The stopped rank got SIGCONT to run the handler; the hang itself goes on (the agent kills next).
+    # The stopped rank got SIGCONT to run the handler, and SIGSTOP once dumped: found stopped, it stays
+    # stopped for the verdict (a resumed culprit finished its step after the verdict); the agent kills next.
     assert all(Path(f"/proc/{t.pid}").exists() for t in targets)
+    assert procstat.read(targets[2].pid).state == "T"
 
 
 def test_auto_falls_back_when_ptrace_is_denied(hung, tmp_path, monkeypatch):

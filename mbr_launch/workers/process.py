@@ -171,12 +171,15 @@ def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, g
     found = strays.Strays(groups={w.pid for w in targets})
     if find_strays:
         found.add(*find_strays())  # before any signal, while the process tree is intact
+    # The signal first, SIGCONT after: a stopped process cannot act on SIGTERM, but resumed first it ran on
+    # between the two calls (a SIGSTOPped culprit finished its collective and logged a step after its
+    # verdict). Pending when it resumes, the signal is taken before any more of its code runs.
     for worker in targets:
         if worker.alive:
-            signal_group(worker, signal.SIGCONT)  # a stopped process cannot act on SIGTERM
             signal_group(worker, first_signal)
-    found.signal(signal.SIGCONT)
+            signal_group(worker, signal.SIGCONT)
     found.signal(first_signal)
+    found.signal(signal.SIGCONT)
     deadline = time.monotonic() + grace
     cut = False
     while any(w.alive for w in targets):

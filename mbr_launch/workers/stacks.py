@@ -8,7 +8,9 @@ Two ways to get a Python stack out of a process that is stuck:
   so it is the retry.
 - faulthandler, armed inside every worker by ``mbr_launch.shim.boot``: on ``STACK_SIGNAL`` its C signal
   handler writes every thread's stack into the file named by ``MBR_STACK_FILE``. No ptrace needed, and
-  it works while a busy loop holds the GIL; a stopped process gets SIGCONT first.
+  it works while a busy loop holds the GIL. A stopped process gets the signal, then SIGCONT (the pending
+  signal's handler runs before any of its own code), and SIGSTOP again once its dump is in: a culprit found
+  stopped stays stopped for the verdict, and runs no more than the moment its dump takes.
 
 ``dump_stacks`` runs py-spy for all ranks in parallel and falls back to faulthandler for the ranks
 py-spy could not do. Each dump is saved as ``rank{R}.txt`` with a header, and summarised in one line
@@ -31,6 +33,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Optional, Sequence
 
+from mbr_launch import procstat
 from mbr_launch.contract import STACK_SIGNAL
 from mbr_launch.decide.verdict import StackClass
 from mbr_launch.report.private import write_private
@@ -186,6 +189,7 @@ def _faulthandler_all(
 ) -> list[tuple[StackTarget, Optional[str], Optional[str]]]:
     sizes: dict[int, int] = {}
     errors: dict[int, str] = {}
+    restop: set[int] = set()  # found stopped: stopped again once dumped
     for t in targets:
         if t.faulthandler_file is None:
             errors[t.pid] = "no faulthandler file"
@@ -195,14 +199,19 @@ def _faulthandler_all(
         except OSError as exc:
             errors[t.pid] = f"faulthandler file: {exc.strerror}"
             continue
+        found = procstat.read(t.pid)
         try:
-            os.kill(t.pid, signal.SIGCONT)  # a stopped process runs no signal handlers
             os.kill(t.pid, STACK_SIGNAL)
+            if found is not None and found.state in _STOPPED:
+                os.kill(t.pid, signal.SIGCONT)  # a stopped process runs no signal handlers
+                restop.add(t.pid)
         except ProcessLookupError:
             errors[t.pid] = "process is gone"
         except PermissionError as exc:
             errors[t.pid] = f"cannot signal: {exc.strerror}"
-    texts = _wait_for_growth({t.pid: t for t in targets if t.pid not in errors}, sizes, deadline)
+    texts = _wait_for_growth({t.pid: t for t in targets if t.pid not in errors}, sizes, deadline, restop)
+    for pid in restop - texts.keys():  # no dump in time: stopped again all the same, as it was found
+        _stop(pid)
     out = []
     for t in targets:
         text = texts.get(t.pid)
@@ -210,8 +219,20 @@ def _faulthandler_all(
     return out
 
 
-def _wait_for_growth(pending: dict[int, StackTarget], sizes: dict[int, int], deadline: float) -> dict[int, str]:
-    """The bytes each file gained, once it stopped growing for a moment (the handler writes in pieces)."""
+_STOPPED = ("T", "t")
+
+
+def _stop(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGSTOP)
+    except OSError:
+        pass  # gone meanwhile
+
+
+def _wait_for_growth(pending: dict[int, StackTarget], sizes: dict[int, int], deadline: float,
+                     restop: set[int] = frozenset()) -> dict[int, str]:  # type: ignore[assignment]
+    """The bytes each file gained, once it stopped growing for a moment (the handler writes in pieces); a pid
+    in ``restop`` gets SIGSTOP as soon as its dump is complete."""
     texts: dict[int, str] = {}
     last: dict[int, tuple[int, float]] = {}
     settle = 0.05
@@ -230,6 +251,8 @@ def _wait_for_growth(pending: dict[int, StackTarget], sizes: dict[int, int], dea
                     f.seek(sizes[pid])
                     texts[pid] = f.read(size - sizes[pid]).decode(errors="replace")
                 del pending[pid]
+                if pid in restop:
+                    _stop(pid)
         time.sleep(0.01)
     return texts
 
