@@ -76,7 +76,7 @@ def test_a_second_stop_of_the_round_does_nothing(tmp_path, counted):
         assert all(not w.alive and w.stopped for w in group.workers)
         once = counted["scans"]
         assert once == 3  # strays before the first signal, again before SIGKILL; the zombies after
-        assert counted["signals"] == [(0, "SIGCONT"), (0, "SIGTERM"), (1, "SIGCONT"), (1, "SIGTERM"),
+        assert counted["signals"] == [(0, "SIGTERM"), (0, "SIGCONT"), (1, "SIGTERM"), (1, "SIGCONT"),
                                       (0, "SIGKILL"), (1, "SIGKILL")]
         counted["signals"].clear()
         group.stop(rnd, grace=5)  # the round's end
