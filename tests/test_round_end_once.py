@@ -88,7 +88,7 @@ def test_a_second_stop_of_the_round_does_nothing(tmp_path, counted):
         assert group.workers[0].pid not in first and not group.workers[0].stopped and group.workers[1].stopped
         group.stop(rnd, grace=5)  # takes the new one; the stopped one's group is signalled again, as before
         assert counted["scans"] == 2 * once
-        assert counted["signals"] == [(0, "SIGCONT"), (0, "SIGTERM"), (0, "SIGKILL"), (1, "SIGKILL")]
+        assert counted["signals"] == [(0, "SIGTERM"), (0, "SIGCONT"), (0, "SIGKILL"), (1, "SIGKILL")]
         assert all(not w.alive and w.stopped for w in group.workers)
     finally:
         group.kill_now()
