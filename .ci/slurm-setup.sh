@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # slurm-setup.sh - install the Debian packages that the Slurm test cluster
-# (tests/slurm_testbed.py) needs, before the tests start.
+# (testkit/slurm_testbed.py) needs, before the tests start.
 # Idempotent: does nothing (but say so) when everything is installed.
-# Keep PKGS in step with NEEDED in tests/slurm_testbed.py.
+# Keep PKGS in step with NEEDED in testkit/slurm_testbed.py.
 set -euo pipefail
 
 PKGS="munge slurmd slurmctld slurm-client iproute2 util-linux procps iputils-ping nftables iptables"

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 16) as a table: every case of tests/fault_cases.py (the same table the tests run),
+"""The fault matrix (issue 16) as a table: every case of testkit/fault_cases.py (the same table the tests run),
 with torchrun beside mbr-launch where it can run the same fault cheaply.
 
 Per case: the outcome against the expected one (survived = every agent exited 0 after recovering; else the
@@ -12,7 +12,7 @@ the worker's clock when the worker injects it (its ready or hang line, written j
 
 Cases run one after the other (not interleaved: each is one job, and the table is about what happens, not a
 race); ``--trials N`` runs the whole matrix N times and reports each time. Cases that need root, network
-namespaces or the Slurm test cluster (``--slurm``: started here through tests/slurm_cluster.py and stopped at
+namespaces or the Slurm test cluster (``--slurm``: started here through testkit/slurm_cluster.py and stopped at
 the end) are reported as skipped where those are missing.
 
     python benchmarks/bench_faults.py --slurm --out benchmarks/RESULTS.md
@@ -34,12 +34,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402  (puts the repository on sys.path)
 
-from tests import netns  # noqa: E402
-from tests.fault_cases import CASES, CASES_BY_NAME  # noqa: E402
-from tests.fault_runs import Ctx, Run, detection, recovery  # noqa: E402
-from tests.fault_spec import Case, verify  # noqa: E402
-from tests.fault_workers import TORCHRUN_LIMIT  # noqa: E402
-from tests.helpers import launcher_env  # noqa: E402
+from testkit import netns  # noqa: E402
+from testkit.fault_cases import CASES, CASES_BY_NAME  # noqa: E402
+from testkit.fault_runs import Ctx, Run, detection, recovery  # noqa: E402
+from testkit.fault_spec import Case, verify  # noqa: E402
+from testkit.fault_workers import TORCHRUN_LIMIT  # noqa: E402
+from testkit.helpers import launcher_env  # noqa: E402
 
 SECTION = "bench_faults"
 LEFTOVER_GRACE = 3.0
@@ -198,7 +198,7 @@ def render(records: list[dict], args: argparse.Namespace, skipped: dict[str, str
            *h.machine_lines(gpu=False, mbr_code=args.mbr_code),
            f"- command: `{h.command_line()}`; load average at end {os.getloadavg()[0]:.2f}; "
            f"{passed} of {total} cases as expected",
-           "- cases: `tests/fault_cases.py` (the table `tests/test_fault_matrix.py` runs); *detect*: seconds from "
+           "- cases: `testkit/fault_cases.py` (the table `tests/test_fault_matrix.py` runs); *detect*: seconds from "
            "the fault to its first record in events.jsonl (for hangs this includes the timeout); *recover*: to the "
            "last `worker_start` of the next round; *left*: processes alive 3 s after a killed agent or after the "
            "case (0 expected); torchrun (2.x, `--max-restarts 1`, default store sharing) runs the same worker and "
@@ -233,7 +233,7 @@ def main() -> int:
     skipped: dict[str, str] = {}
     try:
         if args.slurm and any("slurm" in CASES_BY_NAME[n].needs for n in names):
-            from tests import slurm_cluster
+            from testkit import slurm_cluster
 
             cluster = slurm_cluster._start()
         for trial in range(args.trials):
@@ -256,7 +256,7 @@ def main() -> int:
         print("interrupted: reporting the cases run so far", file=sys.stderr)
     finally:
         if cluster is not None and os.environ.get("MBR_SLURM_KEEP") != "1":
-            from tests import slurm_cluster
+            from testkit import slurm_cluster
 
             slurm_cluster._stop()
         if args.keep:

@@ -4,7 +4,7 @@ same faults. Wall time, job restarts, in-process restarts, iterations finished, 
 The example (third_party/nvrx-v0.4.1/examples/fault_tolerance/in_job_and_in_process_example.py, unmodified)
 runs as its run_inprocess_injob_example.sh runs it: three launchers of two ranks, ``--nnodes=2:3
 --max-restarts=2 --ft-restart-policy=min-healthy``, heartbeat timeouts 12 s, ``--rdzv-conf is_host=1|0``
-(the flags are read from that script by tests/nvrx_ipr_example.py), on a free port instead of 29500, with the
+(the flags are read from that script by testkit/nvrx_ipr_example.py), on a free port instead of 29500, with the
 checkpoint in the trial's directory. Faults (default: the issue's compressed schedule, 900 iterations):
 rank 5 raises at 100, SIGKILLs of ranks 5, 4, 3 at 200, 300, 400 (the third leaves one node with every rank
 alive, fewer than MIN=2: one job restart), rank 5 sleeps at 700 (a hang: a second job restart).
@@ -15,7 +15,7 @@ at ``--timeout`` has its launchers SIGKILLed (exit code shown as "killed"). Job 
 its events.jsonl (restart_count), ft_launcher's from its "restarting worker group" log lines (each agent logs
 one per restart: the most any agent logged). In-process restarts: the Wrapper's ``restart_ex`` lines of rank
 0. Runs are one at a time (the example keeps its faults' state in fixed /tmp files) and hold the lock of
-tests/nvrx_ipr_example.py, so a test of the example cannot run meanwhile.
+testkit/nvrx_ipr_example.py, so a test of the example cannot run meanwhile.
 
     python benchmarks/bench_inprocess.py --out benchmarks/RESULTS.md    # ~12 min: ft_launcher runs to --timeout
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
-from tests.nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done  # noqa: E402
+from testkit.nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done  # noqa: E402
 
 SECTION = "bench_inprocess"
 CHOICES = ["mbr-launch", "ft_launcher"]

@@ -11,7 +11,7 @@ default, config workers/nvrx07_msgcost.yaml: a ``step`` section, timeouts far be
 are full: bounded by how fast the monitor reads, which fire-and-forget otherwise hides). mbr-launch serves
 every local rank from one monitor process; ft_launcher runs one RankMonitorServer process per rank.
 
-Part ``examples``: NVRx 0.7's own examples (third_party/nvrx-v0.7.0, unmodified, tests/nvrx_examples.py's
+Part ``examples``: NVRx 0.7's own examples (third_party/nvrx-v0.7.0, unmodified, testkit/nvrx_examples.py's
 command line and shortened arguments, the same for both launchers) from launch to exit:
 ``heartbeats`` (train_ddp_heartbeats_api.py, 3 epochs) and ``sections`` (train_ddp_sections_api.py, 2 epochs)
 without a fault, ``heartbeats+sigkill`` (rank 1 SIGKILLed once rank 0 logs a step of epoch 2, as
@@ -39,8 +39,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
-from tests.nvrx_examples import HEARTBEATS, SECTIONS, example_args, in_epoch  # noqa: E402
-from tests.nvrx_versions import nvrx_dir  # noqa: E402
+from testkit.nvrx_examples import HEARTBEATS, SECTIONS, example_args, in_epoch  # noqa: E402
+from testkit.nvrx_versions import nvrx_dir  # noqa: E402
 
 SECTION = "bench_nvrx07"
 VERSION = "0.7.0"
@@ -62,7 +62,7 @@ _FT_RESTART = re.compile(r"Worker group (?:UNHEALTHY|FAILED)\. \d+/\d+ attempts 
 
 @dataclass(frozen=True)
 class Scenario:
-    example: tuple[str, str]  # (YAML, script) in tests/nvrx_examples.py
+    example: tuple[str, str]  # (YAML, script) in testkit/nvrx_examples.py
     epochs: int
     fault: str | None = None  # "SIGKILL" | "SIGSTOP" to rank 1
     when: int = 0  # the epoch whose step on rank 0 triggers it

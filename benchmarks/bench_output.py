@@ -26,7 +26,7 @@ sys.path.insert(0, str(REPO / "benchmarks"))
 
 from harness import machine_lines, write_section  # noqa: E402
 from harness.launchers import snapshot  # noqa: E402
-from tests.helpers import launcher_env  # noqa: E402
+from testkit.helpers import launcher_env  # noqa: E402
 
 # Lines prepared in blocks of 10k and written at once: the worker itself takes ~10 ms, the rest is the wait
 # for the launcher to drain the pipe.

@@ -13,7 +13,7 @@ from mbr_launch.config.errors import ConfigError, SettingError
 from mbr_launch.config.files import load_config_file
 from mbr_launch.config.model import LaunchConfig, PreflightSpec
 from mbr_launch.config.settings import Resolved, resolve
-from mbr_launch.startup import resume_gc
+from mbr_launch.gcpause import resume_gc
 
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
@@ -113,7 +113,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
     join."""
     from mbr_launch.monitor.link import MonitorLink
     from mbr_launch.report import exitcodes
-    from mbr_launch.workers.standby import early_pool
+    from mbr_launch.workers.standbypool import early_pool
 
     env = dict(os.environ if environ is None else environ)
     # The rank monitor's process and the warm workers start first: their start-up and `import torch` overlap
@@ -132,7 +132,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
             from mbr_launch.agent.lifecycle import Agent
 
             agent = Agent(cfg, environ=env, standby=pool, monitor=monitor, exit_after=exit_after)
-        resume_gc()  # the console script paused it for the imports above (startup.py)
+        resume_gc()  # the console script paused it for the imports above (gcpause.py)
         pool = monitor = None  # the agent owns them now (closed with its worker group and monitor handle)
         return agent.run()
     except _Stopped as stop:

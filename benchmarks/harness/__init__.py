@@ -12,8 +12,8 @@
 The benches do ``import harness as h`` and use the names below.
 """
 
-from . import paths  # noqa: F401  (first: puts the repository on sys.path for mbr_launch and tests.helpers)
-from tests.helpers import free_port
+from . import paths  # noqa: F401  (first: puts the repository on sys.path for mbr_launch and testkit.helpers)
+from testkit.helpers import free_port
 
 from .failures import REASONS, classify, failure_lines, failure_reason
 from .launchers import (BASELINE, LAUNCHERS, TORCHRUN, LaunchSpec, Launcher, mbr_env, mbr_source, pick_launchers,

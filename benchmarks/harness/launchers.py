@@ -12,7 +12,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Mapping, Sequence
 
-from tests.helpers import free_port
+from testkit.helpers import free_port
 
 from .machine import run_quiet
 from .paths import BIN, COLLECTIVE, REPO

@@ -2,7 +2,7 @@
 
 The benches run as ``python benchmarks/bench_x.py``, which puts only ``benchmarks/`` on sys.path; the
 repository goes first too, so that the harness imports this checkout's ``mbr_launch`` (its event reader) and
-``tests.helpers`` (the one ``free_port``). Only this process: the launchers get their own PYTHONPATH."""
+``testkit.helpers`` (the one ``free_port``). Only this process: the launchers get their own PYTHONPATH."""
 
 from __future__ import annotations
 

@@ -7,23 +7,28 @@ ones (torch's rendezvous, worker processes, the rank monitor process, the round'
 
 from __future__ import annotations
 
+import contextlib
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, ContextManager, Iterable, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence
 
 from mbr_launch.agent.cycles import CycleRecords
 from mbr_launch.agent.messages import Departure, Event
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.inquiry import Opener
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import StopMessage
+from mbr_launch.cluster.storeguard import StoreUnreachable, store_errors
 from mbr_launch.decide.verdict import RankEvidence, Verdict
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.summary import RunSummary
 from mbr_launch.workers.process import Worker
+
+if TYPE_CHECKING:  # annotations only
+    from torch.distributed.elastic.rendezvous import RendezvousHandler
 
 
 class Group(Protocol):
@@ -51,6 +56,7 @@ class Membership(Protocol):
     def count_node_failure(self, rnd: Round, node: str) -> int: ...
     def spare_count(self) -> int: ...
     def job_get(self, key: str) -> bytes | None: ...
+    def existing_handler(self) -> RendezvousHandler | None: ...
 
 
 class Watch(Protocol):
@@ -145,9 +151,15 @@ class Context:
     inquiry: InquiryState = field(default_factory=InquiryState)  # this round's
     health: Gate | None = None  # pre-rendezvous checks and between-round waits (None: none asked for)
 
-    def store_call(self, what: str) -> ContextManager[None]:
-        """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3)."""
-        return self.guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, what)
+    @contextlib.contextmanager
+    def store_call(self, what: str) -> Iterator[None]:
+        """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3). A store
+        that is gone (its host died) raises ``StoreUnreachable`` naming ``what``: the supervisor ends the run."""
+        with self.guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, what):
+            try:
+                yield
+            except store_errors() as err:
+                raise StoreUnreachable(what, err) from err
 
     def finished_here(self) -> bool:
         """Every local worker has ended: succeeded, or lost to min-healthy with the job going on without it."""

@@ -10,7 +10,7 @@ from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.failures import handle_failure
 from mbr_launch.agent.messages import RoundResult
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.timeouts import collective_timeout, peer_gone
 from mbr_launch.report.summary import ErrorFile, FailureRecord

@@ -19,7 +19,7 @@ import threading
 from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch.cluster.progressstore import NO_RESTART_KEY, ProgressRecords
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.decide.noprogress import (Facts, Rule, Scored, cycle_line, decode, decode_tracking, encode,
                                           encode_tracking, initial, parse_iteration, score)

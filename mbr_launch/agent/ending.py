@@ -6,7 +6,7 @@ import signal
 import sys
 
 from mbr_launch.agent.context import Context
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.requeue import maybe_requeue
 from mbr_launch.decide.goodput import compute
 from mbr_launch.decide.goodput_text import render

@@ -6,10 +6,10 @@ from __future__ import annotations
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.messages import Outcome, RoundResult
 from mbr_launch.agent.progress import back_off
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.policy import Action, Decision, FailureFacts, Kept, decide, quick_failure, tolerated
+from mbr_launch.decide.policy import Action, Decision, FailureFacts, Kept, Scope, decide, quick_failure, tolerated
 from mbr_launch.report import exitcodes
 from mbr_launch.report.summary import FailureRecord
 
@@ -36,7 +36,7 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
     elif decision.kept is Kept.LAST_NODES:
         ctx.say(f"{Kept.LAST_NODES.value}, so this node stays: {decision.reason}")
     ctx.quick_failures = ctx.quick_failures + 1 if quick_failure(ctx.cfg.policy, facts) else 0
-    if decision.action is Action.RESTART and decision.scope != "job":
+    if decision.action is Action.RESTART and decision.scope is not Scope.JOB:
         return _restart_here(ctx, rnd, records, decision)
     if decision.action is Action.EXCLUDE_NODE:
         return _leave(ctx, rnd, decision)
@@ -44,7 +44,7 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
         with ctx.store_call("recording the cycle's progress"):
             stuck = ctx.cycles.check(rnd)  # ft_launcher's progress tracking: not worth another cycle?
         if stuck is not None:
-            return _stop_round(ctx, rnd, Decision(Action.STOP, "job", stuck), stuck, exit_code=ctx.cycles.exit_code)
+            return _stop_round(ctx, rnd, Decision(Action.STOP, Scope.JOB, stuck), stuck, exit_code=ctx.cycles.exit_code)
     plain = decision.action is Action.RESTART and facts.healthy_nodes is None
     reason = records[0].describe() if plain else f"{records[0].describe()}; {decision.reason}"
     nv = ctx.cfg.nvrx
@@ -65,7 +65,7 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         blamed = cause.node_fault and culprit_known and not lost  # a lost rank is no node failure: nothing restarts
         node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if blamed else 0
         # Read only where the policy weighs it: a job-wide restart reads it once, after its stop
-        # (``nextround.fast_blocker``), and a failure costs one read of torch's whole rendezvous state, not two.
+        # (``loop.fast_blocker``), and a failure costs one read of torch's whole rendezvous state, not two.
         waiting = ctx.rendezvous.spare_count() if _spares_matter(ctx, cause, exclude, node_failures) else 0
     return FailureFacts(
         cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.heartbeats,
@@ -109,7 +109,7 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
     cfg = ctx.cfg
     with ctx.store_call("counting a restart"):
         total = ctx.rendezvous.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
-    ranks = sorted({r.local_rank for r in records}) if decision.scope == "rank" else None
+    ranks = sorted({r.local_rank for r in records}) if decision.scope is Scope.RANK else None
     ctx.group.stop(rnd, local_ranks=ranks, grace=cfg.workers.shutdown_timeout)
     ctx.log.emit("restart", round=rnd.index, restart_count=total, max_restarts=cfg.policy.max_restarts,
                  scope=decision.scope, backoff=decision.backoff)

@@ -12,7 +12,7 @@ from mbr_launch.agent.messages import (AllDone, Departure, Event, InquiryOpened,
                                        NodesWaiting, Outcome, PeerStopped, Progress, RankExpired, RankStarted,
                                        RoundResult, WorkloadRequest)
 from mbr_launch.cluster.peers import PeerLost, StoreLost
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
 from mbr_launch.report import exitcodes

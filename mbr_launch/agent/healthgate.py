@@ -19,7 +19,7 @@ from mbr_launch.agent.context import Context
 from mbr_launch.agent.ending import finish
 from mbr_launch.agent.messages import Departure
 from mbr_launch.cluster import fastround
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.health import gpumem, leftovers, suite
 from mbr_launch.health.checks import NODE_HEALTH, CheckResult

@@ -13,12 +13,11 @@ from __future__ import annotations
 import dataclasses
 from typing import Mapping, Sequence
 
-from mbr_launch.agent import hangs
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.failures import handle_failure
 from mbr_launch.agent.messages import InquiryOpened, RankExpired, RoundResult
 from mbr_launch.cluster.inquiry import Opener
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.verdict import Basis, ProcState, RankEvidence, StackClass, Verdict, judge
 from mbr_launch.decide.verdict_codec import evidence_to_dict
@@ -146,7 +145,7 @@ def _trigger(ctx: Context, opener: Opener) -> str:
     if opener.rank in ctx.inquiry.timed_out:
         return f"rank {opener.rank} died of a collective timeout: {ctx.inquiry.timed_out[opener.rank]}"
     if event is not None:
-        return f"rank {event.rank} {hangs.describe(event)}"
+        return f"rank {event.rank} {describe_expiry(event)}"
     return f"rank {opener.rank}'s {opener.kind} deadline passed" if opener.rank is not None else ""
 
 
@@ -198,9 +197,31 @@ def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidenc
 def _record_of(ctx: Context, rnd: Round, evidence: RankEvidence, verdict: Verdict) -> FailureRecord:
     worker = ctx.group.by_local_rank(evidence.local_rank)
     expired = ctx.inquiry.expired.get(evidence.local_rank)
-    detail = verdict.reason + (f" [its own deadline: {hangs.describe(expired)}]" if isinstance(expired, RankExpired)
+    detail = verdict.reason + (f" [its own deadline: {describe_expiry(expired)}]" if isinstance(expired, RankExpired)
                                else "")
     return FailureRecord(round=rnd.index, rank=evidence.rank, local_rank=evidence.local_rank, node=ctx.node,
                          group_rank=rnd.group_rank, cause=Cause.HANG, status=None,
                          pid=worker.pid if worker else evidence.pid, section=evidence.section, detail=detail,
                          stacks=evidence.stacks_path, stack_summary=evidence.where or None)
+
+
+# What each kind of expired deadline (the ``kind`` of the monitor's ``expired`` event) means, for people.
+EXPIRY_TEXT = {
+    "initial_heartbeat": "sent no first heartbeat",
+    "heartbeat": "sent no heartbeat",
+    "section": "stayed in section '{section}'",
+    "out_of_section": "stayed outside any section",
+    "step": "finished no optimizer step",
+}
+
+
+def describe_expiry(event: RankExpired) -> str:
+    """A rank monitor's expiry, described for people (the verdict, above, decides who hung)."""
+    text = EXPIRY_TEXT.get(event.kind, event.kind).format(section=event.section)
+    parts = [f"{text} for {event.elapsed:.2f} s (timeout {event.timeout:g} s)"
+             if event.elapsed is not None and event.timeout is not None else text]
+    if event.last_heartbeat_age is not None:
+        parts.append(f"last heartbeat {event.last_heartbeat_age:.1f} s ago")
+    if event.open_sections:
+        parts.append(f"open sections: {', '.join(event.open_sections)}")
+    return "; ".join(parts)

@@ -25,7 +25,8 @@ from mbr_launch.agent.stuck import StuckSignals
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
-from mbr_launch.cluster.rendezvous import Rendezvous, Round
+from mbr_launch.cluster.rendezvous import Rendezvous
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster import stops, torch_internals
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
@@ -39,7 +40,7 @@ from mbr_launch.report.redact import redact_argv
 from mbr_launch.report.version import versions
 from mbr_launch.workers import evidence, numa, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
-from mbr_launch.workers.standby import StandbyPool
+from mbr_launch.workers.standbypool import StandbyPool
 
 # Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
 # outside the round (spares): they poll about once a second and should read "closed", not find it gone.
@@ -227,7 +228,7 @@ class Agent:
             return
         bound = PART_BOUND
         if departure is Departure.LEAVE:
-            part = self._rendezvous.leave
+            part = functools.partial(self._leave_rendezvous, rnd)
         else:
             hosting = rnd is not None and self._cluster is not None and self._cluster.hosts_store(rnd)
             succeeded = rnd is not None and self.ctx is not None and self.ctx.summary.exit_code == exitcodes.OK
@@ -238,6 +239,18 @@ class Agent:
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
         progress.farewell(wakeup, farewell, bound)  # a Ctrl-C now ends the wait
+
+    def _leave_rendezvous(self, rnd: Round | None) -> None:
+        """An excluded node leaves the rendezvous without closing it for the others; where it cannot, the log
+        and the console say why (its keep-alive expires instead, and the others drop it then)."""
+        assert self._rendezvous is not None
+        why = self._rendezvous.leave()
+        if why is None:
+            return
+        if self._log:
+            self._log.emit("leave_failed", round=rnd.index if rnd is not None else None, reason=why)
+        self.say(f"WARNING: could not leave the rendezvous: {why}; the other nodes drop this node once its "
+                 "keep-alive expires")
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
         """After a successful job (``done``: its round) every node says farewell and the store's host waits

@@ -24,11 +24,13 @@ from mbr_launch.agent.ending import finish, finish_signaled
 from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, note_signal, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
-from mbr_launch.agent.nextround import fast_blocker
 from mbr_launch.agent.progress import back_off, join_progress, timed_out
 from mbr_launch.agent.wakeup import Interrupted
 from mbr_launch.cluster.peers import StoreLost
-from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed, Round
+from mbr_launch.cluster.storeguard import StoreUnreachable
+from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed
+from mbr_launch.cluster.round import Round
+from mbr_launch.decide.causes import Cause
 from mbr_launch.report import exitcodes
 
 
@@ -44,9 +46,24 @@ class Supervisor:
             rnd = self._join()
             if isinstance(rnd, int):
                 return rnd
-            code = self._conclude(rnd, self._run_round(rnd))
+            try:
+                code = self._conclude(rnd, self._run_round(rnd))
+            except StoreUnreachable as lost:
+                code = self._store_gone(rnd, lost)
             if code is not None:
                 return code
+
+    def _store_gone(self, rnd: Round, lost: StoreUnreachable) -> int:
+        """A store call failed with the store gone (its host's agent died, typically with the workers'
+        collectives failing first): every survivor ends with exit 3 and one line saying what to do."""
+        ctx = self.ctx
+        result = handle_silence(ctx, rnd, StoreLost(
+            f"the rendezvous store at {rnd.store_host}:{rnd.store_port} is gone ({lost.what} failed: "
+            f"{type(lost.error).__name__}: {lost.error}); the node that hosted it was lost, so this job cannot go "
+            "on: start it again (under Slurm: requeue it); to keep a training node's loss from taking the "
+            "store, run the store apart with `mbr-launch store`"))
+        assert result.message is not None
+        return finish(ctx, result.message.exit_code, result.message.reason)
 
     def _watch(self, rnd: Round) -> RoundResult:
         """wait -> reap -> dispatch -> tick -> decide, until this round ends for this node."""
@@ -207,3 +224,25 @@ class Supervisor:
             assert signum is not None  # the back-off ends early only for a signal
         note_signal(ctx, signum, workers=False, phase="while restarting")
         return finish_signaled(ctx, signum, rnd)
+
+
+def fast_blocker(ctx: Context, rnd: Round, result: RoundResult) -> str | None:
+    """Whether this agent may take the fast path to the next round (``cluster.fastround``) after a job-wide
+    restart, or must send every agent of the round to the full c10d join: why the next round must be a full
+    join (membership may change), or None: the same agents go on. Every agent of the round decides for
+    itself; one that says no aborts the fast path for all of them."""
+    message = result.message
+    if message is None:
+        return "the round ended without a decision"
+    if message.membership:
+        return "nodes wait to join"
+    if message.exclude:
+        return f"node {message.exclude} left the job"
+    if any(f.cause is Cause.PEER and f.round == rnd.index for f in ctx.summary.failures):
+        return "a node was lost"
+    try:
+        with ctx.store_call("asking whether nodes wait to join"):
+            waiting = ctx.rendezvous.spare_count()
+    except Exception as err:  # the join that follows meets the same store and reports it
+        return f"could not ask whether nodes wait ({type(err).__name__})"
+    return f"{waiting} node(s) wait outside the round" if waiting else None

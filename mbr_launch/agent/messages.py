@@ -1,6 +1,6 @@
 """Typed values that reach the supervisor loop from other threads and processes, decoded once at the edge.
 
-Producers: the rank monitor's reader thread (``decode_monitor_event``), the peer watch and the stop watchers
+Producers: the rank monitor's reader thread (``decode_monitor_event``), the peer watch and the stop listeners
 (``cluster``), the wake-up on the monitor's pidfd. Signals travel on their own queue (``wakeup``). Past
 this module no code looks an event up by a string key.
 """
@@ -14,7 +14,7 @@ from typing import Any, Mapping, Union
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerLost, StoreLost
 from mbr_launch.cluster.stops import StopMessage
-from mbr_launch.monitor.wire import Event as Wire
+from mbr_launch.monitor.wire import MonitorEvent
 
 
 class Outcome(enum.Enum):
@@ -149,21 +149,21 @@ def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
     (connected, disconnected, timeouts_updated)."""
     name = raw.get("ev")
     local_rank = _int(raw.get("local_rank"))
-    if name in (Wire.FIRST_HEARTBEAT, Wire.FIRST_STEP) and local_rank is not None:
-        return RankStarted(local_rank, first_step=raw if name == Wire.FIRST_STEP else None)
-    if name in (Wire.STEPS, Wire.STATUS):
+    if name in (MonitorEvent.FIRST_HEARTBEAT, MonitorEvent.FIRST_STEP) and local_rank is not None:
+        return RankStarted(local_rank, first_step=raw if name == MonitorEvent.FIRST_STEP else None)
+    if name in (MonitorEvent.STEPS, MonitorEvent.STATUS):
         return Progress(str(name), raw)
-    if name == Wire.EXPIRED and local_rank is not None:
+    if name == MonitorEvent.EXPIRED and local_rank is not None:
         sections = raw.get("open_sections")
         return RankExpired(local_rank=local_rank, rank=_int(raw.get("rank")), pid=_int(raw.get("pid")),
                            kind=str(raw.get("kind")), section=raw.get("section") if isinstance(raw.get("section"), str) else None,
                            timeout=_float(raw.get("timeout")), elapsed=_float(raw.get("elapsed")),
                            last_heartbeat_age=_float(raw.get("last_heartbeat_age")),
                            open_sections=tuple(str(s) for s in sections) if isinstance(sections, list) else ())
-    if name == Wire.ERROR:
+    if name == MonitorEvent.ERROR:
         return MonitorWarning(message=str(raw.get("message") or "(no message)")[:MAX_WARNING],
                               local_rank=local_rank, pid=_int(raw.get("pid")))
-    if name == Wire.WORKLOAD_REQUEST:
+    if name == MonitorEvent.WORKLOAD_REQUEST:
         return WorkloadRequest(rank=_int(raw.get("rank")), action=str(raw.get("action")),
                                description=str(raw.get("description") or ""))
     return None

@@ -125,8 +125,8 @@ def join_progress(ctx: Context) -> JoinProgress:
     counter = None
     if rdzv.backend == "c10d":
         # The handler is made on the first join, by the blocked thread: read it when there is one (asked at each
-        # read: a stand-in rendezvous without one reads as unknown).
-        counter = JoinCounter(lambda: ctx.rendezvous.existing_handler())  # type: ignore[attr-defined]
+        # read; None before the first join, and from a stand-in rendezvous: unknown).
+        counter = JoinCounter(ctx.rendezvous.existing_handler)
     read_every = max(POLL, rdzv.max_nodes / STATE_READS_PER_SECOND)
     return JoinProgress(report, counter, ctx.say, read_every=read_every).start()  # real time: what a person waits
 

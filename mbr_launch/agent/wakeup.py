@@ -1,6 +1,6 @@
 """How the supervisor loop sleeps and is woken.
 
-Threads (monitor reader, peer watch, stop watchers) ``post`` typed events; signal handlers only append the
+Threads (monitor reader, peer watch, stop listeners) ``post`` typed events; signal handlers only append the
 signal number to their own queue (no logging, no locks: gunicorn's rule). Both write a byte to a
 non-blocking pipe, so one ``select`` over that pipe, the workers' pidfds and the monitor's pidfd wakes the
 loop for any of them. Signals have their own queue so that a back-off or a round change can look for one

@@ -9,8 +9,9 @@ from mbr_launch.agent.messages import AllDone, Event, InquiryOpened, NodesWaitin
 from mbr_launch.cluster import inquiry
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerWatch
-from mbr_launch.cluster.rendezvous import Rendezvous, Round, hosts_store
-from mbr_launch.cluster.stops import (ALL_DONE_KEY, StopMessage, StopWatcher, count_unhealthy, mark_done, publish_stop,
+from mbr_launch.cluster.rendezvous import Rendezvous, hosts_store
+from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.stops import (ALL_DONE_KEY, StopListener, StopMessage, count_unhealthy, mark_done, publish_stop,
                                       read_stop)
 from mbr_launch.decide.verdict import RankEvidence, Verdict
 from mbr_launch.decide.verdict_codec import (evidence_list_from_dicts, evidence_to_dict, verdict_from_dict,
@@ -26,8 +27,8 @@ class RoundWatch:
         self._round, self._post = rnd, post
         self._peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
                                 on_waiting=lambda count: post(NodesWaiting(count)))
-        self.threads: list[StopWatcher | PeerWatch] = [
-            StopWatcher(rnd, lambda raw: post(PeerStopped(StopMessage.decode(raw)))), self._peers]
+        self.threads: list[StopListener | PeerWatch] = [
+            StopListener(rnd, lambda raw: post(PeerStopped(StopMessage.decode(raw)))), self._peers]
         for thread in self.threads:
             thread.start()
 
@@ -35,13 +36,13 @@ class RoundWatch:
         return self._peers.silent_for()
 
     def watch_all_done(self) -> None:
-        watcher = StopWatcher(self._round, lambda _raw: self._post(AllDone()), key=ALL_DONE_KEY)
+        watcher = StopListener(self._round, lambda _raw: self._post(AllDone()), key=ALL_DONE_KEY)
         self.threads.append(watcher)
         watcher.start()
 
     def watch_inquiry(self, number: int) -> None:
         """Wake the agent when another node opens hang inquiry ``number`` of this round."""
-        watcher = StopWatcher(self._round, lambda raw: self._post(InquiryOpened(Opener.decode(number, raw))),
+        watcher = StopListener(self._round, lambda raw: self._post(InquiryOpened(Opener.decode(number, raw))),
                               key=inquiry.open_key(number))
         self.threads.append(watcher)
         watcher.start()
@@ -52,7 +53,7 @@ class RoundWatch:
 
     def join(self) -> None:
         for thread in self.threads:
-            thread.join(StopWatcher.POLL + 1.0)
+            thread.join(StopListener.POLL + 1.0)
 
 
 class StoreCluster:

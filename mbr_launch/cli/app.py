@@ -21,9 +21,9 @@ from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
 from mbr_launch.cli.process import guarded, prepare
-from mbr_launch.cli.quick import DOCTOR, REPORT
+from mbr_launch.cli.plainline import DOCTOR, REPORT
 from mbr_launch.report import exitcodes
-from mbr_launch.startup import resume_gc
+from mbr_launch.gcpause import resume_gc
 
 # No interspersed args: everything after SCRIPT is the script's, even when it looks like our option.
 CONTEXT = {"allow_interspersed_args": False, "help_option_names": ["-h", "--help"]}

@@ -1,7 +1,7 @@
 """The console script ``mbr-launch`` (and ``python -m mbr_launch``).
 
-The collector is paused first (``mbr_launch.startup``), before typer, rich and torch are imported; a plain
-launch line then runs without typer at all (``cli.quick``), anything else through ``cli.app``. Kept apart
+The collector is paused first (``mbr_launch.gcpause``), before typer, rich and torch are imported; a plain
+launch line then runs without typer at all (``cli.plainline``), anything else through ``cli.app``. Kept apart
 from ``app`` so that tests can import ``app`` in their own process and keep their collector.
 """
 
@@ -10,14 +10,14 @@ from __future__ import annotations
 import os
 import sys
 
-from mbr_launch.startup import pause_gc
+from mbr_launch.gcpause import pause_gc
 
 
 def entry() -> None:
     pause_gc()
-    from mbr_launch.cli import quick
+    from mbr_launch.cli import plainline
 
-    code = quick.run(sys.argv[1:])
+    code = plainline.run(sys.argv[1:])
     if code is None:
         from mbr_launch.cli.app import main
 

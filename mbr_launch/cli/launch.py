@@ -9,7 +9,7 @@ from typing import Annotated, Any, Optional
 
 import typer
 
-from mbr_launch.cli import quick
+from mbr_launch.cli import plainline
 from mbr_launch.cli.helptext import help_all_option, version_option
 from mbr_launch.cli.options import keyword, with_settings
 
@@ -19,7 +19,7 @@ def launch_command(**values: Any) -> None:
 
     Run one mbr-launch per node (under Slurm: srun --kill-on-bad-exit=0 mbr-launch ...). Everything
     after SCRIPT is passed to the script."""
-    raise typer.Exit(quick.launch(values))  # the same launch as a plain command line's, read by typer
+    raise typer.Exit(plainline.launch(values))  # the same launch as a plain command line's, read by typer
 
 
 with_settings(

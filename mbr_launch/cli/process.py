@@ -1,5 +1,5 @@
 """The launcher process's own set-up and last-resort error handling, shared by every command and by the plain
-launch (``cli.quick``), which runs without typer. Imports nothing heavy: the plain launch's start-up pays for
+launch (``cli.plainline``), which runs without typer. Imports nothing heavy: the plain launch's start-up pays for
 every module imported here."""
 
 from __future__ import annotations

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mbr_launch.cluster import connections, torch_internals
+from mbr_launch.cluster import storeclients, torch_internals
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class JoinCounter:
         if self._shared:
             return C10dRendezvousBackend(own, run_id)
         # the agent's pool, where the first round's connections were opened while it waited to join
-        return C10dRendezvousBackend(connections.POOL.acquire(host, int(port), self._timeout), run_id)
+        return C10dRendezvousBackend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id)
 
     def read(self) -> JoinState | None:
         try:

@@ -24,7 +24,7 @@ import threading
 import time
 from typing import Any, Callable, Iterator
 
-from mbr_launch.cluster import connections, torch_internals
+from mbr_launch.cluster import storeclients, torch_internals
 from mbr_launch.cluster.torch_internals import Patch
 
 PAUSE = 1.0  # torch's pause between two reads of the state while it waits in a join
@@ -62,7 +62,7 @@ class JoinWake:
         state = self._holder.state
         client = None
         if not state.complete and state.round != self._woken_round:
-            client = connections.POOL.take_idle(self._host, self._port)
+            client = storeclients.POOL.take_idle(self._host, self._port)
         if client is None:  # complete already (a waiting spare), or woken once: the key would not wait
             _torch_delay(seconds)  # type: ignore[misc]
             return
@@ -77,7 +77,7 @@ class JoinWake:
             self.woken, self._woken_round = True, state.round
             torch_internals.mark_state_stale(self._holder)  # torch's next sync reads the store, not its cache
             break
-        connections.POOL.release(client)
+        storeclients.POOL.release(client)
 
     @contextlib.contextmanager
     def waiting(self) -> Iterator["JoinWake"]:

@@ -21,7 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
-from mbr_launch.cluster.rendezvous import Round, release_control
+from mbr_launch.cluster.rendezvous import release_control
+from mbr_launch.cluster.round import Round
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ import datetime
 import os
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from torch.distributed import PrefixStore, Store, TCPStore
@@ -33,16 +32,17 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import (connections, eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink,
+from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
                                 torch_internals)
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
 
 # Connections opened for the pool while the agent joins: the join progress line's and the first round's stop
-# watcher's (the one a restart waits on). Each new connection costs a reverse lookup in torch's client; more
+# listener's (the one a restart waits on). Each new connection costs a reverse lookup in torch's client; more
 # of them in the launch's burst made the 32-agent launch slower (31.5-31.8 s without, 36.8 s with 5).
 WATCHER_CONNECTIONS = 2
 
@@ -55,37 +55,9 @@ class RendezvousClosed(RendezvousFailed):
     """The other nodes closed the rendezvous: the job ended while this node waited to join a round."""
 
 
-@dataclass(frozen=True)
-class Round:
-    """One admitted membership: what a node needs to start its workers."""
-
-    index: int  # this agent's count of rounds joined (0, 1, ...)
-    group_rank: int
-    group_world_size: int
-    world_size: int
-    rank_offset: int  # global rank of this node's local rank 0
-    master_addr: str
-    master_port: int
-    restart_count: int  # job-wide failures so far (the same on every node)
-    token: str  # unique per round; prefixes the job-level control keys
-    store: Store  # the round's coordination store (torch's, round-prefixed)
-    control: Store  # keys of this round's control messages (stop, done), on our own prefix
-    control_prefix: str
-    store_host: str  # the rendezvous TCPStore, for extra client connections (watchers)
-    store_port: int
-    fast: bool = False  # agreed through the fast path (``cluster.fastround``), not a c10d join
-    fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
-    woken: bool = False  # the c10d join learnt of its round's completion from the completer (joinwake)
-
-    def connect_control(self, timeout: float = 30.0) -> Store:
-        """A client connection of the calling thread's own to this round's control keys, from the pool of
-        earlier rounds' (``cluster.connections``) or new; ``release_control`` gives it back."""
-        return PrefixStore(self.control_prefix, connections.POOL.acquire(self.store_host, self.store_port, timeout))
-
-
 def release_control(store: Store) -> None:
     """Give a ``connect_control`` connection back for a later round's watcher (only one that still works)."""
-    connections.POOL.release(_base_store(store))
+    storeclients.POOL.release(_base_store(store))
 
 
 def hosts_store(port: int) -> bool:
@@ -167,7 +139,7 @@ class Rendezvous:
         if not getattr(store, "port", 0):  # a file store (or no store found: the check says which part)
             why = torch_internals.STORE_ADDRESS.check(handler).why_not or "the rendezvous store is not a TCPStore"
             return torch_internals.JOIN_WAKE.refused(why)
-        connections.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
+        storeclients.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
         patch, self._wake = joinwake.install(handler, host=store.host, port=int(store.port),
                                              prefix=f"{self._job}/complete/")
         return patch
@@ -359,7 +331,7 @@ class Rendezvous:
         """``num_nodes_waiting`` for another thread (the peer watch): its own store connection, and without
         the handler's heartbeat lock (see ``spare_count``); the handler's count when that read fails. The
         reader and its connection are made once and serve every round's peer watch (one at a time): a new
-        connection every round is what ``cluster.connections`` avoids."""
+        connection every round is what ``cluster.storeclients`` avoids."""
         if self._waiting_reader is None:
             self._waiting_reader = JoinCounter(lambda: self._handler)
         reader = self._waiting_reader

@@ -14,7 +14,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any, Callable
 
-from mbr_launch.cluster.rendezvous import Round, release_control
+from mbr_launch.cluster.rendezvous import release_control
+from mbr_launch.cluster.round import Round
 from mbr_launch.report import exitcodes
 
 STOP_KEY = "stop"
@@ -116,7 +117,7 @@ def count_unhealthy(rnd: Round, *, add: bool) -> int:
     return int(rnd.control.add(UNHEALTHY_KEY, 1 if add else 0))
 
 
-class StopWatcher:
+class StopListener:
     """Waits in a thread for a key of one round (a peer's stop message, or "all done"); wakes the agent
     through a callback that gets the key's value.
 

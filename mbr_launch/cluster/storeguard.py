@@ -15,6 +15,25 @@ import time
 from typing import Callable, Iterator
 
 
+class StoreUnreachable(Exception):
+    """A store call failed because the store is gone (its host's agent died, its link broke): what the call
+    was for and torch's error. The supervisor ends the run with exit 3 and one line, never "internal error"."""
+
+    def __init__(self, what: str, error: BaseException) -> None:
+        super().__init__(f"{what}: {type(error).__name__}: {error}")
+        self.what, self.error = what, error
+
+
+def store_errors() -> tuple[type[BaseException], ...]:
+    """What torch raises when the store cannot be reached: its DistError family (DistNetworkError "Broken
+    pipe", "Failed to recv", DistStoreError timeouts), the elastic rendezvous' connection and state errors,
+    and the socket errors under them. Imported late: this module loads before torch."""
+    from torch.distributed import DistError
+    from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
+
+    return DistError, RendezvousConnectionError, RendezvousStateError, ConnectionError, TimeoutError
+
+
 class StoreGuard:
     def __init__(self, on_expire: Callable[[str, float], None], *, clock: Callable[[], float] = time.monotonic,
                  tick: float = 0.25) -> None:

@@ -23,7 +23,7 @@ from mbr_launch.doctor import probes, processes
 from mbr_launch.doctor.probes import Limit, NvmlView, Versions
 
 if TYPE_CHECKING:  # imported where used: a launch without a Megatron-Bridge config never needs them
-    from mbr_launch.doctor.mbridge import BridgeConfig, ConfigError, InProcessRestart
+    from mbr_launch.doctor.mbridge import BridgeConfig, BridgeConfigError, InProcessRestart
 
 # torch's default for NCCL process groups (ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout).
 TORCH_NCCL_DEFAULT_PG_TIMEOUT_S = 600.0
@@ -103,7 +103,7 @@ class DoctorContext:
     # ---- derived views -------------------------------------------------------------------------
 
     @cached_property
-    def bridge(self) -> BridgeConfig | ConfigError | None:
+    def bridge(self) -> BridgeConfig | BridgeConfigError | None:
         """The loaded Megatron-Bridge config, the error that stopped loading it, or None without one."""
         if not self.config_path:
             return None
@@ -111,7 +111,7 @@ class DoctorContext:
 
         try:
             return mbridge.load(self.config_path)
-        except mbridge.ConfigError as exc:
+        except mbridge.BridgeConfigError as exc:
             return exc
 
     @property

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from mbr_launch.config.errors import ConfigError as BadInput
+from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.files import (BRIDGE_IGNORED_KEYS, BRIDGE_LOOSE_SECTIONS, BRIDGE_OTHER_SECTIONS,
                                      BRIDGE_STRICT_SECTIONS, OWN_SECTIONS, find_fault_tolerance)
 from mbr_launch.config.yamlfile import read_yaml
 
 
-class ConfigError(Exception):
+class BridgeConfigError(Exception):
     """The file cannot be read or is not a mapping of sections; the message quotes the problem."""
 
 
@@ -172,12 +172,12 @@ def load(path: str | Path) -> BridgeConfig:
     p = Path(path)
     try:
         raw = read_yaml(str(p))  # a FIFO, a device, a huge or binary file: one line, never a hang
-    except BadInput as exc:
-        raise ConfigError(str(exc)) from exc
+    except ConfigError as exc:
+        raise BridgeConfigError(str(exc)) from exc
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise ConfigError(f"{p}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+        raise BridgeConfigError(f"{p}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     return parse(raw, path=str(p))
 
 

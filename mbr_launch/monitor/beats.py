@@ -12,7 +12,7 @@ from mbr_launch.monitor.control import parse_socket_path
 from mbr_launch.monitor.sockets import Sockets
 from mbr_launch.monitor.state import Shared, Slot
 from mbr_launch.monitor.steps import BEAT
-from mbr_launch.monitor.wire import Event
+from mbr_launch.monitor.wire import MonitorEvent
 
 
 class StepBeats:
@@ -57,7 +57,7 @@ class StepBeats:
                 continue
             index, period, cpu, flags = BEAT.unpack(data)
             if slot.steps.beat(now, index, period, cpu, flags):
-                self.shared.emit({"ev": Event.FIRST_STEP, "local_rank": slot.local_rank, "rank": slot.rank,
+                self.shared.emit({"ev": MonitorEvent.FIRST_STEP, "local_rank": slot.local_rank, "rank": slot.rank,
                                   "t": round(now - slot.steps.armed_at, 6), "monotonic": now})
                 # the first step replaces the initial timeout with the (usually much shorter) step timeout
                 self.shared.check_by(slot.steps.deadline)
@@ -73,4 +73,4 @@ class StepBeats:
                               "nvrx_client": not slot.steps.enforced, **report})
         self.report_at = None
         if ranks:
-            self.shared.emit({"ev": Event.STEPS, "ranks": ranks})
+            self.shared.emit({"ev": MonitorEvent.STEPS, "ranks": ranks})

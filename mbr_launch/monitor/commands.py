@@ -27,7 +27,7 @@ from mbr_launch.monitor.sockets import Sockets
 from mbr_launch.monitor.state import Shared, Slot
 from mbr_launch.monitor.status import ranks_event
 from mbr_launch.monitor.timers import Timers
-from mbr_launch.monitor.wire import Event, Op
+from mbr_launch.monitor.wire import MonitorEvent, Op
 
 Command = Callable[[dict[str, Any]], None]
 
@@ -86,7 +86,7 @@ class Commands:
         shared.dir, shared.cfg = directory, cfg
         self.launcher_path = os.path.join(directory, "launcher.sock")
         self.sockets.listen(self.launcher_path, None)
-        shared.emit({"ev": Event.READY, "launcher_socket": self.launcher_path})
+        shared.emit({"ev": MonitorEvent.READY, "launcher_socket": self.launcher_path})
 
     def arm(self, msg: dict[str, Any]) -> None:
         shared = self.shared
@@ -112,7 +112,7 @@ class Commands:
         now = shared.clock()
         slot.watch.arm(now)
         self.beats.arm(slot, msg.get("step_socket"), now)
-        shared.emit({"ev": Event.ARMED, "local_rank": local_rank})
+        shared.emit({"ev": MonitorEvent.ARMED, "local_rank": local_rank})
 
     def pid(self, msg: dict[str, Any]) -> None:
         slot = self._slot(msg)
@@ -124,10 +124,10 @@ class Commands:
         slot.watch.disarm()
         slot.steps.disarm()
         self.connections.drop_slot(slot)
-        self.shared.emit({"ev": Event.DISARMED, "local_rank": slot.local_rank})
+        self.shared.emit({"ev": MonitorEvent.DISARMED, "local_rank": slot.local_rank})
 
     def snapshot(self, msg: dict[str, Any]) -> None:
-        self.shared.emit(ranks_event(Event.SNAPSHOT, self.shared.sorted_slots(), self.shared.clock()))
+        self.shared.emit(ranks_event(MonitorEvent.SNAPSHOT, self.shared.sorted_slots(), self.shared.clock()))
 
     def exit(self, msg: dict[str, Any]) -> None:
         self.shared.running = False

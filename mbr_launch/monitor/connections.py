@@ -39,7 +39,7 @@ from mbr_launch.monitor.protocol import (
 from mbr_launch.monitor.state import Conn, Shared, Slot
 from mbr_launch.monitor.status import timeouts_updated
 from mbr_launch.monitor.steps import is_checkpoint_section
-from mbr_launch.monitor.wire import Event
+from mbr_launch.monitor.wire import MonitorEvent
 
 # How long a connection that came before the agent named the worker's pid waits for it (the agent sends
 # it right after the spawn; a warm standby can connect within milliseconds of becoming the rank).
@@ -149,7 +149,7 @@ class Connections:
                 if not conn.dropped:
                     conn.dropped = True
                     if self._detach(conn) and conn.slot is not None:
-                        shared.emit({"ev": Event.DISCONNECTED, "local_rank": conn.slot.local_rank})
+                        shared.emit({"ev": MonitorEvent.DISCONNECTED, "local_rank": conn.slot.local_rank})
                 self.conns.discard(conn)
                 self.threads.discard(threading.current_thread())
             sock.close()
@@ -159,7 +159,7 @@ class Connections:
         slot = conn.slot
         where = f"local rank {slot.local_rank}" if slot else "launcher socket"
         with self.shared.lock:
-            self.shared.emit({"ev": Event.ERROR, "local_rank": slot.local_rank if slot else None,
+            self.shared.emit({"ev": MonitorEvent.ERROR, "local_rank": slot.local_rank if slot else None,
                               "pid": conn.peer_pid, "message": f"{where}: {message}"})
 
     def _admit(self, conn: Conn) -> bool:
@@ -192,7 +192,7 @@ class Connections:
                 self._error(conn, f"refused a workload request: {exc}")
                 return replies.frame(replies.dumps(f"refused: {exc}".encode()))
             with shared.lock:
-                shared.emit({"ev": Event.WORKLOAD_REQUEST, "rank": work.rank, "action": work.action,
+                shared.emit({"ev": MonitorEvent.WORKLOAD_REQUEST, "rank": work.rank, "action": work.action,
                              "description": work.description})
             return replies.WORKLOAD_OK_FRAME
         req = self.decoder.decode(payload)  # pure, outside the lock
@@ -217,7 +217,7 @@ class Connections:
             return _NOT_INITIALISED
         clock = self.shared.clock
         if slot.watch.heartbeat(clock()):
-            self.shared.emit({"ev": Event.FIRST_HEARTBEAT, "local_rank": slot.local_rank, "rank": slot.rank,
+            self.shared.emit({"ev": MonitorEvent.FIRST_HEARTBEAT, "local_rank": slot.local_rank, "rank": slot.rank,
                               "t": round(clock() - slot.watch.armed_at, 6)})
         return _ok(conn)
 
@@ -263,7 +263,7 @@ class Connections:
         conn.quiet = newer and base.get("skip_section_response") is True
         if slot.rank is None:
             slot.rank = req.rank
-        self.shared.emit({"ev": Event.CONNECTED, "local_rank": slot.local_rank, "rank": req.rank,
+        self.shared.emit({"ev": MonitorEvent.CONNECTED, "local_rank": slot.local_rank, "rank": req.rank,
                           "pid": slot.client_pid, "nvrx": version, "iteration": req.iteration,
                           "replies": not conn.quiet})
         cfg = replies.ft_config(self.shared.effective_cfg(slot, version), version)
@@ -290,7 +290,7 @@ class Connections:
     def _refuse(self, slot: Slot, conn: Conn, cause: str, *, oneway: bool = False) -> bytes:
         """Lock held: report ``cause`` to the agent and answer ``ErrorMsg(cause)`` (the client raises it),
         unless the client reads no reply to this message (``oneway`` on a quiet connection)."""
-        self.shared.emit({"ev": Event.ERROR, "local_rank": slot.local_rank, "pid": conn.peer_pid,
+        self.shared.emit({"ev": MonitorEvent.ERROR, "local_rank": slot.local_rank, "pid": conn.peer_pid,
                           "message": f"local rank {slot.local_rank}: refused a request: {cause}"})
         if oneway and conn.quiet:
             return NO_REPLY

@@ -30,7 +30,7 @@ Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state star
                                              +--------- re-init --------+
     any state --disarm--> DISARMED
 
-Each client session produces at most one verdict: after EXPIRED nothing expires again until the next arm
+Each client session produces at most one expiry: after EXPIRED nothing expires again until the next arm
 or until the client initialises again. A re-init starts a new session (NVRx's server resets its timers on
 InitMsg too): that is how an NVRx in-process restart reconnects, and its ranks are watched again.
 """
@@ -51,7 +51,9 @@ class Phase(enum.Enum):
     DISARMED = "disarmed"
 
 
-class Event(enum.Enum):
+class Trigger(enum.Enum):
+    """What moves a rank's watch from one phase to the next (``TRANSITIONS``)."""
+
     ARM = "arm"
     INIT = "init"
     MESSAGE = "message"  # heartbeat, section, config update
@@ -61,30 +63,30 @@ class Event(enum.Enum):
 
 
 class InvalidTransition(Exception):
-    def __init__(self, phase: Phase, event: Event) -> None:
-        super().__init__(f"{event.value} is not valid in state {phase.value}")
-        self.phase, self.event = phase, event
+    def __init__(self, phase: Phase, trigger: Trigger) -> None:
+        super().__init__(f"{trigger.value} is not valid in state {phase.value}")
+        self.phase, self.trigger = phase, trigger
 
 
-_P, _E = Phase, Event
-TRANSITIONS: Mapping[tuple[Phase, Event], Phase] = {
-    (_P.ARMED, _E.ARM): _P.ARMED,
-    (_P.ARMED, _E.INIT): _P.MONITORING,
-    (_P.ARMED, _E.DISCONNECT): _P.ARMED,  # a connection that closed before InitMsg
-    (_P.ARMED, _E.DISARM): _P.DISARMED,
-    (_P.MONITORING, _E.ARM): _P.ARMED,
-    (_P.MONITORING, _E.INIT): _P.MONITORING,
-    (_P.MONITORING, _E.MESSAGE): _P.MONITORING,
-    (_P.MONITORING, _E.DISCONNECT): _P.ARMED,
-    (_P.MONITORING, _E.EXPIRE): _P.EXPIRED,
-    (_P.MONITORING, _E.DISARM): _P.DISARMED,
-    (_P.EXPIRED, _E.ARM): _P.ARMED,
-    (_P.EXPIRED, _E.INIT): _P.MONITORING,  # a new client session (in-process restart): watched again
-    (_P.EXPIRED, _E.MESSAGE): _P.EXPIRED,
-    (_P.EXPIRED, _E.DISCONNECT): _P.EXPIRED,
-    (_P.EXPIRED, _E.DISARM): _P.DISARMED,
-    (_P.DISARMED, _E.ARM): _P.ARMED,
-    (_P.DISARMED, _E.DISARM): _P.DISARMED,
+_P, _T = Phase, Trigger
+TRANSITIONS: Mapping[tuple[Phase, Trigger], Phase] = {
+    (_P.ARMED, _T.ARM): _P.ARMED,
+    (_P.ARMED, _T.INIT): _P.MONITORING,
+    (_P.ARMED, _T.DISCONNECT): _P.ARMED,  # a connection that closed before InitMsg
+    (_P.ARMED, _T.DISARM): _P.DISARMED,
+    (_P.MONITORING, _T.ARM): _P.ARMED,
+    (_P.MONITORING, _T.INIT): _P.MONITORING,
+    (_P.MONITORING, _T.MESSAGE): _P.MONITORING,
+    (_P.MONITORING, _T.DISCONNECT): _P.ARMED,
+    (_P.MONITORING, _T.EXPIRE): _P.EXPIRED,
+    (_P.MONITORING, _T.DISARM): _P.DISARMED,
+    (_P.EXPIRED, _T.ARM): _P.ARMED,
+    (_P.EXPIRED, _T.INIT): _P.MONITORING,  # a new client session (in-process restart): watched again
+    (_P.EXPIRED, _T.MESSAGE): _P.EXPIRED,
+    (_P.EXPIRED, _T.DISCONNECT): _P.EXPIRED,
+    (_P.EXPIRED, _T.DISARM): _P.DISARMED,
+    (_P.DISARMED, _T.ARM): _P.ARMED,
+    (_P.DISARMED, _T.DISARM): _P.DISARMED,
 }
 
 
@@ -115,7 +117,9 @@ class Timeouts:
 
 
 @dataclass(frozen=True)
-class Verdict:
+class Expiry:
+    """A rank's expired deadline: which timeout ran out, and how long its span had run."""
+
     kind: Kind
     section: Optional[str]  # the section that timed out, for Kind.SECTION
     timeout: float
@@ -152,16 +156,16 @@ class RankWatch:
     sec_deadline_name: Optional[str] = None  # None with sec_deadline set: out-of-section
     sec_timeout: Optional[float] = None  # the timeout behind sec_deadline ("warmup"'s for an early "step")
 
-    def _go(self, event: Event) -> None:
+    def _go(self, trigger: Trigger) -> None:
         try:
-            self.phase = TRANSITIONS[(self.phase, event)]
+            self.phase = TRANSITIONS[(self.phase, trigger)]
         except KeyError:
-            raise InvalidTransition(self.phase, event) from None
+            raise InvalidTransition(self.phase, trigger) from None
 
     # ---- agent-driven -----------------------------------------------------------------------------------
 
     def arm(self, now: float) -> None:
-        self._go(Event.ARM)
+        self._go(Trigger.ARM)
         self.timeouts = self.configured.copy()
         self.updated = False
         self.armed_at = now
@@ -169,11 +173,11 @@ class RankWatch:
         self.first_iteration = self.iteration = None
 
     def disarm(self) -> None:
-        self._go(Event.DISARM)
+        self._go(Trigger.DISARM)
         self._reset_session()
 
     def expire(self) -> None:
-        self._go(Event.EXPIRE)
+        self._go(Trigger.EXPIRE)
         self.hb_deadline = self.sec_deadline = None
 
     # ---- client-driven ----------------------------------------------------------------------------------
@@ -182,7 +186,7 @@ class RankWatch:
              timeouts: Optional[Timeouts] = None) -> None:
         """A client session starts. ``newer``: an NVRx 0.6+ client, whose rules apply; ``timeouts``: its
         version's, taken unless the client already replaced the armed ones."""
-        self._go(Event.INIT)
+        self._go(Trigger.INIT)
         self._reset_session()
         self.first_iteration = self.iteration = None
         self.newer, self.warmup_iterations = newer, warmup_iterations
@@ -193,13 +197,13 @@ class RankWatch:
         self._recompute_sections()
 
     def disconnect(self) -> None:
-        self._go(Event.DISCONNECT)
+        self._go(Trigger.DISCONNECT)
         if self.phase is Phase.ARMED:
             self._reset_session()
 
     def heartbeat(self, now: float) -> bool:
         """Record a heartbeat; True if it was the first one of this session."""
-        self._go(Event.MESSAGE)
+        self._go(Trigger.MESSAGE)
         if self.phase is Phase.EXPIRED:
             return False
         self.last_hb = now
@@ -209,7 +213,7 @@ class RankWatch:
         return self.heartbeats == 1
 
     def open_section(self, name: str, now: float, iteration: Optional[int] = None) -> None:
-        self._go(Event.MESSAGE)
+        self._go(Trigger.MESSAGE)
         if self.phase is Phase.EXPIRED:
             return
         self._note_iteration(name, iteration)
@@ -222,7 +226,7 @@ class RankWatch:
         self._recompute_sections()
 
     def close_section(self, name: str, now: float, iteration: Optional[int] = None) -> None:
-        self._go(Event.MESSAGE)
+        self._go(Trigger.MESSAGE)
         if self.phase is Phase.EXPIRED:
             return
         self._note_iteration(name, iteration)
@@ -234,7 +238,7 @@ class RankWatch:
         self._recompute_sections()
 
     def close_all_sections(self, now: float) -> None:
-        self._go(Event.MESSAGE)
+        self._go(Trigger.MESSAGE)
         if self.phase is Phase.EXPIRED:
             return
         self.open_sections.clear()
@@ -251,7 +255,7 @@ class RankWatch:
         update_hb: bool,
         update_sections: bool,
     ) -> None:
-        self._go(Event.MESSAGE)
+        self._go(Trigger.MESSAGE)
         self.updated = self.updated or update_hb or update_sections
         if update_hb:
             self.timeouts.initial, self.timeouts.subsequent = initial, subsequent
@@ -332,7 +336,7 @@ def next_deadline(w: RankWatch) -> Optional[float]:
     return hb if hb <= sec else sec
 
 
-def next_verdict(w: RankWatch, now: float) -> Optional[Verdict]:
+def next_expiry(w: RankWatch, now: float) -> Optional[Expiry]:
     """The timeout that has run out at ``now`` (the earliest, if several), else None."""
     deadline = next_deadline(w)
     if deadline is None or now < deadline:
@@ -340,12 +344,12 @@ def next_verdict(w: RankWatch, now: float) -> Optional[Verdict]:
     if w.hb_deadline is not None and w.hb_deadline == deadline:
         if w.last_hb is None:
             assert w.init_at is not None and w.timeouts.initial is not None
-            return Verdict(Kind.INITIAL_HEARTBEAT, None, w.timeouts.initial, now - w.init_at)
+            return Expiry(Kind.INITIAL_HEARTBEAT, None, w.timeouts.initial, now - w.init_at)
         assert w.timeouts.subsequent is not None
-        return Verdict(Kind.HEARTBEAT, None, w.timeouts.subsequent, now - w.last_hb)
+        return Expiry(Kind.HEARTBEAT, None, w.timeouts.subsequent, now - w.last_hb)
     name, t = w.sec_deadline_name, w.sec_timeout
     assert t is not None
     if name is not None:
-        return Verdict(Kind.SECTION, name, t, now - w.open_sections[name])
+        return Expiry(Kind.SECTION, name, t, now - w.open_sections[name])
     assert w.oos_since is not None
-    return Verdict(Kind.OUT_OF_SECTION, None, t, now - w.oos_since)
+    return Expiry(Kind.OUT_OF_SECTION, None, t, now - w.oos_since)

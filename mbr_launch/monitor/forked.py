@@ -97,7 +97,7 @@ def _child(commands: int, events: int, launcher: int) -> None:
         if retitle(f"{SERVER_MODULE}: rank monitor of mbr-launch {launcher}", name=COMM) is None:
             set_name(COMM)  # no title (no /proc/self/mem here): the name still tells it from the launcher
         from mbr_launch.monitor import server
-        from mbr_launch.startup import resume_gc
+        from mbr_launch.gcpause import resume_gc
 
         resume_gc()  # the launcher paused the collector for its imports; this process runs for days
         code = server.main()

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbr_launch.monitor.forked import Forked, fork_monitor
-from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, Event, Op
+from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, MonitorEvent, Op
 
 
 class MonitorError(RuntimeError):
@@ -27,7 +27,7 @@ class MonitorError(RuntimeError):
 
 # A command that fails in the monitor answers with an ``error`` event instead of its reply: the waiter is
 # told at once, with the monitor's own reason (say, a socket path too long), rather than after a timeout.
-_REPLY_OF = {Op.CONFIGURE: Event.READY, Op.ARM: Event.ARMED, Op.SNAPSHOT: Event.SNAPSHOT}
+_REPLY_OF = {Op.CONFIGURE: MonitorEvent.READY, Op.ARM: MonitorEvent.ARMED, Op.SNAPSHOT: MonitorEvent.SNAPSHOT}
 _GONE = "_gone"  # put in every reply queue when the monitor's stdout ends: nothing will answer any more
 
 
@@ -75,7 +75,7 @@ class MonitorLink:
         self.spawn()
         threading.Thread(target=self._read, daemon=True, name="monitor-events").start()
         self._send({"op": Op.CONFIGURE, "dir": str(sock_dir), "cfg": cfg, "steps": steps or {}})
-        ready = self._wait(Event.READY, timeout)
+        ready = self._wait(MonitorEvent.READY, timeout)
         self.launcher_socket = ready.get("launcher_socket")
 
     @property
@@ -89,7 +89,7 @@ class MonitorLink:
             step_socket: str | None = None) -> None:
         self._send({"op": Op.ARM, "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
                     "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
-        self._wait(Event.ARMED, timeout)
+        self._wait(MonitorEvent.ARMED, timeout)
 
     def set_pid(self, *, local_rank: int, pid: int) -> None:
         self._send({"op": Op.PID, "local_rank": local_rank, "pid": pid, "pgid": pid})
@@ -99,7 +99,7 @@ class MonitorLink:
 
     def snapshot(self, timeout: float = 2.0) -> dict[str, Any]:
         self._send({"op": Op.SNAPSHOT})
-        return self._wait(Event.SNAPSHOT, timeout)
+        return self._wait(MonitorEvent.SNAPSHOT, timeout)
 
     def close(self, timeout: float = 5.0) -> None:
         if not self._proc:
@@ -134,7 +134,7 @@ class MonitorLink:
             reply = self._replies[name].get(timeout=timeout)
         except queue.Empty:
             raise MonitorError(f"rank monitor did not answer '{name}' within {timeout:.0f} s") from None
-        if reply.get("ev") == Event.ERROR:
+        if reply.get("ev") == MonitorEvent.ERROR:
             raise MonitorError(f"rank monitor refused '{reply.get('op')}': {reply.get('message')}")
         if reply.get("ev") == _GONE:
             try:
@@ -154,7 +154,7 @@ class MonitorLink:
             if not isinstance(event, dict):
                 continue
             name = event.get("ev")
-            if name == Event.ERROR and event.get("op") in _REPLY_OF:
+            if name == MonitorEvent.ERROR and event.get("op") in _REPLY_OF:
                 name = _REPLY_OF[event["op"]]
             if name in self._replies:
                 self._replies[name].put(event)

@@ -8,7 +8,7 @@ and a wake-up pipe; its timeout is the earliest timer (``timers.py``). Each clie
 (``connections.py``). One lock (``state.Shared.lock``) guards all rank state.
 
 The monitor never kills on expiry; it reports and the agent decides. The one exception is the agent's
-death (``lifetime.py``).
+death (``kill_armed``): the monitor lives and dies with its agent.
 
 Must not import torch, NVRx, typer or rich: startup cost.
 """
@@ -16,24 +16,48 @@ Must not import torch, NVRx, typer or rich: startup cost.
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
-from typing import Callable
+from typing import Callable, Iterable
 
 from mbr_launch.monitor.beats import StepBeats
 from mbr_launch.monitor.commands import Commands
 from mbr_launch.monitor.connections import Connections
 from mbr_launch.monitor.control import ControlError, Emit, Emitter, LineReader
-from mbr_launch.monitor.deadlines import InvalidTransition
-from mbr_launch.monitor.lifetime import ignore_job_signals, kill_armed
+from mbr_launch.monitor.deadlines import InvalidTransition, Phase
 from mbr_launch.monitor.sockets import Sockets, drain, unlink
-from mbr_launch.monitor.state import Shared
+from mbr_launch.monitor.state import Shared, Slot
 from mbr_launch.monitor.timers import Timers
-from mbr_launch.monitor.wire import Event
+from mbr_launch.monitor.wire import MonitorEvent
 
 
 # epoll cannot wait longer than about 24 days: a far deadline is waited for in steps.
 MAX_WAIT = 3600.0
+
+JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
+def ignore_job_signals() -> None:
+    """Ignore the signals that hit a whole job (Ctrl-C, Slurm's SIGTERM and preemption signals): the monitor's
+    life ends only through the agent (``exit`` or stdin EOF) or SIGKILL."""
+    for sig in JOB_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def kill_armed(slots: Iterable[Slot]) -> None:
+    """SIGKILL the process group (else the process) of every rank still armed: when the agent dies (stdin
+    EOF, or a broken stdout), nobody else is left to clean up."""
+    for slot in slots:
+        if slot.watch.phase is Phase.DISARMED:
+            continue
+        try:
+            if slot.pgid is not None:
+                os.killpg(slot.pgid, signal.SIGKILL)
+            elif slot.pid is not None:
+                os.kill(slot.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # already gone
 
 
 class Monitor:
@@ -84,7 +108,7 @@ class Monitor:
                     self.commands.handle(msg)
                 except (ControlError, InvalidTransition, OSError) as exc:
                     op = msg.get("op") if isinstance(msg, dict) else None
-                    self.shared.emit({"ev": Event.ERROR, "message": str(exc), "op": op})
+                    self.shared.emit({"ev": MonitorEvent.ERROR, "message": str(exc), "op": op})
                 if not self.shared.running:
                     return
 
@@ -109,7 +133,7 @@ class Monitor:
 
 
 def main() -> int:
-    ignore_job_signals()  # the agent owns our lifetime (lifetime.py)
+    ignore_job_signals()  # the agent owns our lifetime
     emitter = Emitter(sys.stdout.fileno())
     monitor = Monitor(emitter.emit)
     emitter.on_broken = monitor.agent_gone

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 from typing import Any, Optional
 
-from mbr_launch.monitor.deadlines import Verdict
+from mbr_launch.monitor.deadlines import Expiry
 from mbr_launch.monitor.protocol import UpdateConfig
 from mbr_launch.monitor.state import Slot
-from mbr_launch.monitor.wire import STEP_KIND, Event
+from mbr_launch.monitor.wire import STEP_KIND, MonitorEvent
 
 
 def _age(now: float, since: Optional[float]) -> Optional[float]:
@@ -45,23 +45,23 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
     }
 
 
-def ranks_event(name: Event, slots: list[Slot], now: float) -> dict[str, Any]:
+def ranks_event(name: MonitorEvent, slots: list[Slot], now: float) -> dict[str, Any]:
     """A ``snapshot`` or ``status`` event: every rank's row, in local rank order."""
     return {"ev": name, "ranks": [describe(s, now) for s in slots]}
 
 
-def expired(slot: Slot, verdict: Verdict, now: float) -> dict[str, Any]:
+def expired(slot: Slot, expiry: Expiry, now: float) -> dict[str, Any]:
     """A heartbeat or section deadline passed."""
     w = slot.watch
     return {
-        "ev": Event.EXPIRED,
+        "ev": MonitorEvent.EXPIRED,
         "local_rank": slot.local_rank,
         "rank": slot.rank,
         "pid": slot.worker_pid(),
-        "kind": verdict.kind.value,
-        "section": verdict.section,
-        "timeout": verdict.timeout,
-        "elapsed": round(verdict.elapsed, 6),
+        "kind": expiry.kind.value,
+        "section": expiry.section,
+        "timeout": expiry.timeout,
+        "elapsed": round(expiry.elapsed, 6),
         "open_sections": list(w.open_sections),
         "last_heartbeat_age": _age(now, w.last_hb),
         "iteration": w.iteration,
@@ -72,7 +72,7 @@ def expired(slot: Slot, verdict: Verdict, now: float) -> dict[str, Any]:
 def step_expired(slot: Slot, timeout: float, elapsed: float, now: float) -> dict[str, Any]:
     """No step beat came within the step timeout."""
     return {
-        "ev": Event.EXPIRED, "local_rank": slot.local_rank, "rank": slot.rank,
+        "ev": MonitorEvent.EXPIRED, "local_rank": slot.local_rank, "rank": slot.rank,
         "pid": slot.worker_pid(), "kind": STEP_KIND,
         "section": None, "timeout": timeout, "elapsed": round(elapsed, 6),
         "open_sections": list(slot.watch.open_sections), "step": slot.steps.last_index,
@@ -85,7 +85,7 @@ def timeouts_updated(slot: Slot, req: UpdateConfig) -> dict[str, Any]:
     """The client changed its timeouts (NVRx's calculated timeouts, or the script's own)."""
     hb, sec = req.hb, req.section
     return {
-        "ev": Event.TIMEOUTS_UPDATED,
+        "ev": MonitorEvent.TIMEOUTS_UPDATED,
         "local_rank": slot.local_rank,
         "hb": None if hb is None else {"initial": hb.initial, "subsequent": hb.subsequent,
                                        "were_calculated": hb.were_calculated},

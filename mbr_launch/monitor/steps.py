@@ -11,7 +11,7 @@ rest of this arm. They are still recorded, for straggler scores and goodput.
 A ``FINISHED`` beat (the script called ``destroy_process_group``, or is exiting) stops the step clock: the
 time after the last step (final save, teardown) is no hang. A later step starts it again.
 
-Each arm produces at most one verdict (``expire`` stops the clock until the next ``arm``).
+Each arm produces at most one expiry (``expire`` stops the clock until the next ``arm``).
 """
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ class StepWatch:
         self.checkpoint_at = now
         self.pending_checkpoint = True
 
-    def verdict(self, now: float) -> Optional[tuple[float, float]]:
+    def expiry(self, now: float) -> Optional[tuple[float, float]]:
         """(timeout, elapsed) when the step deadline has passed at ``now``, else None."""
         if self.deadline is None or now < self.deadline or self.expired or not self.enforced:
             return None

@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Optional
 
 from mbr_launch.monitor.beats import StepBeats
-from mbr_launch.monitor.deadlines import Phase, next_verdict
+from mbr_launch.monitor.deadlines import Phase, next_expiry
 from mbr_launch.monitor.state import Shared
 from mbr_launch.monitor.status import expired, ranks_event, step_expired
-from mbr_launch.monitor.wire import Event
+from mbr_launch.monitor.wire import MonitorEvent
 
 
 class Timers:
@@ -52,19 +52,19 @@ class Timers:
             self.status_at = clock() + self.status_interval
             now = clock()
             if self.shared.slots:
-                self.shared.emit(ranks_event(Event.STATUS, self.shared.sorted_slots(), now))
+                self.shared.emit(ranks_event(MonitorEvent.STATUS, self.shared.sorted_slots(), now))
 
     def check_deadlines(self, now: float) -> None:
-        """Report every rank whose deadline has passed (one verdict per arm), and plan the next check."""
+        """Report every rank whose deadline has passed (one expiry per arm), and plan the next check."""
         earliest: Optional[float] = None
         for slot in self.shared.slots.values():
             w = slot.watch
-            verdict = next_verdict(w, now)
-            if verdict is not None:
-                self.shared.emit(expired(slot, verdict, now))
+            expiry = next_expiry(w, now)
+            if expiry is not None:
+                self.shared.emit(expired(slot, expiry, now))
                 w.expire()
-                slot.steps.expire()  # one verdict per arm
-            step = slot.steps.verdict(now)
+                slot.steps.expire()  # one expiry per arm
+            step = slot.steps.expiry(now)
             if step is not None:
                 self.shared.emit(step_expired(slot, step[0], step[1], now))
                 slot.steps.expire()

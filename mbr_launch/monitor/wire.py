@@ -2,7 +2,7 @@
 
 The channel is JSON lines: commands on the monitor's stdin, events on its stdout. The monitor produces the
 events (``server.py`` and its helpers); the agent decodes them (``link.py``). Both import the names from
-here. ``Op`` and ``Event`` are ``str`` enums, so a member is its wire string: it compares equal to the
+here. ``Op`` and ``MonitorEvent`` are ``str`` enums, so a member is its wire string: it compares equal to the
 string the other end sent, and ``json.dumps`` writes it unchanged (``enum.StrEnum`` would need Python 3.11).
 
 Agent -> monitor (one object per line):
@@ -54,7 +54,7 @@ class Op(_Wire):
     EXIT = "exit"
 
 
-class Event(_Wire):
+class MonitorEvent(_Wire):
     """The ``ev`` of an event from the monitor."""
 
     # replies to a command
@@ -76,7 +76,7 @@ class Event(_Wire):
 
 
 # The replies the agent waits for after sending a command (``disarmed`` is not waited for).
-REPLIES = (Event.READY, Event.ARMED, Event.SNAPSHOT)
+REPLIES = (MonitorEvent.READY, MonitorEvent.ARMED, MonitorEvent.SNAPSHOT)
 
 # ``kind`` of an ``expired`` event: a ``deadlines.Kind`` value, or this one for a missed step beat.
 STEP_KIND = "step"

@@ -32,6 +32,8 @@ rank_lost           round, ranks, local_ranks, healthy_nodes, nodes, min_nodes, 
 stop                round, reason, origin (node that asked)
 restart             round, restart_count, max_restarts, scope (job|node|rank), backoff
 exclude             round, reason
+leave_failed        round, reason (why): the excluded node could not leave the rendezvous at its exit (torch's
+                    exit operation failed); the other nodes drop it once its keep-alive expires
 peer_lost           round, kind, detail
 workload_request    rank, action, description
 monitor_lost        round, exit_code
@@ -103,6 +105,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "stop": ("round", "reason", "origin"),
     "restart": ("round", "restart_count", "max_restarts", "scope", "backoff"),
     "exclude": ("round", "reason"),
+    "leave_failed": ("round", "reason"),
     "peer_lost": ("round", "kind", "detail"),
     "workload_request": ("rank", "action", "description"),
     "monitor_lost": ("round", "exit_code"),

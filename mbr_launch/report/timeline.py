@@ -73,7 +73,9 @@ class Failure:
 
 
 @dataclass(frozen=True)
-class Round:
+class RoundRow:
+    """One rendezvous round of the run, as the report's round table lists it (all nodes together)."""
+
     index: Any
     t: float  # the first node's rendezvous, on the run's axis
     world_size: Any
@@ -89,7 +91,7 @@ class RunTimeline:
     started: str  # the earliest start event's ts
     wall: float
     lanes: tuple[Lane, ...]
-    rounds: tuple[Round, ...]
+    rounds: tuple[RoundRow, ...]
     failures: tuple[Failure, ...]
     exit_code: int | None
     reason: str
@@ -191,7 +193,7 @@ def _take(costs: list[FailureCost], rnd: Any) -> FailureCost | None:
 
 
 def _rounds(seen: dict[Any, list[tuple[float, dict[str, Any]]]], failures: list[Failure],
-            records: list[dict[str, Any]], worst: Lane | None) -> list[Round]:
+            records: list[dict[str, Any]], worst: Lane | None) -> list[RoundRow]:
     out = []
     for index in sorted(seen, key=lambda i: (not isinstance(i, int), i if isinstance(i, int) else 0)):
         t, first = min(seen[index], key=lambda pair: pair[0])
@@ -204,7 +206,7 @@ def _rounds(seen: dict[Any, list[tuple[float, dict[str, Any]]]], failures: list[
             then = f"end: {worst.reason} (exit code {worst.exit_code})" if worst else "no end event"
         else:
             then = "next round (membership change)"
-        out.append(Round(index=index, t=t, world_size=first.get("world_size"),
-                         nodes=first.get("group_world_size"), restart_count=first.get("restart_count"),
-                         failures=tuple(f.number for f in failures if f.round == index), then=then))
+        out.append(RoundRow(index=index, t=t, world_size=first.get("world_size"),
+                            nodes=first.get("group_world_size"), restart_count=first.get("restart_count"),
+                            failures=tuple(f.number for f in failures if f.round == index), then=then))
     return out

@@ -1,7 +1,7 @@
 """A warm standby's own side, inside the process: prepare, wait for the assignment, become the rank.
 
 ``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent side, which starts standbys and
-sends their assignments, is ``mbr_launch.workers.standby``). The standby preloads what its level says (in a
+sends their assignments, is ``mbr_launch.workers.standbypool``). The standby preloads what its level says (in a
 thread, so that the assignment is read as soon as it comes; an assignment that comes mid-preload starts the
 script at once, which waits for the rest only at its first ``import torch``, before a fork and at exit; a
 replacement that the agent runs at the lowest priority preloads at once), unless an assignment comes during
@@ -36,7 +36,7 @@ Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (nothing at ``interpreter``
 ``torch.compile`` import on first use (about 1.5 s of every restart on 2 cores). The default list never
 delays a rank: it is skipped without a word where torch has none, not begun once the assignment has come
 (the script imports it itself if it needs it), and imported by the first round's standbys only where there
-are at least 4 cores per local rank (``workers.standby.roomy``; on fewer, the replacements import it: two
+are at least 4 cores per local rank (``workers.standbypool.roomy``; on fewer, the replacements import it: two
 more such imports while the launcher itself starts would slow the first round). torch._dynamo reads about 280
 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's,
 TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload

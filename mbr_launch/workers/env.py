@@ -4,15 +4,14 @@ ft_launcher 0.6+ sets it, ``NVRX_CURRENT_CYCLE_INFO`` with ``--ft-cycle-info-dir
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING, Mapping
+from typing import Mapping
 
+from mbr_launch.cluster.round import Round  # torch-free: the early standby pool builds envs before torch loads
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import AUTOBEAT_ENV, AUTOBEAT_SOCKET_ENV, IGNORE_SIGNALS_ENV, STACK_FILE_ENV
 from mbr_launch.report import cycleinfo
 from mbr_launch.workers.flightrec import flight_env
 
-if TYPE_CHECKING:  # importing rendezvous imports torch: the early standby pool builds envs before that
-    from mbr_launch.cluster.rendezvous import Round
 
 # Set in the agent process only (see rendezvous.py); not part of what the user gave the workers.
 _AGENT_ONLY = ("TORCH_DISABLE_SHARE_RDZV_TCP_STORE",)

@@ -10,16 +10,17 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Protocol
 
 from mbr_launch.cluster import workerstore
+from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.report.appender import LineAppender, describe
 from mbr_launch.report.console import Console, process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.private import make_dir
-from mbr_launch.workers.standby import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
+from mbr_launch.workers.standbypool import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers.cyclelog import CycleLogs
@@ -27,8 +28,6 @@ from mbr_launch.workers.output import OutputPump
 from mbr_launch.workers import numa, strays
 from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
 
-if TYPE_CHECKING:  # annotations only: workers sit below cluster in the layers, and rendezvous imports torch
-    from mbr_launch.cluster.rendezvous import Round
 
 # The rank monitor's sockets of one local rank, in the agent's socket folder (the monitor adds launcher.sock).
 MONITOR_SOCKET = "rmon{}.sock"
@@ -56,16 +55,30 @@ def drop_empty_stack_file(worker: Worker) -> None:
         pass  # not made (a full disk), or gone already
 
 
+class RankArming(Protocol):
+    """The rank monitor as the group uses it (``monitor.link.MonitorLink``, which sits above workers in the
+    layers): arm a rank's socket before it starts, give the monitor its pid, disarm it once reaped."""
+
+    launcher_socket: str | None
+
+    @property
+    def pid(self) -> int | None: ...
+    def arm(self, *, local_rank: int, rank: int, socket: str, step_socket: str | None = None) -> None: ...
+    def set_pid(self, *, local_rank: int, pid: int) -> None: ...
+    def disarm(self, local_rank: int) -> None: ...
+
+
 class WorkerGroup:
     def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str], run_dir: Path, sock_dir: Path,
-                 log: EventLog, monitor: Any, say: Callable[[str], None], console: Console | None = None) -> None:
+                 log: EventLog, monitor: RankArming | None, say: Callable[[str], None],
+                 console: Console | None = None) -> None:
         self.cfg = cfg
         self.console = console or process_console()  # worker output shares the terminal with the live view
         self.environ = environ
         self.run_dir = run_dir
         self.sock_dir = sock_dir
         self.log = log
-        self.monitor = monitor  # MonitorLink or None
+        self.monitor = monitor  # the current MonitorLink (the agent's ``on_link`` replaces it), or None
         self.say = say
         self.workers: list[Worker] = []
         self._filtered: dict[str, LineAppender] = {}
@@ -322,7 +335,7 @@ class WorkerGroup:
         own = {w.pid for w in self.workers}
         if self.standby:
             own.update(self.standby.pids())
-        pid = getattr(self.monitor, "pid", None)
+        pid = self.monitor.pid if self.monitor else None
         if isinstance(pid, int):
             own.add(pid)
         return own

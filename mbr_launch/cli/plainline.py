@@ -3,7 +3,7 @@
 typer (with click, rich and, since typer 0.2x, pydantic, whose adapters it builds for each of the launch's 80
 options) costs an agent about 0.12 s of CPU before its rank can start; 32 agents on 2 cores pay it 32 times
 (launch 1.17x torchrun's there). Most launch lines are plain: settings' flags, each once, then SCRIPT and its
-arguments. ``read`` reads exactly those into the values typer would pass to ``launch_command`` (``test_quick``
+arguments. ``read`` reads exactly those into the values typer would pass to ``launch_command`` (``test_plainline``
 compares the two on every flag of the settings table) and returns None for anything else: --help, --version,
 ``--``, ``-`` , an unknown or repeated option, a flag with ``=``, a value that starts with ``-``, combined short
 flags, no script. typer then parses the line as always and gives its own message for a mistake.

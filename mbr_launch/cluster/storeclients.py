@@ -1,6 +1,6 @@
 """Client connections to the rendezvous store for the watcher threads, kept from one round to the next.
 
-Every round starts a stop watcher, an inquiry watcher and a peer watch per agent, each on a client connection
+Every round starts a stop listener, an inquiry watcher and a peer watch per agent, each on a client connection
 of its own (a blocking ``wait`` must not stall the agent's shared client). Opening them anew every round cost
 each agent three connections at the same moment as every other agent, and torch formats each new socket's
 addresses with a reverse DNS lookup (``getnameinfo``), on the store host's server thread as well: where
@@ -8,7 +8,7 @@ reverse DNS is slow (seen here: 5 s timeouts from an overloaded resolver during 
 32 agents), the whole store stalled for every agent. A released connection serves the next round's watcher
 instead, so after the first rounds a restart opens none. The first round's are opened while the agent waits
 to join (``prefill``): the client side's lookup stalls too (torch names the address it connects to, a mapped
-``::ffff:`` one, which /etc/hosts never answers), and one agent whose stop watcher took 4.4 s to connect
+``::ffff:`` one, which /etc/hosts never answers), and one agent whose stop listener took 4.4 s to connect
 learned of the first failure 4.4 s after every other agent (32 agents on 2 cores), holding up the restart.
 """
 

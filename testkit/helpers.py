@@ -1,0 +1,79 @@
+"""Helpers for tests that run the real launcher as a subprocess."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SCRIPTS = REPO / "tests" / "scripts"
+LAUNCHER = [sys.executable, "-m", "mbr_launch"]
+# torch's default MASTER_PORT: a stray torchrun or test job may hold it, so never hand it out.
+DEFAULT_TORCH_PORT = 29500
+
+
+def run_events(log_dir: Path) -> list[dict]:
+    """The event log of the one run under ``log_dir`` (``<log_dir>/<run>/events.jsonl``), every record checked
+    against the documented schema: a test that reads events also checks what it read is well formed."""
+    from mbr_launch.report.events import read_events, validate
+
+    files = sorted(log_dir.glob("*/events.jsonl"))
+    assert len(files) == 1, f"expected one run under {log_dir}, found {files}"
+    records = read_events(files[0])
+    for record in records:
+        assert validate(record) == [], record
+    return records
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nobody listens on right now (never 29500). Tests and benchmarks
+    share this one helper (benchmarks/harness imports it from here)."""
+    while True:
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port != DEFAULT_TORCH_PORT:
+            return port
+
+
+def launcher_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.pop("OMP_NUM_THREADS", None)
+    env["PYTHONWARNINGS"] = "ignore"
+    # A single-node launch without --master-port hosts its static store on torchrun's 29500, which
+    # concurrent tests (and other users) collide on: every launch here gets its own port unless it says.
+    env["PET_MASTER_PORT"] = str(free_port())
+    env.update(extra)
+    return env
+
+
+def run_launcher(args: list[str], *, timeout: float = 90, env: dict[str, str] | None = None,
+                 cwd: Path | None = None) -> subprocess.CompletedProcess:
+    """Run mbr-launch to completion; on timeout kill its whole session and fail loudly."""
+    proc = subprocess.Popen([*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or launcher_env(), cwd=cwd or REPO, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"launcher timed out after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def start_launcher(args: list[str], *, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env or launcher_env(), cwd=REPO, start_new_session=True, **kw)
+
+
+def finish(proc: subprocess.Popen, timeout: float = 90) -> tuple[str, str]:
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"launcher timed out after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
