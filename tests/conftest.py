@@ -3,28 +3,44 @@
 Every process a test starts inherits ``MBR_TEST_SESSION``; after each test we look for processes that
 still carry it (other than pytest itself) and fail the test if any survive, killing them so one leak does
 not cascade into the next test.
+
+Two tiers. A test that starts any process (a launcher, a worker, an NVRx client, a Slurm daemon, a
+``sleep``) carries the ``processes`` marker (``slurm`` and ``netns`` imply it); the rest run in pytest's
+process alone, in seconds: ``pytest -m "not processes"``. The marker is enforced, not trusted: a test
+without it that starts a process fails, saying so.
 """
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 import pytest
 
-from .helpers import free_port
+from testkit.helpers import free_port
 
 # The Slurm test-cluster fixtures (slurm_cluster, slurm_clean) for every test module.
-pytest_plugins = ["tests.slurm_cluster"]
+pytest_plugins = ["testkit.slurm_cluster"]
 
 MARKER = "MBR_TEST_SESSION"
 # Cluster daemons started by the Slurm fixture legitimately outlive single tests.
 _DAEMONS = {"slurmctld", "slurmd", "slurmstepd", "munged"}
 
-os.environ.setdefault(MARKER, uuid.uuid4().hex)
+# Under pytest-xdist (scripts/test runs two workers) each worker process has its own token and its own temp
+# dir: one worker's leftover check must never take the other's running launchers for leftovers, and launches
+# without --log-dir must not share (and prune) one default run folder.
+WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+if WORKER:
+    os.environ[MARKER] = uuid.uuid4().hex
+    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"mbr-{WORKER}-")
+    tempfile.tempdir = None  # read TMPDIR again
+else:
+    os.environ.setdefault(MARKER, uuid.uuid4().hex)
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -76,7 +92,9 @@ def leftover_processes(grace: float = 3.0) -> list[str]:
 
 # What ``cli.process.prepare`` sets for the launcher's own process: a test that calls it in pytest's process must not
 # hand it to every later test's subprocesses.
-_LAUNCHER_ONLY = ("TORCH_CPP_LOG_LEVEL", "RES_OPTIONS")
+# And what ``cluster.rendezvous`` sets before a join (a test that joins in-process made every later launch's
+# workers see TORCHELASTIC_USE_AGENT_STORE=False).
+_LAUNCHER_ONLY = ("TORCH_CPP_LOG_LEVEL", "RES_OPTIONS", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE")
 
 
 @pytest.fixture(autouse=True)
@@ -104,7 +122,62 @@ def port() -> int:
     return free_port()
 
 
+# Markers that mean "this test starts processes".
+PROCESS_MARKERS = ("processes", "slurm", "netns")
+_may_spawn = {"now": True}  # outside a test's run (collection, session set-up): allowed
+
+
+def _refuse_if_unmarked(what: str) -> None:
+    if not _may_spawn["now"]:
+        pytest.fail(f"this test starts a process ({what}) but is not marked: add @pytest.mark.processes "
+                    "(the fast tier, -m 'not processes', must start none)", pytrace=False)
+
+
+_popen_init = subprocess.Popen.__init__
+_fork = os.fork
+_posix_spawn = os.posix_spawn
+
+
+def _guarded_popen_init(self, args, *rest, **kwargs):  # type: ignore[no-untyped-def]
+    _refuse_if_unmarked(str(args)[:120])
+    _popen_init(self, args, *rest, **kwargs)
+
+
+def _guarded_fork() -> int:
+    _refuse_if_unmarked("os.fork")
+    return _fork()
+
+
+def _guarded_posix_spawn(path, *rest, **kwargs):  # type: ignore[no-untyped-def]
+    _refuse_if_unmarked(f"os.posix_spawn {path}")
+    return _posix_spawn(path, *rest, **kwargs)
+
+
+subprocess.Popen.__init__ = _guarded_popen_init  # type: ignore[method-assign]
+os.fork = _guarded_fork
+os.posix_spawn = _guarded_posix_spawn
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    _may_spawn["now"] = any(item.get_closest_marker(name) for name in PROCESS_MARKERS)
+    try:
+        yield
+    finally:
+        _may_spawn["now"] = True
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist's --dist loadgroup, the tests of the one local Slurm cluster and of network namespaces run
+    on one worker: they share machine-wide daemons and namespace names."""
+    for item in items:
+        if item.get_closest_marker("slurm") or item.get_closest_marker("netns"):
+            item.add_marker(pytest.mark.xdist_group("root-cluster"))
+
+
 def pytest_configure(config):
+    config.addinivalue_line("markers", "processes: starts real processes (the slow tier); -m 'not processes' "
+                                       "runs the rest in seconds")
     config.addinivalue_line("markers", "allow_leftovers: the test manages long-lived daemons itself")
     config.addinivalue_line("markers", "slurm: needs the local Slurm test cluster (root)")
     config.addinivalue_line("markers", "netns: needs network namespaces (root)")

@@ -22,7 +22,8 @@ from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Event
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.inquiry import Opener
-from mbr_launch.cluster.rendezvous import RendezvousFailed, Round
+from mbr_launch.cluster.rendezvous import RendezvousFailed
+from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.verdict import ProcState, RankEvidence, StackClass, Verdict
 from mbr_launch.report.events import EventLog
@@ -157,6 +158,9 @@ class FakeRendezvous:
 
     def spare_count(self) -> int:
         return self.spares
+
+    def existing_handler(self) -> None:
+        return None  # no torch handler: the join's progress line reads the count as unknown
 
 
 class FakeWatch:

@@ -39,6 +39,7 @@ def beat_socket():
     os.rmdir(directory)
 
 
+@pytest.mark.processes
 def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket):
     path, sock = beat_socket
     res = _python("""
@@ -71,6 +72,7 @@ def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket
         sock.recv(64)
 
 
+@pytest.mark.processes
 def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
     path, _sock = beat_socket
     script = tmp_path / "s.py"
@@ -104,13 +106,13 @@ def test_step_deadlines_initial_then_subsequent():
     w = StepWatch(initial=60.0, subsequent=2.0)
     w.arm(100.0)
     assert w.deadline == 160.0
-    assert w.verdict(159.9) is None and w.verdict(160.0) == (60.0, 60.0)
+    assert w.expiry(159.9) is None and w.expiry(160.0) == (60.0, 60.0)
     assert w.beat(110.0, 1, 9.0, 8.0, FIRST) is True
     assert w.deadline == 112.0 and w.pending == []  # the first step's period is start-up, not a step
     assert w.beat(111.0, 2, 1.0, 0.5, 0) is False
-    assert w.verdict(113.5) == (2.0, pytest.approx(2.5))
+    assert w.expiry(113.5) == (2.0, pytest.approx(2.5))
     w.expire()
-    assert w.verdict(1000.0) is None  # one verdict per arm
+    assert w.expiry(1000.0) is None  # one expiry per arm
     report = w.take_report()
     assert report is not None and report["periods"] == [1.0] and report["cpu"] == [0.5] and report["steps"] == 2
     assert w.take_report() is None
@@ -133,7 +135,7 @@ def test_an_nvrx_client_takes_over_the_deadlines():
     w.yield_to_client()
     w.beat(1.0, 1, 1.0, 1.0, FIRST)
     w.beat(2.0, 2, 1.0, 1.0, 0)
-    assert w.deadline is None and w.verdict(1e6) is None
+    assert w.deadline is None and w.expiry(1e6) is None
     assert w.take_report()["periods"] == [1.0]  # still recorded for stragglers and goodput
 
 
@@ -172,6 +174,7 @@ class MonitorProc:
         self.proc.wait(10)
 
 
+@pytest.mark.processes
 def test_monitor_expires_a_silent_rank_and_reports_step_times():
     directory = tempfile.mkdtemp(prefix="mbr-test-")
     mon = MonitorProc(directory, {"initial": 30, "subsequent": 0.5, "report_interval": 0.2})
@@ -203,6 +206,7 @@ def test_monitor_expires_a_silent_rank_and_reports_step_times():
         os.rmdir(directory)
 
 
+@pytest.mark.processes
 def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
     """A script using RankMonitorClient owns its liveness: step beats no longer expire, NVRx timeouts do."""
     directory = tempfile.mkdtemp(prefix="mbr-test-")
@@ -248,6 +252,7 @@ def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
         os.rmdir(directory)
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("torch_first", [False, True], ids=["hooked-at-import", "torch-already-imported"])
 def test_torch_save_of_a_dict_marks_a_checkpoint(beat_socket, tmp_path, torch_first):
     path, sock = beat_socket

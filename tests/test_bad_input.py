@@ -19,7 +19,7 @@ from typing import Callable
 
 import pytest
 
-from .helpers import LAUNCHER, REPO, launcher_env, run_launcher
+from testkit.helpers import LAUNCHER, REPO, launcher_env, run_launcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -154,6 +154,7 @@ def _check_one_line(out: subprocess.CompletedProcess, elapsed: float, says: str,
     assert elapsed < FAST, f"took {elapsed:.1f} s to refuse: {lines[0]}"
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("name", list(CASES))
 def test_bad_input_is_one_line_exit_2_at_once(name, tmp_path, port):
     case = CASES[name]
@@ -165,6 +166,7 @@ def test_bad_input_is_one_line_exit_2_at_once(name, tmp_path, port):
     _check_one_line(out, time.monotonic() - start, case.says)
 
 
+@pytest.mark.processes
 def test_doctor_json_with_a_yaml_syntax_error_still_prints_json(tmp_path):
     config = _file(tmp_path, "c.yaml", BAD_YAML)
     start = time.monotonic()
@@ -176,6 +178,7 @@ def test_doctor_json_with_a_yaml_syntax_error_still_prints_json(tmp_path):
     assert report["version"] == 1 and sum(report["summary"].values()) == 0
 
 
+@pytest.mark.processes
 def test_doctor_json_with_an_unknown_option_still_prints_json():
     out = run_launcher(["doctor", "--json", "--no-such-option"], timeout=PROC_TIMEOUT)
     assert out.returncode == 3, out.stderr
@@ -197,6 +200,7 @@ def read_only_dir(tmp_path):
         subprocess.run(["umount", str(target)], capture_output=True, timeout=10)
 
 
+@pytest.mark.processes
 def test_log_dir_on_a_read_only_filesystem(read_only_dir, tmp_path):
     start = time.monotonic()
     out = run_launcher([*SKIP, "--standalone", "--log-dir", str(read_only_dir / "logs"), _script(tmp_path)],
@@ -218,6 +222,7 @@ def test_log_dir_without_write_permission(tmp_path):
     (["--standalone", "--master-port", "70000", "train.py"], "2>&-", 2),
     (["doctor", "--json", "--config", "bad.yaml"], ">&-", 3),
 ])
+@pytest.mark.processes
 def test_exit_code_survives_a_closed_output(tmp_path, argv, closed, code):
     """Started with stdout or stderr closed (Python makes it None), the exit code still tells the story."""
     (tmp_path / "bad.yaml").write_bytes(BAD_YAML)

@@ -25,9 +25,9 @@ import pytest
 from mbr_launch.config.settings import SETTINGS
 
 from .conftest import REPO
-from .helpers import free_port, launcher_env, run_launcher
+from testkit.helpers import free_port, launcher_env, run_launcher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 COLS = 80
 VERSION = re.compile(r"^mbr-launch \d+\.\d+\.\d+\S* \(torch \S+, nvidia-resiliency-ext \S+, python \d+\.\d+\.\d+\)$")
 # The versions checks import torch (seconds on a loaded machine); the tests below that do not look at them

@@ -19,7 +19,7 @@ import pytest
 
 from mbr_launch.report.console import LINE_CAP, Console
 
-from .helpers import LAUNCHER, REPO, launcher_env
+from testkit.helpers import LAUNCHER, REPO, launcher_env
 from .vt import Terminal
 
 pytestmark = pytest.mark.timeout(120)
@@ -69,6 +69,7 @@ def _run_on_pty(args: list[str], *, cols: int, rows: int, timeout: float) -> lis
     return reads
 
 
+@pytest.mark.processes
 def test_live_view_on_a_terminal_keeps_every_line_and_shows_progress_as_it_comes(tmp_path):
     script = tmp_path / "steps.py"
     script.write_text(STEPS_AND_BAR)
@@ -118,6 +119,7 @@ sys.stderr.write("y" * (3 << 20))
 """
 
 
+@pytest.mark.processes
 def test_output_passes_through_and_an_endless_line_keeps_memory_bounded(tmp_path):
     """A 100 MB line without a newline (stdout) and a 3 MB one (stderr, whose last lines the agent keeps),
     teed to log files and the console: the agent's memory grows by far less than the line; the log holds it

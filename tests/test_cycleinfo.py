@@ -14,7 +14,7 @@ import pytest
 from mbr_launch.report import cycleinfo
 from mbr_launch.report.cycleinfo import CycleInfo, Reporter, Writer
 
-from .nvrx_versions import nvrx_env
+from testkit.nvrx_versions import nvrx_env
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -125,6 +125,7 @@ NVRX_SIDE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(90)
 def test_nvrx_0_7_reads_our_files_and_names_things_as_we_do(tmp_path):
     writer = Writer(str(tmp_path), warn=pytest.fail)

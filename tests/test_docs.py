@@ -110,6 +110,7 @@ def _help_text() -> str:
     return result.stdout
 
 
+@pytest.mark.processes
 def test_help_groups_options_in_panels_in_order():
     text = _help_text()
     used = [p for p in PANELS if any(s.panel == p and not s.hidden for s in SETTINGS)]
@@ -119,6 +120,7 @@ def test_help_groups_options_in_panels_in_order():
     assert shown == used, f"panels out of order: {shown}"
 
 
+@pytest.mark.processes
 def test_help_shows_defaults_and_environment():
     text = _help_text()
     assert "MBR_NPROC_PER_NODE" in text and "[default: 1:1]" in text
@@ -141,6 +143,7 @@ def _twins(flags: list[str]) -> list[str]:
     return sorted(f for f in flags if "_" in f and f.replace("_", "-") in flags)
 
 
+@pytest.mark.processes
 def test_bash_completion():
     result = _run(["bash", "--norc", "-c", "source completions/mbr-launch.bash && complete -p mbr-launch"])
     assert result.returncode == 0 and "_mbr_launch_complete" in result.stdout, result
@@ -164,6 +167,7 @@ def test_bash_completion():
     assert _bash_complete("mbr-launch --nnodes 2 train.py --npr") == []  # the script's own arguments
 
 
+@pytest.mark.processes
 def test_zsh_completion_loads():
     _need("zsh")
     for script in ("autoload -U compinit; compinit -u; source completions/_mbr-launch; print $_comps[mbr-launch]",
@@ -196,6 +200,7 @@ def _zsh_complete(line: str) -> set[str]:
     return set(re.findall(r"MATCH:(\S+)", result.stdout))  # terminal escapes may precede a match
 
 
+@pytest.mark.processes
 def test_zsh_completion_completes():
     _need("zsh")
     offered = _zsh_complete("mbr-launch --nproc")
@@ -206,6 +211,7 @@ def test_zsh_completion_completes():
     assert "--json" in _zsh_complete("mbr-launch doctor --js")
 
 
+@pytest.mark.processes
 def test_fish_completion():
     _need("fish")
     result = _run(["fish", "-n", "completions/mbr-launch.fish"])
@@ -218,6 +224,7 @@ def test_fish_completion():
     assert {line.split("\t")[0] for line in result.stdout.splitlines()} == {"c10d", "static"}, result
 
 
+@pytest.mark.processes
 def test_man_page_renders():
     _need("man")
     _need("groff")

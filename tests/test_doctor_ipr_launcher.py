@@ -14,7 +14,7 @@ import pytest
 from mbr_launch.doctor import DoctorContext, run_checks, to_json
 from mbr_launch.doctor.probes import Versions
 
-from .helpers import REPO, launcher_env
+from testkit.helpers import REPO, launcher_env
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -146,6 +146,7 @@ def _doctor(*args: str) -> dict:
     return {r["id"]: r for r in json.loads(res.stdout)["checks"]}
 
 
+@pytest.mark.processes
 def test_doctor_reads_the_script_given_after_the_options():
     checks = _doctor("--nnodes", "2:3", str(NVRX_EXAMPLE), "--device", "cpu")
     assert checks["ipr.restart_policy"]["severity"] == "warn", checks["ipr.restart_policy"]

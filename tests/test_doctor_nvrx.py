@@ -13,7 +13,7 @@ from mbr_launch.config.nvrx import NvrxFound
 from mbr_launch.doctor import DoctorContext, run_checks, to_json
 from mbr_launch.doctor.probes import Versions
 
-from .nvrx_versions import nvrx_dir
+from testkit.nvrx_versions import nvrx_dir
 
 pytestmark = pytest.mark.timeout(60)
 

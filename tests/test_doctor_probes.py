@@ -113,6 +113,7 @@ def _hard(kind: int) -> int:
 
 @pytest.mark.parametrize(("limit", "severity"), [("--nofile=256:256", "error"), ("--nofile=4096:4096", "warn"),
                                                  ("--nofile=65536:65536", "ok")])
+@pytest.mark.processes
 def test_nofile_real_rlimit(limit, severity):
     import resource
 
@@ -132,6 +133,7 @@ def test_memlock_real_rlimit():
     _assert_limited_memlock(r)
 
 
+@pytest.mark.processes
 def test_memlock_limited_real_rlimit():
     _assert_limited_memlock(in_prlimit("--memlock=65536:65536", "limits.memlock", nnodes="2"))
     assert in_prlimit("--memlock=65536:65536", "limits.memlock", nnodes="1")["severity"] == "ok"
@@ -152,6 +154,7 @@ def test_detect_launcher_from_env_and_parents():
     assert detect_launcher({}, parents=[["bash"]]) == "none"
 
 
+@pytest.mark.processes
 def test_detect_plain_torchrun_through_a_real_parent(tmp_path):
     # A real process named torchrun starts python, which asks who launched it.
     fake = tmp_path / "torchrun"
@@ -207,6 +210,7 @@ def _orphan(command: str, env: dict[str, str] | None = None) -> int:
     raise AssertionError(f"{command!r} did not start")
 
 
+@pytest.mark.processes
 def test_other_launchers_read_from_proc():
     """The scan for other launchers (launcher.per_node), against real processes: an agent outside our tree is
     found with its owner and CUDA_VISIBLE_DEVICES; our own descendants, a standby's title and a process named

@@ -21,9 +21,9 @@ from mbr_launch.workers import flightrec, procstate
 from mbr_launch.workers.evidence import gather
 from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
 from mbr_launch.workers.stacks import classify, find_py_spy
-from mbr_launch.workers.standby import mismatched_keys
+from mbr_launch.workers.standbypool import mismatched_keys
 
-from .helpers import free_port
+from testkit.helpers import free_port
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[1]
@@ -108,6 +108,7 @@ def _check_waiting_rank_0(ev0) -> None:
     assert ev0.state is ProcState.SLEEPING and "train.py" in ev0.where, ev0
 
 
+@pytest.mark.processes
 @pytest.mark.parametrize("method", ["auto", "faulthandler"])
 def test_sleeping_rank_is_outside_and_behind_while_its_peer_waits_in_all_reduce(job, tmp_path, method):
     ev0, ev1 = _gather(job("sleep"), tmp_path, method)
@@ -124,6 +125,7 @@ def test_sleeping_rank_is_outside_and_behind_while_its_peer_waits_in_all_reduce(
     assert ev0.stacks_path and Path(ev0.stacks_path).exists()
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(find_py_spy() is None, reason="py-spy is not installed")
 def test_stopped_rank_reads_stopped_and_the_bound_holds(job, tmp_path):
     workers = job("sleep")
@@ -136,6 +138,7 @@ def test_stopped_rank_reads_stopped_and_the_bound_holds(job, tmp_path):
     assert _default_group(ev0).enqueued >= 4
 
 
+@pytest.mark.processes
 def test_busy_rank_is_running_outside_any_collective(job, tmp_path):
     ev0, ev1 = _gather(job("busy"), tmp_path)
     _check_waiting_rank_0(ev0)
@@ -145,6 +148,7 @@ def test_busy_rank_is_running_outside_any_collective(job, tmp_path):
     assert _default_group(ev0).enqueued == _default_group(ev1).enqueued + 1
 
 
+@pytest.mark.processes
 def test_gone_ranks_and_ranks_without_a_reader(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
@@ -224,6 +228,7 @@ SHIM_PROBE = ("import sys, _thread, time\n"
               "print(armed, _thread._count())\n")
 
 
+@pytest.mark.processes
 def test_flight_thread_costs_nothing_unless_asked(tmp_path):
     script = tmp_path / "probe.py"
     script.write_text(SHIM_PROBE)

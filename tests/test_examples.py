@@ -6,9 +6,9 @@ import pytest
 
 from mbr_launch.report.events import read_events
 
-from .helpers import REPO, run_launcher
+from testkit.helpers import REPO, run_launcher
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.processes]
 
 
 def test_plain_example_recovers_from_an_injected_crash(tmp_path):

@@ -1,4 +1,4 @@
-"""The fault matrix (issue 16), one test per case of tests/fault_cases.py: real agents, real workers, real
+"""The fault matrix (issue 16), one test per case of testkit/fault_cases.py: real agents, real workers, real
 signals; each case must end as its table row says (survived, or the documented exit code), with the fault in
 events.jsonl and no process left behind (the autouse fixture in conftest.py; a killed agent's orphans are
 checked by the case). Cases that need root, network namespaces or the Slurm test cluster carry the
@@ -11,13 +11,13 @@ import os
 
 import pytest
 
-from . import netns
-from .fault_cases import CASES
-from .fault_runs import Ctx
-from .fault_spec import Case, verify
-from .helpers import launcher_env
+from testkit import netns
+from testkit.fault_cases import CASES
+from testkit.fault_runs import Ctx
+from testkit.fault_spec import Case, verify
+from testkit.helpers import launcher_env
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.processes]
 
 
 def _param(case: Case):

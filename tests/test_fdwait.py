@@ -15,7 +15,7 @@ import time
 import pytest
 
 from mbr_launch.fdwait import ready
-from tests.helpers import LAUNCHER, REPO, launcher_env
+from testkit.helpers import LAUNCHER, REPO, launcher_env
 
 pytestmark = pytest.mark.timeout(120)
 HIGH = 1100  # descriptors taken before the launcher opens its own: every one it opens is numbered above
@@ -70,6 +70,7 @@ CROWD = ("import os, sys\n"
          "os.execv(sys.argv[1], sys.argv[1:])\n")
 
 
+@pytest.mark.processes
 def test_a_launch_whose_agent_holds_over_1024_descriptors_restarts_and_ends_cleanly(room, tmp_path):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)

@@ -32,10 +32,10 @@ from mbr_launch.config.nvrx import FT_FIELDS, REMOVED_VALUES, NvrxFound, generat
 from mbr_launch.config.parse import as_bool
 from mbr_launch.config.settings import BY_NAME, SETTINGS, resolve
 
-from .helpers import SCRIPTS, run_launcher
-from .nvrx_versions import ALL, INSTALLED, NEW, nvrx_dir, nvrx_env
+from testkit.helpers import SCRIPTS, run_launcher
+from testkit.nvrx_versions import ALL, INSTALLED, NEW, nvrx_dir, nvrx_env
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 COMMAND = typer.main.get_command(app)
 OURS: dict[str, Any] = {opt: p for p in COMMAND.params for opt in getattr(p, "opts", [])}

@@ -11,10 +11,10 @@ import pytest
 
 from mbr_launch.report.events import read_events
 
-from .helpers import run_launcher
+from testkit.helpers import run_launcher
 from .tinydisk import fill, tiny_disk, whole_lines  # noqa: F401 (tiny_disk: a fixture)
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 # ---- real launches on a 64 KiB disk --------------------------------------------------------------------
 
 

@@ -22,13 +22,13 @@ import pytest
 
 from mbr_launch.report.events import event_time, read_log_dir
 
-from .helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
+from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
 
 HANGS = str(SCRIPTS / "hangs.py")
 TIMEOUT = 3.0  # the step / section timeout
 VERDICT_BOUND = 2.0  # the inquiry's evidence bound (issue #14: the verdict lands within timeout + 2 s)
 SLACK = 1.5  # 2 shared cores
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
 
 @dataclass(frozen=True)

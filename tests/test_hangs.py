@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 
-from .helpers import SCRIPTS, run_events, run_launcher
+from testkit.helpers import SCRIPTS, run_events, run_launcher
 
 FT_WORKER = str(SCRIPTS / "ft_worker.py")
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.processes]
 TIMEOUT = 1.5
 SLACK = 0.5  # detection must land within timeout + 0.5 s on this 2-core machine
 
@@ -24,7 +24,7 @@ CASES = {
              str(TIMEOUT)], "py-spy"),
 }
 # The SIGSTOP and GIL-holding busy-loop hangs, and a killed rank monitor, are cases of the fault matrix
-# (tests/fault_cases.py: worker_sigstop, worker_busy_gil, monitor_killed), with the same assertions.
+# (testkit/fault_cases.py: worker_sigstop, worker_busy_gil, monitor_killed), with the same assertions.
 EXPECTED_KIND = {"heartbeat": "heartbeat", "section": "section", "oos": "out_of_section"}
 
 

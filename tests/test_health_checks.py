@@ -17,7 +17,7 @@ from mbr_launch.health import checks, nodehealth, readers, suite
 from mbr_launch.health.checks import PathStatus, ProbeReport, SegmentArtifact
 from mbr_launch.health.nodehealth import Reply
 
-from .nvrx_versions import nvrx_dir
+from testkit.nvrx_versions import nvrx_dir
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,6 +37,7 @@ def test_storage_paths_pass_only_when_every_path_was_probed_ok():
     assert checks.storage_paths(["", ""], ProbeReport(())).skipped
 
 
+@pytest.mark.processes
 def test_the_probe_reads_real_paths_in_a_process_of_its_own(tmp_path):
     (tmp_path / "file").write_bytes(b"x" * 10)
     (tmp_path / "dir").mkdir()
@@ -53,6 +54,7 @@ def test_the_probe_reads_real_paths_in_a_process_of_its_own(tmp_path):
     locked.chmod(0o700)
 
 
+@pytest.mark.processes
 def test_a_probe_that_does_not_answer_names_the_path_it_hung_on(tmp_path, monkeypatch):
     # A probe that answers for the first path, then blocks, as a stat on a dead NFS mount does.
     stuck = tmp_path / "stuck_probe.py"

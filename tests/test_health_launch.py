@@ -15,10 +15,10 @@ import pytest
 
 from mbr_launch.report.events import read_log_dir
 
-from .helpers import SCRIPTS, finish, free_port, launcher_env, run_events, run_launcher, start_launcher
+from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_events, run_launcher, start_launcher
 
 WORKER = str(SCRIPTS / "health_worker.py")
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.processes]
 
 
 def _listening(port: int, timeout: float) -> None:

@@ -15,10 +15,10 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-from mbr_launch.cluster import connections, joinwake
+from mbr_launch.cluster import joinwake, storeclients
 from mbr_launch.report.events import read_events
 
-from .helpers import finish, free_port, launcher_env
+from testkit.helpers import finish, free_port, launcher_env
 
 pytestmark = pytest.mark.timeout(120)
 PREFIX = "mbr/job/job/complete/"  # what Rendezvous gives: its job prefix, then complete/
@@ -47,9 +47,9 @@ class _Holder:
 def store():
     port = free_port()
     server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-    connections.POOL.release(TCPStore("127.0.0.1", port, is_master=False))  # the idle connection a pause takes
+    storeclients.POOL.release(TCPStore("127.0.0.1", port, is_master=False))  # the idle connection a pause takes
     yield server, port
-    while connections.POOL.take_idle("127.0.0.1", port) is not None:
+    while storeclients.POOL.take_idle("127.0.0.1", port) is not None:
         pass
 
 
@@ -71,7 +71,7 @@ def test_a_pause_ends_when_another_agent_completes_the_round(store):
         wake.pause(30.0)  # would be 30 s without the key
     timer.join()
     assert wake.woken and completer._announced == 3
-    assert connections.POOL.idle("127.0.0.1", port) == 1  # the connection went back to the pool
+    assert storeclients.POOL.idle("127.0.0.1", port) == 1  # the connection went back to the pool
     # torch's next read goes to the store: its cache still says "not complete" (a second of spinning else)
     assert waiting._last_sync_time == -1
 
@@ -95,7 +95,7 @@ def test_without_a_completion_the_pause_is_torchs(store):
     with wake.waiting():
         wake.pause(0.2)
     assert not wake.woken
-    assert connections.POOL.idle("127.0.0.1", port) == 1  # a timed-out wait answered: kept
+    assert storeclients.POOL.idle("127.0.0.1", port) == 1  # a timed-out wait answered: kept
 
 
 def test_a_spare_of_a_complete_round_does_not_spin(store, monkeypatch):
@@ -110,6 +110,7 @@ def test_a_spare_of_a_complete_round_does_not_spin(store, monkeypatch):
     assert slept == [1.0] and not wake.woken
 
 
+@pytest.mark.processes
 def test_a_late_agent_wakes_the_waiting_one(tmp_path: Path):
     """Two real agents: the first waits in the join until the second arrives; its join ends on the key."""
     port, logs = free_port(), tmp_path / "logs"

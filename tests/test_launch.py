@@ -11,10 +11,10 @@ import pytest
 
 from mbr_launch.report.events import validate
 
-from .helpers import SCRIPTS, launcher_env, run_events, run_launcher, start_launcher
+from testkit.helpers import SCRIPTS, launcher_env, run_events, run_launcher, start_launcher
 
 TRAIN = str(SCRIPTS / "train.py")
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def test_standalone_success_prefixes_and_events(tmp_path):
@@ -74,7 +74,7 @@ def test_script_sees_python_semantics(tmp_path):
 
 # ---- signals ------------------------------------------------------------------------------------
 # A crash, an exit code, SIGTERM/SIGINT/SIGUSR1 to the launcher, its SIGKILL and a port in use are cases of the
-# fault matrix (tests/fault_cases.py), with the assertions that were here.
+# fault matrix (testkit/fault_cases.py), with the assertions that were here.
 
 
 def _worker_pids(proc: subprocess.Popen, count: int, timeout: float = 30) -> list[int]:

@@ -13,6 +13,7 @@ from tools.layers import LAYERS, modules
 
 from .conftest import REPO
 
+
 MODULES = modules()
 
 

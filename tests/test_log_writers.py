@@ -38,6 +38,7 @@ def _failing_write(fail_after: int, err: int):
 # ---- the writers -----------------------------------------------------------------------------------------
 
 
+@pytest.mark.processes
 def test_appender_on_a_full_disk_keeps_whole_lines_and_counts_the_rest(tiny_disk):
     fill(tiny_disk, leave_pages=1)
     log = LineAppender(tiny_disk / "out.log")
@@ -72,6 +73,7 @@ def test_event_log_on_eio_warns_once_never_raises_and_keeps_records(tmp_path):
     assert log.lost == 5 - len(lines) and len(log.records) == 5
 
 
+@pytest.mark.processes
 def test_pump_keeps_draining_when_the_log_fails(tmp_path):
     """A worker that writes far more than a pipe holds finishes although its log file fails at once."""
     worker = subprocess.Popen([sys.executable, "-c", "import sys\nfor i in range(20000): print('x' * 60, i)"],

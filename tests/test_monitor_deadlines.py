@@ -6,16 +6,16 @@ import pytest
 
 from mbr_launch.monitor.deadlines import (
     TRANSITIONS,
-    Event,
+    Expiry,
     InvalidTransition,
     Kind,
     Phase,
     RankWatch,
     SectionError,
     Timeouts,
-    Verdict,
+    Trigger,
     next_deadline,
-    next_verdict,
+    next_expiry,
 )
 
 pytestmark = pytest.mark.timeout(10)
@@ -33,14 +33,14 @@ def test_nothing_is_timed_before_init():
     w.arm(0.0)
     assert w.phase is Phase.ARMED
     assert next_deadline(w) is None
-    assert next_verdict(w, 1e9) is None
+    assert next_expiry(w, 1e9) is None
 
 
 def test_initial_heartbeat_runs_from_init():
     w = watch(initial=10.0, subsequent=5.0)
     assert next_deadline(w) == 110.0
-    assert next_verdict(w, 109.999) is None
-    v = next_verdict(w, 110.5)
+    assert next_expiry(w, 109.999) is None
+    v = next_expiry(w, 110.5)
     assert v is not None and v.kind is Kind.INITIAL_HEARTBEAT and v.timeout == 10.0
     assert v.elapsed == pytest.approx(10.5)
 
@@ -50,8 +50,8 @@ def test_subsequent_heartbeat_runs_from_last_heartbeat():
     assert w.heartbeat(103.0) is True  # first
     assert w.heartbeat(104.0) is False
     assert next_deadline(w) == 109.0
-    assert next_verdict(w, 108.9) is None
-    v = next_verdict(w, 109.0)
+    assert next_expiry(w, 108.9) is None
+    v = next_expiry(w, 109.0)
     assert v is not None and v.kind is Kind.HEARTBEAT and v.elapsed == pytest.approx(5.0)
 
 
@@ -61,14 +61,14 @@ def test_disabled_timeouts_never_expire():
     w.heartbeat(101.0)
     w.open_section("step", 102.0)
     assert next_deadline(w) is None
-    assert next_verdict(w, 1e12) is None
+    assert next_expiry(w, 1e12) is None
 
 
 def test_section_timeout_runs_from_open():
     w = watch(initial=None, subsequent=None, sections={"step": 3.0}, oos=50.0)
     w.open_section("step", 101.0)
     assert next_deadline(w) == 104.0
-    v = next_verdict(w, 104.2)
+    v = next_expiry(w, 104.2)
     assert v is not None and v.kind is Kind.SECTION and v.section == "step" and v.timeout == 3.0
 
 
@@ -77,10 +77,10 @@ def test_earliest_of_several_open_sections_wins():
     w.open_section("a", 100.0)
     w.open_section("b", 101.0)
     assert next_deadline(w) == 103.0
-    assert next_verdict(w, 103.0).section == "b"  # type: ignore[union-attr]
+    assert next_expiry(w, 103.0).section == "b"  # type: ignore[union-attr]
     w.close_section("b", 102.0)
     assert next_deadline(w) == 110.0
-    assert next_verdict(w, 110.0).section == "a"  # type: ignore[union-attr]
+    assert next_expiry(w, 110.0).section == "a"  # type: ignore[union-attr]
 
 
 def test_out_of_section_runs_from_init_then_from_last_close():
@@ -90,7 +90,7 @@ def test_out_of_section_runs_from_init_then_from_last_close():
     assert next_deadline(w) == 203.0  # out-of-section timer stopped while a section is open
     w.close_section("step", 120.0)
     assert next_deadline(w) == 124.0
-    v = next_verdict(w, 124.1)
+    v = next_expiry(w, 124.1)
     assert v is not None and v.kind is Kind.OUT_OF_SECTION and v.section is None
 
 
@@ -135,7 +135,7 @@ def test_config_update_applies_immediately_to_open_sections_and_heartbeats():
     assert next_deadline(w) == 103.0
     w.update_timeouts(initial=1.0, subsequent=1.0, update_hb=True, update_sections=False)
     assert next_deadline(w) == 101.0  # initial heartbeat from init at 100
-    v = next_verdict(w, 101.5)
+    v = next_expiry(w, 101.5)
     assert v is not None and v.kind is Kind.INITIAL_HEARTBEAT and v.timeout == 1.0
     assert w.timeouts.out_of_section == 7.0
 
@@ -148,13 +148,13 @@ def test_update_replaces_the_section_mapping_like_nvrx():
 
 def test_expiry_is_reported_once_per_arm():
     w = watch(initial=1.0)
-    v = next_verdict(w, 102.0)
+    v = next_expiry(w, 102.0)
     assert v is not None
     w.expire()
     assert w.phase is Phase.EXPIRED
-    assert next_verdict(w, 1e9) is None
+    assert next_expiry(w, 1e9) is None
     w.heartbeat(103.0)  # late messages are acknowledged and ignored
-    assert w.heartbeats == 0 and next_verdict(w, 1e9) is None
+    assert w.heartbeats == 0 and next_expiry(w, 1e9) is None
     with pytest.raises(InvalidTransition):
         w.expire()
     w.arm(200.0)
@@ -166,7 +166,7 @@ def test_a_client_that_initialises_again_after_an_expiry_is_watched_again():
     """An NVRx in-process restart reconnects its client: a new session, with fresh deadlines."""
     w = watch(initial=1.0, subsequent=5.0)
     w.heartbeat(100.5)
-    assert next_verdict(w, 106.0) is not None
+    assert next_expiry(w, 106.0) is not None
     w.expire()
     w.disconnect()  # shutdown_workload_monitoring: still expired
     assert w.phase is Phase.EXPIRED and next_deadline(w) is None
@@ -196,7 +196,7 @@ def test_disconnect_stops_timers_and_reinit_restarts_them():
 def test_disarm_stops_everything():
     w = watch(initial=1.0)
     w.disarm()
-    assert w.phase is Phase.DISARMED and next_verdict(w, 1e9) is None
+    assert w.phase is Phase.DISARMED and next_expiry(w, 1e9) is None
 
 
 @pytest.mark.parametrize(
@@ -224,17 +224,17 @@ def test_invalid_transitions_from_disarmed():
 
 
 def test_transition_table_is_total_over_listed_pairs_only():
-    # Every (phase, event) pair is either in the table or raises: nothing falls through silently.
+    # Every (phase, trigger) pair is either in the table or raises: nothing falls through silently.
     for phase in Phase:
-        for event in Event:
+        for trigger in Trigger:
             w = RankWatch(Timeouts())
             w.phase = phase
-            if (phase, event) in TRANSITIONS:
-                w._go(event)
-                assert w.phase is TRANSITIONS[(phase, event)]
+            if (phase, trigger) in TRANSITIONS:
+                w._go(trigger)
+                assert w.phase is TRANSITIONS[(phase, trigger)]
             else:
                 with pytest.raises(InvalidTransition):
-                    w._go(event)
+                    w._go(trigger)
 
 
 # ---- NVRx 0.6+ clients ------------------------------------------------------------------------------------
@@ -249,13 +249,13 @@ def newer(sections, oos=None, *, warmup=5, at=100.0, timeouts=None) -> RankWatch
 
 def test_newer_client_out_of_section_waits_for_the_first_step():
     w = newer({"step": 30.0}, oos=2.0)
-    assert next_verdict(w, 1000.0) is None  # start-up outside any section: not timed
+    assert next_expiry(w, 1000.0) is None  # start-up outside any section: not timed
     w.open_section("setup", 1000.0)
     w.close_section("setup", 1001.0)
     assert next_deadline(w) is None  # a section other than "step" does not start it
     w.open_section("step", 1002.0)
     w.close_section("step", 1003.0)
-    assert next_verdict(w, 1005.5) == Verdict(Kind.OUT_OF_SECTION, None, 2.0, 2.5)
+    assert next_expiry(w, 1005.5) == Expiry(Kind.OUT_OF_SECTION, None, 2.0, 2.5)
 
 
 def test_newer_client_out_of_section_from_init_without_sections_or_with_warmup():
@@ -278,7 +278,7 @@ def test_warmup_times_the_first_steps_from_the_first_reported_iteration():
     assert next_deadline(w) == 115.0
     w.close_section("step", 106.0, iteration=51)
     w.open_section("step", 106.0, iteration=52)  # 52 - 50 = 2: step's own
-    assert next_verdict(w, 107.5) == Verdict(Kind.SECTION, "step", 1.0, 1.5)
+    assert next_expiry(w, 107.5) == Expiry(Kind.SECTION, "step", 1.0, 1.5)
     assert w.iteration == 52 and w.first_iteration == 50
 
 

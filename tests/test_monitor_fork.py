@@ -10,7 +10,9 @@ import textwrap
 
 import pytest
 
-from tests.helpers import REPO
+from testkit.helpers import REPO
+
+pytestmark = pytest.mark.processes
 
 
 def _run(code: str) -> dict:

@@ -11,9 +11,9 @@ import pytest
 
 from mbr_launch.report.events import read_log_dir
 
-from .helpers import SCRIPTS, finish, run_launcher, start_launcher
+from testkit.helpers import SCRIPTS, finish, run_launcher, start_launcher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 CLIENT = str(SCRIPTS / "nvrx_client.py")
 

@@ -19,11 +19,11 @@ from typing import Any, Optional
 
 import pytest
 
-from .nvrx_versions import INSTALLED, nvrx_env
+from testkit.nvrx_versions import INSTALLED, nvrx_env
 
 REPO = Path(__file__).resolve().parents[1]
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 WORKER = textwrap.dedent(
     """

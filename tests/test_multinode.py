@@ -12,12 +12,12 @@ import pytest
 from mbr_launch.report.events import read_events
 from mbr_launch.workers.flightrec import TORCH_ENV
 
-from .helpers import SCRIPTS, finish, free_port, launcher_env
+from testkit.helpers import SCRIPTS, finish, free_port, launcher_env
 
 TRAIN = str(SCRIPTS / "train.py")
 ENVDUMP = str(SCRIPTS / "envdump.py")
 TORCHRUN = [sys.executable, "-m", "torch.distributed.run"]
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.processes]
 
 # What torchrun sets that we set identically (values compared), and what differs on purpose.
 SAME_VALUE = ("TORCHELASTIC_SIGNALS_TO_HANDLE", "RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",

@@ -19,10 +19,10 @@ import pytest
 
 from mbr_launch.report.events import read_events
 
-from .helpers import SCRIPTS, launcher_env, run_launcher
-from .nvrx_versions import nvrx_env
+from testkit.helpers import SCRIPTS, launcher_env, run_launcher
+from testkit.nvrx_versions import nvrx_env
 
-pytestmark = pytest.mark.timeout(150)
+pytestmark = [pytest.mark.timeout(150), pytest.mark.processes]
 
 TRAIN = str(SCRIPTS / "nvrx_heartbeat_train.py")
 

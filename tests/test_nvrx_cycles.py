@@ -13,10 +13,10 @@ import pytest
 
 from mbr_launch.report.events import read_events
 
-from .helpers import SCRIPTS, run_launcher
+from testkit.helpers import SCRIPTS, run_launcher
 
 SCRIPT = str(SCRIPTS / "no_progress.py")
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def test_progress_resets_the_count_and_the_limit_stops_the_job_with_93(tmp_path):

@@ -1,7 +1,7 @@
 """NVRx's own fault-tolerance examples, unmodified, run under mbr-launch the way NVRx's docs run them under
 ft_launcher, each with its own version's client: v0.4.1's (third_party/nvrx-v0.4.1) with the venv's 0.4.1, and
 0.7.0's (third_party/nvrx-v0.7.0, from tag v0.7.0-main) with the 0.7.0 wheel's (``.nvrx/0.7.0`` first on
-PYTHONPATH: tests/nvrx_versions.py). How, and why the faults are sent by the test, is in tests/nvrx_examples.py.
+PYTHONPATH: testkit/nvrx_versions.py). How, and why the faults are sent by the test, is in testkit/nvrx_examples.py.
 
 What the 0.7 client does differently and these runs therefore exercise (nvrx-facts.md, "0.6 / 0.7"): it takes
 ``skip_section_response`` (default True) from the config our monitor returns and then sends heartbeats and
@@ -19,10 +19,10 @@ import signal
 
 import pytest
 
-from .nvrx_examples import (HEARTBEATS, SECTIONS, Launch, assert_client, example_args, in_epoch, reap_stopped,
+from testkit.nvrx_examples import (HEARTBEATS, SECTIONS, Launch, assert_client, example_args, in_epoch, reap_stopped,
                             run_events, stop_rank, worker_pid)
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.processes]
 
 VERSIONS = ["0.4.1", "0.7.0"]
 

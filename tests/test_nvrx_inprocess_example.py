@@ -1,6 +1,6 @@
 """NVRx's in-job + in-process restart example under three mbr-launch agents on CPU, launched with the flags of
 its own run_inprocess_injob_example.sh (``--nnodes=2:3 --ft-restart-policy=min-healthy``, heartbeat timeouts
-12 s, ...: ``tests/nvrx_ipr_example.py`` reads them from the script), mbr-launch instead of ft_launcher, on a
+12 s, ...: ``testkit/nvrx_ipr_example.py`` reads them from the script), mbr-launch instead of ft_launcher, on a
 shortened fault schedule that still reaches every layer:
 
     5:10:exc, 4:10:sigkill  rank 5 raises and rank 4 (node 2) dies in the same step: NVRx's Wrapper restarts
@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 
 
-from .helpers import LAUNCHER, REPO, free_port, launcher_env, run_events
-from .nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done
+from testkit.helpers import LAUNCHER, REPO, free_port, launcher_env, run_events
+from testkit.nvrx_ipr_example import commands, exclusive, for_launcher, iterations_done
 
-pytestmark = pytest.mark.timeout(720)  # a second run when the first lost its last round to NVRx's teardown race
+pytestmark = [pytest.mark.timeout(720), pytest.mark.processes]  # a second run when the first lost its last round to NVRx's teardown race
 
 FAULTS = "5:10:exc,4:10:sigkill,3:20:sigkill,5:40:sleep"
 ITERATIONS = 60

@@ -18,7 +18,7 @@ import pytest
 
 from .test_monitor_server import Mon, assert_one_expiry, make_mon  # noqa: F401 (make_mon is a fixture)
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 # The generation tag the monitor reports for a 0.6 / 0.7 client (events "connected" and "status").
 NEWER = "0.6+"

@@ -12,9 +12,9 @@ import pytest
 from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster.peers import PeerWatch, Silence, StoreLost
-from mbr_launch.cluster.rendezvous import Round
+from mbr_launch.cluster.round import Round
 
-from .helpers import free_port
+from testkit.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

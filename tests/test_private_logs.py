@@ -17,9 +17,9 @@ import pytest
 
 from mbr_launch.report.events import read_events
 
-from .helpers import finish, launcher_env, run_launcher, start_launcher
+from testkit.helpers import finish, launcher_env, run_launcher, start_launcher
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = [pytest.mark.timeout(90), pytest.mark.processes]
 NOBODY = 65534
 REDACTED = "<redacted>"
 root_only = pytest.mark.skipif(os.geteuid() != 0, reason="playing another user needs root (chown)")

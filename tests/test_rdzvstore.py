@@ -10,7 +10,7 @@ import pytest
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 
 from mbr_launch.cluster import listen, rdzvstore
-from tests.helpers import free_port
+from testkit.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -68,6 +68,7 @@ def test_a_file_store_is_left_to_torchs_registry():
     assert handler is None and not patch.installed and "store_type" in patch.why_not
 
 
+@pytest.mark.processes
 def test_hosts_store_sees_only_this_processs_own_listener():
     """hosts_store reads the kernel's socket tables: our listening store on either family is ours; a client
     connection to it, another process's listener and a closed socket are not."""

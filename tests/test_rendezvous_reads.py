@@ -14,7 +14,7 @@ import pytest
 
 from mbr_launch.api import build_launch_config
 from mbr_launch.cluster.rendezvous import Rendezvous
-from tests.helpers import free_port
+from testkit.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,7 +26,7 @@ from mbr_launch.report.render_text import GLYPH, story, timeline_rows
 from mbr_launch.report.runs import LATEST, ReportError, find_run
 from mbr_launch.report.timeline import OPEN, RUNNING, build
 
-from .helpers import LAUNCHER, REPO, SCRIPTS, launcher_env, run_launcher
+from testkit.helpers import LAUNCHER, REPO, SCRIPTS, launcher_env, run_launcher
 
 DATA = Path(__file__).parent / "data" / "report"
 NOWHERE = Path("/nonexistent-mbr-launch-base")
@@ -198,6 +198,7 @@ def test_no_runs_yet_under_the_default_base(tmp_path):
         find_run(None, tmp_path / "mbr-launch-0")
 
 
+@pytest.mark.processes
 @pytest.mark.timeout(150)
 def test_real_crash_and_restart_reported_end_to_end(tmp_path):
     """A real launch (no --log-dir: the default base under TMPDIR), rank 1 exits 3 once, the restart trains to

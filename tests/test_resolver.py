@@ -9,7 +9,7 @@ import pytest
 
 from mbr_launch.cli import app, process
 from mbr_launch.cluster import resolver
-from tests.helpers import launcher_env, run_launcher
+from testkit.helpers import launcher_env, run_launcher
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -31,6 +31,7 @@ def test_the_launcher_sets_it_for_itself(monkeypatch):
     assert "RES_OPTIONS" not in process.USER_ENV  # what the workers get
 
 
+@pytest.mark.processes
 def test_workers_get_the_users_environment(tmp_path):
     script = tmp_path / "env.py"
     script.write_text("import os\nprint('RES_OPTIONS=' + repr(os.environ.get('RES_OPTIONS')))\n")

@@ -1,5 +1,5 @@
 """Restart scopes, the job-wide budget, exclusion with a spare. (The crash-loop back-off and a SIGKILLed
-agent are cases of the fault matrix: tests/fault_cases.py.)"""
+agent are cases of the fault matrix: testkit/fault_cases.py.)"""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
+from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
 
 SLEEPER = str(SCRIPTS / "sleeper.py")
 TRAIN = str(SCRIPTS / "train.py")
 LAUNCHER = [sys.executable, "-m", "mbr_launch", "--skip-check", "all"]
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.timeout(180), pytest.mark.processes]
 
 
 def _lines(path: Path) -> list[tuple[int, int, int, float]]:

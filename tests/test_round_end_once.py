@@ -175,7 +175,7 @@ def test_ranks_that_crash_together_are_recorded_from_one_snapshot_and_one_spare_
     assert [(f["rank"], f["node"], f["cause"], f["exit_code"], f["section"]) for f in failures] == [
         (0, "n0", "crash", 5, "step"), (1, "n0", "crash", 5, None), (2, "n0", "crash", 5, "ckpt,save")]
     assert monitor.asked == [[0, 1, 2]]
-    assert len(spares) == 1  # the next round's path (nextround.fast_blocker); the policy did not need it
+    assert len(spares) == 1  # the next round's path (loop.fast_blocker); the policy did not need it
 
 
 def test_a_node_past_its_failure_limit_counts_the_spares_once(tmp_path):

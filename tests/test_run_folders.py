@@ -22,7 +22,7 @@ from mbr_launch.config import runhistory
 from mbr_launch.config.rundir import default_base, make_run_dir, run_folder_name
 from mbr_launch.report.events import read_events
 
-from .helpers import launcher_env, run_launcher
+from testkit.helpers import launcher_env, run_launcher
 
 pytestmark = pytest.mark.timeout(60)
 DAY = 86400.0
@@ -80,6 +80,7 @@ def test_latest_points_at_the_newest_and_old_runs_are_pruned(base):
     assert runhistory.prune(base, keep=0) == []  # 0 keeps all
 
 
+@pytest.mark.processes
 def test_retention_spares_runs_in_use_recent_links_and_others(base, tmp_path):
     old = [make_run_dir(None, "job", "n1", now=NOW + i) for i in range(4)]
     # old[0]: a live launcher (another process) holds it
@@ -146,6 +147,7 @@ with open(sys.argv[1], "w") as f:
 '''
 
 
+@pytest.mark.processes
 def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standbys_and_monitor(tmp_path):
     script, out, tmp = tmp_path / "probe.py", tmp_path / "seen.json", tmp_path / "tmp"
     script.write_text(PS_PROBE)

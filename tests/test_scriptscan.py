@@ -7,7 +7,7 @@ import json
 import pytest
 
 from mbr_launch.config.scriptscan import imports_only_stdlib
-from tests.helpers import run_launcher
+from testkit.helpers import run_launcher
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -50,6 +50,7 @@ def _start_and_standby(tmp_path, name: str, source: str) -> tuple[dict, set[str]
     return next(e for e in events if e["event"] == "start"), set(run.stdout.split())
 
 
+@pytest.mark.processes
 def test_a_launch_of_a_plain_script_preloads_nothing_and_a_torch_script_keeps_the_default(tmp_path):
     probe = "import sys\nprint('torch-loaded' if 'torch' in sys.modules else 'no-torch')\n"
     start, out = _start_and_standby(tmp_path, "plain", probe)

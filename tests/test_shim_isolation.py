@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import mbr_launch
 
 PACKAGE = Path(mbr_launch.__file__).parent
@@ -63,6 +65,7 @@ def test_workers_start_through_the_boot_module_the_contract_names():
     assert importlib.import_module(BOOT_MODULE) is boot and hasattr(boot, "main")
 
 
+@pytest.mark.processes
 def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
     code = ("import sys, json; import mbr_launch.shim.boot, mbr_launch.shim.standby, mbr_launch.shim.autobeat, "
             "mbr_launch.shim.flight; "
@@ -77,6 +80,7 @@ def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
 
 STUCK_AFTER_FAILURE = """
 import sys, threading, time
+
 stop = threading.Event()
 threading.Thread(target=stop.wait, name="ProgressWatchdog-4").start()  # non-daemon, never set: as NVRx's
 if sys.argv[1] == "raise":
@@ -96,6 +100,7 @@ def _boot(tmp_path: Path, mode: str) -> subprocess.CompletedProcess:
                           env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
 
 
+@pytest.mark.processes
 def test_a_failed_script_exits_although_a_non_daemon_thread_never_ends(tmp_path):
     """python would wait for the thread forever: the rank would neither run nor exit."""
     res = _boot(tmp_path, "raise")

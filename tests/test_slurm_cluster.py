@@ -1,7 +1,7 @@
 """Smoke tests of the local Slurm cluster for what mbr-launch needs from it, and records of how Slurm
 behaves where the launcher's design depends on it (signal delivery, kill-on-bad-exit, requeue).
 
-Needs root; started once per session by the ``slurm_cluster`` fixture (tests/slurm_cluster.py).
+Needs root; started once per session by the ``slurm_cluster`` fixture (testkit/slurm_cluster.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import REPO, SlurmCluster
+from testkit.slurm_cluster import REPO, SlurmCluster
 
-pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.slurm, pytest.mark.timeout(120), pytest.mark.processes]
 
 PY = sys.executable  # the repo's venv: same filesystem inside the steps
 STEP_ENV = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from mbr_launch.config.slurm import SlurmEnv, SlurmError, parse_nodelist, parse_tasks_per_node
-from tests import slurm_testbed
+from testkit import slurm_testbed
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -64,6 +64,7 @@ def test_parse_nodelist_rejects_and_quotes(text: str) -> None:
     assert repr(text) in str(e.value)
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(shutil.which("scontrol") is None, reason="scontrol missing: run .ci/slurm-setup.sh")
 def test_parse_nodelist_agrees_with_scontrol(tmp_path: Path) -> None:
     # scontrol show hostnames needs no running cluster, but it reads a slurm.conf first: give it one of

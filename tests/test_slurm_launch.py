@@ -1,4 +1,4 @@
-"""mbr-launch under real Slurm: a 2-node job (tests/slurm_cluster.py), one launcher per node.
+"""mbr-launch under real Slurm: a 2-node job (testkit/slurm_cluster.py), one launcher per node.
 
 What each test proves:
 - the sbatch example runs to completion, and a worker crash on one node is restarted inside the same
@@ -8,7 +8,7 @@ What each test proves:
 - two tasks on one node are refused with exit code 2.
 
 Preemption (scancel --signal=USR1, and --signal=TERM with the requeue) is in the fault matrix:
-tests/fault_slurm.py, run by tests/test_fault_matrix.py.
+testkit/fault_slurm.py, run by tests/test_fault_matrix.py.
 
 Agents write their events under the test's tmp_path (the same filesystem inside the node namespaces), and
 so do the workers' logs and checkpoints.
@@ -25,11 +25,11 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import REPO, ClusterError, SlurmCluster
-from tests.slurm_jobs import (LAUNCH_ENV, MBR_LAUNCH, PREEMPTIBLE, agent_events, batch, launch_cmd, one_event,
+from testkit.slurm_cluster import REPO, ClusterError, SlurmCluster
+from testkit.slurm_jobs import (LAUNCH_ENV, MBR_LAUNCH, PREEMPTIBLE, agent_events, batch, launch_cmd, one_event,
                               wait_gone, wait_running)
 
-pytestmark = [pytest.mark.slurm]
+pytestmark = [pytest.mark.slurm, pytest.mark.processes]
 
 # ---- tests ---------------------------------------------------------------------------------------
 

@@ -15,9 +15,9 @@ import pytest
 
 from mbr_launch.monitor.link import MonitorError, MonitorLink
 
-from .helpers import launcher_env, run_launcher
+from testkit.helpers import launcher_env, run_launcher
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.processes]
 
 
 def _long_dir(tmp_path: Path, length: int) -> Path:

@@ -97,6 +97,7 @@ def _check(dumps, method: str, script: Path) -> None:
         assert "helper" in text or text.lower().count("thread 0x") >= 2  # every thread, not only main
 
 
+@pytest.mark.processes
 @pytest.mark.skipif(stacks.find_py_spy() is None, reason="py-spy is not installed")
 def test_py_spy_dumps_sleeping_busy_and_stopped_ranks(hung, tmp_path):
     targets = [hung(0, "sleep"), hung(1, "busy"), hung(2, "stopped")]
@@ -106,6 +107,7 @@ def test_py_spy_dumps_sleeping_busy_and_stopped_ranks(hung, tmp_path):
     _check(dumps, "py-spy", tmp_path / "train.py")
 
 
+@pytest.mark.processes
 def test_faulthandler_dumps_sleeping_busy_and_stopped_ranks(hung, tmp_path):
     targets = [hung(0, "sleep"), hung(1, "busy"), hung(2, "stopped")]
     dumps = dump_stacks(targets, tmp_path / "out", method="faulthandler", timeout=20)
@@ -116,6 +118,7 @@ def test_faulthandler_dumps_sleeping_busy_and_stopped_ranks(hung, tmp_path):
     assert procstat.read(targets[2].pid).state == "T"
 
 
+@pytest.mark.processes
 def test_auto_falls_back_when_ptrace_is_denied(hung, tmp_path, monkeypatch):
     fake = tmp_path / "py-spy"
     fake.write_text("#!/bin/sh\necho 'Error: Operation not permitted (os error 1)' >&2\nexit 1\n")
@@ -126,6 +129,7 @@ def test_auto_falls_back_when_ptrace_is_denied(hung, tmp_path, monkeypatch):
     _check(dumps, "faulthandler", tmp_path / "train.py")
 
 
+@pytest.mark.processes
 def test_auto_falls_back_when_py_spy_is_missing(hung, tmp_path, monkeypatch):
     monkeypatch.setattr(stacks, "find_py_spy", lambda: None)
     dumps = dump_stacks([hung(0, "sleep")], tmp_path / "out", method="auto", timeout=20)
@@ -133,6 +137,7 @@ def test_auto_falls_back_when_py_spy_is_missing(hung, tmp_path, monkeypatch):
     assert dumps[0].summary.startswith("hang_sleep at train.py"), dumps[0]
 
 
+@pytest.mark.processes
 def test_unreachable_targets_are_reported_not_raised(tmp_path, monkeypatch):
     monkeypatch.setattr(stacks, "find_py_spy", lambda: None)
     gone = subprocess.Popen([sys.executable, "-c", "pass"])

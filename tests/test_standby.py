@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.workers.standby import assigned, mismatched_keys, replenish_delay, roomy, standby_env
+from mbr_launch.workers.standbypool import assigned, mismatched_keys, replenish_delay, roomy, standby_env
 
-from .helpers import finish, launcher_env, run_events, run_launcher, start_launcher
+from testkit.helpers import finish, launcher_env, run_events, run_launcher, start_launcher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 # Written at the top of every probe: nothing may run before it.
 PROBE_HEAD = '''\
@@ -133,7 +133,7 @@ def test_standby_preload_imports_more_modules_ahead(tmp_path):
 
 
 def _can_lower_priority() -> bool:
-    from mbr_launch.workers.standby import autogroup_enabled
+    from mbr_launch.workers.standbypool import autogroup_enabled
 
     return autogroup_enabled()
 
@@ -269,7 +269,7 @@ def test_sigkill_of_launcher_leaves_no_standbys_or_workers(tmp_path):
 
 def test_unused_standbys_are_killed_on_a_normal_exit(tmp_path):
     """The autouse leftover check covers every test; here the pool is asked directly too."""
-    from mbr_launch.workers.standby import StandbyPool
+    from mbr_launch.workers.standbypool import StandbyPool
 
     env = {**launcher_env(), "LOCAL_RANK": "0"}
     argv = [sys.executable, "-u", "-m", "mbr_launch.shim.boot", str(tmp_path / "never.py")]
@@ -296,7 +296,7 @@ def test_env_matching_rules():
 
 def test_a_mismatched_environment_falls_back_to_a_fresh_process(tmp_path):
     """A standby started with another OMP_NUM_THREADS is not used (and is killed)."""
-    from mbr_launch.workers.standby import StandbyPool
+    from mbr_launch.workers.standbypool import StandbyPool
     from mbr_launch.workers.process import WorkerSpec
 
     script = tmp_path / "hello.py"
@@ -336,7 +336,7 @@ def test_the_default_preload_is_quiet_and_a_warm_standby_warns_about_dynamos_var
     setting TORCHDYNAMO_VERBOSE after `import torch` gets one warning line; the unrelated variable none."""
     from mbr_launch.contract import DEFAULT_PRELOAD
     from mbr_launch.workers.process import WorkerSpec
-    from mbr_launch.workers.standby import StandbyPool
+    from mbr_launch.workers.standbypool import StandbyPool
 
     script = tmp_path / "dynamo_probe.py"
     script.write_text(DEFAULT_PRELOAD_PROBE)
@@ -375,7 +375,7 @@ def test_cuda_level_has_a_context_on_local_rank(tmp_path):
 
 
 def test_replacements_wait_longer_on_few_cores():
-    from mbr_launch.workers.standby import REPLENISH_DELAY, REPLENISH_DELAY_FEW_CORES, replenish_delay
+    from mbr_launch.workers.standbypool import REPLENISH_DELAY, REPLENISH_DELAY_FEW_CORES, replenish_delay
 
     assert replenish_delay(2, cpus=2) == REPLENISH_DELAY_FEW_CORES
     assert replenish_delay(8, cpus=128) == REPLENISH_DELAY < REPLENISH_DELAY_FEW_CORES
@@ -402,7 +402,7 @@ def test_the_standby_channel_carries_its_status_pipe_and_reads_the_old_form():
 def test_the_agent_lowers_a_standbys_session_and_raises_it_back():
     """A real process in a session of its own: its autogroup goes to nice 19 and back to 0 from the agent's
     side (skipped where the kernel does not schedule by autogroup)."""
-    from mbr_launch.workers.standby import _set_priority, autogroup_enabled
+    from mbr_launch.workers.standbypool import _set_priority, autogroup_enabled
 
     if not autogroup_enabled():
         pytest.skip("autogroup scheduling is off here")
@@ -423,7 +423,7 @@ def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
     by others it would never warm at nice 19); a first-round standby is never lowered."""
     from types import SimpleNamespace
 
-    from mbr_launch.workers.standby import LOW_PRIORITY_SPAN, Standby, StandbyPool, _set_priority, autogroup_enabled
+    from mbr_launch.workers.standbypool import LOW_PRIORITY_SPAN, Standby, StandbyPool, _set_priority, autogroup_enabled
 
     if not autogroup_enabled():
         pytest.skip("autogroup scheduling is off here")
@@ -456,7 +456,7 @@ def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
 def test_a_standby_whose_priority_cannot_be_given_back_is_not_used(monkeypatch):
     """The host-wide limit on unprivileged autogroup writes refuses the promotion: the rank starts fresh
     instead of running at the lowest priority, and the standby is killed."""
-    from mbr_launch.workers import standby as standbys
+    from mbr_launch.workers import standbypool as standbys
     from mbr_launch.workers.process import WorkerSpec, spawn
 
     argv = [sys.executable, "-c", "import sys; sys.stdin.readline()"]

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 
 from mbr_launch.workers.process import WorkerSpec
-from mbr_launch.workers.standby import StandbyPool
+from mbr_launch.workers.standbypool import StandbyPool
 
-from .helpers import launcher_env
+from testkit.helpers import launcher_env
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 SLOW = "import time\ntime.sleep(4)\n"
 SCRIPT = '''\

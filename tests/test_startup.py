@@ -1,4 +1,4 @@
-"""The launcher starts with the cyclic collector paused (``mbr_launch.startup``) and collects again, with the
+"""The launcher starts with the cyclic collector paused (``mbr_launch.gcpause``) and collects again, with the
 start-up's objects frozen, before its agent runs or any other command does its work."""
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ import textwrap
 
 import pytest
 
-from mbr_launch import startup
-from tests.helpers import REPO, launcher_env, free_port
+from mbr_launch import gcpause
+from testkit.helpers import REPO, launcher_env, free_port
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -22,27 +22,27 @@ def collector():
     """Restore this process's collector whatever a test did to it."""
     was = gc.isenabled()
     yield
-    startup._paused = False
+    gcpause._paused = False
     gc.unfreeze()
     (gc.enable if was else gc.disable)()
 
 
 def test_pause_then_resume_freezes_what_was_made_meanwhile(collector):
     gc.enable()
-    startup.pause_gc()
+    gcpause.pause_gc()
     assert not gc.isenabled()
     kept = [[] for _ in range(1000)]
-    startup.resume_gc()
+    gcpause.resume_gc()
     assert gc.isenabled() and gc.get_freeze_count() >= len(kept)
     frozen = gc.get_freeze_count()
-    startup.resume_gc()  # a second end of the start-up changes nothing
+    gcpause.resume_gc()  # a second end of the start-up changes nothing
     assert gc.get_freeze_count() == frozen
 
 
 def test_a_collector_someone_else_disabled_stays_disabled(collector):
     gc.disable()
-    startup.pause_gc()
-    startup.resume_gc()  # the Python API in someone's process: their choice stands
+    gcpause.pause_gc()
+    gcpause.resume_gc()  # the Python API in someone's process: their choice stands
     assert not gc.isenabled() and gc.get_freeze_count() == 0
 
 
@@ -52,7 +52,7 @@ def _launch_probe(run_body: str, argv: list[str], setup: str = "") -> dict:
     starts, after the early processes are spawned and before torch is imported, so the probe changes
     nothing that happens before."""
     probe = (
-        "from mbr_launch.startup import pause_gc; pause_gc()\n"  # as entry() would, before any import of ours
+        "from mbr_launch.gcpause import pause_gc; pause_gc()\n"  # as entry() would, before any import of ours
         "import gc, json, sys\n"
         "from mbr_launch import api\n"
         f"{textwrap.dedent(setup)}\n"
@@ -85,13 +85,14 @@ def _agent_sees(argv: list[str]) -> dict:
     """, argv)
 
 
+@pytest.mark.processes
 def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     seen = _agent_sees(["--standby", "off", "--nproc-per-node", "1", str(script)])
     # frozen: the start-up's objects (torch's elastic stack) are out of every later collection
     assert seen["enabled"] and seen["torch"] and seen["frozen"] > 100_000, seen
-    assert not seen["typer"], seen  # a plain line: read without typer (cli.quick)
+    assert not seen["typer"], seen  # a plain line: read without typer (cli.plainline)
     # Each costs every agent CPU before its ranks start: a preflight warning line is plain text (no rich),
     # the host scans read /proc (no psutil), and no --config means no Megatron-Bridge config model.
     assert not (seen["rich"] or seen["psutil"] or seen["bridge"]), seen
@@ -103,12 +104,12 @@ def test_the_agent_runs_with_the_collector_on_and_the_imports_frozen(tmp_path):
 
 # python -c probes of when the collector runs, and what is imported by then
 PAUSED_FROM_THE_FIRST_IMPORT = (
-    "import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.quick as q; "
+    "import gc, sys; import mbr_launch.cli.entry as e, mbr_launch.cli.plainline as q; "
     "q.run = lambda argv: print(gc.isenabled(), 'typer' in sys.modules, 'torch' in sys.modules, flush=True) or 0; "
     "e.entry()")
 # the launch stays paused until its imports are done (api.launch: the agent test above); other commands collect
 OTHER_COMMANDS_COLLECT = (
-    "import gc; from mbr_launch.startup import pause_gc; pause_gc(); from mbr_launch.cli import app; "
+    "import gc; from mbr_launch.gcpause import pause_gc; pause_gc(); from mbr_launch.cli import app; "
     "app._run_app = lambda cli, argv, prog, **kw: print(prog, gc.isenabled()) or 0; "
     "app.main(['s.py']); app.main(['doctor']); app.main(['report'])")
 
@@ -117,11 +118,13 @@ OTHER_COMMANDS_COLLECT = (
     (PAUSED_FROM_THE_FIRST_IMPORT, ["False False False"]),
     (OTHER_COMMANDS_COLLECT, ["mbr-launch False", "mbr-launch doctor True", "mbr-launch report True"]),
 ], ids=["console-script-paused-first", "other-commands-collect"])
+@pytest.mark.processes
 def test_when_the_collector_runs(code: str, expected: list[str]) -> None:
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
     assert done.stdout.splitlines() == expected, done
 
 
+@pytest.mark.processes
 def test_the_rank_monitor_starts_before_the_launcher_imports_torch(tmp_path):
     """Its start-up overlaps the launcher's: the agent does not wait for it before joining (many agents on
     few cores give each process only its share of the CPUs). It is forked from the launcher, not a new

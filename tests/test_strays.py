@@ -9,9 +9,9 @@ import pytest
 
 from mbr_launch.report.events import read_log_dir
 
-from .helpers import SCRIPTS, run_launcher
+from testkit.helpers import SCRIPTS, run_launcher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 
 def _alive(pid: int) -> bool:

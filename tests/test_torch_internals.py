@@ -24,7 +24,7 @@ from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.doctor import DoctorContext, check_ids, run_checks
 from mbr_launch.doctor.probes import Versions
-from tests.helpers import free_port
+from testkit.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

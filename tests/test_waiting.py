@@ -15,11 +15,11 @@ from pathlib import Path
 import pytest
 
 
-from .helpers import LAUNCHER, REPO, SCRIPTS, free_port, launcher_env, run_events
+from testkit.helpers import LAUNCHER, REPO, SCRIPTS, free_port, launcher_env, run_events
 
 SLEEPER = str(SCRIPTS / "sleeper.py")
 TRAIN = str(SCRIPTS / "train.py")
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 EXIT_WITHIN = 2.0  # seconds from the signal to the launcher's exit
 
 

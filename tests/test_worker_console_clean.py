@@ -18,9 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import REPO, launcher_env, run_launcher
+from testkit.helpers import REPO, launcher_env, run_launcher
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]
 
 SCRIPT = '''\
 import os, sys

@@ -13,7 +13,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from mbr_launch.cluster import listen, workerstore
-from tests.helpers import free_port
+from testkit.helpers import free_port
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -10,12 +10,12 @@ from pathlib import Path
 import pytest
 
 
-from .helpers import SCRIPTS, run_events, run_launcher
+from testkit.helpers import SCRIPTS, run_events, run_launcher
 
 PLAIN = str(SCRIPTS / "plain_sgd.py")
 STEP_TIMEOUT = 2.0
 SLACK = 0.5
-pytestmark = pytest.mark.timeout(200)
+pytestmark = [pytest.mark.timeout(200), pytest.mark.processes]
 
 
 def _goodput_ok(events: list[dict], stderr: str, failures: int) -> dict:

@@ -1,4 +1,4 @@
-"""The plain launch line read without typer (``cli.quick``): for every flag of the settings table, the values
+"""The plain launch line read without typer (``cli.plainline``): for every flag of the settings table, the values
 are exactly typer's; anything that is not plain is left to typer."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from mbr_launch.cli import app, quick
+from mbr_launch.cli import app, plainline
 from mbr_launch.cli.helptext import COMMANDS
 from mbr_launch.config.settings import SETTINGS
 
@@ -15,9 +15,9 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def _typer_values(argv: list[str], monkeypatch) -> dict[str, Any]:
-    """What typer hands to the launch (``launch_command`` passes its values on to ``quick.launch``)."""
+    """What typer hands to the launch (``launch_command`` passes its values on to ``plainline.launch``)."""
     seen: list[dict[str, Any]] = []
-    monkeypatch.setattr(quick, "launch", lambda values: seen.append(dict(values)) or 0)
+    monkeypatch.setattr(plainline, "launch", lambda values: seen.append(dict(values)) or 0)
     app.launch_cli.main(args=argv, prog_name="mbr-launch", standalone_mode=False)
     assert len(seen) == 1, argv
     return seen[0]
@@ -42,7 +42,7 @@ def _plain_lines() -> list[list[str]]:
 
 @pytest.mark.parametrize("argv", _plain_lines(), ids=lambda argv: " ".join(argv)[:60])
 def test_a_plain_line_reads_as_typer_reads_it(argv, monkeypatch):
-    values = quick.read(argv)
+    values = plainline.read(argv)
     assert values is not None, argv  # plain: no typer on the launch's path
     assert values == _typer_values(argv, monkeypatch)
 
@@ -54,15 +54,15 @@ def test_a_plain_line_reads_as_typer_reads_it(argv, monkeypatch):
     ["-rx", "t.py"], ["--nnodes", "2", "-h", "t.py"],
 ], ids=lambda argv: " ".join(argv) or "(empty)")
 def test_anything_else_is_typers(argv):
-    assert quick.read(argv) is None
+    assert plainline.read(argv) is None
 
 
 def test_subcommands_are_never_scripts():
-    assert set(quick.SUBCOMMANDS) == set(COMMANDS)  # every subcommand cli.app registers
-    for name in quick.SUBCOMMANDS:
-        assert quick.read([name, "--json"]) is None and quick.read([name]) is None
+    assert set(plainline.SUBCOMMANDS) == set(COMMANDS)  # every subcommand cli.app registers
+    for name in plainline.SUBCOMMANDS:
+        assert plainline.read([name, "--json"]) is None and plainline.read([name]) is None
 
 
 def test_a_mistake_still_gets_typers_message(capsys):
-    assert app.main(["--nnodes", "2", "--nnodes"]) == 2  # what quick.read left to it
+    assert app.main(["--nnodes", "2", "--nnodes"]) == 2  # what plainline.read left to it
     assert "requires an argument" in capsys.readouterr().err

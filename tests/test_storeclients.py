@@ -1,4 +1,4 @@
-"""Watcher connections kept from one round to the next (cluster.connections), against a real TCPStore: a
+"""Watcher connections kept from one round to the next (cluster.storeclients), against a real TCPStore: a
 round's watchers give theirs back when they stop cleanly, the next round's take them instead of opening new
 ones, and a connection whose store went away is not handed out again."""
 
@@ -10,12 +10,12 @@ import time
 import pytest
 from torch.distributed import PrefixStore, TCPStore
 
-from mbr_launch.cluster import connections
-from mbr_launch.cluster.connections import ClientPool
+from mbr_launch.cluster import storeclients
+from mbr_launch.cluster.storeclients import ClientPool
 from mbr_launch.cluster.peers import PeerWatch
-from mbr_launch.cluster.stops import STOP_KEY, StopWatcher
+from mbr_launch.cluster.stops import STOP_KEY, StopListener
 
-from .helpers import free_port
+from testkit.helpers import free_port
 from .test_peers import _Round  # the fields the watchers read, and Round's own connect_control
 
 pytestmark = pytest.mark.timeout(60)
@@ -40,27 +40,27 @@ def test_the_pool_hands_back_what_was_released_and_keeps_a_bounded_number():
     first = pool.acquire("127.0.0.1", port, timeout=5)
     pool.release(first)
     assert pool.acquire("127.0.0.1", port, timeout=5) is first and pool.idle("127.0.0.1", port) == 0
-    clients = [pool.acquire("127.0.0.1", port, timeout=5) for _ in range(connections.KEEP + 2)]
+    clients = [pool.acquire("127.0.0.1", port, timeout=5) for _ in range(storeclients.KEEP + 2)]
     for client in clients:
         pool.release(client)
-    assert pool.idle("127.0.0.1", port) == connections.KEEP
+    assert pool.idle("127.0.0.1", port) == storeclients.KEEP
     del host
 
 
 def test_the_next_rounds_watchers_reuse_the_connections_and_a_dead_stores_are_dropped(monkeypatch):
     pool = ClientPool()
-    monkeypatch.setattr(connections, "POOL", pool)
+    monkeypatch.setattr(storeclients, "POOL", pool)
     port = free_port()
     hosts = [_host(port)]  # a list, so that the store can be dropped while the helper below refers to it
     rnd = _Round(store_port=port)
     seen: list[bytes] = []
 
-    def one_round(key_value: bool) -> tuple[StopWatcher, PeerWatch]:
-        stop = StopWatcher(rnd, seen.append)  # type: ignore[arg-type]
+    def one_round(key_value: bool) -> tuple[StopListener, PeerWatch]:
+        stop = StopListener(rnd, seen.append)  # type: ignore[arg-type]
         peers = PeerWatch(rnd, timeout=5.0, on_lost=lambda _silence: None)  # type: ignore[arg-type]
         stop.start()
         peers.start()
-        if key_value:  # a peer's stop message ends the stop watcher with its value
+        if key_value:  # a peer's stop message ends the stop listener with its value
             PrefixStore(rnd.control_prefix, hosts[0]).set(STOP_KEY, "bye")
             _until(lambda: seen == [b"bye"])
         time.sleep(0.3)
