@@ -17,6 +17,7 @@ from mbr_launch.gcpause import resume_gc
 
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
+    from mbr_launch.cluster.storeserver import Served
     from mbr_launch.report.timeline import RunTimeline
 
 
@@ -145,6 +146,14 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
             pool.close()
         if monitor is not None:
             monitor.close()
+
+
+def serve_store(port: int, *, host: str = "") -> "Served":
+    """Serve the c10d rendezvous store on ``port`` from this process until SIGINT, SIGTERM or SIGHUP
+    (``cluster.storeserver``). Raises ``StoreServeError`` with a one-line reason when it cannot."""
+    from mbr_launch.cluster.storeserver import serve
+
+    return serve(port, host=host)
 
 
 def run_report(run_dir: "str | os.PathLike[str] | None" = None) -> "RunTimeline":

@@ -9,7 +9,7 @@ import time
 from typing import Sequence
 
 from . import netns
-from .fault_runs import SLEEPER, TRAIN, Agent, Ctx, Run, alive
+from .fault_runs import PYTHON, SLEEPER, TRAIN, Agent, Ctx, Run, alive
 from .helpers import free_port
 
 # Workers that run for a long time and record the signal that stops them (train.py --term-file).
@@ -181,6 +181,45 @@ def store_host_lost(ctx: Ctx) -> Run:
     ctx.wait_lines(ctx.tmp / "ready", 2)
     t_fault, orphans = ctx.kill_agent(agents[0])
     ctx.finish(agents[1:], timeout=60)
+    return ctx.result(t_fault, orphans=orphans)
+
+
+def store_host_lost_in_collective(ctx: Ctx) -> Run:
+    """Three agents, --nnodes 2:3, the workers in a gloo all-reduce every step; the agent hosting the store is
+    SIGKILLed. The survivors' ranks die of the broken collective first, so the failure path's store calls meet
+    the dead store (they ended in "internal error: DistNetworkError", exit 4)."""
+    agents = c10d_agents(ctx, 3, "2:3", ["--nproc-per-node", "1", "--max-restarts", "2", "--peer-timeout", "10",
+                                         *LONG_TRAIN, "--ready-file", str(ctx.tmp / "ready")])
+    ctx.wait_lines(ctx.tmp / "ready", 3)
+    t_fault, orphans = ctx.kill_agent(agents[0])
+    ctx.finish(agents[1:], timeout=60)
+    return ctx.result(t_fault, orphans=orphans)
+
+
+def check_store_lost_said(run: Run) -> None:
+    for err in run.stderr[1:]:
+        assert "internal error" not in err, err[-2000:]
+        assert "the rendezvous store at 127.0.0.1:" in err and "is gone" in err and "mbr-launch store" in err, \
+            err[-2000:]
+
+
+def store_apart_node_lost(ctx: Ctx) -> Run:
+    """The store served apart (``mbr-launch store``, as on a login host); three agents, --nnodes 2:3, in a gloo
+    all-reduce every step; the agent that would have hosted the store is SIGKILLed: the two others go on
+    without it and finish, and the store stops cleanly on SIGTERM."""
+    port = free_port()
+    store = ctx.command([PYTHON, "-m", "mbr_launch", "store", "--port", str(port), "--host", "127.0.0.1"],
+                        name="store")
+    ctx.wait_lines(store.out_path, 1, match=lambda line: "serving the c10d rendezvous store" in line)
+    args = ["--nnodes", "2:3", "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id",
+            f"apart{port}", "--nproc-per-node", "1", "--max-restarts", "2", "--peer-timeout", "4", TRAIN,
+            "--steps", "150", "--step-time", "0.05", "--ready-file", str(ctx.tmp / "ready")]
+    agents = [ctx.mbr(args) for _ in range(3)]
+    ctx.wait_lines(ctx.tmp / "ready", 3)
+    t_fault, orphans = ctx.kill_agent(agents[0])
+    ctx.finish(agents[1:], timeout=90)
+    os.kill(store.pid, signal.SIGTERM)
+    ctx.finish([store], timeout=10)
     return ctx.result(t_fault, orphans=orphans)
 
 

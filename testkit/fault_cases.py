@@ -92,6 +92,13 @@ CASES: list[Case] = [
     Case("store_host_lost", "the agent hosting the rendezvous store (of 2, --nnodes 2) is SIGKILLed",
          agents.store_host_lost, (None, 3), (Expect("peer_lost", {"kind": "store_lost"}, agent=1),
                                              Expect("end", {"exit_code": 3}, agent=1))),
+    Case("store_host_lost_in_collective", "the agent hosting the store (of 3, --nnodes 2:3) is SIGKILLed while "
+         "every rank is in a gloo all-reduce", agents.store_host_lost_in_collective, (None, 3, 3),
+         (Expect("peer_lost", {"kind": "store_lost"}, agent=1), Expect("end", {"exit_code": 3}, agent=2)),
+         check=agents.check_store_lost_said),
+    Case("store_apart_node_lost", "the store served apart by `mbr-launch store`; of 3 agents (--nnodes 2:3, a gloo "
+         "all-reduce every step), the one on the store's endpoint is SIGKILLed", agents.store_apart_node_lost,
+         (0, None, 0, 0), (Expect("end", {"exit_code": 0}, agent=2), Expect("end", {"exit_code": 0}, agent=3))),
     Case("rendezvous_failure", "2 of --nnodes 3 agents wait in the rendezvous; one is SIGKILLed there",
          agents.rendezvous_failure, (3, None), (Expect("end", {"exit_code": 3, "reason": has("the rendezvous timed out after 6 s")}, agent=0),)),
     Case("node_cut", "node 2 of 3 (--nnodes 3, network namespaces) loses its link", agents.node_cut("3", 60),

@@ -178,6 +178,7 @@ def pytest_collection_modifyitems(config, items):
 def pytest_configure(config):
     config.addinivalue_line("markers", "processes: starts real processes (the slow tier); -m 'not processes' "
                                        "runs the rest in seconds")
+    config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs the tests of one group on one worker")
     config.addinivalue_line("markers", "allow_leftovers: the test manages long-lived daemons itself")
     config.addinivalue_line("markers", "slurm: needs the local Slurm test cluster (root)")
     config.addinivalue_line("markers", "netns: needs network namespaces (root)")

@@ -1,7 +1,8 @@
 """The command line: a thin typer layer over ``mbr_launch.api``.
 
 ``mbr-launch [OPTIONS] SCRIPT [ARGS...]`` launches (``launch.py``); ``mbr-launch doctor [OPTIONS]`` checks
-the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``). The
+the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``);
+``mbr-launch store`` serves the rendezvous store apart from the training nodes (``store.py``). The
 launch and the doctor take the options generated from the settings table (``options.py``); every command's
 --help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, and how every
 outcome becomes one exit code and at most one line of error.
@@ -20,8 +21,9 @@ from mbr_launch.cli.errors import PROG, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
+from mbr_launch.cli.store import store_command
 from mbr_launch.cli.process import guarded, prepare
-from mbr_launch.cli.plainline import DOCTOR, REPORT
+from mbr_launch.cli.plainline import DOCTOR, REPORT, STORE
 from mbr_launch.report import exitcodes
 from mbr_launch.gcpause import resume_gc
 
@@ -49,6 +51,7 @@ doctor_cli = command(DOCTOR, doctor_command, usage="[OPTIONS] [SCRIPT [ARGS]...]
 # No script: the report's options may come anywhere.
 report_cli = command(REPORT, report_command, usage="[RUN_DIR] [OPTIONS]",
                      context={**CONTEXT, "allow_interspersed_args": True})
+store_cli = command(STORE, store_command, usage="[OPTIONS]")
 # typer's view of the launch, for tests that inspect the parser (test_docs).
 app = _typer()
 app.command(name=PROG, cls=HelpCommand)(launch_command)

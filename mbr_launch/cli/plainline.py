@@ -18,8 +18,8 @@ from mbr_launch.cli.process import USER_ENV, guarded, prepare
 from mbr_launch.config.settings import SETTINGS, Setting
 
 # Subcommands: their first word is never a script (``cli.app`` registers them under these names).
-DOCTOR, REPORT = "doctor", "report"
-SUBCOMMANDS = (DOCTOR, REPORT)
+DOCTOR, REPORT, STORE = "doctor", "report", "store"
+SUBCOMMANDS = (DOCTOR, REPORT, STORE)
 # Every flag of every setting. Anything else that starts with "-" (--help, --version, "--", "-", combined short
 # flags, a typo) is not among them and leaves the line to typer.
 _FLAGS: dict[str, Setting] = {flag: setting for setting in SETTINGS for flag in setting.flags}
