@@ -17,6 +17,7 @@ import pytest
 
 from mbr_launch.doctor import DoctorContext, detect_launcher, preflight, run_checks, run_doctor, to_json
 from mbr_launch.doctor.probes import NvmlView
+from testkit.helpers import LAUNCHER, launcher_env
 
 pytestmark = pytest.mark.timeout(60)
 REPO = Path(__file__).resolve().parents[1]
@@ -121,6 +122,28 @@ def test_nofile_real_rlimit(limit, severity):
         pytest.skip("this sandbox's hard nofile limit is below 65536 and we may not raise it")
     r = in_prlimit(limit, "limits.nofile")
     assert r["severity"] == severity, r
+
+
+@pytest.mark.processes
+def test_a_low_soft_nofile_under_a_high_hard_one_is_raised_not_warned():
+    """A soft 1024 under a high hard limit (the common default): the launcher raises its own soft limit to the
+    hard one (up to 65536), as servers do, and its workers inherit it; no warning."""
+    import resource
+
+    hard = min(_hard(resource.RLIMIT_NOFILE), 65536)
+    if hard < 16384:
+        pytest.skip("this sandbox's hard nofile limit is below 16384 and we may not raise it")
+    probe = ("import resource, sys; sys.argv = ['mbr-launch', 'doctor', '--json'];"
+             "from mbr_launch.cli import process; process.prepare();"
+             "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+    limit = f"--nofile=1024:{hard}"
+    out = subprocess.run(["prlimit", limit, sys.executable, "-c", probe], capture_output=True,
+                         text=True, timeout=60, cwd=REPO, check=True)
+    assert out.stdout.split() == [str(hard)], out
+    doctor = subprocess.run(["prlimit", limit, *LAUNCHER, "doctor", "--json"], capture_output=True,
+                            text=True, timeout=120, cwd=REPO, env=launcher_env())
+    [r] = [c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "limits.nofile"]
+    assert r["severity"] == "ok" and f"soft={hard}" in r["saw"], r
 
 
 def test_memlock_real_rlimit():

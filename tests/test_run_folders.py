@@ -162,6 +162,12 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
     assert runhistory.RUN_FOLDER.match(run_dir.name) and (run_dir / "events.jsonl").exists()
     events = read_events(run_dir / "events.jsonl")
     assert [e["standby"] for e in events if e["event"] == "worker_start"] == [True]  # the rank was a standby
+    # A standby-born rank's /proc/<pid>/environ has no RANK (it was exec'd before its rank was known): the run
+    # folder's ranks.json says which pid is which rank.
+    [start] = [e for e in events if e["event"] == "worker_start"]
+    ranks = json.loads((run_dir / "ranks.json").read_text())
+    assert ranks == {"round": 0, "restart_count": 0, "world_size": 1,
+                     "ranks": [{"rank": 0, "local_rank": 0, "pid": start["pid"]}]}, ranks
     rank_dir = run_dir / "attempt_0" / "0"
     assert rank_dir.is_dir()
     assert not (rank_dir / "stacks.faulthandler.txt").exists(), sorted(p.name for p in rank_dir.iterdir())

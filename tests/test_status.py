@@ -117,7 +117,8 @@ def test_plain_status_is_one_short_line_for_eight_ranks_and_never_repeats():
     tick()
     assert said[2:] == [
         "status: 8 ranks monitoring · step 120 · 310 ms/step · rank 0 quiet for 12 s",  # 102 columns in full
-        "status: 8 ranks monitoring · step 120 · 310 ms/step · restarts 1 · rank 0 quiet for 17 s"]
+        # after a restart autobeat's count starts again, and the line says so (the step time gives way)
+        "status: 8 ranks monitoring · step 120 since the restart · restarts 1 · rank 0 quiet for 17 s"]
     assert all(len(line) <= 100 for line in said), said
 
 
@@ -136,3 +137,24 @@ def test_the_iteration_an_nvrx_client_reports_is_shown():
     out = io.StringIO()
     Console(file=out, width=120).print(tel.table())
     assert "it 1201" in out.getvalue()
+
+
+def test_the_reported_iteration_wins_over_the_autobeat_count_after_a_restart():
+    """A rank with both: autobeat counted 7 optimizer steps since its restart, the NVRx client reports
+    iteration 1207 (resumed from the checkpoint at 1200): the line and the table show the run's step."""
+    clock = Clock()
+    tel, _log, said = _telemetry(clock, io.StringIO())
+    tel.begin(0, [0])
+    tel.begin(1, [0])  # a restart
+    tel.on_status({"ranks": [{"local_rank": 0, "rank": 0, "state": "monitoring", "last_heartbeat_age": 0.1,
+                              "last_step_age": 0.1, "steps": 7, "step": 7, "open_sections": [],
+                              "iteration": 1207, "nvrx": "0.6+"}]})
+    clock.now += 5.0
+    tel.tick(0)
+    assert said[-1].startswith("status: 1 rank monitoring · iteration 1207"), said
+    assert "step 7" not in said[-1]
+    from rich.console import Console
+
+    out = io.StringIO()
+    Console(file=out, width=120).print(tel.table())
+    assert "it 1207" in out.getvalue()

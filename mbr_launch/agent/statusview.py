@@ -133,9 +133,10 @@ def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
 
 
 def _step_cell(row: dict[str, Any]) -> str:
-    """The optimizer steps autobeat counted, else the iteration an NVRx 0.6+ client reports (Megatron's)."""
+    """The run's step where the rank reports it (an NVRx 0.6+ client's iteration, Megatron's: it resumes from
+    the checkpoint), else the optimizer steps autobeat counted since the rank's process started."""
     iteration = row.get("iteration")
-    if not row.get("step") and isinstance(iteration, int):
+    if isinstance(iteration, int):
         return f"it {iteration}"
     return str(row.get("step") or 0)
 
@@ -149,12 +150,17 @@ def status_line(rows: Rows, starts: dict[int, int], width: int = PLAIN_WIDTH) ->
     head = f"{n} rank{'s' * (n != 1)}" + (f" {next(iter(states))}" if len(states) == 1 else
                                           ": " + ", ".join(f"{c} {s}" for s, c in states.most_common()))
     parts = [(0, head)]  # (rank: the highest is left out first, text), in the order shown
-    steps = [r["step"] for r in ranks if isinstance(r.get("step"), int)]
-    if steps:
-        parts.append((1, f"step {max(steps)}" if min(steps) == max(steps) else f"step {min(steps)}-{max(steps)}"))
+    restarts = max((starts.get(r.get("local_rank"), 1) - 1 for r in ranks), default=0)
+    # The run's step where the ranks report it (the iteration, which resumes from the checkpoint); autobeat's
+    # count starts again at each restart, and says so then.
     its = [r["iteration"] for r in ranks if isinstance(r.get("iteration"), int)]
+    steps = [r["step"] for r in ranks if isinstance(r.get("step"), int)]
     if its:
         parts.append((1, f"iteration {max(its)}" if min(its) == max(its) else f"iteration {min(its)}-{max(its)}"))
+    elif steps:
+        since = " since the restart" if restarts > 0 else ""
+        parts.append((1, (f"step {max(steps)}" if min(steps) == max(steps) else f"step {min(steps)}-{max(steps)}")
+                      + since))
     times = {r.get("rank"): r["last_step_time"] for r in ranks if isinstance(r.get("last_step_time"), (int, float))}
     if times:
         typical = statistics.median(times.values())
@@ -165,7 +171,6 @@ def status_line(rows: Rows, starts: dict[int, int], width: int = PLAIN_WIDTH) ->
     sections = collections.Counter(s for r in ranks for s in r.get("open_sections") or [])
     if sections:
         parts.append((6, "sections: " + ", ".join(s if c == n else f"{s} {c}/{n}" for s, c in sections.most_common(3))))
-    restarts = max((starts.get(r.get("local_rank"), 1) - 1 for r in ranks), default=0)
     if restarts > 0:
         parts.append((3, f"restarts {restarts}"))
     ages = {r.get("rank"): _age(r) for r in ranks}

@@ -19,7 +19,10 @@ MiB = 1 << 20
 C10D_DEFAULT_PORT = 29400  # torchrun's default for --rdzv-endpoint without a port
 STATIC_DEFAULT_PORT = 29500
 SHM_ERROR, SHM_WARN = 128 * MiB, 1 * GiB
-NOFILE_ERROR, NOFILE_WARN = 1024, 65536
+# Below NOFILE_ERROR workers run out of descriptors; below the need (NOFILE_BASE, plus about 4 per agent on the
+# store's host) a DataLoader sharing tensors may. NOFILE_WARN is what the fix asks for, and what a launch raises
+# its own soft limit to where the hard one allows (cli.process.raise_nofile).
+NOFILE_ERROR, NOFILE_BASE, NOFILE_PER_AGENT, NOFILE_WARN = 1024, 16384, 4, 65536
 DISK_ERROR, DISK_WARN = 1 * GiB, 10 * GiB
 
 
@@ -176,8 +179,14 @@ def nofile(ctx: DoctorContext) -> Finding:
            f"`docker run --ulimit nofile={NOFILE_WARN}`)")
     if soft < NOFILE_ERROR:
         return error(saw + ": workers run out of file descriptors (sockets, shared-memory tensors)", fix)
-    if soft < NOFILE_WARN:
-        return warn(saw + ": DataLoader workers sharing tensors may hit 'Too many open files'", fix)
+    try:
+        need = NOFILE_BASE + NOFILE_PER_AGENT * ctx.max_nodes
+    except ValueError:  # a bad --nnodes is another check's to report
+        need = NOFILE_BASE
+    if soft < need:
+        return warn(saw + f": below {need} (DataLoader workers sharing tensors may hit 'Too many open files'; the "
+                    "store's host needs about 4 per agent); a launch raises the soft limit to the hard one, and "
+                    "that is not enough here", fix)
     return ok(saw)
 
 

@@ -23,6 +23,7 @@ from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standbypool import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
+from mbr_launch.workers import pidmap
 from mbr_launch.workers.cyclelog import CycleLogs
 from mbr_launch.workers.output import OutputPump
 from mbr_launch.workers import numa, strays
@@ -123,6 +124,8 @@ class WorkerGroup:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
+        pidmap.write(self.run_dir, round_index=rnd.index, restart_count=count, world_size=rnd.world_size,
+                     workers=self.workers)
         if self.standby:  # replacements prepare in the background once these ranks are under way
             self.standby.fill(ranks, delay=replenish_delay(self.cfg.workers.nproc_per_node), background=True)
 
