@@ -1,5 +1,6 @@
 """One process's ``/proc/<pid>/stat``, read and parsed in one place (the rank monitor's peer check, the stop's
-strays, a hang's scheduler states all read it). Standard library only: the rank monitor imports it at start.
+strays, a hang's scheduler states, the worker shim's process title all read it). Standard library only: the
+rank monitor imports it at start, and the shim may import it (tests/test_shim_isolation.py).
 
 The line is ``pid (comm) state ppid pgrp session ...``. The command name is whatever the process set (``prctl``,
 the name of the file it ran): spaces, parentheses and newlines included, so the fields are taken after the
@@ -17,7 +18,7 @@ ZOMBIE_STATES = frozenset("ZXx")  # dead, waiting to be reaped (Z) or being torn
 
 
 class Stat(NamedTuple):
-    """The fields of ``/proc/<pid>/stat`` this package uses (``man 5 proc``: fields 1-6, 14, 15, 22)."""
+    """The fields of ``/proc/<pid>/stat`` this package uses (``man 5 proc``: fields 1-6, 14, 15, 22, 48, 49)."""
 
     pid: int
     comm: str  # the command name, as the kernel has it (at most 15 bytes for a process, more for a kthread)
@@ -28,6 +29,8 @@ class Stat(NamedTuple):
     utime: int  # clock ticks (SC_CLK_TCK) in user mode
     stime: int  # ... and in kernel mode
     start_time: int  # clock ticks after boot at which it started: with the pid, names one process for good
+    arg_start: Optional[int] = None  # where the command line lies in its memory (Linux 3.5+; 0 when hidden)
+    arg_end: Optional[int] = None
 
     @property
     def zombie(self) -> bool:
@@ -48,7 +51,9 @@ def parse(raw: bytes) -> Optional[Stat]:
     try:
         return Stat(pid=int(pid_text), comm=comm.decode(errors="replace"), state=fields[0].decode(errors="replace"),
                     ppid=int(fields[1]), pgid=int(fields[2]), session=int(fields[3]), utime=int(fields[11]),
-                    stime=int(fields[12]), start_time=int(fields[19]))
+                    stime=int(fields[12]), start_time=int(fields[19]),
+                    arg_start=int(fields[45]) if len(fields) > 46 else None,
+                    arg_end=int(fields[46]) if len(fields) > 46 else None)
     except ValueError:
         return None
 

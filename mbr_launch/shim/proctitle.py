@@ -13,7 +13,10 @@ arguments. Best effort: where /proc or prctl are not there, the standby keeps th
 from __future__ import annotations
 
 import ctypes
+import os
 from dataclasses import dataclass
+
+from mbr_launch import procstat
 
 COMM = b"mbr-standby"  # at most 15 bytes: the kernel's thread name
 _PR_SET_NAME = 15
@@ -33,10 +36,11 @@ class Title:
 def retitle(title: str, name: bytes = COMM) -> Title | None:
     """Show ``title`` (cut to fit) as this process's command line and ``name`` as its main thread's name;
     None when it could not be done."""
+    me = procstat.read(os.getpid())
+    if me is None or not me.arg_start or me.arg_end is None:
+        return None
+    start, end = me.arg_start, me.arg_end
     try:
-        with open("/proc/self/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start and arg_end (fields 48 and 49 of proc(5))
         with open("/proc/self/comm", "rb") as f:
             comm = f.read().rstrip(b"\n")
         with open("/proc/self/mem", "rb", buffering=0) as mem:
