@@ -172,55 +172,43 @@ def test_outside_a_store_call_one_unseen_signal_waits_the_long_patience_and_a_se
     stuck: one unseen Ctrl-C there waits ``long_patience`` before the watchdog ends the run (it cut a 20 s stop
     grace to nothing in CI); a second unseen one acts after ``patience``, as it does inside a store call. Each
     watched signal nudges the main loop, which another thread's delivery would not wake."""
+    import contextlib
     import os
     import time
 
     from mbr_launch.agent.stuck import StuckSignals
 
     fired, nudges = [], []
-    blocked = {"in": None}
 
-    def handler(signum, _frame):  # never counts: the main thread "does not run" handlers
-        pass
+    @contextlib.contextmanager
+    def watchdog(blocked_in, long_patience):
+        fired.clear()
+        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: blocked_in,
+                             nudge=lambda: nudges.append(1), patience=0.3, long_patience=long_patience).start()
+        try:
+            yield
+        finally:
+            stuck.close()
 
-    def wait_for_fire(seconds: float) -> None:
+    def fires_within(seconds: float) -> list[int]:
         deadline = time.monotonic() + seconds
         while not fired and time.monotonic() < deadline:
             time.sleep(0.05)
+        return fired
 
-    old = signal.signal(signal.SIGUSR1, handler)
+    old = signal.signal(signal.SIGUSR1, lambda _signum, _frame: None)  # never counted: "not run"
     try:
-        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: blocked["in"],
-                             nudge=lambda: nudges.append(1), patience=0.3, long_patience=60).start()
-        try:
+        with watchdog(None, 60):
             os.kill(os.getpid(), signal.SIGUSR1)
             time.sleep(1.2)
             assert fired == [] and nudges, "one unseen signal outside a store call waits the long patience"
             os.kill(os.getpid(), signal.SIGUSR1)
-            wait_for_fire(10)
-            assert fired == [signal.SIGUSR1]
-        finally:
-            stuck.close()
-
-        fired.clear()
-        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: None,
-                             patience=0.3, long_patience=1.0).start()
-        try:
+            assert fires_within(10) == [signal.SIGUSR1]
+        with watchdog(None, 1.0):
             os.kill(os.getpid(), signal.SIGUSR1)
-            wait_for_fire(15)
-            assert fired == [signal.SIGUSR1], "the long patience ends too"
-        finally:
-            stuck.close()
-
-        fired.clear()
-        blocked["in"] = "joining the rendezvous"
-        stuck = StuckSignals([signal.SIGUSR1], lambda: 0, fired.append, blocked_in=lambda: blocked["in"],
-                             patience=0.3, long_patience=60).start()
-        try:
+            assert fires_within(15) == [signal.SIGUSR1], "the long patience ends too"
+        with watchdog("joining the rendezvous", 60):
             os.kill(os.getpid(), signal.SIGUSR1)
-            wait_for_fire(15)
-            assert fired == [signal.SIGUSR1], "inside a store call one unseen signal acts after the patience"
-        finally:
-            stuck.close()
+            assert fires_within(15) == [signal.SIGUSR1], "inside a store call one unseen signal acts after the patience"
     finally:
         signal.signal(signal.SIGUSR1, old)
