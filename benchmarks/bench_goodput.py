@@ -2,7 +2,12 @@
 ``--fault-every`` (30 s), under each launcher in turn; how much of the wall time became kept training progress.
 
 Worker: workers/goodput_train.py (2 ranks, DDP MLP + SGD, ``--step-time`` of simulated device work per step,
-a checkpoint every ``--ckpt-every`` steps, resume from it after every restart). Faults alternate between
+a checkpoint every ``--ckpt-every`` steps, resume from it after every restart). ``--variants`` runs it in two
+ways, side by side under every launcher (interleaved in each trial): ``optimizer`` (DDP and ``torch.optim``),
+and ``no-optimizer`` (the gradients all-reduced by hand and the parameters updated without ``torch.optim``: no
+optimizer step for mbr-launch's step heartbeat to see, only collectives and checkpoints; issue #28 found its
+restarts taken for a crash loop and backed off). Each variant gets its own table, its ratios taken against
+the other launchers on the same variant. Faults alternate between
 rank 1 and rank 0; a fault falls due every ``--fault-every`` seconds after the launch, and when it falls due
 while a restart is still under way, it waits until the new ranks have made their first step (a kill during
 start-up measures nothing new). At ``--duration`` the harness creates the stop file; the ranks save and
@@ -14,7 +19,8 @@ detecting, restarting and redoing is all in the denominator. The median step tim
 start) is the run's own pace, so the figure does not depend on the machine's speed. Per fault: kill ->
 first step of the next start (downtime) and steps lost to the rollback.
 
-    python benchmarks/bench_goodput.py --out benchmarks/RESULTS.md   # ~16 min: 3 launchers x 5 min
+    python benchmarks/bench_goodput.py --out benchmarks/RESULTS.md   # ~31 min: 3 launchers x 2 variants x 5 min
+    python benchmarks/bench_goodput.py --duration 120 --fault-every 15   # issue #28's setting, ~13 min
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ SECTION = "bench_goodput"
 CHOICES = ["mbr-launch", "torchrun-noshare", "ft_launcher", "torchrun", "mbr-launch-dynamo"]
 DEFAULT = "mbr-launch,torchrun-noshare,ft_launcher"
 WORKER = h.WORKERS / "goodput_train.py"
+VARIANTS = {"optimizer": [], "no-optimizer": ["--no-optimizer"]}  # name -> the worker's extra arguments
 
 
 def read_progress(path: Path) -> list[tuple[int, int, float]]:
@@ -70,16 +77,18 @@ def per_fault(progress: list[tuple[int, int, float]], kills: list[dict]) -> list
     return out
 
 
-def goodput_trial(launcher: h.Launcher, root: Path, index: int, args: argparse.Namespace) -> dict:
-    rec: dict = {"launcher": launcher.name, "trial": index, "ok": False, "reason": "", "kills": []}
+def goodput_trial(launcher: h.Launcher, variant: str, root: Path, index: int, args: argparse.Namespace) -> dict:
+    rec: dict = {"launcher": launcher.name, "variant": variant, "trial": index, "ok": False, "reason": "",
+                 "kills": []}
 
     def spec(d: Path) -> h.LaunchSpec:
         worker = [str(WORKER), "--ready-file", str(d / "ready"), "--progress-file", str(d / "progress"),
                   "--stop-file", str(d / "stop"), "--ckpt", str(d / "ckpt.pt"), "--ckpt-every",
-                  str(args.ckpt_every), "--step-time", str(args.step_time), *(["--gpu"] if args.gpu else [])]
+                  str(args.ckpt_every), "--step-time", str(args.step_time), *(["--gpu"] if args.gpu else []),
+                  *VARIANTS[variant]]
         return h.LaunchSpec(nproc=2, max_restarts=args.max_restarts, worker=worker, log_dir=d / "logs")
 
-    with h.Trial(launcher, spec, root, index) as t:
+    with h.Trial(launcher, spec, root / variant, index) as t:
         assert t.proc
         t0, due = t.proc.t0, t.proc.t0 + args.fault_every
         while time.monotonic() < t0 + args.duration:
@@ -110,8 +119,11 @@ def goodput_trial(launcher: h.Launcher, root: Path, index: int, args: argparse.N
         if rec["ok"] and rec["step_time"]:
             rec["goodput"] = rec["final_step"] * rec["step_time"] / rec["wall"]
         if launcher.name.startswith("mbr-launch"):
-            own = [e for e in h.read_events(t.spec.log_dir) if e["event"] == "goodput"]
+            events = h.read_events(t.spec.log_dir)
+            own = [e for e in events if e["event"] == "goodput"]
             rec["own_goodput"] = own[-1]["goodput"] if own else None
+            # the crash-loop back-off: each restart's delay (0 when the failed round showed progress)
+            rec["backoffs"] = [e.get("backoff") or 0.0 for e in events if e["event"] == "restart"]
     rec["leftovers"] = t.leftovers
     return rec
 
@@ -133,12 +145,24 @@ def _kill_one(ready_file: Path, rank: int, kills: list[dict]) -> bool:
     return True
 
 
-def render(records: list[dict], names: list[str], args: argparse.Namespace) -> str:
+def render(records: list[dict], names: list[str], variants: list[str], args: argparse.Namespace) -> str:
     out = [f"## Goodput: {args.duration:g} s of training, SIGKILL of one rank every {args.fault_every:g} s",
            "", *h.machine_lines(gpu=args.gpu, mbr_code=args.mbr_code), f"- command: `{h.command_line()}`",
            f"- load average at end {os.getloadavg()[0]:.2f}; 2 ranks, {args.step_time:g} s of simulated work per "
            f"step, checkpoint every {args.ckpt_every} steps; goodput = final step x median step time / "
            "(launch -> exit)", ""]
+    for variant in variants:
+        if len(variants) > 1 or variant != "optimizer":
+            out += [f"### {variant}: " + ("DDP and torch.optim SGD" if variant == "optimizer" else
+                                          "gradients all-reduced by hand, no torch.optim"), ""]
+        out += _variant_table([r for r in records if r.get("variant", "optimizer") == variant], names)
+    out += h.failure_lines(records, label=lambda r: f"{r['launcher']} ({r.get('variant', 'optimizer')}) trial "
+                                                    f"{r['trial']}")
+    return "\n".join(out)
+
+
+def _variant_table(records: list[dict], names: list[str]) -> list[str]:
+    out = []
     by = {n: [r for r in records if r["launcher"] == n] for n in names}
     good = {n: h.summarize([r["goodput"] for r in rs if r.get("goodput") is not None]) for n, rs in by.items()}
     rows = []
@@ -162,8 +186,11 @@ def render(records: list[dict], names: list[str], args: argparse.Namespace) -> s
     if own:
         out += [f"mbr-launch's own goodput record (events.jsonl `goodput`, productive step time / wall, from its "
                 f"step heartbeats): {', '.join(own)}.", ""]
-    out += h.failure_lines(records)
-    return "\n".join(out)
+    backed = [f"{r['launcher']} trial {r['trial']}: {sum(r['backoffs']):g} s in {sum(b > 0 for b in r['backoffs'])} "
+              f"of {len(r['backoffs'])}" for r in records if r.get("backoffs") is not None]
+    if backed:
+        out += [f"mbr-launch's crash-loop back-off (restart events): {'; '.join(backed)} restarts.", ""]
+    return out
 
 
 def main() -> int:
@@ -174,14 +201,18 @@ def main() -> int:
     parser.add_argument("--ckpt-every", type=int, default=20, help="steps between checkpoints")
     parser.add_argument("--max-restarts", type=int, default=100)
     parser.add_argument("--deadline", type=float, default=60.0, help="seconds allowed for the exit after stop")
+    parser.add_argument("--variants", default=",".join(VARIANTS),
+                        help=f"comma-separated subset of: {', '.join(VARIANTS)} (each runs under every launcher)")
     args = parser.parse_args()
+    variants = h.variant_names(args.variants, VARIANTS, list(VARIANTS))
     session = h.start(args, "goodput")
     launchers = session.with_baseline(h.pick_launchers(args.launchers, CHOICES, mbr_path=session.mbr_path))
-    done = h.run_trials(args, session, h.plan(launchers, args.trials),
-                        lambda step: goodput_trial(step.item, session.root, step.trial, args),
-                        lambda r: f"goodput {r.get('goodput', 0.0):.1%}, {len(r['kills'])} faults, final step "
-                                  f"{r['final_step']}", width=21)
-    return h.publish(args, SECTION, render(done.records, [l.name for l in launchers], args), done.records)
+    items = [(launcher, variant) for variant in variants for launcher in launchers]
+    done = h.run_trials(args, session, h.plan(items, args.trials),
+                        lambda step: goodput_trial(*step.item, session.root, step.trial, args),
+                        lambda r: f"{r['variant']:12s} goodput {r.get('goodput', 0.0):.1%}, {len(r['kills'])} faults, "
+                                  f"final step {r['final_step']}", width=21)
+    return h.publish(args, SECTION, render(done.records, [l.name for l in launchers], variants, args), done.records)
 
 
 if __name__ == "__main__":

@@ -106,4 +106,6 @@ def preemption_signals(environ: Mapping[str, str]) -> tuple[signal.Signals, ...]
 BEAT = struct.Struct("<IffI")
 FIRST = 1  # flags: the first step of this process (its period runs from install(), i.e. includes start-up)
 FINISHED = 2  # flags: the script is done stepping (destroy_process_group, exit): not a step
-CHECKPOINT = 4  # flags: torch.save of a dict has just returned: not a step
+CHECKPOINT = 4  # flags: a checkpoint save returned (torch.save of a dict, torch.distributed.checkpoint): not a step
+WORK = 8  # flags: the process has made enough collectives to be training (sent once): not a step
+# What a CHECKPOINT or WORK mark tells the monitor: the worker is past start-up (``first_progress``).

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from mbr_launch.contract import WORK
 from mbr_launch.monitor.steps import BEAT, CHECKPOINT, FINISHED, FIRST, StepWatch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,12 +48,17 @@ def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket
         from mbr_launch.shim import autobeat
         assert autobeat.install()
         assert not any(m == "torch" or m.startswith("torch.") for m in sys.modules), "install imported torch"
+        assert "mbr_launch.shim.autobeat.torchhooks" not in sys.modules  # loaded with torch, not before
         assert not autobeat.installed()
         import torch
         import torch.distributed as dist
         assert autobeat.installed(), "hook not registered by import torch"
         assert getattr(dist.destroy_process_group, "__mbr_autobeat__", False)
-        assert not [f for f in sys.meta_path if type(f).__name__ == "_Finder"], "finder left on sys.meta_path"
+        assert getattr(dist.all_reduce, "__mbr_autobeat__", False)
+        assert dist.all_reduce is dist.distributed_c10d.all_reduce
+        # the finder stays only for what import torch does not import: DCP, torch.compile's collective remaps
+        assert [f.waiting for f in sys.meta_path if type(f).__name__ == "_Finder"] == [{autobeat.DCP,
+                                                                                        autobeat.FUNCTIONAL}]
         m = torch.nn.Linear(4, 4)
         a, b = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m.parameters(), lr=0.1)
         for _ in range(3):
@@ -78,8 +84,9 @@ def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
     script = tmp_path / "s.py"
     script.write_text("import sys, torch\nfrom mbr_launch.shim import autobeat\n"
                       "print('hooked' if autobeat.installed() else 'clean', "
-                      "[type(f).__name__ for f in sys.meta_path if type(f).__name__ == '_Finder'])\n")
-    for flag, expected in (("0", "clean []"), ("1", "hooked []")):
+                      "[sorted(f.waiting) for f in sys.meta_path if type(f).__name__ == '_Finder'])\n")
+    waiting = "[['torch.distributed._functional_collectives', 'torch.distributed.checkpoint']]"
+    for flag, expected in (("0", "clean []"), ("1", f"hooked {waiting}")):
         res = subprocess.run([sys.executable, "-m", "mbr_launch.shim.boot", str(script)], capture_output=True, text=True,
                              timeout=90, cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore",
                                                          "MBR_AUTOBEAT": flag, "MBR_AUTOBEAT_SOCKET": path})
@@ -284,3 +291,179 @@ def test_a_checkpoint_beat_is_reported_and_is_not_a_step():
     report = watch.take_report()
     assert report is not None and report["checkpoint"] == 1.5 and report["steps"] == 1 and report["periods"] == []
     assert watch.deadline == 3.0  # still from the step at 1.0: a save does not extend the step deadline
+
+
+# ---- other signs of progress: collectives, distributed checkpoints ----------------------------------------
+
+
+def _flags(sock: socket.socket) -> list[int]:
+    """The flags of every beat waiting on ``sock`` (the worker has exited: all of them are there)."""
+    sock.settimeout(0.2)
+    flags = []
+    while True:
+        try:
+            flags.append(BEAT.unpack(sock.recv(64))[3])
+        except socket.timeout:
+            return flags
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("torch_first", [False, True], ids=["hooked-at-import", "torch-already-imported"])
+def test_collectives_send_one_work_mark_once_past_the_start_up_ones(beat_socket, port, torch_first):
+    path, sock = beat_socket
+    res = _python(f"""
+        {"import torch, torch._dynamo, torch.distributed" if torch_first else ""}
+        import os
+        from mbr_launch.shim import autobeat
+        assert autobeat.install()
+        import torch, torch.distributed as dist
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from mbr_launch.shim.autobeat import torchhooks
+        for name in torchhooks.COLLECTIVES:  # wrapped once, the same function in both modules
+            f = getattr(dist, name)
+            assert getattr(f, "__mbr_autobeat__", False) and f is getattr(dist.distributed_c10d, name), name
+        # torch.compile still maps dist.all_reduce to its traceable collective
+        from torch.distributed._functional_collectives import traceable_collective_remaps
+        assert dist.all_reduce in traceable_collective_remaps
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        model = DDP(torch.nn.Linear(4, 4))
+        dist.barrier()
+        seed, gathered = [1234], [None]
+        dist.broadcast_object_list(seed)
+        dist.all_gather_object(gathered, {{"host": "a"}})
+        print("start-up", torchhooks.collectives, flush=True)
+        t = torch.ones(2)
+        for _ in range(torchhooks.WORK_COLLECTIVES + 10):
+            dist.all_reduce(t)
+        print("after", torchhooks.collectives, flush=True)
+        dist.destroy_process_group()
+    """, {"MBR_AUTOBEAT_SOCKET": path})
+    assert res.returncode == 0, res.stderr
+    start_up = int(res.stdout.split("start-up ")[1].split()[0])
+    from mbr_launch.shim.autobeat.torchhooks import WORK_COLLECTIVES
+
+    assert 0 < start_up <= WORK_COLLECTIVES // 2, res.stdout  # a barrier, two object collectives: far below
+    assert f"after {WORK_COLLECTIVES}" in res.stdout  # counting stops there
+    assert _flags(sock) == [WORK, FINISHED, FINISHED]  # one WORK mark; destroy_process_group, then the exit
+
+
+@pytest.mark.processes
+def test_start_up_alone_sends_no_work_mark(beat_socket, port):
+    # init, DDP, a barrier, a DCP save and a DCP load of model and optimizer: start-up (and a checkpoint, which
+    # is its own sign), not WORK_COLLECTIVES collectives
+    path, sock = beat_socket
+    res = _python(f"""
+        import os, tempfile
+        from mbr_launch.shim import autobeat
+        assert autobeat.install()
+        import torch, torch.distributed as dist, torch.distributed.checkpoint as dcp
+        from torch.nn.parallel import DistributedDataParallel as DDP
+        from mbr_launch.shim.autobeat import torchhooks
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        model = DDP(torch.nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        dist.barrier()
+        where = tempfile.mkdtemp()
+        dcp.save({{"model": model.state_dict(), "opt": opt.state_dict()}}, checkpoint_id=where)
+        dcp.load({{"model": model.state_dict(), "opt": opt.state_dict()}}, checkpoint_id=where)
+        print("collectives", torchhooks.collectives, flush=True)
+    """, {"MBR_AUTOBEAT_SOCKET": path})
+    assert res.returncode == 0, res.stderr
+    assert _flags(sock) == [CHECKPOINT, FINISHED], res.stdout
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("dcp_first", [False, True], ids=["hooked-at-import", "dcp-already-imported"])
+def test_distributed_checkpoint_saves_mark_checkpoints(beat_socket, tmp_path, dcp_first):
+    path, sock = beat_socket
+    res = _python(f"""
+        {"import torch.distributed.checkpoint" if dcp_first else ""}
+        from mbr_launch.shim import autobeat
+        assert autobeat.install()
+        import torch, torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint import state_dict_saver
+        for name in ("save", "save_state_dict", "async_save"):
+            f = getattr(dcp, name)
+            assert getattr(f, "__mbr_autobeat__", False) and getattr(state_dict_saver, name) is f, name
+        m = torch.nn.Linear(4, 4)
+        state = {{"model": m.state_dict(), "step": 3, "extra": {{"note": "x"}}}}
+        dcp.save(state, checkpoint_id={str(tmp_path / "a")!r}, no_dist=True)
+        print("saved", flush=True)
+        future = dcp.async_save(state, checkpoint_id={str(tmp_path / "b")!r}, no_dist=True)
+        getattr(future, "upload_completion", future).result()
+        import time; time.sleep(0.2)  # the done callback runs on the executor's thread
+        print("async saved", flush=True)
+    """, {"MBR_AUTOBEAT_SOCKET": path})
+    assert res.returncode == 0 and "async saved" in res.stdout, res.stderr
+    flags = _flags(sock)
+    # one mark for the save (torch.save calls inside it mark nothing); the asynchronous one is marked when its
+    # upload completes, by its future and by the save its executor thread runs
+    assert flags[0] == CHECKPOINT and flags[-1] == FINISHED and set(flags[1:-1]) == {CHECKPOINT}, flags
+    assert 2 <= len(flags) - 1 <= 3, flags
+
+
+@pytest.mark.processes
+def test_install_while_another_thread_imports_torch_hooks_everything(beat_socket, tmp_path, port):
+    # A warm standby assigned in the middle of its preload: boot installs autobeat while the preload thread
+    # is still inside `import torch`.
+    path, sock = beat_socket
+    res = _python(f"""
+        import os, sys, threading, time
+        from mbr_launch.shim import autobeat
+        preload = threading.Thread(target=lambda: __import__("torch.distributed"))
+        preload.start()
+        while autobeat.TARGET not in sys.modules:  # the last of ours that import torch imports
+            time.sleep(0.0002)
+        concurrent = autobeat._initializing(sys.modules["torch"])
+        assert autobeat.install()
+        preload.join()
+        time.sleep(0.2)  # the hooking thread polls every 5 ms
+        import torch, torch.distributed as dist
+        from mbr_launch.shim.autobeat import torchhooks
+        assert autobeat.installed() and getattr(torch.save, "__mbr_autobeat__", False)
+        assert getattr(dist.all_reduce, "__mbr_autobeat__", False) and getattr(dist.destroy_process_group,
+                                                                               "__mbr_autobeat__", False)
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT="{port}")
+        dist.init_process_group("gloo", rank=0, world_size=1)
+        m = torch.nn.Linear(2, 2)
+        opt = torch.optim.SGD(m.parameters(), lr=0.1)
+        m(torch.ones(1, 2)).sum().backward()
+        opt.step()
+        for _ in range(torchhooks.WORK_COLLECTIVES):
+            dist.all_reduce(torch.ones(1))
+        torch.save({{"model": m.state_dict()}}, {str(tmp_path / "c.pt")!r})
+        dist.destroy_process_group()
+        print("concurrent", concurrent)
+    """, {"MBR_AUTOBEAT_SOCKET": path})
+    assert res.returncode == 0, res.stderr
+    assert "concurrent True" in res.stdout  # the case this test is about did happen
+    assert _flags(sock) == [FIRST, WORK, CHECKPOINT, FINISHED, FINISHED]
+
+
+def test_the_finder_waits_for_the_modules_the_hooks_are_for():
+    from mbr_launch.shim import autobeat
+    from mbr_launch.shim.autobeat import torchhooks
+
+    assert set(autobeat.HOOKED) == set(torchhooks.AT_EXEC) == set(torchhooks.IMPORTED)
+    assert (autobeat.TARGET, autobeat.C10D, autobeat.SERIALIZATION, autobeat.DCP, autobeat.FUNCTIONAL) == \
+        (torchhooks.TARGET, torchhooks.C10D, torchhooks.SERIALIZATION, torchhooks.DCP, torchhooks.FUNCTIONAL)
+
+
+def test_work_and_checkpoint_marks_are_progress_not_steps():
+    from mbr_launch.monitor.steps import COLLECTIVES, mark_sign
+
+    watch = StepWatch(initial=10.0, subsequent=2.0)
+    watch.arm(0.0)
+    assert watch.beat(1.0, 0, 0.0, 0.0, WORK) is False
+    assert (watch.steps, watch.work_at, watch.deadline) == (0, 1.0, 10.0)  # no step, the initial deadline stays
+    assert watch.progress is None  # the monitor records the sign (beats.py), the watch only keeps it
+    assert mark_sign(WORK) == COLLECTIVES and mark_sign(CHECKPOINT) == "checkpoint" and mark_sign(FIRST) is None
+    assert watch.note_progress(COLLECTIVES, 1.0) is True and watch.note_progress("checkpoint", 2.0) is False
+    assert watch.beat(3.0, 1, 3.0, 1.0, FIRST) is True  # the first step is still reported (telemetry)
+    assert (watch.progress, watch.progress_at) == (COLLECTIVES, 1.0)  # the first sign is kept
+    watch.arm(10.0)
+    assert watch.progress is None and watch.work_at is None  # a new worker starts over
+    watch.beat(11.0, 1, 1.0, 1.0, FIRST)
+    assert watch.progress == "step"

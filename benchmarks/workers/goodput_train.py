@@ -5,6 +5,11 @@ seconds of simulated device work. Rank 0 saves model, optimizer and step every `
 (write to a temporary file, then rename: a kill mid-save never leaves a torn checkpoint); every (re)start
 resumes from the last checkpoint, so the steps done since then are lost, as in real training.
 
+``--no-optimizer``: no DDP and no ``torch.optim``: the gradients are all-reduced by hand (one
+``dist.all_reduce`` per parameter) and averaged, and the parameters updated in place (plain SGD). The same
+training, but no optimizer step for mbr-launch's step heartbeat to see: only its collectives and checkpoints
+show that it trains (issue #28: such a run was taken for a crash loop and backed off).
+
 Files:
 - ``--ready-file``: ``ready <rank> <restart> <time> <pid>`` after the first step of each start (the same
   format as workers/collective.py, so the harness can find the pids to kill);
@@ -34,15 +39,22 @@ p.add_argument("--ckpt-every", type=int, default=20)
 p.add_argument("--step-time", type=float, default=0.05, help="simulated device work per step (seconds)")
 p.add_argument("--hidden", type=int, default=64)
 p.add_argument("--gpu", action="store_true")
+p.add_argument("--no-optimizer", action="store_true", help="all-reduce gradients by hand, update without torch.optim")
+p.add_argument("--lr", type=float, default=0.01)
 args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 device = pg.init(args.gpu, "goodput_train.py")
 rank = dist.get_rank()
-torch.manual_seed(0)
+world = dist.get_world_size()
+torch.manual_seed(0)  # the same initial parameters on every rank
 net = torch.nn.Sequential(torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU(), torch.nn.Linear(args.hidden, 10))
-model = DDP(net.to(device), device_ids=[device.index] if args.gpu else None)
-opt = torch.optim.SGD(model.parameters(), lr=0.01)
+net = net.to(device)
+if args.no_optimizer:
+    model, opt = net, None
+else:
+    model = DDP(net, device_ids=[device.index] if args.gpu else None)
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
 x = torch.randn(32, args.hidden, device=device)
 y = torch.randint(0, 10, (32,), device=device)
 ckpt = Path(args.ckpt)
@@ -50,14 +62,18 @@ step = 0
 if ckpt.exists():
     state = torch.load(ckpt, map_location=device)
     net.load_state_dict(state["model"])
-    opt.load_state_dict(state["opt"])
+    if opt is not None and "opt" in state:
+        opt.load_state_dict(state["opt"])
     step = state["step"]
 
 
 def save() -> None:
     if rank == 0:
         tmp = ckpt.with_suffix(".tmp")
-        torch.save({"model": net.state_dict(), "opt": opt.state_dict(), "step": step}, tmp)
+        state = {"model": net.state_dict(), "step": step}
+        if opt is not None:
+            state["opt"] = opt.state_dict()
+        torch.save(state, tmp)
         os.replace(tmp, ckpt)
 
 
@@ -69,10 +85,22 @@ def append(path: str, line: str) -> None:
 
 flag = torch.zeros(1, device=device)
 ready = False
+def train_step() -> None:
+    if opt is not None:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        return
+    net.zero_grad()
+    torch.nn.functional.cross_entropy(net(x), y).backward()
+    with torch.no_grad():
+        for param in net.parameters():
+            dist.all_reduce(param.grad)  # summed over the ranks: divided into the mean in the update
+            param.add_(param.grad, alpha=-args.lr / world)
+
+
 while True:
-    opt.zero_grad()
-    torch.nn.functional.cross_entropy(model(x), y).backward()
-    opt.step()
+    train_step()
     time.sleep(args.step_time)
     step += 1
     now = time.time()

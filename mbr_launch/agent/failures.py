@@ -67,6 +67,8 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         # Read only where the policy weighs it: a job-wide restart reads it once, after its stop
         # (``loop.fast_blocker``), and a failure costs one read of torch's whole rendezvous state, not two.
         waiting = ctx.rendezvous.spare_count() if _spares_matter(ctx, cause, exclude, node_failures) else 0
+    # ctx.heartbeats: the local ranks that showed a sign of progress this round (handlers.note_rank_started:
+    # a heartbeat, a step, a checkpoint, enough collectives, an advancing iteration); none: a start-up failure.
     return FailureFacts(
         cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.heartbeats,
         round_seconds=ctx.clock() - ctx.round_started, restarts_used=restarts,

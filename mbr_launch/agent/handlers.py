@@ -47,10 +47,20 @@ def _peer_stopped(ctx: Context, rnd: Round, event: PeerStopped) -> RoundResult:
     return handle_peer_stop(ctx, rnd, event.message)
 
 
+# The signs of progress (monitor.steps.PROGRESS_SIGNS) with events of their own: first_step (which telemetry
+# records) and first_heartbeat. Every other kind comes as first_progress and is recorded here.
+_STEP_OR_HEARTBEAT = ("step", "heartbeat")
+
+
 def note_rank_started(ctx: Context, rnd: Round, event: RankStarted) -> None:
+    """A rank is past start-up (its first heartbeat, step, checkpoint, collectives or iteration): a failure of
+    this round is no longer a start-up failure (``failures._facts``)."""
     ctx.heartbeats.add(event.local_rank)
     if event.first_step is not None and ctx.telemetry:
         ctx.telemetry.on_first_step(dict(event.first_step))
+    if event.kind not in _STEP_OR_HEARTBEAT:
+        ctx.log.emit("first_progress", round=rnd.index, rank=event.rank, local_rank=event.local_rank,
+                     kind=event.kind, seconds=event.seconds)
 
 
 def note_progress(ctx: Context, rnd: Round, event: Progress) -> None:

@@ -73,10 +73,16 @@ class MonitorDied:
 
 @dataclass(frozen=True)
 class RankStarted:
-    """A local rank sent its first heartbeat (or made its first step): it is past start-up."""
+    """A local rank showed its first sign of progress: it is past start-up, and a failure of its round is no
+    start-up failure (crash-loop back-off, --max-startup-restarts). The sign (``kind``): an NVRx heartbeat
+    (``first_heartbeat``), an optimizer step (``first_step``), or, from ``first_progress``, a checkpoint saved,
+    enough collectives made, the NVRx iteration advancing (``monitor.steps.PROGRESS_SIGNS``)."""
 
     local_rank: int
     first_step: Mapping[str, Any] | None = None  # the monitor's first_step record, for telemetry
+    kind: str = "heartbeat"
+    rank: int | None = None  # first_progress only: the global rank and seconds since the worker's start
+    seconds: float | None = None
 
 
 @dataclass(frozen=True)
@@ -149,8 +155,13 @@ def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
     (connected, disconnected, timeouts_updated)."""
     name = raw.get("ev")
     local_rank = _int(raw.get("local_rank"))
-    if name in (MonitorEvent.FIRST_HEARTBEAT, MonitorEvent.FIRST_STEP) and local_rank is not None:
-        return RankStarted(local_rank, first_step=raw if name == MonitorEvent.FIRST_STEP else None)
+    if name == MonitorEvent.FIRST_HEARTBEAT and local_rank is not None:
+        return RankStarted(local_rank)
+    if name == MonitorEvent.FIRST_STEP and local_rank is not None:
+        return RankStarted(local_rank, first_step=raw, kind="step")
+    if name == MonitorEvent.FIRST_PROGRESS and local_rank is not None:
+        return RankStarted(local_rank, kind=str(raw.get("kind"))[:40], rank=_int(raw.get("rank")),
+                           seconds=_float(raw.get("t")))
     if name in (MonitorEvent.STEPS, MonitorEvent.STATUS):
         return Progress(str(name), raw)
     if name == MonitorEvent.EXPIRED and local_rank is not None:

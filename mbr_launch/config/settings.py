@@ -209,8 +209,9 @@ SETTINGS: tuple[Setting, ...] = (
                  "restart goes on without it) until fewer than MIN nodes have all ranks alive, then the job restarts."),
     Setting(name="max_startup_restarts", flags=("--max-startup-restarts",), kind=int, default=None,
             panel=POLICY, parse=non_negative("--max-startup-restarts", int), metavar="N",
-            help="A separate budget for failures before any local rank's first heartbeat (counted apart "
-                 "from later ones); default: they share --max-restarts."),
+            help="A separate budget for failures before any local rank showed progress (a heartbeat, an "
+                 "optimizer step, a checkpoint, 20 collectives, an advancing iteration), counted apart from "
+                 "later ones; default: they share --max-restarts."),
     Setting(name="max_node_failures", flags=("--max-node-failures",), kind=int, default=0, panel=POLICY,
             parse=non_negative("--max-node-failures", int), metavar="K",
             help="Exclude a node whose ranks failed K times (0: never); with --nnodes MIN:MAX a spare "
@@ -225,8 +226,9 @@ SETTINGS: tuple[Setting, ...] = (
             help="Longest crash-loop delay."),
     Setting(name="crash_loop_window", flags=("--crash-loop-window",), kind=float, default=30.0, panel=POLICY,
             parse=non_negative("--crash-loop-window", float), metavar="SECONDS",
-            help="A round that fails sooner than this after it started, before any heartbeat (no step "
-                 "done), is part of a crash loop."),
+            help="A round that fails sooner than this after it started, before any sign of progress (a "
+                 "heartbeat, an optimizer step, a checkpoint, 20 collectives, an advancing iteration), is part "
+                 "of a crash loop."),
     Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=15.0, panel=POLICY,
             parse=positive("--peer-timeout", float), metavar="SECONDS",
             help="Seconds of silence after which another node's agent (or the rendezvous store) counts as "

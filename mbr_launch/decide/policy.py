@@ -7,7 +7,8 @@ Scopes:
 - ``rank``: only the failed rank's process restarts.
 
 Budgets are job-wide (the agent keeps the counts in the rendezvous store, so every node agrees):
-failures before the first heartbeat of a round ("startup" failures) count against
+failures before any local rank of a round showed a sign of progress ("startup" failures: no NVRx heartbeat,
+optimizer step, checkpoint, 20 collectives or advancing NVRx iteration yet) count against
 ``max_startup_restarts`` when it is set, and against ``max_restarts`` otherwise; all later failures count
 against ``max_restarts``. Some exit codes are never restarted. A node whose ranks failed
 ``max_node_failures`` times, or whose worker asked for it, is excluded: it leaves and the job goes on
@@ -96,7 +97,9 @@ class RestartPolicy:
 class FailureFacts:
     cause: Cause
     exit_code: int | None = None
-    startup: bool = False  # no local rank had sent a heartbeat yet in this round
+    # No local rank had shown a sign of progress yet in this round: an NVRx heartbeat, an optimizer step, a
+    # checkpoint saved, enough collectives made, the NVRx iteration advancing (agent.handlers.note_rank_started).
+    startup: bool = False
     round_seconds: float = 0.0  # how long the failed round had run
     restarts_used: int = 0  # job-wide restarts counted so far (before this failure)
     startup_restarts_used: int = 0
@@ -135,9 +138,13 @@ class Decision:
 
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
-    """Whether this failure extends a crash loop: the round died within the window *and* before any local rank's
-    first heartbeat. A round that trained (a heartbeat, e.g. after an optimizer step) was healthy however short
-    it was: faults 20 s apart in a job with fast steps are bad luck, and backing off would only waste good time."""
+    """Whether this failure extends a crash loop: the round died within the window *and* before any local rank
+    showed a sign of progress (``facts.startup``). A round that trained was healthy however short it was: faults
+    15 s apart in a job with fast steps are bad luck, and backing off would only make it slower than a launcher
+    that never backs off (torchrun). Training is judged by every sign the monitor sees, not by optimizer steps
+    alone: a script that all-reduces its gradients by hand, saves checkpoints, or reports its iteration to NVRx
+    trains as well as one that calls ``optimizer.step()``. CPU time is no sign: start-up (imports, compilation,
+    data loading) burns it as fast as training does, so it cannot tell the two apart."""
     return facts.startup and facts.round_seconds < policy.crash_loop_window
 
 
@@ -186,7 +193,7 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
         if facts.startup_restarts_used >= policy.max_startup_restarts:
             return Decision(Action.STOP, Scope.JOB,
                             f"startup restart budget exhausted ({policy.max_startup_restarts} allowed before the "
-                            f"first heartbeat)", counts_as_startup=True, exhausted=True)
+                            f"first sign of progress)", counts_as_startup=True, exhausted=True)
     elif facts.restarts_used >= policy.max_restarts:
         return Decision(Action.STOP, Scope.JOB, f"restart budget exhausted ({policy.max_restarts} restarts allowed)",
                         exhausted=True)

@@ -1,7 +1,9 @@
 """Automatic step beats on the main thread: the per-rank datagram sockets and the ``steps`` reports.
 
 ``steps.py`` keeps each rank's step clock (pure); this module feeds it from the sockets and batches the
-step times for the agent, at most one ``steps`` event per ``report_interval``.
+step times for the agent, at most one ``steps`` event per ``report_interval``. A worker's first step is a
+``first_step`` event at once; its first checkpoint or collectives mark, when no step came before, a
+``first_progress`` event: either tells the agent that the worker is past start-up.
 """
 
 from __future__ import annotations
@@ -11,7 +13,8 @@ from typing import Any, Optional
 from mbr_launch.monitor.control import parse_socket_path
 from mbr_launch.monitor.sockets import Sockets
 from mbr_launch.monitor.state import Shared, Slot
-from mbr_launch.monitor.steps import BEAT
+from mbr_launch.monitor.status import first_progress
+from mbr_launch.monitor.steps import BEAT, mark_sign
 from mbr_launch.monitor.wire import MonitorEvent
 
 
@@ -27,6 +30,7 @@ class StepBeats:
 
     def arm(self, slot: Slot, path: Any, now: float) -> None:
         """Start the rank's step clock on the socket at ``path``; ``None``: no step beats for this worker."""
+        slot.steps.forget_progress()  # a new worker, with or without beats
         if path is None:
             slot.steps.disarm()
             if slot.step_sock is not None:
@@ -56,11 +60,16 @@ class StepBeats:
             if discard or len(data) != BEAT.size:
                 continue
             index, period, cpu, flags = BEAT.unpack(data)
-            if slot.steps.beat(now, index, period, cpu, flags):
+            steps = slot.steps
+            if steps.beat(now, index, period, cpu, flags):
                 self.shared.emit({"ev": MonitorEvent.FIRST_STEP, "local_rank": slot.local_rank, "rank": slot.rank,
-                                  "t": round(now - slot.steps.armed_at, 6), "monotonic": now})
+                                  "t": round(now - steps.armed_at, 6), "monotonic": now})
                 # the first step replaces the initial timeout with the (usually much shorter) step timeout
-                self.shared.check_by(slot.steps.deadline)
+                self.shared.check_by(steps.deadline)
+            else:
+                sign = mark_sign(flags)
+                if sign is not None and steps.armed and steps.note_progress(sign, now):
+                    self.shared.emit(first_progress(slot, sign, now))
             if self.report_at is None:
                 self.report_at = now + self.report_interval
 

@@ -37,8 +37,8 @@ from mbr_launch.monitor.protocol import (
     decode_workload_request,
 )
 from mbr_launch.monitor.state import Conn, Shared, Slot
-from mbr_launch.monitor.status import timeouts_updated
-from mbr_launch.monitor.steps import is_checkpoint_section
+from mbr_launch.monitor.status import first_progress, timeouts_updated
+from mbr_launch.monitor.steps import HEARTBEAT, ITERATION, is_checkpoint_section
 from mbr_launch.monitor.wire import MonitorEvent
 
 # How long a connection that came before the agent named the worker's pid waits for it (the agent sends
@@ -216,7 +216,9 @@ class Connections:
         if slot.active is not conn:
             return _NOT_INITIALISED
         clock = self.shared.clock
-        if slot.watch.heartbeat(clock()):
+        now = clock()
+        if slot.watch.heartbeat(now):
+            slot.steps.note_progress(HEARTBEAT, now)  # first_heartbeat tells the agent
             self.shared.emit({"ev": MonitorEvent.FIRST_HEARTBEAT, "local_rank": slot.local_rank, "rank": slot.rank,
                               "t": round(clock() - slot.watch.armed_at, 6)})
         return _ok(conn)
@@ -224,7 +226,10 @@ class Connections:
     def _on_open(self, slot: Slot, conn: Conn, req: SectionOpen) -> bytes:
         if slot.active is not conn:
             return _NOT_INITIALISED
-        slot.watch.open_section(req.name, self.shared.clock(), req.iteration)
+        now = self.shared.clock()
+        slot.watch.open_section(req.name, now, req.iteration)
+        if slot.steps.progress is None and req.iteration is not None:
+            self._iteration_progress(slot, now)
         return _ok(conn)
 
     def _on_close(self, slot: Slot, conn: Conn, req: SectionClose) -> bytes:
@@ -233,8 +238,19 @@ class Connections:
         now = self.shared.clock()
         slot.watch.close_section(req.name, now, req.iteration)
         if is_checkpoint_section(req.name):
+            # For goodput only: a section named checkpoint* may as well be the load at start-up, so it is no
+            # sign of progress (a client with sections heartbeats, or reports its iteration).
             slot.steps.checkpoint_closed(now)
+        if slot.steps.progress is None and req.iteration is not None:
+            self._iteration_progress(slot, now)
         return _ok(conn)
+
+    def _iteration_progress(self, slot: Slot, now: float) -> None:
+        """The iteration an NVRx 0.6+ client reports has advanced past the session's first: it trains."""
+        w = slot.watch
+        if (w.first_iteration is not None and w.iteration is not None and w.iteration > w.first_iteration
+                and slot.steps.note_progress(ITERATION, now)):
+            self.shared.emit(first_progress(slot, ITERATION, now))
 
     def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
         if slot.active is not conn:

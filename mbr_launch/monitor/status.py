@@ -39,10 +39,20 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
         "first_step_at": steps.first_at,
         "last_step_at": steps.last_at,
         "checkpoint_at": steps.checkpoint_at,
+        "work_at": steps.work_at,  # the worker's collectives counted as training (autobeat's WORK mark)
+        "progress": steps.progress,  # its first sign of progress (steps.PROGRESS_SIGNS); None: still starting
+        "progress_at": steps.progress_at,
         "nvrx": slot.client_version,  # the generation of the rank's NVRx client ("0.4.1", "0.6+"), if any
         "iteration": w.iteration,  # the training iteration a 0.6+ client reports in "step" (Megatron)
         "first_iteration": w.first_iteration,  # ... the first of this session: where it (re)started
     }
+
+
+def first_progress(slot: Slot, sign: str, now: float) -> dict[str, Any]:
+    """A worker's first sign of progress that was neither a step nor a heartbeat (those have their own
+    events): a checkpoint, enough collectives, an advancing iteration."""
+    return {"ev": MonitorEvent.FIRST_PROGRESS, "local_rank": slot.local_rank, "rank": slot.rank, "kind": sign,
+            "t": round(now - slot.watch.armed_at, 6), "monotonic": now}  # t: seconds since the worker's arm
 
 
 def ranks_event(name: MonitorEvent, slots: list[Slot], now: float) -> dict[str, Any]:

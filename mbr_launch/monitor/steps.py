@@ -12,6 +12,14 @@ A ``FINISHED`` beat (the script called ``destroy_process_group``, or is exiting)
 time after the last step (final save, teardown) is no hang. A later step starts it again.
 
 Each arm produces at most one expiry (``expire`` stops the clock until the next ``arm``).
+
+Progress: besides steps, a worker shows that it is past start-up by a checkpoint (a ``CHECKPOINT`` beat; an
+NVRx section named checkpoint* is not one: it may be the load at start-up), by its collectives (one ``WORK``
+beat once it has made enough of them), by an NVRx heartbeat, or by the training iteration an NVRx 0.6+ client
+reports advancing. ``progress`` keeps the first
+such sign of the worker (``PROGRESS_SIGNS``); ``note_progress`` is True for that first one only, when the
+monitor tells the agent (``first_step``, ``first_heartbeat`` or ``first_progress``), which then no longer
+takes a failure of the round for a start-up failure (crash-loop back-off, --max-startup-restarts).
 """
 
 from __future__ import annotations
@@ -22,7 +30,11 @@ from typing import Optional
 # The beat datagram's layout and flags, shared with the worker side (mbr_launch.shim.autobeat); the server
 # reads BEAT from here. FINISHED stops the step clock; after a CHECKPOINT, lost work starts anew (goodput);
 # neither is a step.
-from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST
+from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST, WORK
+
+# The signs of progress, as ``first_progress`` events and status rows name them.
+STEP, HEARTBEAT, CHECKPOINT_SIGN, COLLECTIVES, ITERATION = "step", "heartbeat", "checkpoint", "collectives", "iteration"
+PROGRESS_SIGNS = (STEP, HEARTBEAT, CHECKPOINT_SIGN, COLLECTIVES, ITERATION)
 
 
 @dataclass
@@ -40,6 +52,9 @@ class StepWatch:
     last_period: Optional[float] = None
     checkpoint_at: Optional[float] = None  # last close of a checkpoint*/ckpt*/save* section, or torch.save
     deadline: Optional[float] = None
+    work_at: Optional[float] = None  # the WORK beat: the worker had made enough collectives to be training
+    progress: Optional[str] = None  # the worker's first sign of progress (PROGRESS_SIGNS), None: still starting
+    progress_at: Optional[float] = None
     # Not yet reported to the agent: (step period, CPU seconds) of steps after the first.
     pending: list[tuple[float, float]] = field(default_factory=list)
     pending_first: bool = False  # the first step arrived since the last report
@@ -48,7 +63,8 @@ class StepWatch:
     def arm(self, now: float) -> None:
         self.armed, self.armed_at, self.enforced, self.expired = True, now, True, False
         self.steps = self.last_index = 0
-        self.first_at = self.last_at = self.last_period = self.checkpoint_at = None
+        self.first_at = self.last_at = self.last_period = self.checkpoint_at = self.work_at = None
+        self.forget_progress()
         self.pending = []
         self.pending_first = self.pending_checkpoint = False
         self.deadline = None if self.initial is None else now + self.initial
@@ -58,16 +74,30 @@ class StepWatch:
         self.deadline = None
         self.pending = []
 
+    def forget_progress(self) -> None:
+        """A new worker: no sign of progress yet (``arm``; the monitor calls it for a worker without beats)."""
+        self.progress = self.progress_at = None
+
+    def note_progress(self, sign: str, now: float) -> bool:
+        """Record a sign of progress; True if it is the worker's first (the one the agent is told of)."""
+        if self.progress is not None:
+            return False
+        self.progress, self.progress_at = sign, now
+        return True
+
     def yield_to_client(self) -> None:
         self.enforced = False
         self.deadline = None
 
     def beat(self, now: float, index: int, period: float, cpu: float, flags: int) -> bool:
-        """Record one step; True if it was the first of this arm."""
+        """Record one step (or mark); True if it was the first step of this arm."""
         if not self.armed:
             return False
         if flags & CHECKPOINT:
             self.checkpoint_closed(now)
+            return False
+        if flags & WORK:
+            self.work_at = self.work_at or now
             return False
         if flags & FINISHED:
             self.deadline = None
@@ -78,6 +108,7 @@ class StepWatch:
         if first:
             self.first_at = now
             self.pending_first = True
+            self.note_progress(STEP, now)
         if not (flags & FIRST):  # the first step's period includes the process start-up
             self.last_period = period
             self.pending.append((period, cpu))
@@ -113,6 +144,15 @@ class StepWatch:
         self.pending_first = self.pending_checkpoint = False
         return {"steps": self.steps, "index": self.last_index, "periods": periods, "cpu": cpu,
                 "first": self.first_at, "last": self.last_at, "checkpoint": self.checkpoint_at}
+
+
+def mark_sign(flags: int) -> Optional[str]:
+    """The sign of progress a beat that is not a step gives (a CHECKPOINT or WORK mark), else None."""
+    if flags & CHECKPOINT:
+        return CHECKPOINT_SIGN
+    if flags & WORK:
+        return COLLECTIVES
+    return None
 
 
 def is_checkpoint_section(name: str) -> bool:

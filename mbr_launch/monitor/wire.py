@@ -17,8 +17,14 @@ Agent -> monitor (one object per line):
   {"op":"exit"}                                                           (no reply; exit 0)
   EOF: SIGKILL the process group of every armed worker, exit.
 
-Monitor -> agent, unsolicited: connected, first_heartbeat, expired, timeouts_updated, workload_request,
-disconnected, error. A bad control line yields {"ev":"error","message":..,"op":..} and nothing else.
+Monitor -> agent, unsolicited: connected, first_heartbeat, first_progress, expired, timeouts_updated,
+workload_request, disconnected, error. A bad control line yields {"ev":"error","message":..,"op":..} and
+nothing else.
+
+A worker's first sign of progress that is neither a step nor an NVRx heartbeat (at most one per arm, and none
+once a first_step or first_heartbeat came; ``steps.py`` says which signs count):
+  {"ev":"first_progress","local_rank":L,"rank":R,"kind":"checkpoint"|"collectives"|"iteration",
+   "t":seconds since arm,"monotonic":M}
 
 Automatic step beats (``steps.py``; a datagram socket per rank when ``arm`` names one):
   {"ev":"first_step","local_rank":L,"rank":R,"t":seconds since arm,"monotonic":M}
@@ -67,6 +73,7 @@ class MonitorEvent(_Wire):
     DISCONNECTED = "disconnected"
     FIRST_HEARTBEAT = "first_heartbeat"
     FIRST_STEP = "first_step"
+    FIRST_PROGRESS = "first_progress"
     EXPIRED = "expired"
     TIMEOUTS_UPDATED = "timeouts_updated"
     WORKLOAD_REQUEST = "workload_request"

@@ -43,6 +43,10 @@ signal              signal
 preemption          signal, forward, grace
 requeue             job, ok
 first_step          round, rank, local_rank, seconds (from the worker's start to its first optimizer step)
+first_progress      round, rank, local_rank, kind (checkpoint|collectives|iteration), seconds (from the worker's
+                    start): a worker's first sign of training other than an optimizer step or an NVRx heartbeat
+                    (a checkpoint saved, 20 collectives made, the NVRx iteration advancing); from then on a
+                    failure of the round is no start-up failure (no crash-loop back-off)
 progress            round, started, first_step, last_step, checkpoint, detected, ended (all log ``t`` values),
                     cause (failure|stop|end), steps: one attempt of this node's workers, for goodput (``detected``:
                     when its failure was seen, before the stop; ``ended`` on a run without a failure)
@@ -114,6 +118,7 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "preemption": ("signal", "forward", "grace"),
     "requeue": ("job", "ok"),
     "first_step": ("round", "rank", "local_rank", "seconds"),
+    "first_progress": ("round", "rank", "local_rank", "kind", "seconds"),
     "progress": ("round", "started", "first_step", "last_step", "checkpoint", "ended", "cause", "steps"),
     "straggler": ("round", "interval", "threshold", "stragglers", "ranks"),
     "cycle_progress": ("round", "cycle", "source", "start", "end", "progress", "no_progress_cycles",

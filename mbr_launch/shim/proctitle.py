@@ -16,7 +16,7 @@ import ctypes
 import os
 from dataclasses import dataclass
 
-from mbr_launch import procstat
+from mbr_launch.procstat import read as read_stat
 
 COMM = b"mbr-standby"  # at most 15 bytes: the kernel's thread name
 _PR_SET_NAME = 15
@@ -36,7 +36,7 @@ class Title:
 def retitle(title: str, name: bytes = COMM) -> Title | None:
     """Show ``title`` (cut to fit) as this process's command line and ``name`` as its main thread's name;
     None when it could not be done."""
-    me = procstat.read(os.getpid())
+    me = read_stat(os.getpid())
     if me is None or not me.arg_start or me.arg_end is None:
         return None
     start, end = me.arg_start, me.arg_end

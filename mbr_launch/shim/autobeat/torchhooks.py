@@ -1,0 +1,221 @@
+"""What autobeat does to torch's functions: the optimizer-step hook, and the wrappers of destroy_process_group,
+the c10d collectives, torch.save and torch.distributed.checkpoint's saves.
+
+Imported by the package (``mbr_launch.shim.autobeat``, whose docstring says what each wrapper sends and why)
+only once torch is being imported; it imports nothing of the package in turn. ``AT_EXEC``: what to do with a
+module that has just executed (the finder's hook; its names are re-exported after that, by torch and
+torch.distributed themselves). ``IMPORTED``: the same for a module imported before us, whose re-exports hold
+the unwrapped functions and are rebound here.
+"""
+
+from __future__ import annotations
+
+import functools
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+# The modules hooked, by name: the package's finder waits for the same ones (``autobeat.HOOKED``; this module
+# does not import the package, which imports it).
+TARGET = "torch.optim.optimizer"
+C10D = "torch.distributed.distributed_c10d"
+SERIALIZATION = "torch.serialization"
+DCP = "torch.distributed.checkpoint"
+FUNCTIONAL = "torch.distributed._functional_collectives"
+
+# The collectives counted towards the WORK mark, by their names in distributed_c10d (and torch.distributed).
+COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
+               "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier")
+# How many collectives make a process "working". Start-up makes a few of its own, and they must not count as
+# training: a barrier after init_process_group, DDP's construction (parameter shape check and the broadcast of
+# the module's state: C++ today, Python broadcasts in older versions and in FSDP's sync_module_states), a
+# checkpoint load (torch.distributed.checkpoint plans it with object collectives), all_gather_object or
+# broadcast_object_list of a config or a seed. Measured with torch 2.13 and gloo: init_process_group and DDP's
+# construction make none of ours, a barrier one, a DCP load of a model and its optimizer four, each object
+# collective two, so a start-up stays well below twenty; a training loop makes at least one collective a step,
+# so a round that trained for a few seconds is past it.
+WORK_COLLECTIVES = 20
+# torch.distributed.checkpoint's saves; the asynchronous one returns before its checkpoint is written.
+DCP_SAVES = ("save", "save_state_dict")
+DCP_ASYNC_SAVES = ("async_save",)
+
+collectives = 0  # collectives made by this process, counted up to WORK_COLLECTIVES
+# Every ``beater`` below is the package's ``_Beater`` (untyped here: this module does not import the package).
+_Beater = Any
+
+
+def register(module: Any, beater: _Beater) -> None:
+    """torch.optim.optimizer: a beat after every optimizer step (the beater is the global post-step hook)."""
+    add = getattr(module, "register_optimizer_step_post_hook", None)
+    if add is not None and beater.handle is None:
+        beater.handle = add(beater)
+
+
+def _hook_c10d(module: Any, beater: _Beater) -> None:
+    _wrap_destroy(module, beater)
+    _wrap_collectives(module, beater)
+
+
+def _wrap_destroy(module: Any, beater: _Beater) -> None:
+    original = getattr(module, "destroy_process_group", None)
+    if original is None or getattr(original, "__mbr_autobeat__", False):
+        return
+
+    @functools.wraps(original)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        beater.finished()
+        return original(*args, **kwargs)
+
+    destroy_process_group.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    module.destroy_process_group = destroy_process_group
+
+
+def _count_collectives(original: Any, beater: _Beater) -> Any:
+    """``original`` with the collective counter in front: a compare, and an add for the first calls only."""
+
+    @functools.wraps(original)
+    def collective(*args: Any, **kwargs: Any) -> Any:
+        global collectives
+        if collectives < WORK_COLLECTIVES:
+            collectives += 1
+            if collectives >= WORK_COLLECTIVES:  # ">=": two threads may both have added
+                beater.work()
+        return original(*args, **kwargs)
+
+    collective.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    return collective
+
+
+def _wrap_collectives(module: Any, beater: _Beater) -> dict[Any, Any]:
+    """Wrap ``COLLECTIVES`` in ``module`` (distributed_c10d); {original: wrapper} of those wrapped now."""
+    wrapped = {}
+    for name in COLLECTIVES:
+        original = getattr(module, name, None)
+        if original is None or not callable(original) or getattr(original, "__mbr_autobeat__", False):
+            continue
+        wrapped[original] = wrapper = _count_collectives(original, beater)
+        setattr(module, name, wrapper)
+    return wrapped
+
+
+def _wrap_save(module: Any, beater: _Beater) -> None:
+    original = getattr(module, "save", None)
+    if original is None or getattr(original, "__mbr_autobeat__", False):
+        return
+
+    @functools.wraps(original)
+    def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+        result = original(obj, *args, **kwargs)
+        # after the save returned: a save that raised is no checkpoint; one made by a DCP save is a part of it
+        if isinstance(obj, Mapping) and not beater.in_dcp_save():
+            beater.checkpoint()
+        return result
+
+    save.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    module.save = save
+
+
+def _dcp_saver(original: Any, beater: _Beater, asynchronous: bool) -> Any:
+    @functools.wraps(original)
+    def save(*args: Any, **kwargs: Any) -> Any:
+        local = beater.saving
+        local.depth = getattr(local, "depth", 0) + 1
+        try:
+            result = original(*args, **kwargs)
+        finally:
+            local.depth -= 1
+        if asynchronous:
+            _mark_when_done(result, beater)
+        else:
+            beater.checkpoint()
+        return result
+
+    save.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    return save
+
+
+def _mark_when_done(result: Any, beater: _Beater) -> None:
+    """``async_save``'s checkpoint is there when its upload future completes: a Future, or (torch 2.9+) an
+    ``AsyncSaveResponse`` whose ``upload_completion`` is. Without a future to watch, nothing is marked."""
+    future = getattr(result, "upload_completion", result)
+    add = getattr(future, "add_done_callback", None)
+    if add is None:
+        return
+
+    def done(f: Any) -> None:
+        try:
+            (getattr(f, "result", None) or f.value)()  # done: returns at once, or raises the save's error
+        except BaseException:
+            return
+        beater.checkpoint()
+
+    try:
+        add(done)
+    except Exception:
+        pass
+
+
+def _wrap_dcp(package: Any, beater: _Beater) -> None:
+    """Wrap DCP's saves on the package and on the module that defines them (DCP's own asynchronous executor
+    imports ``save`` from there)."""
+    for names, asynchronous in ((DCP_SAVES, False), (DCP_ASYNC_SAVES, True)):
+        for name in names:
+            original = getattr(package, name, None)
+            if original is None or not callable(original) or getattr(original, "__mbr_autobeat__", False):
+                continue
+            wrapper = _dcp_saver(original, beater, asynchronous)
+            setattr(package, name, wrapper)
+            home = sys.modules.get(getattr(original, "__module__", None) or "")
+            if home is not None and home is not package and getattr(home, name, None) is original:
+                setattr(home, name, wrapper)
+
+
+def _fix_remaps(functional: Any, beater: _Beater) -> None:
+    """torch.compile maps ``dist.*`` collectives to traceable ones by identity
+    (``traceable_collective_remaps``): give our wrappers the entries of the functions they wrap, when that
+    module was imported before we wrapped them (imported after, it holds the wrappers already)."""
+    remaps = getattr(functional, "traceable_collective_remaps", None)
+    c10d = sys.modules.get(C10D)
+    if not isinstance(remaps, dict) or c10d is None:
+        return
+    for name in COLLECTIVES:
+        wrapper = getattr(c10d, name, None)
+        original = getattr(wrapper, "__wrapped__", None)
+        if getattr(wrapper, "__mbr_autobeat__", False) and original in remaps and wrapper not in remaps:
+            remaps[wrapper] = remaps[original]
+
+
+# What the finder does once a module has executed (its names re-exported only later: ``torch.distributed``
+# star-imports c10d, ``torch`` imports ``save`` from torch.serialization, after these ran).
+AT_EXEC = {TARGET: register, C10D: _hook_c10d, SERIALIZATION: _wrap_save, DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps}
+
+
+def _reexport(module: Any, owner_name: str, names: tuple[str, ...], before: dict[str, Any]) -> None:
+    """The module ``owner_name`` re-exported ``module``'s functions before we wrapped them: bind the wrappers
+    there too (``before``: name -> the function before wrapping)."""
+    owner = sys.modules.get(owner_name)
+    for name in names:
+        new = getattr(module, name, None)
+        if owner is not None and new is not before.get(name) and getattr(owner, name, None) is before.get(name):
+            setattr(owner, name, new)
+
+
+def _hook_imported_c10d(c10d: Any, beater: _Beater) -> None:
+    names = (*COLLECTIVES, "destroy_process_group")
+    before = {name: getattr(c10d, name, None) for name in names}
+    _hook_c10d(c10d, beater)
+    _reexport(c10d, "torch.distributed", names, before)
+    functional = sys.modules.get(FUNCTIONAL)
+    if functional is not None:
+        _fix_remaps(functional, beater)
+
+
+def _hook_imported_serialization(serialization: Any, beater: _Beater) -> None:
+    before = {"save": getattr(serialization, "save", None)}
+    _wrap_save(serialization, beater)
+    _reexport(serialization, "torch", ("save",), before)
+
+
+# The same for a module that was imported before us, its re-exports included.
+IMPORTED = {TARGET: register, C10D: _hook_imported_c10d, SERIALIZATION: _hook_imported_serialization,
+            DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps}
