@@ -38,6 +38,7 @@ WORKER = os.environ.get("PYTEST_XDIST_WORKER")
 if WORKER:
     os.environ[MARKER] = uuid.uuid4().hex
     os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"mbr-{WORKER}-")
+    os.chmod(os.environ["TMPDIR"], 0o1777)  # as /tmp is: tests run fakes as another user from under it
     tempfile.tempdir = None  # read TMPDIR again
 else:
     os.environ.setdefault(MARKER, uuid.uuid4().hex)
