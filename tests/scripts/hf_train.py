@@ -19,11 +19,10 @@ os.environ["TRANSFORMERS_OFFLINE"] = "1"
 os.environ["HF_DATASETS_OFFLINE"] = "1"
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-import argparse  # noqa: E402
 import dataclasses  # noqa: E402
-import signal  # noqa: E402
 import warnings  # noqa: E402
-from pathlib import Path  # noqa: E402
+
+import injected  # noqa: E402  (tests/scripts/injected.py: the fault options and their injection)
 
 warnings.filterwarnings("ignore")
 
@@ -32,21 +31,9 @@ from transformers import Trainer, TrainerCallback, TrainingArguments  # noqa: E4
 from transformers.trainer_utils import get_last_checkpoint  # noqa: E402
 from transformers.utils import logging as hf_logging  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--output-dir", required=True)
-p.add_argument("--max-steps", type=int, default=40)
-p.add_argument("--save-every", type=int, default=10)
-p.add_argument("--samples", type=int, default=256)
-p.add_argument("--batch", type=int, default=8)
-p.add_argument("--kill-rank", type=int, default=-1)
-p.add_argument("--kill-at-step", type=int, default=-1)
-p.add_argument("--stop-rank", type=int, default=-1)
-p.add_argument("--stop-at-step", type=int, default=-1)
-p.add_argument("--ready-file", default=None)
-args = p.parse_args()
+args = injected.parser("--output-dir").parse_args()
 
-RANK = int(os.environ.get("RANK", "0"))
-RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+RANK, RESTART = injected.RANK, injected.RESTART
 hf_logging.set_verbosity_error()
 
 
@@ -76,23 +63,13 @@ class RandomData(torch.utils.data.Dataset):
 
 
 class Inject(TrainerCallback):
-    """The faults, after an optimizer step (state.global_step has counted it), on the first attempt only."""
+    """The faults (``injected``), after an optimizer step: state.global_step has counted it."""
 
     def on_train_begin(self, targs, state, control, **kwargs):
-        print(f"rank {RANK} restart {RESTART} starts at step {state.global_step}", flush=True)
+        injected.started(state.global_step)
 
     def on_step_end(self, targs, state, control, **kwargs):
-        step = state.global_step
-        if args.ready_file and RANK == 0 and not os.path.exists(args.ready_file):
-            Path(args.ready_file).write_text(str(os.getpid()))
-        if RESTART != 0:
-            return
-        if RANK == args.kill_rank and step == args.kill_at_step:
-            print(f"rank {RANK} SIGKILL at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if RANK == args.stop_rank and step == args.stop_at_step:
-            print(f"rank {RANK} SIGSTOP at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)
+        injected.after_step(args, state.global_step)
 
 
 def training_arguments() -> TrainingArguments:

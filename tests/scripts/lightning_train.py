@@ -12,11 +12,10 @@ starts no processes of its own.
 Each rank prints "rank R restart C starts at step S" (S: the step restored from the checkpoint); the last line of
 rank 0 is "lightning done: global_step=S resumed=True|False restart=C".
 """
-import argparse
-import os
-import signal
 import warnings
 from pathlib import Path
+
+import injected  # tests/scripts/injected.py: the fault options and their injection
 
 warnings.filterwarnings("ignore")
 
@@ -26,21 +25,9 @@ from torch.utils.data import DataLoader, TensorDataset  # noqa: E402
 import lightning as L  # noqa: E402
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint  # noqa: E402
 
-p = argparse.ArgumentParser()
-p.add_argument("--ckpt-dir", required=True)
-p.add_argument("--max-steps", type=int, default=40)
-p.add_argument("--save-every", type=int, default=10)
-p.add_argument("--samples", type=int, default=256)
-p.add_argument("--batch", type=int, default=8)
-p.add_argument("--kill-rank", type=int, default=-1)
-p.add_argument("--kill-at-step", type=int, default=-1)
-p.add_argument("--stop-rank", type=int, default=-1)
-p.add_argument("--stop-at-step", type=int, default=-1)
-p.add_argument("--ready-file", default=None)
-args = p.parse_args()
+args = injected.parser("--ckpt-dir").parse_args()
 
-RANK = int(os.environ.get("RANK", "0"))
-RESTART = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+RANK, RESTART = injected.RANK, injected.RESTART
 
 
 class TinyMLP(L.LightningModule):
@@ -57,23 +44,13 @@ class TinyMLP(L.LightningModule):
 
 
 class Inject(Callback):
-    """The faults, after an optimizer step (global_step has counted it), on the first attempt only."""
+    """The faults (``injected``), after an optimizer step: global_step has counted it."""
 
     def on_train_start(self, trainer, pl_module):
-        print(f"rank {RANK} restart {RESTART} starts at step {trainer.global_step}", flush=True)
+        injected.started(trainer.global_step)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-        step = trainer.global_step
-        if args.ready_file and RANK == 0 and not os.path.exists(args.ready_file):
-            Path(args.ready_file).write_text(str(os.getpid()))
-        if RESTART != 0:
-            return
-        if RANK == args.kill_rank and step == args.kill_at_step:
-            print(f"rank {RANK} SIGKILL at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGKILL)
-        if RANK == args.stop_rank and step == args.stop_at_step:
-            print(f"rank {RANK} SIGSTOP at step {step}", flush=True)
-            os.kill(os.getpid(), signal.SIGSTOP)
+        injected.after_step(args, trainer.global_step)
 
 
 def main() -> None:
