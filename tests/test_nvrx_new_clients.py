@@ -210,11 +210,13 @@ def test_warmup_section_times_the_first_steps_and_the_iteration_is_recorded(make
     # The iteration the client reports (Megatron's) is recorded: at init, in the status rows, in the verdict.
     assert mon.events.wait("connected", local_rank=0)["iteration"] == 100
     out.wait("hanging", timeout=60)
+    # The expiry first: its messages are fire-and-forget, so only the 4th step's expiry proves the monitor has
+    # read them (a snapshot asked for on the control channel can overtake the client's last open).
+    ev = assert_one_expiry(mon, 0, kind="section")
+    assert ev["section"] == "step" and ev["timeout"] == 0.6 and ev["iteration"] == 103
     mon.send(op="snapshot")
     row = mon.events.wait("snapshot")["ranks"][0]
     assert row["iteration"] == 103 and row["nvrx"] == NEWER
-    ev = assert_one_expiry(mon, 0, kind="section")
-    assert ev["section"] == "step" and ev["timeout"] == 0.6 and ev["iteration"] == 103
 
 
 def test_calculated_timeouts_of_a_newer_client(make_mon, client, port):
