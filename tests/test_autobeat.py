@@ -57,8 +57,8 @@ def test_install_does_not_import_torch_and_hooks_the_first_optimizer(beat_socket
         assert getattr(dist.all_reduce, "__mbr_autobeat__", False)
         assert dist.all_reduce is dist.distributed_c10d.all_reduce
         # the finder stays only for what import torch does not import: DCP, torch.compile's collective remaps
-        assert [f.waiting for f in sys.meta_path if type(f).__name__ == "_Finder"] == [{autobeat.DCP,
-                                                                                        autobeat.FUNCTIONAL}]
+        assert [f.waiting for f in sys.meta_path if type(f).__name__ == "_Finder"] == [{
+            autobeat.DCP, autobeat.FUNCTIONAL, *autobeat.CHECKPOINTERS}]
         m = torch.nn.Linear(4, 4)
         a, b = torch.optim.SGD(m.parameters(), lr=0.1), torch.optim.SGD(m.parameters(), lr=0.1)
         for _ in range(3):
@@ -85,7 +85,9 @@ def test_boot_without_autobeat_leaves_no_hook(tmp_path, beat_socket):
     script.write_text("import sys, torch\nfrom mbr_launch.shim import autobeat\n"
                       "print('hooked' if autobeat.installed() else 'clean', "
                       "[sorted(f.waiting) for f in sys.meta_path if type(f).__name__ == '_Finder'])\n")
-    waiting = "[['torch.distributed._functional_collectives', 'torch.distributed.checkpoint']]"
+    from mbr_launch.shim import autobeat
+
+    waiting = str([sorted({autobeat.FUNCTIONAL, autobeat.DCP, *autobeat.CHECKPOINTERS})])
     for flag, expected in (("0", "clean []"), ("1", f"hooked {waiting}")):
         res = subprocess.run([sys.executable, "-m", "mbr_launch.shim.boot", str(script)], capture_output=True, text=True,
                              timeout=90, cwd=REPO, env={**os.environ, "PYTHONWARNINGS": "ignore",

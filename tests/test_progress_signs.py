@@ -1,6 +1,6 @@
 """Signs of progress beyond optimizer steps and NVRx heartbeats (a checkpoint saved, enough collectives, an
 advancing NVRx iteration): the monitor's ``first_progress`` event, the agent's ``RankStarted``, and what they
-change in the restart policy (no crash-loop back-off, no start-up budget) and in goodput (DCP checkpoints)."""
+change in the restart policy (no crash-loop back-off, no start-up budget) and in goodput (DCP checkpoints, NVRx's asynchronous and local checkpoints)."""
 
 from __future__ import annotations
 
@@ -20,7 +20,8 @@ from mbr_launch.monitor.protocol import Heartbeat, SectionClose, SectionOpen
 from mbr_launch.monitor.state import Conn, Shared, Slot
 from mbr_launch.monitor.wire import MonitorEvent
 from mbr_launch.report import exitcodes
-from testkit.helpers import SCRIPTS, run_events, run_launcher
+from testkit.helpers import SCRIPTS, launcher_env, run_events, run_launcher
+from testkit.nvrx_versions import nvrx_env
 from tests.replay import all_exit, build_world, exit_rank, post
 
 pytestmark = pytest.mark.timeout(60)
@@ -234,3 +235,31 @@ def test_distributed_checkpoints_bound_the_lost_work_in_goodput(tmp_path):
     (cost,) = good["failures"]
     assert cost["lost"] == pytest.approx(failed["last_step"] - failed["checkpoint"], abs=0.01), (failed, cost)
     assert cost["lost"] < failed["last_step"] - failed["first_step"]
+
+
+# NVRx 0.7's asynchronous writer sets a CUDA device (its persistent one) or synchronizes CUDA (the forked one):
+# on CPU only 0.4.1's runs; on GPUs, 0.7's TorchAsyncCheckpoint and its CUDA-only local state dict.
+GPU = pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize(("mode", "nvrx", "cuda"), [
+    ("async", "0.4.1", False), ("local", "0.7.0", False),
+    pytest.param("async", "0.7.0", True, marks=GPU), pytest.param("local", "0.7.0", True, marks=GPU)])
+def test_nvrx_checkpoints_bound_the_lost_work_in_goodput(tmp_path, mode, nvrx, cuda):
+    # every rank checkpoints through NVRx's own checkpointing every 10 steps (an asynchronous save finalized by
+    # its queue, or the local checkpoint manager); rank 1 dies before step 25 once and the restart resumes from
+    # step 20: the failure loses the steps after the last finalized checkpoint only
+    res = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir", str(tmp_path),
+                        "--status", "off", str(SCRIPTS / "nvrx_ckpt.py"), "--mode", mode, "--every", "10",
+                        "--dir", str(tmp_path / "ckpt"), "--crash-rank", "1", "--crash-at-step", "25",
+                        *(["--cuda"] if cuda else [])], timeout=220, env=nvrx_env(nvrx, launcher_env()))
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "restart 1 training from step 20" in res.stdout
+    events = run_events(tmp_path)
+    failed = next(e for e in events if e["event"] == "progress" and e["cause"] == "failure")
+    assert failed["checkpoint"] is not None and failed["first_step"] < failed["checkpoint"] <= failed["last_step"]
+    (good,) = [e for e in events if e["event"] == "goodput"]
+    (cost,) = good["failures"]
+    assert cost["lost"] == pytest.approx(failed["last_step"] - failed["checkpoint"], abs=0.01), (failed, cost)

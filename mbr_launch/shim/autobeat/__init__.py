@@ -34,6 +34,8 @@ are wrapped when that package is imported (never by us: it costs a second of imp
 the module that defines them. Each sends the CHECKPOINT beat once its save has returned (``async_save``: once
 its upload future has completed without an error); every rank saves its own shards, so every rank marks.
 ``torch.save`` calls made inside one of these (DCP writes some entries with it) mark nothing of their own.
+NVRx's asynchronous and local checkpoints, and Megatron-Core's asynchronous ones, mark when they are
+finalized (``ckpthooks``).
 
 Collectives: the Python-level c10d collectives (``torchhooks.COLLECTIVES``: all_reduce, all_gather, broadcast,
 barrier ...) are wrapped when ``torch.distributed.distributed_c10d`` is imported, before ``torch.distributed``
@@ -79,10 +81,14 @@ C10D = "torch.distributed.distributed_c10d"
 SERIALIZATION = "torch.serialization"
 DCP = "torch.distributed.checkpoint"
 FUNCTIONAL = "torch.distributed._functional_collectives"
+# NVRx's and Megatron-Core's checkpoint modules (ckpthooks: their asynchronous and local checkpoints)
+CHECKPOINTERS = ("nvidia_resiliency_ext.checkpointing.async_ckpt.core",
+                 "megatron.core.dist_checkpointing.strategies.async_utils",
+                 "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager")
 
 # The modules whose functions torchhooks hooks (its AT_EXEC and IMPORTED tables, keyed by these names: a test
 # checks that they agree), in the order ``import torch`` imports the first three.
-HOOKED = (SERIALIZATION, C10D, TARGET, DCP, FUNCTIONAL)
+HOOKED = (SERIALIZATION, C10D, TARGET, DCP, FUNCTIONAL, *CHECKPOINTERS)
 
 _state: Optional["_Beater"] = None
 
@@ -169,9 +175,7 @@ class _Finder:
 
             def exec_and_hook(module: Any) -> None:
                 exec_module(module)
-                hooks = _hooks().AT_EXEC
-                with _hooking:
-                    hooks[name](module, beater)
+                _hook_safely(_hooks().AT_EXEC.get(name), module, beater)
 
             # The loader is a fresh object per find_spec: patching it touches nobody else's import.
             spec.loader.exec_module = exec_and_hook
@@ -198,6 +202,21 @@ def _hooks() -> Any:
     return torchhooks
 
 
+def _hook_safely(hook: Any, module: Any, beater: _Beater, locked: bool = False) -> None:
+    """Run one hook; a hook that fails (a library changed the shape we wrap) costs that sign, never the
+    user's import or script."""
+    if hook is None:
+        return
+    try:
+        if locked:
+            hook(module, beater)
+        else:
+            with _hooking:
+                hook(module, beater)
+    except Exception:
+        pass
+
+
 def _initializing(module: Any) -> bool:
     """The module is in sys.modules but its body is still executing (in another thread)."""
     return bool(getattr(getattr(module, "__spec__", None), "_initializing", False))
@@ -211,7 +230,7 @@ def _hook_imported(beater: _Beater, finder: _Finder) -> None:
             module = sys.modules.get(name)
             if module is not None and name in finder.waiting and not _initializing(module):
                 finder.waiting.discard(name)
-                hook(module, beater)
+                _hook_safely(hook, module, beater, locked=True)
         if not finder.waiting:
             finder.remove()
 

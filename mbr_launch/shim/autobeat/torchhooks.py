@@ -15,6 +15,8 @@ import sys
 from collections.abc import Mapping
 from typing import Any
 
+from mbr_launch.shim.autobeat import ckpthooks
+
 # The modules hooked, by name: the package's finder waits for the same ones (``autobeat.HOOKED``; this module
 # does not import the package, which imports it).
 TARGET = "torch.optim.optimizer"
@@ -187,7 +189,8 @@ def _fix_remaps(functional: Any, beater: _Beater) -> None:
 
 # What the finder does once a module has executed (its names re-exported only later: ``torch.distributed``
 # star-imports c10d, ``torch`` imports ``save`` from torch.serialization, after these ran).
-AT_EXEC = {TARGET: register, C10D: _hook_c10d, SERIALIZATION: _wrap_save, DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps}
+AT_EXEC = {TARGET: register, C10D: _hook_c10d, SERIALIZATION: _wrap_save, DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps,
+           **ckpthooks.HOOKS}
 
 
 def _reexport(module: Any, owner_name: str, names: tuple[str, ...], before: dict[str, Any]) -> None:
@@ -218,4 +221,4 @@ def _hook_imported_serialization(serialization: Any, beater: _Beater) -> None:
 
 # The same for a module that was imported before us, its re-exports included.
 IMPORTED = {TARGET: register, C10D: _hook_imported_c10d, SERIALIZATION: _hook_imported_serialization,
-            DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps}
+            DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps, **ckpthooks.HOOKS}
