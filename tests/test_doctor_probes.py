@@ -135,11 +135,12 @@ def test_a_low_soft_nofile_under_a_high_hard_one_is_raised_not_warned():
         pytest.skip("this sandbox's hard nofile limit is below 16384 and we may not raise it")
     probe = ("import resource, sys; sys.argv = ['mbr-launch', 'doctor', '--json'];"
              "from mbr_launch.cli import process; process.prepare();"
-             "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0])")
+             "print(resource.getrlimit(resource.RLIMIT_NOFILE)[0]);"
+             "from mbr_launch import nofile; print(*nofile.raised)")
     limit = f"--nofile=1024:{hard}"
     out = subprocess.run(["prlimit", limit, sys.executable, "-c", probe], capture_output=True,
                          text=True, timeout=60, cwd=REPO, check=True)
-    assert out.stdout.split() == [str(hard)], out
+    assert out.stdout.split() == [str(hard), "1024", str(hard)], out  # raised, and it says so (the start event)
     doctor = subprocess.run(["prlimit", limit, *LAUNCHER, "doctor", "--json"], capture_output=True,
                             text=True, timeout=120, cwd=REPO, env=launcher_env())
     [r] = [c for c in json.loads(doctor.stdout)["checks"] if c["id"] == "limits.nofile"]

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+from mbr_launch import nofile
 from mbr_launch.agent import healthgate, progress
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.cycles import CycleRecords, Members
@@ -114,7 +115,8 @@ class Agent:
                  slurm={"job": slurm.job_id, "step": slurm.step_id, "node": slurm.hostname,
                         "restart_count": slurm.restart_count} if slurm else None, version=versions(),
                  standby={"level": cfg.standby.level, "why": cfg.standby.why},
-                 torch_internals=None if internals is None else torch_internals.not_installed(internals))
+                 torch_internals=None if internals is None else torch_internals.not_installed(internals),
+                 nofile=None if nofile.raised is None else {"soft_was": nofile.raised[0], "soft": nofile.raised[1]})
         for warning in cfg.warnings:
             self.say(f"WARNING: {warning}")
         if lost := torch_internals.lost_line(internals or ()):

@@ -8,6 +8,7 @@ import os
 import warnings
 from typing import Callable
 
+from mbr_launch import nofile
 from mbr_launch.cli.errors import CommandError, error
 from mbr_launch.cluster import resolver
 from mbr_launch.report import exitcodes
@@ -27,26 +28,7 @@ def prepare() -> None:
     resolver.quick_retries(os.environ)  # before the first lookup of this process (glibc reads it then)
     # torch.cuda imports the deprecated pynvml that nvidia-resiliency-ext pulls in: not the user's concern.
     warnings.filterwarnings("ignore", message="The pynvml package is deprecated")
-    raise_nofile()
-
-
-NOFILE_WANTED = 65536  # what doctor's limits.nofile asks for; no higher (code that closes every fd up to it)
-
-
-def raise_nofile() -> None:
-    """Raise this process's soft open-files limit toward its hard one, as servers do: many hosts keep a soft
-    1024 under a far higher hard limit, and every launch there warned. The workers inherit it (torchrun's
-    would get 1024; a DataLoader sharing tensors needs more). The store's host needs about 4 descriptors per
-    agent. Where the hard limit is too low, doctor's check still says so."""
-    import resource
-
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    ceiling = NOFILE_WANTED if hard == resource.RLIM_INFINITY else min(hard, NOFILE_WANTED)
-    if soft != resource.RLIM_INFINITY and soft < ceiling:
-        try:
-            resource.setrlimit(resource.RLIMIT_NOFILE, (ceiling, hard))
-        except (ValueError, OSError):
-            pass  # a sandbox that refuses: the check reports the limit as it is
+    nofile.raise_soft()  # the store's host needs about 4 descriptors per agent; recorded in the start event
 
 
 def guarded(run: Callable[[], int]) -> int:

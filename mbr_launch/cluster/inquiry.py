@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any, Callable
 
 from mbr_launch.cluster.round import Round
@@ -66,19 +67,22 @@ def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[di
 
 
 def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
-                     clock: Callable[[], float] = time.monotonic, poll: float = 0.05) -> dict[int, list[dict[str, Any]]]:
+                     clock: Callable[[], float] = time.monotonic) -> dict[int, list[dict[str, Any]]]:
     """Every node's evidence that arrived before ``deadline``; a node that sent none is missing from the result
-    (its silence is evidence too: the verdict says so)."""
+    (its silence is evidence too: the verdict says so).
+
+    One blocking wait for every node's key (the store answers when the last one is set), then one read of them
+    all: two store operations whatever the job's size, where polling each missing key cost the store's host
+    O(nodes) operations every poll. Only when the bound passes first is each key checked once."""
     keys = {g: _key(number, "evidence", str(g)) for g in range(nodes)}
-    while True:
+    if _wait_keys(rnd, list(keys.values()), deadline, clock):
+        present = list(keys)
+    else:
         present = [g for g, key in keys.items() if rnd.control.check([key])]
-        if len(present) == nodes or clock() >= deadline:
-            break
-        time.sleep(poll)
     found: dict[int, list[dict[str, Any]]] = {}
-    for g in present:
+    for g, raw in zip(present, _read(rnd, [keys[g] for g in present])):
         try:
-            value = json.loads(rnd.control.get(keys[g]))
+            value = json.loads(raw)
         except ValueError:
             continue
         if isinstance(value, list):
@@ -92,14 +96,50 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
     return _decode_dict(stored) or verdict
 
 
-def wait_verdict(rnd: Round, number: int, *, deadline: float, clock: Callable[[], float] = time.monotonic,
-                 poll: float = 0.05) -> dict[str, Any] | None:
+def wait_verdict(rnd: Round, number: int, *, deadline: float,
+                 clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
     key = _key(number, "verdict")
-    while not rnd.control.check([key]):
-        if clock() >= deadline:
-            return None
-        time.sleep(poll)
+    if not _wait_keys(rnd, [key], deadline, clock):
+        return None
     return _decode_dict(rnd.control.get(key))
+
+
+# The longest single blocking wait: the main thread answers a signal or a worker's exit within about this long
+# (a wait of the whole bound would hold it for seconds), and it costs one store operation per slice.
+WAIT_SLICE = 0.5
+
+
+def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[], float]) -> bool:
+    """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A slice
+    that times out raises torch's DistStoreError, which is no lost store; any other error is (the caller's
+    guard turns it into StoreUnreachable)."""
+    timeout_error = _store_timeout()
+    while True:
+        left = deadline - clock()
+        if left <= 0:
+            return rnd.control.check(keys)
+        try:
+            rnd.control.wait(keys, timedelta(seconds=min(WAIT_SLICE, left)))
+            return True
+        except timeout_error:
+            continue
+
+
+def _store_timeout() -> type[BaseException]:
+    """The error of a store wait that timed out (imported late: this module loads before torch)."""
+    from torch.distributed import DistStoreError
+
+    return DistStoreError
+
+
+def _read(rnd: Round, keys: list[str]) -> list[bytes]:
+    """The values of ``keys``, all set: one multi_get (torch's stores have it since 2.3; one get each before)."""
+    if not keys:
+        return []
+    multi_get = getattr(rnd.control, "multi_get", None)
+    if multi_get is not None:
+        return list(multi_get(keys))
+    return [rnd.control.get(k) for k in keys]
 
 
 def _decode_dict(raw: bytes) -> dict[str, Any] | None:

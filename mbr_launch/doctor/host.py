@@ -21,7 +21,7 @@ STATIC_DEFAULT_PORT = 29500
 SHM_ERROR, SHM_WARN = 128 * MiB, 1 * GiB
 # Below NOFILE_ERROR workers run out of descriptors; below the need (NOFILE_BASE, plus about 4 per agent on the
 # store's host) a DataLoader sharing tensors may. NOFILE_WARN is what the fix asks for, and what a launch raises
-# its own soft limit to where the hard one allows (cli.process.raise_nofile).
+# its own soft limit to where the hard one allows (mbr_launch.nofile).
 NOFILE_ERROR, NOFILE_BASE, NOFILE_PER_AGENT, NOFILE_WARN = 1024, 16384, 4, 65536
 DISK_ERROR, DISK_WARN = 1 * GiB, 10 * GiB
 
