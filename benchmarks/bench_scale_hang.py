@@ -32,10 +32,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from harness import storecount  # noqa: E402
 from harness.machine import run_quiet  # noqa: E402
+from harness.processes import stop_on_sigterm  # noqa: E402
 from harness.reports import finish_dir, work_dir  # noqa: E402
 
 SECTION = "bench_scale_hang"
-WORKER = h.WORKERS / "hang_worker.py"
+WORKER = h.REPO / "tests" / "scripts" / "many_agents_worker.py"  # shared with tests/test_many_agents.py
 SCENARIOS = ("sleep", "sigstop", "host")
 COUNTER = Path(storecount.__file__)
 
@@ -64,6 +65,12 @@ def _wait(pred, procs: list[h.Proc], deadline: float) -> str:
         if time.monotonic() >= end:
             return "timeout"
         time.sleep(0.05)
+
+
+def _why(procs: list[h.Proc], what: str) -> str:
+    """``what``, with the stderr of the first agent that exited non-zero."""
+    bad = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), 0)
+    return h.failure_reason(procs[bad], f"{what} (agent {bad} exit code {procs[bad].returncode})")
 
 
 def _parent_chain(pid: int) -> list[int]:
@@ -114,7 +121,7 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
             argv = [*([sys.executable, str(COUNTER), "mbr_launch"] if args.count_store else [h.tool("mbr-launch")]),
                     "--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", str(k), "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"h{port}", "--step-timeout",
-                    str(args.step_timeout), "--status", "off", "--standby", args.standby,
+                    str(args.step_timeout), "--status", "off", "--standby", args.standby, "--skip-check", "all",
                     "--log-dir", str(d / f"logs{i}"), str(WORKER), "--ready-file", str(ready),
                     "--gen-file", str(gen_file), "--sleep-dir", str(sleep_dir), "--final", str(k)]
             agent_env = {**env, "MBR_STORECOUNT_DIR": str(d / "store" / f"agent{i}")} if args.count_store else env
@@ -123,7 +130,7 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
                 time.sleep(0.5)  # the store's host first
         state = _wait(lambda: len(_ranks(ready, "ready", 0)) >= n, procs, args.deadline)
         if state != "ok":
-            rec["reason"] = f"round 0: {state}, {len(_ranks(ready, 'ready', 0))} of {n} ranks started"
+            rec["reason"] = _why(procs, f"round 0: {state}, {len(_ranks(ready, 'ready', 0))} of {n} ranks started")
             return rec, hangs
         rec["started"] = max(t for t, _ in _ranks(ready, "ready", 0).values()) - t0
         for g, scenario in enumerate(plan):
@@ -244,6 +251,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     scenarios = [s for s in args.scenarios.split(",") if s]
+    stop_on_sigterm()  # a killed bench still stops its agents (the finally below)
     root = work_dir("scale-hang")
     launches: list[dict] = []
     hangs: list[dict] = []

@@ -215,7 +215,8 @@ def _group_rank(events: list[dict]) -> int:
     return next(e["group_rank"] for e in events if e["event"] == "rendezvous")
 
 
-@pytest.mark.parametrize("client", ["none", "nvrx"])
+# The zero-code client across agents: tests/test_many_agents.py (4 agents, the store host's rank stopped)
+@pytest.mark.parametrize("client", ["nvrx"])
 def test_two_agents_agree_on_the_culprit_on_the_second(tmp_path, client):
     agents = _two_agents(tmp_path, client)
     for proc, _out, err, events in agents:

@@ -10,8 +10,8 @@ import pytest
 
 from mbr_launch.decide.verdict import (Basis, GroupProgress, ProcState, RankEvidence, StackClass, Verdict,
                                        judge)
-from mbr_launch.decide.verdict_codec import (evidence_from_dict, evidence_list_from_dicts, evidence_to_dict,
-                                             verdict_from_dict, verdict_to_dict)
+from mbr_launch.decide.verdict_codec import (MAX_RANKS, evidence_from_dict, evidence_list_from_dicts,
+                                             evidence_to_dict, verdict_from_dict, verdict_to_dict, verdict_to_wire)
 from mbr_launch.decide.verdict_text import compress_ranks
 
 pytestmark = pytest.mark.timeout(10)
@@ -324,6 +324,35 @@ def test_verdict_round_trip_through_json():
     assert back == v and back.evidence == v.evidence and back.culprits == (3,)
     undetermined = judge([ev(0), ev(1)])
     assert verdict_from_dict(verdict_to_dict(undetermined)) == undetermined
+
+
+def test_the_verdict_other_nodes_read_carries_the_culprits_evidence_and_is_small_at_any_size():
+    def wire(n: int) -> tuple[Verdict, Verdict, int]:
+        v = judge([ev(r, stack=OUT, where="sleep at train.py:9") if r == 17 else ev(r) for r in range(n)])
+        text = json.dumps(verdict_to_wire(v))
+        return v, verdict_from_dict(json.loads(text)), len(text)
+
+    v, back, small = wire(32)
+    assert back.culprits == v.culprits == (17,) and back.basis is v.basis and back.reason == v.reason
+    assert back.waiting == v.waiting and len(v.waiting) == 31
+    assert back.evidence == tuple(e for e in v.evidence if e.rank == 17)
+    v4096, back4096, large = wire(2048)
+    assert back4096.waiting == v4096.waiting and back4096.culprits == (17,)
+    assert large < small + 64 < 2048  # the waiting ranks as ranges: "0-16,18-2047"
+    assert len(json.dumps(verdict_to_dict(v4096))) > 1000 * large  # every rank's evidence, as it was
+
+
+@pytest.mark.parametrize(("text", "ranks"), [
+    ("0-3,7", (0, 1, 2, 3, 7)), ("", ()), ("5", (5,)), ("x,1-y,2,-3,4-", (2,)), ("3-1", ()),
+    ("99999999-100000000", ()),  # numbers past any job's ranks are skipped
+])
+def test_waiting_ranges_from_the_store_are_read_safely(text, ranks):
+    assert verdict_from_dict({"basis": "undetermined", "waiting": text}).waiting == ranks
+
+
+def test_a_forged_range_cannot_expand_without_bound():
+    waiting = verdict_from_dict({"basis": "undetermined", "waiting": "0-9999999,0-9999999"}).waiting
+    assert len(waiting) == MAX_RANKS
 
 
 @pytest.mark.parametrize("junk", [None, 3, "x", [], {}, {"rank": "3"}, {"rank": True}, {"rank": -1}, {"node": "n0"}])

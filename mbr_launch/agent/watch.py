@@ -15,7 +15,7 @@ from mbr_launch.cluster.stops import (ALL_DONE_KEY, StopListener, StopMessage, c
                                       read_stop)
 from mbr_launch.decide.verdict import RankEvidence, Verdict
 from mbr_launch.decide.verdict_codec import (evidence_list_from_dicts, evidence_to_dict, verdict_from_dict,
-                                             verdict_to_dict)
+                                             verdict_to_wire)
 
 
 class RoundWatch:
@@ -102,8 +102,9 @@ class StoreCluster:
         return evidence, [g for g in range(rnd.group_world_size) if g not in found]
 
     def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict:
-        stored = inquiry.publish_verdict(rnd, number, verdict_to_dict(verdict))
-        return verdict_from_dict(stored) or verdict
+        stored = inquiry.publish_verdict(rnd, number, verdict_to_wire(verdict))
+        # the decider keeps its own, with every rank's evidence, unless another verdict won
+        return verdict if stored == verdict_to_wire(verdict) else verdict_from_dict(stored) or verdict
 
     def wait_verdict(self, rnd: Round, number: int, *, deadline: float) -> Verdict | None:
         stored = inquiry.wait_verdict(rnd, number, deadline=deadline)

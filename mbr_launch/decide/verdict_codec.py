@@ -11,6 +11,7 @@ import math
 from typing import Any, Callable, Mapping, TypeVar
 
 from mbr_launch.decide.verdict import Basis, GroupProgress, ProcState, RankEvidence, StackClass, Verdict
+from mbr_launch.decide.verdict_text import compress_ranks
 
 
 def evidence_to_dict(e: RankEvidence) -> dict[str, Any]:
@@ -49,6 +50,17 @@ def verdict_to_dict(v: Verdict) -> dict[str, Any]:
             "evidence": [evidence_to_dict(e) for e in v.evidence]}
 
 
+def verdict_to_wire(v: Verdict) -> dict[str, Any]:
+    """The verdict as every other node reads it from the store: the culprits' evidence only (a node acts on its
+    own ranks' evidence and names the culprits' nodes from theirs) and the waiting ranks as ranges ("0-16,18").
+    Every rank's evidence made the verdict O(ranks) bytes, read by every node: O(nodes x ranks) through the
+    store's host per hang (about 6 GB at 4,096 nodes of one rank); this is about a kilobyte at any size."""
+    culprits = set(v.culprits)
+    return {"culprits": list(v.culprits), "basis": v.basis.value, "reason": v.reason,
+            "waiting": compress_ranks(v.waiting),
+            "evidence": [evidence_to_dict(e) for e in v.evidence if e.rank in culprits]}
+
+
 # Verdicts that name no culprit by design: culprits sent with one are dropped, never acted on.
 _BLAMELESS = (Basis.UNDETERMINED, Basis.WITHDRAWN, Basis.JOB_STALL)
 
@@ -62,8 +74,10 @@ def verdict_from_dict(d: object) -> Verdict | None:
     blameless = basis in _BLAMELESS
     culprits = () if blameless else _ranks(d.get("culprits"))
     kept = culprits or blameless
+    waiting = d.get("waiting")
     return Verdict(culprits, basis if kept else Basis.UNDETERMINED, _str(d.get("reason")),
-                   _ranks(d.get("waiting")), evidence_list_from_dicts(d.get("evidence")))
+                   _rank_ranges(waiting) if isinstance(waiting, str) else _ranks(waiting),
+                   evidence_list_from_dicts(d.get("evidence")))
 
 
 _EVIDENCE_PLAIN = ("rank", "node", "group_rank", "local_rank", "pid", "cpu", "where", "collective", "expired",
@@ -99,6 +113,24 @@ def _list(v: object) -> list[Any]:
 
 def _ranks(v: object) -> tuple[int, ...]:
     return tuple(r for r in _list(v) if _int(r) is not None and r >= 0)
+
+
+# The most ranks a "0-16,18" list expands to: a job's ranks, with room; a forged "0-99999999999" stops here.
+MAX_RANKS = 1 << 20
+
+
+def _rank_ranges(text: str) -> tuple[int, ...]:
+    """``"0-16,18"`` (``compress_ranks``) -> the ranks; unreadable parts are skipped, the total is bounded."""
+    out: list[int] = []
+    for part in text.split(",")[:MAX_RANKS]:
+        first, dash, last = part.partition("-")
+        if not (first.isdigit() and (last.isdigit() or not dash)) or len(first) > 7 or len(last) > 7:
+            continue
+        low, high = int(first), int(last or first)
+        out.extend(range(low, min(high, low + MAX_RANKS - len(out) - 1) + 1))
+        if len(out) >= MAX_RANKS:
+            break
+    return tuple(out)
 
 
 def _enum(cls: Callable[[Any], _E], v: object, default: _E) -> _E:
