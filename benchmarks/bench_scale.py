@@ -66,14 +66,6 @@ def _last_ready(ready: Path, restart: int, n: int, procs: list[h.Proc], deadline
         time.sleep(0.02)
 
 
-def _why(procs: list[h.Proc], what: str) -> str:
-    """The failure, with the stderr of the first agent that exited non-zero (else agent 0's)."""
-    bad = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), 0)
-    codes = sorted({p.returncode for p in procs if p.returncode is not None})
-    return h.failure_reason(procs[bad], f"{what} (agent {bad} exit code {procs[bad].returncode}; exit codes "
-                                        f"seen {codes})")
-
-
 def _command(tool: str, counted: bool) -> list[str]:
     if counted and tool in MODULES:
         return [sys.executable, str(COUNTER), MODULES[tool]]
@@ -125,7 +117,7 @@ def scale_trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr
                 time.sleep(0.5)  # the store's host first
         state, seen = _last_ready(ready, 0, n, procs, args.deadline)
         if state != "ready":
-            rec["reason"] = _why(procs, f"round 0: {state}, {len(seen)} of {n} ranks started")
+            rec["reason"] = h.first_failed(procs, f"round 0: {state}, {len(seen)} of {n} ranks started")
             return rec
         rec["rendezvous"] = max(r.time for r in seen.values()) - t0
         victim = seen[n - 1]
@@ -135,7 +127,7 @@ def scale_trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr
         os.kill(victim.pid, signal.SIGKILL)
         state, seen1 = _last_ready(ready, 1, n, procs, args.deadline)
         if state != "ready":
-            rec["reason"] = _why(procs, f"restart: {state}, {len(seen1)} of {n} ranks started")
+            rec["reason"] = h.first_failed(procs, f"restart: {state}, {len(seen1)} of {n} ranks started")
             return rec
         rec["restart"] = max(r.time for r in seen1.values()) - t_kill
         rec["restart_first"] = min(r.time for r in seen1.values()) - t_kill
@@ -150,16 +142,10 @@ def scale_trial(name: str, root: Path, index: int, args: argparse.Namespace, mbr
         rec["codes"] = codes
         rec["ok"] = all(c == 0 for c in codes)
         if not rec["ok"]:
-            rec["reason"] = _why(procs, f"exit codes {codes}")
+            rec["reason"] = h.first_failed(procs, f"exit codes {codes}")
         return rec
     finally:
-        for p in procs:
-            p.kill_session()
-        left = h.kill_marked(token)
-        if left:
-            rec["leftovers"] = left
-        for p in procs:
-            p.close()
+        h.end_agents(procs, token, rec)
 
 
 def _table(records: list[dict], names: list[str], n: int) -> list[str]:

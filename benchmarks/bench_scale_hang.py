@@ -32,7 +32,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import harness as h  # noqa: E402
 from harness import storecount  # noqa: E402
 from harness.machine import run_quiet  # noqa: E402
-from harness.processes import stop_on_sigterm  # noqa: E402
 from harness.reports import finish_dir, work_dir  # noqa: E402
 
 SECTION = "bench_scale_hang"
@@ -65,12 +64,6 @@ def _wait(pred, procs: list[h.Proc], deadline: float) -> str:
         if time.monotonic() >= end:
             return "timeout"
         time.sleep(0.05)
-
-
-def _why(procs: list[h.Proc], what: str) -> str:
-    """``what``, with the stderr of the first agent that exited non-zero."""
-    bad = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), 0)
-    return h.failure_reason(procs[bad], f"{what} (agent {bad} exit code {procs[bad].returncode})")
 
 
 def _parent_chain(pid: int) -> list[int]:
@@ -130,7 +123,8 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
                 time.sleep(0.5)  # the store's host first
         state = _wait(lambda: len(_ranks(ready, "ready", 0)) >= n, procs, args.deadline)
         if state != "ok":
-            rec["reason"] = _why(procs, f"round 0: {state}, {len(_ranks(ready, 'ready', 0))} of {n} ranks started")
+            started = len(_ranks(ready, "ready", 0))
+            rec["reason"] = h.first_failed(procs, f"round 0: {state}, {started} of {n} ranks started")
             return rec, hangs
         rec["started"] = max(t for t, _ in _ranks(ready, "ready", 0).values()) - t0
         for g, scenario in enumerate(plan):
@@ -185,14 +179,7 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
             rec["reason"] = f"exit codes {sorted(set(codes), key=str)}"
         return rec, hangs
     finally:
-        for p in procs:
-            if p.poll() is None:
-                p.kill_session()
-        left = h.kill_marked(token)
-        if left:
-            rec["leftovers"] = left
-        for p in procs:
-            p.close()
+        h.end_agents(procs, token, rec)
 
 
 def render(launches: list[dict], hangs: list[dict], args: argparse.Namespace) -> str:
@@ -251,7 +238,7 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     scenarios = [s for s in args.scenarios.split(",") if s]
-    stop_on_sigterm()  # a killed bench still stops its agents (the finally below)
+    h.stop_on_sigterm()  # a killed bench still stops its agents (the finally below)
     root = work_dir("scale-hang")
     launches: list[dict] = []
     hangs: list[dict] = []

@@ -15,12 +15,13 @@ The benches do ``import harness as h`` and use the names below.
 from . import paths  # noqa: F401  (first: puts the repository on sys.path for mbr_launch and testkit.helpers)
 from testkit.helpers import free_port
 
-from .failures import REASONS, classify, failure_lines, failure_reason
+from .failures import REASONS, classify, failure_lines, failure_reason, first_failed
 from .launchers import (BASELINE, LAUNCHERS, TORCHRUN, LaunchSpec, Launcher, mbr_env, mbr_source, pick_launchers,
                         tool, variant_names, with_mbr_path, worker_argv)
 from .machine import machine_lines
 from .paths import COLLECTIVE, REPO, WORKERS
-from .processes import MARKER, ExitWatch, Proc, Trial, bench_env, kill_marked, marked_pids, run_to_exit
+from .processes import (MARKER, ExitWatch, Proc, Trial, bench_env, end_agents, kill_marked, marked_pids, run_to_exit,
+                        stop_on_sigterm)
 from .reports import command_line, load_raw, publish, table, write_raw, write_section
 from .skeleton import (Outcome, Session, Step, bench_parser, launchers_in, plan, render_raw, rotate, run_trials,
                        start)
@@ -30,7 +31,7 @@ from .timing import Ready, parse_ts, read_events, read_ready, ready_ranks, wait_
 __all__ = [
     "BASELINE", "COLLECTIVE", "LAUNCHERS", "MARKER", "REASONS", "REPO", "TORCHRUN", "WORKERS", "ExitWatch",
     "LaunchSpec", "Launcher", "Outcome", "Proc", "Ready", "Session", "Step", "Summary", "Trial", "bench_env",
-    "bench_parser", "classify", "command_line", "failure_lines", "failure_reason", "fmt_cell", "fmt_iqr", "fmt_s",
+    "bench_parser", "classify", "command_line", "end_agents", "first_failed", "stop_on_sigterm", "failure_lines", "failure_reason", "fmt_cell", "fmt_iqr", "fmt_s",
     "free_port", "kill_marked", "launchers_in", "load_raw", "machine_lines", "marked_pids", "mbr_env", "mbr_source",
     "paired_ratios", "parse_ts", "pick_launchers", "plan", "publish", "ratio", "read_events", "read_ready",
     "ready_ranks", "render_raw", "rotate", "run_to_exit", "run_trials", "start", "summarize", "table", "tool",

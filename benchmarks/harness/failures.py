@@ -39,6 +39,14 @@ def failure_reason(proc: "Proc", what: str, *, since: int = 0) -> str:
     return "; ".join(p for p in (what, label, f"stderr: {line[:200]}" if line else "") if p)
 
 
+def first_failed(procs: "Sequence[Proc]", what: str) -> str:
+    """``what``, with the stderr of the first of many agents that exited non-zero (else the first agent's)."""
+    bad = next((i for i, p in enumerate(procs) if p.returncode not in (None, 0)), 0)
+    codes = sorted({p.returncode for p in procs if p.returncode is not None})
+    return failure_reason(procs[bad], f"{what} (agent {bad} exit code {procs[bad].returncode}; exit codes "
+                                      f"seen {codes})")
+
+
 def trial_label(rec: dict) -> str:
     return f"{rec['launcher']} trial {rec['trial']}"
 

@@ -159,6 +159,19 @@ def kill_marked(token: str, *, deadline_s: float = 10.0) -> int:
     return len(first)
 
 
+def end_agents(procs: "list[Proc]", token: str, rec: dict) -> None:
+    """Kill what is left of a many-agent trial: each agent's session, then whatever still carries the token
+    (counted in ``rec["leftovers"]``); close the pidfds."""
+    for p in procs:
+        if p.poll() is None:
+            p.kill_session()
+    left = kill_marked(token)
+    if left:
+        rec["leftovers"] = left
+    for p in procs:
+        p.close()
+
+
 def stop_on_sigterm() -> None:
     """SIGTERM (e.g. from `timeout`) unwinds like Ctrl-C, so every open Trial kills its processes."""
     def handler(_signum: int, _frame: object) -> None:
