@@ -102,9 +102,10 @@ class StoreCluster:
         return evidence, [g for g in range(rnd.group_world_size) if g not in found]
 
     def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict:
-        stored = inquiry.publish_verdict(rnd, number, verdict_to_wire(verdict))
+        wire = verdict_to_wire(verdict)
+        stored = inquiry.publish_verdict(rnd, number, wire)
         # the decider keeps its own, with every rank's evidence, unless another verdict won
-        return verdict if stored == verdict_to_wire(verdict) else verdict_from_dict(stored) or verdict
+        return verdict if stored == wire else verdict_from_dict(stored) or verdict
 
     def wait_verdict(self, rnd: Round, number: int, *, deadline: float) -> Verdict | None:
         stored = inquiry.wait_verdict(rnd, number, deadline=deadline)

@@ -17,7 +17,7 @@ Like ``torchhooks`` this module imports nothing: it is handed each module as it 
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Callable
 
 NVRX_ASYNC = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
 MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
@@ -26,42 +26,32 @@ NVRX_LOCAL = "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manag
 _Beater = Any  # the package's _Beater
 
 
-def _marked(function: Any) -> bool:
-    return bool(getattr(function, "__mbr_autobeat__", False))
+def _mark_after(owner: Any, name: str, beater: _Beater, done: Callable[[Any], bool]) -> None:
+    """Wrap ``owner.name`` (a method) so that a call whose result ``done`` accepts marks a checkpoint; a call
+    that raises (a failed save) marks nothing. Wrapped once, however often its module is seen."""
+    original = getattr(owner, name, None)
+    if original is None or getattr(original, "__mbr_autobeat__", False):
+        return
+
+    @functools.wraps(original)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        result = original(*args, **kwargs)
+        if done(result):
+            beater.checkpoint()
+        return result
+
+    wrapper.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
 
 
 def wrap_async_queue(module: Any, beater: _Beater) -> None:
-    queue = getattr(module, "AsyncCallsQueue", None)
-    original = getattr(queue, "maybe_finalize_async_calls", None)
-    if original is None or _marked(original):
-        return
-
-    @functools.wraps(original)
-    def maybe_finalize_async_calls(self: Any, *args: Any, **kwargs: Any) -> Any:
-        finalized = original(self, *args, **kwargs)
-        if finalized:  # the indices of the calls finalized now; a raise (a failed save) is no checkpoint
-            beater.checkpoint()
-        return finalized
-
-    maybe_finalize_async_calls.__mbr_autobeat__ = True  # type: ignore[attr-defined]
-    queue.maybe_finalize_async_calls = maybe_finalize_async_calls
+    # the indices of the calls it finalized now: an empty list finalized nothing
+    _mark_after(getattr(module, "AsyncCallsQueue", None), "maybe_finalize_async_calls", beater, bool)
 
 
 def wrap_local_manager(module: Any, beater: _Beater) -> None:
-    manager = getattr(module, "BaseCheckpointManager", None)
-    original = getattr(manager, "save", None)
-    if original is None or _marked(original):
-        return
-
-    @functools.wraps(original)
-    def save(self: Any, *args: Any, **kwargs: Any) -> Any:
-        request = original(self, *args, **kwargs)
-        if request is None:  # synchronous: done; an AsyncRequest is marked when the queue finalizes it
-            beater.checkpoint()
-        return request
-
-    save.__mbr_autobeat__ = True  # type: ignore[attr-defined]
-    manager.save = save
+    # None: a synchronous save is done; an AsyncRequest is marked when the queue finalizes it
+    _mark_after(getattr(module, "BaseCheckpointManager", None), "save", beater, lambda request: request is None)
 
 
 # By module name, for torchhooks' AT_EXEC and IMPORTED tables (executing or imported before us: the same).
