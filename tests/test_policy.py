@@ -6,7 +6,7 @@ import pytest
 
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.policy import (Action, FailureFacts, RestartPolicy, backoff_delay, decide,
-                               Kept, quick_failure, tolerated)
+                               Kept, quick_failure, restart_possible, tolerated)
 
 
 def test_job_scope_restart_within_budget():
@@ -137,3 +137,13 @@ def test_min_healthy_still_ends_the_job_on_a_no_restart_exit_code_or_a_shutdown_
 def test_any_failed_ignores_node_health():
     d = decide(RestartPolicy(max_restarts=2, min_nodes=2), FailureFacts(cause=Cause.CRASH, healthy_nodes=3))
     assert (d.action, d.reason) == (Action.RESTART, "restarting")
+
+
+def test_a_restart_is_possible_while_the_budget_lasts_or_nodes_may_join():
+    policy = RestartPolicy(max_restarts=2)
+    assert restart_possible(policy, restarts_used=1, elastic=False)
+    assert not restart_possible(policy, restarts_used=2, elastic=False)
+    assert restart_possible(policy, restarts_used=2, elastic=True)  # a node that joins re-forms the round
+    assert not restart_possible(RestartPolicy(), restarts_used=0, elastic=False)  # torchrun's default
+    assert restart_possible(RestartPolicy(max_startup_restarts=1), restarts_used=0, elastic=False)
+    assert not restart_possible(RestartPolicy(max_startup_restarts=0), restarts_used=0, elastic=False)

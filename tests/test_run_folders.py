@@ -123,7 +123,7 @@ import json, os, subprocess, sys, time
 import psutil
 me = psutil.Process()
 standbys = []
-deadline = time.time() + 20
+deadline = time.time() + float(sys.argv[2])
 while not standbys and time.time() < deadline:  # the agent starts this rank's replacement standby next
     for proc in me.parent().children():
         try:
@@ -152,8 +152,9 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
     script, out, tmp = tmp_path / "probe.py", tmp_path / "seen.json", tmp_path / "tmp"
     script.write_text(PS_PROBE)
     tmp.mkdir()
-    res = run_launcher(["--standalone", "--nproc-per-node", "1", "--skip-check", "all", str(script), str(out)],
-                       env=launcher_env(TMPDIR=str(tmp)), timeout=60)
+    # --max-restarts 1: a restart may come, so the agent prepares this rank's replacement standby.
+    res = run_launcher(["--standalone", "--nproc-per-node", "1", "--skip-check", "all", "--max-restarts", "1",
+                        str(script), str(out), "20"], env=launcher_env(TMPDIR=str(tmp)), timeout=60)
     assert res.returncode == 0, res.stderr[-3000:]
     base = tmp / f"mbr-launch-{os.geteuid()}"
     latest = base / "latest"
@@ -188,5 +189,19 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
     assert monitor["ppid"] == seen["launcher"], monitor
     assert monitor["pid"] not in [pid for pid, _cmd in seen["launchers"]], seen["launchers"]
     # Once it became the rank, the standby had its worker's command line and name back.
-    assert seen["cmdline"] == seen["orig_argv"] and seen["cmdline"][-2:] == [str(script), str(out)], seen
+    assert seen["cmdline"] == seen["orig_argv"] and seen["cmdline"][-3:] == [str(script), str(out), "20"], seen
     assert seen["name"] != "mbr-standby", seen
+
+
+@pytest.mark.processes
+def test_no_replacement_standby_is_prepared_when_no_restart_can_use_it(tmp_path):
+    """torchrun's default, --max-restarts 0 on a fixed node count: no round can follow, so a replacement standby
+    (a process with torch imported, per local rank) would be waste; the rank looks for one for 8 s (the
+    replenish delay on few cores is 3 s) and finds none."""
+    script, out = tmp_path / "probe.py", tmp_path / "seen.json"
+    script.write_text(PS_PROBE)
+    res = run_launcher(["--standalone", "--nproc-per-node", "1", "--skip-check", "all", str(script), str(out), "8"],
+                       env=launcher_env(), timeout=60)
+    assert res.returncode == 0, res.stderr[-3000:]
+    seen = json.loads(out.read_text())
+    assert seen["standbys"] == [] and seen["monitors"], seen

@@ -102,6 +102,11 @@ class RendezvousSpec:
     local_addr: str | None
     peer_timeout: float  # seconds of silence after which another node counts as lost (> 0)
 
+    @property
+    def elastic(self) -> bool:
+        """Nodes may join a formed job (MIN < MAX): the round re-forms without a failure."""
+        return self.min_nodes < self.max_nodes
+
 
 @dataclass(frozen=True)
 class WorkersSpec:

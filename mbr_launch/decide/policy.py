@@ -161,6 +161,15 @@ def tolerated(policy: RestartPolicy, facts: FailureFacts) -> bool:
             and facts.healthy_nodes >= policy.min_nodes)
 
 
+def restart_possible(policy: RestartPolicy, *, restarts_used: int, elastic: bool) -> bool:
+    """Whether the job may still start another round of workers: job-wide restarts left, a start-up budget
+    (counted apart), or an elastic node count (``--nnodes MIN:MAX``, MIN < MAX: nodes that join re-form the
+    round without spending a restart). When none holds (torchrun's default ``--max-restarts 0`` on a fixed
+    node count) a replacement standby could never be used: it would only cost each node the CPU of
+    ``import torch`` and the memory of one more Python process per local rank."""
+    return restarts_used < policy.max_restarts or bool(policy.max_startup_restarts) or elastic
+
+
 def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
     if facts.shutdown_requested:
         why = "a straggler was detected (--stop-on-straggler)" if facts.cause is Cause.STRAGGLER \

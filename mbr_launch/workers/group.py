@@ -16,6 +16,7 @@ from mbr_launch.cluster import workerstore
 from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.contract import STACK_FILE_ENV
+from mbr_launch.decide.policy import restart_possible
 from mbr_launch.report.appender import LineAppender, describe
 from mbr_launch.report.console import Console, process_console
 from mbr_launch.report.events import EventLog
@@ -126,7 +127,8 @@ class WorkerGroup:
         self.workers.sort(key=lambda w: w.local_rank)
         pidmap.write(self.run_dir, round_index=rnd.index, restart_count=count, world_size=rnd.world_size,
                      workers=self.workers)
-        if self.standby:  # replacements prepare in the background once these ranks are under way
+        # Replacements prepare in the background once these ranks are under way, while a restart may use them.
+        if self.standby and restart_possible(self.cfg.policy, restarts_used=count, elastic=self.cfg.rendezvous.elastic):
             self.standby.fill(ranks, delay=replenish_delay(self.cfg.workers.nproc_per_node), background=True)
 
     def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:

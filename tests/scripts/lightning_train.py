@@ -5,8 +5,8 @@ starts no processes of its own.
 
   --ckpt-dir DIR              where ModelCheckpoint writes (and last.ckpt is resumed from)
   --max-steps N --save-every K
-  --kill-rank R --kill-at-step N   rank R SIGKILLs itself after optimizer step N, on the first attempt only
-  --stop-rank R --stop-at-step N   rank R SIGSTOPs itself after optimizer step N, on the first attempt only (a hang)
+  --kill-rank R --kill-at-step N   rank R SIGKILLs itself after optimizer step N (on attempt --kill-restart C, default 0)
+  --stop-rank R --stop-at-step N   rank R SIGSTOPs itself after optimizer step N (a hang; attempt --stop-restart C)
   --ready-file PATH           rank 0 writes it after its first optimizer step
 
 Each rank prints "rank R restart C starts at step S" (S: the step restored from the checkpoint); the last line of
