@@ -243,8 +243,9 @@ def test_sigkill_of_launcher_leaves_no_standbys_or_workers(tmp_path):
     script = tmp_path / "wait.py"
     script.write_text("import sys, time\nopen(sys.argv[1] + '.' + __import__('os').environ['RANK'], 'w')\n"
                       "time.sleep(60)\n")
-    proc = start_launcher(["--standalone", "--nproc-per-node", "2", "--standby", "interpreter", str(script),
-                           str(tmp_path / "ready")])
+    # --max-restarts 1: a restart may come, so replacement standbys are prepared
+    proc = start_launcher(["--standalone", "--nproc-per-node", "2", "--standby", "interpreter", "--max-restarts", "1",
+                           str(script), str(tmp_path / "ready")])
     try:
         deadline = time.monotonic() + 40
         while time.monotonic() < deadline:

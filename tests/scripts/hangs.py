@@ -23,7 +23,9 @@ count look alike, which is the case a deadline alone cannot tell apart.
   --hang-file F                  the culprit appends "hang RANK TIME PID SCENARIO" as the fault starts
   --pg-timeout S                 the process-group timeout (what torchrun has to go by)
 
-Later attempts (TORCHELASTIC_RESTART_COUNT >= 1) make --steps steps without a fault and exit 0.
+--scenario and --culprit may be comma-separated lists, one item per attempt (TORCHELASTIC_RESTART_COUNT): one
+launch goes through several scenarios, a restart after each (a shorter --culprit list repeats its last item).
+Attempts past the list make --steps steps without a fault and exit 0.
 """
 
 from __future__ import annotations
@@ -41,8 +43,8 @@ SCENARIOS = ("sleep", "sigstop", "busy", "dataloader", "dataloader_workers", "ot
              "stall_all", "none")
 
 p = argparse.ArgumentParser()
-p.add_argument("--scenario", choices=SCENARIOS, required=True)
-p.add_argument("--culprit", type=int, default=1)
+p.add_argument("--scenario", required=True, help="one of SCENARIOS, or a comma-separated list: one per attempt")
+p.add_argument("--culprit", default="1", help="a rank, or a comma-separated list: one per attempt")
 p.add_argument("--client", choices=("nvrx", "none"), default="none")
 p.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
 p.add_argument("--hang-step", type=int, default=30, help="the step at which the culprit goes wrong (~1.5 s in)")
@@ -55,8 +57,14 @@ args = p.parse_args()
 
 restart = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
 rank = int(os.environ["RANK"])
-faulty = restart == 0 and rank == args.culprit and args.scenario != "none"
-total = args.hang_step + 1000 if restart == 0 and args.scenario != "none" else args.steps
+scenarios = args.scenario.split(",")
+if unknown := [s for s in scenarios if s not in SCENARIOS]:
+    p.error(f"--scenario {','.join(unknown)}: choose from {', '.join(SCENARIOS)}")
+culprits = [int(c) for c in args.culprit.split(",")]
+scenario = scenarios[restart] if restart < len(scenarios) else "none"  # this attempt's
+culprit = culprits[min(restart, len(culprits) - 1)]
+faulty = rank == culprit and scenario != "none"
+total = args.hang_step + 1000 if scenario != "none" else args.steps
 
 client = None
 if args.client == "nvrx":
@@ -85,8 +93,8 @@ def append(path: str | None, line: str) -> None:
 
 
 def announce() -> None:
-    print(f"rank {rank} hanging: {args.scenario} at {time.time():.3f}", flush=True)
-    append(args.hang_file, f"hang {rank} {time.time():.6f} {os.getpid()} {args.scenario}\n")
+    print(f"rank {rank} hanging: {scenario} at {time.time():.3f}", flush=True)
+    append(args.hang_file, f"hang {rank} {time.time():.6f} {os.getpid()} {scenario}\n")
 
 
 class Batches(torch.utils.data.Dataset):
@@ -96,7 +104,7 @@ class Batches(torch.utils.data.Dataset):
         return total
 
     def __getitem__(self, index: int) -> torch.Tensor:
-        if faulty and args.scenario.startswith("dataloader") and index >= args.hang_step:
+        if faulty and scenario.startswith("dataloader") and index >= args.hang_step:
             time.sleep(3600)
         return torch.randn(8, 16, generator=torch.Generator().manual_seed(index))
 
@@ -111,42 +119,42 @@ def stall_everywhere() -> None:
 def stuck_in_step() -> None:
     """The fault, between the backward and the all_reduce: peers are already waiting in that all_reduce."""
     announce()
-    if args.scenario == "sleep":
+    if scenario == "sleep":
         time.sleep(3600)
-    elif args.scenario == "sigstop":
+    elif scenario == "sigstop":
         os.kill(os.getpid(), signal.SIGSTOP)
         time.sleep(3600)  # if someone resumes it, it stays out of the collective
-    elif args.scenario == "busy":
+    elif scenario == "busy":
         x = 0
         while True:  # holds the GIL: no Python thread of this process runs
             x += 1
-    elif args.scenario == "other_collective":
+    elif scenario == "other_collective":
         dist.barrier(group=side_group)  # the peers never enter it: they wait in all_reduce
         time.sleep(3600)
-    elif args.scenario == "crash_cascade":
+    elif scenario == "crash_cascade":
         raise RuntimeError(f"rank {rank}: injected crash at step {args.hang_step}")
 
 
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1)).to(device)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
-workers = 2 if args.scenario == "dataloader_workers" else 0
+workers = 2 if scenario == "dataloader_workers" else 0
 loader = torch.utils.data.DataLoader(Batches(), batch_size=None, num_workers=workers)
-print(f"rank {rank} restart {restart} scenario {args.scenario} client {args.client}", flush=True)
+print(f"rank {rank} restart {restart} scenario {scenario} client {args.client}", flush=True)
 
 batches = iter(loader)
 for step in range(total):
     if client is not None:
         client.start_section("step")
         client.send_heartbeat()
-    if faulty and step == args.hang_step and args.scenario.startswith("dataloader"):
+    if faulty and step == args.hang_step and scenario.startswith("dataloader"):
         announce()  # the next fetch never returns
     x = next(batches).to(device)
     opt.zero_grad()
     model(x).square().mean().backward()
     if faulty and step == args.hang_step:
         stuck_in_step()
-    if restart == 0 and args.scenario == "stall_all" and step == args.hang_step:
+    if scenario == "stall_all" and step == args.hang_step:
         stall_everywhere()
     grads = torch.cat([q.grad.flatten() for q in model.parameters()])
     dist.all_reduce(grads)
