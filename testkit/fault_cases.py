@@ -48,7 +48,8 @@ CASES: list[Case] = [
     Case("collective_hang", "rank 1 waits in a barrier its peer never enters (the peer waits in all_reduce); "
          "--step-timeout 3", workers.collective_hang, (0,),
          (Expect("verdict", {"culprits": [1], "waiting": [0]}), Expect("failure", {"rank": 1, "cause": "hang"})),
-         torchrun=workers.torchrun_hang("other_collective")),
+         torchrun=workers.torchrun_hang("other_collective"),
+         tested_by="tests/test_hang_verdict.py, scenario other_collective-none-r1of2 (its verdict, failure and stacks)"),
     Case("monitor_killed", "the rank monitor process is SIGKILLed while 2 ranks train", workers.monitor_killed, (0,),
          (Expect("monitor_lost"), Expect("failure", {"cause": "monitor"})), check=workers.check_monitor),
     Case("two_failures", "ranks 0 and 2 of 3 are SIGKILLed at the same moment; --max-restarts 1",

@@ -46,6 +46,8 @@ class Case:
     torchrun: Callable[[Ctx], Run] | None = None  # the same fault under torchrun (bench only)
     pending: str = ""  # another helper's issue-16 work this expectation depends on
     known_bug: str = ""  # a bug this case shows and nobody has fixed yet: the test is a strict xfail
+    tested_by: str = ""  # a test that runs the same fault (same script, same flags) and checks more: the matrix
+    # test skips the case, which benchmarks/bench_faults.py still runs beside torchrun
 
     @property
     def outcome(self) -> str:

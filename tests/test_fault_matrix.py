@@ -26,6 +26,8 @@ def _param(case: Case):
         marks.append(pytest.mark.skip(reason="needs root"))
     if "netns" in case.needs and (why := netns.available()):
         marks.append(pytest.mark.skip(reason=why))
+    if case.tested_by:
+        marks.append(pytest.mark.skip(reason=f"run and checked by {case.tested_by}"))
     if case.known_bug:
         marks.append(pytest.mark.xfail(strict=True, raises=AssertionError, reason=case.known_bug))
     return pytest.param(case, id=case.name, marks=marks)
