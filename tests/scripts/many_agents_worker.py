@@ -3,7 +3,7 @@ seconds (mbr-launch's zero-code heartbeat is the optimizer step; the all_reduce 
 
 Its generation is the number in ``--gen-file`` when it starts (the harness raises it before each hang, so the
 workers of the next round read the next one). It appends ``ready <rank> <generation> <time> <pid>`` to
-``--ready-file`` after its first all_reduce. Below ``--final`` it steps until the harness hangs a rank: when
+``--ready-file`` after its first optimizer step. Below ``--final`` it steps until the harness hangs a rank: when
 ``<sleep-dir>/sleep.<generation>`` appears, the rank written in it writes ``sleeping <rank> <generation> <time>
 <pid>`` and sleeps an hour between two steps (outside any collective) while the others block in their next
 all_reduce; for a SIGSTOP the harness stops the victim itself. Generation ``--final`` makes ``--steps`` steps
@@ -42,9 +42,6 @@ dist.init_process_group("gloo")
 rank = dist.get_rank()
 w = torch.nn.Parameter(torch.ones(1))
 opt = torch.optim.SGD([w], lr=0.0)
-t = torch.ones(1)
-dist.all_reduce(t)
-note("ready")
 
 
 def step() -> None:
@@ -52,6 +49,12 @@ def step() -> None:
     (w * 1.0).sum().backward()
     dist.all_reduce(w.grad)
     opt.step()
+
+
+# Ready once it has made an optimizer step: the zero-code step deadline runs from a rank's first step, so a
+# rank stopped before any step would leave every deadline unarmed (a start-up hang, not this worker's case).
+step()
+note("ready")
 
 
 if generation < args.final:
