@@ -62,14 +62,6 @@ def test_three_agents_restart_together(tmp_path):
     assert sorted(e["group_rank"] for e in second) == [0, 1, 2]
 
 
-def test_three_agents_budget_exhausted_all_exit_1(tmp_path):
-    results = _agents(3, free_port(), ["--max-restarts", "1"],
-                      [TRAIN, "--expect-world", "3", "--exit-rank", "1", "--exit-code", "5"])
-    codes = [p.returncode for p, _o, _e in results]
-    assert codes == [1, 1, 1], [e[-2000:] for _p, _o, e in results]
-    assert any("restart budget exhausted" in e for _p, _o, e in results)
-
-
 def _dumps(directory: Path) -> dict[int, dict[str, str]]:
     return {int(p.stem): json.loads(p.read_text()) for p in directory.glob("*.json")}
 

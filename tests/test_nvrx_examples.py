@@ -69,7 +69,10 @@ def test_nvrx_sections_example_recovers_from_a_stopped_rank(tmp_path, port, vers
     assert_client(events, version)
     hangs = [e for e in events if e["event"] == "hang"]
     assert hangs and all(h["kind"] in ("section", "out_of_section") for h in hangs), hangs
-    assert all(h["timeout"] < 10 for h in hangs if h["kind"] == "section"), hangs  # calculated, not the YAML's
+    # calculated from what the script observed (times --ft-safety-factor, so a loaded machine's are larger), not
+    # the YAML's own section timeouts
+    yaml_timeouts = {"init": 20.0, "step": 10.0, "checkpoint": 30.0}
+    assert all(h["timeout"] != yaml_timeouts.get(h["section"]) for h in hangs if h["kind"] == "section"), hangs
     verdicts = [e for e in events if e["event"] == "verdict"]
     assert verdicts and verdicts[0]["culprits"] == [1] and verdicts[0]["basis"] == "stopped", verdicts
     failures = [e for e in events if e["event"] == "failure"]
