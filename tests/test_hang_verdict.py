@@ -4,7 +4,7 @@ of tests/scripts/hangs.py on CPU (gloo).
 In every scenario the culprit goes wrong inside a step, after its heartbeat and its last optimizer step, so
 its peers block in that step's all_reduce: all heartbeats stop together and a deadline alone names a rank at
 random. The scenarios that share a client and a world size go through one launch, one scenario per attempt, a
-restart after each (launched once, by the first of its cases that runs); each scenario is
+restart after each (launched once, by the first of its cases that runs, on one xdist worker); each scenario is
 checked twice, on its own round's events:
 - ``test_scenario_hangs_as_described``: the script did what the scenario says (the peers' stacks in the
   all_reduce, the culprit's elsewhere); this holds today;
@@ -28,9 +28,7 @@ from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_launch
 
 HANGS = str(SCRIPTS / "hangs.py")
 TIMEOUT = 3.0  # the step / section timeout
-# One xdist worker for the module: its scenario cases share their group's launch (marks on a fixture's params
-# do not reach the items, so the group cannot be finer).
-pytestmark = [pytest.mark.timeout(300), pytest.mark.processes, pytest.mark.xdist_group("hang-verdict")]
+pytestmark = [pytest.mark.timeout(300), pytest.mark.processes]
 
 
 @dataclass(frozen=True)
@@ -120,12 +118,13 @@ def _round_console(stderr: str, index: int) -> str:
 
 @pytest.fixture(scope="session")
 def launches() -> dict[tuple[str, int], Launch]:
-    """group -> its launch, made by the first of its cases that runs. Session-wide: an xdist worker may run
-    other modules' tests between two cases of a group, which would end a module-scoped fixture."""
+    """group -> its launch, made by the first of its cases that runs (in each xdist worker: the cases of a
+    group carry one ``xdist_group``, so one worker runs them all and launches the group once)."""
     return {}
 
 
-@pytest.fixture(params=CASES, ids=lambda c: c.id)
+@pytest.fixture(params=[pytest.param(c, id=c.id, marks=pytest.mark.xdist_group(f"hang-verdict-{c.client}-{c.nproc}"))
+                        for c in CASES])
 def run(request, launches, tmp_path_factory) -> Run:
     case: Case = request.param
     group = GROUPS[case.group]

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from mbr_launch.report.events import read_log_dir
+from testkit.fault_runs import descendants
 from testkit.helpers import SCRIPTS, free_port, launcher_env
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
@@ -35,20 +36,6 @@ def _lines(path: Path, word: str, generation: int) -> dict[int, int]:
         if len(parts) == 5 and parts[0] == word and int(parts[2]) == generation:
             out[int(parts[1])] = int(parts[4])
     return out
-
-
-def _under(pid: int, ancestor: int) -> bool:
-    for _ in range(16):
-        try:
-            with open(f"/proc/{pid}/stat") as f:
-                pid = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if pid == ancestor:
-            return True
-        if pid <= 1:
-            return False
-    return False
 
 
 def test_a_stopped_rank_on_the_store_host_is_named_by_every_agent_and_the_job_restarts(tmp_path):
@@ -72,7 +59,8 @@ def test_a_stopped_rank_on_the_store_host_is_named_by_every_agent_and_the_job_re
             assert time.monotonic() < end and all(p.poll() is None for p in procs), "round 0 did not start"
             time.sleep(0.1)
         up = _lines(ready, "ready", 0)
-        [victim] = [rank for rank, pid in up.items() if _under(pid, procs[0].pid)]
+        host_tree = descendants(procs[0].pid)
+        [victim] = [rank for rank, pid in up.items() if pid in host_tree]
         gen.write_text("1")  # the next round's workers make a few steps and exit 0
         os.kill(up[victim], signal.SIGSTOP)
         errs = [p.communicate(timeout=max(1.0, end - time.monotonic()))[1] for p in procs]

@@ -75,7 +75,8 @@ def _checkpoint_bounds_lost_work(events: list[dict]) -> None:
 def test_a_killed_then_a_stopped_rank_each_resume_from_the_library_checkpoint(tmp_path, library):
     res, events, out = _launch(tmp_path, library)
     name = LIBRARIES[library][3]
-    assert f"rank 1 SIGKILL at step {KILL_STEP}" in res.stdout and f"rank 1 SIGSTOP at step {STOP_STEP}" in res.stdout, out
+    assert f"rank 1 SIGKILL at step {KILL_STEP}" in res.stdout, out
+    assert f"rank 1 SIGSTOP at step {STOP_STEP}" in res.stdout, out
     # attempt 0 started fresh; 1 and 2 restored the library's own checkpoints of steps 20 and 30, on both ranks
     for rank in (0, 1):
         for restart, step in ((0, 0), (1, 20), (2, 30)):

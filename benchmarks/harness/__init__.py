@@ -31,9 +31,10 @@ from .timing import Ready, parse_ts, read_events, read_ready, ready_ranks, wait_
 __all__ = [
     "BASELINE", "COLLECTIVE", "LAUNCHERS", "MARKER", "REASONS", "REPO", "TORCHRUN", "WORKERS", "ExitWatch",
     "LaunchSpec", "Launcher", "Outcome", "Proc", "Ready", "Session", "Step", "Summary", "Trial", "bench_env",
-    "bench_parser", "classify", "command_line", "end_agents", "first_failed", "stop_on_sigterm", "failure_lines", "failure_reason", "fmt_cell", "fmt_iqr", "fmt_s",
-    "free_port", "kill_marked", "launchers_in", "load_raw", "machine_lines", "marked_pids", "mbr_env", "mbr_source",
-    "paired_ratios", "parse_ts", "pick_launchers", "plan", "publish", "ratio", "read_events", "read_ready",
-    "ready_ranks", "render_raw", "rotate", "run_to_exit", "run_trials", "start", "summarize", "table", "tool",
-    "variant_names", "wait_ready", "with_mbr_path", "worker_argv", "write_raw", "write_section",
+    "bench_parser", "classify", "command_line", "end_agents", "failure_lines", "failure_reason", "first_failed",
+    "fmt_cell", "fmt_iqr", "fmt_s", "free_port", "kill_marked", "launchers_in", "load_raw", "machine_lines",
+    "marked_pids", "mbr_env", "mbr_source", "paired_ratios", "parse_ts", "pick_launchers", "plan", "publish", "ratio",
+    "read_events", "read_ready", "ready_ranks", "render_raw", "rotate", "run_to_exit", "run_trials", "start",
+    "stop_on_sigterm", "summarize", "table", "tool", "variant_names", "wait_ready", "with_mbr_path", "worker_argv",
+    "write_raw", "write_section",
 ]
