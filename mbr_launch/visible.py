@@ -1,0 +1,49 @@
+"""Text that came from outside the launcher (a peer's value in the rendezvous store, a worker's output, a file
+of a run folder) made safe to show on a terminal or to write into one line of a record.
+
+A control character written raw can move the cursor, erase what the launcher printed, set the window title
+or forge a whole ``[mbr-launch host] HANG:`` line; a bidirectional override can make a line read differently
+from what it says. Each such character is written as its Python escape (``\\x1b``, ``\\u202e``) instead: the
+reader still sees that it was there, and nothing it does reaches the terminal.
+"""
+
+from __future__ import annotations
+
+import re
+
+# C0 controls (tab and newline are handled by the caller's choice), DEL, C1 controls, and the Unicode
+# formatting characters that reorder or hide text: bidi embeddings, overrides and isolates, line and paragraph
+# separators, zero-width joiners and marks.
+_UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ufeff"
+_IN_TEXT = re.compile(f"[{_UNSAFE}]")
+_IN_LINE = re.compile(f"[{_UNSAFE}\t\n]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    c = match.group()
+    return {"\t": "\\t", "\n": "\\n", "\r": "\\r"}.get(c) or (
+        f"\\x{ord(c):02x}" if ord(c) < 0x100 else f"\\u{ord(c):04x}")
+
+
+def truncated(text: str, limit: int) -> str:
+    """``text`` cut to ``limit`` characters, saying how many were left out (a bounded record never hides that
+    it was cut)."""
+    if len(text) <= limit:
+        return text
+    return f"{text[:limit]}... ({len(text) - limit} more characters)"
+
+
+def visible(text: str, limit: int | None = None) -> str:
+    """``text`` with every control and reordering character shown as its escape; tabs and newlines kept."""
+    shown = _IN_TEXT.sub(_escape, text)
+    return truncated(shown, limit) if limit is not None else shown
+
+
+def one_line(text: str, limit: int | None = None) -> str:
+    """``text`` as one line: as :func:`visible`, and tabs and newlines escaped too (a reason quoted in a launcher
+    line cannot start a line of its own)."""
+    shown = _IN_LINE.sub(_escape, text)
+    return truncated(shown, limit) if limit is not None else shown
+
+
+__all__ = ["one_line", "truncated", "visible"]
