@@ -89,6 +89,7 @@ from typing import Any, Callable, Iterable
 
 from mbr_launch.report.appender import LineAppender, Writer, describe
 from mbr_launch.report.private import make_dir
+from mbr_launch.visible import one_line
 
 SCHEMA_VERSION = 1
 
@@ -269,3 +270,109 @@ def events_named(records: Iterable[dict[str, Any]], event: str, **match: Any) ->
 def first_event(records: Iterable[dict[str, Any]], event: str, **match: Any) -> dict[str, Any] | None:
     found = events_named(records, event, **match)
     return found[0] if found else None
+
+
+# ---- a record of a log that anyone may have written (``mbr-launch report``) --------------------------------
+#
+# A run folder may be a neighbour's (a shared --log-dir), so nothing in it is trusted: ``report.runs`` reads
+# the file within bounds, and each record is checked once, here, against the types of the fields the report
+# reads. Past this edge the report code meets no NaN, no nested dict where a name belongs, no escape sequence.
+
+# Text the report prints from a record (a failure's detail, a node's name): one line, this long at most.
+MAX_TEXT = 2000
+# Times (t and the progress record's) are seconds since launch: a run of 30 years is not one. Beyond 2**53
+# an integer is no longer exact in JSON tools, and no rank, round or exit code comes near it.
+MAX_SECONDS = 1e9
+MAX_INT = 1 << 53
+
+TIME, INT, TEXT, TEXTS, NNODES = "time", "int", "text", "texts", "nnodes"
+REQUIRED = {"ts", "t", "event"}  # every record; progress records also need started and ended
+# The fields ``mbr-launch report`` reads (runs, timeline, goodput), by event, and what each must be. A
+# record keeps only these: the rest (a verdict's evidence, a start's versions) is never shown, and dropping it
+# bounds what a record can cost. Null means absent (``record.get`` reads both the same).
+COMMON_FIELDS = {"ts": TEXT, "t": TIME, "event": TEXT, "node": TEXT, "group_rank": INT}
+REPORT_FIELDS: dict[str, dict[str, str]] = {
+    "start": {"run_id": TEXT, "nnodes": NNODES, "argv": TEXTS},
+    "rendezvous": {"round": INT, "world_size": INT, "group_world_size": INT, "restart_count": INT},
+    "worker_start": {"round": INT},
+    "worker_exit": {"round": INT},
+    "failure": {"round": INT, "rank": INT, "local_rank": INT, "cause": TEXT, "exit_code": INT, "signal": TEXT,
+                "section": TEXT, "detail": TEXT},
+    "restart": {"round": INT, "restart_count": INT, "max_restarts": INT, "scope": TEXT, "backoff": TIME},
+    "progress": {"round": INT, "started": TIME, "ended": TIME, "first_step": TIME, "last_step": TIME,
+                 "checkpoint": TIME, "detected": TIME, "cause": TEXT, "cause_detail": TEXT, "steps": INT,
+                 "first_iteration": INT, "last_iteration": INT},
+    "end": {"exit_code": INT, "reason": TEXT},
+}
+_REQUIRED_BY_EVENT: dict[str, set[str]] = {"progress": {"started", "ended"}}
+
+
+class BadRecord(ValueError):
+    """One line of a log is not an event the report can use; the message says why, in a few words."""
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRecord(f"{name} is not a number")  # json.loads takes NaN and Infinity unless told not to
+
+
+def report_record(line: bytes) -> dict[str, Any]:
+    """One event line as the report reads it: the fields of ``REPORT_FIELDS`` with the types given there,
+    text made visible on one line (``visible.one_line``). Raises ``BadRecord``."""
+    try:
+        record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise BadRecord("not UTF-8 text") from None
+    except RecursionError:
+        raise BadRecord("nested too deeply") from None
+    except BadRecord:
+        raise
+    except ValueError as exc:  # not JSON, or an integer of more digits than Python converts
+        raise BadRecord(f"not JSON ({str(exc).split(':')[0]})") from None
+    if not isinstance(record, dict):
+        raise BadRecord("not a JSON object")
+    event = record.get("event")
+    known = isinstance(event, str)  # else the check of "event" below refuses it
+    wanted = {**COMMON_FIELDS, **REPORT_FIELDS.get(event, {})} if known else COMMON_FIELDS
+    required = REQUIRED | _REQUIRED_BY_EVENT.get(event, set()) if known else REQUIRED
+    out: dict[str, Any] = {}
+    for name, kind in wanted.items():
+        value = record.get(name)
+        if value is None:
+            if name in required:
+                raise BadRecord(f"no {name!r}")
+            continue
+        out[name] = _checked(name, kind, value)
+    return out
+
+
+def encodable(text: str) -> str:
+    """``text`` with each lone surrogate (``"\\ud800"`` in JSON; a byte of a file name that is not UTF-8) as
+    its escape: printing one raises UnicodeEncodeError."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def printable(text: str, limit: int | None = None) -> str:
+    """``text`` fit for one line of a terminal: ``visible.one_line`` of ``encodable(text)``."""
+    return one_line(encodable(text), limit)
+
+
+def _text(value: str) -> str:
+    return printable(value, MAX_TEXT)
+
+
+def _checked(name: str, kind: str, value: Any) -> Any:
+    if kind == TEXT and isinstance(value, str):
+        return _text(value)
+    if kind == INT and type(value) is int and -MAX_INT <= value <= MAX_INT:  # not bool: true is no rank
+        return value
+    if kind == TIME and type(value) in (int, float) and 0 <= value <= MAX_SECONDS:  # inf fails; NaN never came
+        return float(value)
+    if kind == TEXTS and isinstance(value, list) and all(isinstance(v, str) for v in value):
+        return [_text(v) for v in value]
+    if kind == NNODES and isinstance(value, str):
+        return _text(value)
+    if kind == NNODES and type(value) is int and -MAX_INT <= value <= MAX_INT:
+        return value
+    what = {TEXT: "a string", INT: f"an integer (at most {MAX_INT})", TIME: f"seconds (0 to {MAX_SECONDS:g})",
+            TEXTS: "a list of strings", NNODES: "a string"}[kind]
+    raise BadRecord(f"{name!r} is not {what}")

@@ -4,6 +4,12 @@ The same model and the same colours as the terminal: one bar per node, a segment
 element with the id ``segment-<kind>-<node>-<n>``, so tools and tests can find them), a line per failure
 (``failure-<n>``) and per round. The HTML page is the SVG inline plus the report's text: one file, nothing
 fetched from elsewhere. matplotlib is imported only here, and only when a file is asked for.
+
+Every text that comes from the run (node names, a failure's cause, the run id) is drawn with
+``parse_math=False`` and with ``text.usetex`` off whatever the user's matplotlibrc says: a ``$`` in a name
+would otherwise be math mode (an unmatched one raises, a matched one draws something else than the log
+says), and usetex would hand the text to LaTeX. XML escaping is matplotlib's (``svg.fonttype: none`` keeps
+text as text).
 """
 
 from __future__ import annotations
@@ -41,7 +47,7 @@ def svg(run: RunTimeline) -> str:
     from matplotlib.patches import Patch
 
     # text stays text (searchable, selectable); a fixed salt keeps the ids the same from run to run
-    with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "mbr-launch"}):
+    with mpl.rc_context({"svg.fonttype": "none", "svg.hashsalt": "mbr-launch", "text.usetex": False}):
         fig = Figure(figsize=(11, 2.2 + 0.5 * len(run.lanes)), layout="constrained")
         ax = fig.add_subplot()
         for y, lane in enumerate(run.lanes):
@@ -51,13 +57,13 @@ def svg(run: RunTimeline) -> str:
                 bars.patches[0].set_gid(f"segment-{seg.kind}-{y}-{n}")
         for rnd in run.rounds:
             ax.axvline(rnd.t, color="#606060", linestyle=":", linewidth=0.8, gid=f"round-{rnd.index}")
-            ax.text(rnd.t, -0.55, f" round {rnd.index}", fontsize=8, color="#606060", va="bottom")
+            ax.text(rnd.t, -0.55, f" round {rnd.index}", fontsize=8, color="#606060", va="bottom", parse_math=False)
         for f in run.failures:
             right = f.t > 0.75 * run.wall  # near the right edge: the label goes left of its line
             ax.axvline(f.t, color=FAILURE, linewidth=1.2, gid=f"failure-{f.number}")
             ax.text(f.t, len(run.lanes) - 0.45, f" {f.number}: rank {f.rank} {f.cause} ", fontsize=8,
-                    color=FAILURE, va="top", ha="right" if right else "left")
-        ax.set_yticks(range(len(run.lanes)), [lane.label for lane in run.lanes])
+                    color=FAILURE, va="top", ha="right" if right else "left", parse_math=False)
+        ax.set_yticks(range(len(run.lanes)), [lane.label for lane in run.lanes], parse_math=False)
         ax.set_ylim(len(run.lanes) - 0.3, -0.7)
         ax.set_xlim(0, max(run.wall, 1e-3))
         ax.set_xlabel("seconds since launch")
@@ -65,7 +71,8 @@ def svg(run: RunTimeline) -> str:
         fig.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {_seconds(run, k):.1f} s") for k in shown],
                    loc="outside lower center", ncols=min(len(shown), 7), frameon=False, fontsize=8)
         result = "exit code {}".format(run.exit_code) if run.exit_code is not None else "no end event"
-        ax.set_title(f"mbr-launch run {run.run_id}: {len(run.failures)} failure(s), {result}", fontsize=10)
+        ax.set_title(f"mbr-launch run {run.run_id}: {len(run.failures)} failure(s), {result}", fontsize=10,
+                     parse_math=False)
         out = io.StringIO()
         fig.savefig(out, format="svg")
     return out.getvalue()

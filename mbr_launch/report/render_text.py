@@ -3,16 +3,22 @@ node, one character cell per slice of time, as wide as the terminal), its legend
 
 Each kind of segment has its own character as well as its own colour, so the drawing still reads where
 colour is off (a pipe, ``NO_COLOR``, a log file).
+
+Text from the run (names, reasons, details) arrives visible already (``events.report_record``); the paths of
+the logs, which are file names anyone sharing the log folder chose, are made visible here. Nothing is read as
+markup or emoji codes: a ``[bold]`` or ``:smile:`` in a reason is printed as written.
 """
 
 from __future__ import annotations
 
+from bisect import bisect_right
 from typing import TextIO
 
 from rich.console import Console
 from rich.text import Text
 
 from mbr_launch.decide.goodput_text import LABEL, MEANING, render
+from mbr_launch.report.events import printable
 from mbr_launch.report.timeline import OPEN, RUNNING, Failure, Lane, RunTimeline
 
 GLYPH = {"startup": "░", "productive": "█", "lost": "▓", "detection": "!", "restart": "~", "other": "·",
@@ -26,9 +32,9 @@ LABEL_WIDTH = 22
 
 
 def print_report(run: RunTimeline, stream: TextIO | None = None, width: int | None = None) -> None:
-    console = Console(file=stream, width=width, highlight=False, soft_wrap=False)
-    for line in story(run):
-        console.print(line, markup=False, soft_wrap=True)
+    console = Console(file=stream, width=width, highlight=False, soft_wrap=False, emoji=False, markup=False)
+    # one print for all the lines: rich's cost is per call, and a log of many rounds tells a long story
+    console.print("\n".join(story(run)), markup=False, soft_wrap=True)
     console.print()
     for row in timeline_rows(run, max(40, console.width)):
         console.print(row)
@@ -49,7 +55,9 @@ def story(run: RunTimeline) -> list[str]:
              f"  {result}"]
     if run.argv:
         lines.append(f"  command: {' '.join(run.argv)}")
-    lines.extend(f"  log: {lane.path}" for lane in run.lanes)
+    for lane in run.lanes:
+        lines.append(f"  log: {printable(str(lane.path))}")
+        lines.extend(f"    {note}" for note in lane.notes)
     by_number = {f.number: f for f in run.failures}
     for rnd in run.rounds:
         lines.append(f"round {rnd.index} at {rnd.t:.1f} s: {rnd.world_size} rank(s) on {rnd.nodes} node(s)"
@@ -84,8 +92,9 @@ def timeline_rows(run: RunTimeline, width: int) -> list[Text]:
     rows = [Text("timeline (one cell = {:.2g} s)".format(step), style="bold")]
     for lane in run.lanes:
         row = Text(lane.label[:label_width].ljust(label_width) + "  ")
+        ends = [s.end for s in lane.segments]
         for i in range(cells):
-            kind = _kind_at(lane, i * step, (i + 1) * step)
+            kind = _kind_at(lane, ends, i * step, (i + 1) * step)
             row.append(GLYPH[kind] if kind else " ", style=STYLE[kind] if kind else "")
         rows.append(row)
     rows.append(Text(" " * (label_width + 2)) + _marks(run, cells, step))
@@ -101,10 +110,15 @@ def timeline_rows(run: RunTimeline, width: int) -> list[Text]:
     return rows
 
 
-def _kind_at(lane: Lane, start: float, end: float) -> str | None:
-    """The kind that covers most of [start, end); a failure's short detection or lost work wins a tie."""
+def _kind_at(lane: Lane, ends: list[float], start: float, end: float) -> str | None:
+    """The kind that covers most of [start, end); a failure's short detection or lost work wins a tie.
+
+    A lane's segments lie end to end in time order (``ends``: theirs), so only those within the cell are
+    looked at: a log of many attempts costs its segments once, not once per cell."""
     best, best_overlap = None, 0.0
-    for s in lane.segments:
+    segments, i = lane.segments, bisect_right(ends, start)
+    while i < len(segments) and segments[i].start < end:
+        s, i = segments[i], i + 1
         overlap = min(end, s.end) - max(start, s.start)
         if overlap > best_overlap:
             best, best_overlap = s.kind, overlap

@@ -5,19 +5,45 @@ side, so the other nodes of a run are the sibling folders whose ``start`` event 
 time overlaps this node's. The latest run under a base folder is its ``latest`` link when there is one (it may
 name a node's folder or a folder of node folders), else the run folder whose log changed last.
 Every problem is a ``ReportError``: one line that says what to pass instead.
+
+A shared ``--log-dir`` holds other users' folders too, so what is found there is read with care: a log is
+read only as a regular file reached without a symlink at its last component (``private.open_regular``),
+within the bounds below, one record at a time (``events.report_record``: a bad record is skipped and
+counted, and the report says so); a sibling folder that is a symlink, or whose log belongs to another user
+than the named log, is no node of this run; a ``latest`` link is followed only when it is ours; and the
+other nodes' logs are read until the run's bounds below are spent.
 """
 
 from __future__ import annotations
 
-import json
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
-from mbr_launch.report.events import event_time, read_events
+from mbr_launch.report.events import BadRecord, event_time, printable, report_record
+from mbr_launch.report.private import open_regular
 
 LOG = "events.jsonl"
 LATEST = "latest"
+# One node's log. A busy one writes about 3 KB per round of 8 ranks plus a straggler line per interval: a
+# thousand restarts and a week of straggler reports stay under 30 MB. The report keeps each record it reads
+# (a parsed record costs several times its line), so this bounds its memory too.
+MAX_LOG_BYTES = 64 << 20
+# Records kept per log: an event is rarely under 150 bytes, but a file of tiny lines would cost ten times
+# its size in parsed objects; 200,000 is ten times the busy log above.
+MAX_RECORDS = 200_000
+# The longest line: a verdict lists the culprits and waiting ranks of the whole job (100,000 ranks are under
+# 1 MiB) and the start event the command line. A longer line is skipped without ever being held whole.
+MAX_LINE_BYTES = 4 << 20
+READ_CHUNK = 1 << 16
+# All node logs of one run together: four busy logs (MAX_LOG_BYTES says what busy is), or many quieter ones,
+# fit; more than that, or a neighbour's folders made to look like this run's nodes, cannot make one report
+# read without end.
+MAX_RUN_BYTES = 4 * MAX_LOG_BYTES
+MAX_RUN_RECORDS = 4 * MAX_RECORDS
+MiB = 1 << 20
 
 
 class ReportError(Exception):
@@ -27,39 +53,112 @@ class ReportError(Exception):
 @dataclass(frozen=True)
 class NodeLog:
     path: Path  # the events.jsonl
-    records: list[dict[str, Any]]
+    records: list[dict[str, Any]]  # as events.report_record gives them: checked, only the fields the report reads
+    notes: tuple[str, ...] = ()  # what of the file the report left out, and why: one line each
+    owner: int | None = None  # the file's uid
+    size: int = 0  # bytes read
+
+
+class BoundedLines:
+    """The lines of an open regular file, read in chunks: at most ``max_bytes`` of the file, and a line
+    longer than ``max_line`` is skipped (``too_long``) as it streams by, never held whole. Iterating yields
+    (line number, bytes without the newline, whether a newline ended it); the last line may lack one while
+    its writer is still at it."""
+
+    def __init__(self, fd: int, *, max_bytes: int = MAX_LOG_BYTES, max_line: int = MAX_LINE_BYTES) -> None:
+        self._fd, self._max_bytes, self._max_line = fd, max_bytes, max_line
+        self.too_long = 0
+        self.unread = 0  # bytes past max_bytes, not read
+
+    def __iter__(self) -> Iterator[tuple[int, bytes, bool]]:
+        line, number, skipping, read = bytearray(), 0, False, 0
+        while read < self._max_bytes:
+            chunk = os.read(self._fd, min(READ_CHUNK, self._max_bytes - read))
+            if not chunk:
+                break
+            read += len(chunk)
+            start = 0
+            while (end := chunk.find(b"\n", start)) >= 0:
+                number += 1
+                if skipping or len(line) + end - start > self._max_line:
+                    self.too_long += 1
+                else:
+                    yield number, bytes(line + chunk[start:end]), True
+                line.clear()
+                skipping, start = False, end + 1
+            if not skipping:
+                line += chunk[start:]
+                if len(line) > self._max_line:
+                    skipping = True
+                    line.clear()
+        if read >= self._max_bytes:  # what is left of the file is not read (nor the line the bound cut)
+            self.unread = max(0, os.fstat(self._fd).st_size - read)
+        if skipping:
+            self.too_long += 1
+        elif line and not self.unread:
+            yield number + 1, bytes(line), False
 
 
 def find_run(target: Path | None, base: Path) -> list[NodeLog]:
     """The node logs of the run at ``target`` (a run folder, its events.jsonl, or a folder of runs: its
     latest), or of the latest run under ``base`` when no target is given."""
-    if target is None:
-        if not base.is_dir():
-            raise ReportError(f"no runs under {base} yet: pass the run folder a launch printed "
-                              "('logs and events in ...')")
-        return _with_siblings(_latest(base))
-    if not target.exists():
-        raise ReportError(f"no such run folder: {target}")
-    if target.is_file():
-        return _with_siblings(_load(target))
-    if (target / LOG).exists():
-        return _with_siblings(_load(target / LOG))
-    return _with_siblings(_latest(target))
+    try:
+        if target is None:
+            if not base.is_dir():
+                raise ReportError(f"no runs under {base} yet: pass the run folder a launch printed "
+                                  "('logs and events in ...')")
+            return _with_siblings(_latest(base))
+        if not os.path.lexists(target):
+            raise ReportError(f"no such run folder: {target}")
+        if not target.is_dir():  # its events.jsonl (or something else, which the reader refuses)
+            return _with_siblings(_load(target))
+        if os.path.lexists(target / LOG):
+            return _with_siblings(_load(target / LOG))
+        return _with_siblings(_latest(target))
+    except OSError as exc:  # a name too long, a folder we may not list: the path and the reason, no traceback
+        raise ReportError(f"cannot read {exc.filename or target or base}: {exc.strerror or exc}") from None
 
 
 def _latest(base: Path) -> NodeLog:
     link = base / LATEST
-    if link.exists():
-        if (link / LOG).is_file():
+    if _ours(link) and link.is_dir():  # the launcher makes it; another user's "latest" is not followed
+        if _plain_file(link / LOG):
             return _load(link / LOG)
-        inside = sorted(link.glob(f"*/{LOG}"))
+        inside = sorted(p for p in link.glob(f"*/{LOG}") if _regular(p, link))
         if inside:
             return _load(inside[0])
-    logs = [p for p in base.glob(f"*/{LOG}") if p.is_file()] or [p for p in base.glob(f"*/*/{LOG}") if p.is_file()]
+    logs = [p for p in base.glob(f"*/{LOG}") if _regular(p, base)] or \
+        [p for p in base.glob(f"*/*/{LOG}") if _regular(p, base)]
     if not logs:
         raise ReportError(f"{base} holds no run folder (no */{LOG}): pass the run folder a launch printed "
                           "('logs and events in ...')")
-    return _load(max(logs, key=_mtime))
+    # the newest of our own runs; another user's log, however new it says it is, only when there is none
+    mine = [p for p in logs if _ours(p)]
+    return _load(max(mine or logs, key=_mtime))
+
+
+def _ours(path: Path) -> bool:
+    try:
+        return os.lstat(path).st_uid == os.geteuid()
+    except OSError:
+        return False
+
+
+def _plain_file(path: Path) -> bool:
+    try:
+        return stat.S_ISREG(os.lstat(path).st_mode)
+    except OSError:
+        return False
+
+
+def _regular(path: Path, base: Path) -> bool:
+    """A regular file in folders under ``base`` that are no symlinks: what a launcher writes there (a glob
+    follows links, to anywhere)."""
+    try:
+        folders = list(path.relative_to(base).parents)[:-1]  # "a/b", "a": not "." (base itself)
+        return _plain_file(path) and not any(stat.S_ISLNK(os.lstat(base / f).st_mode) for f in folders)
+    except (OSError, ValueError):
+        return False
 
 
 def _mtime(path: Path) -> float:
@@ -69,62 +168,113 @@ def _mtime(path: Path) -> float:
         return 0.0
 
 
-def _load(path: Path) -> NodeLog:
+def _load(path: Path, *, max_records: int = MAX_RECORDS) -> NodeLog:
     try:
-        records = read_events(path)
+        fd = open_regular(path)
     except OSError as exc:
         raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
-    except UnicodeDecodeError:
-        raise ReportError(f"{path} is not an mbr-launch event log: it is not text") from None
-    except ValueError as exc:  # its message names the file and line
-        raise ReportError(f"not an mbr-launch event log: {exc}") from None
-    if not records:
+    records: list[dict[str, Any]] = []
+    skipped, first_skip, more = 0, "", False
+    try:
+        owner = os.fstat(fd).st_uid
+        lines = BoundedLines(fd)
+        for number, line, whole in lines:
+            if len(records) >= max_records:
+                more = True
+                break
+            if not line.strip():
+                continue
+            if not records and lines.too_long:  # without its start event nothing in the file can be placed
+                raise ReportError(f"{path} is not an mbr-launch event log: its first line is longer than "
+                                  f"{MAX_LINE_BYTES // MiB} MiB")
+            try:
+                records.append(report_record(line))
+            except BadRecord as exc:
+                if not whole:
+                    continue  # the last line, without its newline: its writer has not finished it yet
+                if not records:  # the start event, as above
+                    raise ReportError(f"{path} is not an mbr-launch event log: line {number}: {exc}") from None
+                skipped += 1
+                first_skip = first_skip or f"line {number}: {exc}"
+        size = os.lseek(fd, 0, os.SEEK_CUR)
+    except OSError as exc:
+        raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
+    finally:
+        os.close(fd)
+    if not records and not lines.too_long:
         raise ReportError(f"{path} is empty: the launch wrote no event (did it start?)")
-    if not all(isinstance(r, dict) and isinstance(r.get("event"), str) and isinstance(r.get("t"), (int, float))
-               and isinstance(r.get("ts"), str) for r in records):
-        raise ReportError(f"{path} is not an mbr-launch event log: a line without event, t or ts")
-    if records[0].get("event") != "start":
+    if not records or records[0]["event"] != "start":
         raise ReportError(f"{path} does not begin with a start event: not a whole mbr-launch event log")
     try:
         event_time(records[0])
-    except ValueError:
-        raise ReportError(f"{path}: the start event's time {records[0].get('ts')!r} is not a date") from None
-    return NodeLog(path, records)
+    except (ValueError, OverflowError, OSError):
+        raise ReportError(f"{path}: the start event's time {records[0]['ts']!r} is not a date") from None
+    notes = []
+    if skipped:
+        notes.append(f"{skipped} record(s) skipped, not what mbr-launch writes (the first: {first_skip})")
+    if lines.too_long:
+        notes.append(f"{lines.too_long} line(s) longer than {MAX_LINE_BYTES // MiB} MiB skipped unread")
+    if lines.unread:
+        notes.append(f"only the first {MAX_LOG_BYTES // MiB} MiB read: {lines.unread} more byte(s) left out")
+    elif more:
+        notes.append(f"only the first {max_records} records read: the rest left out")
+    return NodeLog(path, records, notes=tuple(notes), owner=owner, size=size)
 
 
 def _span(records: list[dict[str, Any]]) -> tuple[float, float]:
     """A log's first and last moments, in seconds since the epoch."""
     start = event_time(records[0])
-    return start, start + max(float(r.get("t", 0.0)) for r in records)
+    return start, start + max(float(r["t"]) for r in records)
 
 
 def _with_siblings(node: NodeLog) -> list[NodeLog]:
     """This node's log and those of its run's other nodes in the same folder (a shared --log-dir)."""
     start = node.records[0]
-    if _max_nodes(start.get("nnodes")) <= 1:
+    if _max_nodes(start.get("nnodes")) <= 1 or start.get("run_id") is None:
         return [node]
     run_id, (began, ended) = start.get("run_id"), _span(node.records)
     found = [node]
-    for path in sorted(node.path.parent.parent.glob(f"*/{LOG}")):
-        if path == node.path or _first(path).get("run_id") != run_id:
+    size, count, left_out = node.size, len(node.records), 0
+    shared = node.path.parent.parent
+    for path in sorted(shared.glob(f"*/{LOG}")):
+        if path == node.path or not _regular(path, shared) or _first(path, node.owner).get("run_id") != run_id:
+            continue
+        if size >= MAX_RUN_BYTES or count >= MAX_RUN_RECORDS:
+            left_out += 1
             continue
         try:
-            other = _load(path)
+            other = _load(path, max_records=min(MAX_RECORDS, MAX_RUN_RECORDS - count))
         except ReportError:
             continue  # a broken neighbour is its own run's problem
+        if other.owner != node.owner:
+            continue  # swapped since _first looked
         o_began, o_ended = _span(other.records)
         if o_began <= ended and began <= o_ended:
             found.append(other)
+            size, count = size + other.size, count + len(other.records)
+    if left_out:
+        note = (f"{left_out} more node log(s) of run {printable(str(run_id))} not read: the report reads at "
+                f"most {MAX_RUN_BYTES // MiB} MiB or {MAX_RUN_RECORDS} records of a run")
+        found[0] = NodeLog(node.path, node.records, (*node.notes, note), node.owner, node.size)
     return found
 
 
-def _first(path: Path) -> dict[str, Any]:
+def _first(path: Path, owner: int | None) -> dict[str, Any]:
+    """The first record of the log at ``path`` if it is a file of ``owner`` (else, or unreadable: {})."""
     try:
-        with path.open() as f:
-            record = json.loads(f.readline())
-    except (OSError, ValueError, UnicodeDecodeError):
+        fd = open_regular(path)
+    except OSError:
         return {}
-    return record if isinstance(record, dict) else {}
+    try:
+        if os.fstat(fd).st_uid != owner:
+            return {}  # another user's folder is no node of our run, whatever run id it claims
+        for number, line, _ in BoundedLines(fd, max_bytes=MAX_LINE_BYTES + 1):
+            return report_record(line) if number == 1 else {}
+    except (OSError, BadRecord):
+        pass
+    finally:
+        os.close(fd)
+    return {}
 
 
 def _max_nodes(nnodes: Any) -> int:

@@ -12,7 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from mbr_launch.decide.causes import Cause
+from mbr_launch.report.events import encodable, printable
 from mbr_launch.report.exitstatus import ExitStatus
+from mbr_launch.report.private import read_regular
+from mbr_launch.visible import visible
+
+# A worker's error file holds one message and one traceback, a few KB (Python collapses a deep recursion's
+# repeated frames). A larger file is not read: it is read whole, and the agent must not run out of memory.
+MAX_ERROR_FILE = 4 << 20
+MAX_TRACEBACK = 64 * 1024  # characters of the message and of the traceback kept for the summary
 
 
 @dataclass(frozen=True)
@@ -25,19 +33,29 @@ class ErrorFile:
 
     @staticmethod
     def read(path: Path) -> "ErrorFile | None":
+        """The worker's record, or None when there is none to use. The worker wrote the file, so it is read
+        as untrusted input: a regular file of bounded size (not a FIFO that would block the agent), any JSON
+        shape, its text made visible (it goes to the terminal in the summary)."""
         try:
-            data = json.loads(path.read_text())
-        except (OSError, ValueError):
+            raw = read_regular(path, MAX_ERROR_FILE)
+            data = json.loads(raw) if raw is not None else None
+        except (OSError, ValueError, RecursionError):
             return None
-        message = data.get("message", data)
+        message = data.get("message", data) if isinstance(data, dict) else data
         if isinstance(message, str):
-            return ErrorFile(message=message, traceback="", timestamp=0)
-        extra = message.get("extraInfo", {}) if isinstance(message, dict) else {}
+            return ErrorFile(message=printable(message, MAX_TRACEBACK), traceback="", timestamp=0)
+        if not isinstance(message, dict):
+            return None
+        extra = message.get("extraInfo")
+        extra = extra if isinstance(extra, dict) else {}
+        stamp = extra.get("timestamp", 0)
         try:
-            stamp = int(extra.get("timestamp", 0))
-        except (TypeError, ValueError):
+            stamp = int(stamp) if isinstance(stamp, (int, str)) else 0
+        except ValueError:
             stamp = 0
-        return ErrorFile(message=str(message.get("message", "")), traceback=str(extra.get("py_callstack", "")),
+        text, callstack = message.get("message", ""), extra.get("py_callstack", "")
+        return ErrorFile(message=printable(text if isinstance(text, str) else "", MAX_TRACEBACK),
+                         traceback=visible(encodable(callstack if isinstance(callstack, str) else ""), MAX_TRACEBACK),
                          timestamp=stamp)
 
 

@@ -45,6 +45,7 @@ class Lane:
     goodput: Goodput
     exit_code: int | None  # None: no end event (still running, or killed)
     reason: str
+    notes: tuple[str, ...] = ()  # what of its log the report left out (runs.NodeLog.notes)
 
 
 @dataclass(frozen=True)
@@ -145,7 +146,7 @@ def _lane(log: NodeLog, offset: float) -> Lane:
                 group_rank=group_rank, path=log.path, offset=offset,
                 segments=tuple(Segment(k, a + offset, b + offset, rnd) for k, a, b, rnd in spans if b > a),
                 goodput=g, exit_code=end.get("exit_code") if end else None,
-                reason=str(end.get("reason")) if end else "")
+                reason=str(end.get("reason")) if end else "", notes=log.notes)
 
 
 def _unstepped(records: list[dict[str, Any]], wall: float) -> list[tuple[str, float, float, Any]]:
@@ -168,7 +169,9 @@ def _unstepped(records: list[dict[str, Any]], wall: float) -> list[tuple[str, fl
 
 
 def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[Failure]:
-    costs = list(lane.goodput.failures)
+    costs: dict[Any, list[FailureCost]] = {}
+    for cost in reversed(lane.goodput.failures):  # popped from the end: each round's first cost first
+        costs.setdefault(cost.round, []).append(cost)
     out = []
     for r in records:
         if r["event"] != "failure":
@@ -184,29 +187,36 @@ def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[
     return out
 
 
-def _take(costs: list[FailureCost], rnd: Any) -> FailureCost | None:
+def _take(costs: dict[Any, list[FailureCost]], rnd: Any) -> FailureCost | None:
     """The goodput record of a failure in round ``rnd`` (each used once: several ranks may fail in one)."""
-    for i, cost in enumerate(costs):
-        if cost.round == rnd:
-            return costs.pop(i)
-    return None
+    left = costs.get(rnd)
+    return left.pop() if left else None
 
 
 def _rounds(seen: dict[Any, list[tuple[float, dict[str, Any]]]], failures: list[Failure],
             records: list[dict[str, Any]], worst: Lane | None) -> list[RoundRow]:
+    # by round, once (a log of many rounds must not be read once per round)
+    restarts: dict[Any, dict[str, Any]] = {}
+    for r in records:
+        if r["event"] == "restart":
+            restarts.setdefault(r.get("round"), r)
+    numbers: dict[Any, list[int]] = {}
+    for f in failures:
+        numbers.setdefault(f.round, []).append(f.number)
+    last = max(seen, key=lambda i: i if isinstance(i, int) else -1) if seen else None
     out = []
     for index in sorted(seen, key=lambda i: (not isinstance(i, int), i if isinstance(i, int) else 0)):
         t, first = min(seen[index], key=lambda pair: pair[0])
-        restart = next((r for r in records if r["event"] == "restart" and r.get("round") == index), None)
+        restart = restarts.get(index)
         if restart is not None:
             backoff = restart.get("backoff") or 0
             then = f"restart {restart.get('restart_count')} of {restart.get('max_restarts')} " \
                    f"({restart.get('scope')} scope" + (f", back-off {backoff:g} s)" if backoff else ")")
-        elif index == max(seen, key=lambda i: i if isinstance(i, int) else -1):
+        elif index == last:
             then = f"end: {worst.reason} (exit code {worst.exit_code})" if worst else "no end event"
         else:
             then = "next round (membership change)"
         out.append(RoundRow(index=index, t=t, world_size=first.get("world_size"),
                             nodes=first.get("group_world_size"), restart_count=first.get("restart_count"),
-                            failures=tuple(f.number for f in failures if f.round == index), then=then))
+                            failures=tuple(numbers.get(index, ())), then=then))
     return out
