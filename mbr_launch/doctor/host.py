@@ -1,7 +1,8 @@
-"""This host: rendezvous endpoint and port, log directory, /dev/shm, open-file and memlock limits, disk.
+"""This host: rendezvous endpoint and port, log directory, Flight Recorder directory, /dev/shm, open-file and
+memlock limits, disk.
 
-Probes come from the context; the only IO here is the log-dir write test, which must be a real write
-(permission bits lie for root and on read-only mounts).
+Probes come from the context; the IO here is the log-dir write test, which must be a real write
+(permission bits lie for root and on read-only mounts), and the Flight Recorder directory's modes and owners.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from pathlib import Path
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.launcher import is_local_host, split_endpoint
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+from mbr_launch.workers import flightrec, safefile
 
 GiB = 1 << 30
 MiB = 1 << 20
@@ -147,6 +149,31 @@ def log_dir(ctx: DoctorContext) -> Finding:
     if good:
         return ok(saw)
     return error(saw, "pass a --log-dir on a writable filesystem you own, e.g. --log-dir $HOME/mbr-logs")
+
+
+@check("fs.flight_recorder", "Flight Recorder files in a directory only you can write")
+def flight_recorder(ctx: DoctorContext) -> Finding:
+    """torch writes a rank's dump to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` and polls NCCL's pipe at
+    ``<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe``; the agent reads the dump for the hang verdict. Where
+    others can create names, they can put a FIFO, a symlink or a file of theirs there before the job does
+    (issue #29: a FIFO froze both agents, a symlink to /dev/zero ate their memory; torch follows a symlink
+    when it writes). The agent refuses such files when it reads them; this refuses the setting up front."""
+    given = [(name, ctx.env[name]) for name in (*flightrec.DUMP_PREFIX, flightrec.PIPE_PREFIX) if ctx.env.get(name)]
+    if not given:
+        return ok("TORCH_FR_DUMP_TEMP_FILE not set: the dumps go to the run folder (yours alone, mode 0700)")
+    for name, prefix in given:
+        directory = os.path.dirname(prefix) or "."
+        try:
+            risk = safefile.planting_risk(directory, uid=ctx.uid)
+        except OSError as exc:
+            risk = f"{directory} cannot be checked: {exc.strerror or exc}"
+        if risk:
+            return error(f"{name}={prefix}: {risk}, so another user can put a FIFO or a symlink where torch "
+                         "writes and mbr-launch reads this job's Flight Recorder files",
+                         f"unset {name} (mbr-launch then keeps the files in the run folder), or point it into "
+                         f"a directory only you can write, e.g. `mkdir -m 700 ~/fr && export {name}=~/fr/nccl_trace_`")
+    return ok("; ".join(f"{name}={prefix}: only you (and root) can write {os.path.dirname(prefix) or '.'}"
+                        for name, prefix in given))
 
 
 @check("fs.shm", "/dev/shm size (NCCL shared memory, DataLoader workers)")

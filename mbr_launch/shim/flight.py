@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import stat  # loaded by os already: costs nothing
 import sys
 
 from mbr_launch.contract import FR_FILE_ENV, FR_NCCL_SUFFIX as NCCL_SUFFIX, FR_TRIGGER_ENV
@@ -34,11 +35,16 @@ def arm() -> bool:
     try:
         # O_RDWR: we are a writer too, so the FIFO never reads as EOF when the agent closes its end, and
         # opening does not block waiting for one. O_CLOEXEC (os.open's default): the script's execs do not
-        # inherit it.
-        fd = os.open(trigger, os.O_RDWR)
+        # inherit it. O_NOFOLLOW and the check: only the agent's own FIFO, never a file put in its place.
+        fd = os.open(trigger, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+            os.close(fd)
+            return False
+        os.set_blocking(fd, True)  # the thread waits in read()
         _thread.start_new_thread(_serve, (fd, out))
     except Exception:
         os.close(fd)
@@ -87,7 +93,11 @@ def dump(out: str) -> bool:
 
 def _write(path: str, data: bytes) -> None:
     tmp = f"{path}.{os.getpid()}.tmp"
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.unlink(tmp)  # left by a dump of ours that failed half-way (or put there: O_EXCL makes a new one)
+    except FileNotFoundError:
+        pass
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     with os.fdopen(fd, "wb") as f:
         f.write(data)
     os.replace(tmp, path)  # the agent sees either no file or a whole one

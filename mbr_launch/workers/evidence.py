@@ -7,11 +7,13 @@ The order matters:
 2. Ask every rank for a Flight Recorder dump: the dumps are written while we take stacks.
 3. Stacks of all ranks in parallel (py-spy, or the faulthandler fallback), classified.
 4. Wait for the dumps until the bound: a rank that gives none (stopped, stuck holding the GIL, no
-   ``torch.distributed`` yet) is left without progress, which is evidence too.
+   ``torch.distributed`` yet) is left without progress, which is evidence too. A dump file that is refused
+   (a FIFO, a symlink, not ours, too big: ``flightrec.load_checked``) is left alone, and said through ``warn``.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
@@ -30,12 +32,14 @@ Rows = Sequence[Mapping[str, Any]]
 
 def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Path, stack_method: str,
            bound: float = 2.0, monitor_rows: Rows | Callable[[], Rows | None] | None = None,
-           expired: Mapping[int, str] | None = None, window: float = 0.05) -> list[RankEvidence]:
+           expired: Mapping[int, str] | None = None, window: float = 0.05,
+           warn: Callable[[str], None] | None = None) -> list[RankEvidence]:
     """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
 
     ``monitor_rows``: the rank monitor's per-rank rows (``monitor.status.describe``), or how to get them: then
     they are read last, so a client that initialised again meanwhile (an in-process restart) is seen as
-    watched. ``expired``: local rank -> the kind of deadline that passed. Never raises for a rank.
+    watched. ``expired``: local rank -> the kind of deadline that passed. ``warn`` gets one line for each dump
+    file that was there but could not be used, with the reason. Never raises for a rank.
     """
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
@@ -52,7 +56,11 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
              and flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
 
     stacks = _stacks(live, out_dir, stack_method, deadline)
-    progress = _await_dumps({lr: files[lr] for lr in asked}, before, deadline)
+    progress, problems = _await_dumps({lr: files[lr] for lr in asked}, before, deadline)
+    ranks = {w.local_rank: w.rank for w in live}
+    for (lr, path), problem in problems.items():
+        if warn is not None:
+            warn(f"WARNING: rank {ranks[lr]}'s Flight Recorder dump {path} was not read: {problem}")
     states = sample.finish(min_window=min(window, bound / 4))
 
     if callable(monitor_rows):
@@ -95,34 +103,51 @@ def _stacks(live: Sequence[Worker], out_dir: Path, method: str, deadline: float)
     return {d.local_rank: d for d in dumps}
 
 
-def _signature(path: Path) -> tuple[int, int] | None:
-    """(inode, mtime): the shim replaces its file, so a new dump changes both."""
+def _signature(path: Path) -> tuple[int, int, int] | None:
+    """(inode, mtime, size) of the name itself (lstat: a symlink is not followed): the shim replaces its
+    file, so a new dump changes all three; NCCL writes in place, and a dump it finished after a partial read
+    in the same clock tick still changes the size."""
     try:
-        st = path.stat()
+        st = os.lstat(path)
     except OSError:
         return None
-    return st.st_ino, st.st_mtime_ns
+    return st.st_ino, st.st_mtime_ns, st.st_size
+
+
+Problems = dict[tuple[int, Path], str]
 
 
 def _await_dumps(files: Mapping[int, flightrec.DumpFiles], before: Mapping[int, Mapping[Path, Any]],
-                 deadline: float) -> dict[int, tuple[GroupProgress, ...]]:
-    """Each asked rank's progress, from the dumps written since we asked, until the deadline.
+                 deadline: float) -> tuple[dict[int, tuple[GroupProgress, ...]], Problems]:
+    """Each asked rank's progress, from the dumps written since we asked, until the deadline; and the
+    problems worth a line: every refused file, and why the files of a rank left without progress gave none.
 
     A rank is done once the shim's file (written last) or NCCL's own dump is new and readable; a file
-    caught half-written by NCCL's writer reads as nothing and is read again on the next poll.
+    caught half-written by NCCL's writer reads as nothing and is read again once it changes. A file is
+    read again only when it changed, and never past the deadline: a hostile one costs one bounded read.
     """
     out: dict[int, tuple[GroupProgress, ...]] = {}
+    read: dict[Path, tuple[Any, flightrec.DumpRead]] = {}  # path -> (signature, its read) as last read
     pending = dict(files)
     while pending:
         for lr, f in list(pending.items()):
-            fresh = {p: flightrec.load_file(p) for p in f.all() if _signature(p) not in (None, before[lr].get(p))}
+            fresh = {}
+            for p in f.all():
+                sig = _signature(p)
+                if sig is None or sig == before[lr].get(p):
+                    continue
+                if p not in read or read[p][0] != sig:
+                    read[p] = (sig, flightrec.load_checked(p, deadline=deadline))
+                fresh[p] = read[p][1].data
             if any(fresh.get(p) is not None for p in (f.ours, f.nccl)):
                 out[lr] = flightrec.merge([flightrec.progress(data) for data in fresh.values()])
                 del pending[lr]
         if not pending or time.monotonic() + _POLL > deadline:
             break
         time.sleep(_POLL)
-    return out
+    problems = {(lr, p): r.problem for lr, f in files.items() for p in f.all()
+                if p in read and (r := read[p][1]).problem and (r.refused or lr not in out)}
+    return out, problems
 
 
 def _section(row: Mapping[str, Any]) -> str | None:

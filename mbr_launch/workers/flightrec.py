@@ -14,15 +14,16 @@ libtorch_cpu.so): ``TORCH_FR_BUFFER_SIZE`` with the older ``TORCH_NCCL_TRACE_BUF
 ``TORCH_FR_DUMP_TEMP_FILE`` (alias ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``); ``TORCH_INCLUDE_STACK_TRACE``;
 ``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` lives in libtorch_cuda (absent from CPU builds).
 
-A dump is a pickle written by the worker: it is read with an unpickler that refuses every global, so a
-hostile or garbled file yields no progress rather than code execution or an exception.
+A dump is a pickle written by the worker, at a path the user may have put in a directory others can write
+(issue #29). It is opened by ``safefile`` (no symlink, no FIFO, ours, at most ``MAX_DUMP_BYTES``) and read by
+``datapickle`` (data only, string keys, a bounded number of opcodes, within the inquiry's time), so a
+hostile or garbled file yields no progress and a reason, never code execution, an exception or a stall.
 """
 
 from __future__ import annotations
 
-import io
+import itertools
 import os
-import pickle
 import re
 import stat
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from typing import Any, Mapping
 
 from mbr_launch.contract import FR_FILE_ENV, FR_NCCL_SUFFIX, FR_TRIGGER_ENV
 from mbr_launch.decide.verdict import GroupProgress
+from mbr_launch.workers import datapickle, safefile
 
 # In each rank's directory, next to error.json.
 TRIGGER_NAME = "fr.trigger"
@@ -40,7 +42,22 @@ NCCL_PREFIX = "nccl_fr."  # NCCL's dump: nccl_fr.<rank>; its pipe: nccl_fr.<rank
 BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_PREFIX = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_PREFIX = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-MAX_DUMP_BYTES = 64 << 20  # 2000 entries are well under a megabyte
+# The caps on a dump. A real one is small: torch 2.13's gloo dump of 2000 entries (the default buffer) is
+# 240 KB and 130 k opcodes (its strings are memoised); a large job adds its groups' rank lists to pg_config
+# (as text: about 700 KB for a 100,000-rank group), Python stacks (TORCH_INCLUDE_STACK_TRACE=1) some 300
+# opcodes an entry. 8 MiB and 2 M opcodes leave that room several times over; the costliest dump crafted
+# within them took 1.4 s of CPU to read on the loaded 2-core test machine, and another 150 MB of memory
+# while read (tests/test_hostile_dumps.py). The old reader took 64 MiB, any hashable key, and 37 s.
+MAX_DUMP_BYTES = 8 << 20
+MAX_DUMP_OPS = 1 << 21
+# What is taken from a dump: a rank is in a few dozen process groups, and the newest entries are last (the
+# ring buffer is dumped oldest first), so more groups is no real dump and older entries add nothing. Rank
+# lists are cut per group as before, and in all: a memo reference (two bytes) can repeat one list for every
+# group, and the evidence travels to every node.
+MAX_GROUPS = 1024
+MAX_ENTRIES = 1 << 16
+MAX_RANKS = 1 << 16
+MAX_RANKS_IN_ALL = 1 << 18
 # What flight_env may set in torch's namespace. torch reads them lazily (the recorder when the first process
 # group is made, the files when it dumps; checked: importing torch before the buffer size is set still
 # records), so a standby that preloaded torch may get them with its assignment.
@@ -68,7 +85,8 @@ def flight_env(rank_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
 def make_trigger(path: Path) -> None:
     """Create the FIFO a worker opens at start (it must exist before the worker does)."""
     try:
-        if stat.S_ISFIFO(path.lstat().st_mode):
+        st = path.lstat()
+        if stat.S_ISFIFO(st.st_mode) and st.st_uid == os.geteuid():
             return  # a FIFO holds no data once nobody has it open: reusing it asks for nothing
         path.unlink()
     except FileNotFoundError:
@@ -113,13 +131,18 @@ def trigger(fifo: Path | None, nccl: Path | None = None) -> bool:
 
 def _poke(fifo: Path) -> bool:
     try:
-        if not stat.S_ISFIFO(os.stat(fifo).st_mode):
-            return False  # never append to a regular file by mistake
-        # O_NONBLOCK: open fails with ENXIO when nobody reads (the worker is gone or never armed).
-        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        if not stat.S_ISFIFO(os.lstat(fifo).st_mode):
+            return False  # never write into a regular file by mistake
+        # O_NONBLOCK: open fails with ENXIO when nobody reads (the worker is gone or never armed). O_NOFOLLOW:
+        # NCCL's pipe may sit in a directory others can write, and a symlink swapped in after the lstat
+        # must not get our byte into a file of ours.
+        fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
     try:
+        st = os.fstat(fd)
+        if not stat.S_ISFIFO(st.st_mode) or st.st_uid != os.geteuid():
+            return False
         os.write(fd, b"d")
         return True
     except BlockingIOError:
@@ -133,33 +156,41 @@ def _poke(fifo: Path) -> bool:
 # ---- reading a dump ---------------------------------------------------------------------------------------
 
 
-class _DataOnly(pickle.Unpickler):
-    """A dump holds only dicts, lists, tuples, strings, numbers, booleans and None: no global is needed, and
-    refusing all of them leaves a pickle no way to run code."""
-
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"global {module}.{name} refused")
-
-    def persistent_load(self, pid: Any) -> Any:
-        raise pickle.UnpicklingError("persistent ids refused")
-
-
-def load(data: bytes) -> Any:
-    """The restricted load; None for anything that is not a whole, data-only pickle."""
+def load(data: bytes, *, deadline: float | None = None) -> Any:
+    """The data in a dump's bytes; None for anything that is not a whole, data-only pickle within the caps."""
     try:
-        return _DataOnly(io.BytesIO(data)).load()
-    except Exception:  # garbage raises anything: EOFError, UnpicklingError, ValueError, KeyError, ...
+        return datapickle.loads(data, max_ops=MAX_DUMP_OPS, deadline=deadline)
+    except datapickle.NotData:
         return None
 
 
-def load_file(path: Path) -> Any:
-    """A dump file's data (restricted load); None when missing, too big, garbled or hostile."""
+@dataclass(frozen=True)
+class DumpRead:
+    """One read of a dump file."""
+
+    data: Any = None  # the loaded data; None when there is none
+    problem: str = ""  # why not: "" when the file is simply not there (no dump yet)
+    refused: bool = False  # the file itself was refused (a FIFO, a symlink, not ours, too big), not its content
+
+
+def load_checked(path: Path, *, deadline: float | None = None) -> DumpRead:
+    """Read a dump file by the rules above; never raises, never blocks, never reads past ``deadline``."""
     try:
-        if path.stat().st_size > MAX_DUMP_BYTES:
-            return None
-        return load(path.read_bytes())
-    except OSError:
-        return None
+        raw = safefile.read_owned(path, MAX_DUMP_BYTES)
+    except FileNotFoundError:
+        return DumpRead()
+    except OSError as err:  # safefile.Refused: there, but not to be read
+        return DumpRead(problem=err.strerror or str(err), refused=True)
+    try:
+        return DumpRead(data=datapickle.loads(raw, max_ops=MAX_DUMP_OPS, deadline=deadline))
+    except datapickle.NotData as err:
+        return DumpRead(problem=str(err))
+
+
+def load_file(path: Path, *, deadline: float | None = None) -> Any:
+    """A dump file's data; None when missing, refused, too big, garbled or hostile (``load_checked`` says
+    which)."""
+    return load_checked(path, deadline=deadline).data
 
 
 def read_dump(path: Path) -> tuple[GroupProgress, ...]:
@@ -178,32 +209,51 @@ def progress(dump: Any) -> tuple[GroupProgress, ...]:
 def _progress(dump: Any) -> tuple[GroupProgress, ...]:
     if not isinstance(dump, dict) or not isinstance(dump.get("pg_status"), dict):
         return ()
+    if len(dump["pg_status"]) > MAX_GROUPS:
+        return ()
     config = dump.get("pg_config") if isinstance(dump.get("pg_config"), dict) else {}
     entries = dump.get("entries") if isinstance(dump.get("entries"), list) else []
     names: dict[str, str] = {}  # pg id -> group name (pg_config is keyed by name)
-    last: dict[str, tuple[int, str]] = {}  # pg id -> (collective_seq_id, op) of its newest entry
-    for entry in entries:
+    last: dict[str, tuple[int, Any]] = {}  # pg id -> (collective_seq_id, entry) of its newest entry
+    for entry in entries[-MAX_ENTRIES:]:
         if not isinstance(entry, dict) or entry.get("is_p2p") is True:
             continue
         pg, seq = str(entry.get("pg_id")), entry.get("collective_seq_id")
         group = entry.get("process_group")
         if isinstance(group, (tuple, list)) and group and isinstance(group[0], str):
             names[pg] = group[0]
-        if _is_int(seq) and seq >= last.get(pg, (-1, ""))[0]:
-            op = entry.get("profiling_name")
-            last[pg] = (seq, op.split(":", 1)[-1] if isinstance(op, str) else "")
-    out = []
+        if _is_int(seq) and seq >= last.get(pg, (-1, None))[0]:
+            last[pg] = (seq, entry)
+    ranks_of: dict[int, tuple[int, ...]] = {}  # by id: read once, however many groups refer to one list
+    out, budget = [], MAX_RANKS_IN_ALL
     for pg, status in dump["pg_status"].items():
         if not isinstance(status, dict):
             continue
         pg = str(pg)
         cfg = config.get(names.get(pg, pg))
-        ranks = cfg.get("ranks") if isinstance(cfg, dict) else None
+        value = cfg.get("ranks") if isinstance(cfg, dict) else None
+        if id(value) not in ranks_of:
+            ranks_of[id(value)] = _ranks(value)
+        ranks = ranks_of[id(value)] if len(ranks_of[id(value)]) <= budget else ()  # (): the dump does not say
+        budget -= len(ranks)
         out.append(GroupProgress(pg=pg, enqueued=_counter(status, "last_enqueued_collective"),
                                  started=_counter(status, "last_started_collective"),
                                  completed=_counter(status, "last_completed_collective"),
-                                 ranks=_ranks(ranks), last_op=last.get(pg, (-1, ""))[1]))
-    return tuple(sorted(out, key=lambda g: (not g.pg.isdigit(), int(g.pg) if g.pg.isdigit() else 0, g.pg)))
+                                 ranks=ranks, last_op=_op(last.get(pg, (-1, None))[1])))
+    return tuple(sorted(out, key=_group_order))
+
+
+def _op(entry: Any) -> str:
+    """The collective of an entry ("nccl:all_reduce" -> "all_reduce"); split once per group, not per entry."""
+    op = entry.get("profiling_name") if isinstance(entry, dict) else None
+    return op.split(":", 1)[-1] if isinstance(op, str) else ""
+
+
+def _group_order(g: GroupProgress) -> tuple[bool, int, str]:
+    """Numbered groups first, by number; a number too long to be a group id sorts as a name (converting a
+    string of a million digits would take minutes where Python's digit limit is lifted)."""
+    numbered = g.pg.isdigit() and len(g.pg) < 19
+    return not numbered, int(g.pg) if numbered else 0, g.pg
 
 
 def merge(dumps: list[tuple[GroupProgress, ...]]) -> tuple[GroupProgress, ...]:
@@ -215,7 +265,7 @@ def merge(dumps: list[tuple[GroupProgress, ...]]) -> tuple[GroupProgress, ...]:
         for g in groups:
             if g.pg not in chosen or (chosen[g.pg].enqueued < 0 <= g.enqueued):
                 chosen[g.pg] = g
-    return tuple(sorted(chosen.values(), key=lambda g: (not g.pg.isdigit(), int(g.pg) if g.pg.isdigit() else 0, g.pg)))
+    return tuple(sorted(chosen.values(), key=_group_order))
 
 
 def _is_int(value: Any) -> bool:
@@ -230,7 +280,10 @@ def _counter(status: dict, key: str) -> int:
 def _ranks(value: Any) -> tuple[int, ...]:
     # NCCL writes the list as text ("[0, 1]"); gloo writes "[]" for a group it does not describe.
     if isinstance(value, str):
-        return tuple(int(n) for n in re.findall(r"-?\d+", value)[:1 << 16])
+        return tuple(int(m.group()) for m in itertools.islice(_NUMBER.finditer(value), MAX_RANKS))
     if isinstance(value, (list, tuple)):
-        return tuple(v for v in value if _is_int(v))
+        return tuple(v for v in value[:MAX_RANKS] if _is_int(v))
     return ()
+
+
+_NUMBER = re.compile(r"-?\d{1,18}")  # bounded: int() of a long run of digits is slow

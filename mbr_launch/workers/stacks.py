@@ -37,6 +37,8 @@ from mbr_launch import procstat
 from mbr_launch.contract import STACK_SIGNAL
 from mbr_launch.decide.verdict import StackClass
 from mbr_launch.report.private import write_private
+from mbr_launch.report.redact import redact_process_lines
+from mbr_launch.workers import safefile
 
 Method = Literal["auto", "py-spy", "faulthandler"]
 
@@ -132,7 +134,8 @@ def _py_spy_all(
             first[i] = res
         else:
             first[i] = (False, f"{_last_line(first[i][1])}; --nonblocking: {_last_line(res[1])}")
-    return [(t, out if ok else None, None if ok else out) for t, (ok, out) in zip(targets, first)]
+    # py-spy's first line is "Process 1234: <command line>": into the stack file without its secrets (an --api-key)
+    return [(t, redact_process_lines(out) if ok else None, None if ok else out) for t, (ok, out) in zip(targets, first)]
 
 
 def _run_parallel(cmds: list[list[str]], deadline: float) -> list[tuple[bool, str]]:
@@ -187,29 +190,35 @@ def _py_spy_main_frames(text: str) -> list[Frame]:
 def _faulthandler_all(
     targets: Sequence[StackTarget], deadline: float
 ) -> list[tuple[StackTarget, Optional[str], Optional[str]]]:
+    files: dict[int, int] = {}  # pid -> its stack file, opened before the signal (safefile: no FIFO, no symlink)
     sizes: dict[int, int] = {}
     errors: dict[int, str] = {}
     restop: set[int] = set()  # found stopped: stopped again once dumped
-    for t in targets:
-        if t.faulthandler_file is None:
-            errors[t.pid] = "no faulthandler file"
-            continue
-        try:
-            sizes[t.pid] = t.faulthandler_file.stat().st_size
-        except OSError as exc:
-            errors[t.pid] = f"faulthandler file: {exc.strerror}"
-            continue
-        found = procstat.read(t.pid)
-        try:
-            os.kill(t.pid, STACK_SIGNAL)
-            if found is not None and found.state in _STOPPED:
-                os.kill(t.pid, signal.SIGCONT)  # a stopped process runs no signal handlers
-                restop.add(t.pid)
-        except ProcessLookupError:
-            errors[t.pid] = "process is gone"
-        except PermissionError as exc:
-            errors[t.pid] = f"cannot signal: {exc.strerror}"
-    texts = _wait_for_growth({t.pid: t for t in targets if t.pid not in errors}, sizes, deadline, restop)
+    try:
+        for t in targets:
+            if t.faulthandler_file is None:
+                errors[t.pid] = "no faulthandler file"
+                continue
+            try:
+                files[t.pid] = safefile.open_owned(t.faulthandler_file)
+                sizes[t.pid] = os.fstat(files[t.pid]).st_size
+            except OSError as exc:  # missing, or refused (safefile.Refused says why)
+                errors[t.pid] = f"faulthandler file: {exc.strerror}"
+                continue
+            found = procstat.read(t.pid)
+            try:
+                os.kill(t.pid, STACK_SIGNAL)
+                if found is not None and found.state in _STOPPED:
+                    os.kill(t.pid, signal.SIGCONT)  # a stopped process runs no signal handlers
+                    restop.add(t.pid)
+            except ProcessLookupError:
+                errors[t.pid] = "process is gone"
+            except PermissionError as exc:
+                errors[t.pid] = f"cannot signal: {exc.strerror}"
+        texts = _wait_for_growth({pid: fd for pid, fd in files.items() if pid not in errors}, sizes, deadline, restop)
+    finally:
+        for fd in files.values():
+            os.close(fd)
     for pid in restop - texts.keys():  # no dump in time: stopped again all the same, as it was found
         _stop(pid)
     out = []
@@ -220,6 +229,7 @@ def _faulthandler_all(
 
 
 _STOPPED = ("T", "t")
+MAX_STACK_BYTES = 8 << 20  # faulthandler writes at most 100 threads of 100 frames, lines of < 600 characters
 
 
 def _stop(pid: int) -> None:
@@ -229,27 +239,25 @@ def _stop(pid: int) -> None:
         pass  # gone meanwhile
 
 
-def _wait_for_growth(pending: dict[int, StackTarget], sizes: dict[int, int], deadline: float,
+def _wait_for_growth(pending: dict[int, int], sizes: dict[int, int], deadline: float,
                      restop: set[int] = frozenset()) -> dict[int, str]:  # type: ignore[assignment]
-    """The bytes each file gained, once it stopped growing for a moment (the handler writes in pieces); a pid
-    in ``restop`` gets SIGSTOP as soon as its dump is complete."""
+    """The bytes each file (pid -> fd) gained, once it stopped growing for a moment (the handler writes in
+    pieces), at most ``MAX_STACK_BYTES``; a pid in ``restop`` gets SIGSTOP as soon as its dump is complete."""
     texts: dict[int, str] = {}
     last: dict[int, tuple[int, float]] = {}
     settle = 0.05
     while pending and time.monotonic() < deadline:
         now = time.monotonic()
-        for pid, t in list(pending.items()):
-            assert t.faulthandler_file is not None
-            size = t.faulthandler_file.stat().st_size
+        for pid, fd in list(pending.items()):
+            size = os.fstat(fd).st_size
             if size <= sizes[pid]:
                 continue
             prev = last.get(pid)
             if prev is None or prev[0] != size:
                 last[pid] = (size, now)
             elif now - prev[1] >= settle:
-                with open(t.faulthandler_file, "rb") as f:
-                    f.seek(sizes[pid])
-                    texts[pid] = f.read(size - sizes[pid]).decode(errors="replace")
+                texts[pid] = safefile.read_at(fd, sizes[pid], min(size - sizes[pid], MAX_STACK_BYTES)).decode(
+                    errors="replace")
                 del pending[pid]
                 if pid in restop:
                     _stop(pid)

@@ -1,0 +1,194 @@
+"""Reading files that someone else on this host could have put in place, and telling where they could.
+
+The agent reads files its workers write: Flight Recorder dumps (where ``TORCH_FR_DUMP_TEMP_FILE`` points; the
+user may aim it at a shared directory) and faulthandler stack files. A neighbour who can write that directory
+can leave anything under the expected name, and each of these stopped or hurt an agent (issue #29):
+- a FIFO: a plain ``open`` blocks until a writer comes, for ever; the agent's signal handlers only queue
+  the signal, so not even SIGTERM got it out;
+- a symlink to /dev/zero (``stat`` says 0 bytes): read until memory ran out; a symlink to a file of ours
+  would feed our own data to a parser;
+- a huge file, or one of theirs.
+So every such read opens with ``O_NOFOLLOW`` (a symlink is refused, not followed) and ``O_NONBLOCK`` (a FIFO
+or a device opens at once), checks the open file with ``fstat`` (a regular file, ours, one link) and reads
+no more than the caller's cap. ``report/private.py`` is the writing side of the same rules.
+
+``planting_risk`` says whether others can create names in a directory at all: the preflight refuses a dump
+directory where they can (``doctor.host``), before any file there is trusted with a rank's evidence.
+"""
+
+from __future__ import annotations
+
+import errno
+import grp
+import os
+import pwd
+import stat
+from typing import Any, Callable, TypeVar
+
+_T = TypeVar("_T")
+
+_KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a character device"),
+          (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"))
+
+
+class Refused(OSError):
+    """A file that is there but must not be read; ``reason`` (also its ``strerror``) says why, e.g. "is a FIFO,
+    not a regular file". An OSError, so a caller that handles unreadable files handles these too."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(errno.EPERM, reason)
+        self.reason = reason
+
+
+def open_owned(path: "str | os.PathLike[str]") -> int:
+    """A read-only fd on ``path``, a regular file of ours with one link; the caller closes it.
+
+    Raises ``FileNotFoundError`` when nothing is there (no dump yet is no refusal) and ``Refused`` for
+    anything else, an unreadable file included. Never blocks, never follows a symlink."""
+    # lstat first: a FIFO or a device is refused without being opened at all (opening a device can act).
+    _check(_refusing(os.lstat, path))
+    fd = _refusing(os.open, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        _check(os.fstat(fd))  # the name was swapped between the lstat and the open
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_at(fd: int, offset: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes from ``offset`` (fewer at the end of the file); a regular file never blocks."""
+    chunks, size = [], 0
+    while size < limit:
+        chunk = os.pread(fd, min(limit - size, 1 << 20), offset + size)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
+
+
+def read_owned(path: "str | os.PathLike[str]", limit: int) -> bytes:
+    """The whole of ``path`` (``open_owned``'s rules), refused when it holds more than ``limit`` bytes.
+
+    The size is checked before reading and again by reading one byte past the cap: a file that grows while
+    we read is refused too, and memory never holds more than ``limit + 1`` bytes of it."""
+    fd = open_owned(path)
+    try:
+        size = _refusing(os.fstat, fd).st_size
+        if size > limit:
+            raise Refused(f"is {size} bytes, more than the {limit} we read")
+        data = _refusing(read_at, fd, 0, limit + 1)
+    finally:
+        os.close(fd)
+    if len(data) > limit:
+        raise Refused(f"grew past the {limit} bytes we read")
+    return data
+
+
+def _refusing(call: Callable[..., _T], *args: Any) -> _T:
+    """``call(*args)``, any OSError but a missing file turned into a ``Refused`` that says what it was."""
+    try:
+        return call(*args)
+    except FileNotFoundError:
+        raise
+    except OSError as err:
+        if err.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a symlink: ELOOP (EMLINK on some BSDs)
+            raise Refused("is a symbolic link") from None
+        raise Refused(f"cannot be read: {err.strerror or err}") from None
+
+
+def _check(st: os.stat_result) -> None:
+    for test, kind in _KINDS:
+        if test(st.st_mode):
+            raise Refused(f"is {kind}, not a regular file")
+    if not stat.S_ISREG(st.st_mode):
+        raise Refused("is not a regular file")
+    if st.st_uid != os.geteuid():
+        raise Refused(f"belongs to uid {st.st_uid}, not to us (uid {os.geteuid()})")
+    if st.st_nlink > 1:  # a hard link to some other file of ours
+        raise Refused(f"has {st.st_nlink} hard links (a file we write has one)")
+
+
+# ---- where others can plant a name ------------------------------------------------------------------------
+
+
+def planting_risk(directory: "str | os.PathLike[str]", *, uid: int | None = None) -> str | None:
+    """Why someone other than us (``uid``) and root could create or replace a name in ``directory``; None
+    when nobody else can.
+
+    Others can when they can write the directory, the sticky bit notwithstanding (it stops them deleting
+    our names, not creating new ones, and a dump's name is known before the dump exists); when it belongs
+    to someone else; or when they can replace the directory itself: an ancestor they own, or one they can
+    write without the sticky bit. A missing directory is judged where it would be created. A symlink on the
+    way must be ours or root's. POSIX ACLs are not read: the mode bits are what is judged."""
+    uid = os.geteuid() if uid is None else uid
+    path = os.path.abspath(os.fspath(directory))
+    for link in _symlinks(path):
+        owner = os.lstat(link).st_uid
+        if owner not in (uid, 0):
+            return f"{link} is a symbolic link of uid {owner}, who can point it anywhere"
+    real = os.path.realpath(path)
+    first = real
+    while not os.path.isdir(first):  # a missing directory: whoever can write its parent can make it first
+        parent = os.path.dirname(first)
+        if parent == first:
+            break
+        first = parent
+    st = os.stat(first)
+    where = first if first == real else f"{first} (where the missing {real} would be made)"
+    if st.st_uid not in (uid, 0):
+        return f"{where} belongs to uid {st.st_uid}"
+    if who := _others_write(st, uid):
+        sticky = " (the sticky bit keeps our files from being deleted, not new names from being made)" \
+            if st.st_mode & stat.S_ISVTX else ""
+        return f"{who} can write {where}{sticky}"
+    ancestor = os.path.dirname(first)
+    while ancestor != first:
+        st = os.stat(ancestor)
+        if st.st_uid not in (uid, 0):
+            return f"{ancestor} belongs to uid {st.st_uid}, who can rename {first} and put another in its place"
+        if (who := _others_write(st, uid)) and not st.st_mode & stat.S_ISVTX:
+            return f"{who} can write {ancestor} (no sticky bit), so they can rename what is in it"
+        first, ancestor = ancestor, os.path.dirname(ancestor)
+    return None
+
+
+def _symlinks(path: str) -> list[str]:
+    """The components of ``path`` (absolute, as given) that are symlinks."""
+    out, prefix = [], os.sep
+    for part in path.strip(os.sep).split(os.sep):
+        prefix = os.path.join(prefix, part)
+        try:
+            if stat.S_ISLNK(os.lstat(prefix).st_mode):
+                out.append(prefix)
+        except OSError:
+            break  # the rest does not exist yet
+    return out
+
+
+def _others_write(st: os.stat_result, uid: int) -> str | None:
+    """Who besides ``uid`` may write a directory with this mode: "everyone", "group NAME", or None."""
+    if st.st_mode & stat.S_IWOTH:
+        return "everyone"
+    if st.st_mode & stat.S_IWGRP and not _group_is_only(st.st_gid, uid):
+        return f"group {_group_name(st.st_gid)}"
+    return None
+
+
+def _group_is_only(gid: int, uid: int) -> bool:
+    """Whether group ``gid`` is ``uid``'s own private group: its primary group, named after it, listing no one
+    else. Other users whose primary group it is are not listed in it, and finding them would mean reading
+    every account (``getpwall``, slow on a site with LDAP), so any other group counts as shared."""
+    try:
+        group, user = grp.getgrgid(gid), pwd.getpwuid(uid)
+    except KeyError:
+        return False
+    return gid == user.pw_gid and group.gr_name == user.pw_name and set(group.gr_mem) <= {user.pw_name}
+
+
+def _group_name(gid: int) -> str:
+    try:
+        return grp.getgrgid(gid).gr_name
+    except KeyError:
+        return str(gid)
