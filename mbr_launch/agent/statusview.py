@@ -19,6 +19,7 @@ import sys
 from typing import TYPE_CHECKING, Any, TextIO
 
 from mbr_launch.report.console import Console, process_console
+from mbr_launch.visible import one_line
 
 if TYPE_CHECKING:
     from mbr_launch.config.model import LaunchConfig
@@ -98,12 +99,14 @@ class StatusView:
 def table(rows: Rows, starts: dict[int, int]) -> Any:
     """The status table, one row per local rank, as a rich renderable."""
     from rich.table import Table
+    from rich.text import Text
 
     grid = Table(title="mbr-launch ranks", title_justify="left", expand=False)
     for name in ("local", "rank", "state", "heartbeat", "section", "step", "step time", "restarts"):
         grid.add_column(name, justify="right" if name not in ("state", "section") else "left")
     for _lr, row in sorted(rows.items(), key=lambda kv: kv[0] or 0):
-        grid.add_row(*_cells(row, starts))
+        # Section names come from the workers: plain text (not rich markup) with no control character in it.
+        grid.add_row(*(Text(one_line(cell)) for cell in _cells(row, starts)))
     return grid
 
 

@@ -11,6 +11,8 @@ from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.neighbours import conflicts, rendezvous_key, split_endpoint
 from mbr_launch.config.slurm import SlurmError, parse_tasks_per_node
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+from mbr_launch.report.redact import shown_argv
+from mbr_launch.visible import one_line
 
 FT_LAUNCHERS = {"mbr-launch", "ft_launcher"}
 # Launchers that start one agent per node which then spawns --nproc-per-node workers.
@@ -100,7 +102,9 @@ def _neighbours(ctx: DoctorContext) -> Finding:
     if not found:
         scope = "these GPUs or this rendezvous" if has_gpus else "this rendezvous"
         return ok(f"no other launch of yours on this host uses {scope}{aside}")
-    listed = "; ".join(f"pid {c.process.pid} {c.why}: {' '.join(c.process.argv)[:100]}" for c in found[:3])
+    # Another launch's command line, as its /proc says: without its secrets (doctor's output gets pasted into
+    # issues) and without control characters (the process chose its own title).
+    listed = "; ".join(f"pid {c.process.pid} {c.why}: {one_line(shown_argv(c.process.argv)[:100])}" for c in found[:3])
     pids = " ".join(str(c.process.pid) for c in found)
     gpu_fix = "give each job its own GPUs (CUDA_VISIBLE_DEVICES=...) or " if any("GPU" in c.why for c in found) else ""
     port_fix = "use another --rdzv-endpoint port, or " if any("rendezvous" in c.why for c in found) else ""

@@ -17,6 +17,9 @@ Everything meant for the launcher's stdout or stderr is written through a ``Cons
   (a stray write by another process then lands on a line of its own instead of on the table's border).
   Python-level writes to ``sys.stdout``/``sys.stderr`` (warnings, logging) are routed through the console
   while the area is up.
+- The agent's messages are one line each, with no control character in them, whatever they quote; a worker's
+  bytes reach a terminal only as ``workers.output.ForTerminal`` passes them (colours, and every other control
+  shown escaped).
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ import unicodedata
 from typing import Any, Callable, Sequence, TextIO
 
 from mbr_launch.report.tty import Device, isatty, same_device, size
+from mbr_launch.visible import one_line
 
 BUFFER = 64 * 1024  # bytes held for one device before they are written, whatever else is ready
 LINE_CAP = 64 * 1024  # an unfinished line kept for the live area scrolls up in pieces of this size
@@ -108,8 +112,9 @@ class Console:
         return self._devices[stream].tty
 
     def say(self, text: str, stream: str = "stderr") -> None:
-        """One message line of the agent's own, shown at once."""
-        self._own[stream].write(text.encode(errors="replace") + b"\n")
+        """One message line of the agent's own, shown at once. It may quote a worker or a peer (a reason, an
+        exception's text): one line, whatever they hold, with no control character in it."""
+        self._own[stream].write(one_line(text).encode(errors="replace") + b"\n")
         self.flush()
 
     # ---- writing --------------------------------------------------------------------------------

@@ -6,6 +6,13 @@ log file are written when the pipe has nothing more ready (or a batch is full), 
 stays bounded whatever a worker writes: the log file gets whole lines, except that a line without end is
 written on in pieces of ``LINE_CAP``; the copies kept for the failure report and the filters are cut there.
 
+On a terminal the console gets what ``ForTerminal`` passes: colours, and every other control character shown
+escaped, so that a worker cannot forge, erase or retitle anything there. Off a terminal (a file, a pipe:
+Slurm's output file) it gets the bytes as the worker wrote them, as the log file does: nothing draws them
+there, tools read them (grep, a log parser, ``less -R`` for colours), and whoever shows that file on a
+terminal would show the rank's own log file the same way. The console adds the prefix at each line start
+(after ``\\n`` and ``\\r``) in both cases.
+
 The pump never stops reading before the worker's end of the pipe closes: a worker whose pipe is not
 drained blocks in ``write`` and the job freezes. A log file that fails (disk full, I/O error) is given up
 with its complete lines kept; from then on the stream goes to the console (where it was not already)
@@ -14,8 +21,10 @@ and what the file missed is counted. A console that fails (a closed terminal) is
 
 from __future__ import annotations
 
+import codecs
 import collections
 import os
+import re
 import select
 import threading
 from pathlib import Path
@@ -23,9 +32,84 @@ from typing import BinaryIO, Callable, Protocol, Sequence
 
 from mbr_launch.report.appender import LineAppender
 from mbr_launch.report.console import Source
+from mbr_launch.visible import visible
 
 CHUNK = 64 * 1024  # one read; also the batch after which the log file is written even while more is ready
 LINE_CAP = 64 * 1024  # the longest line kept whole (tail, filters) or held back for the log file
+
+# Worker bytes that need no look on a terminal: printable ASCII, tab, \r and \n.
+_PLAIN = re.compile(rb"[\t\n\r\x20-\x7e]*")
+# What a worker may send a terminal as it is: colours and text attributes (SGR), and the erasing of its own line
+# to the right of the cursor (``ESC [ K``, which progress bars write after \r: the cursor is past the prefix
+# then). The split keeps them, and each \r and \n, as pieces of their own.
+_KEPT = re.compile(r"(\x1b\[[0-9;:]{0,32}m|\x1b\[0?K|[\r\n])")
+# The start of an SGR at the end of a chunk: held until the next chunk completes it (or shows it as escaped).
+_SGR_START = re.compile(r"\x1b(?:\[[0-9;:]{0,32})?\Z")
+_RESET = "\x1b[0m"
+# Characters of SGR remembered since the last reset, to apply again after each line start: bounded, so that a
+# worker cannot make each of its short lines cost the terminal much more than it wrote.
+_SGR_KEPT = 128
+
+
+class ForTerminal:
+    """A worker's stream made safe for a terminal, chunk by chunk: colours kept, every other control shown escaped.
+
+    What a worker writes could otherwise move the cursor into the launcher's lines, erase them or the status
+    area, set the window title, or start a row with ``[mbr-launch node] HANG:`` of its own. ``\\r`` and ``\\n``
+    stay (the console puts the prefix after them, so a progress bar still redraws its line, prefix first);
+    bytes that are not UTF-8 are shown as ``\\xNN`` (a C1 byte would be a control to some terminals). Colours
+    in effect at a line end are reset there and applied again after the next prefix: the prefix is always
+    drawn plainly (a worker cannot conceal it, or paint it black on black), and a block of red lines stays red.
+    They are reset at the end of each chunk as well: another source's line may come next."""
+
+    def __init__(self) -> None:
+        self._decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
+        self._held = ""  # an SGR cut by the chunk's end
+        self._sgr: list[str] = []  # the SGR sequences in effect (since the last reset)
+        self._again = False  # a line start (or a chunk) came since the colours were reset: apply them before text
+
+    def shown(self, data: bytes, final: bool = False) -> bytes:
+        """What of ``data`` a terminal may get; ``final``: the stream ended (what was held back is shown now)."""
+        if not self._held and not self._sgr and _PLAIN.fullmatch(data) and not self._decoder.getstate()[0]:
+            return data  # the common case: plain ASCII lines, at the speed of one regex over the bytes
+        text = self._held + self._decoder.decode(data, final)
+        held = None if final else _SGR_START.search(text)
+        self._held = held.group() if held else ""
+        if held:
+            text = text[: held.start()]
+        if not self._sgr and "\x1b" not in text:  # text that is not all ASCII: whole, between its \r
+            return "\r".join(map(visible, text.split("\r"))).encode()
+        out: list[str] = []
+        for piece in _KEPT.split(text):
+            if piece in ("\r", "\n"):
+                if self._sgr and not self._again:
+                    out.append(_RESET)
+                    self._again = True
+                out.append(piece)
+            elif piece:
+                if self._again:
+                    out.extend(self._sgr)
+                    self._again = False
+                if piece.startswith("\x1b[") and _KEPT.fullmatch(piece):
+                    if piece.endswith("m"):
+                        self._keep(piece)
+                    out.append(piece)
+                else:
+                    out.append(piece if piece.isprintable() else visible(piece))
+        if self._sgr and not self._again:
+            out.append(_RESET)
+            self._again = True
+        return "".join(out).encode()
+
+    def _keep(self, sgr: str) -> None:
+        params = sgr[2:-1].split(";")
+        if params[0] in ("", "0"):  # a reset, perhaps followed by new attributes
+            self._sgr.clear()
+            if all(p in ("", "0") for p in params):
+                return
+        self._sgr.append(sgr)
+        while sum(map(len, self._sgr)) > _SGR_KEPT:
+            del self._sgr[0]
 
 
 class Mirror(Protocol):
@@ -71,6 +155,7 @@ class OutputPump:
         self._told: set[int] = set()  # the appenders whose failure was told
         self._pending_log = bytearray()  # read, not yet in the log file
         self._line = bytearray()  # the unfinished line, cut at LINE_CAP (for the tail and the filters)
+        self._for_terminal = ForTerminal()
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self._run, daemon=True, name=f"pump{self.prefix!r}")
@@ -95,7 +180,7 @@ class OutputPump:
             self._finish()
 
     def _take(self, data: bytes) -> None:
-        if self._console is not None and not self._console.write(data):
+        if self._console is not None and not self._show(data):
             self._console = None  # a closed terminal: keep draining, show nothing more
         if self.log is not None:
             self._pending_log += data
@@ -103,6 +188,13 @@ class OutputPump:
             self._mirror.write(data)
         if self._tail is not None or self._filters:
             self._lines(data)
+
+    def _show(self, data: bytes, *, final: bool = False) -> bool:
+        """``data`` to the console, on a terminal as ``ForTerminal`` passes it; False once the console is gone."""
+        assert self._console is not None
+        if self._console.console.is_terminal(self._console.stream):
+            data = self._for_terminal.shown(data, final)
+        return not data or self._console.write(data)
 
     def _flush(self) -> None:
         self._write_log(final=False)
@@ -114,6 +206,8 @@ class OutputPump:
             self._complete(bytes(self._line) + b"\n")  # the last line had no end; it counts all the same
             self._line.clear()
         self._write_log(final=True)
+        if self._console is not None:
+            self._show(b"", final=True)  # an escape or a character that the stream's end cut
         for console in dict.fromkeys((self._console, self._fallback)):
             if console is not None:
                 console.end()
@@ -145,7 +239,7 @@ class OutputPump:
         if not self.log.append(piece):
             self._log_failed(self.log)
             if not shown and self._console is not None:  # what the file refused shows on the fallback console
-                self._console.write(piece + bytes(buf))
+                self._show(piece + bytes(buf))
 
     # ---- lines: the tail and the filters ------------------------------------------------------------
 
