@@ -10,6 +10,7 @@ When the script runs out while the loop still waits, the test fails instead of s
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import signal
 from dataclasses import dataclass, field
@@ -235,7 +236,12 @@ class FakeCluster:
         return self.verdicts.setdefault((rnd.index, number), verdict)
 
     def wait_verdict(self, rnd: Round, number: int, *, deadline: float) -> Verdict | None:
-        return self.verdicts.get((rnd.index, number), self.remote_verdict)
+        verdict = self.verdicts.get((rnd.index, number), self.remote_verdict)
+        if verdict is None or verdict.evidence:
+            return verdict
+        # as a real decider's (verdict_codec.verdict_to_wire): with the culprits' evidence as published
+        published = [e for e in self.evidence.get((rnd.index, number), []) if e.rank in verdict.culprits]
+        return dataclasses.replace(verdict, evidence=tuple(published))
 
 
 class FakeMonitor:
@@ -243,6 +249,7 @@ class FakeMonitor:
 
     def __init__(self) -> None:
         self.restarts = 0
+        self.beats: dict[int, float] = {}  # local rank -> seconds since its last heartbeat or step (unset: unknown)
 
     def reap(self) -> int | None:
         return None
@@ -252,6 +259,9 @@ class FakeMonitor:
 
     def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
         return dict.fromkeys(local_ranks)
+
+    def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
+        return {r: self.beats[r] for r in local_ranks if r in self.beats}
 
 
 class NoGuard:

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence
 
 from mbr_launch.agent.cycles import CycleRecords
-from mbr_launch.agent.messages import Departure, Event
+from mbr_launch.agent.messages import Departure, Event, RankExpired
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.inquiry import Opener
@@ -93,6 +93,7 @@ class Monitor(Protocol):
     def reap(self) -> int | None: ...
     def restart(self) -> None: ...
     def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]: ...
+    def ages(self, local_ranks: Iterable[int]) -> dict[int, float]: ...
 
 
 class Gate(Protocol):
@@ -105,10 +106,21 @@ class Guard(Protocol):
     def around(self, seconds: float, what: str) -> ContextManager[None]: ...
 
 
+@dataclass(frozen=True)
+class Postponed:
+    """An expiry that came in the quiet time after a verdict: judged when that time ends, if its rank is still
+    the same process, alive, and has made no heartbeat or step since (``agent.inquiry.resume_postponed``)."""
+
+    event: RankExpired
+    pid: int | None  # the worker's process when its deadline passed (a restarted rank's old expiry is moot)
+    at: float  # when it came, on ``Context.clock``
+
+
 @dataclass
 class InquiryState:
     """This round's hang inquiries: how many were held, and the quiet time after a verdict (the expiries of
-    the ranks that waited for the culprit arrive then, and must not open an inquiry of their own)."""
+    the ranks that waited for the culprit arrive then, and must not open an inquiry of their own: they are
+    postponed to its end, never dropped)."""
 
     number: int = 0  # the next inquiry's number in this round
     quiet_until: float = float("-inf")
@@ -116,6 +128,7 @@ class InquiryState:
     timed_out: dict[int, str] = field(default_factory=dict)  # rank -> the line of its collective timeout
     elsewhere: str | None = None  # a verdict named a culprit on another node, which acts on it: its reason
     elsewhere_by: float = float("inf")  # ... and must have stopped the round by then (else: restart the job)
+    postponed: dict[int, Postponed] = field(default_factory=dict)  # local rank -> its expiry in a quiet time
 
     def quiet(self, now: float) -> bool:
         return now < self.quiet_until

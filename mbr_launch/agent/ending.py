@@ -7,12 +7,14 @@ import sys
 
 from mbr_launch.agent.context import Context
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.cluster.requeue import maybe_requeue
 from mbr_launch.decide.goodput import compute
 from mbr_launch.decide.goodput_text import render
 from mbr_launch.report import exitcodes
 from mbr_launch.report.appender import describe
 from mbr_launch.report.summary import loss_lines
+from mbr_launch.visible import visible
 
 
 def finish(ctx: Context, code: int, reason: str) -> int:
@@ -25,10 +27,24 @@ def finish(ctx: Context, code: int, reason: str) -> int:
     ctx.log.emit("end", exit_code=code, reason=reason, seconds=round(ctx.clock() - ctx.started, 3))
     ctx.summary.losses = loss_lines(ctx.log.records, ctx.log.lost, describe(ctx.log.write_error))
     text = ctx.summary.render()
-    if text:
-        print(text, file=sys.stderr, flush=True)
+    if text:  # it quotes the workers (an error file's message and traceback): no control character gets through
+        print(visible(text), file=sys.stderr, flush=True)
     ctx.say(f"done: {reason} (exit code {code}); logs and events in {ctx.run_dir}")
     return code
+
+
+def final_code(ctx: Context, message: StopMessage) -> tuple[int, str]:
+    """The code and reason a final stop ends this node's run with. Exit 0 says every worker of the job
+    succeeded, and agents end a job that way only when every node reports its workers done ("all done"), never
+    by a stop: a stop that claims 0 while this node's workers had not all exited 0 came from no agent of this
+    job (a value written into the store), and ends the run as the failure it is. One exception: 0 is the code
+    this job's own configuration stops with (--ft-no-restart-exit-code 0)."""
+    if (message.exit_code != exitcodes.OK or ctx.group.all_succeeded()
+            or ctx.cfg.nvrx.no_restart_exit_code == exitcodes.OK):
+        return message.exit_code, message.reason
+    origin = f"node {message.origin}" if message.origin else "a peer"
+    return exitcodes.FAILED, (f"{message.reason} [a stop from {origin} claimed the job succeeded (exit 0) while "
+                              f"this node's workers had not finished: exit {exitcodes.FAILED} instead]")
 
 
 def finish_signaled(ctx: Context, signum: int, rnd: Round | None) -> int:

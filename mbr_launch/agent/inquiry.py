@@ -6,14 +6,25 @@ waiting for the culprit as the culprit itself. So nothing is killed yet: the exp
 (``workers.evidence``), the opener's node judges (``decide.verdict``) and publishes the verdict, and every
 node acts on it: the culprit's node stops the culprit and runs the failure path (restart scope, node failure
 counts and exclusion follow the culprit); an undetermined verdict restarts the job and blames no node.
+
+The rendezvous store is reachable by more than the job's agents, so three rules keep what it says from
+turning into a restart or a kill on its own:
+- no rank past a deadline, no hang: an inquiry in which no node's evidence shows an expired rank is withdrawn
+  (``judge_inquiry``, by the decider, or by a node that got no verdict);
+- a verdict this node did not judge itself stops a rank here only when this node's own evidence bears it out
+  (``unsupported``) and the rank made no heartbeat or step during the inquiry; otherwise nothing is stopped
+  here, and the job restarts blaming no node if the round is still running when the culprit's node would have
+  stopped it (``overdue``);
+- an expiry in the quiet time after a verdict is postponed to its end, never dropped (``resume_postponed``).
 """
 
 from __future__ import annotations
 
 import dataclasses
+from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from mbr_launch.agent.context import Context
+from mbr_launch.agent.context import Context, Postponed
 from mbr_launch.agent.failures import handle_failure
 from mbr_launch.agent.messages import InquiryOpened, RankExpired, RoundResult
 from mbr_launch.cluster.inquiry import Opener
@@ -21,6 +32,7 @@ from mbr_launch.cluster.round import Round
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.verdict import Basis, ProcState, RankEvidence, StackClass, Verdict, judge
 from mbr_launch.decide.verdict_codec import evidence_to_dict
+from mbr_launch.decide.verdict_text import ranks_phrase
 from mbr_launch.monitor.wire import STEP_KIND
 from mbr_launch.report.summary import FailureRecord
 from mbr_launch.workers.process import Worker
@@ -39,7 +51,40 @@ def on_expiry(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | Non
                  last_heartbeat_age=event.last_heartbeat_age, open_sections=list(event.open_sections) or None)
     ctx.inquiry.expired[event.local_rank] = event
     if ctx.inquiry.quiet(ctx.clock()):
-        return None  # the peers of a culprit named a moment ago: their deadlines pass too
+        # The peers of a culprit named a moment ago: their deadlines pass too. Judged when the quiet time ends
+        # (a rank that hung in it is no less hung), never dropped: the monitor tells each expiry only once.
+        ctx.inquiry.postponed.setdefault(event.local_rank, Postponed(event, worker.pid, ctx.clock()))
+        return None
+    return _open(ctx, rnd, event)
+
+
+def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
+    """The quiet time is over: an expiry it postponed opens the inquiry now, if its rank is still the same
+    process, alive, and made no heartbeat or step since (then it went on, and is no longer counted as past its
+    deadline). While a culprit named on another node is being stopped, they wait: ``overdue`` covers that."""
+    postponed, now = ctx.inquiry.postponed, ctx.clock()
+    if not postponed or ctx.inquiry.quiet(now) or ctx.inquiry.elsewhere is not None:
+        return None
+    ctx.inquiry.postponed = {}
+    ages = ctx.monitor.ages(list(postponed))
+    due = []
+    for local_rank, p in sorted(postponed.items(), key=lambda item: item[1].at):
+        worker = ctx.group.by_local_rank(local_rank)
+        if worker is None or not worker.alive or worker.pid != p.pid:
+            continue  # gone or restarted since: its exit (or its new process) is handled on its own
+        if (age := ages.get(local_rank)) is not None and age < now - p.at:
+            ctx.inquiry.expired.pop(local_rank, None)
+            continue
+        due.append(p)
+    if not due:
+        return None
+    first = due[0].event
+    ctx.say(f"rank {first.rank}'s deadline passed {now - due[0].at:.1f} s ago, in the quiet time after the last "
+            "verdict, and it has not moved since: judging it now")
+    return _open(ctx, rnd, first)
+
+
+def _open(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
     opener = Opener(number=ctx.inquiry.number, group_rank=rnd.group_rank, rank=event.rank, kind=event.kind)
     with ctx.store_call("opening a hang inquiry"):
         opener = ctx.cluster.open_inquiry(rnd, opener)
@@ -65,23 +110,31 @@ def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
     ctx.inquiry.timed_out = {w.rank: lines[w.local_rank] for w in failed}
     with ctx.store_call("opening a hang inquiry"):
         opener = ctx.cluster.open_inquiry(rnd, opener)
-    verdict, local = _verdict(ctx, rnd, opener, waited)
-    if not verdict.determined:
+    found = _verdict(ctx, rnd, opener, waited)
+    if not found.verdict.determined:
         return False, None
-    return True, _act(ctx, rnd, verdict, local, opener.group_rank == rnd.group_rank)
+    return True, _act(ctx, rnd, found, opener.group_rank == rnd.group_rank)
 
 
 def _inquire(ctx: Context, rnd: Round, opener: Opener) -> RoundResult | None:
-    verdict, local = _verdict(ctx, rnd, opener, ())
-    return _act(ctx, rnd, verdict, local, opener.group_rank == rnd.group_rank)
+    return _act(ctx, rnd, _verdict(ctx, rnd, opener, ()), opener.group_rank == rnd.group_rank)
 
 
-def _verdict(ctx: Context, rnd: Round, opener: Opener,
-             extra: Sequence[RankEvidence]) -> tuple[Verdict, list[RankEvidence]]:
+@dataclass(frozen=True)
+class _Found:
+    """An inquiry's verdict as this node has it, with this node's evidence."""
+
+    verdict: Verdict
+    local: list[RankEvidence]
+    doubt: str | None = None  # why this node does not stop the ranks here that the verdict blames
+
+
+def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvidence]) -> _Found:
     """Gather and publish this node's evidence; decide (the opener's node) or wait for the decision."""
     number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
     decider = opener.group_rank == rnd.group_rank
     ctx.inquiry.number += 1
+    ctx.inquiry.postponed = {}  # their expiries are in this inquiry's evidence (``inquiry.expired``)
     if ctx.watch is not None:
         ctx.watch.watch_inquiry(ctx.inquiry.number)
     gathered = [_with_expiry(e, ctx.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
@@ -89,20 +142,84 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener,
     local = [known.pop(e.rank, e) for e in gathered] + list(known.values())
     with ctx.store_call("publishing hang evidence"):
         ctx.cluster.publish_evidence(rnd, number, local)
+    judged: Verdict | None  # the verdict as this node judged it, if it did
     if decider:
         with ctx.store_call("collecting hang evidence"):
             evidence, silent = ctx.cluster.collect_evidence(rnd, number, deadline=began + bound)
-        verdict = _silence_noted(judge(evidence), silent)
+        judged = _silence_noted(judge_inquiry(evidence), silent)
         with ctx.store_call("publishing the hang verdict"):
-            verdict = ctx.cluster.publish_verdict(rnd, number, verdict)
+            verdict = ctx.cluster.publish_verdict(rnd, number, judged)
     else:
         with ctx.store_call("waiting for the hang verdict"):
-            verdict = ctx.cluster.wait_verdict(rnd, number, deadline=began + bound + VERDICT_SLACK) \
-                or _silence_noted(judge(local), [opener.group_rank])
+            stored = ctx.cluster.wait_verdict(rnd, number, deadline=began + bound + VERDICT_SLACK)
+        verdict = stored if stored is not None else _silence_noted(judge_inquiry(local), [opener.group_rank])
+        judged = None if stored is not None else verdict
+    # A verdict from the store (another node's, or one that beat this decider's own) is checked against what
+    # this node saw before a rank here is stopped for it; this node's own judgement needs no check.
+    doubt = None if verdict is judged else _doubt(ctx, verdict, local, began)
     if verdict.basis is not Basis.WITHDRAWN:  # after a withdrawn one, the next expiry is judged afresh
         ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
-    _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began)
-    return verdict, local
+    _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began, doubt=doubt)
+    return _Found(verdict, local, doubt)
+
+
+def _doubt(ctx: Context, verdict: Verdict, local: Sequence[RankEvidence], began: float) -> str | None:
+    """Why this node does not stop its ranks that a verdict read from the store blames (None: it does, or none
+    is blamed): its own evidence does not bear the verdict out, or the rank made a heartbeat or step after
+    this node began gathering (a hung rank makes neither: its peers' deadlines passed waiting for it)."""
+    mine = [e for e in local if e.rank in verdict.culprits]
+    if not mine:
+        return None
+    if (why := unsupported(verdict, local)) is not None:
+        return why
+    ages, waited = ctx.monitor.ages([e.local_rank for e in mine]), ctx.clock() - began
+    moved = [(e.rank, ages[e.local_rank]) for e in mine if e.local_rank in ages and ages[e.local_rank] < waited]
+    return "; ".join(f"rank {rank} made a heartbeat or step {age:.1f} s ago, during the inquiry"
+                     for rank, age in moved) or None
+
+
+NOTHING_EXPIRED = "no hang: no rank of any node is past a deadline"
+
+
+def judge_inquiry(evidence: Sequence[RankEvidence]) -> Verdict:
+    """``judge`` for a job-wide inquiry: withdrawn when no rank of any node is past a deadline (a rank that died
+    of a collective timeout counts as past one). An agent opens an inquiry only on an expiry, which its node's
+    evidence then carries; one opened without any came from no agent (anyone who can reach the store can write
+    its key), and restarting the job for it would hand them a restart per write."""
+    if not any(e.expired for e in evidence):
+        return Verdict((), Basis.WITHDRAWN, f"{NOTHING_EXPIRED} (the inquiry was opened without an expiry)", (),
+                       tuple(sorted(evidence, key=lambda e: e.rank)))
+    return judge(evidence)
+
+
+def unsupported(verdict: Verdict, own: Sequence[RankEvidence]) -> str | None:
+    """Why this node's own evidence does not bear out a verdict read from the store that blames ranks of this
+    node (None: it does, or no rank here is blamed). The decider judges what each node published, and the
+    verdict carries the culprits' evidence: for a culprit here it must be what this node saw of that rank (the
+    same process, in the same state, stack, deadline and collective counts). A verdict that judged another
+    process, or facts this node never reported, was not decided from this node's evidence: stopping the rank
+    for it would stop a healthy rank (and count a failure against a healthy node)."""
+    mine = {e.rank: e for e in own}
+    carried = {e.rank: e for e in verdict.evidence}
+    for rank in verdict.culprits:
+        if rank not in mine:
+            continue
+        said = carried.get(rank)
+        if said is None:
+            return f"the verdict carries no evidence of rank {rank}"
+        seen, told = _facts(mine[rank]), _facts(said)
+        differs = [name for name in seen if seen[name] != told[name]]
+        if differs:
+            return (f"the verdict's evidence of rank {rank} is not this node's: "
+                    + ", ".join(f"{n} {told[n]} (here {seen[n]})" for n in differs))
+    return None
+
+
+def _facts(e: RankEvidence) -> dict[str, object]:
+    """What the rules read of one rank's evidence, as compared between a verdict and the node that gave it
+    (strings are left out: the store's decoder shortens and escapes them)."""
+    return {"pid": e.pid, "state": e.state.value, "stack": e.stack.value, "expired": e.expired,
+            "collective counts": sorted((g.enqueued, g.started, g.completed) for g in e.progress)}
 
 
 def overdue(ctx: Context, rnd: Round) -> RoundResult | None:
@@ -150,13 +267,14 @@ def _trigger(ctx: Context, opener: Opener) -> str:
 
 
 def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequence[RankEvidence], *,
-            opener: Opener, seconds: float) -> None:
+            opener: Opener, seconds: float, doubt: str | None) -> None:
     where = {e.rank: e for e in verdict.evidence}
     ctx.log.emit("verdict", round=rnd.index, inquiry=number, culprits=list(verdict.culprits),
                  nodes=sorted({where[r].node for r in verdict.culprits if r in where}),
                  group_ranks=sorted({where[r].group_rank for r in verdict.culprits if r in where}),
                  basis=verdict.basis.value, reason=verdict.reason, waiting=list(verdict.waiting),
-                 decider=opener.group_rank, seconds=round(seconds, 3), evidence=[evidence_to_dict(e) for e in local])
+                 decider=opener.group_rank, seconds=round(seconds, 3), evidence=[evidence_to_dict(e) for e in local],
+                 **({"refused": doubt} if doubt else {}))
     stacks = [e.stacks_path for e in local if e.stacks_path]
     if stacks:
         ctx.log.emit("stacks", round=rnd.index, method=[ctx.cfg.monitor.stack_dump], paths=stacks)
@@ -166,16 +284,22 @@ def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequ
     ctx.say(head + verdict.reason + (f" (inquiry opened when {trigger})" if trigger else ""))
 
 
-def _act(ctx: Context, rnd: Round, verdict: Verdict, local: Sequence[RankEvidence],
-         decider: bool) -> RoundResult | None:
+def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult | None:
     """The culprit's node stops it and runs the failure path; an undetermined verdict restarts the job from the
-    decider; a node without culprits waits for the culprit's node to act (its stop message)."""
+    decider; a node without culprits waits for the culprit's node to act (its stop message). A node whose own
+    evidence does not bear out the blame of its ranks stops nothing, and waits as if the culprit were elsewhere:
+    a real hang still ends in a restart (``overdue``), blaming no node."""
+    verdict, local = found.verdict, found.local
     if verdict.basis is Basis.WITHDRAWN:
         return None  # the ranks restart in process: nothing hung, nothing to stop
     if ctx.telemetry:
         ctx.telemetry.detected()  # the verdict is the detection; the culprit's kill grace is restart time
     mine = {e.rank: e for e in local}
     culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
+    if culprits and found.doubt is not None:
+        ctx.say(f"not stopping {ranks_phrase([e.rank for e in culprits])} for that verdict: {found.doubt}")
+        culprits = []
+        verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} (not borne out here: {found.doubt})")
     if verdict.determined and not culprits:
         ctx.inquiry.elsewhere = verdict.reason  # local ranks that die now die of the culprit's stop
         cfg = ctx.cfg

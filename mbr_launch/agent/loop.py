@@ -11,20 +11,21 @@ Round states::
                    \\--> STOPPED (a peer's message, membership change, signal) --> JOINING (or exit if final)
 
 Inside a round the loop has fixed steps: wait (one ``select`` over the wake-up pipe, the workers' pidfds and
-the monitor's) -> reap exited workers -> dispatch queued events (signals first) -> tick telemetry -> check
-whether this node is done and whether the store still answers. Every collaborator comes in through the
-``Context``, so tests replay scripted histories through this very loop.
+the monitor's) -> reap exited workers -> dispatch queued events (signals first) -> judge expiries postponed
+by a quiet time that has ended -> tick telemetry -> check whether this node is done and whether the store
+still answers. Every collaborator comes in through the ``Context``, so tests replay scripted histories through
+this very loop.
 """
 
 from __future__ import annotations
 
 from mbr_launch.agent import inquiry
 from mbr_launch.agent.context import Context, InquiryState
-from mbr_launch.agent.ending import finish, finish_signaled
+from mbr_launch.agent.ending import final_code, finish, finish_signaled
 from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, note_signal, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
-from mbr_launch.agent.progress import back_off, join_progress, timed_out
+from mbr_launch.agent.progress import back_off, bounded_backoff, join_progress, timed_out
 from mbr_launch.agent.wakeup import Interrupted
 from mbr_launch.cluster.peers import StoreLost
 from mbr_launch.cluster.storeguard import StoreUnreachable
@@ -72,7 +73,7 @@ class Supervisor:
             self._wait()
             result = self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
             if result is None and not local_done:
-                result = self._tick_telemetry(rnd)
+                result = inquiry.resume_postponed(self.ctx, rnd) or self._tick_telemetry(rnd)
                 if result is None and self.ctx.finished_here():
                     local_done = True
                     result = self._done_here(rnd)
@@ -209,16 +210,17 @@ class Supervisor:
             ctx.departure = Departure.LEAVE
             return finish(ctx, exitcodes.EXCLUDED, message.reason)
         if result.outcome is Outcome.FINAL or message.final:
-            return finish(ctx, message.exit_code, message.reason)
+            return finish(ctx, *final_code(ctx, message))
         signum = ctx.wakeup.take_signal()  # one that came while the round stopped: the job ends here
         if signum is None:
             self._after = (rnd, fast_blocker(ctx, rnd, result))
+            backoff = bounded_backoff(ctx, message.backoff)  # a peer's number: never NaN, never past the max
             ctx.log.emit("restart", round=rnd.index, restart_count=message.restart_count,
-                         max_restarts=ctx.cfg.policy.max_restarts, scope="job", backoff=message.backoff)
+                         max_restarts=ctx.cfg.policy.max_restarts, scope="job", backoff=backoff)
             if not message.membership:
                 count = "?" if message.restart_count is None else message.restart_count
                 ctx.say(f"restarting all ranks: {message.reason} (restart {count} of {ctx.cfg.policy.max_restarts})")
-            if back_off(ctx, message.backoff, None if message.origin == ctx.node else message.origin):
+            if back_off(ctx, backoff, None if message.origin == ctx.node else message.origin):
                 return None
             signum = ctx.wakeup.take_signal()
             assert signum is not None  # the back-off ends early only for a signal

@@ -3,6 +3,7 @@ sections, close. Its events are decoded into typed values on the reader thread a
 
 from __future__ import annotations
 
+import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
@@ -71,6 +72,22 @@ class MonitorHandle:
             if local_rank in wanted and entry.get("open_sections"):
                 wanted[local_rank] = ",".join(entry["open_sections"])
         return wanted
+
+    def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
+        """Seconds since each rank's last heartbeat or step, as the monitor sees it now, from one snapshot; a
+        rank it cannot say this of (none yet, no monitor, no answer) is left out."""
+        wanted = set(local_ranks)
+        try:
+            snap = self.snapshot()
+        except Exception:
+            return {}
+        out = {}
+        for entry in (snap or {}).get("ranks", []):
+            ages = [a for a in (entry.get("last_heartbeat_age"), entry.get("last_step_age"))
+                    if isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) and a >= 0]
+            if entry.get("local_rank") in wanted and ages:
+                out[entry["local_rank"]] = float(min(ages))
+        return out
 
     def close(self, timeout: float = 5.0) -> None:
         for link in (self.link, self._early):

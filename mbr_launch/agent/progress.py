@@ -138,9 +138,18 @@ def timed_out(error: BaseException) -> bool:
     return isinstance(error.__cause__, RendezvousTimeoutError)
 
 
+def bounded_backoff(ctx: Context, seconds: float) -> float:
+    """A back-off this agent will wait, between 0 and --restart-backoff-max: a peer's stop message carries the
+    number, and no number may make the agent spin (NaN never counts down) or wait without end (inf)."""
+    if math.isnan(seconds):
+        return 0.0
+    return min(max(seconds, 0.0), ctx.cfg.policy.backoff_max)
+
+
 def back_off(ctx: Context, seconds: float, origin: str | None = None) -> bool:
     """The crash-loop back-off, counted down on the console; False when a signal cut it short.
     ``origin``: the node whose crash loop it is, when not this one."""
+    seconds = bounded_backoff(ctx, seconds)
     if seconds > 0:
         count = ctx.quick_failures
         why = (f"back-off after {count} quick failure{'s' if count != 1 else ''}" if origin is None and count
