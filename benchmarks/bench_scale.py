@@ -28,6 +28,7 @@ import argparse
 import os
 import signal
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -40,10 +41,13 @@ from harness import storecount  # noqa: E402
 SECTION = "bench_scale"
 WORKER = h.WORKERS / "scale_worker.py"
 FT_HEARTBEATS = ["--ft-initial-rank-heartbeat-timeout", "600", "--ft-rank-heartbeat-timeout", "600"]
+SECRET_FILE = Path(tempfile.gettempdir()) / f"mbr-bench-secret-{os.getuid()}"  # written by main(), mode 600
 # name -> (tool, extra flags, extra env, note)
 VARIANTS: dict[str, tuple[str, list[str], dict[str, str], str]] = {
     "mbr-launch": ("mbr-launch", [], {}, "defaults (warm standby: torch)"),
     "mbr-launch-nostandby": ("mbr-launch", ["--standby", "off"], {}, "--standby off"),
+    # every store value sealed and verified (issue #29): the secret's cost on the rendezvous and the restart
+    "mbr-launch-secret": ("mbr-launch", [], {"MBR_RDZV_SECRET_FILE": str(SECRET_FILE)}, "--rdzv-secret-file"),
     "torchrun": ("torchrun", [], {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"}, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1"),
     "ft_launcher": ("ft_launcher", FT_HEARTBEATS, {}, "--ft-*-heartbeat-timeout 600"),
 }
@@ -217,6 +221,9 @@ def main() -> int:
     parser.add_argument("--steady", type=float, default=0.0, help="seconds between all started and the kill")
     parser.add_argument("--count-store", action="store_true", help="count the agents' store calls (see above)")
     args = parser.parse_args()
+    SECRET_FILE.unlink(missing_ok=True)
+    SECRET_FILE.touch(mode=0o600)
+    SECRET_FILE.write_text(uuid.uuid4().hex + uuid.uuid4().hex)
     args.agent_counts = [int(a) for a in str(args.agents).split(",")]
     names = h.variant_names(args.launchers, VARIANTS, CHOICES)
     session = h.start(args, "scale")

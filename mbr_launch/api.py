@@ -106,6 +106,21 @@ def _signals_while_starting(cfg: LaunchConfig) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
+def _use_secret(cfg: LaunchConfig) -> bool:
+    """Seal and verify every rendezvous store value with the job's secret, when it has one (read again here:
+    the configuration keeps only its path). False, said, when the file is no longer usable."""
+    from mbr_launch.cluster import storevalue
+    from mbr_launch.config.secret import SecretFileError, read_secret
+
+    try:
+        secret = read_secret(cfg.rendezvous.secret_file) if cfg.rendezvous.secret_file else None
+    except SecretFileError as err:
+        print(f"mbr-launch: error: --rdzv-secret-file: {err}", file=sys.stderr, flush=True)
+        return False
+    storevalue.configure(secret)
+    return True
+
+
 def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_after: bool = False) -> int:
     """Run this node's agent until the job ends; returns the launcher's exit code (see exitcodes).
 
@@ -129,6 +144,8 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
             if not preflight(cfg, environ=env):
                 print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
                       "--skip-check ID", file=sys.stderr, flush=True)
+                return exitcodes.USAGE
+            if not _use_secret(cfg):
                 return exitcodes.USAGE
             from mbr_launch.agent.lifecycle import Agent
 

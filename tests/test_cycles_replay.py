@@ -31,14 +31,18 @@ class MemoryStore:
     def get(self, key: str) -> bytes:
         return self.data[key]
 
-    def set(self, key: str, value: str) -> None:
-        self.data[key] = value.encode()
+    def set(self, key: str, value: str | bytes) -> None:
+        self.data[key] = _bytes(value)
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         current = self.data.get(key)
-        if (current is None and expected == "") or current == expected.encode():
-            self.data[key] = desired.encode()
-        return self.data[key] if key in self.data else expected.encode()
+        if (current is None and _bytes(expected) == b"") or current == _bytes(expected):
+            self.data[key] = _bytes(desired)
+        return self.data[key] if key in self.data else _bytes(expected)
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 def world_with_cycles(tmp_path: Path, *cli: tuple[str, Any], store: MemoryStore | None = None, **nvrx: Any):

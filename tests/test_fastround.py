@@ -4,6 +4,7 @@ with agents as threads; and, through the replayed agent loop, which rounds may t
 from __future__ import annotations
 
 import datetime
+import hashlib
 import threading
 
 import pytest
@@ -12,6 +13,10 @@ from mbr_launch.cluster import fastround
 from mbr_launch.cluster.fastround import Agreement, Fallback, agree, abort, next_token, pack, unpack
 
 pytestmark = pytest.mark.timeout(30)
+
+
+def _bytes(value: str | bytes) -> bytes:
+    return value if isinstance(value, bytes) else value.encode()
 
 
 class MemoryStore:
@@ -33,15 +38,16 @@ class MemoryStore:
             self._changed.notify_all()
             return total
 
-    def compare_set(self, key: str, expected: str, desired: str) -> bytes:
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        expected_b, desired_b = _bytes(expected), _bytes(desired)  # torch's store takes either
         with self._changed:
             self._count("compare_set")
             current = self._data.get(key)
-            if (current is None and expected == "") or current == expected.encode():
-                self._data[key] = desired.encode()
+            if (current is None and expected_b == b"") or current == expected_b:
+                self._data[key] = desired_b
                 self._changed.notify_all()
-                return desired.encode()
-            return current if current is not None else expected.encode()
+                return desired_b
+            return current if current is not None else expected_b
 
     def wait(self, keys: list[str], timeout: datetime.timedelta) -> None:
         with self._changed:
@@ -76,6 +82,11 @@ def _agents(store: MemoryStore, ranks: list[int], nodes: int, *, timeout: float 
     return out
 
 
+def token_of(store: MemoryStore, token: str = "tok") -> str:
+    """The next round's token, from the decision stored (its nonce) and the failed round's token."""
+    return next_token(token, store.get(fastround.DECIDED_KEY).decode().rsplit(":", 1)[1])
+
+
 def test_pack_round_trips_and_refuses_what_does_not_fit():
     assert unpack(pack(7, 65535, 12345)) == (7, 65535, 12345)
     assert unpack(pack(1, 23456, 0) + 3 * pack(1)) == (4, 23456, 0)  # the others' additions only count
@@ -86,16 +97,17 @@ def test_pack_round_trips_and_refuses_what_does_not_fit():
 def test_single_node_agrees_in_one_add_and_one_compare_set():
     store = MemoryStore()
     out = agree(store, group_rank=0, nodes=1, token="tok", timeout=1, master_port=20001, restarts=2)
-    assert out == Agreement(token=next_token("tok"), master_port=20001, restart_count=2)
-    assert store.ops == {"add": 1, "compare_set": 1}  # no wait: nothing to wait for
-    assert next_token("tok") != "tok" and next_token(next_token("tok")) != next_token("tok")
+    assert out == Agreement(token=token_of(store), master_port=20001, restart_count=2)
+    assert store.ops["add"] == 1 and store.ops["compare_set"] == 1  # no wait: nothing to wait for
+    assert "check" not in store.ops and "wait" not in store.ops
+    assert next_token("tok", "ab") != "tok" and next_token(next_token("tok", "ab"), "ab") != next_token("tok", "ab")
 
 
 def test_every_agent_gets_rank_zeros_port_and_count_whoever_arrives_last():
     store = MemoryStore()
     out = _agents(store, [3, 1, 0, 2], nodes=4)
     assert set(out) == {0, 1, 2, 3}
-    assert set(out.values()) == {Agreement(token=next_token("tok"), master_port=23456, restart_count=3)}
+    assert set(out.values()) == {Agreement(token=token_of(store), master_port=23456, restart_count=3)}
     assert store.ops["add"] == 4 and store.ops["compare_set"] == 1  # one decision, by the last to arrive
 
 
@@ -123,7 +135,7 @@ def test_one_agent_that_must_not_take_the_fast_path_stops_the_others_at_once():
 def test_the_first_decision_stands_for_everyone():
     store = MemoryStore()
     assert agree(store, group_rank=0, nodes=1, token="tok", timeout=1, master_port=20001) == \
-        Agreement(token=next_token("tok"), master_port=20001, restart_count=0)
+        Agreement(token=token_of(store), master_port=20001, restart_count=0)
     # an abort that comes later does not undo it: that agent must take the agreed round too
     assert isinstance(abort(store, "late", token="tok", nodes=1), Agreement)
 
@@ -134,10 +146,31 @@ def test_more_arrivals_than_nodes_fall_back():
     assert isinstance(agree(store, group_rank=1, nodes=2, token="tok", timeout=1), Fallback)
 
 
+NONCE = "0f" * 16  # fastround.NONCE_BYTES of hex
+
+
 def test_a_broken_decision_falls_back():
-    assert isinstance(fastround.read_decision(b"go:notanumber", token="t", nodes=1), Fallback)
-    assert isinstance(fastround.read_decision(b"go:" + str(pack(1)).encode(), token="t", nodes=1), Fallback)  # no port
+    assert "unreadable" in fastround.read_decision(f"go:notanumber:{NONCE}", token="t", nodes=1).reason
+    assert "port 0" in fastround.read_decision(f"go:{pack(1)}:{NONCE}", token="t", nodes=1).reason  # no port
     assert isinstance(fastround.read_decision(b"???", token="t", nodes=1), Fallback)
+    assert fastround.read_decision(f"go:{pack(1, 20001)}:{NONCE}", token="t", nodes=1) == \
+        Agreement(token=next_token("t", NONCE), master_port=20001, restart_count=0)
+
+
+def test_the_next_rounds_token_cannot_be_computed_before_the_decision():
+    """Issue #29 (e): the token derived from the failed round's alone (sha1 of "<token>/fast") let a neighbour
+    plant an exit-0 stop under the next round's keys ahead of the restart. The decision's random nonce makes
+    every decision's token new, and a decision without one (planted, or from an older agent) takes nobody to
+    the fast round."""
+    tokens = set()
+    for _ in range(3):  # the same failed round, decided three times
+        out = agree(MemoryStore(), group_rank=0, nodes=1, token="tok", timeout=1, master_port=20001)
+        assert isinstance(out, Agreement)
+        tokens.add(out.token)
+    assert len(tokens) == 3
+    assert hashlib.sha1(b"tok/fast").hexdigest()[:12] not in tokens  # the token the old derivation predicted
+    for planted in (f"go:{pack(1, 20001)}", f"go:{pack(1, 20001)}:", f"go:{pack(1, 20001)}:xyz"):
+        assert "without a nonce" in fastround.read_decision(planted, token="tok", nodes=1).reason
 
 
 # ---- which rounds may take it: the real loop, replayed ---------------------------------------------------

@@ -12,7 +12,7 @@ from mbr_launch.cluster.layout import agree, decode_sizes, encode_sizes
 
 def test_sizes_run_length_round_trip():
     for sizes in ([8] * 4096, [1], [2, 2, 4, 1, 1, 2]):
-        assert decode_sizes(encode_sizes(sizes)) == sizes
+        assert decode_sizes(encode_sizes(sizes), len(sizes)) == sizes
     assert encode_sizes([8] * 4096) == "8x4096"
 
 
@@ -52,7 +52,7 @@ def test_the_store_host_waits_for_every_farewell():
 
     def node(prefix: str, size: int = 3) -> SimpleNamespace:
         client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
-        return SimpleNamespace(group_world_size=size, control=PrefixStore(prefix, client))
+        return SimpleNamespace(group_world_size=size, control=PrefixStore(prefix, client), control_prefix=prefix)
 
     farewell(node("r1"))
     farewell(node("r1"))

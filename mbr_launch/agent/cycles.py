@@ -18,6 +18,7 @@ import json
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
+from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.progressstore import NO_RESTART_KEY, ProgressRecords
 from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
@@ -180,9 +181,10 @@ class CycleRecords:
         job ended for lack of progress (``read``: a job store key, without a round)."""
         raw = read(NO_RESTART_KEY)
         try:
-            data = json.loads(raw) if raw else None
-            return int(data["exit_code"]), str(data["reason"])
-        except (ValueError, TypeError, KeyError):
+            data = storevalue.decode_json(raw, key=None) if raw else None
+            code = storevalue.integer(data["exit_code"], 1, 255)  # a job ended for lack of progress never exits 0
+            return (code, storevalue.text(data["reason"])) if code is not None else None
+        except (storevalue.Refused, TypeError, KeyError):
             return None
 
     def close(self) -> None:

@@ -8,8 +8,12 @@ then our layout exchange) costs far more than that. So, after such a round, ever
 
 - every agent adds 1; group rank 0 also packs the master port it picked and the job's restart count into its
   addition (``pack``), so the sum carries them once group rank 0 has arrived;
-- the agent whose ``add`` brings the count to the round's number of nodes publishes the sum as the decision
-  (``compare_set`` on the decision key, "go:<sum>"); the others look for that key until it is there.
+- the agent whose ``add`` brings the count to the round's number of nodes publishes the sum as the decision,
+  with a fresh random nonce (``compare_set`` on the decision key, "go:<sum>:<nonce>"); the others look for that
+  key until it is there. The next round's token derives from the failed round's and the nonce: every agent
+  computes the same one from the decision they all read, and nothing can compute it before the decision exists
+  (a token derived from the previous one alone let values be planted ahead under the next round's keys: an
+  exit-0 stop there fired at the next restart).
 
 Any agent may instead decide to fall back (a node was lost, spares or joiners wait, or it waited ``timeout``
 for the others): it writes "abort:<why>" with the same ``compare_set``. Exactly one value is ever stored under
@@ -23,9 +27,13 @@ builds the ``Round`` from the ``Agreement``.
 from __future__ import annotations
 
 import hashlib
+import secrets
+import string
 import time
 from dataclasses import dataclass
 from typing import Callable, Protocol, Union
+
+from mbr_launch.cluster import storevalue
 
 ARRIVED_KEY = "next/arrived"
 DECIDED_KEY = "next/decided"
@@ -33,6 +41,7 @@ GO, ABORT = "go:", "abort:"
 COUNT_BITS = 20  # up to a million agents
 PORT_BITS = 16
 RESTART_LIMIT = 1 << (63 - COUNT_BITS - PORT_BITS)  # the sum must fit torch's signed 64-bit counter
+NONCE_BYTES = 16  # of the decision's nonce (hex on the wire): the next token cannot be guessed either
 
 
 class FastStore(Protocol):
@@ -78,36 +87,62 @@ def unpack(value: int) -> tuple[int, int, int]:
             value >> (COUNT_BITS + PORT_BITS))
 
 
-def next_token(token: str) -> str:
-    """The fast round's token: derived from the failed round's (unique), so every agent computes the same one
-    without a store read, and it differs from every earlier token."""
-    return hashlib.sha1(f"{token}/fast".encode()).hexdigest()[:12]
+def next_token(token: str, nonce: str) -> str:
+    """The fast round's token: from the failed round's (unique) and the decision's nonce (random), so every
+    agent computes the same one from the decision, it differs from every earlier token, and no one knows it
+    before the decision is taken."""
+    return hashlib.sha1(f"{token}/fast/{nonce}".encode()).hexdigest()[:12]
+
+
+def go(arrived: int) -> str:
+    """The decision to take the fast path: the packed sum, and a nonce drawn now."""
+    return f"{GO}{arrived}:{secrets.token_hex(NONCE_BYTES)}"
 
 
 def read_decision(raw: bytes | str, *, token: str, nodes: int) -> Outcome:
     text = raw.decode(errors="replace") if isinstance(raw, bytes) else raw
     if text.startswith(GO):
+        total, _, nonce = text[len(GO):].partition(":")
+        if len(nonce) != 2 * NONCE_BYTES or not set(nonce) <= set(string.hexdigits):
+            # no agent decides without one: a token known beforehand is what the nonce is there to prevent
+            return Fallback(f"fast-path decision without a nonce {text[:60]!r}")
         try:
-            count, port, restarts = unpack(int(text[len(GO):]))
+            count, port, restarts = unpack(int(total))
         except ValueError:
-            return Fallback(f"unreadable fast-path decision {text[:40]!r}")
+            return Fallback(f"unreadable fast-path decision {text[:60]!r}")
         if count != nodes or port == 0:
             return Fallback(f"fast-path decision for {count} nodes (port {port}); this round had {nodes}")
-        return Agreement(token=next_token(token), master_port=port, restart_count=restarts)
+        return Agreement(token=next_token(token, nonce), master_port=port, restart_count=restarts)
     if text.startswith(ABORT):
         return Fallback(text[len(ABORT):] or "aborted")
     return Fallback(f"unreadable fast-path decision {text[:40]!r}")
 
 
-def abort(control: FastStore, reason: str, *, token: str, nodes: int) -> Outcome:
+def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str = "") -> Outcome:
     """Send every agent of the round to the full join; returns what was decided (a decision taken before
-    this call stands: then it may still be an ``Agreement``)."""
-    return read_decision(control.compare_set(DECIDED_KEY, "", ABORT + reason), token=token, nodes=nodes)
+    this call stands: then it may still be an ``Agreement``). ``scope``: the round's control prefix, which the
+    decision's seal names (``cluster.storevalue``: with a secret, a forged decision is replaced and ignored)."""
+    return _decide(control, ABORT + reason, token=token, nodes=nodes, scope=scope)
+
+
+def _decide(control: FastStore, decision: str, *, token: str, nodes: int, scope: str) -> Outcome:
+    """The first authentic decision of the round (``storevalue.claim``), read."""
+    full = storevalue.scoped(scope, DECIDED_KEY)
+    return _read(storevalue.claim(control, DECIDED_KEY, full, storevalue.seal(full, decision)),
+                 token=token, nodes=nodes, scope=scope)
+
+
+def _read(raw: bytes, *, token: str, nodes: int, scope: str) -> Outcome:
+    try:
+        return read_decision(storevalue.open_value(storevalue.scoped(scope, DECIDED_KEY), raw), token=token,
+                             nodes=nodes)
+    except storevalue.Refused as err:
+        return Fallback(f"fast-path decision refused: {err}")
 
 
 def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
           master_port: int = 0, restarts: int = 0, clock: Callable[[], float] = time.monotonic,
-          sleep: Callable[[float], None] = time.sleep) -> Outcome:
+          sleep: Callable[[float], None] = time.sleep, scope: str = "") -> Outcome:
     """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
     the master port it picked and the job's restart count; the others' are ignored.
 
@@ -119,14 +154,16 @@ def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeou
     arrived = int(control.add(ARRIVED_KEY, contribution))
     count = unpack(arrived)[0]
     if count == nodes:  # the last to arrive: the sum now holds group rank 0's values
-        return read_decision(control.compare_set(DECIDED_KEY, "", f"{GO}{arrived}"), token=token, nodes=nodes)
+        return _decide(control, go(arrived), token=token, nodes=nodes, scope=scope)
     if count > nodes:
-        return abort(control, f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes)
+        return abort(control, f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes,
+                     scope=scope)
     deadline, pause = clock() + timeout, POLL_FIRST
     while not control.check([DECIDED_KEY]):
         left = deadline - clock()
         if left <= 0:  # the decision may still be taken meanwhile: abort() returns whichever stands
-            return abort(control, f"not all {nodes} agents arrived within {timeout:g} s", token=token, nodes=nodes)
+            return abort(control, f"not all {nodes} agents arrived within {timeout:g} s", token=token, nodes=nodes,
+                         scope=scope)
         sleep(min(pause, left))
         pause = min(pause * 2, POLL_MAX)
-    return read_decision(control.get(DECIDED_KEY), token=token, nodes=nodes)
+    return _read(control.get(DECIDED_KEY), token=token, nodes=nodes, scope=scope)

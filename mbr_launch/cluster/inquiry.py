@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
+from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.round import Round
 
 
@@ -37,18 +38,36 @@ class Opener:
 
     @staticmethod
     def decode(number: int, raw: bytes | str) -> "Opener":
+        """``raw`` opened already (its seal verified); never raises: what cannot be read decides nothing."""
         try:
-            data = json.loads(raw)
-        except ValueError:
+            data = storevalue.decode_json(raw, key=None)
+        except storevalue.Refused:
             data = {}
         data = data if isinstance(data, dict) else {}
-        group_rank, rank = data.get("group_rank"), data.get("rank")
-        return Opener(number=number, group_rank=group_rank if isinstance(group_rank, int) else 0,
-                      rank=rank if isinstance(rank, int) else None, kind=str(data.get("kind", "")))
+        group_rank = storevalue.integer(data.get("group_rank"), 0, MAX_NODES)
+        return Opener(number=number, group_rank=group_rank if group_rank is not None else 0,
+                      rank=storevalue.integer(data.get("rank"), 0, MAX_NODES * 1024),
+                      kind=storevalue.text(data.get("kind"), "", 64))
+
+
+MAX_NODES = 1 << 20
 
 
 def _key(number: int, *parts: str) -> str:
     return "/".join(("inquiry", str(number), *parts))
+
+
+def _full(rnd: Round, key: str) -> str:
+    """The key as sealed: the round's prefix and the key (a value copied from another round is refused)."""
+    return storevalue.scoped(rnd.control_prefix, key)
+
+
+def _open(rnd: Round, key: str, raw: bytes) -> Any:
+    """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
+    try:
+        return storevalue.decode_json(raw, key=_full(rnd, key))
+    except storevalue.Refused:
+        return None
 
 
 def open_key(number: int) -> str:
@@ -57,13 +76,17 @@ def open_key(number: int) -> str:
 
 def open_inquiry(rnd: Round, opener: Opener) -> Opener:
     """Open inquiry ``opener.number``, or join it when another node opened it first; the winning opener."""
-    payload = opener.encode()
-    stored = rnd.control.compare_set(open_key(opener.number), "", payload)
-    return Opener.decode(opener.number, stored)
+    key = open_key(opener.number)
+    stored = storevalue.claim(rnd.control, key, _full(rnd, key), storevalue.seal(_full(rnd, key), opener.encode()))
+    try:
+        return Opener.decode(opener.number, storevalue.open_value(_full(rnd, key), stored))
+    except storevalue.Refused:  # a neighbour's value stood through every claim: this node decides for itself
+        return opener
 
 
 def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[dict[str, Any]]) -> None:
-    rnd.control.set(_key(number, "evidence", str(group_rank)), json.dumps(evidence))
+    key = _key(number, "evidence", str(group_rank))
+    rnd.control.set(key, storevalue.seal(_full(rnd, key), json.dumps(evidence)))
 
 
 def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
@@ -81,10 +104,7 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
         present = [g for g, key in keys.items() if rnd.control.check([key])]
     found: dict[int, list[dict[str, Any]]] = {}
     for g, raw in zip(present, _read(rnd, [keys[g] for g in present])):
-        try:
-            value = json.loads(raw)
-        except ValueError:
-            continue
+        value = _open(rnd, keys[g], raw)
         if isinstance(value, list):
             found[g] = [v for v in value if isinstance(v, dict)]
     return found
@@ -92,16 +112,24 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
 
 def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[str, Any]:
     """The first verdict of the inquiry wins; returns it."""
-    stored = rnd.control.compare_set(_key(number, "verdict"), "", json.dumps(verdict))
-    return _decode_dict(stored) or verdict
+    key = _key(number, "verdict")
+    stored = storevalue.claim(rnd.control, key, _full(rnd, key), storevalue.seal(_full(rnd, key), json.dumps(verdict)))
+    value = _open(rnd, key, stored)
+    return value if isinstance(value, dict) else verdict
 
 
 def wait_verdict(rnd: Round, number: int, *, deadline: float,
                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
     key = _key(number, "verdict")
-    if not _wait_keys(rnd, [key], deadline, clock):
+    while _wait_keys(rnd, [key], deadline, clock):
+        value = _open(rnd, key, rnd.control.get(key))
+        if isinstance(value, dict):
+            return value
+        if storevalue.SEALER.enabled and clock() < deadline:
+            time.sleep(min(WAIT_SLICE, max(0.0, deadline - clock())))  # a forgery: the decider's replaces it
+            continue
         return None
-    return _decode_dict(rnd.control.get(key))
+    return None
 
 
 # The longest single blocking wait: the main thread answers a signal or a worker's exit within about this long
@@ -140,11 +168,3 @@ def _read(rnd: Round, keys: list[str]) -> list[bytes]:
     if multi_get is not None:
         return list(multi_get(keys))
     return [rnd.control.get(k) for k in keys]
-
-
-def _decode_dict(raw: bytes) -> dict[str, Any] | None:
-    try:
-        value = json.loads(raw)
-    except ValueError:
-        return None
-    return value if isinstance(value, dict) else None

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from mbr_launch.cluster import storeclients, torch_internals
+from mbr_launch.cluster import sealedstate, storeclients, torch_internals
 
 
 @dataclass(frozen=True)
@@ -58,8 +58,6 @@ class JoinCounter:
         self._backend: Any = None
 
     def _connect(self) -> Any:
-        from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
-
         handler = self._get_handler()
         own = torch_internals.handler_store(handler)  # the c10d backend's TCPStore (host and port)
         host, port = getattr(own, "host", None), getattr(own, "port", None)
@@ -67,9 +65,9 @@ class JoinCounter:
             return None
         run_id = handler.get_run_id()
         if self._shared:
-            return C10dRendezvousBackend(own, run_id)
+            return sealedstate.backend(own, run_id)
         # the agent's pool, where the first round's connections were opened while it waited to join
-        return C10dRendezvousBackend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id)
+        return sealedstate.backend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id)
 
     def read(self) -> JoinState | None:
         try:

@@ -16,6 +16,8 @@ from typing import Callable
 
 from torch.distributed import Store
 
+from mbr_launch.cluster import storevalue
+
 KEY = "mbr/layout"
 
 
@@ -40,22 +42,67 @@ def encode_sizes(sizes: list[int]) -> str:
     return ",".join(f"{size}x{count}" for size, count in runs)
 
 
-def decode_sizes(text: str) -> list[int]:
-    return [int(size) for run in text.split(",") if run for size, count in [run.split("x")]
-            for _ in range(int(count))]
+# Bounds of what another node wrote: workers per node, nodes, restarts. A forged "1x99999999999" stops here.
+MAX_NPROC, MAX_NODES, MAX_RESTARTS = 1 << 16, 1 << 20, 1 << 30
+
+
+class LayoutUnreadable(ValueError):
+    """The layout (or a node's size) in the store is not one an agent of this job wrote; says why."""
+
+
+def decode_sizes(text: str, nodes: int) -> list[int]:
+    """``8x4096`` -> the sizes; raises LayoutUnreadable unless it is exactly ``nodes`` sizes in bounds."""
+    sizes: list[int] = []
+    for run in text.split(",")[:nodes + 1]:
+        size_text, _, count_text = run.partition("x")
+        size = storevalue.integer(_digits(size_text), 1, MAX_NPROC)
+        count = storevalue.integer(_digits(count_text), 1, nodes - len(sizes))
+        if size is None or count is None:
+            raise LayoutUnreadable(f"node sizes {storevalue.text(text, limit=80)!r} do not describe {nodes} nodes")
+        sizes.extend([size] * count)
+    if len(sizes) != nodes:
+        raise LayoutUnreadable(f"node sizes {storevalue.text(text, limit=80)!r} do not describe {nodes} nodes")
+    return sizes
+
+
+def _digits(text: str) -> int | None:
+    return int(text) if text.isdigit() and len(text) <= 10 else None
 
 
 def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
-          make: Callable[[], tuple[str, int, int]]) -> Layout:
+          make: Callable[[], tuple[str, int, int]], scope: str = "") -> Layout:
     """Announce this node's size; group rank 0 also gathers every size and publishes the layout with
-    ``make()`` = (token, restarts, master port). Blocking gets wait up to the store's timeout."""
-    store.set(f"mbr/lws/{group_rank}", str(nproc))
+    ``make()`` = (token, restarts, master port). Blocking gets wait up to the store's timeout. ``scope`` names
+    the round (torch's round number) in the values' seals, so a sealed layout of an earlier round replayed into
+    this one is refused. Raises LayoutUnreadable for a value no agent of this job wrote."""
+    size_key = f"mbr/lws/{group_rank}"
+    store.set(size_key, storevalue.seal(f"{scope}/{size_key}", str(nproc)))
     if group_rank == 0:
-        raw = store.multi_get([f"mbr/lws/{r}" for r in range(group_world_size)])
-        sizes = [int(v) for v in raw]
+        keys = [f"mbr/lws/{r}" for r in range(group_world_size)]
+        sizes = [_size(f"{scope}/{k}", raw) for k, raw in zip(keys, store.multi_get(keys))]
         token, restarts, port = make()
-        store.set(KEY, json.dumps({"token": token, "restarts": restarts, "master_port": port,
-                                   "sizes": encode_sizes(sizes)}))
-    data = json.loads(store.get(KEY))
-    return Layout(token=str(data["token"]), restarts=int(data["restarts"]), master_port=int(data["master_port"]),
-                  sizes=decode_sizes(data["sizes"]))
+        store.set(KEY, storevalue.seal(f"{scope}/{KEY}", json.dumps(
+            {"token": token, "restarts": restarts, "master_port": port, "sizes": encode_sizes(sizes)})))
+    try:
+        data = storevalue.decode_json(store.get(KEY), key=f"{scope}/{KEY}")
+    except storevalue.Refused as err:
+        raise LayoutUnreadable(f"the round's rank layout in the store was refused: {err}") from None
+    data = data if isinstance(data, dict) else {}
+    token = data.get("token")
+    restarts = storevalue.integer(data.get("restarts"), 0, MAX_RESTARTS)
+    port = storevalue.integer(data.get("master_port"), 1, 65535)
+    if not (isinstance(token, str) and token.isalnum() and len(token) <= 64) or restarts is None or port is None \
+            or not isinstance(data.get("sizes"), str):
+        raise LayoutUnreadable("the round's rank layout in the store has fields out of range")
+    return Layout(token=token, restarts=restarts, master_port=port,
+                  sizes=decode_sizes(data["sizes"], group_world_size))
+
+
+def _size(key: str, raw: bytes) -> int:
+    try:
+        value = storevalue.integer(_digits(storevalue.open_value(key, raw).decode("ascii", "replace")), 1, MAX_NPROC)
+    except storevalue.Refused as err:
+        raise LayoutUnreadable(f"a node's size in the store was refused: {err}") from None
+    if value is None:
+        raise LayoutUnreadable("a node's size in the store is not a number of workers")
+    return value

@@ -15,6 +15,7 @@ appear as ``a.b.c.d``, which /etc/hosts answers at once (``127.0.0.1`` always; c
 from __future__ import annotations
 
 import functools
+import ipaddress
 import os
 import socket
 
@@ -31,27 +32,50 @@ def family_for(host: str) -> socket.AddressFamily:
     return socket.AF_INET if families == {socket.AF_INET} else socket.AF_INET6
 
 
-def listening_fd(port: int, host: str) -> int | None:
+def is_loopback(host: str) -> bool:
+    """Whether every address ``host`` has here is an IPv4 loopback one (``localhost`` on most machines,
+    127.0.0.1): a store for it can listen on 127.0.0.1 alone. A name with ::1 among its addresses is not: its
+    clients may come over IPv6, and one socket cannot listen on both loopbacks."""
+    try:
+        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError):
+        return False
+    return bool(infos) and all(info[0] == socket.AF_INET and ipaddress.ip_address(info[4][0]).is_loopback
+                               for info in infos)
+
+
+def listening_fd(port: int, host: str, *, loopback: bool = False) -> int | None:
     """A socket listening on ``port`` on every local address of ``family_for(host)`` (falling back to IPv4
     where the machine has no IPv6), handed over as a bare descriptor for torch's ``master_listen_fd``: the
-    store owns and closes it from then on. None when the port cannot be bound (someone else listens)."""
+    store owns and closes it from then on. None when the port cannot be bound (someone else listens).
+    ``loopback``: on 127.0.0.1 only (a single-node job: no other machine has any business with its store)."""
+    if loopback:
+        return _bound(socket.AF_INET, "127.0.0.1", port)
     order = [socket.AF_INET] if family_for(host) == socket.AF_INET else [socket.AF_INET6, socket.AF_INET]
     for family in order:
-        try:
-            sock = socket.socket(family, socket.SOCK_STREAM)
-        except OSError:
-            continue
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of a past round is fine
-            if family == socket.AF_INET6:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(("::" if family == socket.AF_INET6 else "0.0.0.0", port))
-            sock.listen(socket.SOMAXCONN)
-            sock.set_inheritable(False)
-            return sock.detach()
-        except OSError:
-            sock.close()  # taken (then IPv4 fails too) or no IPv6 on this machine
+        fd = _bound(family, "::" if family == socket.AF_INET6 else "0.0.0.0", port)
+        if fd is not None:
+            return fd
     return None
+
+
+def _bound(family: socket.AddressFamily, address: str, port: int) -> int | None:
+    """A listening socket of ``family`` bound to ``address``, as a bare descriptor; None when it cannot be."""
+    try:
+        sock = socket.socket(family, socket.SOCK_STREAM)
+    except OSError:
+        return None  # no IPv6 on this machine
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # TIME_WAIT of a past round is fine
+        if family == socket.AF_INET6:
+            sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
+        sock.bind((address, port))
+        sock.listen(socket.SOMAXCONN)
+        sock.set_inheritable(False)
+        return sock.detach()
+    except OSError:
+        sock.close()  # taken (then IPv4 fails too) or no IPv6 on this machine
+        return None
 
 
 def close_fd(fd: int) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from mbr_launch.cluster import storevalue
+
 TRACKING_KEY = "nvrx/progress"
 NO_RESTART_KEY = "nvrx/no_restart"
 
@@ -28,18 +30,30 @@ class ProgressRecords:
         self._job = job
 
     def tracking(self) -> bytes | None:
-        return self._job.get(TRACKING_KEY) if self._job.check([TRACKING_KEY]) else None
+        """The record (opened: verified with a secret); None when there is none or it was refused."""
+        if not self._job.check([TRACKING_KEY]):
+            return None
+        return _opened(TRACKING_KEY, self._job.get(TRACKING_KEY))
 
     def claim(self, token: str, verdict: str) -> tuple[bool, bytes]:
-        """(whether this call claimed the round's verdict, the claimed verdict)."""
-        got = self._job.compare_set(_claim_key(token), "", verdict)
-        return got == verdict.encode(), got
+        """(whether this call claimed the round's verdict, the claimed verdict; empty when refused)."""
+        key = _claim_key(token)
+        mine = storevalue.seal(key, verdict)
+        got = storevalue.claim(self._job, key, key, mine)
+        return got == mine, _opened(key, got) or b""
 
     def save(self, tracking: str) -> None:
-        self._job.set(TRACKING_KEY, tracking)
+        self._job.set(TRACKING_KEY, storevalue.seal(TRACKING_KEY, tracking))
 
     def no_restart(self, payload: str) -> None:
-        self._job.set(NO_RESTART_KEY, payload)
+        self._job.set(NO_RESTART_KEY, storevalue.seal(NO_RESTART_KEY, payload))
+
+
+def _opened(key: str, raw: bytes) -> bytes | None:
+    try:
+        return storevalue.open_value(key, raw)
+    except storevalue.Refused:
+        return None
 
 
 __all__ = ["NO_RESTART_KEY", "ProgressRecords", "TRACKING_KEY"]

@@ -18,7 +18,7 @@ from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
-from mbr_launch.cluster import listen, torch_internals
+from mbr_launch.cluster import listen, sealedstate, torch_internals
 from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.build import C10D_PORT
 
@@ -28,7 +28,6 @@ def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | No
     the ``store_socket`` record: whether our own socket serves the store."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
         return None, torch_internals.STORE_SOCKET.refused("store_type is not tcp: torch's registry makes the store")
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
 
     patch = torch_internals.STORE_SOCKET.check(None)
@@ -37,7 +36,7 @@ def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | No
     store = make_store(params)
     if store is None:
         return None, torch_internals.STORE_SOCKET.refused("this torch's TCPStore takes no master_listen_fd")
-    return torch_handler(store, C10dRendezvousBackend(store, params.run_id), params), patch
+    return torch_handler(store, sealedstate.backend(store, params.run_id), params), patch
 
 
 def make_store(params: RendezvousParameters) -> TCPStore | None:
@@ -49,7 +48,8 @@ def make_store(params: RendezvousParameters) -> TCPStore | None:
     timeout = datetime.timedelta(seconds=_read_timeout(params))
     forced = params.get_as_bool("is_host")
     if forced if forced is not None else _is_this_machine(host):
-        fd = listen.listening_fd(port, host)
+        # A standalone job's store is for this machine only: loopback, where torchrun listens on every address.
+        fd = listen.listening_fd(port, host, loopback=bool(params.get_as_bool("mbr_loopback", False)))
         if fd is not None:
             try:
                 return TCPStore(host, port, is_master=True, multi_tenant=True, timeout=timeout,

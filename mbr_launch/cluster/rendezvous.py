@@ -33,7 +33,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
-                                torch_internals)
+                                storevalue, torch_internals)
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
@@ -97,6 +97,8 @@ class Rendezvous:
             interval = max(1, int(rdzv.peer_timeout // 3))  # torch takes whole seconds
             conf.setdefault("keep_alive_interval", interval)
             conf.setdefault("keep_alive_max_attempt", max(2, min(3, int(rdzv.peer_timeout // interval))))
+            if rdzv.standalone:
+                conf["mbr_loopback"] = "true"  # cluster.rdzvstore: the store listens on 127.0.0.1 only
         params = RendezvousParameters(
             backend=rdzv.backend,
             endpoint=rdzv.endpoint,
@@ -109,6 +111,11 @@ class Rendezvous:
         _disable_shared_store()
         try:
             made, own_socket = rdzvstore.create_handler(params) if rdzv.backend == "c10d" else (None, None)
+            if made is None and storevalue.SEALER.enabled:
+                # torch's registry would make its own backend, which unpickles the state unverified
+                why = own_socket.why_not if own_socket is not None else "not the c10d backend"
+                raise RendezvousFailed(f"--rdzv-secret-file cannot seal this rendezvous ({why}); drop the secret "
+                                       "or use a torch whose TCPStore takes master_listen_fd (2.4 or later)")
             handler = made or get_rendezvous_handler(params)
         except Exception as err:  # torch raises many types here; all mean "cannot start"
             raise RendezvousFailed(f"cannot set up the {rdzv.backend} rendezvous at "
@@ -174,12 +181,14 @@ class Rendezvous:
         token, nodes = previous.token, previous.group_world_size
         try:
             if skip is not None:
-                return fastround.abort(previous.control, skip, token=token, nodes=nodes)
+                return fastround.abort(previous.control, skip, token=token, nodes=nodes,
+                                       scope=previous.control_prefix)
             port = restarts = 0
             if previous.group_rank == 0:
                 port, restarts = pick_master_port(), self._restart_count_from_job(previous.store)
             return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
-                                   timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts)
+                                   timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
+                                   scope=previous.control_prefix)
         except Exception as err:  # the store went away: the c10d join reports it properly
             return fastround.Fallback(f"fast path failed: {type(err).__name__}: {err}")
 
@@ -232,8 +241,14 @@ class Rendezvous:
         store.set_timeout(timeout)
         # torch picks an ephemeral port (bind 0, close): outgoing connections (NCCL's many sockets) can take
         # it before rank 0's store binds it (EADDRINUSE, seen on 2 H200s). Ours lies below that range.
-        lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
-                           lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store), pick_master_port()))
+        # torch's round number (from its state, sealed with a secret) names the round in the layout's seal
+        scope = f"round{torch_internals.joined_round(self._handler)}" if self._handler is not None else ""
+        try:
+            lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
+                               lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store), pick_master_port()),
+                               scope=scope)
+        except layout.LayoutUnreadable as err:
+            raise RendezvousFailed(f"rendezvous failed: {err}") from None
         token, restarts, master_port = lay.token, lay.restarts, lay.master_port
         base = _base_store(store)
         prefix = f"{self._job}/round/{token}"
@@ -244,8 +259,14 @@ class Rendezvous:
                      store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)))
 
     def _restart_count_from_job(self, store: Store) -> int:
-        job = self.job_store(store)
-        return int(job.add("restarts", 0)) + int(job.add("startup_restarts", 0))
+        return sum(self._counts(self.job_store(store)))
+
+    def _add(self, job: Store, key: str, amount: int) -> int:
+        """A job counter (sealed with a secret: ``storevalue.add``)."""
+        return storevalue.add(job, key, f"{self._job}/{key}", amount)
+
+    def _counts(self, job: Store) -> tuple[int, int]:
+        return self._add(job, "restarts", 0), self._add(job, "startup_restarts", 0)
 
     # -- job-level keys (survive rounds) ----------------------------------------------------------
 
@@ -255,20 +276,21 @@ class Rendezvous:
 
     def counts(self, rnd: Round) -> tuple[int, int]:
         """(restarts, startup restarts) used so far by the whole job."""
-        job = self.job_store(rnd.store)
-        return int(job.add("restarts", 0)), int(job.add("startup_restarts", 0))
+        return self._counts(self.job_store(rnd.store))
 
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
         """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
         this round spends it (several nodes may see the same failure). Returns the total restarts."""
-        if once_per_round and rnd.control.compare_set("failed", "", "1") != b"1":
-            return sum(self.counts(rnd))
-        job = self.job_store(rnd.store)
-        job.add("startup_restarts" if startup else "restarts", 1)
+        if once_per_round:
+            full = storevalue.scoped(rnd.control_prefix, "failed")
+            mark = storevalue.seal(full, "1")
+            if storevalue.claim(rnd.control, "failed", full, mark) != mark:
+                return sum(self.counts(rnd))
+        self._add(self.job_store(rnd.store), "startup_restarts" if startup else "restarts", 1)
         return sum(self.counts(rnd))
 
     def count_node_failure(self, rnd: Round, node: str) -> int:
-        return int(self.job_store(rnd.store).add(f"node_failures/{node}", 1))
+        return self._add(self.job_store(rnd.store), f"node_failures/{node}", 1)
 
     def leave(self) -> str | None:
         """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,
@@ -317,7 +339,9 @@ class Rendezvous:
             return None
         try:
             job = PrefixStore(self._job, _base_store(store))
-            return job.get(key) if job.check([key]) else None
+            return storevalue.open_value(key, job.get(key)) if job.check([key]) else None
+        except storevalue.Refused:  # not an agent's value: nothing to learn from it
+            return None
         except Exception:  # the store's host has gone: nothing more to learn
             return None
 

@@ -11,9 +11,10 @@ import datetime
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.report import exitcodes
@@ -23,6 +24,8 @@ ALL_DONE_KEY = "all_done"
 UNHEALTHY_KEY = "unhealthy_nodes"
 FAREWELLS_KEY, ALL_GONE_KEY = "farewells", "all_farewells"
 FAREWELL_SLICE = 0.25  # seconds of one wait for the last farewell, between reads of the count
+# Bounds of a stop message's numbers: a job's nodes and restarts with room; a backoff of a day at most.
+MAX_NODES, MAX_COUNT, MAX_BACKOFF = 1 << 20, 1 << 30, 86400.0
 
 
 @dataclass(frozen=True)
@@ -44,39 +47,54 @@ class StopMessage:
 
     @staticmethod
     def decode(raw: bytes | str) -> "StopMessage":
-        """Never raises: a message we cannot read still stops the round."""
+        """Never raises: a message we cannot read still stops the round (as a failure, never as the job's end).
+        ``raw`` was opened already (its seal verified: ``read_stop``, ``StopListener``); every field is checked
+        (a NaN backoff, a 7 MB reason or a reason full of escape sequences reaches no agent's loop or screen)."""
         try:
-            data = json.loads(raw)
-        except ValueError:
+            data = storevalue.decode_json(raw, key=None)
+        except storevalue.Refused:
             data = None
         if not isinstance(data, dict):
-            return StopMessage(reason="peer requested stop")
-        kinds = {"reason": str, "origin": str, "group_rank": int, "final": bool, "exit_code": int,
-                 "restart_count": int, "backoff": (int, float), "membership": bool, "exclude": str}
-        known = {f.name for f in fields(StopMessage)}
-        values: dict[str, Any] = {k: v for k, v in data.items()
-                                  if k in known and isinstance(v, kinds[k]) and not (kinds[k] is int and isinstance(v, bool))}
-        values.setdefault("reason", "peer requested stop")
-        return StopMessage(**values)
+            return StopMessage(reason="peer requested stop (its message was unreadable)")
+        values: dict[str, Any] = {
+            "reason": storevalue.text(data.get("reason"), "peer requested stop"),
+            "origin": storevalue.text(data.get("origin"), "", 255),
+            "group_rank": storevalue.integer(data.get("group_rank"), 0, MAX_NODES),
+            "final": data.get("final") is True,
+            "exit_code": storevalue.integer(data.get("exit_code"), 0, 255),
+            "restart_count": storevalue.integer(data.get("restart_count"), 0, MAX_COUNT),
+            "backoff": storevalue.number(data.get("backoff"), 0.0, MAX_BACKOFF),
+            "membership": data.get("membership") is True,
+            "exclude": storevalue.text(data.get("exclude"), "", 255) or None,
+        }
+        return StopMessage(**{k: v for k, v in values.items() if v is not None})
 
 
 def publish_stop(rnd: Round, message: StopMessage) -> bool:
-    """Tell every node of the round to stop its workers; True when this call was the first."""
-    payload = message.encode()
-    return rnd.control.compare_set(STOP_KEY, "", payload).decode() == payload
+    """Tell every node of the round to stop its workers; True when this call was the first (authentic) one."""
+    payload = storevalue.seal(_stop_key(rnd), message.encode())
+    return storevalue.claim(rnd.control, STOP_KEY, _stop_key(rnd), payload) == payload
 
 
 def read_stop(rnd: Round) -> StopMessage | None:
+    """The round's stop message; None when there is none, or only one without the job's seal."""
     if not rnd.control.check([STOP_KEY]):
         return None
-    return StopMessage.decode(rnd.control.get(STOP_KEY))
+    try:
+        return StopMessage.decode(storevalue.open_value(_stop_key(rnd), rnd.control.get(STOP_KEY)))
+    except storevalue.Refused:
+        return None
+
+
+def _stop_key(rnd: Round, key: str = STOP_KEY) -> str:
+    return storevalue.scoped(rnd.control_prefix, key)
 
 
 def mark_done(rnd: Round) -> bool:
     """Mark this node's workers done; True when every node of the round is done (then all are told)."""
     done = int(rnd.control.add("done_count", 1))
     if done >= rnd.group_world_size:
-        rnd.control.set(ALL_DONE_KEY, "1")
+        rnd.control.set(ALL_DONE_KEY, storevalue.seal(_stop_key(rnd, ALL_DONE_KEY), "1"))
         return True
     return False
 
@@ -84,7 +102,7 @@ def mark_done(rnd: Round) -> bool:
 def farewell(rnd: Round) -> None:
     """This node is done with a successful job and leaves; the last one to say so tells the store's host."""
     if int(rnd.control.add(FAREWELLS_KEY, 1)) >= rnd.group_world_size:
-        rnd.control.set(ALL_GONE_KEY, "1")
+        rnd.control.set(ALL_GONE_KEY, storevalue.seal(_stop_key(rnd, ALL_GONE_KEY), "1"))
 
 
 def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], float] = time.monotonic) -> bool:
@@ -99,7 +117,10 @@ def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], fl
     while True:
         try:
             rnd.control.wait([ALL_GONE_KEY], datetime.timedelta(seconds=FAREWELL_SLICE))
+            storevalue.open_value(_stop_key(rnd, ALL_GONE_KEY), rnd.control.get(ALL_GONE_KEY))
             return True
+        except storevalue.Refused:  # not an agent's mark: count the farewells instead
+            time.sleep(FAREWELL_SLICE)
         except Exception:  # noqa: BLE001 - torch raises one type for a timeout and a failure: the add tells
             pass
         count, now = int(rnd.control.add(FAREWELLS_KEY, 0)), clock()
@@ -114,7 +135,7 @@ def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], fl
 def count_unhealthy(rnd: Round, *, add: bool) -> int:
     """Nodes of the round that lost a rank (``--restart-policy min-healthy``); ``add``: this node just did.
     One atomic counter: when two nodes lose ranks at once, exactly one of them sees the count cross MIN."""
-    return int(rnd.control.add(UNHEALTHY_KEY, 1 if add else 0))
+    return storevalue.add(rnd.control, UNHEALTHY_KEY, _stop_key(rnd, UNHEALTHY_KEY), 1 if add else 0)
 
 
 class StopListener:
@@ -130,6 +151,7 @@ class StopListener:
 
     def __init__(self, rnd: Round, on_value: Callable[[bytes], None], *, key: str = STOP_KEY) -> None:
         self._key = key
+        self._full_key = _stop_key(rnd, key)
         self._connect = rnd.connect_control
         self._on_value = on_value
         self._cancelled = threading.Event()
@@ -167,7 +189,12 @@ class StopListener:
             if self._cancelled.is_set():
                 return answered
             try:
-                value = store.get(self._key)
+                value = storevalue.open_value(self._full_key, store.get(self._key))
+            except storevalue.Refused:
+                # Not written by an agent of this job (no valid seal): wait for the real one, which replaces it
+                # (``storevalue.claim``); the key exists, so look again after a pause instead of a wait.
+                self._cancelled.wait(self.POLL)
+                continue
             except Exception:
                 value, answered = b"", False
             self._on_value(value)

@@ -363,6 +363,18 @@ def decode_state(blob: bytes) -> StateView:
     return _view(pickle.loads(blob))
 
 
+def empty_state() -> bytes:
+    """A fresh rendezvous state, pickled as torch's c10d backend stores it (ours: safe to hand to torch)."""
+    from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
+    return pickle.dumps(_RendezvousState())
+
+
+def joined_round(handler: Any) -> int | None:
+    """torch's number of the round the handler last joined (its state's ``round``); None where unknown."""
+    value = getattr(getattr(getattr(handler, "_state_holder", None), "state", None), "round", None)
+    return value if isinstance(value, int) else None
+
+
 def read_state_locked(handler: Any) -> StateView:
     """The handler's own fresh read of the state, under its heartbeat lock (which its keep-alive thread holds
     through a whole contended write: the slow way, for when our own read failed)."""

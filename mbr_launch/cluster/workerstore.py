@@ -64,7 +64,8 @@ def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:
         return None
-    fd = listen.listening_fd(port, master_addr)
+    # Workers told to reach it at a loopback name can only come from this machine: listen there only.
+    fd = listen.listening_fd(port, master_addr, loopback=listen.is_loopback(master_addr or "localhost"))
     if fd is None:
         return None
     return ServedStore(master_addr or "localhost", port, fd, datetime.timedelta(seconds=timeout))

@@ -21,6 +21,7 @@ from mbr_launch.config.model import (LaunchConfig, MonitorSpec, OutputSpec, Pree
 from mbr_launch.config.nvrxbuild import ft_spec, nvrx_spec, nvrx_warnings
 from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_rdzv_conf,
                                      parse_seconds_env, parse_std)
+from mbr_launch.config.secret import SecretFileError, read_secret
 from mbr_launch.config.settings import COMPAT, FAULT, SETTINGS, Resolved, for_workers_nvrx
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
 from mbr_launch.contract import BOOT_MODULE, DEFAULT_PRELOAD
@@ -139,10 +140,19 @@ def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, i
         if backend == "c10d" and max_nodes == 1 and slurm is None and not probes.listener_is_launcher(port):
             raise ConfigError(f"port {port} on {host} is in use by another program; pick a free port "
                               "in --rdzv-endpoint (or use --standalone)")
+    secret_file = v["rdzv_secret_file"] or None
+    if secret_file is not None:
+        if backend != "c10d":
+            raise ConfigError(f"--rdzv-secret-file seals the c10d rendezvous store's values; --rdzv-backend "
+                              f"{backend} has none: use --rdzv-backend c10d, or drop the secret")
+        try:
+            read_secret(secret_file)
+        except SecretFileError as err:
+            raise ConfigError(f"--rdzv-secret-file: {err}") from None
     return RendezvousSpec(
         backend=backend, endpoint=endpoint, run_id=run_id, min_nodes=min_nodes, max_nodes=max_nodes, conf=conf,
         join_timeout=float(conf.get("join_timeout", 600)), standalone=standalone, node_rank=node_rank,
-        local_addr=v["local_addr"], peer_timeout=float(v["peer_timeout"]))
+        local_addr=v["local_addr"], peer_timeout=float(v["peer_timeout"]), secret_file=secret_file)
 
 
 def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],

@@ -101,6 +101,7 @@ class RendezvousSpec:
     node_rank: int  # static rendezvous; the fallback group rank when none was assigned yet
     local_addr: str | None
     peer_timeout: float  # seconds of silence after which another node counts as lost (> 0)
+    secret_file: str | None = None  # --rdzv-secret-file: the path only (this spec is recorded; the secret is not)
 
     @property
     def elastic(self) -> bool:

@@ -36,6 +36,8 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from mbr_launch.visible import one_line
+
 
 class Source(str, enum.Enum):
     FILE = "checkpoint_file"  # --ft-checkpoint-iteration-file
@@ -210,10 +212,15 @@ def decode(raw: bytes | str) -> Scored | None:
         return Scored(cycle=_int(data["cycle"], 0), source=_source(data.get("source")),
                       start=_opt_int(data.get("start")), end=_opt_int(data.get("end")),
                       progress=data.get("progress") if isinstance(data.get("progress"), bool) else None,
-                      tracking=tracking, stop=data.get("stop") is True, note=str(data.get("note") or ""),
-                      reason=str(data.get("reason") or ""))
-    except (ValueError, TypeError, KeyError):
+                      tracking=tracking, stop=data.get("stop") is True, note=_text(data.get("note")),
+                      reason=_text(data.get("reason")))
+    except Exception:  # noqa: BLE001 - another node's value: ValueError, TypeError, KeyError, RecursionError...
         return None
+
+
+def _text(value: object) -> str:
+    """A string another node wrote, as one bounded line with control characters shown."""
+    return one_line(value, 2000) if isinstance(value, str) else ""
 
 
 def encode_tracking(t: Tracking) -> dict[str, Any]:
@@ -225,12 +232,15 @@ def decode_tracking(data: Any) -> Tracking | None:
     if isinstance(data, (str, bytes)):
         try:
             data = json.loads(data)
-        except ValueError:
+        except Exception:  # noqa: BLE001 - RecursionError as well as ValueError
             return None
     if not isinstance(data, dict):
         return None
     stuck = []
-    for item in data.get("stuck") or []:
+    stuck_items = data.get("stuck") or []
+    if not isinstance(stuck_items, list) or len(stuck_items) > 10_000:
+        return None
+    for item in stuck_items:
         source = _source(item[1]) if isinstance(item, list) and len(item) == 4 else None
         if source is None:
             return None

@@ -12,6 +12,7 @@ from typing import Any, Callable, Mapping, TypeVar
 
 from mbr_launch.decide.verdict import Basis, GroupProgress, ProcState, RankEvidence, StackClass, Verdict
 from mbr_launch.decide.verdict_text import compress_ranks
+from mbr_launch.visible import one_line
 
 
 def evidence_to_dict(e: RankEvidence) -> dict[str, Any]:
@@ -103,8 +104,14 @@ def _float(v: object) -> float | None:
     return float(v) if ok else None  # type: ignore[arg-type]
 
 
+# Characters of one string field kept: a stack line or a reason with room. Another node's strings reach every
+# node's console and events.jsonl; a 7 MB reason must not become 22 MB of console.
+MAX_TEXT = 2000
+
+
 def _str(v: object, default: _D = "") -> str | _D:  # type: ignore[assignment]
-    return v if isinstance(v, str) else default
+    """A string field from another node: one line, control characters shown, bounded."""
+    return one_line(v, MAX_TEXT) if isinstance(v, str) else default
 
 
 def _list(v: object) -> list[Any]:

@@ -1,0 +1,67 @@
+"""torch's own rendezvous state, sealed with the job's secret before torch unpickles it.
+
+torch's c10d backend keeps the rendezvous state in the store as a base64 pickle that every agent loads: a
+process that can write the key can make every agent run code of its choice (shown under torchrun and under
+mbr-launch alike). This backend wraps torch's: what torch hands it to store is sealed (``cluster.storevalue``),
+what it reads back is verified before torch sees it, and a value without the job's seal never reaches
+``pickle.loads``. Without a secret it passes everything through.
+
+A forged state is not an error that ends the agent (one write would then stop the job): torch is handed the
+last authentic state this backend saw (or an empty one) with the forged value's token, so torch's next write,
+a keep-alive or a join, replaces the forgery through its own compare-and-set.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
+
+from mbr_launch.cluster import storevalue, torch_internals
+
+
+class SealedBackend(RendezvousBackend):
+    """torch's ``C10dRendezvousBackend`` with every state sealed on the way in and verified on the way out."""
+
+    def __init__(self, inner: Any, run_id: str) -> None:
+        self._inner = inner
+        self._key = f"torch.rendezvous.{run_id}"  # the key torch's backend keeps its state under
+        self._last: bytes | None = None  # the last authentic state read or written
+        self.refused = 0  # forged states seen (for tests and the record)
+
+    @property
+    def name(self) -> str:
+        return str(self._inner.name)
+
+    def get_state(self) -> tuple[bytes, Any] | None:
+        got = self._inner.get_state()
+        if got is None:
+            return None
+        state, token = got
+        return self._open(state), token
+
+    def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
+        got = self._inner.set_state(storevalue.seal(self._key, state), token)
+        if got is None:
+            return None
+        stored, new_token, written = got
+        return self._open(stored), new_token, written
+
+    def _open(self, blob: bytes) -> bytes:
+        try:
+            self._last = storevalue.SEALER.open(self._key, blob)
+            return self._last
+        except storevalue.Refused:
+            self.refused += 1
+            return self._last if self._last is not None else torch_internals.empty_state()
+
+
+def backend(store: Any, run_id: str) -> RendezvousBackend:
+    """torch's c10d backend over ``store``, sealed when the job has a secret (torch's own, unwrapped, without)."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    inner = C10dRendezvousBackend(store, run_id)
+    return SealedBackend(inner, run_id) if storevalue.SEALER.enabled else inner
+
+
+__all__ = ["SealedBackend", "backend"]

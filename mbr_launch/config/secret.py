@@ -1,0 +1,48 @@
+"""The job's rendezvous secret (``--rdzv-secret-file``): read and checked here, used by ``cluster.storevalue``.
+
+Only the path lives in the launch configuration (which is recorded in run folders); the bytes are read at
+build time to refuse a bad file before anything starts, and once more when the agent starts.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+MIN_SECRET = 16  # bytes: a shorter secret can be guessed offline from one sealed value
+MAX_SECRET = 4096
+
+
+class SecretFileError(ValueError):
+    """Why a secret file cannot be used; the message says what to do."""
+
+
+def read_secret(path: str) -> bytes:
+    """The secret in ``path`` (surrounding whitespace dropped). Raises SecretFileError when the file is missing,
+    a link, not a regular file of this user, readable or writable by others (a secret others can read protects
+    nothing), or too short."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as err:
+        raise SecretFileError(f"cannot open {path}: {err.strerror} (a symbolic link is refused too)") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise SecretFileError(f"{path} is not a regular file")
+        if st.st_uid != os.geteuid():
+            raise SecretFileError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
+        if st.st_mode & 0o077:
+            raise SecretFileError(f"{path} can be read or written by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                                  f"run: chmod 600 {path}")
+        data = os.read(fd, MAX_SECRET + 1).strip()
+    finally:
+        os.close(fd)
+    if len(data) > MAX_SECRET:
+        raise SecretFileError(f"{path} is over {MAX_SECRET} bytes; a secret is a short random string")
+    if len(data) < MIN_SECRET:
+        raise SecretFileError(f"{path} holds {len(data)} bytes; a secret needs at least {MIN_SECRET}: "
+                              f"head -c 32 /dev/urandom | base64 > {path} && chmod 600 {path}")
+    return data
+
+
+__all__ = ["MIN_SECRET", "SecretFileError", "read_secret"]
