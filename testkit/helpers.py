@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
+import termios
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -68,6 +72,37 @@ def run_launcher(args: list[str], *, timeout: float = 90, env: dict[str, str] | 
 def start_launcher(args: list[str], *, env: dict[str, str] | None = None, **kw) -> subprocess.Popen:
     return subprocess.Popen([*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env or launcher_env(), cwd=REPO, start_new_session=True, **kw)
+
+
+def run_on_pty(args: list[str], *, cols: int, rows: int, timeout: float) -> list[tuple[float, bytes]]:
+    """Run the launcher with its stdout and stderr on a new pseudo-terminal; every read of the terminal's
+    master side, with its time."""
+    master, slave = os.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
+    proc = subprocess.Popen([*LAUNCHER, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
+                            env=launcher_env(TERM="xterm-256color", COLUMNS=str(cols), LINES=str(rows)), cwd=REPO,
+                            start_new_session=True)
+    os.close(slave)
+    reads: list[tuple[float, bytes]] = []
+    deadline = time.monotonic() + timeout
+    try:
+        while time.monotonic() < deadline:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # EIO: every writer of the terminal is gone
+                break
+            if not data:
+                break
+            reads.append((time.monotonic(), data))
+        else:
+            raise AssertionError(f"launcher still running after {timeout} s")
+        assert proc.wait(10) == 0, b"".join(d for _, d in reads).decode(errors="replace")[-3000:]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        os.close(master)
+    return reads
 
 
 def finish(proc: subprocess.Popen, timeout: float = 90) -> tuple[str, str]:

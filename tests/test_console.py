@@ -8,9 +8,7 @@ from __future__ import annotations
 import fcntl
 import os
 import signal
-import struct
 import subprocess
-import termios
 import threading
 import time
 
@@ -19,7 +17,7 @@ import pytest
 
 from mbr_launch.report.console import LINE_CAP, Console
 
-from testkit.helpers import LAUNCHER, REPO, launcher_env
+from testkit.helpers import LAUNCHER, REPO, launcher_env, run_on_pty
 from .vt import Terminal
 
 pytestmark = pytest.mark.timeout(120)
@@ -38,43 +36,12 @@ sys.stderr.write("\\rbar done\\n")
 """
 
 
-def _run_on_pty(args: list[str], *, cols: int, rows: int, timeout: float) -> list[tuple[float, bytes]]:
-    """Run the launcher with its stdout and stderr on a new pseudo-terminal; every read of the terminal's
-    master side, with its time."""
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    proc = subprocess.Popen([*LAUNCHER, *args], stdin=subprocess.DEVNULL, stdout=slave, stderr=slave,
-                            env=launcher_env(TERM="xterm-256color", COLUMNS=str(cols), LINES=str(rows)), cwd=REPO,
-                            start_new_session=True)
-    os.close(slave)
-    reads: list[tuple[float, bytes]] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while time.monotonic() < deadline:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every writer of the terminal is gone
-                break
-            if not data:
-                break
-            reads.append((time.monotonic(), data))
-        else:
-            raise AssertionError(f"launcher still running after {timeout} s")
-        assert proc.wait(10) == 0, b"".join(d for _, d in reads).decode(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
-    return reads
-
-
 @pytest.mark.processes
 def test_live_view_on_a_terminal_keeps_every_line_and_shows_progress_as_it_comes(tmp_path):
     script = tmp_path / "steps.py"
     script.write_text(STEPS_AND_BAR)
     cols, rows = 100, 30
-    reads = _run_on_pty(["--nproc-per-node", "2", "--status", "live", "--skip-check", "all", str(script)],
+    reads = run_on_pty(["--nproc-per-node", "2", "--status", "live", "--skip-check", "all", str(script)],
                         cols=cols, rows=rows, timeout=90)
     raw = b"".join(data for _, data in reads).decode(errors="replace")
     term = Terminal(cols, rows)

@@ -10,10 +10,6 @@ import fcntl
 import os
 import random
 import re
-import signal
-import struct
-import subprocess
-import termios
 import threading
 import time
 from typing import Callable
@@ -23,7 +19,7 @@ import pytest
 from mbr_launch.report.console import Console
 from mbr_launch.workers.output import OutputPump
 
-from testkit.helpers import LAUNCHER, REPO, launcher_env
+from testkit.helpers import run_on_pty
 from .vt import Terminal
 
 pytestmark = pytest.mark.timeout(60)
@@ -243,30 +239,9 @@ def test_a_hostile_worker_on_a_real_terminal(tmp_path):
     script = tmp_path / "hostile.py"
     script.write_text(HOSTILE_WORKER)
     cols, rows = 200, 40
-    master, slave = os.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", rows, cols, 0, 0))
-    proc = subprocess.Popen([*LAUNCHER, "--nproc-per-node", "1", "--status", "off", "--skip-check", "all", "--tee", "3",
-                             "--log-dir", str(tmp_path / "logs"), str(script)], stdin=subprocess.DEVNULL,
-                            stdout=slave, stderr=slave, env=launcher_env(TERM="xterm-256color"), cwd=REPO,
-                            start_new_session=True)
-    os.close(slave)
-    chunks = []
-    try:
-        deadline = time.monotonic() + 100
-        while time.monotonic() < deadline:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # EIO: every writer of the terminal is gone
-                break
-            if not data:
-                break
-            chunks.append(data)
-        assert proc.wait(10) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        os.close(master)
+    reads = run_on_pty(["--nproc-per-node", "1", "--status", "off", "--skip-check", "all", "--tee", "3", "--log-dir",
+                        str(tmp_path / "logs"), str(script)], cols=cols, rows=rows, timeout=100)
+    chunks = [data for _, data in reads]
     raw = b"".join(chunks).replace(b"\r\n", b"\n")  # the pty's own output processing
     assert b"\x1b]" not in raw, raw
     term = Terminal(cols, rows)
