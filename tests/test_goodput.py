@@ -154,3 +154,16 @@ def test_iterations_an_nvrx_client_reports_say_what_a_failure_redid():
     # Without reported iterations nothing is claimed.
     g = compute([progress(1.0, 42.0, 10.0, 40.0, "failure", detail="hang"), {"event": "end", "t": 50.0}])
     assert g.failures[0].redone is None and "redone" not in render(g)
+
+
+@pytest.mark.timeout(30)
+def test_thousands_of_failed_attempts_are_accounted_one_by_one():
+    """A log of 8,000 failed attempts (a crash loop left running, or a neighbour's crafted log handed to
+    ``mbr-launch report``) took minutes: each span looked its failure up with ``list.index`` (dataclass
+    equality). Every failure keeps its own spans."""
+    n = 8000
+    records = [progress(i * 10.0, i * 10.0 + 9.0, i * 10.0 + 1.0, i * 10.0 + 8.0, "failure", rnd=0, detail="crash")
+               for i in range(n)]
+    g = compute(records + [{"event": "end", "t": n * 10.0 + 20.0}])
+    assert len(g.failures) == n
+    assert {s.failure for s in g.spans if s.kind == "lost"} == set(range(n))
