@@ -127,9 +127,10 @@ def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str
 
 def _decide(control: FastStore, decision: str, *, token: str, nodes: int, scope: str) -> Outcome:
     """The first authentic decision of the round (``storevalue.claim``), read."""
-    full = storevalue.scoped(scope, DECIDED_KEY)
-    return _read(storevalue.claim(control, DECIDED_KEY, full, storevalue.seal(full, decision)),
-                 token=token, nodes=nodes, scope=scope)
+    _, stands = storevalue.claim(control, DECIDED_KEY, storevalue.scoped(scope, DECIDED_KEY), decision)
+    if stands is None:
+        return Fallback("fast-path decision refused: a value without the job's seal stood through every claim")
+    return read_decision(stands, token=token, nodes=nodes)
 
 
 def _read(raw: bytes, *, token: str, nodes: int, scope: str) -> Outcome:

@@ -77,11 +77,9 @@ def open_key(number: int) -> str:
 def open_inquiry(rnd: Round, opener: Opener) -> Opener:
     """Open inquiry ``opener.number``, or join it when another node opened it first; the winning opener."""
     key = open_key(opener.number)
-    stored = storevalue.claim(rnd.control, key, _full(rnd, key), storevalue.seal(_full(rnd, key), opener.encode()))
-    try:
-        return Opener.decode(opener.number, storevalue.open_value(_full(rnd, key), stored))
-    except storevalue.Refused:  # a neighbour's value stood through every claim: this node decides for itself
-        return opener
+    _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), opener.encode())
+    # None: a neighbour's value stood through every claim, and this node decides for itself
+    return Opener.decode(opener.number, stands) if stands is not None else opener
 
 
 def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[dict[str, Any]]) -> None:
@@ -113,8 +111,11 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
 def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[str, Any]:
     """The first verdict of the inquiry wins; returns it."""
     key = _key(number, "verdict")
-    stored = storevalue.claim(rnd.control, key, _full(rnd, key), storevalue.seal(_full(rnd, key), json.dumps(verdict)))
-    value = _open(rnd, key, stored)
+    _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), json.dumps(verdict))
+    try:
+        value = storevalue.decode_json(stands, key=None)
+    except storevalue.Refused:
+        return verdict
     return value if isinstance(value, dict) else verdict
 
 

@@ -32,6 +32,7 @@ def family_for(host: str) -> socket.AddressFamily:
     return socket.AF_INET if families == {socket.AF_INET} else socket.AF_INET6
 
 
+@functools.lru_cache(maxsize=16)  # asked for every round's worker store, on the restart's path: one lookup
 def is_loopback(host: str) -> bool:
     """Whether every address ``host`` has here is an IPv4 loopback one (``localhost`` on most machines,
     127.0.0.1): a store for it can listen on 127.0.0.1 alone. A name with ::1 among its addresses is not: its

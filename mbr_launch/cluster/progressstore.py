@@ -38,9 +38,8 @@ class ProgressRecords:
     def claim(self, token: str, verdict: str) -> tuple[bool, bytes]:
         """(whether this call claimed the round's verdict, the claimed verdict; empty when refused)."""
         key = _claim_key(token)
-        mine = storevalue.seal(key, verdict)
-        got = storevalue.claim(self._job, key, key, mine)
-        return got == mine, _opened(key, got) or b""
+        first, stands = storevalue.claim(self._job, key, key, verdict)
+        return first, stands or b""
 
     def save(self, tracking: str) -> None:
         self._job.set(TRACKING_KEY, storevalue.seal(TRACKING_KEY, tracking))

@@ -282,9 +282,8 @@ class Rendezvous:
         """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
         this round spends it (several nodes may see the same failure). Returns the total restarts."""
         if once_per_round:
-            full = storevalue.scoped(rnd.control_prefix, "failed")
-            mark = storevalue.seal(full, "1")
-            if storevalue.claim(rnd.control, "failed", full, mark) != mark:
+            first, _ = storevalue.claim(rnd.control, "failed", storevalue.scoped(rnd.control_prefix, "failed"), "1")
+            if not first:
                 return sum(self.counts(rnd))
         self._add(self.job_store(rnd.store), "startup_restarts" if startup else "restarts", 1)
         return sum(self.counts(rnd))

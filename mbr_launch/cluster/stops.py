@@ -72,8 +72,8 @@ class StopMessage:
 
 def publish_stop(rnd: Round, message: StopMessage) -> bool:
     """Tell every node of the round to stop its workers; True when this call was the first (authentic) one."""
-    payload = storevalue.seal(_stop_key(rnd), message.encode())
-    return storevalue.claim(rnd.control, STOP_KEY, _stop_key(rnd), payload) == payload
+    first, _ = storevalue.claim(rnd.control, STOP_KEY, _stop_key(rnd), message.encode())
+    return first
 
 
 def read_stop(rnd: Round) -> StopMessage | None:

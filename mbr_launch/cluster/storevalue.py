@@ -73,6 +73,7 @@ class Sealer:
 
 
 _warned: set[str] = set()
+_seen: dict[str, int] = {}  # full key of a sealed counter -> the highest value this agent saw (``add``)
 
 
 def _forged(key: str, why: str) -> Refused:
@@ -106,24 +107,30 @@ def scoped(prefix: str, key: str) -> str:
 
 
 def open_value(full_key: str, raw: bytes | str) -> bytes:
-    """``raw`` read from ``full_key``, verified when the job has a secret; raises Refused."""
-    if len(raw) > MAX_BYTES + len(_TAG) + _MAC_LEN + 1:
-        raise Refused(f"{len(raw)} bytes, over the bound of {MAX_BYTES}")
+    """``raw`` read from ``full_key``, bounded and verified when the job has a secret; raises Refused."""
+    _bounded(raw)
     return SEALER.open(full_key, raw)
 
 
-def claim(store: Any, key: str, full_key: str, payload: bytes, tries: int = 4) -> bytes:
-    """``compare_set(key, "", payload)`` where the first *authentic* writer wins: a value that fails its seal
-    (a neighbour's, written first to block ours) is replaced by ours; the value that stands is returned, raw.
-    Without a secret every value is authentic, and the first writer wins as before."""
-    stored = store.compare_set(key, "", payload)
-    for _ in range(tries):
+def _bounded(raw: bytes | str) -> None:
+    if len(raw) > MAX_BYTES + len(_TAG) + _MAC_LEN + 1:
+        raise Refused(f"{len(raw)} bytes, over the bound of {MAX_BYTES}")
+
+
+def claim(store: Any, key: str, full_key: str, value: str | bytes, tries: int = 4) -> tuple[bool, bytes | None]:
+    """``compare_set(key, "", value)`` (sealed) where the first *authentic* writer wins: a value that fails its
+    seal (a neighbour's, written first to block ours) is replaced by ours. Returns whether ``value`` is what
+    stands, and what stands, opened (None when a forgery stood through every try). Without a secret every
+    value is authentic, and the first writer wins as before."""
+    mine = seal(full_key, value)
+    stored = store.compare_set(key, "", mine)
+    for attempt in range(tries + 1):
         try:
-            open_value(full_key, stored)
-            return stored
+            return stored == mine, open_value(full_key, stored)
         except Refused:
-            stored = store.compare_set(key, stored, payload)
-    return stored
+            if attempt < tries:
+                stored = store.compare_set(key, stored, mine)
+    return False, None
 
 
 def add(store: Any, key: str, full_key: str, amount: int, tries: int = 200) -> int:
@@ -153,21 +160,20 @@ def add(store: Any, key: str, full_key: str, amount: int, tries: int = 200) -> i
     raise Refused(f"the counter {key} changed under every one of {tries} writes")
 
 
-_seen: dict[str, int] = {}
-
-
 def _refuse_constant(name: str) -> Any:
     raise Refused(f"a non-finite number ({name})")
 
 
-def decode_json(raw: bytes | str | None, *, key: str | None, limit: int = MAX_BYTES, depth: int = MAX_DEPTH) -> Any:
+def decode_json(raw: bytes | str | None, *, key: str | None, depth: int = MAX_DEPTH) -> Any:
     """The JSON value stored under ``key``: verified (``key`` None: the caller opened it already), bounded,
     parsed; raises Refused with the reason."""
     if raw is None:
         raise Refused("missing")
-    if len(raw) > limit + len(_TAG) + _MAC_LEN + 1:
-        raise Refused(f"{len(raw)} bytes, over the bound of {limit}")
-    data = SEALER.open(key, raw) if key is not None else (raw.encode() if isinstance(raw, str) else bytes(raw))
+    if key is not None:
+        data = open_value(key, raw)
+    else:
+        _bounded(raw)
+        data = raw.encode() if isinstance(raw, str) else bytes(raw)
     try:
         value = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
     except Refused:
