@@ -9,6 +9,8 @@ from __future__ import annotations
 import os
 import stat
 
+from mbr_launch.report.private import open_regular
+
 MIN_SECRET = 16  # bytes: a shorter secret can be guessed offline from one sealed value
 MAX_SECRET = 4096
 
@@ -22,13 +24,11 @@ def read_secret(path: str) -> bytes:
     a link, not a regular file of this user, readable or writable by others (a secret others can read protects
     nothing), or too short."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = open_regular(path)  # no link followed, no FIFO waited on, a regular file only
     except OSError as err:
         raise SecretFileError(f"cannot open {path}: {err.strerror} (a symbolic link is refused too)") from None
     try:
         st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise SecretFileError(f"{path} is not a regular file")
         if st.st_uid != os.geteuid():
             raise SecretFileError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
         if st.st_mode & 0o077:

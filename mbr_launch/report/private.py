@@ -78,9 +78,11 @@ def write_private(path: Path, data: bytes) -> None:
 def open_regular(path: Path | str) -> int:
     """A read-only fd on ``path`` if it is a regular file reached without following a symlink at its last
     component; OSError otherwise. O_NONBLOCK: a FIFO put there cannot block the open (nor, refused, a read);
-    O_NOFOLLOW: a link to /dev/zero or to someone's private file is not read."""
+    O_NOFOLLOW: a link to /dev/zero or to someone's private file is not read; O_NOCTTY: a terminal put there
+    does not become ours. The one open of such files: ``workers.safefile`` and ``config.secret`` add their
+    own checks on the fd it returns."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # O_NOFOLLOW's answer for a symlink: say so, not "too many levels"
             raise OSError(errno.ELOOP, "is a symlink (not followed)", str(path)) from None

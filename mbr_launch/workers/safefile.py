@@ -10,7 +10,8 @@ can leave anything under the expected name, and each of these stopped or hurt an
 - a huge file, or one of theirs.
 So every such read opens with ``O_NOFOLLOW`` (a symlink is refused, not followed) and ``O_NONBLOCK`` (a FIFO
 or a device opens at once), checks the open file with ``fstat`` (a regular file, ours, one link) and reads
-no more than the caller's cap. ``report/private.py`` is the writing side of the same rules.
+no more than the caller's cap. The open itself is ``report.private.open_regular`` (what ``mbr-launch report``
+reads with); ``report/private.py`` is also the writing side of the same rules.
 
 ``planting_risk`` says whether others can create names in a directory at all: the preflight refuses a dump
 directory where they can (``doctor.host``), before any file there is trusted with a rank's evidence.
@@ -24,6 +25,8 @@ import os
 import pwd
 import stat
 from typing import Any, Callable, TypeVar
+
+from mbr_launch.report.private import open_regular
 
 _T = TypeVar("_T")
 
@@ -47,7 +50,7 @@ def open_owned(path: "str | os.PathLike[str]") -> int:
     anything else, an unreadable file included. Never blocks, never follows a symlink."""
     # lstat first: a FIFO or a device is refused without being opened at all (opening a device can act).
     _check(_refusing(os.lstat, path))
-    fd = _refusing(os.open, path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
+    fd = _refusing(open_regular, path)
     try:
         _check(os.fstat(fd))  # the name was swapped between the lstat and the open
     except BaseException:
