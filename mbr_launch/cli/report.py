@@ -25,7 +25,7 @@ def report_command(
     """Report a finished (or running) launch: each round and failure (rank, node, cause, exit code or
     signal, last section, detection and restart time), a timeline of start-up, training, lost work,
     detection and restart per node, and where the time went (goodput)."""
-    from mbr_launch.report.events import printable
+    from mbr_launch.visible import one_line
     from mbr_launch.report.render_plot import PlotUnavailable, html_page, require, svg as svg_text
     from mbr_launch.report.render_text import print_report
     from mbr_launch.report.runs import ReportError
@@ -40,14 +40,14 @@ def report_command(
                 _write(path, make(run))
     except (ReportError, PlotUnavailable) as err:
         # one line, whatever it quotes: the paths it names are file names anyone sharing the folder chose
-        raise CommandError(printable(str(err))) from None
+        raise CommandError(one_line(str(err))) from None
 
 
 def _write(path: Path, text: str) -> None:
-    from mbr_launch.report.events import printable
+    from mbr_launch.visible import one_line
 
     try:
         path.write_text(text)
     except OSError as exc:
-        raise CommandError(printable(f"cannot write {path}: {exc.strerror or exc}")) from None
-    print(f"wrote {printable(str(path))}")
+        raise CommandError(one_line(f"cannot write {path}: {exc.strerror or exc}")) from None
+    print(f"wrote {one_line(str(path))}")

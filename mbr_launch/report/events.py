@@ -345,19 +345,8 @@ def report_record(line: bytes) -> dict[str, Any]:
     return out
 
 
-def encodable(text: str) -> str:
-    """``text`` with each lone surrogate (``"\\ud800"`` in JSON; a byte of a file name that is not UTF-8) as
-    its escape: printing one raises UnicodeEncodeError."""
-    return text.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def printable(text: str, limit: int | None = None) -> str:
-    """``text`` fit for one line of a terminal: ``visible.one_line`` of ``encodable(text)``."""
-    return one_line(encodable(text), limit)
-
-
 def _text(value: str) -> str:
-    return printable(value, MAX_TEXT)
+    return one_line(value, MAX_TEXT)
 
 
 def _checked(name: str, kind: str, value: Any) -> Any:

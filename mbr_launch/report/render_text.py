@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.text import Text
 
 from mbr_launch.decide.goodput_text import LABEL, MEANING, render
-from mbr_launch.report.events import printable
+from mbr_launch.visible import one_line
 from mbr_launch.report.timeline import OPEN, RUNNING, Failure, Lane, RunTimeline
 
 GLYPH = {"startup": "░", "productive": "█", "lost": "▓", "detection": "!", "restart": "~", "other": "·",
@@ -56,7 +56,7 @@ def story(run: RunTimeline) -> list[str]:
     if run.argv:
         lines.append(f"  command: {' '.join(run.argv)}")
     for lane in run.lanes:
-        lines.append(f"  log: {printable(str(lane.path))}")
+        lines.append(f"  log: {one_line(str(lane.path))}")
         lines.extend(f"    {note}" for note in lane.notes)
     by_number = {f.number: f for f in run.failures}
     for rnd in run.rounds:

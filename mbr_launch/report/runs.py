@@ -22,8 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
 
-from mbr_launch.report.events import BadRecord, event_time, printable, report_record
+from mbr_launch.report.events import BadRecord, event_time, report_record
 from mbr_launch.report.private import open_regular
+from mbr_launch.visible import one_line
 
 LOG = "events.jsonl"
 LATEST = "latest"
@@ -253,7 +254,7 @@ def _with_siblings(node: NodeLog) -> list[NodeLog]:
             found.append(other)
             size, count = size + other.size, count + len(other.records)
     if left_out:
-        note = (f"{left_out} more node log(s) of run {printable(str(run_id))} not read: the report reads at "
+        note = (f"{left_out} more node log(s) of run {one_line(str(run_id))} not read: the report reads at "
                 f"most {MAX_RUN_BYTES // MiB} MiB or {MAX_RUN_RECORDS} records of a run")
         found[0] = NodeLog(node.path, node.records, (*node.notes, note), node.owner, node.size)
     return found

@@ -12,10 +12,9 @@ from pathlib import Path
 from typing import Any
 
 from mbr_launch.decide.causes import Cause
-from mbr_launch.report.events import encodable, printable
 from mbr_launch.report.exitstatus import ExitStatus
 from mbr_launch.report.private import read_regular
-from mbr_launch.visible import visible
+from mbr_launch.visible import one_line, visible
 
 # A worker's error file holds one message and one traceback, a few KB (Python collapses a deep recursion's
 # repeated frames). A larger file is not read: it is read whole, and the agent must not run out of memory.
@@ -43,7 +42,7 @@ class ErrorFile:
             return None
         message = data.get("message", data) if isinstance(data, dict) else data
         if isinstance(message, str):
-            return ErrorFile(message=printable(message, MAX_TRACEBACK), traceback="", timestamp=0)
+            return ErrorFile(message=one_line(message, MAX_TRACEBACK), traceback="", timestamp=0)
         if not isinstance(message, dict):
             return None
         extra = message.get("extraInfo")
@@ -54,8 +53,8 @@ class ErrorFile:
         except ValueError:
             stamp = 0
         text, callstack = message.get("message", ""), extra.get("py_callstack", "")
-        return ErrorFile(message=printable(text if isinstance(text, str) else "", MAX_TRACEBACK),
-                         traceback=visible(encodable(callstack if isinstance(callstack, str) else ""), MAX_TRACEBACK),
+        return ErrorFile(message=one_line(text if isinstance(text, str) else "", MAX_TRACEBACK),
+                         traceback=visible(callstack if isinstance(callstack, str) else "", MAX_TRACEBACK),
                          timestamp=stamp)
 
 
