@@ -179,7 +179,7 @@ class Agent:
         return evidence.gather(self._group.workers, node=self.node, group_rank=rnd.group_rank,
                                out_dir=run_dir / f"attempt_{rnd.index}" / "stacks",
                                stack_method=self.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows,
-                               warn=lambda line: self.say(f"WARNING: {line}"))  # a refused dump or stack file
+                               warn=self.say)  # a refused dump file: its line starts "WARNING:"
 
     def _install_signals(self, wakeup: Wakeup) -> dict[int, Any]:
         old = {}
