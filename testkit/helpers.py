@@ -105,6 +105,15 @@ def run_on_pty(args: list[str], *, cols: int, rows: int, timeout: float) -> list
     return reads
 
 
+def read_ready(fd: int) -> bytes:
+    """What a pipe holds now (up to 1 MiB), without waiting: the console tests read their pipes after writing."""
+    os.set_blocking(fd, False)
+    try:
+        return os.read(fd, 1 << 20)
+    except BlockingIOError:
+        return b""
+
+
 def finish(proc: subprocess.Popen, timeout: float = 90) -> tuple[str, str]:
     try:
         return proc.communicate(timeout=timeout)

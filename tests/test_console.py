@@ -17,7 +17,7 @@ import pytest
 
 from mbr_launch.report.console import LINE_CAP, Console
 
-from testkit.helpers import LAUNCHER, REPO, launcher_env, run_on_pty
+from testkit.helpers import LAUNCHER, REPO, launcher_env, read_ready, run_on_pty
 from .vt import Terminal
 
 pytestmark = pytest.mark.timeout(120)
@@ -157,14 +157,6 @@ def _pipes(console_kw: dict | None = None) -> tuple[Console, int, int]:
     return Console(out_w, err_w, **(console_kw or {})), out_r, err_r
 
 
-def _read(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 1 << 20)
-    except BlockingIOError:
-        return b""
-
-
 def test_prefix_at_every_line_start_and_no_two_sources_on_one_line():
     console, out_r, err_r = _pipes()
     a, b = console.source("stdout", b"[rank0]:"), console.source("stdout", b"[rank1]:")
@@ -172,15 +164,15 @@ def test_prefix_at_every_line_start_and_no_two_sources_on_one_line():
     a.write(b"o\n\nbar 1%\r")
     a.write(b"bar 2%\rbar 3%")
     a.flush()
-    assert _read(out_r) == b"[rank0]:one\n[rank0]:two\n[rank0]:\n[rank0]:bar 1%\r[rank0]:bar 2%\r[rank0]:bar 3%"
+    assert read_ready(out_r) == b"[rank0]:one\n[rank0]:two\n[rank0]:\n[rank0]:bar 1%\r[rank0]:bar 2%\r[rank0]:bar 3%"
     b.write(b"hello\n")  # rank 0's bar is unfinished: it is ended first, and continues with its prefix
     a.write(b"\rbar 4%\r\n")
     a.end()
     b.write(b"partial")
     b.end()
     console.flush()
-    assert _read(out_r) == b"\n[rank1]:hello\n\r[rank0]:bar 4%\r\n[rank1]:partial\n"
-    assert _read(err_r) == b""
+    assert read_ready(out_r) == b"\n[rank1]:hello\n\r[rank0]:bar 4%\r\n[rank1]:partial\n"
+    assert read_ready(err_r) == b""
 
 
 def test_live_area_is_drawn_below_the_lines_and_bounded(monkeypatch):
@@ -197,7 +189,7 @@ def test_live_area_is_drawn_below_the_lines_and_bounded(monkeypatch):
     console.flush()
     console.set_status(None)
     term = Terminal(40, 10)
-    term.feed(_read(err_r).decode())
+    term.feed(read_ready(err_r).decode())
     assert term.lines()[:1] == ["[rank0]:line 1"]
     assert not any("status" in line for line in term.lines())
     assert term.lines()[1].startswith("[rank0]:bar 6%xxxx")
@@ -232,6 +224,6 @@ def test_pump_keeps_whole_lines_for_files_and_filters_and_a_bounded_tail(tmp_pat
     assert (tmp_path / "out.log").read_bytes() == b"".join(chunks)
     assert (tmp_path / "filtered.log").read_bytes() == b"[rank0]:step 1 loss 0.5\n[rank0]:step 2 loss 0.4\n"
     assert list(tail) == [b"step 2 loss 0.4\n", b"z" * LINE_CAP + b"\n", b"last, no end\n"]
-    shown = _read(out_r)
+    shown = read_ready(out_r)
     assert shown.startswith(b"[rank0]:step 1 loss 0.5\n[rank0]:progress 10%\r[rank0]:progress 90%\r\n[rank0]:step 2")
     assert shown.endswith(b"\n[rank0]:last, no end\n")

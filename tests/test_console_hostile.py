@@ -19,7 +19,7 @@ import pytest
 from mbr_launch.report.console import Console
 from mbr_launch.workers.output import OutputPump
 
-from testkit.helpers import run_on_pty
+from testkit.helpers import read_ready, run_on_pty
 from .vt import Terminal
 
 pytestmark = pytest.mark.timeout(60)
@@ -80,14 +80,6 @@ def _through_pump(console: Console, chunks: list[bytes]) -> None:
     pump.join(10)
 
 
-def _read(fd: int) -> bytes:
-    os.set_blocking(fd, False)
-    try:
-        return os.read(fd, 1 << 20)
-    except BlockingIOError:
-        return b""
-
-
 def _check_terminal_safe(raw: bytes, *, genuine: list[str]) -> list[str]:
     """What a terminal shows of ``raw``; asserts that only colours (and an erase to the right) reached it, that each
     prefix is drawn with no
@@ -122,7 +114,7 @@ def test_worker_bytes_cannot_forge_erase_or_retitle_on_a_terminal(hostile):
                                 b"\n" + hostile, b"\n" + FORGED + b"\n"])
         console.say("[mbr-launch vm] done")
         console.flush()
-        raw = _read(err_r)
+        raw = read_ready(err_r)
     finally:
         for fd in fds:
             os.close(fd)
@@ -154,7 +146,7 @@ def test_the_agents_messages_quoting_a_worker_are_one_line_without_controls():
         console.say("[mbr-launch vm] FAILURE: rank 0 (local rank 0) on vm: RuntimeError: boom\n"
                     "[mbr-launch vm] all ranks finished\x1b[1A\x1b[2K\x1b]0;pwned\x07\r\tx")
         console.flush()
-        raw = _read(err_r)
+        raw = read_ready(err_r)
     finally:
         for fd in fds:
             os.close(fd)
@@ -172,7 +164,7 @@ def test_colours_and_progress_bars_still_work_on_a_terminal(monkeypatch):
         worker, pump = _pump(console)
         os.write(worker, b"\x1b[31merror: one\nerror: two\x1b[0m\n")
         shown = bytearray()
-        _wait_for(lambda: bool(shown.extend(_read(err_r))) or b"two" in shown)
+        _wait_for(lambda: bool(shown.extend(read_ready(err_r))) or b"two" in shown)
         assert console.set_status(lambda width: ["status"])
         for pct in (10, 50):
             os.write(worker, b"\r\x1b[K\x1b[32mtrain: " + f"{pct}%".encode() + b" \xe2\x96\x88\xe2\x96\x88\x1b[0m")
@@ -182,7 +174,7 @@ def test_colours_and_progress_bars_still_work_on_a_terminal(monkeypatch):
         pump.join(10)
         console.set_status(None)
         console.flush()
-        raw = bytes(shown) + _read(err_r)
+        raw = bytes(shown) + read_ready(err_r)
     finally:
         for fd in fds:
             os.close(fd)
@@ -202,7 +194,7 @@ def test_off_a_terminal_the_workers_bytes_are_kept_as_written_with_the_prefix():
     try:
         _through_pump(console, [b"\x1b[32mok\x1b[0m \x1b]0;t\x07\xff\rbar\n"])
         console.flush()
-        raw = _read(err_r)
+        raw = read_ready(err_r)
     finally:
         for fd in fds:
             os.close(fd)
