@@ -176,7 +176,21 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(pytest.mark.xdist_group("root-cluster"))
 
 
+def _warm_matplotlib_font_cache() -> None:
+    """Build matplotlib's font list before any test runs, where starting a process is allowed.
+
+    matplotlib writes the list to MPLCONFIGDIR on first use and runs ``fc-list`` to make it: a test that renders
+    a report on a machine (or a CI run with empty caches) that never ran matplotlib would otherwise start that
+    process inside the fast tier, and pass or fail by what an earlier run left behind.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is not None:
+        import matplotlib.font_manager  # noqa: F401  (loads the list, or builds and saves it)
+
+
 def pytest_configure(config):
+    _warm_matplotlib_font_cache()
     config.addinivalue_line("markers", "processes: starts real processes (the slow tier); -m 'not processes' "
                                        "runs the rest in seconds")
     config.addinivalue_line("markers", "xdist_group(name): pytest-xdist runs the tests of one group on one worker")
