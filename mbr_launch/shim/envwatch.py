@@ -12,14 +12,14 @@ its first ``DistributedDataParallel``) would find it ignored. Nothing here chang
   stays the same, only its class is swapped, so every module's reference to it and ``os.getenv`` are covered.
   Every key looked up (``[]``, ``get``, ``in``) is recorded with the value seen (None: absent), and every key
   the import wrote (inductor sets TORCHINDUCTOR_CACHE_DIR) with the value it left.
-- After the hand-over (``adopt``, once the assignment has replaced the environment), a recorded key the
-  rank's environment has another value of is warned about at once, and ``os.environ`` becomes a ``Watching``
-  instance, which warns, once per variable, when the script sets or deletes a recorded key to anything but
-  what the preload saw. Writes cost one dictionary look-up more; reads nothing.
-- Values are compared, not writes: a write to a watched key is looked at again ``SETTLE`` seconds later, and
-  only what still differs then is reported, in one line. Hugging Face accelerate's ``clear_environment()``
-  clears ``os.environ`` and restores it unchanged (a restarted rank printed one warning per variable, 66
-  lines for one rank); that says nothing now.
+- After the hand-over (``adopt``), the script's changes are judged where they can matter, and only there: at
+  its first import of a preloaded module (a fresh process would have read them then) and at its exit. A key
+  is "set by the script" when its value then differs from what the launch gave the rank, from what the
+  preload saw and from what the preload itself wrote; one line names them all, once per variable. What is said
+  depends on what the script did, never on timing: Hugging Face accelerate's ``clear_environment()`` clears
+  ``os.environ`` and restores it unchanged (a look at a fixed delay after a write can fall inside the clear),
+  and a preload still running after the hand-over writes inductor's cache directory into the rank's
+  environment; neither is the script's doing.
 
 Not seen: reads by C or C++ code (getenv(3)) and by code that copied the environment before the preload.
 Standard library only: ``shim.standby`` imports it before anything is preloaded.
@@ -77,58 +77,6 @@ class Recording(os._Environ):  # type: ignore[name-defined,misc,type-arg]  # os.
         Recording.written[key] = None
 
 
-class Watching(os._Environ):  # type: ignore[name-defined,misc,type-arg]
-    """``os.environ`` after the hand-over: a write to a watched key is noted, and ``settle`` (``SETTLE`` seconds
-    later, on a timer thread) reports, once per key, those whose value then differs from what the preload saw
-    (such a key is no longer watched)."""
-
-    watched: Reads = {}
-    touched: set[str] = set()  # watched keys written since the last settle
-    environ: "os._Environ[str] | None" = None  # type: ignore[name-defined]
-    timer: "threading.Timer | None" = None
-
-    def __setitem__(self, key, value):  # type: ignore[no-untyped-def]
-        _set(self, key, value)  # not super(): this runs on every write the script makes
-        if key in Watching.watched:
-            _touch(key)
-
-    def __delitem__(self, key):  # type: ignore[no-untyped-def]
-        _delete(self, key)
-        if key in Watching.watched:
-            _touch(key)
-
-
-SETTLE = 0.5  # seconds: a clear-and-restore takes microseconds; a script's own setting stays
-_lock = threading.Lock()
-
-
-def _touch(key: str) -> None:
-    with _lock:
-        Watching.touched.add(key)
-        if Watching.timer is None:
-            Watching.timer = threading.Timer(SETTLE, settle)
-            Watching.timer.daemon = True
-            Watching.timer.start()
-
-
-def settle() -> None:
-    """Report (one line) the watched keys written since the last look whose value now differs from the
-    preload's; those whose value came back keep being watched."""
-    with _lock:
-        keys, Watching.touched, Watching.timer = sorted(Watching.touched), set(), None
-        environ = Watching.environ
-        if environ is None:
-            return
-        changed = [key for key in keys if key in Watching.watched
-                   and os._Environ.get(environ, key) != Watching.watched[key][0]]  # type: ignore[attr-defined]
-        found = [Watching.watched.pop(key) for key in changed]
-    if changed:
-        _say(changed, sorted({module for _, module in found}), by_script=True)
-
-
-_set, _delete = os._Environ.__setitem__, os._Environ.__delitem__  # type: ignore[attr-defined]
-
-
 @contextmanager
 def recording(reads: Reads, written: dict[str, "str | None"], module: str,
               environ: "os._Environ[str]" = os.environ) -> Iterator[None]:  # type: ignore[name-defined]
@@ -146,44 +94,100 @@ def recording(reads: Reads, written: dict[str, "str | None"], module: str,
         environ.__class__ = os._Environ  # type: ignore[attr-defined]
 
 
-def differing(reads: Reads, written: Mapping[str, "str | None"], environ: Mapping[str, str]) -> list[str]:
-    """Recorded keys whose value in ``environ`` is neither the one the preload saw nor the one it left."""
-    return sorted(key for key, (value, _) in reads.items()
-                  if environ.get(key) != value and (key not in written or environ.get(key) != written[key]))
+def set_by_script(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str, str],
+                  environ: Mapping[str, str], *, present_only: bool = False) -> list[str]:
+    """Recorded keys the script gave another value: neither what the launch gave the rank, nor what the preload
+    saw, nor what the preload itself wrote (inductor sets its cache directory, after the hand-over too when the
+    preload was still running). ``present_only``: a key absent now is not judged (a library's clear-and-restore
+    of ``os.environ`` may be under way)."""
+    found = []
+    for key, (seen, _) in reads.items():
+        now = environ.get(key)
+        if now is None and present_only:
+            continue
+        if now != launch.get(key) and now != seen and (key not in written or now != written[key]):
+            found.append(key)
+    return sorted(found)
 
 
-def warning(keys: list[str], modules: list[str], by_script: bool) -> str:
+def warning(keys: list[str], modules: list[str]) -> str:
     """The one line a rank gets: which variables, which preloaded modules, what to do."""
     it, was = ("it", "was") if len(modules) == 1 else ("them", "were")
     them = "it" if len(keys) == 1 else "them"
-    how = "set by the script" if by_script else f"as this rank's environment has {them}"
     return (f"mbr-launch: warm standby: {', '.join(modules)} {was} imported before this script ran "
-            f"(--standby-preload), so {', '.join(keys)}, {how}, may have no effect on {it}; set {them} in the "
-            "launch environment instead, or run with --standby-preload none")
+            f"(--standby-preload), so {', '.join(keys)}, set by the script, may have no effect on {it}; set {them} "
+            "in the launch environment instead, or run with --standby-preload none")
 
 
 # Variables already warned about in this process (shim.standby's warning about torch's import-time variables
 # leaves them out).
 reported: set[str] = set()
+_lock = threading.Lock()
 
 
-def _say(keys: list[str], modules: list[str], by_script: bool) -> None:
-    reported.update(keys)
-    print(warning(keys, modules, by_script), file=sys.stderr, flush=True)
+class Judged:
+    """What ``settle`` compares after the hand-over (``adopt``); empty before it and in other processes."""
+
+    reads: Reads = {}
+    written: Mapping[str, "str | None"] = {}
+    launch: Mapping[str, str] = {}
+    environ: "Mapping[str, str] | None" = None
 
 
-def adopt(reads: Reads, written: Mapping[str, "str | None"],
+def settle(present_only: bool = False) -> None:
+    """Warn, in one line, about the recorded variables the script has given another value (``set_by_script``),
+    each once per process."""
+    with _lock:
+        if Judged.environ is None:
+            return
+        keys = [key for key in set_by_script(Judged.reads, Judged.written, Judged.launch, Judged.environ,
+                                             present_only=present_only) if key not in reported]
+        reported.update(keys)
+    if keys:
+        modules = sorted({Judged.reads[key][1] for key in keys})
+        print(warning(keys, modules), file=sys.stderr, flush=True)
+
+
+def adopt(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str, str],
           environ: "os._Environ[str]" = os.environ) -> None:  # type: ignore[name-defined]
-    """After the hand-over: warn about what the rank's environment has otherwise than the preload saw, and
-    watch the script's writes from now on. What the preload wrote went with the standby's environment, on
-    purpose: the script's first line sees what a fresh process's does (inductor sets its cache directory
-    again when it needs it)."""
+    """After the hand-over, once the preload is over: judge the script's changes where they can matter and
+    nowhere else, so that what is said depends on what the script did, never on timing. That is at its first
+    import of a preloaded module (where a fresh process would have read them; keys present then), and at its
+    exit (every key). ``launch``: the environment the launch gave the rank. Nothing is said about a value the
+    launch gave that differs from the preload's: the launcher decides those, not the user. What the preload
+    wrote went with the standby's environment, on purpose: the script's first line sees what a fresh process's
+    does (inductor sets its cache directory again when it needs it)."""
     if not reads or type(environ) is not os._Environ:  # type: ignore[attr-defined]
         return
-    now = differing(reads, written, environ)
-    if now:
-        _say(now, sorted({reads[k][1] for k in now}), by_script=False)
-    Watching.watched = {key: found for key, found in reads.items() if key not in now}
-    Watching.environ, Watching.touched = environ, set()
-    atexit.register(settle)  # a script that ends within SETTLE of its write is still told
-    environ.__class__ = Watching
+    with _lock:
+        Judged.reads, Judged.written, Judged.launch, Judged.environ = reads, written, dict(launch), environ
+    atexit.register(settle)
+    _settle_at_first_use({module for _, module in reads.values()})
+
+
+def _preloaded(name: str, fromlist: object, modules: set[str]) -> bool:
+    names = [name]
+    if isinstance(fromlist, (tuple, list)):
+        names += [f"{name}.{item}" for item in fromlist if isinstance(item, str)]
+    return any(n == m or n.startswith(m + ".") for n in names for m in modules)
+
+
+def _settle_at_first_use(modules: set[str]) -> None:
+    """``settle`` (keys present) at the first import statement, outside mbr_launch, that names a preloaded
+    module or one under it (the script's own, or a library's, as torch's DDP importing torch._dynamo); the hook
+    then takes itself out."""
+    import builtins
+
+    original = builtins.__import__
+    fired = threading.Event()
+
+    def hook(name, globals=None, locals=None, fromlist=(), level=0):  # type: ignore[no-untyped-def]
+        if (not fired.is_set() and level == 0 and _preloaded(name, fromlist, modules)
+                and not str((globals or {}).get("__name__", "")).startswith("mbr_launch")):
+            fired.set()
+            if builtins.__import__ is hook:
+                builtins.__import__ = original
+            settle(present_only=True)
+        return original(name, globals, locals, fromlist, level)
+
+    builtins.__import__ = hook

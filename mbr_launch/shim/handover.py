@@ -21,6 +21,7 @@ class Adoption:
 
     def __init__(self, reads: envwatch.Reads, written: dict[str, str | None]) -> None:
         self._reads, self._written = reads, written
+        self._launch: Mapping[str, str] = {}
         self._lock = threading.Lock()
         self._done = self._ready = self._adopted = False
 
@@ -29,9 +30,10 @@ class Adoption:
             self._done = True
         self._maybe()
 
-    def environment_ready(self) -> None:
+    def environment_ready(self, launch: Mapping[str, str]) -> None:
+        """``launch``: the environment the launch gave the rank (the assignment's)."""
         with self._lock:
-            self._ready = True
+            self._ready, self._launch = True, launch
         self._maybe()
 
     def _maybe(self) -> None:
@@ -39,7 +41,7 @@ class Adoption:
             go = self._done and self._ready and not self._adopted
             self._adopted = self._adopted or go
         if go:
-            envwatch.adopt(self._reads, self._written)
+            envwatch.adopt(self._reads, self._written, self._launch)
 
 
 def replace_environ(env: Mapping[str, str]) -> None:

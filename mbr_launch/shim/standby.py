@@ -144,9 +144,9 @@ def serve() -> None:
         adoption.preload_done()
     # Now that the environment is the rank's, the script's writes are watched (``envwatch``); with a preload
     # still under way, once it is done (its imports record what they read until then).
-    adoption.environment_ready()
+    adoption.environment_ready(assignment.env)
     if level in ("torch", "cuda") and not early:
-        _watch_torch_import(startup_env, level, preloading)
+        _watch_torch_import(startup_env, assignment.env, written, level, preloading)
 
 
 def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
@@ -284,7 +284,8 @@ def _read_message(channel: int) -> bytes:
     return b"".join(chunks)
 
 
-def _watch_torch_import(startup_env: Mapping[str, str], level: str,
+def _watch_torch_import(startup_env: Mapping[str, str], launch: Mapping[str, str],
+                        written: Mapping[str, str | None], level: str,
                         preloading: threading.Thread | None = None) -> None:
     """At the script's first ``import torch`` (or ``import torch.x``, also from a library it imports; not
     from mbr_launch's own modules), wait for a preload still under way, then compare the environment with the
@@ -293,19 +294,21 @@ def _watch_torch_import(startup_env: Mapping[str, str], level: str,
     import builtins
 
     original = builtins.__import__
+    done = threading.Event()  # another hook installed after this one keeps it in the chain: act once
 
     def hook(name, globals=None, locals=None, fromlist=(), level_=0):  # type: ignore[no-untyped-def]
         importer = str((globals or {}).get("__name__", ""))
-        if preloading is not None and threading.current_thread() is preloading:
+        if done.is_set() or (preloading is not None and threading.current_thread() is preloading):
             pass  # torch importing its own parts inside the preload still under way: not the script's import
         elif (name == "torch" or name.startswith("torch.")) and not importer.startswith("mbr_launch"):
+            done.set()
             if builtins.__import__ is hook:
                 builtins.__import__ = original
             if preloading is not None:
                 preloading.join()
             if "torch" in sys.modules:
                 try:
-                    _reconcile(startup_env, level)
+                    _reconcile(startup_env, launch, written, level)
                 except Exception:
                     pass  # a repair that fails must not turn into the script's ImportError
         return original(name, globals, locals, fromlist, level_)
@@ -346,10 +349,18 @@ def _physical_cores() -> int:
     return len(cores) or os.cpu_count() or 1
 
 
-def _reconcile(startup_env: Mapping[str, str], level: str) -> None:
-    changed = sorted(k for k in set(startup_env) | set(os.environ)  # envwatch has reported some already
-                     if startup_env.get(k) != os.environ.get(k) and _read_at_import(k, level)
-                     and k not in envwatch.reported)
+def _reconcile(startup_env: Mapping[str, str], launch: Mapping[str, str], written: Mapping[str, str | None],
+               level: str) -> None:
+    """The import-time variables the script changed before its ``import torch``: another value than the launch
+    gave (``launch``) and than torch was imported with (``startup_env``), and not the preload's own write
+    (``written``: inductor's cache directory, set in the rank's environment when the preload was still running
+    at the hand-over)."""
+    def by_script(k: str) -> bool:
+        now = os.environ.get(k)
+        return now != launch.get(k) and now != startup_env.get(k) and (k not in written or now != written[k])
+
+    changed = sorted(k for k in set(startup_env) | set(os.environ) | set(launch)  # envwatch has reported some
+                     if _read_at_import(k, level) and by_script(k) and k not in envwatch.reported)
     threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
     if any(k in changed for k in threads):
         count = _fresh_thread_count()
