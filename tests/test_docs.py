@@ -121,7 +121,8 @@ def relative_links(text: str) -> list[str]:
 def anchors(text: str) -> set[str]:
     """The anchors GitHub gives a Markdown text's headings: lower case, punctuation but `-` and `_` dropped,
     spaces as `-`, a repeated one numbered (`-1`, `-2`)."""
-    found, times = set(), {}
+    found: set[str] = set()
+    times: dict[str, int] = {}
     for heading in re.findall(r"^#{1,6} +(.+?) *#*$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), re.M):
         slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
         found.add(f"{slug}-{times[slug]}" if slug in times else slug)

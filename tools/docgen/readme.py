@@ -53,7 +53,7 @@ def events_table() -> str:
     return "\n".join(out) + "\n"
 
 
-def replace_region(page: str, table: str, name: str, path: str = "README.md") -> str:
+def replace_region(page: str, table: str, name: str, path: str) -> str:
     """``page`` (the text of ``path``) with the text between the ``name`` markers replaced by ``table``."""
     begin, finish = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
     start, end = page.find(begin), page.find(finish)
