@@ -1,4 +1,5 @@
-"""The generated docs (man page, completions, options page, README tables) match ``SETTINGS`` and work in real tools.
+"""The generated docs (man page, completions, options page, the tables of README.md and docs/events.md) match
+``SETTINGS`` and work in real tools; every relative link of the Markdown pages resolves and README.md stays short.
 
 Shell and man tests need zsh, fish, man-db and groff (Debian packages of the same names); each is skipped
 with a reason when its tool is missing.
@@ -37,7 +38,7 @@ def _need(tool: str) -> None:
 # ---- drift ---------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", [*docgen.RENDERERS, "README.md"])
+@pytest.mark.parametrize("path", [*docgen.RENDERERS, *docgen.REGIONS])
 def test_committed_file_is_current(path: str):
     expected = docgen.expected_files(REPO)[path]
     assert (REPO / path).read_text() == expected, f"{path} is stale: run scripts/gen-docs"
@@ -68,20 +69,103 @@ def test_drift_is_detected(monkeypatch, capsys, change, stale: set[str]):
     assert "stale: man/mbr-launch.1" in capsys.readouterr().err
 
 
-def test_write_touches_only_the_readme_regions(tmp_path):
+def test_write_touches_only_the_generated_regions(tmp_path):
     before, after = "# Title\n\nintro\n", "\n## Later\n\ntext <!-- events:start --> not a marker line\n"
-    (tmp_path / "README.md").write_text(f"{before}<!-- exitcodes:start -->\nold exitcodes\n<!-- exitcodes:end -->\n"
-                                        f"middle\n<!-- events:start -->\nold events\n<!-- events:end -->{after}")
+    (tmp_path / "README.md").write_text(f"{before}<!-- exitcodes:start -->\nold exitcodes\n"
+                                        f"<!-- exitcodes:end -->{after}")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/events.md").write_text(f"{before}<!-- events:start -->\nold events\n"
+                                             "<!-- events:end -->\nend\n")
     assert docgen.main(["--check"], root=tmp_path) == 1
     assert docgen.main(["--write"], root=tmp_path) == 0
     readme = (tmp_path / "README.md").read_text()
-    assert readme.startswith(before + "<!-- exitcodes:start -->\n") and readme.endswith("<!-- events:end -->" + after)
-    assert "\n<!-- exitcodes:end -->\nmiddle\n<!-- events:start -->\n" in readme
-    assert "old exitcodes" not in readme and "| `5` | preempted" in readme
-    assert "old events" not in readme and "| `hang` |" in readme
+    assert readme.startswith(before + "<!-- exitcodes:start -->\n")
+    assert readme.endswith("<!-- exitcodes:end -->" + after)
+    assert "old exitcodes" not in readme and "| `5` | preempted" in readme and "| `hang` |" not in readme
+    events = (tmp_path / "docs/events.md").read_text()
+    assert events.startswith(before + "<!-- events:start -->\n") and events.endswith("<!-- events:end -->\nend\n")
+    assert "old events" not in events and "| `hang` |" in events and "| `5` | preempted" not in events
     options = (tmp_path / "docs/options.md").read_text()
     assert options.startswith("# mbr-launch options") and "`--nproc-per-node {N,auto,cpu,gpu,xpu}`" in options
     assert docgen.main(["--check"], root=tmp_path) == 0
+
+
+def test_a_page_without_its_markers_is_named(tmp_path):
+    (tmp_path / "README.md").write_text("<!-- exitcodes:start -->\n<!-- exitcodes:end -->\n")
+    (tmp_path / "docs").mkdir()
+    (tmp_path / "docs/events.md").write_text("# Event log, its table lost\n")
+    with pytest.raises(ValueError, match=r"docs/events.md lacks the markers <!-- events:start -->"):
+        docgen.main(["--check"], root=tmp_path)
+
+
+# ---- the Markdown pages: links that resolve, a README that stays short -------------------------------
+
+README_MAX_LINES = 400
+PAGES = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
+# [text](target) and [text]: target; a target with a scheme (https:, mailto:) or only an anchor is not a file.
+_LINK = re.compile(r"\[[^\]]*\]\(\s*<?([^)\s>]+)>?(?:\s+\"[^\"]*\")?\s*\)|^\s*\[[^\]]+\]:\s*(\S+)", re.M)
+_CODE = re.compile(r"^```.*?^```|`[^`\n]*`", re.M | re.S)
+
+
+def _targets(text: str) -> list[str]:
+    """Every link target of a Markdown text, except those with a scheme; code spans and blocks are not looked in."""
+    targets = (a or b for a, b in _LINK.findall(_CODE.sub("", text)))
+    return [t for t in targets if not re.match(r"[a-z][a-z0-9+.-]*:", t)]
+
+
+def relative_links(text: str) -> list[str]:
+    """The relative link targets of a Markdown text (files), anchors cut off."""
+    return [t.split("#", 1)[0] for t in _targets(text) if not t.startswith("#")]
+
+
+def anchors(text: str) -> set[str]:
+    """The anchors GitHub gives a Markdown text's headings: lower case, punctuation but `-` and `_` dropped,
+    spaces as `-`, a repeated one numbered (`-1`, `-2`)."""
+    found: set[str] = set()
+    times: dict[str, int] = {}
+    for heading in re.findall(r"^#{1,6} +(.+?) *#*$", re.sub(r"^```.*?^```", "", text, flags=re.M | re.S), re.M):
+        slug = re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+        found.add(f"{slug}-{times[slug]}" if slug in times else slug)
+        times[slug] = times.get(slug, 0) + 1
+    return found
+
+
+def test_relative_links_are_found():
+    text = ("[a](docs/a.md) [b](b.md#part) [c](https://x.org/c.md) [d](#anchor) [e](<e.md>)\n"
+            "`[g](not/a/link.md)`\n```\n[h](nor/this.md)\n```\n[i]: ref.md\n[j](k.md \"title\")\n")
+    assert relative_links(text) == ["docs/a.md", "b.md", "e.md", "ref.md", "k.md"]
+    assert anchors("# Title\n## Which rank hung: the verdict\n```\n# not a heading\n```\n### `--x` (0.6/0.7)\n"
+                   "## Part\n## Part\n") == {"title", "which-rank-hung-the-verdict", "--x-0607", "part", "part-1"}
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_relative_link_resolves(page: str):
+    path = REPO / page
+    broken = [t for t in relative_links(path.read_text()) if not (path.parent / t).exists()]
+    assert not broken, f"{page} links to what does not exist: {broken}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_anchor_names_a_heading(page: str):
+    path = REPO / page
+    broken = []
+    for target in _targets(path.read_text()):
+        file, _, anchor = target.partition("#")
+        linked = (path.parent / file) if file else path
+        if anchor and linked.suffix == ".md" and linked.is_file() and anchor not in anchors(linked.read_text()):
+            broken.append(target)
+    assert not broken, f"{page} links to headings that do not exist: {broken}"
+
+
+def test_every_doc_page_is_linked_from_the_readme():
+    linked = {(REPO / t).resolve() for t in relative_links((REPO / "README.md").read_text())}
+    unlinked = [p for p in PAGES[1:] if (REPO / p).resolve() not in linked]
+    assert not unlinked, f"README.md does not link to {unlinked}"
+
+
+def test_the_readme_stays_short():
+    lines = len((REPO / "README.md").read_text().splitlines())
+    assert lines <= README_MAX_LINES, f"README.md has {lines} lines (at most {README_MAX_LINES}): move detail to docs/"
 
 
 # ---- the CLI agrees with the declaration ---------------------------------------------------------

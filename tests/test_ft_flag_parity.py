@@ -65,7 +65,7 @@ PROBES: list[list[str]] = [
     ["--ft-param-rank_heartbeat_timeout", "66"], ["--ft_param_enable_nic_monitor", "False"],
 ]
 CANDIDATES = ["/abs/7", "7", "step:7", "debug", "SIGTERM", "true"]
-# Where mbr-launch differs from ft_launcher on purpose (README "From ft_launcher"): 0.4.1's NIC monitor is on by
+# Where mbr-launch differs from ft_launcher on purpose (docs/ft_launcher.md): 0.4.1's NIC monitor is on by
 # default there; mbr-launch runs no NIC monitor and hands clients false unless asked.
 DIFFERENT_DEFAULTS = {("0.4.1", "enable_nic_monitor")}
 

@@ -1,10 +1,12 @@
-"""README.md's layer map is the one scripts/layer-map writes: every module of the package, under its layer, with
-the first sentence of its docstring. Static: no module is imported."""
+"""docs/architecture.md's layer map is the one scripts/layer-map writes: every module of the package, under its
+layer, with the first sentence of its docstring. Static: no module is imported."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -15,11 +17,12 @@ from .conftest import REPO
 
 
 MODULES = modules()
+PAGE = REPO / "docs" / "architecture.md"
 
 
-def _section(readme: str) -> str:
-    start, end = readme.index(layermap.BEGIN), readme.index(layermap.END)
-    return readme[start:end + len(layermap.END)]
+def _section(page: str) -> str:
+    start, end = page.index(layermap.BEGIN), page.index(layermap.END)
+    return page[start:end + len(layermap.END)]
 
 
 def test_every_module_says_what_it_holds():
@@ -27,16 +30,18 @@ def test_every_module_says_what_it_holds():
     assert not missing, f"give these modules a docstring whose first sentence says what they hold: {missing}"
 
 
-def test_the_readme_map_is_what_the_script_writes():
-    assert _section((REPO / "README.md").read_text()) == layermap.render(), \
-        "README.md's layer map is stale: run .venv/bin/python scripts/layer-map"
+def test_the_page_map_is_what_the_script_writes():
+    assert layermap.PAGE == PAGE
+    assert _section(PAGE.read_text()) == layermap.render(), \
+        "docs/architecture.md's layer map is stale: run .venv/bin/python scripts/layer-map"
 
 
-def test_every_module_is_named_in_the_readme_once():
-    section = _section((REPO / "README.md").read_text())
+def test_every_module_is_named_in_the_map_once_by_a_link_that_resolves():
+    section = _section(PAGE.read_text())
     for name, path in MODULES.items():
-        link = f"]({path.relative_to(REPO).as_posix()})"
-        assert section.count(link) == 1, f"{name} is not in README.md's layer map (run scripts/layer-map)"
+        link = Path(os.path.relpath(path, PAGE.parent)).as_posix()
+        assert section.count(f"]({link})") == 1, f"{name} is not in the layer map (run scripts/layer-map)"
+        assert (PAGE.parent / link).resolve() == path.resolve(), link
     assert len(section.splitlines()) == len(MODULES) + 5  # markers, note, blank lines: one line per module
 
 
@@ -60,21 +65,22 @@ def test_first_sentence(doc: str, sentence: str):
 
 
 def test_check_fails_on_a_stale_map_and_writing_mends_it(tmp_path, monkeypatch, capsys):
-    readme = tmp_path / "README.md"
-    readme.write_text(f"# title\n\n{layermap.BEGIN}\n- an old line\n{layermap.END}\n\nafter\n")
-    monkeypatch.setattr(layermap, "README", readme)
+    page = tmp_path / "docs" / "architecture.md"
+    page.parent.mkdir()
+    page.write_text(f"# title\n\n{layermap.BEGIN}\n- an old line\n{layermap.END}\n\nafter\n")
+    monkeypatch.setattr(layermap, "PAGE", page)
     assert layermap.main(["--check"]) == 1
-    assert "stale" in capsys.readouterr().err and "an old line" in readme.read_text()
+    assert "stale" in capsys.readouterr().err and "an old line" in page.read_text()
     assert layermap.main([]) == 0
-    text = readme.read_text()
+    text = page.read_text()
     assert text.startswith("# title\n\n") and text.endswith("\n\nafter\n") and "an old line" not in text
     assert layermap.main(["--check"]) == 0
-    readme.write_text("no markers\n")
+    page.write_text("no markers\n")
     assert layermap.main(["--check"]) == 2
 
 
 @pytest.mark.processes
-def test_the_script_checks_the_committed_readme():
+def test_the_script_checks_the_committed_page():
     done = subprocess.run([sys.executable, str(REPO / "scripts" / "layer-map"), "--check"], capture_output=True,
                           text=True, timeout=60, cwd=REPO)
     assert done.returncode == 0, done.stderr

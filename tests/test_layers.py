@@ -46,7 +46,7 @@ GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 def test_every_package_has_a_layer():
     assert {_layer(m) for m in MODULES} <= set(LAYERS), \
-        "add the new package to LAYERS in tools/layers.py (then run scripts/layer-map for the README)"
+        "add the new package to LAYERS in tools/layers.py (then run scripts/layer-map for docs/architecture.md)"
 
 
 def test_no_arrow_points_up():

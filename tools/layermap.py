@@ -1,21 +1,22 @@
-"""README.md's layer map, written from the code: every module of ``mbr_launch``, grouped by layer and package,
-one line each with the first sentence of its docstring.
+"""The layer map of docs/architecture.md, written from the code: every module of ``mbr_launch``, grouped by layer
+and package, one line each with the first sentence of its docstring.
 
 ``python -m tools.layermap [--check]`` (``scripts/layer-map``) rewrites the text between the two marker
-comments in README.md; ``--check`` writes nothing and exits 1 when that text is stale.
+comments in docs/architecture.md; ``--check`` writes nothing and exits 1 when that text is stale.
 """
 
 from __future__ import annotations
 
 import argparse
 import ast
+import os
 import re
 import sys
 from pathlib import Path
 
 from tools.layers import LAYERS, ROOT, layer, modules
 
-README = ROOT.parent / "README.md"
+PAGE = ROOT.parent / "docs" / "architecture.md"
 BEGIN, END = "<!-- layer-map:begin -->", "<!-- layer-map:end -->"
 NOTE = "<!-- Written by scripts/layer-map from each module's docstring (its first sentence); do not edit. -->"
 
@@ -58,33 +59,34 @@ def _depth(module: str) -> int:
 
 
 def render(mods: dict[str, Path] | None = None) -> str:
-    """The map, markers included: the layers lowest first, in each the package's line, then its modules."""
+    """The map, markers included: the layers lowest first, in each the package's line, then its modules, each
+    linked relative to the page's folder."""
     mods = modules() if mods is None else mods
-    repo = ROOT.parent
+    here = PAGE.parent
     out = [BEGIN, NOTE, ""]
     for name in LAYERS:
         members = sorted((m for m in mods if layer(m) == name), key=lambda m: (m != "mbr_launch", m.split(".")))
         for module in members:
             path = mods[module]
             text = first_sentence(docstring(path)) or "(no docstring)"
-            link = path.relative_to(repo).as_posix()
+            link = Path(os.path.relpath(path, here)).as_posix()
             out.append(f"{'  ' * _depth(module)}- [`{_label(module, path)}`]({link}): {text}")
     return "\n".join([*out, "", END])
 
 
-def rewrite(readme: str, section: str) -> str:
-    """``readme`` with the text from the begin marker to the end marker (both included) replaced by ``section``."""
-    start, end = readme.find(BEGIN), readme.find(END)
+def rewrite(page: str, section: str) -> str:
+    """``page`` with the text from the begin marker to the end marker (both included) replaced by ``section``."""
+    start, end = page.find(BEGIN), page.find(END)
     if start < 0 or end < start:
-        raise ValueError(f"README.md lacks the markers {BEGIN} ... {END}")
-    return readme[:start] + section + readme[end + len(END):]
+        raise ValueError(f"{PAGE.name} lacks the markers {BEGIN} ... {END}")
+    return page[:start] + section + page[end + len(END):]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="scripts/layer-map", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--check", action="store_true", help="write nothing; exit 1 when README.md is stale")
+    parser.add_argument("--check", action="store_true", help=f"write nothing; exit 1 when {PAGE.name} is stale")
     args = parser.parse_args(argv)
-    current = README.read_text(encoding="utf-8")
+    current = PAGE.read_text(encoding="utf-8")
     try:
         expected = rewrite(current, render())
     except ValueError as exc:
@@ -93,10 +95,10 @@ def main(argv: list[str] | None = None) -> int:
     if expected == current:
         return 0
     if args.check:
-        print("layer-map: README.md's layer map is stale: run scripts/layer-map", file=sys.stderr)
+        print(f"layer-map: {PAGE.name}'s layer map is stale: run scripts/layer-map", file=sys.stderr)
         return 1
-    README.write_text(expected, encoding="utf-8")
-    print("layer-map: README.md rewritten")
+    PAGE.write_text(expected, encoding="utf-8")
+    print(f"layer-map: {PAGE.name} rewritten")
     return 0
 
 

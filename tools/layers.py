@@ -1,6 +1,6 @@
 """The package's layers, declared once: which package stands where, lowest first, and every module of
 ``mbr_launch`` with its layer; read by tests/test_layers.py (no import points up) and by scripts/layer-map
-(README.md's layer map)."""
+(the layer map in docs/architecture.md)."""
 
 from __future__ import annotations
 

@@ -1,8 +1,8 @@
-"""Generate the man page, the shell completions the options page and the README tables from
-``settings.SETTINGS``.
+"""Generate the man page, the shell completions, the options page and the generated tables of the Markdown
+pages (README.md's exit codes, docs/events.md's event names) from ``settings.SETTINGS``.
 
-- ``man``: the man page; ``completions``: bash, zsh and fish; ``readme``: the README's generated regions;
-  ``common``: what they all need to know about a setting.
+- ``man``: the man page; ``completions``: bash, zsh and fish; ``readme``: the options page and the
+  Markdown pages' generated regions; ``common``: what they all need to know about a setting.
 - here: which file each renderer writes, ``--write`` / ``--check``.
 
 Every renderer is pure and deterministic (no dates, versions or paths), so the committed files can be
@@ -59,8 +59,11 @@ def render_events() -> str:
     return readme.events_table()
 
 
-README_REGIONS: dict[str, Callable[[], str]] = {
-    "exitcodes": render_exit_codes, "events": render_events,
+# Markdown page -> its generated regions (the text between ``<!-- NAME:start -->`` and ``<!-- NAME:end -->``),
+# each written by its renderer; the rest of the page is hand-written and left as it is.
+REGIONS: dict[str, dict[str, Callable[[], str]]] = {
+    "README.md": {"exitcodes": render_exit_codes},
+    "docs/events.md": {"events": render_events},
 }
 RENDERERS: dict[str, Callable[[], str]] = {
     "man/mbr-launch.1": render_man,
@@ -72,12 +75,13 @@ RENDERERS: dict[str, Callable[[], str]] = {
 
 
 def expected_files(root: Path) -> dict[str, str]:
-    """Relative path -> the content it should have (README.md: its current text with a fresh table)."""
+    """Relative path -> the content it should have (a page with regions: its current text with fresh tables)."""
     files = {path: render() for path, render in RENDERERS.items()}
-    text = (root / "README.md").read_text()
-    for name, render in README_REGIONS.items():
-        text = replace_region(text, render(), name)
-    files["README.md"] = text
+    for path, regions in REGIONS.items():
+        text = (root / path).read_text()
+        for name, render in regions.items():
+            text = replace_region(text, render(), name, path)
+        files[path] = text
     return files
 
 

@@ -1,4 +1,5 @@
-"""The generated regions of README.md (the exit codes, the event names) and docs/options.md (the options tables)."""
+"""The generated regions of the Markdown pages (README.md's exit codes, docs/events.md's event names) and
+docs/options.md (the options tables)."""
 
 from __future__ import annotations
 
@@ -52,10 +53,10 @@ def events_table() -> str:
     return "\n".join(out) + "\n"
 
 
-def replace_region(readme: str, table: str, name: str) -> str:
-    """``readme`` with the text between the ``name`` markers replaced by ``table``."""
+def replace_region(page: str, table: str, name: str, path: str) -> str:
+    """``page`` (the text of ``path``) with the text between the ``name`` markers replaced by ``table``."""
     begin, finish = f"<!-- {name}:start -->", f"<!-- {name}:end -->"
-    start, end = readme.find(begin), readme.find(finish)
+    start, end = page.find(begin), page.find(finish)
     if start < 0 or end < start:
-        raise ValueError(f"README.md lacks the markers {begin} ... {finish}")
-    return readme[: start + len(begin)] + "\n" + table + readme[end:]
+        raise ValueError(f"{path} lacks the markers {begin} ... {finish}")
+    return page[: start + len(begin)] + "\n" + table + page[end:]
