@@ -152,7 +152,7 @@ def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str 
 
 
 def default_text(setting: Setting) -> str:
-    """The default as people type it (shared by --help, the man page and the README table)."""
+    """The default as people type it (shared by --help, the man page and docs/options.md)."""
     default = setting.default
     if setting.kind is bool:
         return ("true" if default else "false") if setting.valued else ("on" if default else "off")

@@ -2,7 +2,7 @@
 
 Schema (every line): ``{"v": 1, "ts": ISO-8601 UTC, "t": seconds since launch, "event": NAME, "node":
 hostname, "group_rank": int|null, ...event fields}``. Event names and their fields are listed in
-``EVENT_FIELDS``; README.md documents them and a test validates logs against this table.
+``EVENT_FIELDS``; docs/events.md documents them and a test validates logs against this table.
 
 ==================  =========================================================================================
 event               fields (besides the common ones; any may be null where it does not apply)
