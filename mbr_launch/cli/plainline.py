@@ -13,9 +13,12 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli.abbrev import HELP, LAUNCH_EXTRAS, AmbiguousOption, expand, setting_spellings
+from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.process import USER_ENV, guarded, prepare
+from mbr_launch.config.host import torch_version
 from mbr_launch.config.settings import SETTINGS, Setting
+from mbr_launch.report import exitcodes
 
 # Subcommands: their first word is never a script (``cli.app`` registers them under these names).
 DOCTOR, REPORT, STORE = "doctor", "report", "store"
@@ -23,6 +26,9 @@ SUBCOMMANDS = (DOCTOR, REPORT, STORE)
 # Every flag of every setting. Anything else that starts with "-" (--help, --version, "--", "-", combined short
 # flags, a typo) is not among them and leaves the line to typer.
 _FLAGS: dict[str, Setting] = {flag: setting for setting in SETTINGS for flag in setting.flags}
+# Every option string of the launch, for abbreviated options (``cli.abbrev``); ``test_abbrev`` compares it with
+# typer's command.
+SPELLINGS = {**setting_spellings(SETTINGS), **HELP, **LAUNCH_EXTRAS}
 
 
 def read(argv: Sequence[str]) -> dict[str, Any] | None:
@@ -79,6 +85,13 @@ def launch(values: dict[str, Any]) -> int:
 
 def run(argv: Sequence[str]) -> int | None:
     """Launch from a plain ``argv`` (the exit code), or None: typer's turn (``cli.app.main``)."""
+    if argv and argv[0] in SUBCOMMANDS:
+        return None
+    try:
+        argv = expand(argv, SPELLINGS, torch_version)
+    except AmbiguousOption as err:
+        error(f"{err} (see {PROG} --help)")
+        return exitcodes.USAGE
     values = read(argv)
     if values is None:
         return None
