@@ -6,7 +6,8 @@ options) costs an agent about 0.12 s of CPU before its rank can start; 32 agents
 arguments. ``read`` reads exactly those into the values typer would pass to ``launch_command`` (``test_plainline``
 compares the two on every flag of the settings table) and returns None for anything else: --help, --version,
 ``--``, ``-`` , an unknown or repeated option, a flag with ``=``, a value that starts with ``-``, combined short
-flags, no script. typer then parses the line as always and gives its own message for a mistake.
+flags, no script. typer then parses the line as always and gives its own message for a mistake. Abbreviated
+options are written out in full before either reads the line (``cli.abbrev``).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def read(argv: Sequence[str]) -> dict[str, Any] | None:
     values: dict[str, Any] = {setting.name: given.get(setting.name) for setting in SETTINGS}
     rest = argv[i + 1:]
     values.update(training_script=argv[i], training_script_args=list(rest) if rest else None, help_all=False,
-                  version=False)
+                  version=False, print_completion=None)
     return values
 
 
