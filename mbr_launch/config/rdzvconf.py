@@ -90,4 +90,4 @@ def check_rdzv_conf(conf: dict[str, Any], backend: str, torch_version: Callable[
     if CAS_BACKOFF in conf and backend == "c10d" and torch_version() < CAS_BACKOFF_SINCE:
         notes.append(f"{CAS_BACKOFF} is read from torch {'.'.join(map(str, CAS_BACKOFF_SINCE))} on, not by the torch "
                      "installed here")
-    return [f"WARNING: --rdzv-conf: {'; '.join(notes)}: ignored, as torchrun ignores it"] if notes else []
+    return [f"--rdzv-conf: {'; '.join(notes)}: ignored, as torchrun ignores it"] if notes else []
