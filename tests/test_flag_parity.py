@@ -72,7 +72,7 @@ def test_torchrun_settings_absent_from_this_torch_are_newer():
             assert setting.torchrun_since > torch_version(), setting.name
 
 
-@pytest.mark.parametrize("action", [a for a in _actions(get_args_parser()) if a.dest not in NOT_SETTINGS],
+@pytest.mark.parametrize("action", [a for _, make in PARSERS for a in _actions(make()) if a.dest not in NOT_SETTINGS],
                          ids=lambda a: a.dest)
 def test_same_default_and_env(action: argparse.Action):
     setting = BY_DEST[action.dest]
