@@ -80,14 +80,37 @@ def test_same_default_and_env(action: argparse.Action):
     reads_env = type(action).__name__ in ("env", "check_env")
     assert (f"PET_{action.dest.upper()}" in setting.env) == reads_env
     ours = resolve({}, {}, {}).values[setting.name]
-    theirs = action.default
+    assert ours == _as_ours(action, action.default), f"{action.dest}: ours {ours!r} vs torchrun {action.default!r}"
+
+
+def _as_ours(action: argparse.Action, theirs: object) -> object:
+    """torchrun's value as a setting holds it (tuples for lists, signals split, switches as bools)."""
     if isinstance(theirs, list):
         theirs = tuple(theirs)
     if action.dest == "signals_to_handle":
-        theirs = tuple(theirs.split(","))
+        theirs = tuple(str(theirs).split(","))
     if isinstance(action, argparse._StoreTrueAction) or type(action).__name__ == "check_env":
         theirs = bool(theirs)
-    assert ours == theirs, f"{action.dest}: ours {ours!r} vs torchrun {theirs!r}"
+    return theirs
+
+
+@pytest.mark.parametrize("version,make", PARSERS, ids=IDS)
+def test_every_pet_variable_reads_as_torchrun_reads_it(version, make, monkeypatch):
+    """Each PET_ variable set to values torchrun takes (a switch's any whole number: bool(int(value)))."""
+    problems = []
+    for action in _actions(make()):
+        kind = type(action).__name__
+        if kind not in ("env", "check_env"):
+            continue
+        name = f"PET_{action.dest.upper()}"
+        for value in (("0", "1", "2", "-1") if kind == "check_env" else (_value(action),)):
+            monkeypatch.setenv(name, value)
+            theirs = _as_ours(action, make().parse_args(["script.py"]).__dict__[action.dest])
+            monkeypatch.delenv(name)
+            ours = resolve({}, {name: value}, {}).values[BY_DEST[action.dest].name]
+            if ours != theirs:
+                problems.append(f"{name}={value}: torchrun {theirs!r}, mbr-launch {ours!r}")
+    assert not problems, problems
 
 
 def test_cli_accepts_every_spelling_of_every_parser():
@@ -105,6 +128,8 @@ _AMBIGUOUS = re.compile(r"ambiguous option: \S+ could match (.+)$", re.M)
 
 def _value(action: argparse.Action) -> str:
     """A value the action takes that differs from its default."""
+    if action.dest == "signals_to_handle":
+        return "SIGUSR1,SIGTERM"
     if action.choices:
         return next(str(c) for c in action.choices if c != action.default)
     return "7" if action.type in (int, float) else "v7"

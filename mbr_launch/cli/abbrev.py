@@ -29,6 +29,7 @@ from typing import Callable, Iterable, Mapping, Sequence
 from mbr_launch.config.settings import Setting
 
 Version = tuple[int, ...]
+ALWAYS: Version = (0,)  # in every torchrun this checks (2.13 on)
 _SHOWN = 12  # candidates named in the error; the rest are counted
 
 
@@ -131,10 +132,10 @@ def setting_spellings(settings: Iterable[Setting]) -> dict[str, Spelling]:
     return table
 
 
-ALWAYS: Version = (0,)
 # torchrun's -h/--help (argparse's own), taken like its other options
 HELP = {flag: Spelling(owner="help", takes_value=False, torchrun_since=ALWAYS) for flag in ("-h", "--help")}
-# The launch's options beside the settings (``cli.helptext``): mbr-launch's own, and torchrun's --print-completion.
+# The launch's options beside the settings (``cli.helptext``, ``cli.completion``): mbr-launch's own, and torchrun's
+# --print-completion.
 LAUNCH_EXTRAS = {
     "--help-all": Spelling(owner="help_all", takes_value=False),
     "--version": Spelling(owner="version", takes_value=False),

@@ -4,8 +4,9 @@
 the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``);
 ``mbr-launch store`` serves the rendezvous store apart from the training nodes (``store.py``). The
 launch and the doctor take the options generated from the settings table (``options.py``); every command's
---help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, and how every
-outcome becomes one exit code and at most one line of error.
+--help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, abbreviated options
+written out before typer reads them (``cli.abbrev``, as torchrun's argparse takes them), and how every outcome
+becomes one exit code and at most one line of error.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Callable
 import typer
 import typer.core
 
-from mbr_launch.cli.abbrev import ALWAYS, HELP, AmbiguousOption, Spelling, expand
+from mbr_launch.cli.abbrev import ALWAYS, HELP, LAUNCH_EXTRAS, AmbiguousOption, Spelling, expand
 from mbr_launch.cli.doctor import ARGV, DOCTOR_NOT_RUN, doctor_command, print_json_error
 from mbr_launch.cli.errors import PROG, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
@@ -69,8 +70,9 @@ def spellings(cli: typer.core.TyperCommand) -> dict[str, Spelling]:
             continue
         setting = BY_NAME.get(param.name or "")
         for flag in (*param.opts, *param.secondary_opts):
+            extra = LAUNCH_EXTRAS.get(flag)
             since = ((setting.torchrun_since or ALWAYS) if flag in setting.torchrun_flags else None) if setting \
-                else (2, 14) if param.name == "print_completion" else None
+                else extra.torchrun_since if extra else None
             table[flag] = Spelling(owner=param.name or flag, takes_value=not getattr(param, "is_flag", False),
                                    torchrun_since=since)
     return table

@@ -298,7 +298,7 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
         if cli.get(setting.name) is not None:
             raw, source = cli[setting.name], "cli"
         elif (env_name := rawvalue.env_name(setting, default_text(setting), environ)):
-            raw, source = environ[env_name], f"env:{env_name}"
+            raw, source = rawvalue.pet_switch(setting, env_name, environ[env_name]), f"env:{env_name}"
         elif setting.name in config_file:
             raw, source = config_file[setting.name], "config"
         try:
