@@ -141,6 +141,14 @@ CASES: dict[str, Case] = {
     "python_exec_missing": Case(_launch("--standalone"), "PYTHON_EXEC='/nonexistent/python' is not a program",
                                 env={"PYTHON_EXEC": "/nonexistent/python"}),
     "empty_bool_env": Case(_launch(), "MBR_STANDALONE is set but empty", env={"MBR_STANDALONE": ""}),
+    # -- torchrun's command lines (issue 38): what torchrun refuses, refused here the same way --
+    "ambiguous_prefix": Case(_launch("--standalone", "--ma=1"),
+                             "ambiguous option: --ma=1 could match --master-addr, --master-port, --max-restarts"),
+    "logs_specs_entry_point": Case(_launch("--standalone", "--logs-specs", "mine"),
+                                   "--logs-specs mine: mbr-launch loads no torchrun.logs_specs entry point"),
+    "rdzv_conf_empty_value": Case(_launch("--standalone", "--rdzv-conf", "join_timeout="),
+                                  "--rdzv-conf: join_timeout needs a value"),
+    "print_completion_tcsh": Case(lambda tmp, port: ["--print-completion", "tcsh"], "no tcsh"),
 }
 
 

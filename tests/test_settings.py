@@ -7,8 +7,9 @@ import pytest
 from mbr_launch.api import build_launch_config
 from mbr_launch.config.errors import ConfigError, SettingError
 from mbr_launch.config.files import load_config_file
-from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_rdzv_conf,
+from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter,
                                      parse_seconds_env, section_timeouts)
+from mbr_launch.config.rdzvconf import check_rdzv_conf, parse_rdzv_conf
 from mbr_launch.config.settings import resolve
 
 
@@ -197,13 +198,17 @@ def test_uncatchable_signals_may_still_be_sent():
     assert resolve({"preempt_forward_signal": "SIGKILL"}, {}, {})["preempt_forward_signal"] == "SIGKILL"
 
 
+def _c10d_conf(text: str) -> list[str]:
+    return check_rdzv_conf(parse_rdzv_conf(text), "c10d", lambda: (2, 13))
+
+
 @pytest.mark.parametrize("parse,text,needle", [
     (lambda t: parse_nnodes(t), "1:99999999999999999999", "at most 65536 nodes"),
     (lambda t: parse_nproc(t, lambda kind: 1), "1025", "at most 1024 workers"),
     (lambda t: parse_nproc(t, lambda kind: 1), "\u00b2", "expected a positive integer"),
-    (lambda t: parse_rdzv_conf(t), "join_timeout=abc", "join_timeout must be a whole number"),
-    (lambda t: parse_rdzv_conf(t), "read_timeout=0", "read_timeout must be a whole number"),
-    (lambda t: parse_rdzv_conf(t), "store_type=redis", "store_type must be tcp or file"),
+    (lambda t: _c10d_conf(t), "join_timeout=abc", "join_timeout must be a whole number"),
+    (lambda t: _c10d_conf(t), "read_timeout=0", "read_timeout must be a whole number"),
+    (lambda t: _c10d_conf(t), "store_type=redis", "store_type must be tcp or file"),
     (lambda t: parse_endpoint(t), "h:\u00b2", "bad port"),
     (lambda t: parse_ranks_filter(t), "-1", "--local-ranks-filter"),
     (lambda t: parse_seconds_env("TORCH_ELASTIC_SHUTDOWN_TIMEOUT", t), "nan", "from 0 to 100000000"),

@@ -4,8 +4,9 @@
 the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``);
 ``mbr-launch store`` serves the rendezvous store apart from the training nodes (``store.py``). The
 launch and the doctor take the options generated from the settings table (``options.py``); every command's
---help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, and how every
-outcome becomes one exit code and at most one line of error.
+--help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, abbreviated options
+written out before typer reads them (``cli.abbrev``, as torchrun's argparse takes them), and how every outcome
+becomes one exit code and at most one line of error.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Callable
 import typer
 import typer.core
 
+from mbr_launch.cli.abbrev import ALWAYS, HELP, LAUNCH_EXTRAS, AmbiguousOption, Spelling, expand
 from mbr_launch.cli.doctor import ARGV, DOCTOR_NOT_RUN, doctor_command, print_json_error
 from mbr_launch.cli.errors import PROG, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
@@ -24,6 +26,8 @@ from mbr_launch.cli.report import report_command
 from mbr_launch.cli.store import store_command
 from mbr_launch.cli.process import guarded, prepare
 from mbr_launch.cli.plainline import DOCTOR, REPORT, STORE
+from mbr_launch.config.host import torch_version
+from mbr_launch.config.settings import BY_NAME
 from mbr_launch.report import exitcodes
 from mbr_launch.gcpause import resume_gc
 
@@ -57,10 +61,36 @@ app = _typer()
 app.command(name=PROG, cls=HelpCommand)(launch_command)
 
 
+def spellings(cli: typer.core.TyperCommand) -> dict[str, Spelling]:
+    """Every option string of a command, for abbreviated options (``cli.abbrev``): torchrun's own marked with
+    the torch release that has them (a setting's ``torchrun_flags``, -h/--help, --print-completion)."""
+    table = dict(HELP)
+    for param in cli.params:
+        if param.param_type_name != "option":
+            continue
+        setting = BY_NAME.get(param.name or "")
+        for flag in (*param.opts, *param.secondary_opts):
+            extra = LAUNCH_EXTRAS.get(flag)
+            since = ((setting.torchrun_since or ALWAYS) if flag in setting.torchrun_flags else None) if setting \
+                else extra.torchrun_since if extra else None
+            table[flag] = Spelling(owner=param.name or flag, takes_value=not getattr(param, "is_flag", False),
+                                   torchrun_since=since)
+    return table
+
+
 def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_code: int = exitcodes.USAGE,
              on_usage: Callable[[str], None] | None = None) -> int:
     """``usage_code`` and ``on_usage`` (given the message) are for the parser's own errors (unknown option,
-    missing value): the doctor has its own code for "could not run", and prints JSON with --json."""
+    missing value, an ambiguous abbreviation): the doctor has its own code for "could not run", and prints JSON
+    with --json."""
+    try:
+        argv = expand(argv, spellings(cli), torch_version)
+    except AmbiguousOption as err:
+        message = f"{err} (see {prog} --help)"
+        if on_usage is not None:
+            on_usage(message)
+        error(message)
+        return usage_code
     try:
         # Without standalone mode the parser returns the command's exit code instead of raising.
         # obj: the command line as typed, for a command that must see its spellings (doctor: --ft-param-*).

@@ -10,6 +10,7 @@ from typing import Annotated, Any, Optional
 import typer
 
 from mbr_launch.cli import plainline
+from mbr_launch.cli.completion import completion_option
 from mbr_launch.cli.helptext import help_all_option, version_option
 from mbr_launch.cli.options import keyword, with_settings
 
@@ -30,4 +31,5 @@ with_settings(
         metavar="[ARGS]...", show_default=False, help="Arguments of the script.")]),
     help_all_option(),
     version_option(),
+    completion_option(),
 )

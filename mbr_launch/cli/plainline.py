@@ -6,16 +6,20 @@ options) costs an agent about 0.12 s of CPU before its rank can start; 32 agents
 arguments. ``read`` reads exactly those into the values typer would pass to ``launch_command`` (``test_plainline``
 compares the two on every flag of the settings table) and returns None for anything else: --help, --version,
 ``--``, ``-`` , an unknown or repeated option, a flag with ``=``, a value that starts with ``-``, combined short
-flags, no script. typer then parses the line as always and gives its own message for a mistake.
+flags, no script. typer then parses the line as always and gives its own message for a mistake. Abbreviated
+options are written out in full before either reads the line (``cli.abbrev``).
 """
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
-from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli.abbrev import HELP, LAUNCH_EXTRAS, AmbiguousOption, expand, setting_spellings
+from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.process import USER_ENV, guarded, prepare
+from mbr_launch.config.host import torch_version
 from mbr_launch.config.settings import SETTINGS, Setting
+from mbr_launch.report import exitcodes
 
 # Subcommands: their first word is never a script (``cli.app`` registers them under these names).
 DOCTOR, REPORT, STORE = "doctor", "report", "store"
@@ -23,6 +27,9 @@ SUBCOMMANDS = (DOCTOR, REPORT, STORE)
 # Every flag of every setting. Anything else that starts with "-" (--help, --version, "--", "-", combined short
 # flags, a typo) is not among them and leaves the line to typer.
 _FLAGS: dict[str, Setting] = {flag: setting for setting in SETTINGS for flag in setting.flags}
+# Every option string of the launch, for abbreviated options (``cli.abbrev``); ``test_abbrev`` compares it with
+# typer's command.
+SPELLINGS = {**setting_spellings(SETTINGS), **HELP, **LAUNCH_EXTRAS}
 
 
 def read(argv: Sequence[str]) -> dict[str, Any] | None:
@@ -56,7 +63,7 @@ def read(argv: Sequence[str]) -> dict[str, Any] | None:
     values: dict[str, Any] = {setting.name: given.get(setting.name) for setting in SETTINGS}
     rest = argv[i + 1:]
     values.update(training_script=argv[i], training_script_args=list(rest) if rest else None, help_all=False,
-                  version=False)
+                  version=False, print_completion=None)
     return values
 
 
@@ -79,6 +86,13 @@ def launch(values: dict[str, Any]) -> int:
 
 def run(argv: Sequence[str]) -> int | None:
     """Launch from a plain ``argv`` (the exit code), or None: typer's turn (``cli.app.main``)."""
+    if argv and argv[0] in SUBCOMMANDS:
+        return None
+    try:
+        argv = expand(argv, SPELLINGS, torch_version)
+    except AmbiguousOption as err:
+        error(f"{err} (see {PROG} --help)")
+        return exitcodes.USAGE
     values = read(argv)
     if values is None:
         return None

@@ -19,8 +19,9 @@ from mbr_launch.config.host import HostProbes
 from mbr_launch.config.model import (LaunchConfig, MonitorSpec, OutputSpec, PreemptionSpec, PreflightSpec,
                                      RendezvousSpec, StandbySpec, StdSpec, TelemetrySpec, WorkersSpec)
 from mbr_launch.config.nvrxbuild import ft_spec, nvrx_spec, nvrx_warnings
-from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_rdzv_conf,
-                                     parse_seconds_env, parse_std)
+from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_seconds_env,
+                                     parse_std)
+from mbr_launch.config.rdzvconf import check_rdzv_conf, parse_rdzv_conf
 from mbr_launch.config.secret import SecretFileError, read_secret
 from mbr_launch.config.settings import COMPAT, FAULT, SETTINGS, Resolved, for_workers_nvrx
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
@@ -98,8 +99,9 @@ def picks_free_port(backend: str, endpoint: str) -> bool:
 
 
 def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, int], slurm: SlurmEnv | None,
-                probes: HostProbes, new_run_id: Callable[[], str]) -> RendezvousSpec:
-    """torchrun's rendezvous rules (standalone, static defaults, endpoint ports), then the port checks."""
+                probes: HostProbes, new_run_id: Callable[[], str]) -> tuple[RendezvousSpec, list[str]]:
+    """torchrun's rendezvous rules (standalone, static defaults, endpoint ports), then the port checks; and the
+    warning about --rdzv-conf keys the backend does not read, if any."""
     min_nodes, max_nodes = nodes
     conf = parse_rdzv_conf(v["rdzv_conf"])
     backend, endpoint, run_id, node_rank = declared.backend, declared.endpoint, declared.run_id, declared.node_rank
@@ -119,6 +121,9 @@ def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, i
     if backend not in ("c10d", "static"):
         raise ConfigError(f"--rdzv-backend {backend}: only c10d and static are supported "
                           "(etcd is deprecated in torch)")
+    warnings = check_rdzv_conf(conf, backend, probes.torch_version)
+    # The store's timeout: c10d's join_timeout, or the static rendezvous's timeout (each 600 s in torch)
+    join_timeout = float(conf.get("join_timeout" if backend == "c10d" else "timeout", 600))
     if backend == "static":
         if min_nodes != max_nodes:
             raise ConfigError("--rdzv-backend static needs a fixed --nnodes N; use c10d for MIN:MAX")
@@ -151,8 +156,8 @@ def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, i
             raise ConfigError(f"--rdzv-secret-file: {err}") from None
     return RendezvousSpec(
         backend=backend, endpoint=endpoint, run_id=run_id, min_nodes=min_nodes, max_nodes=max_nodes, conf=conf,
-        join_timeout=float(conf.get("join_timeout", 600)), standalone=standalone, node_rank=node_rank,
-        local_addr=v["local_addr"], peer_timeout=float(v["peer_timeout"]), secret_file=secret_file)
+        join_timeout=join_timeout, standalone=standalone, node_rank=node_rank,
+        local_addr=v["local_addr"], peer_timeout=float(v["peer_timeout"]), secret_file=secret_file), warnings
 
 
 def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],
@@ -234,7 +239,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         raise ConfigError("missing the training script: mbr-launch [OPTIONS] SCRIPT [ARGS...]")
     nodes = parse_nnodes(declared.nnodes)
     nproc = parse_nproc(v["nproc_per_node"], probes.device_count)
-    rendezvous = _rendezvous(v, declared, nodes, slurm, probes, new_run_id)
+    rendezvous, conf_warnings = _rendezvous(v, declared, nodes, slurm, probes, new_run_id)
 
     shutdown_timeout = v["shutdown_timeout"]
     if shutdown_timeout is None:
@@ -244,8 +249,10 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
     preload = v["standby_preload"]  # None: not given, the level's default list
     if preload and v["standby"] == "off":
         raise ConfigError("--standby-preload needs standbys: drop --standby off (or the preload list)")
-    if v["logs_specs"] is not None:
-        raise ConfigError("--logs-specs is not supported: mbr-launch writes its own log layout under --log-dir")
+    if v["logs_specs"] not in (None, "default"):
+        raise ConfigError(f"--logs-specs {v['logs_specs']}: mbr-launch loads no torchrun.logs_specs entry point; it "
+                          "writes torchrun's default layout (per-rank stdout.log and stderr.log, chosen by --redirects "
+                          "and --tee) under --log-dir: drop --logs-specs or give 'default'")
     scope, when = Scope(v["restart_scope"]), When(v["restart_policy"])
     if when is When.MIN_HEALTHY and scope is not Scope.JOB:
         raise ConfigError(f"--restart-policy {when} leaves a crashed rank lost, --restart-scope {scope} restarts it "
@@ -266,7 +273,8 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             log_dir=v["log_dir"], redirects=redirects, tee=tee, local_ranks_filter=ranks_filter,
             duplicate_stdout_filters=v["duplicate_stdout_filters"],
             duplicate_stderr_filters=v["duplicate_stderr_filters"], quiet=v["quiet"], status=v["status"],
-            status_interval=float(v["status_interval"]), keep_runs=v["keep_runs"]),
+            status_interval=float(v["status_interval"]), keep_runs=v["keep_runs"],
+            line_prefix_template=v["log_line_prefix_template"]),
         ft=ft_spec(resolved),
         monitor=MonitorSpec(enabled=v["rank_monitor"] == "on", stack_dump=v["stack_dump"],
                             hang_kill_grace=v["hang_kill_grace"], inquiry_timeout=v["hang_inquiry_timeout"]),
@@ -286,7 +294,7 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
             step_timeout=v["step_timeout"], straggler_threshold=v["straggler_threshold"],
             straggler_interval=v["straggler_interval"], stop_on_straggler=bool(v["stop_on_straggler"])),
         preflight=preflight_spec(resolved, script=script, script_args=tuple(script_args), flags=flags),
-        slurm=slurm, warnings=(*warnings, *nvrx_warnings(resolved, found)),
+        slurm=slurm, warnings=(*warnings, *conf_warnings, *nvrx_warnings(resolved, found)),
         nvrx=nvrx_spec(resolved, found=found, nodes=(rendezvous.min_nodes, rendezvous.max_nodes),
                        run_id=rendezvous.run_id, environ=environ),
     )

@@ -31,6 +31,10 @@ class Setting:
     env: tuple[str, ...] = ()  # extra environment names besides MBR_<NAME>
     ft_key: str | None = None  # key in ft_launcher's YAML `fault_tolerance:` section
     torchrun_dest: str | None = None  # dest in torch.distributed.run.get_args_parser()
+    # torchrun's own option strings of the setting (its ``flags`` less ft_launcher's aliases), and the torch
+    # release whose torchrun added them: ``cli.abbrev`` reads prefixes of these as that torchrun does.
+    torchrun_flags: tuple[str, ...] = ()
+    torchrun_since: tuple[int, ...] = ()
     choices: tuple[str, ...] = ()
     metavar: str = ""
     hidden: bool = False  # accepted for compatibility, not shown in help
@@ -101,15 +105,16 @@ class Setting:
 def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
                      pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
                      metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = (),
-                     common: bool = False, values: tuple[str, ...] = ()) -> Setting:
+                     common: bool = False, values: tuple[str, ...] = (), env: tuple[str, ...] = (),
+                     since: tuple[int, ...] = ()) -> Setting:
+    """One of torchrun's options; ``since``: the torch release whose torchrun added it (none: 2.13 has it),
+    ``env``: environment names read after ``PET_<NAME>``."""
     dashed = "--" + name.replace("_", "-")
-    flags = [dashed] + ([f"--{name}"] if "_" in name else []) + list(aliases)
-    if short:
-        flags.insert(0, short)
-    env = (f"PET_{name.upper()}",) if pet else ()
-    return Setting(name=name, flags=tuple(flags), kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, env=env, torchrun_dest=name, choices=choices, metavar=metavar, common=common,
-                   values=values)
+    own = ([short] if short else []) + [dashed] + ([f"--{name}"] if "_" in name else [])
+    envvars = ((f"PET_{name.upper()}",) if pet else ()) + env
+    return Setting(name=name, flags=(*own, *aliases), kind=kind, default=default, help=help, panel=panel,
+                   parse=parse, env=envvars, torchrun_dest=name, choices=choices, metavar=metavar, common=common,
+                   values=values, torchrun_flags=tuple(own), torchrun_since=since)
 
 
 def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,

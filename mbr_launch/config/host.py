@@ -8,6 +8,7 @@ real host; tests pass fakes, so building a config needs no sockets, DNS or torch
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import sys
@@ -137,6 +138,26 @@ def workers_nvrx(environ: Mapping[str, str]) -> NvrxFound:
     return NvrxFound(version=None)
 
 
+_RELEASE = re.compile(r"(\d{1,6})(?:\.(\d{1,6}))?(?:\.(\d{1,6}))?")
+NEWEST = (9999,)  # a torch whose version cannot be read: taken to have every option and key
+
+
+def release(text: str) -> tuple[int, ...]:
+    """``2.14.1+cu130`` -> (2, 14, 1), ``2.15.0a0`` -> (2, 15, 0); ``NEWEST`` when it cannot be read."""
+    found = _RELEASE.match(text)
+    return tuple(int(part) for part in found.groups() if part is not None) if found else NEWEST
+
+
+def torch_version() -> tuple[int, ...]:
+    """The installed torch's release, from its metadata: importing torch would cost seconds."""
+    from importlib import metadata
+
+    try:
+        return release(metadata.version("torch"))
+    except (metadata.PackageNotFoundError, ValueError):
+        return NEWEST
+
+
 @dataclass(frozen=True)
 class HostProbes:
     device_count: Callable[[str], int] = device_count
@@ -150,6 +171,7 @@ class HostProbes:
     program_exists: Callable[[str], bool] = program_exists
     stdlib_only_script: Callable[[str], bool] = imports_only_stdlib
     workers_nvrx: Callable[[Mapping[str, str]], NvrxFound] = workers_nvrx  # where versions of NVRx disagree
+    torch_version: Callable[[], tuple[int, ...]] = torch_version  # where torch releases read options differently
 
 
 __all__ = ["HostProbes"]

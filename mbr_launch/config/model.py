@@ -152,6 +152,8 @@ class OutputSpec:
     status: StatusMode
     status_interval: float
     keep_runs: int = 20  # run folders kept in the default base (0: all)
+    # torchrun's --log-line-prefix-template: the prefix of a rank's console lines ("": [rank${rank}]:)
+    line_prefix_template: str = ""
 
 
 @dataclass(frozen=True)

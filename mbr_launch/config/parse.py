@@ -23,10 +23,6 @@ LARGEST = 100_000_000
 MAX_NODES = 65_536  # c10d keeps every node in one rendezvous key that each join rewrites: far beyond tested
 MAX_NPROC = 1_024  # workers per node: each is a process with pipes and sockets, more is a typo
 UNCATCHABLE = ("SIGKILL", "SIGSTOP")  # the kernel never delivers these to a handler
-# torch's rendezvous options (dynamic_rendezvous, c10d_rendezvous_backend, static_tcp_rendezvous) that it
-# reads as integer seconds or counts, and would reject only once the rendezvous starts.
-RDZV_INT_KEYS = ("join_timeout", "last_call_timeout", "close_timeout", "heartbeat_timeout", "keep_alive_interval",
-                 "keep_alive_max_attempt", "read_timeout", "timeout")
 
 
 def _fail(setting: str, value: Any, why: str) -> SettingError:
@@ -291,24 +287,6 @@ def parse_nproc(text: str, device_count: Callable[[str], int]) -> int:
             raise ConfigError(f"--nproc-per-node {text}: no {text} devices found on this machine")
         return count
     raise ConfigError(f"--nproc-per-node: expected a positive integer, auto, cpu, gpu or xpu (got {text!r})")
-
-
-def parse_rdzv_conf(text: str) -> dict[str, Any]:
-    conf: dict[str, Any] = {}
-    for part in [p for p in text.split(",") if p.strip()]:
-        key, sep, value = part.partition("=")
-        if not sep or not key.strip():
-            raise ConfigError(f"--rdzv-conf: expected KEY=VALUE,... (got {text!r})")
-        key, value = key.strip(), value.strip()
-        if key in RDZV_INT_KEYS and not 0 < (whole(value) or 0) <= LARGEST:
-            raise ConfigError(f"--rdzv-conf: {key} must be a whole number of seconds (or count) from 1 to "
-                              f"{LARGEST}, as torch reads it (got {value!r})")
-        if key == "is_host" and value.lower() not in ("1", "true", "t", "yes", "y", "0", "false", "f", "no", "n"):
-            raise ConfigError(f"--rdzv-conf: is_host must be true or false (got {value!r})")
-        if key == "store_type" and value.lower() not in ("tcp", "file"):
-            raise ConfigError(f"--rdzv-conf: store_type must be tcp or file (got {value!r})")
-        conf[key] = value
-    return conf
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int | None]:

@@ -36,6 +36,17 @@ def env_name(setting: Any, default: str, environ: Mapping[str, str]) -> str | No
     return None
 
 
+def pet_switch(setting: Any, name: str, raw: str) -> str:
+    """torchrun reads a switch's ``PET_`` variable as ``bool(int(value))``: any whole number, 2 and -1 true as 1 is
+    (``PET_STANDALONE=2`` runs standalone); other words are left to the switch's own reading (true, off...)."""
+    if not (name.startswith("PET_") and setting.kind is bool and not setting.valued):
+        return raw
+    try:
+        return "true" if int(raw) else "false"
+    except ValueError:
+        return raw
+
+
 def check_text(setting: Any, raw: Any) -> None:
     if isinstance(raw, str) and setting.name not in PATH_SETTINGS:
         try:
@@ -60,4 +71,4 @@ def source_hint(source: str) -> str:
     return " (from the config file)" if source == "config" else ""
 
 
-__all__ = ["PATH_SETTINGS", "check_text", "env_name", "null_value", "source_hint"]
+__all__ = ["PATH_SETTINGS", "check_text", "env_name", "null_value", "pet_switch", "source_hint"]

@@ -6,6 +6,7 @@ import errno
 import functools
 import os
 import signal
+import socket
 import subprocess
 import threading
 import time
@@ -26,7 +27,7 @@ from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers import pidmap
 from mbr_launch.workers.cyclelog import CycleLogs
-from mbr_launch.workers.output import OutputPump
+from mbr_launch.workers.output import OutputPump, rank_prefix
 from mbr_launch.workers import numa, strays
 from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
 
@@ -76,6 +77,8 @@ class WorkerGroup:
                  console: Console | None = None) -> None:
         self.cfg = cfg
         self.console = console or process_console()  # worker output shares the terminal with the live view
+        # ${hostname} of --log-line-prefix-template: the short name, as torch 2.14 gives it
+        self._hostname = socket.gethostname() if cfg.output.line_prefix_template else ""
         self.environ = environ
         self.run_dir = run_dir
         self.sock_dir = sock_dir
@@ -195,7 +198,8 @@ class WorkerGroup:
             redirected = bool(out.redirects.for_rank(lr) & bit)
             teed = bool(out.tee.for_rank(lr) & bit)
             logfile = rank_dir / f"{name}.log" if (redirected or teed) else None
-            prefix = f"[rank{worker.rank}]:".encode()
+            prefix = rank_prefix(out.line_prefix_template, rank=worker.rank, local_rank=lr, role=self.cfg.workers.role,
+                                 hostname=self._hostname)
             console = self.console.source(name, prefix) if show else None
             to_console = console if teed or not redirected else None
             filtered = self._filtered_file(name) if filters else None

@@ -26,6 +26,7 @@ import collections
 import os
 import re
 import select
+import string
 import threading
 from pathlib import Path
 from typing import BinaryIO, Callable, Protocol, Sequence
@@ -117,6 +118,16 @@ class Mirror(Protocol):
 
     def write(self, data: bytes) -> None: ...
     def close(self) -> None: ...
+
+
+def rank_prefix(template: str, *, rank: int, local_rank: int, role: str, hostname: str) -> bytes:
+    """The prefix of a rank's console lines (and of its lines in the filtered files): ``[rankN]:``, or torchrun's
+    --log-line-prefix-template with its macros put in as torch 2.14 does (``string.Template``, where an unknown
+    ``${name}`` stays as written). torchrun puts it only before tee'd lines; here every console line has one."""
+    if not template:
+        return f"[rank{rank}]:".encode()
+    return string.Template(template).safe_substitute(
+        role_name=role, rank=rank, local_rank=local_rank, hostname=hostname).encode(errors="replace")
 
 
 def prefixed(prefix: bytes, line: bytes) -> bytes:

@@ -1,0 +1,144 @@
+"""Abbreviated long options, read as torchrun reads them.
+
+torchrun's parser is argparse with ``allow_abbrev``: a long option may be cut to any prefix that only one of its
+option strings starts with (``--redirect=3``, ``--max_restart 1``, ``--standal``), and scripts written for it
+contain such lines. click has no prefixes, so ``expand`` rewrites the options before SCRIPT into their full
+spellings first; the parsers (``plainline``, typer) then read whole option strings only. argparse's rules, kept:
+
+- an exact option string wins (``--tee`` is never a prefix of anything else);
+- ``--opt=value`` is cut at the first ``=``, and the prefix before it is matched; ``--opt value`` takes the
+  next word as the value, whatever it looks like, and that word is never matched;
+- only long options (``--``) are abbreviated; a short one keeps argparse's ``-r3`` and ``-r=3`` (value 3);
+- the first word that is not an option (SCRIPT), ``--`` and everything after them are left as they are: the
+  script's own arguments are never read, even when they look like ours.
+
+mbr-launch has options of its own beside torchrun's, and more of them would make prefixes that torchrun takes
+ambiguous here (``--h`` is torchrun's ``--help``, and also our ``--hang-kill-grace``). So a prefix is matched
+against torchrun's option strings first, those of the torch installed (``--log-`` is ``--log-dir`` for torch
+2.13, ambiguous from 2.14 on, which adds ``--log-line-prefix-template``); only a prefix that matches none of
+them is matched against every option. One difference from argparse, on purpose: a prefix whose candidates are
+all spellings of one option (``--nproc``: ``--nproc-per-node`` and ``--nproc_per_node``) is that option, where
+argparse calls it ambiguous. Anything else that matches several options is refused, naming them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Iterable, Mapping, Sequence
+
+from mbr_launch.config.settings import Setting
+
+Version = tuple[int, ...]
+ALWAYS: Version = (0,)  # in every torchrun this checks (2.13 on)
+_SHOWN = 12  # candidates named in the error; the rest are counted
+
+
+@dataclass(frozen=True)
+class Spelling:
+    """One option string: what it belongs to, whether it takes a value, and since which torch torchrun has it."""
+
+    owner: str  # the option it spells (a setting's name): candidates of one owner are one option
+    takes_value: bool
+    torchrun_since: Version | None = None  # None: not one of torchrun's option strings
+
+
+class AmbiguousOption(Exception):
+    """A prefix that more than one option starts with."""
+
+    def __init__(self, word: str, candidates: Sequence[str]) -> None:
+        shown = ", ".join(candidates[:_SHOWN])
+        more = f" and {len(candidates) - _SHOWN} more" if len(candidates) > _SHOWN else ""
+        super().__init__(f"ambiguous option: {word} could match {shown}{more}")
+        self.word = word
+        self.candidates = tuple(candidates)
+
+
+def _one_owner(names: Sequence[str], spellings: Mapping[str, Spelling]) -> bool:
+    return len({spellings[name].owner for name in names}) == 1
+
+
+def _by_owner(names: Iterable[str], spellings: Mapping[str, Spelling]) -> list[str]:
+    """One spelling per option, dashes preferred (``--max-restarts``, not also ``--max_restarts``)."""
+    chosen: dict[str, str] = {}
+    for name in sorted(names, key=lambda n: ("_" in n, n)):
+        chosen.setdefault(spellings[name].owner, name)
+    return list(chosen.values())
+
+
+def resolve(prefix: str, spellings: Mapping[str, Spelling], torch: Callable[[], Version], *,
+            word: str | None = None) -> str | None:
+    """The option string ``prefix`` stands for, or None when no option starts with it (an unknown option: the
+    parser says so). ``torch`` gives the installed torch's version (asked only for a real prefix)."""
+    if prefix in spellings:
+        return prefix
+    if not prefix.startswith("--") or len(prefix) < 3:
+        return None
+    every = [name for name in spellings if name.startswith(prefix)]
+    if not every:
+        return None
+    version = torch()
+    theirs = [name for name in every if (since := spellings[name].torchrun_since) is not None and since <= version]
+    for candidates in (theirs, every):
+        if not candidates:
+            continue
+        if _one_owner(candidates, spellings):
+            return min(candidates, key=lambda n: ("_" in n, n))
+        raise AmbiguousOption(word or prefix, _by_owner(candidates, spellings))
+    return None
+
+
+def expand(argv: Sequence[str], spellings: Mapping[str, Spelling], torch: Callable[[], Version]) -> list[str]:
+    """``argv`` with each abbreviated long option before SCRIPT written out in full; raises ``AmbiguousOption``.
+    Nothing else changes: an unknown option stays for the parser to report."""
+    out: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word == "--" or not word.startswith("-") or word == "-":
+            break  # SCRIPT (or what ends the options): it and the rest are the script's
+        name, equals, value = word.partition("=")
+        if word.startswith("--"):
+            full = resolve(name, spellings, torch, word=word) if equals else resolve(word, spellings, torch)
+        elif word in spellings:
+            full = word
+        elif equals and name in spellings and spellings[name].takes_value:
+            out.extend([name, value])  # argparse gives ``-r=3`` the value 3 (click would read "=3")
+            i += 1
+            continue
+        else:
+            full = None  # -r3, -mr3: click reads them as argparse does
+        if full is None:  # an unknown option: the parser reports it
+            out.append(word)
+            i += 1
+        elif equals and word.startswith("--"):
+            out.append(f"{full}={value}")
+            i += 1
+        elif spellings[full].takes_value and i + 1 < len(argv):
+            out.extend([full, argv[i + 1]])  # the value, whatever it looks like, is never matched
+            i += 2
+        else:
+            out.append(full)
+            i += 1
+    return out + list(argv[i:])
+
+
+def setting_spellings(settings: Iterable[Setting]) -> dict[str, Spelling]:
+    """Every flag of ``settings``; torchrun's own option strings marked with the release that has them."""
+    table = {}
+    for setting in settings:
+        for flag in setting.flags:
+            since = (setting.torchrun_since or ALWAYS) if flag in setting.torchrun_flags else None
+            table[flag] = Spelling(owner=setting.name, takes_value=setting.takes_value, torchrun_since=since)
+    return table
+
+
+# torchrun's -h/--help (argparse's own), taken like its other options
+HELP = {flag: Spelling(owner="help", takes_value=False, torchrun_since=ALWAYS) for flag in ("-h", "--help")}
+# The launch's options beside the settings (``cli.helptext``, ``cli.completion``): mbr-launch's own, and torchrun's
+# --print-completion.
+LAUNCH_EXTRAS = {
+    "--help-all": Spelling(owner="help_all", takes_value=False),
+    "--version": Spelling(owner="version", takes_value=False),
+    **{flag: Spelling(owner="print_completion", takes_value=True, torchrun_since=(2, 14))
+       for flag in ("--print-completion", "--print_completion")},
+}
