@@ -165,7 +165,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="rdzv_secret_file", flags=("--rdzv-secret-file",), kind=str, default=None, panel=POLICY,
             metavar="FILE", help="A file (mode 600, 16+ bytes) with a secret all agents share: every value they "
             "read from the c10d store, torch's pickled state included, must carry its HMAC, so a process that can "
-            "reach the port without it can neither run code in the agents nor steer the job (README: Security)."),
+            "reach the port without it can neither run code in the agents nor steer the job (docs/security.md)."),
     Setting(name="no_restart_exit_codes", flags=("--no-restart-exit-codes",), kind=str, default=(2, 17),
             panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
             help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
