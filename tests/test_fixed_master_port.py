@@ -58,6 +58,7 @@ def _expect(results: dict[str, dict], attempts: int, port: int) -> None:
         assert got["sum"] == 3.0, (name, got)  # 1 + 2: both ranks took part in the all_reduce
         assert got["env"] == {"MASTER_ADDR": "localhost", "MASTER_PORT": str(port),
                               "TORCHELASTIC_USE_AGENT_STORE": "True"}, (name, got)
+        assert got["stale"] is False, (name, got)  # attempt 0's keys were cleared before attempt 1 began
 
 
 @pytest.mark.processes

@@ -4,7 +4,8 @@
 ``init_method=tcp://HOST:PORT`` (the rank and world size from the environment), ``env`` with ``env://``
 (MASTER_ADDR and MASTER_PORT), with a process-group timeout of SECONDS. One all_reduce of the ranks; with
 ``fail``, in restart 0 (``TORCHELASTIC_RESTART_COUNT``) rank 1 exits 1 after it, so that the next attempt joins
-again at the same port. Each rank writes ``OUT_DIR/rank<R>.attempt<N>.json``: what it saw and summed.
+again at the same port. Each rank writes ``OUT_DIR/rank<R>.attempt<N>.json``: what it saw and summed, and
+whether a key it set in the store in an earlier attempt was still there.
 """
 
 from __future__ import annotations
@@ -29,7 +30,12 @@ def main() -> int:
     total = torch.tensor([float(rank + 1)])
     dist.all_reduce(total)
     seen = {name: os.environ.get(name) for name in ("MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")}
-    (out / f"rank{rank}.attempt{attempt}.json").write_text(json.dumps({"sum": total.item(), "env": seen}))
+    # A key of this rank's first attempt, still there in a later one: the store kept the attempt's keys.
+    store = dist.TCPStore(host, int(port), is_master=False, timeout=datetime.timedelta(seconds=seconds))
+    stale = store.check([f"fixed_port_init/rank{rank}"])
+    store.set(f"fixed_port_init/rank{rank}", str(attempt))
+    (out / f"rank{rank}.attempt{attempt}.json").write_text(json.dumps({"sum": total.item(), "env": seen,
+                                                                       "stale": stale}))
     dist.destroy_process_group()
     if fail and attempt == 0 and rank == 1:
         return 1  # the failure the launcher restarts from
