@@ -1,5 +1,5 @@
 """An explicit --master-addr/--master-port is the workers' MASTER_ADDR:MASTER_PORT, as under torchrun, and a
-``tcp://`` or ``env://`` init at it works, restarts included (issue #38, ``cluster.sharedstore``).
+``tcp://`` or ``env://`` init at it works, restarts included (issue #38, ``cluster.workerstore``).
 
 Older scripts build their init method from the address and port they gave the launcher. On torch 2.14 such an
 init with another MASTER_PORT makes rank 0 listen on the port the agent's static store holds (EADDRINUSE).
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from torch.distributed import PrefixStore, TCPStore
 
-from mbr_launch.cluster import sharedstore
+from mbr_launch.cluster import workerstore
 
 from testkit.helpers import SCRIPTS, free_port, launcher_env, run_events
 
@@ -83,7 +83,7 @@ def test_restart_inits_again_at_the_given_port(tmp_path, how):
 @pytest.mark.parametrize("how", ["tcp", "env"])
 def test_same_outcome_as_torchrun(tmp_path, how):
     """The fault-free command line under both launchers: exit 0, the same files, the same store seen.
-    (torchrun's restart of it is a race: its store keeps attempt 0's gloo addresses, ``cluster.sharedstore``.)"""
+    (torchrun's restart of it is a race: its store keeps attempt 0's gloo addresses, ``cluster.workerstore``.)"""
     port = free_port()
     for name, launcher in (("torchrun", TORCHRUN), ("ours", OURS)):
         out = tmp_path / name
@@ -134,7 +134,7 @@ def test_clearing_keeps_the_agents_keys_only():
     PrefixStore("default_pg", worker).set("0//cpu//0/1", "a dead rank's address")
     worker.set("my_barrier", "1")
     worker.add("job7", 1)  # a worker key that only looks like the run id: no "/" after it
-    port = sharedstore.round_port(server, "job7")
+    port = workerstore.round_port(server, "job7")
     assert port == server.port
     assert sorted(server.list_keys()) == ["job7/mbr/attempt0/mbr/layout", "mbr/job/job7/restarts",
                                           "torch.rendezvous.job7"]
@@ -144,10 +144,10 @@ def test_a_store_that_cannot_list_its_keys_is_named():
     class Unlisted:  # a torch before Store.list_keys
         port = 1
 
-    with pytest.raises(sharedstore.NotClearable, match="--rdzv-backend c10d"):
-        sharedstore.round_port(Unlisted(), "job")
+    with pytest.raises(workerstore.NotClearable, match="--rdzv-backend c10d"):
+        workerstore.round_port(Unlisted(), "job")
 
 
 def test_static_addr_is_the_endpoint_host_as_given():
-    assert sharedstore.static_addr("localhost:1234") == "localhost"
-    assert sharedstore.static_addr("node-0.cluster:29500") == "node-0.cluster"
+    assert workerstore.static_addr("localhost:1234") == "localhost"
+    assert workerstore.static_addr("node-0.cluster:29500") == "node-0.cluster"

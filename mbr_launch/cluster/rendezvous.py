@@ -6,7 +6,7 @@ Here every round gets:
 - torch's round-prefixed store (c10d) or an attempt-prefixed one (static) for agent coordination;
 - a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
   with MASTER_PORT+1 and +2 free too for NVRx in-process restart (``cluster.ports``); static: the static store,
-  cleared of the previous round's worker keys, as torchrun's MASTER_PORT (``cluster.sharedstore``);
+  cleared of the previous round's worker keys, as torchrun's MASTER_PORT (``cluster.workerstore``);
 - a rank layout agreed through that round store (nodes may run different numbers of workers).
 
 The agent's cross-node control messages (``stop``, ``done``: ``cluster.stops``) live under keys of the round, so
@@ -33,8 +33,8 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, sharedstore, shrink,
-                                storeclients, storevalue, torch_internals)
+from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
+                                storevalue, torch_internals, workerstore)
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
@@ -226,10 +226,10 @@ class Rendezvous:
         self._joined += 1
         if self._cfg.rendezvous.backend == "static":
             # The static store is the same object every round: give each attempt its own key space. It is the
-            # workers' store too, at torchrun's MASTER_ADDR:MASTER_PORT (cluster.sharedstore).
+            # workers' store too, at torchrun's MASTER_ADDR:MASTER_PORT (cluster.workerstore).
             store = PrefixStore(f"mbr/attempt{index}", store)
             rnd = self._lay_out(store, index, group_rank, group_world_size,
-                                sharedstore.static_addr(self._cfg.rendezvous.endpoint), shared=True)
+                                workerstore.static_addr(self._cfg.rendezvous.endpoint), shared=True)
         else:
             if bootstrap is None:
                 from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
@@ -249,10 +249,10 @@ class Rendezvous:
         try:
             lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
                                lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store),
-                                        sharedstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
+                                        workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
                                         if shared else pick_master_port()),
                                scope=scope)
-        except (layout.LayoutUnreadable, sharedstore.NotClearable) as err:
+        except (layout.LayoutUnreadable, workerstore.NotClearable) as err:
             raise RendezvousFailed(f"rendezvous failed: {err}") from None
         token, restarts, master_port = lay.token, lay.restarts, lay.master_port
         base = _base_store(store)

@@ -119,7 +119,7 @@ class WorkerGroup:
         count = rnd.restart_count if restart_count is None else restart_count
         if local_ranks is None:  # a new round: a new, empty store for its workers (the old one closes)
             self._store = None
-            # a static rendezvous's store serves the workers (cluster.sharedstore), cleared for each round
+            # a static rendezvous's store serves the workers (cluster.workerstore), cleared for each round
             serve = rnd.group_rank == 0 and not rnd.shared_store
             self._store = workerstore.serve(rnd.master_addr, rnd.master_port) if serve else None
             self._agent_store = not serve or self._store is not None
