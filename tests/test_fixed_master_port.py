@@ -20,7 +20,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster import workerstore
 
-from testkit.helpers import SCRIPTS, free_port, launcher_env, run_events
+from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_events
 
 SCRIPT = str(SCRIPTS / "fixed_port_init.py")
 ENVDUMP = str(SCRIPTS / "envdump.py")
@@ -76,6 +76,32 @@ def test_restart_inits_again_at_the_given_port(tmp_path, how):
     rounds = [e for e in run_events(logs) if e["event"] == "rendezvous"]
     assert [(e["round"], e["master_port"], e["master_addr"]) for e in rounds] == \
         [(0, port, "localhost"), (1, port, "localhost")]
+
+
+@pytest.mark.processes
+@pytest.mark.timeout(300)
+def test_two_static_nodes_restart_at_the_given_port(tmp_path):
+    """Two agents of a static rendezvous, one rank each: rank 1 (node 1) fails once; node 0's agent clears the
+    store only once both nodes stopped their workers, and both attempts init at the given port."""
+    port, out = free_port(), tmp_path / "out"
+    out.mkdir()
+    env = launcher_env()
+    env.pop("PET_MASTER_PORT")
+    procs = [subprocess.Popen([*OURS, "--master-addr=localhost", f"--master-port={port}", "--nnodes=2",
+                               f"--node-rank={node}", "--nproc-per-node=1", "--max-restarts=1", "--log-dir",
+                               str(tmp_path / f"logs{node}"), SCRIPT, str(out), "tcp", "localhost", str(port), "fail",
+                               PG_TIMEOUT], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                              start_new_session=True) for node in (0, 1)]
+    try:
+        results = [finish(p, 240) for p in procs]
+    finally:
+        for proc in procs:  # the other agent, when one timed out
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.communicate()
+    for proc, (_out, err) in zip(procs, results):
+        assert proc.returncode == 0, err[-4000:]
+    _expect(_results(out), 2, port)
 
 
 @pytest.mark.processes
