@@ -61,7 +61,7 @@ complete -c mbr-launch -n $options -l duplicate-stdout-filters -x -d 'Copy worke
 complete -c mbr-launch -n $options -l duplicate-stderr-filters -x -d 'Copy worker stderr lines matching any of these strings to filtered_stderr.log.'
 complete -c mbr-launch -n $options -l node-rank -x -d 'Rank of this node (static rendezvous only).'
 complete -c mbr-launch -n $options -l master-addr -x -d 'Address of the rank-0 node (static rendezvous only).'
-complete -c mbr-launch -n $options -l master-port -x -d 'Port of the rank-0 node\'s store (static rendezvous only); workers get a fresh port each round.'
+complete -c mbr-launch -n $options -l master-port -x -d 'Port of the rank-0 node\'s store (static rendezvous only), the workers\' MASTER_PORT as under torchrun.'
 complete -c mbr-launch -n $options -l local-addr -x -d 'Address of this node (default: its FQDN).'
 complete -c mbr-launch -n $options -l logs-specs -x -d 'torchrun.logs_specs entry point: \'default\' (torchrun\'s own, what mbr-launch writes: per-rank stdout.log and stderr.log under --log-dir); another is refused.'
 complete -c mbr-launch -n $options -l numa-binding -x -a 'node socket exclusive core-complex' -d 'Bind workers to the CPUs of a NUMA node: node, socket, exclusive, core-complex.'

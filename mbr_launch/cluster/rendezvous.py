@@ -5,7 +5,8 @@ restarted round can read the previous round's keys and fail in ``init_process_gr
 Here every round gets:
 - torch's round-prefixed store (c10d) or an attempt-prefixed one (static) for agent coordination;
 - a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
-  with MASTER_PORT+1 and +2 free too for NVRx in-process restart (``cluster.ports``);
+  with MASTER_PORT+1 and +2 free too for NVRx in-process restart (``cluster.ports``); static: the static store,
+  cleared of the previous round's worker keys, as torchrun's MASTER_PORT (``cluster.workerstore``);
 - a rank layout agreed through that round store (nodes may run different numbers of workers).
 
 The agent's cross-node control messages (``stop``, ``done``: ``cluster.stops``) live under keys of the round, so
@@ -33,7 +34,7 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
-                                storevalue, torch_internals)
+                                storevalue, torch_internals, workerstore)
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
@@ -224,19 +225,21 @@ class Rendezvous:
         index = self._joined
         self._joined += 1
         if self._cfg.rendezvous.backend == "static":
-            # The static store is the same object every round: give each attempt its own key space.
+            # The static store is the same object every round: give each attempt its own key space. It is the
+            # workers' store too, at torchrun's MASTER_ADDR:MASTER_PORT (cluster.workerstore).
             store = PrefixStore(f"mbr/attempt{index}", store)
-            bootstrap = None
-        if bootstrap is None:
-            from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
+            rnd = self._lay_out(store, index, group_rank, group_world_size,
+                                workerstore.static_addr(self._cfg.rendezvous.endpoint), shared=True)
+        else:
+            if bootstrap is None:
+                from torch.distributed.elastic.rendezvous.api import RendezvousStoreInfo
 
-            bootstrap = RendezvousStoreInfo.build(group_rank, store, local_addr=self._cfg.rendezvous.local_addr)
-        rnd = self._lay_out(store, index, group_rank, group_world_size, bootstrap.master_addr,
-                            bootstrap.master_port)
+                bootstrap = RendezvousStoreInfo.build(group_rank, store, local_addr=self._cfg.rendezvous.local_addr)
+            rnd = self._lay_out(store, index, group_rank, group_world_size, bootstrap.master_addr)
         return dataclasses.replace(rnd, woken=True) if self._wake and self._wake.woken else rnd
 
     def _lay_out(self, store: Store, index: int, group_rank: int, group_world_size: int,
-                 master_addr: str, master_port: int) -> Round:
+                 master_addr: str, shared: bool = False) -> Round:
         timeout = datetime.timedelta(seconds=self._cfg.rendezvous.join_timeout)
         store.set_timeout(timeout)
         # torch picks an ephemeral port (bind 0, close): outgoing connections (NCCL's many sockets) can take
@@ -245,9 +248,11 @@ class Rendezvous:
         scope = f"round{torch_internals.joined_round(self._handler)}" if self._handler is not None else ""
         try:
             lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
-                               lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store), pick_master_port()),
+                               lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store),
+                                        workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
+                                        if shared else pick_master_port()),
                                scope=scope)
-        except layout.LayoutUnreadable as err:
+        except (layout.LayoutUnreadable, workerstore.NotClearable) as err:
             raise RendezvousFailed(f"rendezvous failed: {err}") from None
         token, restarts, master_port = lay.token, lay.restarts, lay.master_port
         base = _base_store(store)
@@ -256,7 +261,8 @@ class Rendezvous:
                      world_size=sum(lay.sizes), rank_offset=lay.offset(group_rank),
                      master_addr=master_addr, master_port=master_port, restart_count=restarts,
                      token=token, store=store, control=PrefixStore(prefix, base), control_prefix=prefix,
-                     store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)))
+                     store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)),
+                     shared_store=shared)
 
     def _restart_count_from_job(self, store: Store) -> int:
         return sum(self._counts(self.job_store(store)))

@@ -36,6 +36,7 @@ class Round:
     fast: bool = False  # agreed through the fast path (``cluster.fastround``), not a c10d join
     fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
     woken: bool = False  # the c10d join learnt of its round's completion from the completer (joinwake)
+    shared_store: bool = False  # the workers' store is the static rendezvous store itself (cluster.workerstore)
 
     def connect_control(self, timeout: float = 30.0) -> Store:
         """A client connection of the calling thread's own to this round's control keys, from the pool of

@@ -68,7 +68,7 @@ TORCHRUN_SETTINGS: tuple[Setting, ...] = (
     _torchrun("master_addr", str, "127.0.0.1", "Address of the rank-0 node (static rendezvous only).",
               metavar="HOST"),
     _torchrun("master_port", int, None,
-              "Port of the rank-0 node's store (static rendezvous only); workers get a fresh port each round.",
+              "Port of the rank-0 node's store (static rendezvous only), the workers' MASTER_PORT as under torchrun.",
               parse=non_negative("--master-port", int, most=65535), metavar="PORT"),
     _torchrun("local_addr", str, None, "Address of this node (default: its FQDN).", metavar="HOST"),
     _torchrun("logs_specs", str, None, "torchrun.logs_specs entry point: 'default' (torchrun's own, what "

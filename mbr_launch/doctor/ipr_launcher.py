@@ -67,7 +67,8 @@ def _master_port(ctx: DoctorContext) -> tuple[str, int] | None:
 def ports(ctx: DoctorContext) -> Finding:
     if ctx.ipr_signal is None:
         return skip(_NOT_ON)
-    if ctx.launcher == "mbr-launch":
+    static = ctx.rdzv_backend == "static" and not ctx.standalone
+    if ctx.launcher == "mbr-launch" and not static:  # static: the workers' MASTER_PORT is --master-port, as torchrun's
         return ok("mbr-launch picks each round's MASTER_PORT with MASTER_PORT+1 and +2 free")
     try:
         fixed = _master_port(ctx)
@@ -85,4 +86,4 @@ def ports(ctx: DoctorContext) -> Finding:
     return warn(f"MASTER_PORT {port}, and {', '.join(map(str, taken))} on this node is already in use: the "
                 "application's store (+1) or the Wrapper's (+2) cannot bind it",
                 f"stop what listens there (`ss -ltnp 'sport = :{taken[0]}'`), choose another port, or launch with "
-                "mbr-launch, which picks a free MASTER_PORT each round")
+                "mbr-launch on a c10d rendezvous, which picks a free MASTER_PORT each round")

@@ -39,8 +39,9 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count if restart_count is None else restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(cfg.policy.max_restarts),
         "TORCHELASTIC_RUN_ID": cfg.rendezvous.run_id,
-        # Workers never share the agent's rendezvous store: each round gets a fresh MASTER_PORT, served by
-        # group rank 0's agent when it could bind it (cluster.workerstore), else by global rank 0.
+        # c10d: each round gets a fresh MASTER_PORT, served by group rank 0's agent when it could bind it
+        # (cluster.workerstore), else by global rank 0. static: torchrun's agent store, the static endpoint
+        # itself, cleared of the workers' keys between rounds (cluster.workerstore).
         "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TORCHELASTIC_ERROR_FILE": str(error_file),

@@ -122,8 +122,10 @@ class WorkerGroup:
         count = rnd.restart_count if restart_count is None else restart_count
         if local_ranks is None:  # a new round: a new, empty store for its workers (the old one closes)
             self._store = None
-            self._store = workerstore.serve(rnd.master_addr, rnd.master_port) if rnd.group_rank == 0 else None
-            self._agent_store = rnd.group_rank != 0 or self._store is not None
+            # a static rendezvous's store serves the workers (cluster.workerstore), cleared for each round
+            serve = rnd.group_rank == 0 and not rnd.shared_store
+            self._store = workerstore.serve(rnd.master_addr, rnd.master_port) if serve else None
+            self._agent_store = not serve or self._store is not None
         for local_rank in ranks:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
