@@ -9,7 +9,7 @@ step, launch -> the last agent's exit (the job's wall time) and mbr-launch's wal
 same trial; the load average before each launch (the machine may be shared).
 
     python benchmarks/bench_scale_once.py --agents 32 --trials 1 --out benchmarks/RESULTS.md
-    python benchmarks/bench_scale_once.py --agents 32 --mbr-path /tmp/old/   # mbr_launch from another tree
+    python benchmarks/bench_scale_once.py --agents 32 --before /tmp/old/   # also mbr_launch of /tmp/old/mbr_launch
 """
 
 from __future__ import annotations
@@ -25,11 +25,12 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
+from harness.machine import run_quiet  # noqa: E402
 from harness.reports import finish_dir, work_dir  # noqa: E402
 
 SECTION = "bench_scale_once"
 WORKER = h.REPO / "tests" / "scripts" / "many_agents_worker.py"
-LAUNCHERS = ("torchrun", "mbr-launch")
+LAUNCHERS = ("torchrun", "mbr-launch", "mbr-launch@before")  # the last: --before's code
 
 
 def _first_steps(ready: Path) -> dict[int, float]:
@@ -54,12 +55,13 @@ def trial(name: str, root: Path, index: int, args: argparse.Namespace) -> dict:
     gen_file.write_text("0")
     sleep_dir.mkdir()
     port, token = h.free_port(), uuid.uuid4().hex
-    env = h.bench_env(token, {**(h.mbr_env(args.mbr_path) if name == "mbr-launch" else {})})
+    src = args.before if name == "mbr-launch@before" else args.mbr_path if name == "mbr-launch" else None
+    env = h.bench_env(token, h.mbr_env(src))
     # --final 0: the first generation is the last: --steps steps, then exit 0
     worker = [str(WORKER), "--ready-file", str(ready), "--gen-file", str(gen_file), "--sleep-dir", str(sleep_dir),
               "--final", "0", "--steps", str(args.steps)]
-    head = ([sys.executable, "-m", "mbr_launch"] if args.mbr_path else [h.tool("mbr-launch")]) \
-        if name == "mbr-launch" else [h.tool("torchrun")]
+    head = [h.tool("torchrun")] if name == "torchrun" else [sys.executable, "-m", "mbr_launch"] if src \
+        else [h.tool("mbr-launch")]
     rec: dict = {"launcher": name, "trial": index, "agents": n, "ok": False, "reason": "",
                  "load_before": os.getloadavg()[0]}
     procs: list[h.Proc] = []
@@ -69,7 +71,7 @@ def trial(name: str, root: Path, index: int, args: argparse.Namespace) -> dict:
             argv = [*head, "--nnodes", str(n), "--nproc-per-node", "1", "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"o{port}",
                     *(["--log-dir", str(d / f"logs{i}")] if name == "mbr-launch" else []), *worker]
-            procs.append(h.Proc(argv, env=env, out_dir=d, name=f"agent{i}"))
+            procs.append(h.Proc(argv, env=env, out_dir=d, name=f"agent{i}"))  # cwd: the trial's, not the tree
         end = time.monotonic() + args.deadline
         codes = [p.wait_exit(max(0.0, end - time.monotonic())) for p in procs]
         rec["wall"] = max(p.t_exit or time.monotonic() for p in procs) - min(p.t0 for p in procs)
@@ -99,11 +101,14 @@ def render(records: list[dict], args: argparse.Namespace, code: str) -> str:
                      h.fmt_cell(h.summarize([r["first_step_all"] for r in rs if "first_step_all" in r])),
                      h.fmt_cell(h.summarize([r["wall"] for r in rs])),
                      h.fmt_cell(h.summarize([r["wall"] for r in ok]))])
-    pairs = {}
+    pairs: dict[int, dict[str, dict]] = {}
     for r in records:
         pairs.setdefault(r["trial"], {})[r["launcher"]] = r
-    ratios = [p["mbr-launch"]["wall"] / p["torchrun"]["wall"] for p in pairs.values()
-              if {"mbr-launch", "torchrun"} <= set(p) and p["mbr-launch"]["ok"] and p["torchrun"]["ok"]]
+
+    def ratios(name: str) -> str:
+        found = [p[name]["wall"] / p["torchrun"]["wall"] for p in pairs.values()
+                 if {name, "torchrun"} <= set(p) and p[name]["ok"] and p["torchrun"]["ok"]]
+        return ", ".join(f"{x:.2f}" for x in found) if found else "none"
     out = [f"### {args.agents} agents started at once, no fault, default flags", "",
            *h.machine_lines(gpu=False, mbr_code=code), f"- command: `{h.command_line()}`",
            f"- worker: tests/scripts/many_agents_worker.py, {args.steps} optimizer steps + all_reduce each; "
@@ -112,12 +117,18 @@ def render(records: list[dict], args: argparse.Namespace, code: str) -> str:
            h.table(["launcher", "trials with every agent exit 0", "exit codes (code: agents)",
                     "launch -> every rank's first step (s)", "launch -> last agent exited (s), all trials",
                     "same, ok trials"], rows), "",
-           f"mbr-launch wall time / torchrun's, same trial, both ok: "
-           + (", ".join(f"{x:.2f}" for x in ratios) if ratios else "none"), ""]
+           *(f"- {name} wall time / torchrun's, same trial, both ok: {ratios(name)}" for name in LAUNCHERS[1:]
+             if any(r["launcher"] == name for r in records)), ""]
     failed = [r for r in records if not r["ok"]]
     if failed:
         out += ["Failed:", ""] + [f"- {r['launcher']} trial {r['trial']}: {r['reason']}" for r in failed] + [""]
     return "\n".join(out)
+
+
+def _code() -> str:
+    rev = run_quiet(["git", "-C", str(h.REPO), "rev-parse", "--short", "HEAD"])
+    dirty = run_quiet(["git", "-C", str(h.REPO), "status", "--porcelain", "--untracked-files=no", "--", "mbr_launch"])
+    return f"the working tree at {rev}{' with changes' if dirty else ''}"
 
 
 def main() -> int:
@@ -125,21 +136,23 @@ def main() -> int:
     ap.add_argument("--agents", type=int, default=32)
     ap.add_argument("--trials", type=int, default=1)
     ap.add_argument("--steps", type=int, default=10)
-    ap.add_argument("--launchers", default=",".join(LAUNCHERS))
+    ap.add_argument("--launchers", default=",".join(LAUNCHERS[:2]))
     ap.add_argument("--deadline", type=float, default=400.0, help="seconds a launch may take before it is killed")
     ap.add_argument("--mbr-path", type=Path, help="run mbr_launch from this directory (PYTHONPATH), e.g. a "
                     "`git archive` of the code before a change")
+    ap.add_argument("--before", type=Path, help="mbr_launch of the code before a change (e.g. `git archive REV "
+                    "mbr_launch | tar -x -C DIR`), run as the launcher mbr-launch@before")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--raw", type=Path)
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
-    names = [x for x in args.launchers.split(",") if x]
+    names = [x for x in args.launchers.split(",") if x] + (["mbr-launch@before"] if args.before else [])
     h.stop_on_sigterm()
     root = work_dir("scale-once")
     records: list[dict] = []
     try:
         for i in range(args.trials):
-            for name in (names if i % 2 == 0 else names[::-1]):
+            for name in h.rotate(names, i):
                 rec = trial(name, root, i, args)
                 records.append(rec)
                 print(f"[trial {i} {name}] ok={rec['ok']} wall={rec.get('wall', 0):.1f} s "
@@ -148,7 +161,9 @@ def main() -> int:
     finally:
         finish_dir(root, args.keep)
     h.write_raw(args.raw, records)
-    code = f"mbr_launch from {args.mbr_path}" if args.mbr_path else "the installed tree"
+    code = f"mbr_launch from {args.mbr_path}" if args.mbr_path else _code()
+    if args.before:
+        code += f"; mbr-launch@before: mbr_launch from {args.before}"
     text = render(records, args, code)
     print(text)
     if args.out:

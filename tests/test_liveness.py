@@ -156,3 +156,30 @@ def test_own_time_runs_with_the_real_clock_when_this_process_is_served():
     time.sleep(0.6)
     credited, wall = hostview.own_time() - a, time.monotonic() - t
     assert 0.5 <= credited <= wall + 0.01
+
+
+def test_the_store_guard_waits_on_while_the_stores_host_is_alive_here_and_ends_once_it_is_not():
+    from mbr_launch.cluster.storeguard import StoreGuard
+
+    now = [0.0]
+    alive = [True]
+    expired: list[tuple[str, float]] = []
+    guard = StoreGuard(lambda what, seconds: expired.append((what, seconds)), clock=lambda: now[0], tick=0.01,
+                       alive=lambda: alive[0])
+    guard.start()
+    try:
+        with guard.around(10.0, "reporting this node done"):
+            now[0] = 100.0  # ten bounds later: the call is slow, its store's host runs here
+            time.sleep(0.2)
+            assert expired == [] and guard.blocked_in() == "reporting this node done"
+            alive[0] = False  # stopped or gone: the bound given again at 100 s passes at 110 s
+            now[0] = 109.0
+            time.sleep(0.2)
+            assert expired == []
+            now[0] = 111.0
+            deadline = time.monotonic() + 10
+            while not expired and time.monotonic() < deadline:
+                time.sleep(0.01)
+        assert expired == [("reporting this node done", 111.0)]
+    finally:
+        guard.close()
