@@ -14,7 +14,8 @@ runs the script as ``python script.py`` (or ``python -m module``) would: same ``
 and prepares itself in the background: at once, at the lowest CPU priority (its session's autogroup at nice
 19, so it takes no CPU the ranks want), where the host schedules by autogroup; the agent gives it the normal
 priority back as soon as it is warm (idle, it costs nothing there), once it has spent ``LOW_PRIORITY_SPAN``
-seconds not warm, or at the latest just before its assignment (``_set_priority``), so what it has done is a head
+seconds not warm while this node's ranks train (while they start, the job's own start comes first, up to
+``LOW_PRIORITY_CAP``), or at the latest just before its assignment (``_set_priority``), so what it has done is a head
 start and never a
 wait. Where it cannot lower its priority it waits ``DELAY`` seconds instead, so as not to compete with the
 ranks that are starting (an assignment that comes during that wait runs the script at once with nothing
