@@ -222,10 +222,12 @@ def render(launches: list[dict], hangs: list[dict], args: argparse.Namespace) ->
                      h.fmt_cell(s["inquiry_seconds"]), h.fmt_cell(s["restart"]),
                      f"{sum(ops) / len(ops):.0f}" if ops else "-", f"{sum(byts) / len(byts) / 1e3:.1f}" if byts else "-"])
     started = h.summarize([r["started"] for r in launches if r.get("started") is not None])
+    code = f"mbr_launch from {args.mbr_path}" if args.mbr_path else _code()
+    start = "at once" if not args.stagger else f"agent 0 {args.stagger:g} s first"
     lines = [f"## Issue #31: hangs among {args.agents} agents of one rank each", "",
-             *h.machine_lines(gpu=False, mbr_code=f"mbr_launch from {args.mbr_path}" if args.mbr_path else _code()), f"- command: `{h.command_line()}`",
+             *h.machine_lines(gpu=False, mbr_code=code), f"- command: `{h.command_line()}`",
              f"- {len(launches)} launch(es) of {args.agents} agents (`--standby {args.standby}`, `--step-timeout "
-             f"{args.step_timeout:g}`; started {'at once' if not args.stagger else f'agent 0 {args.stagger:g} s first'})"
+             f"{args.step_timeout:g}`; started {start})"
              f", each living through {args.hangs} hangs, one per round; every agent exit 0 "
              f"at the end in {sum(r['ok'] for r in launches)} of {len(launches)}; launch -> every rank started "
              f"{h.fmt_cell(started)}", "",
