@@ -4,7 +4,9 @@ one rank hangs between two steps while every other rank waits for it in its next
 
 - ``sleep``: the victim sleeps (outside any collective);
 - ``sigstop``: the harness SIGSTOPs the victim;
-- ``host``: the victim is the rank of the agent that hosts the rendezvous store (agent 0), SIGSTOPped.
+- ``host``: the victim is the rank of the agent that hosts the rendezvous store, SIGSTOPped.
+
+Every agent starts at once (``--stagger`` starts the first one that much earlier, so that it hosts the store).
 
 One launch lives through ``--hangs`` hangs, one per round (the scenarios in turn): 32 torch workers and their
 standbys take minutes to start on 2 cores, a restart under a second. Per hang: the verdict must name the victim
@@ -80,6 +82,25 @@ def _parent_chain(pid: int) -> list[int]:
     return chain
 
 
+def _listener(port: int, pids: list[int]) -> int | None:
+    """Which of ``pids`` listens on ``port``: the agent hosting the rendezvous store (started at once, any may)."""
+    inodes = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            with open(table) as f:
+                rows = [line.split() for line in list(f)[1:]]
+        except OSError:
+            continue
+        inodes |= {f"socket:[{r[9]}]" for r in rows if len(r) > 9 and r[3] == "0A" and r[1].endswith(f":{port:04X}")}
+    for pid in pids:
+        try:
+            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
+                return pid
+        except OSError:
+            continue
+    return None
+
+
 def _rank_of_agent(ready: dict[int, tuple[float, int]], agent_pid: int) -> int | None:
     return next((rank for rank, (_t, pid) in ready.items() if agent_pid in _parent_chain(pid)), None)
 
@@ -104,14 +125,16 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
     sleep_dir.mkdir()
     gen_file.write_text("0")
     port, token = h.free_port(), uuid.uuid4().hex
-    env = h.bench_env(token)
+    env = h.bench_env(token, h.mbr_env(args.mbr_path))  # cwd: the trial's (h.Proc), so -m finds that code
     rec: dict = {"launch": index, "agents": n, "hangs": k, "ok": False, "reason": ""}
     hangs: list[dict] = []
     procs: list[h.Proc] = []
     try:
         t0 = time.time()
         for i in range(n):
-            argv = [*([sys.executable, str(COUNTER), "mbr_launch"] if args.count_store else [h.tool("mbr-launch")]),
+            head = [sys.executable, str(COUNTER), "mbr_launch"] if args.count_store else \
+                [sys.executable, "-m", "mbr_launch"] if args.mbr_path else [h.tool("mbr-launch")]
+            argv = [*head,
                     "--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", str(k), "--rdzv-backend", "c10d",
                     "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"h{port}", "--step-timeout",
                     str(args.step_timeout), "--status", "off", "--standby", args.standby, "--skip-check", "all",
@@ -119,8 +142,8 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
                     "--gen-file", str(gen_file), "--sleep-dir", str(sleep_dir), "--final", str(k)]
             agent_env = {**env, "MBR_STORECOUNT_DIR": str(d / "store" / f"agent{i}")} if args.count_store else env
             procs.append(h.Proc(argv, env=agent_env, out_dir=d, name=f"agent{i}"))
-            if i == 0:
-                time.sleep(0.5)  # the store's host first
+            if i == 0 and args.stagger:
+                time.sleep(args.stagger)  # the store's host first (a user's srun or script does not wait)
         state = _wait(lambda: len(_ranks(ready, "ready", 0)) >= n, procs, args.deadline)
         if state != "ok":
             started = len(_ranks(ready, "ready", 0))
@@ -131,7 +154,8 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
             hang: dict = {"launch": index, "hang": g, "scenario": scenario, "agents": n, "ok": False, "reason": ""}
             hangs.append(hang)
             up = _ranks(ready, "ready", g)
-            victim = _rank_of_agent(up, procs[0].popen.pid) if scenario == "host" else args.victim % n
+            host = _listener(port, [p.popen.pid for p in procs]) if scenario == "host" else None
+            victim = (_rank_of_agent(up, host) if host else None) if scenario == "host" else args.victim % n
             if victim is None:
                 hang["reason"] = "the store host's rank was not found"
                 return rec, hangs
@@ -198,10 +222,13 @@ def render(launches: list[dict], hangs: list[dict], args: argparse.Namespace) ->
                      h.fmt_cell(s["inquiry_seconds"]), h.fmt_cell(s["restart"]),
                      f"{sum(ops) / len(ops):.0f}" if ops else "-", f"{sum(byts) / len(byts) / 1e3:.1f}" if byts else "-"])
     started = h.summarize([r["started"] for r in launches if r.get("started") is not None])
+    code = f"mbr_launch from {args.mbr_path}" if args.mbr_path else _code()
+    start = "at once" if not args.stagger else f"agent 0 {args.stagger:g} s first"
     lines = [f"## Issue #31: hangs among {args.agents} agents of one rank each", "",
-             *h.machine_lines(gpu=False, mbr_code=_code()), f"- command: `{h.command_line()}`",
+             *h.machine_lines(gpu=False, mbr_code=code), f"- command: `{h.command_line()}`",
              f"- {len(launches)} launch(es) of {args.agents} agents (`--standby {args.standby}`, `--step-timeout "
-             f"{args.step_timeout:g}`), each living through {args.hangs} hangs, one per round; every agent exit 0 "
+             f"{args.step_timeout:g}`; started {start})"
+             f", each living through {args.hangs} hangs, one per round; every agent exit 0 "
              f"at the end in {sum(r['ok'] for r in launches)} of {len(launches)}; launch -> every rank started "
              f"{h.fmt_cell(started)}", "",
              h.table(["scenario", "ok (the victim named by every agent, every rank restarted)",
@@ -232,7 +259,11 @@ def main() -> int:
     ap.add_argument("--standby", default="torch", choices=("torch", "off"))
     ap.add_argument("--steady", type=float, default=3.0, help="seconds of stepping before the hang")
     ap.add_argument("--deadline", type=float, default=240.0)
+    ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the first agent and the others "
+                    "(0: all at once, as srun starts them)")
     ap.add_argument("--count-store", action="store_true")
+    ap.add_argument("--mbr-path", type=Path, help="run mbr_launch from this directory (PYTHONPATH), e.g. a "
+                    "`git archive REV mbr_launch` of the code before a change")
     ap.add_argument("--out", type=Path)
     ap.add_argument("--raw", type=Path)
     ap.add_argument("--keep", action="store_true")

@@ -78,7 +78,11 @@ class FakeGroup:
         self.starts: list[tuple[int, list[int] | None]] = []  # (round index, local ranks or None: all)
         self.stops: list[dict[str, Any]] = []  # each stop() call's arguments, while some rank was alive
         self.lines: dict[int, list[str]] = {}  # local rank -> its last stderr lines, as the test scripts them
+        self.trained = False  # every local rank was reported past start-up (standbys may then be promoted)
         self._pid = 5000
+
+    def training(self) -> None:
+        self.trained = True
 
     def start(self, rnd: Round, local_ranks: list[int] | None = None, *, restart_count: int | None = None) -> None:
         self.starts.append((rnd.index, local_ranks))
@@ -166,12 +170,12 @@ class FakeRendezvous:
 
 class FakeWatch:
     def __init__(self) -> None:
-        self.silent = 0.0
+        self.silent: float | None = None  # the store's silence once a verdict (PeerWatch.store_silence)
         self.all_done_watched = False
         self.cancelled = False
         self.inquiries: list[int] = []  # the inquiry numbers watched for
 
-    def silent_for(self) -> float:
+    def store_silence(self) -> float | None:
         return self.silent
 
     def watch_all_done(self) -> None:

@@ -464,6 +464,49 @@ def test_replacements_are_promoted_once_warm_or_after_their_low_priority_span():
             proc.wait(10)
 
 
+def test_replacements_stay_at_the_lowest_priority_while_the_ranks_start():
+    """Issue #38: while this node's ranks start, a warming replacement keeps the lowest priority past
+    LOW_PRIORITY_SPAN (the job's own start comes first); once every rank trains, the span runs from then; and
+    LOW_PRIORITY_CAP bounds it all."""
+    from types import SimpleNamespace
+
+    from mbr_launch.workers.standbypool import (LOW_PRIORITY_CAP, LOW_PRIORITY_SPAN, Standby, StandbyPool,
+                                                _set_priority, autogroup_enabled)
+
+    if not autogroup_enabled():
+        pytest.skip("autogroup scheduling is off here")
+    procs = [subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.readline()"], stdin=subprocess.PIPE,
+                              start_new_session=True) for _ in range(2)]
+    try:
+        def low(proc) -> Standby:
+            ok = _set_priority(proc.pid, 19)
+            return Standby(process=SimpleNamespace(pid=proc.pid), channel=-1, env={}, started=100.0,  # type: ignore[arg-type]
+                           background=ok, low=ok)
+
+        pool = StandbyPool(level="torch", prepare=lambda _lr: None)
+        pool.starting()
+        waiting = low(procs[0])
+        pool._ready = {0: waiting}
+        pool.promote(now=100.0 + 10 * LOW_PRIORITY_SPAN)
+        assert not waiting.promoted  # the ranks still start
+        pool.training(now=150.0)
+        pool.promote(now=150.0 + LOW_PRIORITY_SPAN / 2)
+        assert not waiting.promoted
+        pool.promote(now=150.0 + LOW_PRIORITY_SPAN)
+        assert waiting.promoted
+        pool.starting()  # the next round: a replacement made now waits again, but never past the cap
+        capped = low(procs[1])
+        pool._ready = {0: capped}
+        pool.promote(now=100.0 + LOW_PRIORITY_CAP - 1)
+        assert not capped.promoted
+        pool.promote(now=100.0 + LOW_PRIORITY_CAP)
+        assert capped.promoted
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
+
+
 def test_a_standby_whose_priority_cannot_be_given_back_is_not_used(monkeypatch):
     """The host-wide limit on unprivileged autogroup writes refuses the promotion: the rank starts fresh
     instead of running at the lowest priority, and the standby is killed."""

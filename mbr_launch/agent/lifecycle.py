@@ -29,6 +29,8 @@ from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster import stops, torch_internals
+from mbr_launch.cluster.hostview import own_time
+from mbr_launch.cluster.peers import store_host_alive
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
@@ -82,7 +84,7 @@ class Agent:
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
-        guard = self._guard = StoreGuard(self._store_hung)
+        guard = self._guard = StoreGuard(self._store_hung, clock=own_time, alive=self._store_host_alive)
         stuck = StuckSignals(old_handlers, lambda: wakeup.received, self._signal_unseen, blocked_in=guard.blocked_in,
                              nudge=wakeup.nudge).start()
         guard.start()
@@ -267,6 +269,12 @@ class Agent:
                 pass  # the store is gone already: nothing to wait for
         assert self._rendezvous is not None
         self._rendezvous.shutdown(linger=SPARE_LINGER if hosting else 0.0)
+
+    def _store_host_alive(self) -> bool:
+        """Watchdog thread: whether the agent serving the latest round's store runs here, neither stopped nor
+        gone (the guard then waits on: a slow call, not a cut link)."""
+        rnd = self.ctx.round if self.ctx is not None else None
+        return rnd is not None and store_host_alive(rnd)
 
     def _store_hung(self, what: str, seconds: float) -> None:
         """Watchdog thread: a store call has blocked past its bound (a cut link). Stop everything, exit 3."""

@@ -125,8 +125,8 @@ class Supervisor:
     def _silence(self, rnd: Round) -> RoundResult | None:
         """A store call on a cut-off link never returns, so silence is judged here, by arithmetic; so is a
         culprit's node that was named by a verdict and has not acted."""
-        silent = self.ctx.watch.silent_for() if self.ctx.watch else 0.0
-        if silent <= self.ctx.cfg.rendezvous.peer_timeout:
+        silent = self.ctx.watch.store_silence() if self.ctx.watch else None
+        if silent is None:  # answering, or silent for less than its grace (cluster.peers, decide.liveness)
             return inquiry.overdue(self.ctx, rnd)
         return handle_silence(self.ctx, rnd, StoreLost(
             f"the rendezvous store at {rnd.store_host}:{rnd.store_port} has not answered for {silent:.1f} s "

@@ -23,17 +23,17 @@ class RoundWatch:
     every node done: each becomes one event on the agent's queue."""
 
     def __init__(self, rnd: Round, post: Callable[[Event], None], *, peer_timeout: float,
-                 waiting: Callable[[], int] | None) -> None:
+                 waiting: Callable[[], int] | None, hosting: bool) -> None:
         self._round, self._post = rnd, post
         self._peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
-                                on_waiting=lambda count: post(NodesWaiting(count)))
+                                on_waiting=lambda count: post(NodesWaiting(count)), hosting=hosting)
         self.threads: list[StopListener | PeerWatch] = [
             StopListener(rnd, lambda raw: post(PeerStopped(StopMessage.decode(raw)))), self._peers]
         for thread in self.threads:
             thread.start()
 
-    def silent_for(self) -> float:
-        return self._peers.silent_for()
+    def store_silence(self) -> float | None:
+        return self._peers.store_silence()
 
     def watch_all_done(self) -> None:
         watcher = StopListener(self._round, lambda _raw: self._post(AllDone()), key=ALL_DONE_KEY)
@@ -70,7 +70,7 @@ class StoreCluster:
         # torch's whole rendezvous state, O(N) bytes, so N askers cost the store's host O(N^2) per interval.
         asks = self._membership and rnd.group_rank == 0
         watch = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
-                           waiting=self._rendezvous.waiting_counter() if asks else None)
+                           waiting=self._rendezvous.waiting_counter() if asks else None, hosting=self.hosts_store(rnd))
         self.current = watch
         return watch
 

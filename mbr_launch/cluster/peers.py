@@ -1,14 +1,17 @@
 """Noticing peers that vanish, within a bounded window, instead of waiting for NCCL (pytorch#111646).
 
-Each agent bumps a counter in the round's control keys every ``interval``. Group rank 0 watches every
-peer's counter; the others watch rank 0's. A counter that has not moved for ``timeout`` seconds (measured
-on the watcher's own monotonic clock, so clocks need not agree) means that agent is dead or cut off.
-O(N) store traffic per interval, not O(N^2).
+Each agent writes a beat (``decide.liveness.Beat``: a count and its process identity) into the round's control
+keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's. O(N) store traffic
+per interval, not O(N^2). The agent that hosts the store also writes its identity under ``STORE_HOST_KEY``.
 
-When the store itself stops answering for ``timeout`` seconds, this node has lost the rendezvous host (or
-its own network). A store call on a connection whose packets are dropped never returns (torch's client does
-not time out there), so the verdict cannot come from this thread: it records when the store last answered
-(``silent_for``) and the agent's loop compares that with the timeout.
+Silence is judged by ``decide.liveness``: counted on this process's own time, never while the silent process
+is seen alive on this machine (the store's host is alive while the store answers), with a grace that grows
+with the store's answer times. A beat that has not moved for that long means the agent is dead or cut off.
+
+When the store itself stops answering, this node has lost the rendezvous host (or its own network). A store
+call on a connection whose packets are dropped never returns (torch's client does not time out there), so
+the verdict cannot come from this thread: it records when the store last answered and the agent's loop asks
+``store_silence`` every turn.
 
 The same thread also asks the rendezvous whether nodes wait to join (``membership``), so that no blocking
 store call happens in the agent's main loop.
@@ -21,8 +24,23 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Union
 
+from mbr_launch.cluster import hostview
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
+from mbr_launch.decide import liveness
+from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grace
+
+STORE_HOST_KEY = "storehost"
+# The store's host for the job (the same agent in every round of a c10d rendezvous): known from one round's
+# key, it is checked on this machine from the next round's first connection on.
+_STORE_HOSTS: dict[tuple[str, int], Identity] = {}
+
+
+def store_host_alive(rnd: Round) -> bool:
+    """Whether the agent serving ``rnd``'s store runs on this machine, neither stopped nor gone (a slow store
+    call there is starved, never cut off)."""
+    host = _STORE_HOSTS.get((rnd.store_host, rnd.store_port))
+    return hostview.seen(host, hostview.my_identity()) is Seen.ALIVE
 
 
 @dataclass(frozen=True)
@@ -52,15 +70,21 @@ Silence = Union[PeerLost, StoreLost]
 class PeerWatch:
     def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[Silence], None],
                  waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 hosting: bool = False, clock: Callable[[], float] = time.monotonic,
+                 own: Callable[[], float] = hostview.own_time,
+                 seen: Callable[[Identity | None, Identity | None], Seen] = hostview.seen,
+                 me: Identity | None = None) -> None:
         self._round = rnd
         self._timeout = timeout
         self._interval = max(0.05, timeout / 4)
         self._on_lost = on_lost
         self._waiting = waiting
         self._on_waiting = on_waiting
-        self._clock = clock
-        self.last_ok = clock()  # when the store last answered this thread
+        self._hosting = hosting  # this agent serves the store: it names itself under STORE_HOST_KEY
+        self._clock, self._own, self._seen = clock, own, seen
+        self._me = me if me is not None else hostview.my_identity()
+        self._slowest = SlowestAnswer(half_life=timeout)
+        self._answered = own()  # own time at which the store last answered this thread (or its host was seen alive)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"peer-watch-{rnd.index}", daemon=True)
 
@@ -68,11 +92,25 @@ class PeerWatch:
         if self._round.group_world_size > 1 or self._waiting is not None:
             self._thread.start()
 
-    def silent_for(self) -> float:
-        """Seconds since the store last answered (0 when there is nothing to watch)."""
-        if not self._thread.is_alive():
-            return 0.0
-        return self._clock() - self.last_ok
+    @property
+    def _store_host(self) -> Identity | None:
+        return _STORE_HOSTS.get((self._round.store_host, self._round.store_port))
+
+    def _store_silence(self) -> float | None:
+        """Own seconds the store has been silent, once that is a verdict; None while it is not."""
+        now = self._own()
+        silent = now - self._answered
+        if silent < self._timeout:
+            return None  # the common case: no /proc read
+        if self._seen(self._store_host, self._me) is Seen.ALIVE:
+            self._answered = now  # its host runs here: slow, not cut off
+            return None
+        return silent if silent >= grace(self._timeout, self._slowest.at(self._clock())) else None
+
+    def store_silence(self) -> float | None:
+        """For the agent's loop: the store's silence once it is a verdict (None while it is not, and when there
+        is nothing to watch)."""
+        return self._store_silence() if self._thread.is_alive() else None
 
     def cancel(self) -> None:
         self._stop.set()
@@ -85,20 +123,23 @@ class PeerWatch:
         me, size = self._round.group_rank, self._round.group_world_size
         return [r for r in range(size) if r != me] if me == 0 else [0]
 
+    def _lost_store(self, what: str, err: BaseException) -> None:
+        silent = self._own() - self._answered
+        self._on_lost(StoreLost(f"{what} the rendezvous store at {self._round.store_host}:{self._round.store_port} "
+                                f"for {silent:.1f} s: {type(err).__name__}: {err}"))
+
     def _connect(self) -> Any:
-        """A control connection, retried until the store has been unreachable for ``timeout``: a store host
+        """A control connection, retried until the store has been unreachable for its grace: a store host
         that is slow to accept (many agents connecting at once on a loaded machine reset or time out some
         connections) is not a lost store."""
         while not self._stop.is_set():
-            left = self._timeout - (self._clock() - self.last_ok)
             try:
-                store = self._round.connect_control(timeout=max(1.0, left))
-                self.last_ok = self._clock()
+                store = self._round.connect_control(timeout=max(1.0, self._timeout))
+                self._answered = self._own()
                 return store
             except Exception as err:
-                if self._clock() - self.last_ok >= self._timeout:
-                    self._on_lost(StoreLost(f"cannot reach the rendezvous store at {self._round.store_host}:"
-                                            f"{self._round.store_port} for {self._clock() - self.last_ok:.1f} s: {err}"))
+                if self._store_silence() is not None:
+                    self._lost_store("cannot reach", err)
                     return None
                 self._stop.wait(self._interval)
         return None
@@ -110,42 +151,79 @@ class PeerWatch:
         if self._watch(store):
             release_control(store)  # stopped with the round, its last operation answered: the next round's
 
+    def _call(self, fn: Callable[[], Any]) -> Any:
+        """One store call, its answer time kept (the grace grows with the store's slowest recent answers)."""
+        began = self._clock()
+        result = fn()
+        now = self._clock()
+        self._slowest.seen(now - began, now)
+        self._answered = self._own()
+        return result
+
+    def _start(self, store: Any, keys: list[str]) -> bool:
+        """Name this agent (and the store's host) and make every key read later exist, so that multi_get never
+        blocks on a late peer. False when the store did not answer."""
+        try:
+            self._call(lambda: store.set(f"hb/{self._round.group_rank}", Beat(0, self._me).encode()))
+            if self._hosting and self._me is not None:
+                self._call(lambda: store.set(STORE_HOST_KEY, self._me.encode()))  # type: ignore[union-attr]
+            for key in keys:
+                self._call(lambda: store.compare_set(key, "", ""))  # a missing key becomes empty, a set one stays
+            return True
+        except Exception:
+            return False
+
     def _watch(self, store: Any) -> bool:
         """Watch until stopped (True) or a peer or the store is lost (False)."""
-        keys = [f"hb/{r}" for r in self.watched()]
-        answered = True
-        try:
-            for key in keys:
-                store.add(key, 0)  # create missing counters so multi_get never blocks on a late peer
-        except Exception:
-            answered = False
-        last: dict[str, tuple[bytes, float]] = {}
-        store_ok_at = self.last_ok
-        own = f"hb/{self._round.group_rank}"
+        peers = [f"hb/{r}" for r in self.watched()]
+        host_key = [] if self._store_host else [STORE_HOST_KEY]
+        answered = self._start(store, peers + host_key)
+        last: dict[str, bytes] = {}
+        silence = {key: liveness.Silence(self._own()) for key in peers}
+        identities: dict[str, Identity | None] = {}
+        own, count = f"hb/{self._round.group_rank}", 0
         while not self._stop.wait(self._interval):
-            now = self._clock()
+            count += 1
             try:
-                store.add(own, 1)
-                values = store.multi_get(keys) if keys else []
-                store_ok_at = self.last_ok = self._clock()
+                self._call(lambda: store.set(own, Beat(count, self._me).encode()))
+                values = self._call(lambda: store.multi_get(peers + host_key)) if peers or host_key else []
                 answered = True
                 if self._waiting is not None and self._on_waiting is not None:
-                    count = self._waiting()
-                    if count > 0:
-                        self._on_waiting(count)
+                    waiting = self._call(self._waiting)
+                    if waiting > 0:
+                        self._on_waiting(waiting)
             except Exception as err:
                 answered = False
-                if now - store_ok_at >= self._timeout:
-                    self._on_lost(StoreLost(f"the rendezvous store at {self._round.store_host}:"
-                                            f"{self._round.store_port} has not answered for {now - store_ok_at:.1f} s "
-                                            f"({type(err).__name__})"))
+                if self._store_silence() is not None:
+                    self._lost_store("no answer from", err)
                     return False
                 continue
-            for key, value in zip(keys, values):
-                seen = last.get(key)
-                if seen is None or seen[0] != value:
-                    last[key] = (value, now)
-                elif now - seen[1] >= self._timeout:
-                    self._on_lost(PeerLost(group_rank=int(key.split("/")[1]), silent_for=round(now - seen[1], 2)))
-                    return False
+            if host_key and values[-1]:
+                found = Identity.decode(values[-1][:Identity.MAX_TEXT + 1].decode("ascii", errors="replace"))
+                if found is not None:
+                    _STORE_HOSTS[(self._round.store_host, self._round.store_port)] = found
+                    host_key = []
+            if self._judge(zip(peers, values), last, silence, identities):
+                return False
         return answered
+
+    def _judge(self, beats: Any, last: dict[str, bytes], silence: dict[str, liveness.Silence],
+               identities: dict[str, Identity | None]) -> bool:
+        """Look at each watched beat; True when one's silence is a verdict (reported)."""
+        now = self._own()
+        limit = grace(self._timeout, self._slowest.at(self._clock()))
+        host = self._store_host
+        for key, value in beats:
+            moved = last.get(key) != value
+            if moved:
+                last[key] = value
+                identities[key] = Beat.decode(value).identity
+            who = identities.get(key)
+            # the store just answered: the agent serving it is alive (no /proc read for a beat that moved)
+            seen = Seen.ALIVE if host is not None and who == host else \
+                Seen.SILENT if moved else self._seen(who, self._me)
+            silent = silence[key].observe(now, sign=moved, seen=seen)
+            if silent >= limit:
+                self._on_lost(PeerLost(group_rank=int(key.split("/")[1]), silent_for=round(silent, 2)))
+                return True
+        return False

@@ -5,6 +5,10 @@ off from the network): a blocking call in the agent's main thread would then han
 workers with it. The agent wraps its store calls in ``guard.around(...)``; if one takes longer than its
 bound, a watchdog thread runs ``on_expire`` (which stops the workers and ends the process): nothing can
 unblock the stuck thread, but nothing of ours outlives it either.
+
+Bounds run on the agent's own time (``cluster.hostview.own_time``: a process starved of CPU counts less of
+it), and a bound that passes while ``alive()`` says the store's host runs on this machine is given again: the
+call is slow there, and loopback cannot be cut (issue #38).
 """
 
 from __future__ import annotations
@@ -36,9 +40,10 @@ def store_errors() -> tuple[type[BaseException], ...]:
 
 class StoreGuard:
     def __init__(self, on_expire: Callable[[str, float], None], *, clock: Callable[[], float] = time.monotonic,
-                 tick: float = 0.25) -> None:
+                 tick: float = 0.25, alive: Callable[[], bool] = lambda: False) -> None:
         self._on_expire = on_expire
         self._clock = clock
+        self._alive = alive
         self._tick = tick
         self._lock = threading.Lock()
         self._deadline: float | None = None
@@ -76,6 +81,13 @@ class StoreGuard:
         while not self._closed.wait(self._tick):
             with self._lock:
                 deadline, what, started = self._deadline, self._what, self._started
-            if deadline is not None and self._clock() > deadline:
-                self._on_expire(what, self._clock() - started)
-                return
+            now = self._clock()
+            if deadline is None or now <= deadline:
+                continue
+            if self._alive():
+                with self._lock:
+                    if self._deadline == deadline:  # the same call: its bound again, from now
+                        self._deadline = now + (deadline - started)
+                continue
+            self._on_expire(what, now - started)
+            return

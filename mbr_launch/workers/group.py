@@ -134,6 +134,7 @@ class WorkerGroup:
                      workers=self.workers)
         # Replacements prepare in the background once these ranks are under way, while a restart may use them.
         if self.standby and restart_possible(self.cfg.policy, restarts_used=count, elastic=self.cfg.rendezvous.elastic):
+            self.standby.starting()
             self.standby.fill(ranks, delay=replenish_delay(self.cfg.workers.nproc_per_node), background=True)
 
     def _spawn(self, rnd: Round, local_rank: int, restart_count: int) -> Worker:
@@ -239,6 +240,11 @@ class WorkerGroup:
         self.log.emit("output_lost", rank=worker.rank, local_rank=worker.local_rank, stream=stream,
                       path=str(log.path), error=describe(log.error), lost_bytes=log.lost_bytes,
                       lost_lines=log.lost_lines)
+
+    def training(self) -> None:
+        """Every local rank is past its start-up: replacement standbys may have the normal priority soon."""
+        if self.standby:
+            self.standby.training()
 
     # ---- watch ----------------------------------------------------------------------------------
 

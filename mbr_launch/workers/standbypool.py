@@ -14,7 +14,8 @@ runs the script as ``python script.py`` (or ``python -m module``) would: same ``
 and prepares itself in the background: at once, at the lowest CPU priority (its session's autogroup at nice
 19, so it takes no CPU the ranks want), where the host schedules by autogroup; the agent gives it the normal
 priority back as soon as it is warm (idle, it costs nothing there), once it has spent ``LOW_PRIORITY_SPAN``
-seconds not warm, or at the latest just before its assignment (``_set_priority``), so what it has done is a head
+seconds not warm while this node's ranks train (while they start, the job's own start comes first, up to
+``LOW_PRIORITY_CAP``), or at the latest just before its assignment (``_set_priority``), so what it has done is a head
 start and never a
 wait. Where it cannot lower its priority it waits ``DELAY`` seconds instead, so as not to compete with the
 ranks that are starting (an assignment that comes during that wait runs the script at once with nothing
@@ -56,10 +57,13 @@ REPLENISH_DELAY = 0.5  # seconds a replacement standby waits before preloading (
 REPLENISH_DELAY_FEW_CORES = 3.0
 
 
-# A replacement preloads at the lowest priority for this long; one not warm by then gets the normal priority
-# back (on a host loaded by others it would otherwise never warm up; it then competes as the old delayed
-# preload did), so it is never behind what waiting REPLENISH_DELAY_FEW_CORES and preloading would give.
+# A replacement preloads at the lowest priority for this long once this node's ranks are training; one not
+# warm by then gets the normal priority back (on a host loaded by others it would otherwise never warm up; it
+# then competes as the old delayed preload did), so it is never behind what waiting REPLENISH_DELAY_FEW_CORES
+# and preloading would give. While the ranks start (32 agents on 2 cores: minutes) it stays low: the job's
+# own start comes first (issue #38), up to LOW_PRIORITY_CAP seconds after its own start.
 LOW_PRIORITY_SPAN = REPLENISH_DELAY_FEW_CORES
+LOW_PRIORITY_CAP = 120.0
 
 
 def autogroup_enabled() -> bool:
@@ -189,6 +193,7 @@ class StandbyPool:
         self.cwd = cwd or os.getcwd()
         self._ready: dict[int, Standby] = {}
         self.last_miss: str | None = None  # why the latest take() found no usable standby
+        self.training_since: float | None = float("-inf")  # when this node's ranks began training (None: starting)
 
     def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0, background: bool = False,
              extras: bool = True) -> None:
@@ -239,13 +244,28 @@ class StandbyPool:
     def promote(self, now: float | None = None) -> None:
         """Give the normal priority back to replacements that are warm (an idle process costs nothing at any
         priority, and its assignment then needs no write on the restart's path) or that have preloaded at the
-        lowest one for ``LOW_PRIORITY_SPAN`` seconds (called from every turn of the agent's loop; a write
+        lowest one for ``LOW_PRIORITY_SPAN`` seconds of a training round (``training_since``), at the latest
+        ``LOW_PRIORITY_CAP`` seconds after their start (called from every turn of the agent's loop; a write
         refused by the rate limit is tried again at the next turn)."""
         now = time.monotonic() if now is None else now
         for standby in self._ready.values():
-            if standby.low and not standby.promoted and (
-                    self.state(standby) == "warm" or now - standby.started >= LOW_PRIORITY_SPAN):
+            if standby.low and not standby.promoted and (self.state(standby) == "warm" or self._due(standby, now)):
                 standby.promoted = _set_priority(standby.process.pid, 0, patience=0.0)
+
+    def _due(self, standby: Standby, now: float) -> bool:
+        if now - standby.started >= LOW_PRIORITY_CAP:
+            return True
+        return self.training_since is not None and now - max(standby.started, self.training_since) >= LOW_PRIORITY_SPAN
+
+    def starting(self) -> None:
+        """A round's ranks are starting: replacements made from now on stay at the lowest priority until
+        ``training``."""
+        self.training_since = None
+
+    def training(self, now: float | None = None) -> None:
+        """Every local rank of the round is past its start-up (its first step or heartbeat)."""
+        if self.training_since is None:
+            self.training_since = time.monotonic() if now is None else now
 
     @staticmethod
     def state(standby: Standby) -> str:
