@@ -14,9 +14,9 @@ from packaging.version import InvalidVersion, Version
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import Finding, check, ok, skip, warn
 
-# (major, minor) releases, oldest and newest, that a whole run of the torch-touching tests passed on:
-# 2.13 in CI (scripts/test: the whole suite, torch 2.13.0 CPU wheel), 2.14 by scripts/torch-compat 2.14.1
-# (benchmarks/RESULTS.md, "Issue #38: torch versions").
+# (major, minor) releases, oldest and newest, that the torch-touching tests ran on: 2.13 in CI (scripts/test:
+# the whole suite, torch 2.13.0 CPU wheel), 2.14 by scripts/torch-compat 2.14.1 (benchmarks/RESULTS.md,
+# "Issue #38: torch versions": all passed but torchrun 2.14's two new flags).
 OLDEST: tuple[int, int] = (2, 13)
 NEWEST: tuple[int, int] = (2, 14)
 REQUIREMENT = f"torch>={OLDEST[0]}.{OLDEST[1]},<{NEWEST[0]}.{NEWEST[1] + 1}"  # as pyproject declares it
