@@ -18,7 +18,7 @@ from mbr_launch.doctor.processes import LauncherProcess
 pytestmark = pytest.mark.timeout(30)
 
 IPR_ENV = {"TORCH_CPP_LOG_LEVEL": "error", "TORCH_NCCL_RETHROW_CUDA_ERRORS": "0", "NCCL_NVLS_ENABLE": "0"}
-GOOD_VERSIONS = Versions(torch="2.7.1+cu128", nccl="2.27.3", nvrx="0.4.1", cuda="12.8")
+GOOD_VERSIONS = Versions(torch="2.13.0+cu128", nccl="2.27.3", nvrx="0.4.1", cuda="12.8")
 
 
 def ctx(**kw) -> DoctorContext:

@@ -10,7 +10,7 @@ import difflib
 from collections.abc import Iterable
 
 from mbr_launch.doctor import (bridge_checks, gpu, host, inprocess, internals, ipr_launcher, launcher,  # noqa: F401
-                               nvrx_compat)
+                               nvrx_compat, torch_range)
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import REGISTRY, CheckResult, DoctorError, Finding, check
 
