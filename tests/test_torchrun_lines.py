@@ -18,10 +18,12 @@ from mbr_launch.workers.output import rank_prefix
 
 from testkit.helpers import REPO, launcher_env
 
+# One write per line: workers run unbuffered (python -u), so print("out", rank, ...) would be five writes, and the
+# console ends a rank's unfinished line when another rank's output comes in between (what these tests do not test).
 WORKER = """\
 import os, sys
-print("out", os.environ["RANK"], sys.argv[1:], flush=True)
-print("err", os.environ["RANK"], file=sys.stderr, flush=True)
+sys.stdout.write(f"out {os.environ['RANK']} {sys.argv[1:]}\\n")
+sys.stderr.write(f"err {os.environ['RANK']}\\n")
 """
 QUOTED = "'join_timeout=5,last_call_timeout=1,timeout=5'"
 
