@@ -35,6 +35,7 @@ import harness as h  # noqa: E402
 from harness import storecount  # noqa: E402
 from harness.machine import run_quiet  # noqa: E402
 from harness.reports import finish_dir, work_dir  # noqa: E402
+from testkit.helpers import listener  # noqa: E402  (harness put the repository on sys.path)
 
 SECTION = "bench_scale_hang"
 WORKER = h.REPO / "tests" / "scripts" / "many_agents_worker.py"  # shared with tests/test_many_agents.py
@@ -80,25 +81,6 @@ def _parent_chain(pid: int) -> list[int]:
         if pid <= 1:
             break
     return chain
-
-
-def _listener(port: int, pids: list[int]) -> int | None:
-    """Which of ``pids`` listens on ``port``: the agent hosting the rendezvous store (started at once, any may)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in list(f)[1:]]
-        except OSError:
-            continue
-        inodes |= {f"socket:[{r[9]}]" for r in rows if len(r) > 9 and r[3] == "0A" and r[1].endswith(f":{port:04X}")}
-    for pid in pids:
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                return pid
-        except OSError:
-            continue
-    return None
 
 
 def _rank_of_agent(ready: dict[int, tuple[float, int]], agent_pid: int) -> int | None:
@@ -154,7 +136,7 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
             hang: dict = {"launch": index, "hang": g, "scenario": scenario, "agents": n, "ok": False, "reason": ""}
             hangs.append(hang)
             up = _ranks(ready, "ready", g)
-            host = _listener(port, [p.popen.pid for p in procs]) if scenario == "host" else None
+            host = listener(port, [p.popen.pid for p in procs]) if scenario == "host" else None
             victim = (_rank_of_agent(up, host) if host else None) if scenario == "host" else args.victim % n
             if victim is None:
                 hang["reason"] = "the store host's rank was not found"

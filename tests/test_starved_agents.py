@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 from mbr_launch.report.events import read_log_dir
-from testkit.helpers import SCRIPTS, free_port, launcher_env
+from testkit.helpers import SCRIPTS, free_port, launcher_env, listener
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(420)]
 
@@ -39,24 +39,6 @@ def _ready(path: Path) -> dict[int, int]:
     except FileNotFoundError:
         return {}
     return {int(p[1]): int(p[2]) for p in (line.split() for line in lines) if len(p) == 3 and p[0] == "ready"}
-
-
-def _listener(port: int, pids: list[int]) -> int | None:
-    """Which of ``pids`` listens on ``port`` (the rendezvous store's host)."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        with open(table) as f:
-            for line in list(f)[1:]:
-                fields = line.split()
-                if fields[3] == "0A" and fields[1].endswith(f":{port:04X}"):
-                    inodes.add(f"socket:[{fields[9]}]")
-    for pid in pids:
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                return pid
-        except OSError:
-            continue
-    return None
 
 
 def _agent(i: int, port: int, tmp: Path) -> subprocess.Popen:
@@ -104,7 +86,7 @@ def test_starved_agents_are_not_taken_for_dead_and_the_job_goes_on(tmp_path):
     procs: list[subprocess.Popen] = []
     try:
         port, procs = _start(tmp_path)
-        host = _listener(port, [p.pid for p in procs])
+        host = listener(port, [p.pid for p in procs])
         assert host is not None, "no agent listens on the store's port"
         first = next(p.pid for i, p in enumerate(procs) if _group_rank(tmp_path, i) == 0)
         # the agent every other one watches, and the store's host: no turn for any of their threads
@@ -123,7 +105,7 @@ def test_an_agent_stopped_past_the_timeout_is_still_found(tmp_path):
     procs: list[subprocess.Popen] = []
     try:
         port, procs = _start(tmp_path)
-        host = _listener(port, [p.pid for p in procs])
+        host = listener(port, [p.pid for p in procs])
         ranks = {i: _group_rank(tmp_path, i) for i in range(AGENTS)}
         # not the store's host (that is store_host_lost's case) and not group rank 0, which watches the others
         victim = next(i for i in range(AGENTS) if procs[i].pid != host and ranks[i] != 0)
