@@ -138,8 +138,10 @@ def check_monitor(run: Run) -> None:
 
 
 def all_ranks_sigkill(ctx: Ctx) -> Run:
-    """Every rank SIGKILLs itself at the same moment (an OOM kill of the whole node's job, say)."""
-    return trained(ctx, 1, "--crash-rank", "0,1")
+    """Every rank SIGKILLed at the same moment (an OOM kill of the whole node's job, say): back to back from here,
+    as ``two_failures`` does, so that both are dead before the agent can act on the first (ranks that killed
+    themselves after a collective did not always: on a loaded machine the agent stopped the second first)."""
+    return _killed_back_to_back(ctx, 2, (0, 1))
 
 
 def one_restart(run: Run, failed: dict[int, object]) -> None:
@@ -180,13 +182,17 @@ def sleepers(ctx: Ctx, nproc: int, max_restarts: int, *script: str, extra: tuple
 def two_failures(ctx: Ctx) -> Run:
     """Ranks 0 and 2 of 3 are SIGKILLed back to back (microseconds apart: whatever the load, both are dead
     before the agent can act on the first; workers that exit on their own cue cannot promise that)."""
+    return _killed_back_to_back(ctx, 3, (0, 2))
+
+
+def _killed_back_to_back(ctx: Ctx, nproc: int, ranks: tuple[int, ...]) -> Run:
     ready = ctx.tmp / "ready"
-    agent = ctx.mbr(["--standalone", "--nproc-per-node", "3", "--max-restarts", "1", "--standby", "interpreter",
-                     SLEEPER, "--ready-file", str(ready), "--run-seconds", "3"])
-    ctx.wait_lines(ready, 3)
+    agent = ctx.mbr(["--standalone", "--nproc-per-node", str(nproc), "--max-restarts", "1", "--standby",
+                     "interpreter", SLEEPER, "--ready-file", str(ready), "--run-seconds", "3"])
+    ctx.wait_lines(ready, nproc)
     pids = agent.worker_pids()
     t_fault = time.time()
-    for rank in (0, 2):
+    for rank in ranks:
         os.kill(pids[rank], signal.SIGKILL)
     ctx.finish()
     return ctx.result(t_fault)

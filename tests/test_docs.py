@@ -271,14 +271,17 @@ zpty -w z 'compadd () { if [[ ${@[1,(i)(-|--)]} == *-(O|A|D)\ * ]]; then builtin
 zpty -w z "zstyle ':completion:*' menu no; print -r -- REA''DY"
 zpty -r -m z out '*READY*'
 zpty -w -n z "$1"$'\t'
+zpty -r -m z first '*MATCH:*'
 zpty -w z $'\C-uprint -r -- DO\'\'NE'
 zpty -r -m z out '*DONE*'
-print -r -- "${out//$'\r'/}"
+print -r -- "${first//$'\r'/}${out//$'\r'/}"
 zpty -d z
 """
 
 
 def _zsh_complete(line: str) -> set[str]:
+    """What zsh offers for ``line``: every case here offers something, so the capture waits for the first match
+    before it clears the line (a Ctrl-U typed while a loaded machine was still completing lost the matches)."""
     result = _run(["zsh", "-f", "-c", _ZSH_CAPTURE, "zsh", line])
     assert result.returncode == 0, result
     return set(re.findall(r"MATCH:(\S+)", result.stdout))  # terminal escapes may precede a match

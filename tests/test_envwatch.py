@@ -167,11 +167,11 @@ def test_import_time_variables_warned_at_import_torch_are_only_the_scripts(monke
     hand-over: warned in 5 of 10 launches on 16 cores)."""
     from mbr_launch.shim import standby
 
-    startup = {"PATH": "/bin"}
-    launch = {"PATH": "/bin", "TORCH_LAUNCHER_DECIDED": "1"}  # the launcher's, not in the standby's start
     written = {"TORCHINDUCTOR_CACHE_DIR": "/tmp/torchinductor_x"}
     for key in ("KMP_BLOCKTIME", "TORCHINDUCTOR_CACHE_DIR", "TORCH_LAUNCHER_DECIDED"):
         monkeypatch.delenv(key, raising=False)
+    startup = dict(os.environ)  # what this process has (CI sets TORCH_HOME and others) is the launch's too
+    launch = {**startup, "TORCH_LAUNCHER_DECIDED": "1"}  # the launcher's, not in the standby's start
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_x")
     monkeypatch.setenv("TORCH_LAUNCHER_DECIDED", "1")
     standby._reconcile(startup, launch, written, "torch")
