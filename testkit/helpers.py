@@ -76,9 +76,10 @@ def launcher_env(**extra: str) -> dict[str, str]:
 
 
 def run_launcher(args: list[str], *, timeout: float = 90, env: dict[str, str] | None = None,
-                 cwd: Path | None = None) -> subprocess.CompletedProcess:
-    """Run mbr-launch to completion; on timeout kill its whole session and fail loudly."""
-    proc = subprocess.Popen([*LAUNCHER, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                 cwd: Path | None = None, launcher: list[str] = LAUNCHER) -> subprocess.CompletedProcess:
+    """Run mbr-launch (or ``launcher``: torchrun, to compare) to completion; on timeout kill its whole session
+    and fail loudly."""
+    proc = subprocess.Popen([*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env or launcher_env(), cwd=cwd or REPO, start_new_session=True)
     try:
         out, err = proc.communicate(timeout=timeout)

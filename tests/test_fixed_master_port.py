@@ -20,7 +20,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster import workerstore
 
-from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_events
+from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_events, run_launcher
 
 SCRIPT = str(SCRIPTS / "fixed_port_init.py")
 ENVDUMP = str(SCRIPTS / "envdump.py")
@@ -32,15 +32,7 @@ PG_TIMEOUT = "120"  # seconds a rank's init may wait for the other: the failure 
 def _run(launcher: list[str], args: list[str], *, timeout: float = 240) -> subprocess.CompletedProcess:
     env = launcher_env()
     env.pop("PET_MASTER_PORT")  # the command line gives the port
-    proc = subprocess.Popen([*launcher, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                            start_new_session=True)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        raise AssertionError(f"{launcher[-1]} did not finish in {timeout} s\n{err[-4000:]}")
-    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    return run_launcher(args, timeout=timeout, env=env, launcher=launcher)
 
 
 def _fixed(port: int, extra: list[str], out: Path, how: str, fail: bool) -> list[str]:
