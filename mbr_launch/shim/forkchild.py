@@ -144,9 +144,11 @@ def _reset_interpreter(argv: Sequence[str], libc: ctypes.CDLL) -> None:
         libc.__res_init()  # the resolver's options from this environment (RES_OPTIONS), as at a fresh start
     except AttributeError:
         pass
-    from mbr_launch.shim.proctitle import retitle
+    from mbr_launch.shim.proctitle import retitle, set_name
 
-    retitle(" ".join(argv), name=os.path.basename(argv[0]).encode()[:15])
+    name = os.path.basename(argv[0]).encode()[:15]
+    if retitle(" ".join(argv), name=name) is None:
+        set_name(name)  # at least not the launcher's name
 
 
 def _stream(fd: int, mode: str, like: "io.TextIOWrapper | None") -> io.TextIOWrapper:

@@ -90,6 +90,22 @@ def _cpp_log_level_settable() -> bool:
     return True
 
 
+def start_for(argv: Sequence[str], env: Mapping[str, str]) -> "ForkServer | None":
+    """Import torch here and fork the server for workers ``argv`` with environment ``env``; None where that
+    would not give them what a fresh interpreter does."""
+    if not forkable(argv):
+        return None
+    # The workers' OMP_NUM_THREADS (the launcher's choice for several local ranks) is read at `import torch`:
+    # this process imports it with the same, as torchrun's agent does (it sets it in its own environment).
+    if "OMP_NUM_THREADS" in env and "OMP_NUM_THREADS" not in os.environ:
+        os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]
+    if differences(os.environ, env):
+        return None
+    import torch  # noqa: F401  # the launcher needs it anyway (its rendezvous); the server shares it
+
+    return ForkServer.start()
+
+
 class ServedProcess:
     """The part of ``subprocess.Popen`` the agent uses, for a worker the server forked."""
 
@@ -294,9 +310,10 @@ def _serve(sock: socket.socket, launcher: int) -> None:
         os.dup2(null, 0)
         os.dup2(null, 1)  # a pipe the launcher's caller reads to its end must not be held open here
         os.close(null)
-        from mbr_launch.shim.proctitle import retitle
+        from mbr_launch.shim.proctitle import retitle, set_name
 
-        retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver")
+        if retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver") is None:
+            set_name(b"mbr-forkserver")  # no title: the name still tells it from the launcher
         me = os.getpid()
         while True:
             message, fds = _receive(sock)

@@ -167,20 +167,9 @@ def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool 
 
 
 def _fork_server(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "forkserver.ForkServer | None":
-    """Import torch here and fork the server that forks the standbys (``workers.forkserver``), where a fork
-    gives them what a fresh interpreter would; None otherwise (each standby then imports torch itself)."""
-    argv, env = first_assignment(cfg, environ, 0)
-    if not forkserver.forkable(argv):
-        return None
-    # The workers' OMP_NUM_THREADS (the launcher's choice for several local ranks) is read at `import torch`:
-    # this process imports it with the same, as torchrun's agent does (it sets it in its own environment).
-    if "OMP_NUM_THREADS" in env and "OMP_NUM_THREADS" not in os.environ:
-        os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]
-    if forkserver.differences(os.environ, env):
-        return None
-    import torch  # noqa: F401  # the launcher needs it anyway (its rendezvous); the server shares it
-
-    return forkserver.ForkServer.start()
+    """The fork server for this launch's standbys (``workers.forkserver``); None where a fork would not give a
+    worker what a fresh interpreter gives it (each standby then imports torch itself)."""
+    return forkserver.start_for(*first_assignment(cfg, environ, 0))
 
 
 @dataclass
