@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.storeguard import wait_timed_out
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[],
     """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A slice
     that times out raises torch's DistStoreError, which is no lost store; any other error is (the caller's
     guard turns it into StoreUnreachable)."""
-    timeout_error = _store_timeout()
+    timeout_error = wait_timed_out()
     while True:
         left = deadline - clock()
         if left <= 0:
@@ -153,12 +154,6 @@ def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[],
         except timeout_error:
             continue
 
-
-def _store_timeout() -> type[BaseException]:
-    """The error of a store wait that timed out (imported late: this module loads before torch)."""
-    from torch.distributed import DistStoreError
-
-    return DistStoreError
 
 
 def _read(rnd: Round, keys: list[str]) -> list[bytes]:
