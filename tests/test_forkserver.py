@@ -236,3 +236,27 @@ def _alive(pids: list[int]) -> list[int]:
         if state != "Z":
             alive.append(pid)
     return alive
+
+
+CUDA_PROBE = textwrap.dedent("""\
+    import os, sys, torch
+    count = os.environ['TORCHELASTIC_RESTART_COUNT']
+    x = torch.ones(1 << 20, device='cuda')
+    with open(os.path.join(os.environ['PROBE_DIR'], f'cuda.{count}'), 'w') as f:
+        f.write(f"{open(f'/proc/{os.getppid()}/comm').read().strip()} {torch.cuda.current_device()} {float(x.sum())}")
+    if count == '0':
+        os._exit(9)
+    """)
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/nvidiactl"), reason="needs a GPU")
+def test_standby_cuda_forks_workers_that_make_their_own_cuda_context(tmp_path, port):
+    # The server never initialises CUDA (a forked child could not); each forked standby makes its own context.
+    script = tmp_path / "cuda_probe.py"
+    script.write_text(CUDA_PROBE)
+    env = {**launcher_env(), "PROBE_DIR": str(tmp_path)}
+    done = run_launcher(["--standalone", "--nproc-per-node", "1", "--standby", "cuda", "--max-restarts", "1",
+                         "--log-dir", str(tmp_path / "logs"), str(script)], env=env, timeout=170)
+    assert done.returncode == 0, done.stderr
+    seen = {p.name: p.read_text() for p in tmp_path.iterdir() if p.name.startswith("cuda.")}
+    assert seen == {"cuda.0": "mbr-forkserver 0 1048576.0", "cuda.1": "mbr-forkserver 0 1048576.0"}, seen
