@@ -48,6 +48,8 @@ import threading
 import traceback
 from typing import Mapping, NoReturn, Sequence
 
+from mbr_launch.forking import close_from
+
 _PR_SET_PDEATHSIG = 1
 # torch's C++ logging levels by name (c10's TORCH_CPP_LOG_LEVEL): an unknown or empty value keeps WARNING.
 _CPP_LEVELS = {"INFO": 0, "0": 0, "WARNING": 1, "1": 1, "ERROR": 2, "2": 2, "FATAL": 3, "3": 3}
@@ -78,20 +80,9 @@ def _place(fds: Sequence[int], targets: Sequence[int]) -> None:
     """``fds[i]`` at ``targets[i]``; every other descriptor closed."""
     above = max([*fds, *targets, 2]) + 1
     high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in fds]  # out of the targets' way first
-    keep = set()
     for fd, target in zip(high, targets):
         os.dup2(fd, target)  # inheritable, as Popen's pass_fds
-        keep.add(target)
-    try:
-        opened = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        opened = list(range(65536))
-    for fd in opened:
-        if fd not in keep and fd > 2:
-            try:
-                os.close(fd)
-            except OSError:
-                pass
+    close_from(3, keep=set(targets))
 
 
 def _reset_signals(ignore: Sequence[int]) -> None:

@@ -42,6 +42,7 @@ from typing import Any, Mapping, Sequence
 
 from mbr_launch.contract import BOOT_MODULE, preemption_signals
 from mbr_launch.fdwait import ready
+from mbr_launch.forking import close_from, fork_launcher
 
 _HEADER = struct.Struct("!I")
 MAX_MESSAGE = 16 << 20  # bytes: a worker's environment and command line, with room
@@ -167,16 +168,15 @@ class ForkServer:
     def start(cls) -> "ForkServer | None":
         """Fork the server from this process (which has imported torch); None where that is not safe: more
         than one thread, or torch's C++ log level cannot be set in a child."""
-        if threading.active_count() != 1 or "torch" not in sys.modules or not _cpp_log_level_settable():
+        if "torch" not in sys.modules or not _cpp_log_level_settable():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
-        for stream in (sys.stdout, sys.stderr):  # else what sits in their buffers is written by both
-            try:
-                stream.flush()
-            except (AttributeError, OSError, ValueError):
-                pass
         launcher = os.getpid()
-        pid = os.fork()
+        pid = fork_launcher()
+        if pid is None:
+            ours.close()
+            theirs.close()
+            return None
         if pid == 0:
             ours.close()
             _serve(theirs, launcher)  # never returns
@@ -309,7 +309,8 @@ def _serve(sock: socket.socket, launcher: int) -> None:
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)  # a pipe the launcher's caller reads to its end must not be held open here
-        os.close(null)
+        # Nor the launcher's other descriptors (the monitor's pipes: its end must read EOF when the launcher ends).
+        close_from(3, keep={sock.fileno()})
         from mbr_launch.shim.proctitle import retitle, set_name
 
         if retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver") is None:
