@@ -80,6 +80,7 @@ class FakeGroup:
         self.lines: dict[int, list[str]] = {}  # local rank -> its last stderr lines, as the test scripts them
         self.trained = False  # every local rank was reported past start-up (standbys may then be promoted)
         self._pid = 5000
+        self.before_stop: Any = None  # as WorkerGroup's: told which workers a stop is about to signal
 
     def training(self) -> None:
         self.trained = True
@@ -95,6 +96,8 @@ class FakeGroup:
     def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None, first_signal: int = signal.SIGTERM,
              grace: float = 30.0) -> None:
         targets = [w for w in self.workers if (local_ranks is None or w.local_rank in local_ranks) and w.alive]
+        if targets and self.before_stop:
+            self.before_stop(targets)
         if targets:
             self.stops.append({"local_ranks": local_ranks, "signal": signal.Signals(first_signal).name, "grace": grace})
         for worker in targets:
