@@ -96,3 +96,26 @@ def test_a_hostile_departures_value_is_none(sealer):
     rnd.control.set(departures.LEFT_KEY, b"[0, 1, 99, -1, true]")
     assert departures.mark_left(rnd, 3) == ({3} if sealer else {0, 1, 3})  # a forgery is replaced, not kept
     assert departures.job_stopped(b"rm -rf /") is None and departures.job_stopped(None) is None
+
+
+def test_a_hang_inquiry_waits_for_no_node_that_left():
+    """A node that left the round sends no evidence: it is neither waited for nor counted as silent."""
+    import datetime
+    import time
+    from types import SimpleNamespace
+
+    from torch.distributed import TCPStore
+
+    from mbr_launch.agent.watch import StoreCluster
+    from mbr_launch.cluster import inquiry
+
+    server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
+    prefix = "mbr/job/j/round/t1"
+    rnd = SimpleNamespace(control=PrefixStore(prefix, server), control_prefix=prefix, group_world_size=3, group_rank=0)
+    inquiry.publish_evidence(rnd, 0, 0, [{"rank": 0}])
+    inquiry.publish_evidence(rnd, 0, 1, [{"rank": 1}])
+    departures.mark_left(rnd, 2)
+    cluster = StoreCluster(None, peer_timeout=4.0, membership=False)  # type: ignore[arg-type]
+    began = time.monotonic()
+    _evidence, missing = cluster.collect_evidence(rnd, 0, deadline=began + 30)  # type: ignore[arg-type]
+    assert missing == [] and time.monotonic() - began < 30  # the wait ended with the last node still in

@@ -109,10 +109,12 @@ class StoreCluster:
         inquiry.publish_evidence(rnd, number, rnd.group_rank, [evidence_to_dict(e) for e in evidence])
 
     def collect_evidence(self, rnd: Round, number: int, *, deadline: float) -> tuple[list[RankEvidence], list[int]]:
-        """Every node's evidence that came in time, and the group ranks of the nodes that sent none."""
-        found = inquiry.collect_evidence(rnd, number, nodes=rnd.group_world_size, deadline=deadline)
+        """Every node's evidence that came in time, and the group ranks of the nodes that sent none (a node that
+        left the round is not waited for, nor missed)."""
+        gone = departures.read_left(rnd)
+        found = inquiry.collect_evidence(rnd, number, nodes=rnd.group_world_size, deadline=deadline, gone=gone)
         evidence = [e for items in found.values() for e in evidence_list_from_dicts(items)]
-        return evidence, [g for g in range(rnd.group_world_size) if g not in found]
+        return evidence, [g for g in range(rnd.group_world_size) if g not in found and g not in gone]
 
     def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict:
         wire = verdict_to_wire(verdict)
