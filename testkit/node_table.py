@@ -22,7 +22,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Any, Callable, Sequence
 
 from .helpers import REPO, SCRIPTS, free_port, launcher_env
 
@@ -61,6 +61,7 @@ class Job:
         self.run_id = f"table{self.port}"
         self.runs_file, self.live_file, self.end_file = tmp / "runs", tmp / "live", tmp / "end"
         self.agents: list[subprocess.Popen] = []
+        self._store: Any = None  # a client of the rendezvous store, to read torch's state
         self.began = time.monotonic()
         common = [f"--nproc-per-node={nproc}", f"--nnodes={nnodes}", "--rdzv-backend=c10d",
                   f"--rdzv-endpoint=127.0.0.1:{self.port}", f"--rdzv-id={self.run_id}", *args]
@@ -117,11 +118,13 @@ class Job:
         from torch.distributed import TCPStore
 
         try:
-            store = TCPStore("127.0.0.1", self.port, is_master=False, timeout=datetime.timedelta(seconds=5),
-                             wait_for_workers=False)
-            raw = store.get(f"torch.rendezvous.{self.run_id}")
+            if self._store is None:
+                self._store = TCPStore("127.0.0.1", self.port, is_master=False, wait_for_workers=False,
+                                       timeout=datetime.timedelta(seconds=10))
+            raw = self._store.get(f"torch.rendezvous.{self.run_id}")
             state = pickle.loads(base64.b64decode(raw))  # this test's own job: trusted
-        except Exception:  # noqa: BLE001 - not up yet, or between two writes
+        except Exception:  # noqa: BLE001 - not up yet (a new connection next time)
+            self._store = None
             return None
         return len(state.participants) + len(state.wait_list) + len(getattr(state, "redundancy_list", ()))
 

@@ -115,8 +115,8 @@ def _record(ctx: Context, rnd: Round, name: str) -> int | None:
 
 
 def _settle(ctx: Context, rnd: Round, count: int | None, began: float) -> Reach:
-    """Count the round's signalled nodes until the answer is known. A second signal, or a store that no longer
-    answers, decides with what is known (the job: without the store no node goes on)."""
+    """Count the round's signalled nodes until the answer is known. A second signal ends the wait (this node
+    goes now); a store that no longer answers stops the job (no node goes on without it)."""
     limit = window(ctx.cfg.rendezvous.peer_timeout)
     while True:
         if count is None:
