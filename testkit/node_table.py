@@ -40,8 +40,9 @@ def ft_launcher() -> str | None:
 
 @dataclass(frozen=True)
 class Step:
-    """One step of a table: ``action`` ("spare": start one more agent; "kill N": SIGTERM agent N, counted in
-    start order), then the job's (runs, live ranks, live agents); ``quiet``: nothing may move after it."""
+    """One step of a table: ``action`` ("spare": start one more agent, "spare 2": two; "kill N": SIGTERM agent
+    N, counted in start order), then the job's (runs, live ranks, live agents); ``quiet``: nothing may move
+    after it."""
 
     action: str
     runs: int
@@ -143,8 +144,9 @@ class Job:
 
     def step(self, step: Step) -> None:
         expected = (step.runs, step.world, step.agents)
-        if step.action == "spare":
-            self.start()
+        if step.action.startswith("spare"):
+            for _ in range(int(step.action.split()[1]) if " " in step.action else 1):
+                self.start()
             if step.quiet:  # the new agent is in: every live agent is listed
                 self.wait_until(lambda: self.listed() == self.alive(), f"agent {len(self.agents) - 1} in the rendezvous")
         elif step.action.startswith("kill "):

@@ -21,9 +21,8 @@ this very loop.
 
 from __future__ import annotations
 
-from mbr_launch.agent import inquiry
+from mbr_launch.agent import inquiry, leaving
 from mbr_launch.agent.context import Context, InquiryState
-from mbr_launch.agent import leaving
 from mbr_launch.agent.ending import final_code, finish
 from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_silence, tick_telemetry

@@ -84,8 +84,8 @@ Silence = Union[PeerLost, StoreLost]
 class PeerWatch:
     def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[Silence], None],
                  waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
-                 on_left: Callable[[PeersLeft], None] | None = None, hosting: bool = False, clock: Callable[[], float] = time.monotonic,
-                 own: Callable[[], float] = hostview.own_time,
+                 on_left: Callable[[PeersLeft], None] | None = None, hosting: bool = False,
+                 clock: Callable[[], float] = time.monotonic, own: Callable[[], float] = hostview.own_time,
                  seen: Callable[[Identity | None, Identity | None], Seen] = hostview.seen,
                  me: Identity | None = None) -> None:
         self._round = rnd
@@ -209,10 +209,7 @@ class PeerWatch:
                 self._call(lambda: store.set(own, Beat(count, self._me).encode()))
                 values = self._call(lambda: store.multi_get(peers + host_key + [LEFT_KEY]))
                 answered = True
-                if self._waiting is not None and self._on_waiting is not None and self._chief() == self._round.group_rank:
-                    waiting = self._call(self._waiting)
-                    if waiting > 0:
-                        self._on_waiting(waiting)
+                self._ask_waiting()
             except Exception as err:
                 answered = False
                 if self._store_silence() is not None:
@@ -233,6 +230,14 @@ class PeerWatch:
             if self._judge(zip(peers, values), last, silence, identities):
                 return False
         return answered
+
+    def _ask_waiting(self) -> None:
+        """The watching node asks whether nodes wait to join (one asker: each ask reads torch's whole state)."""
+        if self._waiting is None or self._on_waiting is None or self._chief() != self._round.group_rank:
+            return
+        waiting = self._call(self._waiting)
+        if waiting > 0:
+            self._on_waiting(waiting)
 
     def _departures(self, raw: bytes) -> bool:
         """Read the round's departures; True when nodes left since the last look (reported)."""
