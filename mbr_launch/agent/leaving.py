@@ -172,7 +172,8 @@ def _depart(ctx: Context, rnd: Round, name: str, signum: int) -> RoundResult:
     with ctx.store_call("reading the job's counts before leaving"):
         waiting = 0 if policy.min_healthy else ctx.rendezvous.spare_count()
         restarts, _startup = ctx.rendezvous.counts(rnd)
-    why = _leave_rendezvous(ctx)
+    _leave_rendezvous(ctx)
+    ctx.departure = Departure.NONE  # left already (or its keep-alive expires): nothing more at the exit
     with ctx.store_call("leaving the round"):
         gone = ctx.cluster.mark_left(rnd)
         ctx.cluster.mark_done(rnd)  # the round's end no longer waits for this node's workers
@@ -181,7 +182,6 @@ def _depart(ctx: Context, rnd: Round, name: str, signum: int) -> RoundResult:
         nodes=rnd.group_world_size, left=len(gone), unhealthy=unhealthy, waiting=waiting, restarts_used=restarts,
         elastic=ctx.cfg.rendezvous.backend == "c10d" and not ctx.cfg.rendezvous.standalone))
     _tell_the_others(ctx, rnd, name, after)
-    ctx.departure = Departure.NONE if why is None else Departure.LEAVE
     reason = _announce(ctx, rnd, name, "and not the whole job", after)
     return RoundResult(Outcome.LEFT, signum=signum, message=StopMessage(
         reason=reason, origin=ctx.node, group_rank=rnd.group_rank, exclude=ctx.node))
@@ -189,7 +189,9 @@ def _depart(ctx: Context, rnd: Round, name: str, signum: int) -> RoundResult:
 
 def _leave_rendezvous(ctx: Context) -> str | None:
     """Leave torch's rendezvous now, before the others re-form without this node; why it could not (its
-    keep-alive then expires, and the exit tries again)."""
+    keep-alive then expires). A static rendezvous has no membership to leave."""
+    if ctx.cfg.rendezvous.backend != "c10d":
+        return None
     with ctx.guard.around(ctx.cfg.rendezvous.peer_timeout * 2 + 15, "leaving the rendezvous"):
         why = ctx.rendezvous.leave()
     if why is not None:
