@@ -96,6 +96,10 @@ def _reset_signals(ignore: Sequence[int]) -> None:
             continue
         try:
             handler = signal.getsignal(sig)
+            # An ignored signal stays ignored: a new process started by the launcher inherits that through
+            # exec (``nohup`` gives every worker SIGHUP ignored); only the launcher's own handlers go.
+            if handler == signal.SIG_IGN and sig not in (signal.SIGPIPE, signal.SIGXFSZ):
+                continue
             fresh = (signal.default_int_handler if sig == signal.SIGINT else
                      signal.SIG_IGN if sig in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
             if handler is not fresh:
