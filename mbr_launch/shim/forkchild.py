@@ -57,7 +57,7 @@ _CPP_DEFAULT = 1
 
 
 def become(*, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequence[int], targets: Sequence[int],
-           ignore: Sequence[int], server: int) -> NoReturn:
+           ignore: Sequence[int], server: int, inherited: Sequence[int] = ()) -> NoReturn:
     """Turn this freshly forked child into the worker ``argv`` and run it; never returns (``os._exit``)."""
     try:
         os.setsid()
@@ -66,7 +66,7 @@ def become(*, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequen
         if os.getppid() != server:  # the server died before prctl took effect
             os._exit(1)
         _place(fds, targets)
-        _reset_signals(ignore)
+        _reset_signals(ignore, inherited)
         os.chdir(cwd)
         _replace_environ(env)
         _reset_interpreter(argv, libc)
@@ -85,24 +85,25 @@ def _place(fds: Sequence[int], targets: Sequence[int]) -> None:
     close_from(3, keep=set(targets))
 
 
-def _reset_signals(ignore: Sequence[int]) -> None:
+def _reset_signals(ignore: Sequence[int], inherited: Sequence[int]) -> None:
+    """Dispositions as a new interpreter started by the launcher has them: what the launcher inherited ignored
+    (``inherited``, e.g. nohup's SIGHUP) stays ignored through exec; Python ignores SIGPIPE and SIGXFSZ and
+    raises KeyboardInterrupt on SIGINT unless it is ignored; every other signal is default; then ``ignore``."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         signal.set_wakeup_fd(-1)
     except ValueError:
         pass
+    kept = set(inherited)
     for sig in signal.valid_signals():
         if sig in (signal.SIGKILL, signal.SIGSTOP):
             continue
+        if sig in (signal.SIGPIPE, signal.SIGXFSZ) or sig in kept:
+            fresh = signal.SIG_IGN
+        else:
+            fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
         try:
-            handler = signal.getsignal(sig)
-            # An ignored signal stays ignored: a new process started by the launcher inherits that through
-            # exec (``nohup`` gives every worker SIGHUP ignored); only the launcher's own handlers go.
-            if handler == signal.SIG_IGN and sig not in (signal.SIGPIPE, signal.SIGXFSZ):
-                continue
-            fresh = (signal.default_int_handler if sig == signal.SIGINT else
-                     signal.SIG_IGN if sig in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
-            if handler is not fresh:
+            if signal.getsignal(sig) is not fresh:
                 signal.signal(sig, fresh)
         except (OSError, ValueError, RuntimeError):
             pass

@@ -15,7 +15,9 @@ The server is single-threaded and only forks and reaps. The agent talks to it ov
   worker's pidfd says it ended, so the server never blocks on a live one.
 
 The worker is the server's child: its parent-death signal is the server's, the server's is the launcher's main
-thread's, so a SIGKILLed launcher still takes every worker down. Where the server is gone, a worker's status is
+thread's, so a SIGKILLed launcher still takes every worker down. The server ignores the signals Slurm sends to
+every process of a step (a preemption's SIGUSR1 or SIGTERM would otherwise end it, and its workers with it,
+before the launcher could let them checkpoint); its children get the dispositions a new process would have. Where the server is gone, a worker's status is
 read as the launcher's own child (the launcher is a subreaper: ``workers.strays``) or known as SIGKILL, and the
 pool starts fresh interpreters again.
 
@@ -304,8 +306,14 @@ def _serve(sock: socket.socket, launcher: int) -> None:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
         if os.getppid() != launcher:
             os._exit(1)
-        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_DFL)
+        # What a new process would inherit ignored (nohup's SIGHUP), before this process ignores more.
+        inherited = [int(sig) for sig in signal.valid_signals()
+                     if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) == signal.SIG_IGN]
+        # Slurm signals every process of the step (scancel, preemption): the server must outlive them, its
+        # workers decide for themselves. It ends with the launcher (parent-death signal) or its socket.
+        for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
+                    signal.SIGALRM):
+            signal.signal(sig, signal.SIG_IGN)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)  # a pipe the launcher's caller reads to its end must not be held open here
@@ -322,7 +330,7 @@ def _serve(sock: socket.socket, launcher: int) -> None:
                 break
             op = message.get("op")
             if op == "spawn":
-                _answer_spawn(sock, message, fds, me)
+                _answer_spawn(sock, message, fds, me, inherited)
             elif op == "wait":
                 for fd in fds:
                     os.close(fd)
@@ -336,7 +344,8 @@ def _serve(sock: socket.socket, launcher: int) -> None:
     os._exit(code)
 
 
-def _answer_spawn(sock: socket.socket, message: dict[str, Any], fds: list[int], me: int) -> None:
+def _answer_spawn(sock: socket.socket, message: dict[str, Any], fds: list[int], me: int,
+                  inherited: list[int]) -> None:
     argv, env, cwd = message.get("argv"), message.get("env"), message.get("cwd")
     targets, ignore = message.get("targets"), message.get("ignore")
     valid = (isinstance(argv, list) and all(isinstance(a, str) for a in argv) and isinstance(env, dict)
@@ -353,7 +362,8 @@ def _answer_spawn(sock: socket.socket, message: dict[str, Any], fds: list[int], 
     if pid == 0:
         from mbr_launch.shim.forkchild import become
 
-        become(argv=argv, env=env, cwd=cwd, fds=fds, targets=targets, ignore=ignore, server=me)  # type: ignore[arg-type]
+        become(argv=argv, env=env, cwd=cwd, fds=fds, targets=targets, ignore=ignore, server=me,  # type: ignore[arg-type]
+               inherited=inherited)
     for fd in fds:
         os.close(fd)
     _send(sock, {"pid": pid})
