@@ -34,8 +34,8 @@ STANDBY_CHANNEL_ENV = "MBR_STANDBY_CHANNEL"
 # without a word (torch._dynamo in a torch that has none).
 STANDBY_PRELOAD_ENV = "MBR_STANDBY_PRELOAD"
 OPTIONAL_PRELOAD = "?"
-# What standbys of these levels also import when --standby-preload is not given: DistributedDataParallel's
-# first construction (and torch.compile) imports torch._dynamo, about 1.5 s of a restart on 2 cores.
+# What standbys of these levels also import when --standby-preload is not given: a torch.optim optimizer's
+# construction, DistributedDataParallel's and torch.compile import torch._dynamo, about 2 s of CPU on 2 cores.
 DEFAULT_PRELOAD = {"torch": ("torch._dynamo",), "cuda": ("torch._dynamo",)}
 
 # A FIFO the worker keeps open (``mbr_launch.shim.flight``): each byte the agent writes asks for a Flight

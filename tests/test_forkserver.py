@@ -260,3 +260,39 @@ def test_standby_cuda_forks_workers_that_make_their_own_cuda_context(tmp_path, p
     assert done.returncode == 0, done.stderr
     seen = {p.name: p.read_text() for p in tmp_path.iterdir() if p.name.startswith("cuda.")}
     assert seen == {"cuda.0": "mbr-forkserver 0 1048576.0", "cuda.1": "mbr-forkserver 0 1048576.0"}, seen
+
+
+
+PRELOADED = textwrap.dedent("""\
+    import os, sys
+    out, count, rank = os.environ['PROBE_DIR'], os.environ['TORCHELASTIC_RESTART_COUNT'], os.environ['RANK']
+    had_dynamo = 'torch._dynamo' in sys.modules  # before any import of the script's own
+    if count == '1':
+        os.environ['TORCHDYNAMO_VERBOSE'] = '1'  # read when torch._dynamo is imported: too late for a standby's
+    import torch
+    opt = torch.optim.SGD([torch.nn.Parameter(torch.ones(1))], lr=0.1)  # imports torch._dynamo
+    with open(os.path.join(out, f'{rank}.{count}'), 'w') as f:
+        f.write(f"{open(f'/proc/{os.getppid()}/comm').read().strip()} {had_dynamo}")
+    if count == '0' and rank == '1':
+        sys.exit(7)
+    """)
+
+
+def test_the_fork_server_imports_the_preload_once_for_every_worker(tmp_path, port):
+    # torch._dynamo (the default --standby-preload; a script's optimizer imports it) is imported by the fork
+    # server before its first fork, so neither the first round's workers nor a restart's import it again; what
+    # its import read is still watched: a script that sets one of those variables is told, once per rank.
+    script = tmp_path / "preloaded.py"
+    script.write_text(PRELOADED)
+    env = {**launcher_env(), "PROBE_DIR": str(tmp_path)}
+    done = run_launcher(["--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--log-dir",
+                         str(tmp_path / "logs"), str(script)], env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    seen = {p.name: p.read_text() for p in tmp_path.iterdir() if p.name[0].isdigit()}
+    assert seen == {name: "mbr-forkserver True" for name in ("0.0", "1.0", "0.1", "1.1")}, seen
+    assert done.stderr.count("TORCHDYNAMO_VERBOSE, set by the script, may have no effect") == 2, done.stderr
+    assert done.stderr.count("warm standby") == 2, done.stderr  # one line per rank, naming torch._dynamo
+    done = run_launcher(["--standalone", "--nproc-per-node", "1", "--standby-preload", "none", "--log-dir",
+                         str(tmp_path / "logs2"), str(script)], env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert (tmp_path / "0.0").read_text() == "mbr-forkserver False"

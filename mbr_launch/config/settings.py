@@ -119,9 +119,10 @@ SETTINGS: tuple[Setting, ...] = (
             parse=module_list("--standby-preload"), metavar="MODULES",
             help="Modules each standby also imports ahead of time (comma-separated; none: nothing beyond the "
                  "--standby level), e.g. megatron.core. Default: torch._dynamo at --standby torch and cuda, "
-                 "which DistributedDataParallel and torch.compile import on first use (about 1.5 s of each "
-                 "restart), imported only where it delays no rank (replacement standbys; the first round's "
-                 "with 4+ cores per local rank). Variables these modules read at import (TORCHDYNAMO_*, "
+                 "which an optimizer, DistributedDataParallel and torch.compile import on first use (about 2 s "
+                 "of CPU per rank and restart): imported once by the fork server, before it forks any worker; "
+                 "without a fork server, by the replacement standbys, and the first round's with 4+ cores per "
+                 "local rank. Variables these modules read at import (TORCHDYNAMO_*, "
                  "TORCHINDUCTOR_*...) come from the launch environment: a rank whose script sets one later is "
                  "warned on its stderr; set it before launching, or use none."),
     # -- restart policy --

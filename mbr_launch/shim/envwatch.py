@@ -37,6 +37,11 @@ from typing import Iterator, Mapping
 # variable -> (the value the preload saw first, None where it was unset; the module whose import read it)
 Reads = dict[str, "tuple[str | None, str]"]
 
+# module -> (what its import read, what it wrote): filled in a grown fork server (``workers.forkserver``), which
+# imported the module before forking the standby; the standby, finding the module imported, takes the record
+# from here (its own import would record nothing).
+PRELOADED: dict[str, "tuple[Reads, dict[str, str | None]]"] = {}
+
 
 class Recording(os._Environ):  # type: ignore[name-defined,misc,type-arg]  # os.environ's own class
     """``os.environ`` while a module is preloaded: what the import reads goes to ``reads``, what it writes to

@@ -32,12 +32,15 @@ What each ``--standby`` level pre-initialises before the script's first line:
 
 ``--standby-preload`` modules are imported after the level's own preloading, under the same hold-off on an
 oversubscribed host (a script assigned meanwhile waits for them where it waits for torch, see above).
-Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (nothing at ``interpreter``), which a DDP script's first ``DistributedDataParallel(...)`` and
-``torch.compile`` import on first use (about 1.5 s of every restart on 2 cores). The default list never
-delays a rank: it is skipped without a word where torch has none, not begun once the assignment has come
-(the script imports it itself if it needs it), and imported by the first round's standbys only where there
-are at least 4 cores per local rank (``workers.standbypool.roomy``; on fewer, the replacements import it: two
-more such imports while the launcher itself starts would slow the first round). torch._dynamo reads about 280
+Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (nothing at ``interpreter``), which a script's first
+optimizer, ``DistributedDataParallel(...)`` and ``torch.compile`` import on first use (about 2 s of CPU per rank
+and restart on 2 cores). A standby forked from the fork server (``workers.forkserver``) has every module of the
+list already: the server imported them once, before its first fork, and kept what each import read
+(``envwatch.PRELOADED``), which the standby takes over. Otherwise the default list never delays a rank: it is
+skipped without a word where torch has none, not begun once the assignment has come (the script imports it
+itself if it needs it), and imported by the first round's standbys only where there are at least 4 cores per
+local rank (``workers.standbypool.roomy``; on fewer, the replacements import it: two more such imports while
+the launcher itself starts would slow the first round). torch._dynamo reads about 280
 variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's,
 TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload
 records which ones it read and with what value (``envwatch``); a rank whose environment has another value at
@@ -228,6 +231,13 @@ def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dic
         name = entry.removeprefix(OPTIONAL_PRELOAD)
         if name != entry and assigned.is_set():
             continue
+        if name in sys.modules and name in envwatch.PRELOADED:  # forked from a server that imported it
+            seen, wrote = envwatch.PRELOADED[name]
+            for key, value in seen.items():
+                reads.setdefault(key, value)
+            for key, change in wrote.items():
+                written.setdefault(key, change)
+            continue
         try:
             with envwatch.recording(reads, written, name):
                 importlib.import_module(name)
@@ -359,8 +369,11 @@ def _reconcile(startup_env: Mapping[str, str], launch: Mapping[str, str], writte
         now = os.environ.get(k)
         return now != launch.get(k) and now != startup_env.get(k) and (k not in written or now != written[k])
 
-    changed = sorted(k for k in set(startup_env) | set(os.environ) | set(launch)  # envwatch has reported some
-                     if _read_at_import(k, level) and by_script(k) and k not in envwatch.reported)
+    # envwatch has reported some, and judges those the preloaded modules read (one line per variable, naming
+    # the module that read it: TORCHDYNAMO_* are torch._dynamo's, not torch's)
+    changed = sorted(k for k in set(startup_env) | set(os.environ) | set(launch)
+                     if _read_at_import(k, level) and by_script(k) and k not in envwatch.reported
+                     and k not in envwatch.Judged.reads)
     threads = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
     if any(k in changed for k in threads):
         count = _fresh_thread_count()

@@ -6,7 +6,9 @@ launcher's ``import torch``, while it runs a single thread, the server shares th
 forks: a worker (a warm standby, ``workers.standbypool``) then costs a fork, a few milliseconds, at the launch
 and at every restart. 32 agents of one rank on 2 cores do 32 imports of torch fewer than torchrun's.
 
-The server is single-threaded and only forks and reaps. The agent talks to it over a private socket pair
+Before its first fork the server imports the ``--standby-preload`` modules (``torch._dynamo`` by default, which
+a script's optimizer imports: as much CPU again as torch), once per node instead of once per worker and
+restart (``_import``). Then it is single-threaded and only forks and reaps. The agent talks to it over a private socket pair
 (length-prefixed JSON, the worker's descriptors passed with ``SCM_RIGHTS``):
 
 - ``spawn`` (argv, env, cwd, the descriptors and the numbers they take in the worker, the signals it ignores):
@@ -93,9 +95,10 @@ def _cpp_log_level_settable() -> bool:
     return True
 
 
-def start_for(argv: Sequence[str], env: Mapping[str, str]) -> "ForkServer | None":
-    """Import torch here and fork the server for workers ``argv`` with environment ``env``; None where that
-    would not give them what a fresh interpreter does."""
+def start_for(argv: Sequence[str], env: Mapping[str, str], preload: Sequence[str] = ()) -> "ForkServer | None":
+    """Import torch here and fork the server for workers ``argv`` with environment ``env`` (a standby's),
+    which imports ``preload`` (``--standby-preload``) before its first fork; None where that would not give
+    them what a fresh interpreter does."""
     if not forkable(argv):
         return None
     # The workers' OMP_NUM_THREADS (the launcher's choice for several local ranks) is read at `import torch`:
@@ -106,7 +109,7 @@ def start_for(argv: Sequence[str], env: Mapping[str, str]) -> "ForkServer | None
         return None
     import torch  # noqa: F401  # the launcher needs it anyway (its rendezvous); the server shares it
 
-    return ForkServer.start()
+    return ForkServer.start(preload, env)
 
 
 class ServedProcess:
@@ -167,9 +170,10 @@ class ForkServer:
         self.environ = dict(os.environ)  # what the server's torch import read
 
     @classmethod
-    def start(cls) -> "ForkServer | None":
+    def start(cls, preload: Sequence[str] = (), env: Mapping[str, str] | None = None) -> "ForkServer | None":
         """Fork the server from this process (which has imported torch); None where that is not safe: more
-        than one thread, or torch's C++ log level cannot be set in a child."""
+        than one thread, or torch's C++ log level cannot be set in a child. The server imports ``preload``
+        with environment ``env`` before it answers (``_import``)."""
         if "torch" not in sys.modules or not _cpp_log_level_settable():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -181,7 +185,7 @@ class ForkServer:
             return None
         if pid == 0:
             ours.close()
-            _serve(theirs, launcher)  # never returns
+            _serve(theirs, launcher, preload, env)  # never returns
         theirs.close()
         return cls(pid, ours)
 
@@ -296,7 +300,8 @@ def _receive(sock: socket.socket) -> tuple[dict[str, Any] | None, list[int]]:
     return message, list(fds)
 
 
-def _serve(sock: socket.socket, launcher: int) -> None:
+def _serve(sock: socket.socket, launcher: int, preload: Sequence[str] = (),
+           env: Mapping[str, str] | None = None) -> None:
     """The server's loop, in the forked child; never returns."""
     code = 0
     try:
@@ -323,6 +328,8 @@ def _serve(sock: socket.socket, launcher: int) -> None:
 
         if retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver") is None:
             set_name(b"mbr-forkserver")  # no title: the name still tells it from the launcher
+        if preload:
+            _import(preload, env)
         me = os.getpid()
         while True:
             message, fds = _receive(sock)
@@ -342,6 +349,35 @@ def _serve(sock: socket.socket, launcher: int) -> None:
     except BaseException:  # noqa: BLE001 - never return into the launcher's code
         code = 1
     os._exit(code)
+
+
+def _import(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
+    """Import ``modules`` once, here, before any fork: every standby forked after has them for nothing. A
+    training script imports torch._dynamo (the default list) itself, at its optimizer's construction: as
+    much CPU again as torch, which every standby and every restarted rank would otherwise pay (32 agents on 2
+    cores: a restart's ranks took 50 s to their first step, where forked with it they take a few). What each
+    import read from the environment (a standby's, ``env``) is kept for the standbys' ``envwatch``. A module
+    that fails is left to the standby, which tries it itself and reports it as before. Its warnings are not
+    shown: they would come once, on the launcher's stderr, not on the ranks'."""
+    import importlib
+    import warnings
+
+    from mbr_launch.shim import envwatch, handover
+
+    if env is not None:
+        handover.replace_environ(env)  # the children replace it with their own; the imports read a standby's
+    for name in modules:
+        reads: envwatch.Reads = {}
+        written: dict[str, str | None] = {}
+        try:
+            with warnings.catch_warnings(), envwatch.recording(reads, written, name):
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the standby meets it and reports it
+            continue
+        envwatch.PRELOADED[name] = (reads, written)
+    if threading.active_count() != 1:
+        os._exit(1)  # an import left a thread running: forking is no longer safe; the agent starts interpreters
 
 
 def _answer_spawn(sock: socket.socket, message: dict[str, Any], fds: list[int], me: int,

@@ -98,7 +98,7 @@ def _set_priority(pid: int, nice: int, *, patience: float = 0.3) -> bool:
 
 def roomy(local_world_size: int, cpus: int | None = None) -> bool:
     """At least 4 cores per local rank: replacements need not wait long, and the first round's standbys import
-    the default preload list (torch._dynamo) too. On fewer cores they leave it to the replacements: more
+    the default preload list (torch._dynamo) too, where no fork server imported it for them. On fewer cores they leave it to the replacements: more
     imports as heavy as torch's while the launcher itself starts would delay the first round, and a script
     that never imports torch._dynamo would wait for it. Modules the user names are imported by every standby."""
     cpus = cpus if cpus is not None else (os.cpu_count() or 1)
@@ -169,7 +169,7 @@ def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool 
 def _fork_server(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "forkserver.ForkServer | None":
     """The fork server for this launch's standbys (``workers.forkserver``); None where a fork would not give a
     worker what a fresh interpreter gives it (each standby then imports torch itself)."""
-    return forkserver.start_for(*first_assignment(cfg, environ, 0))
+    return forkserver.start_for(*first_assignment(cfg, environ, 0), preload=cfg.standby.preload)
 
 
 @dataclass
@@ -236,7 +236,9 @@ class StandbyPool:
         except OSError:
             pass
         os.set_blocking(write_end, False)
-        wanted = extras or not self.optional
+        # Forked: the server imported the list before its first fork; the standby only takes over the record of
+        # what the imports read (``envwatch.PRELOADED``), or tries a module that failed there.
+        wanted = forked or extras or not self.optional
         preload = ",".join(OPTIONAL_PRELOAD * self.optional + m for m in self.preload) if wanted else ""
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
                           env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, 0.0 if forked else delay,
