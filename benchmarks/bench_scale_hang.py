@@ -178,8 +178,8 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
                 series = [s for i in range(n) for s in storecount.load(str(d / "store" / f"agent{i}"))]
                 hang["store"] = storecount.window(series, t_hang, t_hang + max(seen))
             if state != "ok":
-                hang["reason"] = (f"restart: {state}, {len(_ranks(ready, 'ready', g + 1))} of {n} ranks restarted; "
-                                  f"named by {hang['named_by']} of {n}")
+                hang["reason"] = h.first_failed(procs, f"restart: {state}, {len(_ranks(ready, 'ready', g + 1))} of "
+                                                f"{n} ranks restarted; named by {hang['named_by']} of {n}")
                 return rec, hangs
             hang["restart"] = max(t for t, _ in _ranks(ready, "ready", g + 1).values()) - t_hang
             hang["ok"] = hang["named_by"] == n

@@ -165,6 +165,21 @@ def test_a_real_verdict_from_another_node_still_stops_the_culprit_here(tmp_path)
     assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(1, "hang")]
 
 
+def test_a_culprit_found_stopped_is_stopped_here_though_its_stack_dump_let_a_beat_through(tmp_path):
+    """This node found the culprit stopped (SIGSTOP); the faulthandler dump resumes it for a moment, in which it
+    beat. On main that beat refused the verdict, and every such hang ended in the others' overdue restart
+    (128 agents on 16 cores). A stopped rank makes no step of its own: it is stopped here."""
+    world = _two_nodes(tmp_path, ("max_restarts", 1))
+    world.looks[1] = {"state": ProcState.STOPPED, "stack": StackClass.NONE, "where": "", "collective": ""}
+    _forged_verdict(world, 1, copy_evidence=True, waited=2.0)
+    world.monitor.beats = {0: 12.0, 1: 0.4}
+    code = world.run([post(RankStarted(0)), post(RankStarted(1)), post(_forged_open(1)), all_exit(0)])
+    assert code == exitcodes.OK
+    assert "refused" not in world.events("verdict")[0]
+    assert world.group.stops[0]["local_ranks"] == [1]
+    assert [(r["rank"], r["cause"]) for r in world.events("failure")] == [(1, "hang")]
+
+
 # ---- (b) an expiry in a quiet time ----------------------------------------------------------------------
 
 def _undetermined_elsewhere(world: World) -> None:

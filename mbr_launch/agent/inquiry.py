@@ -12,7 +12,8 @@ turning into a restart or a kill on its own:
 - no rank past a deadline, no hang: an inquiry in which no node's evidence shows an expired rank is withdrawn
   (``judge_inquiry``, by the decider, or by a node that got no verdict);
 - a verdict this node did not judge itself stops a rank here only when this node's own evidence bears it out
-  (``unsupported``) and the rank made no heartbeat or step during the inquiry; otherwise nothing is stopped
+  (``unsupported``) and the rank made no heartbeat or step during the inquiry (one found stopped excepted: the
+  moment its stack dump resumes it is ours, not its own progress); otherwise nothing is stopped
   here, and the job restarts blaming no node if the round is still running when the culprit's node would have
   stopped it (``overdue``);
 - an expiry in the quiet time after a verdict is postponed to its end, never dropped (``resume_postponed``).
@@ -172,8 +173,12 @@ def _doubt(ctx: Context, verdict: Verdict, local: Sequence[RankEvidence], began:
         return None
     if (why := unsupported(verdict, local)) is not None:
         return why
-    ages, waited = ctx.monitor.ages([e.local_rank for e in mine]), ctx.clock() - began
-    moved = [(e.rank, ages[e.local_rank]) for e in mine if e.local_rank in ages and ages[e.local_rank] < waited]
+    # A rank this node found stopped cannot step: a beat from it since is the one its stack dump let through
+    # (the faulthandler path resumes it for the moment the dump takes; 128 agents on 16 cores: long enough
+    # for a step, and every such verdict was refused).
+    running = [e for e in mine if e.state is not ProcState.STOPPED]
+    ages, waited = ctx.monitor.ages([e.local_rank for e in running]), ctx.clock() - began
+    moved = [(e.rank, ages[e.local_rank]) for e in running if e.local_rank in ages and ages[e.local_rank] < waited]
     return "; ".join(f"rank {rank} made a heartbeat or step {age:.1f} s ago, during the inquiry"
                      for rank, age in moved) or None
 
