@@ -97,6 +97,16 @@ def _verdicts_between(d: Path, n: int, start: float, end: float) -> list[dict | 
     return out
 
 
+def _events_between(d: Path, agent: int, start: float, end: float, limit: int = 12) -> list[str]:
+    """The names of one agent's events between ``start`` and ``end``: what it did instead of a verdict."""
+    return [str(e.get("event")) for e in h.read_events(d / f"logs{agent}")
+            if start <= h.parse_ts(e["ts"]) < end][:limit]
+
+
+def _num(value: float | None) -> str:
+    return "-" if value is None else f"{value:.2f}"
+
+
 def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) -> tuple[dict, list[dict]]:
     """One launch of ``args.agents`` agents that lives through ``len(plan)`` hangs, one per round, then ends:
     the launch's record and one record per hang."""
@@ -174,10 +184,15 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
             hang["restart"] = max(t for t, _ in _ranks(ready, "ready", g + 1).values()) - t_hang
             hang["ok"] = hang["named_by"] == n
             if not hang["ok"]:
-                hang["reason"] = f"named by {hang['named_by']} of {n}; bases {hang['bases']}"
+                # A missing verdict is a result: what each agent that did not name the victim said and did.
+                hang["said"] = {i: (v.get("culprits") if v else None) for i, v in enumerate(verdicts)
+                                if not v or v.get("culprits") != [victim]}
+                hang["events"] = {i: _events_between(d, i, t_hang, t_next) for i in list(hang["said"])[:4]}
+                hang["reason"] = (f"named by {hang['named_by']} of {n}; bases {hang['bases']}; the others said "
+                                  f"{dict(list(hang['said'].items())[:8])}; their events {hang['events']}")
             print(f"  hang {g + 1}/{k} {scenario:8s} victim {victim}: ok={hang['ok']} "
-                  f"verdict_last={hang['verdict_last']:.2f} inquiry={hang['inquiry_seconds']} "
-                  f"restart={hang['restart']:.2f} {hang['reason']}", flush=True)
+                  f"verdict_last={_num(hang['verdict_last'])} inquiry={hang['inquiry_seconds']} "
+                  f"restart={_num(hang['restart'])} {hang['reason']}", flush=True)
         end = time.monotonic() + args.deadline
         rec["codes"] = codes = [p.wait_exit(max(0.0, end - time.monotonic())) for p in procs]
         rec["ok"] = all(c == 0 for c in codes)

@@ -52,7 +52,8 @@ def check_skip_ids(skip: tuple[str, ...]) -> None:
         raise ConfigError(f"--skip-check: {err}") from None
 
 
-def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher: str) -> "DoctorContext":
+def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher: str,
+                   run_id: str | None = None) -> "DoctorContext":
     """What the doctor checks, from the same settings a launch uses."""
     from mbr_launch.doctor import DoctorContext
 
@@ -62,7 +63,7 @@ def doctor_context(spec: PreflightSpec, *, environ: Mapping[str, str], launcher:
         master_port=spec.master_port, log_dir=spec.log_dir, launcher=launcher, ft_enabled=spec.ft_declared,
         config_path=spec.config_path, pg_timeout_s=spec.pg_timeout, restart_policy=spec.restart_policy,
         script=spec.script, script_args=spec.script_args,
-        disk_paths=[spec.log_dir] if spec.log_dir else [], ft_given=spec.ft_given, flags=spec.flags,
+        disk_paths=[spec.log_dir] if spec.log_dir else [], ft_given=spec.ft_given, flags=spec.flags, run_id=run_id,
     )
 
 
@@ -73,7 +74,7 @@ def preflight(cfg: LaunchConfig, *, environ: Mapping[str, str]) -> bool:
     skip = set(cfg.preflight.skip_checks)
     if "all" in skip:
         return True
-    ctx = doctor_context(cfg.preflight, environ=environ, launcher="mbr-launch")
+    ctx = doctor_context(cfg.preflight, environ=environ, launcher="mbr-launch", run_id=cfg.rendezvous.run_id)
     try:
         return run_preflight(ctx, skip=skip, quiet=cfg.output.quiet)
     except DoctorError as err:

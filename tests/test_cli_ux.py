@@ -200,7 +200,8 @@ def test_doctor_groups_areas_and_folds_skips():
     assert "Launcher" in lines and "Versions" in lines  # grouped under area headings
     assert re.search(r"^  \d+ skipped \(", plain.stdout, re.M)
     if not _has_gpu():
-        assert re.search(r"^GPUs\n  3 skipped \(no GPU\)$", plain.stdout, re.M), plain.stdout
+        # gpu.count, gpu.memory, gpu.recovery, gpu.strangers
+        assert re.search(r"^GPUs\n  4 skipped \(no GPU\)$", plain.stdout, re.M), plain.stdout
     assert len(lines) < 60, f"{len(lines)} lines"
     verbose = _cli("doctor", "--verbose", *NO_TORCH)
     skipped = int(re.search(r"(\d+) skipped", verbose.stdout.splitlines()[-1]).group(1))

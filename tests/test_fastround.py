@@ -6,8 +6,10 @@ from __future__ import annotations
 import datetime
 import hashlib
 import threading
+import time
 
 import pytest
+from torch.distributed import DistStoreError
 
 from mbr_launch.cluster import fastround
 from mbr_launch.cluster.fastround import Agreement, Fallback, agree, abort, next_token, pack, unpack
@@ -53,7 +55,7 @@ class MemoryStore:
         with self._changed:
             self._count("wait")
             if not self._changed.wait_for(lambda: all(k in self._data for k in keys), timeout.total_seconds()):
-                raise RuntimeError("Socket Timeout")  # what torch raises, in spirit
+                raise DistStoreError("Socket Timeout")  # what torch raises
 
     def check(self, keys: list[str]) -> bool:
         with self._changed:
@@ -196,12 +198,27 @@ def test_the_loop_offers_the_failed_round_and_says_why_not(tmp_path):
     assert world.rendezvous.asked[1] == (0, "a node was lost")
 
 
-def test_a_waiting_agent_looks_without_blocking_and_gives_up_at_its_timeout():
-    # Injected clock: the pauses grow to POLL_MAX, so a 2 s wait costs about 2 / POLL_MAX reads, and no
-    # blocking wait ever holds the connection it shares with torch's keep-alive.
-    store, now = MemoryStore(), [0.0]
-    out = agree(store, group_rank=1, nodes=2, token="tok", timeout=2.0, clock=lambda: now[0],
-                sleep=lambda s: now.__setitem__(0, now[0] + s))
-    assert isinstance(out, Fallback) and "within 2 s" in out.reason
-    assert now[0] == pytest.approx(2.0)
-    assert "wait" not in store.ops and store.ops["check"] <= 2.0 / fastround.POLL_MAX + 8
+def test_a_waiting_agent_waits_in_the_store_in_slices_and_gives_up_at_its_timeout():
+    # No polling (#41): one store wait per WAIT_SLICE until the timeout, each short enough that torch's
+    # keep-alive on the same connection gets its turn; a check only once the time is up.
+    store = MemoryStore()
+    started = time.monotonic()
+    out = agree(store, group_rank=1, nodes=2, token="tok", timeout=1.2)
+    assert isinstance(out, Fallback) and "within 1.2 s" in out.reason
+    assert time.monotonic() - started >= 1.2
+    assert store.ops["wait"] <= 1.2 / fastround.WAIT_SLICE + 2 and store.ops.get("check", 0) <= 1
+
+
+def test_a_waiting_agent_returns_the_moment_the_decision_is_written():
+    store = MemoryStore()
+    box: dict = {}
+    waiter = threading.Thread(target=lambda: box.setdefault("o", agree(store, group_rank=1, nodes=2, token="tok",
+                                                                         timeout=20)))
+    waiter.start()
+    time.sleep(0.2)
+    started = time.monotonic()
+    decided = agree(store, group_rank=0, nodes=2, token="tok", timeout=20, master_port=20001, restarts=1)
+    waiter.join(10)
+    assert not waiter.is_alive() and time.monotonic() - started < 5  # not the 20 s timeout
+    assert box["o"] == decided and isinstance(decided, Agreement)
+    assert store.ops.get("check", 0) == 0

@@ -1,6 +1,6 @@
-"""Between a round's stop and the next start, as pure logic: the GPU memory reclaim wait (fake NVML reader,
-fake clock), what counts as a leftover of the stopped round (a scripted process table), and the workers' NUMA
-binding from NVRX_GPUS_PER_NUMA. One test reads real GPUs through NVML and skips where there are none."""
+"""Between a round's stop and the next start, as pure logic: the GPUs the reclaim wait looks at, what counts
+as a leftover of the stopped round (a scripted process table), and the workers' NUMA binding from
+NVRX_GPUS_PER_NUMA. One test reads real GPUs through NVML and skips where there are none."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ import time
 
 import pytest
 
-from mbr_launch.health import gpumem, leftovers
-from mbr_launch.health.gpumem import Sample
-from mbr_launch.workers import numa
+from mbr_launch.health import gpumem, gpuowners, leftovers
+from mbr_launch.health.gpuowners import Job, Owner, Reading
+from mbr_launch.health.nvml import Nvml
+from mbr_launch.workers import numa, strays
 from mbr_launch.workers.strays import Proc
 
 pytestmark = pytest.mark.timeout(30)
@@ -35,42 +36,7 @@ class Clock:
         return True
 
 
-def _reader(*polls: list[float | None]):
-    """A reader that gives one poll's usage per call (the last one again when they run out)."""
-    history = list(polls)
-
-    def read() -> list[Sample]:
-        used = history.pop(0) if len(history) > 1 else history[0]
-        return [Sample(str(i), mb) for i, mb in enumerate(used)]
-    return read
-
-
-def test_the_wait_ends_when_every_gpu_is_under_the_tolerance():
-    clock = Clock()
-    got = gpumem.wait_reclaimed(_reader([9000, 300], [2000, 300], [400, 100]), timeout=50, tolerance_mb=512,
-                                poll_interval=2, clock=clock, sleep=clock.sleep)
-    assert got.reclaimed and got.polls == 3 and got.seconds == 4 and clock.slept == [2, 2]
-    assert [s.used_mb for s in got.last] == [400, 100]
-
-
-def test_at_the_timeout_it_gives_up_after_a_last_poll_on_the_deadline():
-    clock = Clock()
-    got = gpumem.wait_reclaimed(_reader([9000, 100]), timeout=5, tolerance_mb=512, poll_interval=2, clock=clock,
-                                sleep=clock.sleep)
-    assert not got.reclaimed and not got.interrupted
-    assert clock.slept == [2, 2, 1] and got.polls == 4 and got.seconds == 5
-    assert got.over(512) == [Sample("0", 9000)]
-    assert gpumem.describe(got.last) == "GPU 0 9000 MB, GPU 1 100 MB"
-
-
-def test_a_gpu_that_cannot_be_read_does_not_hold_the_wait_and_a_signal_ends_it():
-    clock = Clock()
-    got = gpumem.wait_reclaimed(_reader([None, 100]), timeout=50, tolerance_mb=512, poll_interval=2, clock=clock,
-                                sleep=clock.sleep)
-    assert got.reclaimed and got.polls == 1 and clock.slept == []
-    got = gpumem.wait_reclaimed(_reader([9000]), timeout=50, tolerance_mb=512, poll_interval=2, clock=clock,
-                                sleep=lambda s: False)
-    assert not got.reclaimed and got.interrupted and got.polls == 1
+# The wait's rule, with NVML faked at its boundary: tests/test_gpu_memory.py.
 
 
 def test_the_gpus_are_the_workers():
@@ -94,33 +60,35 @@ time.sleep(120)
 """
 
 
+@pytest.mark.processes
 def test_real_gpu_memory_is_waited_for_until_a_killed_process_gives_it_back():
-    reader = gpumem.NvmlReader.open(["0"])
-    if isinstance(reader, str):
-        pytest.skip(f"no NVML here: {reader}")
+    session = Nvml.open()
+    if isinstance(session, str):
+        pytest.skip(f"no NVML here: {session}")
     holder = None
     try:
-        [before] = reader()
-        assert before.device == "0" and before.used_mb is not None and before.used_mb >= 0
-        tolerance = before.used_mb + 1024  # what NVRx's 512 MB is to an idle GPU
         holder = subprocess.Popen([sys.executable, "-c", HOLD_GPU_MEMORY], stdout=subprocess.PIPE, text=True,
                                   env={**os.environ, "CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
         assert holder.stdout.readline().strip() == "holding"
-        [held] = reader()
-        assert held.used_mb > tolerance, (before, held)
+        job = Job(me=os.getpid(), ended=frozenset({holder.pid}))
+
+        def read() -> Reading:
+            return gpuowners.classify([session.memory("0")], job, strays.process_table(), gpuowners.seen)
+
+        held = read()
+        assert [h.pid for h in held.of(Owner.ENDED)] == [holder.pid], held  # NVML names it by this pid
         clock = Clock()
-        got = gpumem.wait_reclaimed(reader, timeout=3, tolerance_mb=tolerance, poll_interval=1, clock=clock,
-                                    sleep=clock.sleep)
-        assert not got.reclaimed and got.polls == 4 and [s.device for s in got.over(tolerance)] == ["0"]
+        got = gpumem.wait_reclaimed(read, timeout=3, tolerance_mb=512, poll_interval=1, clock=clock, sleep=clock.sleep)
+        assert not got.reclaimed and [h.pid for h in got.holding()] == [holder.pid]
         holder.kill()  # its memory comes back once the driver has torn its context down
-        got = gpumem.wait_reclaimed(reader, timeout=30, tolerance_mb=tolerance, poll_interval=0.2,
+        got = gpumem.wait_reclaimed(read, timeout=30, tolerance_mb=512, poll_interval=0.2,
                                     clock=time.monotonic, sleep=lambda s: time.sleep(s) is None)
         assert got.reclaimed, got
     finally:
         if holder is not None:
             holder.kill()
             holder.wait()
-        reader.close()
+        session.close()
 
 
 # ---- leftovers ---------------------------------------------------------------------------------------------

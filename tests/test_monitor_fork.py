@@ -28,7 +28,13 @@ def test_the_forked_monitor_is_named_serves_and_ends_on_eof() -> None:
         import json, os, time
         from mbr_launch.monitor.forked import fork_monitor
         child = fork_monitor()
-        time.sleep(0.5)
+        # The child names itself once it runs: on a loaded machine that may take a while.
+        end = time.monotonic() + 30
+        while time.monotonic() < end:
+            with open(f"/proc/{child.pid}/comm") as f:
+                if f.read().strip() == "mbr-monitor":
+                    break
+            time.sleep(0.05)
         with open(f"/proc/{child.pid}/cmdline", "rb") as f:
             title = f.read().split(b"\\0")[0].decode()
         with open(f"/proc/{child.pid}/comm") as f:

@@ -122,10 +122,13 @@ PS_PROBE = '''\
 import json, os, subprocess, sys, time
 import psutil
 me = psutil.Process()
+# The rank's parent: the launcher, or its fork server (mbr_launch.workers.forkserver), which forks the standbys.
+parent = me.parent()
+launcher = parent.parent() if parent.name() == "mbr-forkserver" else parent
 standbys = []
 deadline = time.time() + float(sys.argv[2])
 while not standbys and time.time() < deadline:  # the agent starts this rank's replacement standby next
-    for proc in me.parent().children():
+    for proc in parent.children():
         try:
             if proc.pid != me.pid and proc.cmdline()[:2] == ["mbr-launch", "standby"]:
                 ps = subprocess.run(["ps", "-o", "comm=,args=", "-p", str(proc.pid)], capture_output=True,
@@ -135,7 +138,7 @@ while not standbys and time.time() < deadline:  # the agent starts this rank's r
             pass
     time.sleep(0.1)
 monitors = []
-for proc in me.parent().children():
+for proc in launcher.children():
     try:
         if proc.name() == "mbr-monitor":
             monitors.append({"pid": proc.pid, "cmdline": proc.cmdline(), "ppid": proc.ppid()})
@@ -143,7 +146,7 @@ for proc in me.parent().children():
         pass
 from mbr_launch.doctor.processes import other_launchers
 with open(sys.argv[1], "w") as f:
-    json.dump({"standbys": standbys, "monitors": monitors, "launcher": me.parent().pid, "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
+    json.dump({"standbys": standbys, "monitors": monitors, "launcher": launcher.pid, "parent": parent.name(), "launchers": [(p.pid, " ".join(p.argv)) for p in other_launchers()], "cmdline": me.cmdline(), "orig_argv": sys.orig_argv, "name": me.name()}, f)
 '''
 
 

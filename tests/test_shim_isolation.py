@@ -1,6 +1,6 @@
 """What runs inside workers imports nothing of the agent: ``mbr_launch.shim`` takes only ``mbr_launch.contract``,
-``mbr_launch.fdwait`` and ``mbr_launch.procstat`` (and the standard library; torch only late, where a standby preloads it), and those
-two only the standard library. Checked on the source (every import statement, function-local ones included) and in a real
+``mbr_launch.fdwait``, ``mbr_launch.procstat`` and ``mbr_launch.forking`` (and the standard library; torch only late, where a
+standby preloads it), and those only the standard library. Checked on the source (every import statement, function-local ones included) and in a real
 interpreter (what ``import mbr_launch.shim.boot`` actually loads)."""
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ def imported_modules(path: Path) -> list[str]:
 
 
 # stdlib-only modules the agent and the shim both use
-SHARED = ("mbr_launch.contract", "mbr_launch.fdwait", "mbr_launch.procstat")
+SHARED = ("mbr_launch.contract", "mbr_launch.fdwait", "mbr_launch.procstat", "mbr_launch.forking")
 
 
 def test_shim_imports_only_contract_and_shim():
@@ -52,7 +52,7 @@ def test_shim_imports_no_third_party_module_but_torch():
 
 
 def test_contract_and_fdwait_import_only_the_standard_library():
-    for shared in ("contract.py", "fdwait.py", "procstat.py"):
+    for shared in ("contract.py", "fdwait.py", "procstat.py", "forking.py"):
         names = imported_modules(PACKAGE / shared)
         assert all(n.split(".")[0] in sys.stdlib_module_names or n == "__future__" for n in names), (shared, names)
 

@@ -2,7 +2,8 @@
 the GPUs' memory; then check itself, and stay out when a check fails (ft_launcher 0.6/0.7's health checks,
 GPU memory reclaim wait and leftover-process check; the checks and waits themselves are in ``health``).
 
-    round stopped --> leftovers (--ft-check-remaining-processes) --> GPU memory (--ft-gpu-memory-reclaim-timeout)
+    round stopped --> leftovers (--ft-check-remaining-processes) --> GPU memory (--ft-gpu-memory-reclaim-timeout,
+                      ``agent.gpugate``; strangers leave too little memory free: stay out, as below)
     first join, or after the above --> checks --> all passed: join
                                               \\-> one failed: one FAILURE line, a health_check event, exit 7;
                                                    after a round: abort the fast path and leave the rendezvous,
@@ -17,16 +18,18 @@ from typing import Callable, Collection, Mapping
 
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.ending import finish
+from mbr_launch.agent.gpugate import GpuGate, NvmlOpener
 from mbr_launch.agent.messages import Departure
 from mbr_launch.cluster import fastround
 from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
-from mbr_launch.health import gpumem, leftovers, suite
+from mbr_launch.health import leftovers, suite
 from mbr_launch.health.checks import NODE_HEALTH, CheckResult
+from mbr_launch.health.nvml import Nvml
 from mbr_launch.report import exitcodes
 from mbr_launch.workers import strays
 
-GpuOpener = Callable[[list[str]], "gpumem.NvmlReader | str"]
+GPU_MEMORY = "gpu_memory"
 
 
 def wanted(cfg: LaunchConfig) -> bool:
@@ -37,25 +40,30 @@ def wanted(cfg: LaunchConfig) -> bool:
 
 class HealthGate:
     def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str], *, own_pids: Callable[[], Collection[int]],
-                 read: suite.Readers = suite.Readers(), gpu: GpuOpener = gpumem.NvmlReader.open,
+                 read: suite.Readers = suite.Readers(), gpu: NvmlOpener = Nvml.open,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self._spec, self._cfg, self._environ = cfg.nvrx, cfg, environ
         self._own_pids = own_pids  # what the agent started and holds (standbys, the rank monitor): not leftovers
-        self._read, self._gpu, self._clock = read, gpu, clock
+        self._read, self._clock = read, clock
         self._baseline = suite.nic_baseline(self._spec, read)  # at the agent's start, as NVRx takes it
         self._noted: set[str] = set()  # skips already said once
+        self._gpu = GpuGate(cfg, environ, open_nvml=gpu, clock=clock) if self._spec.gpu_memory_reclaim_timeout > 0 \
+            else None
 
     def before_join(self, ctx: Context, previous: Round | None) -> int | None:
         """None: join. Otherwise the exit code, this node having stayed out (or a signal came meanwhile:
         the join that follows sees it)."""
         index = ctx.round.index + 1 if ctx.round else 0
+        if previous is None and self._gpu:
+            self._gpu.first_join(ctx)
         if previous is not None:
             if self._spec.check_remaining_processes:
                 self.report_leftovers(ctx, previous)
-            if self._spec.gpu_memory_reclaim_timeout > 0:
-                self.wait_gpu_memory(ctx, index)
+            short = self._gpu.after_stop(ctx, index) if self._gpu else None
             if ctx.wakeup.pending_signal() is not None:
                 return None
+            if short is not None:
+                return self._stay_out(ctx, previous, CheckResult(GPU_MEMORY, ok=False, detail=short))
         if not suite.configured(self._spec):
             return None
         began = self._clock()
@@ -109,34 +117,3 @@ class HealthGate:
         ctx.log.emit("leftovers", round=previous.index, count=len(found),
                      processes=[f.to_event() for f in found[:leftovers.EVENT_MAX]])
         ctx.say(leftovers.line(found, previous.index))
-
-    def wait_gpu_memory(self, ctx: Context, index: int) -> None:
-        spec = self._spec
-        chosen = gpumem.devices(self._environ, self._cfg.workers.nproc_per_node)
-        reader = self._gpu(chosen) if chosen else "no GPU is visible (CUDA_VISIBLE_DEVICES)"
-        if isinstance(reader, str):
-            if "gpu_memory" not in self._noted:
-                self._noted.add("gpu_memory")
-                ctx.log.emit("gpu_memory", round=index, reclaimed=None, seconds=0.0, polls=0, used_mb={},
-                             tolerance_mb=spec.gpu_memory_tolerance_mb, timeout=spec.gpu_memory_reclaim_timeout,
-                             skipped=reader)
-                ctx.say(f"GPU memory reclaim wait skipped: {reader}")
-            return
-        try:
-            got = gpumem.wait_reclaimed(reader, timeout=spec.gpu_memory_reclaim_timeout,
-                                        tolerance_mb=spec.gpu_memory_tolerance_mb,
-                                        poll_interval=spec.gpu_memory_poll_interval, clock=self._clock,
-                                        sleep=ctx.wakeup.sleep)
-        finally:
-            reader.close()
-        ctx.log.emit("gpu_memory", round=index, reclaimed=got.reclaimed, seconds=round(got.seconds, 3), polls=got.polls,
-                     used_mb={s.device: s.used_mb for s in got.last}, tolerance_mb=spec.gpu_memory_tolerance_mb,
-                     timeout=spec.gpu_memory_reclaim_timeout, skipped=None)
-        if got.interrupted:
-            return
-        if not got.reclaimed:
-            ctx.say(f"WARNING: GPU memory not back within {spec.gpu_memory_reclaim_timeout:g} s "
-                    f"({gpumem.describe(got.over(spec.gpu_memory_tolerance_mb))}; tolerance "
-                    f"{spec.gpu_memory_tolerance_mb:g} MB): starting the next round anyway")
-        elif got.polls > 1:
-            ctx.say(f"GPU memory back after {got.seconds:.1f} s ({gpumem.describe(got.last)})")

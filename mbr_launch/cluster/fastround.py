@@ -31,9 +31,11 @@ import secrets
 import string
 import time
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Callable, Protocol, Union
 
 from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.storeguard import wait_timed_out
 
 ARRIVED_KEY = "next/arrived"
 DECIDED_KEY = "next/decided"
@@ -48,12 +50,15 @@ class FastStore(Protocol):
     def add(self, key: str, value: int) -> int: ...
     def compare_set(self, key: str, expected: str, desired: str) -> bytes: ...
     def check(self, keys: list[str]) -> bool: ...
+    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
     def get(self, key: str) -> bytes: ...
 
 
-# The pauses between an agent's looks at the decision key: short at first (the last agent usually arrives
-# within milliseconds), then at most POLL_MAX apart, so a wait of T seconds costs about T / POLL_MAX reads.
-POLL_FIRST, POLL_MAX = 0.002, 0.05
+# The longest single wait in the store for the decision: the connection is torch's keep-alive's too, which
+# gets its turn between two slices; a wait of T seconds costs about T / WAIT_SLICE operations (it returns
+# the moment the decision is written), not the 20 reads a second of polling (#41: ~45 N operations per
+# restart at N agents).
+WAIT_SLICE = 0.5
 
 
 @dataclass(frozen=True)
@@ -143,14 +148,14 @@ def _read(raw: bytes, *, token: str, nodes: int, scope: str) -> Outcome:
 
 def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
           master_port: int = 0, restarts: int = 0, clock: Callable[[], float] = time.monotonic,
-          sleep: Callable[[float], None] = time.sleep, scope: str = "") -> Outcome:
+          scope: str = "") -> Outcome:
     """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
     the master port it picked and the job's restart count; the others' are ignored.
 
-    The others then look for the decision with short, non-blocking reads on the same connection, not with a
-    blocking ``wait``: torch's client serialises its operations, so a wait would hold up the rendezvous
-    keep-alive that shares it, and a connection of its own, opened by every agent at the same moment, met
-    torch's connect back-off on a loaded store host (seconds; seen: 5 and 15 s with 32 agents on 2 cores)."""
+    The others then wait for the decision in the store, on the same connection, in slices of ``WAIT_SLICE``:
+    torch's client serialises its operations, so one long wait would hold up the rendezvous keep-alive that
+    shares it, and a connection of its own, opened by every agent at the same moment, met torch's connect
+    back-off on a loaded store host (seconds; seen: 5 and 15 s with 32 agents on 2 cores)."""
     contribution = pack(1, master_port, restarts) if group_rank == 0 else 1
     arrived = int(control.add(ARRIVED_KEY, contribution))
     count = unpack(arrived)[0]
@@ -159,12 +164,19 @@ def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeou
     if count > nodes:
         return abort(control, f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes,
                      scope=scope)
-    deadline, pause = clock() + timeout, POLL_FIRST
-    while not control.check([DECIDED_KEY]):
+    deadline, timed_out = clock() + timeout, wait_timed_out()
+    while True:
         left = deadline - clock()
-        if left <= 0:  # the decision may still be taken meanwhile: abort() returns whichever stands
+        if left <= 0:
+            if control.check([DECIDED_KEY]):
+                break
+            # the decision may still be taken meanwhile: abort() returns whichever stands
             return abort(control, f"not all {nodes} agents arrived within {timeout:g} s", token=token, nodes=nodes,
                          scope=scope)
-        sleep(min(pause, left))
-        pause = min(pause * 2, POLL_MAX)
+        try:
+            control.wait([DECIDED_KEY], timedelta(seconds=min(WAIT_SLICE, left)))
+            break
+        except timed_out:
+            continue
     return _read(control.get(DECIDED_KEY), token=token, nodes=nodes, scope=scope)
+

@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.storeguard import wait_timed_out
 
 
 @dataclass(frozen=True)
@@ -87,16 +88,15 @@ def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[di
     rnd.control.set(key, storevalue.seal(_full(rnd, key), json.dumps(evidence)))
 
 
-def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, gone: frozenset[int] = frozenset(),
+def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
                      clock: Callable[[], float] = time.monotonic) -> dict[int, list[dict[str, Any]]]:
     """Every node's evidence that arrived before ``deadline``; a node that sent none is missing from the result
     (its silence is evidence too: the verdict says so).
 
     One blocking wait for every node's key (the store answers when the last one is set), then one read of them
     all: two store operations whatever the job's size, where polling each missing key cost the store's host
-    O(nodes) operations every poll. Only when the bound passes first is each key checked once. The nodes that
-    left the round (``gone``) are not waited for."""
-    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
+    O(nodes) operations every poll. Only when the bound passes first is each key checked once."""
+    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes)}
     if _wait_keys(rnd, list(keys.values()), deadline, clock):
         present = list(keys)
     else:
@@ -143,7 +143,7 @@ def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[],
     """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A slice
     that times out raises torch's DistStoreError, which is no lost store; any other error is (the caller's
     guard turns it into StoreUnreachable)."""
-    timeout_error = _store_timeout()
+    timeout_error = wait_timed_out()
     while True:
         left = deadline - clock()
         if left <= 0:
@@ -154,12 +154,6 @@ def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[],
         except timeout_error:
             continue
 
-
-def _store_timeout() -> type[BaseException]:
-    """The error of a store wait that timed out (imported late: this module loads before torch)."""
-    from torch.distributed import DistStoreError
-
-    return DistStoreError
 
 
 def _read(rnd: Round, keys: list[str]) -> list[bytes]:

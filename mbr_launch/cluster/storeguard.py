@@ -19,6 +19,14 @@ import time
 from typing import Callable, Iterator
 
 
+def wait_timed_out() -> type[BaseException]:
+    """The error of a store ``wait`` that timed out, which is no lost store (imported late: the modules that
+    use it load before torch)."""
+    from torch.distributed import DistStoreError
+
+    return DistStoreError
+
+
 class StoreUnreachable(Exception):
     """A store call failed because the store is gone (its host's agent died, its link broke): what the call
     was for and torch's error. The supervisor ends the run with exit 3 and one line, never "internal error"."""

@@ -67,17 +67,20 @@ NVRX_SETTINGS: tuple[Setting, ...] = (
           "MIN must be a multiple of it. Default: any MIN nodes.",
           field="segment", parse=positive("--ft-segment", int), metavar="N", panel=HEALTH),
     _nvrx("gpu_memory_reclaim_timeout", float, 0.0,
-          "Before restarting workers, wait up to this many seconds for the GPUs' used memory to fall below "
-          "--ft-gpu-memory-tolerance-mb (0 or none: do not wait). Default 0, or 50 when the workers import NVRx "
-          "0.6+ (ft_launcher 0.6+'s default).",
+          "Before restarting workers, wait up to this many seconds for the memory the stopped workers still hold "
+          "on their GPUs (NVML's per-process view; where it has none, for used memory below "
+          "--ft-gpu-memory-tolerance-mb); other processes' memory is named, not waited for (0 or none: do not "
+          "wait). Default 0, or 50 when the workers import NVRx 0.6+ (ft_launcher 0.6+'s default).",
           twin="--ft-", field="gpu_memory_reclaim_timeout", parse=optional_number("--ft-gpu-memory-reclaim-timeout"),
           metavar="SECONDS", panel=HEALTH, nvrx_defaults=(("0.6", 50.0),)),
     _nvrx("gpu_memory_tolerance_mb", float, 512.0,
-          "GPU memory (MiB) still in use that counts as reclaimed ('none' keeps the default).",
+          "GPU memory (MiB) still in use that counts as reclaimed on a GPU without NVML's per-process view "
+          "('none' keeps the default).",
           twin="--ft-", field="gpu_memory_tolerance_mb", parse=optional_number("--ft-gpu-memory-tolerance-mb"),
           metavar="MIB", panel=HEALTH),
     _nvrx("gpu_memory_poll_interval", float, 2.0,
-          "Seconds between two looks at GPU memory while waiting for it ('none' keeps the default).",
+          "At most this many seconds between two looks at GPU memory while waiting for it; the first come "
+          "sooner ('none' keeps the default).",
           twin="--ft-", field="gpu_memory_poll_interval",
           parse=optional_number("--ft-gpu-memory-poll-interval", positive=True), metavar="SECONDS", panel=HEALTH),
     _nvrx("check_remaining_processes", bool, False,

@@ -111,9 +111,10 @@ SETTINGS: tuple[Setting, ...] = (
             choices=("off", "interpreter", "torch", "cuda"),
             help="Warm standby workers: one process per local rank that starts ahead of time and becomes the "
                  "rank at the next (re)start. interpreter: Python only (exactly a fresh process); torch: also "
-                 "`import torch`, no CUDA (env vars a script sets before its own `import torch` come too late, "
-                 "except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: also a CUDA "
-                 "context on device LOCAL_RANK; off: fresh processes only."),
+                 "`import torch`, no CUDA, forked in milliseconds from a copy of the launcher that imported it "
+                 "where the worker's environment allows (env vars a script sets before its own `import torch` "
+                 "come too late, except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: "
+                 "also a CUDA context on device LOCAL_RANK; off: fresh processes only."),
     Setting(name="standby_preload", flags=("--standby-preload",), kind=str, default=None, panel=FAULT,
             parse=module_list("--standby-preload"), metavar="MODULES",
             help="Modules each standby also imports ahead of time (comma-separated; none: nothing beyond the "

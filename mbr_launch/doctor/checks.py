@@ -59,7 +59,7 @@ def run_checks(ctx: DoctorContext, *, only_cheap: bool = True, skip: Iterable[st
                                        "report this to the mbr-launch maintainers; --skip-check " + c.id))
             continue
         if isinstance(out, Finding):
-            results.append(CheckResult(c.id, out.severity, c.title, out.saw, out.fix))
+            results.append(CheckResult(c.id, out.severity, c.title, out.saw, out.fix, named=c.named))
         elif isinstance(out, CheckResult):
             results.append(out)
         else:

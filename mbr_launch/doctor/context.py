@@ -11,7 +11,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -21,6 +21,8 @@ from mbr_launch.config.host import workers_nvrx
 from mbr_launch.config.nvrx import NvrxFound
 from mbr_launch.doctor import probes, processes
 from mbr_launch.doctor.probes import Limit, NvmlView, Versions
+from mbr_launch.health.gpuowners import Job, Reading
+from mbr_launch.health.nvml import GpuMemory
 
 if TYPE_CHECKING:  # imported where used: a launch without a Megatron-Bridge config never needs them
     from mbr_launch.doctor.mbridge import BridgeConfig, BridgeConfigError, InProcessRestart
@@ -61,6 +63,8 @@ class DoctorContext:
     versions: Callable[[], Versions] = probes.versions
     torch_patches: Callable[[], list[Patch]] = probes.torch_patches
     nvml: Callable[[], NvmlView] = probes.nvml
+    gpu_memory: Callable[[Sequence[str]], "list[GpuMemory] | str"] = probes.gpu_memory  # NVML's answers
+    gpu_owners: Callable[[Sequence[GpuMemory], Job], Reading] = probes.gpu_owners  # /proc's: whose they are
     ulimits: Callable[[], Mapping[str, Limit]] = probes.ulimits
     shm_bytes: Callable[[], int | None] = probes.shm_bytes
     disk_free: Callable[[str], int] = probes.disk_free
@@ -72,6 +76,7 @@ class DoctorContext:
     rdma_devices: Callable[[], list[str]] = probes.rdma_devices
     other_launchers: Callable[[], list[processes.LauncherProcess]] = processes.other_launchers
     uid: int = field(default_factory=os.getuid)  # whose launchers count (launcher.per_node)
+    run_id: str | None = None  # the launch's rendezvous id: its workers' processes are the job's (gpu.strangers)
     script_head: Callable[[str], str | None] = probes.script_head
     find_nvrx: Callable[[Mapping[str, str]], NvrxFound] = workers_nvrx  # the NVRx a worker started with env imports
 

@@ -1,15 +1,19 @@
-"""GPUs through NVML: how many the job may use vs --nproc-per-node, memory health, recovery actions.
+"""GPUs through NVML: how many the job may use vs --nproc-per-node, memory health, recovery actions, and
+processes of others on the job's GPUs (named at launch too).
 
 NVML sees every GPU on the host regardless of CUDA_VISIBLE_DEVICES, so the count honours that variable.
 """
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.probes import NvmlView
 from mbr_launch.doctor.registry import Finding, check, error, ok, skip, warn
+from mbr_launch.health import gpumem
+from mbr_launch.health.gpuowners import Job, Owner, strangers_line
 
 
 def _no_gpu(view: NvmlView) -> Finding:
@@ -94,3 +98,37 @@ def recovery(ctx: DoctorContext) -> Finding:
         return skip(f"driver {view.driver or '?'} does not report recovery actions")
     return ok(f"{len(known)} GPU(s): no recovery action pending")
 
+
+@check("gpu.strangers", "Processes of others on the job's GPUs", named=True)
+def strangers(ctx: DoctorContext) -> Finding:
+    """Another job's process (a worker an earlier run left behind, still spinning) takes memory and compute
+    from this one, and ft_launcher's reclaim wait waits for it in vain: name it (pid, user, command, memory)
+    before the launch. The workers' GPUs: the first --nproc-per-node of CUDA_VISIBLE_DEVICES."""
+    nproc = ctx.nproc_per_node.strip().lower()
+    if nproc == "cpu":
+        return ok("--nproc-per-node cpu: workers do not use GPUs")
+    if nproc.isdigit():
+        count = int(nproc)
+    else:
+        view = ctx.nvml()
+        if not view.available or not view.gpus:
+            return _no_gpu(view)
+        count = len(view.gpus)
+    devices = gpumem.devices(ctx.env, count)
+    if not devices:
+        return skip("no GPU is visible (CUDA_VISIBLE_DEVICES)")
+    memories = ctx.gpu_memory(devices)
+    if isinstance(memories, str):
+        return skip(f"no GPU ({memories})")
+    # Before the first round every process on the GPUs was there before it: one not seen is a stranger's.
+    present = frozenset(p.pid for m in memories for p in m.processes or ())
+    reading = ctx.gpu_owners(memories, Job(me=os.getpid(), run_id=ctx.run_id, present_before=present))
+    others = reading.of(Owner.STRANGER)
+    listed = [m.device for m in memories if m.processes is not None]
+    if others:
+        return warn(strangers_line(others),
+                    "they share these GPUs' memory and compute with the job: stop them (`kill PID`) if an earlier "
+                    "run left them behind, or give the job other GPUs (CUDA_VISIBLE_DEVICES)")
+    if not listed:
+        return skip("NVML lists no processes on these GPUs here")
+    return ok(f"no process of others on GPU {', '.join(listed)}")

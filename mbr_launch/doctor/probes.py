@@ -13,13 +13,18 @@ import resource
 import shutil
 import socket
 import time
-import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Sequence
 
 from mbr_launch.cluster import torch_internals
 from mbr_launch.cluster.torch_internals import Patch
+# GpuInfo and NvmlView are named here too by the doctor's checks and their tests.
+from mbr_launch.health.nvml import GpuInfo, GpuMemory, Nvml, NvmlView, view as nvml_view  # noqa: F401
+from mbr_launch.health import gpuowners
+from mbr_launch.health.gpuowners import Job, Reading
 from mbr_launch.report.version import installed
+from mbr_launch.workers import strays
 
 
 @dataclass(frozen=True)
@@ -29,26 +34,6 @@ class Versions:
     nvrx: str | None
     cuda: str | None
     torch_error: str = ""  # why torch could not be imported, when it could not
-
-
-@dataclass(frozen=True)
-class GpuInfo:
-    index: int
-    name: str
-    uuid: str = ""
-    ecc_uncorrected: int | None = None  # volatile (since driver load) uncorrectable ECC errors
-    retired_pending: bool | None = None  # page retirement waiting for a GPU reset
-    remap_pending: bool | None = None  # row remapping waiting for a GPU reset
-    remap_failure: bool | None = None  # row remapping failed: the GPU needs replacing
-    recovery_action: str | None = None  # NVML's recommended recovery action; "none" when healthy
-
-
-@dataclass(frozen=True)
-class NvmlView:
-    available: bool
-    reason: str = ""  # why NVML is unavailable
-    driver: str = ""
-    gpus: tuple[GpuInfo, ...] = field(default_factory=tuple)
 
 
 @dataclass(frozen=True)
@@ -86,69 +71,23 @@ def _nccl_int(code: int) -> str:
     return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
 
 
-# NVML's nvmlGpuRecoveryAction_t values, named as the fix text should say them.
-_RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
-
-
 def nvml() -> NvmlView:
-    try:
-        with warnings.catch_warnings():
-            # NVRx pulls in the deprecated "pynvml" shim, which warns on import; the API is nvidia-ml-py's.
-            warnings.simplefilter("ignore", FutureWarning)
-            import pynvml  # noqa: PLC0415 - optional
-    except ImportError:
-        return NvmlView(available=False, reason="nvidia-ml-py is not installed")
-    try:
-        pynvml.nvmlInit()
-    except Exception as exc:
-        return NvmlView(available=False, reason=f"NVML init failed ({exc}); no NVIDIA driver on this machine")
-    try:
-        driver = _s(pynvml.nvmlSystemGetDriverVersion())
-        gpus = tuple(_gpu(pynvml, i) for i in range(pynvml.nvmlDeviceGetCount()))
-        return NvmlView(available=True, driver=driver, gpus=gpus)
-    except Exception as exc:
-        return NvmlView(available=False, reason=f"NVML query failed: {exc}")
-    finally:
-        try:
-            pynvml.nvmlShutdown()
-        except Exception:
-            pass
+    """Every GPU of this host with its health (``health.nvml``, where all NVML reading is)."""
+    return nvml_view()
 
 
-def _gpu(nv, index: int) -> GpuInfo:  # type: ignore[no-untyped-def] - pynvml is untyped
-    h = nv.nvmlDeviceGetHandleByIndex(index)
-
-    def opt(fn, *args):  # type: ignore[no-untyped-def]
-        # Each query is optional: consumer GPUs lack ECC, older drivers lack row remapping.
-        try:
-            return fn(h, *args)
-        except Exception:
-            return None
-
-    ecc = opt(nv.nvmlDeviceGetTotalEccErrors, nv.NVML_MEMORY_ERROR_TYPE_UNCORRECTED, nv.NVML_VOLATILE_ECC)
-    retired = opt(nv.nvmlDeviceGetRetiredPagesPendingStatus)
-    remap = opt(nv.nvmlDeviceGetRemappedRows)  # (corr, unc, isPending, failureOccurred)
-    recovery = None
-    field_id = getattr(nv, "NVML_FI_DEV_GET_GPU_RECOVERY_ACTION", None)
-    if field_id is not None:
-        values = opt(nv.nvmlDeviceGetFieldValues, [field_id])
-        if values and values[0].nvmlReturn == 0:
-            code = int(values[0].value.uiVal)
-            recovery = _RECOVERY_NAMES.get(code, f"action {code}")
-    return GpuInfo(
-        index=index,
-        name=_s(nv.nvmlDeviceGetName(h)),
-        uuid=_s(opt(nv.nvmlDeviceGetUUID) or ""),
-        ecc_uncorrected=None if ecc is None else int(ecc),
-        retired_pending=None if retired is None else bool(retired),
-        remap_pending=None if remap is None else bool(remap[2]),
-        remap_failure=None if remap is None else bool(remap[3]),
-        recovery_action=recovery,
-    )
+def gpu_owners(memories: Sequence[GpuMemory], job: Job) -> Reading:
+    """Whose each process on the GPUs is, from this machine's /proc (``health.gpuowners``)."""
+    return gpuowners.classify(memories, job, strays.process_table(), gpuowners.seen)
 
 
-def _s(v: object) -> str:
-    return v.decode() if isinstance(v, bytes) else str(v)
+def gpu_memory(devices: Sequence[str]) -> list[GpuMemory] | str:
+    """The memory of ``devices`` and the processes that hold it, or why NVML cannot say."""
+    session = Nvml.open()
+    if isinstance(session, str):
+        return session
+    with session:
+        return [session.memory(d) for d in devices]
 
 
 def ulimits() -> dict[str, Limit]:

@@ -26,7 +26,7 @@ _LAUNCHER_MARKERS = (
 
 
 # Thread names of a launcher's helper processes (a waiting standby, the rank monitor): not launchers.
-_HELPER_NAMES = ("mbr-standby", "mbr-monitor")
+_HELPER_NAMES = ("mbr-standby", "mbr-monitor", "mbr-forkserver")
 
 
 def launcher_of(cmdline: Sequence[str]) -> str | None:
@@ -103,8 +103,9 @@ def other_launchers() -> list[LauncherProcess]:
             continue
         cmd = _split_cmdline(raw)
         # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
-        # standby shows as "mbr-launch standby ..." (shim.proctitle), a launcher's rank monitor, forked from
-        # it, by its thread name (monitor.forked) even where its title could not be written.
+        # standby shows as "mbr-launch standby ..." (shim.proctitle), a launcher's rank monitor and fork server,
+        # forked from it, by their thread names (monitor.forked, workers.forkserver) even where their titles
+        # could not be written.
         if (launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]
                 or (_read_proc(pid, "comm") or b"").strip().decode(errors="replace") in _HELPER_NAMES
                 or _descends(pid, me, seen)):

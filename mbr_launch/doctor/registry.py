@@ -28,6 +28,7 @@ class CheckResult:
     title: str
     saw: str
     fix: str = ""
+    named: bool = False  # a warning the launcher's preflight prints in full rather than only counting it
 
 
 @dataclass(frozen=True)
@@ -48,16 +49,17 @@ class Check:
     title: str
     cheap: bool
     fn: CheckFn
+    named: bool = False  # its warnings are printed in full at launch (something a person must see there)
 
 
 REGISTRY: dict[str, Check] = {}
 
 
-def check(id: str, title: str, *, cheap: bool = True) -> Callable[[CheckFn], CheckFn]:
+def check(id: str, title: str, *, cheap: bool = True, named: bool = False) -> Callable[[CheckFn], CheckFn]:
     def register(fn: CheckFn) -> CheckFn:
         if id in REGISTRY:
             raise RuntimeError(f"check id {id!r} registered twice")
-        REGISTRY[id] = Check(id=id, title=title, cheap=cheap, fn=fn)
+        REGISTRY[id] = Check(id=id, title=title, cheap=cheap, fn=fn, named=named)
         return fn
 
     return register

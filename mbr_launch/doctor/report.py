@@ -117,12 +117,15 @@ def render_table(results: Sequence[CheckResult], console: Console, *, verbose: b
 
 
 def preflight_line(results: Sequence[CheckResult]) -> str | None:
-    """The launcher's one line for warnings, or None when there are none."""
-    warned = [r for r in results if r.severity == "warn"]
-    if not warned:
-        return None
-    return (f"preflight: {len(warned)} warning{'s' if len(warned) > 1 else ''}; "
-            "run `mbr-launch doctor` for details")
+    """The launcher's lines for warnings, or None when there are none: one for each warning of a check that
+    asks to be named at launch (``check(..., named=True)``), then one that counts the rest."""
+    warned = [r for r in results if r.severity == "warn" and not r.named]
+    named = [f"WARNING: {r.id}: {r.saw}" + (f" (fix: {r.fix})" if r.fix else "")
+             for r in results if r.severity == "warn" and r.named]
+    if warned:
+        named.append(f"preflight: {len(warned)} {'other ' if named else ''}warning{'s' if len(warned) > 1 else ''}; "
+                     "run `mbr-launch doctor` for details")
+    return "\n".join(named) or None
 
 
 def render_problems(results: Sequence[CheckResult], console: Console | None = None, *, quiet: bool = False) -> None:

@@ -9,7 +9,9 @@ the next join it looks for processes the stop left alive and waits for its GPUs'
 - ``probe``: the child process that touches storage paths (a hung NFS mount blocks it, not the launcher);
 - ``readers``: the file system and process reads behind the checks;
 - ``nodehealth``: the node-health daemon's gRPC call over its unix socket (nvhcd's protocol);
-- ``gpumem``: the GPU memory reclaim wait (pure, with an NVML reader);
+- ``gpumem``: the GPU memory reclaim wait: for the memory of the job's ended processes only (pure);
+- ``gpuowners``: whose each process on the GPUs is (the job's, ended or running, or a stranger's);
+- ``nvml``: NVML, read in this one module (the doctor's GPU checks use it too);
 - ``leftovers``: processes of a stopped round still alive.
 
 Workers' NUMA binding (``NVRX_GPUS_PER_NUMA``) lives with the workers: ``workers.numa``.

@@ -1,28 +1,31 @@
-"""Between a round's stop and the next start: wait until this node's GPUs have their memory back.
+"""Between a round's stop and the next start: wait until this node's GPUs have this job's memory back.
 
 ft_launcher 0.6/0.7 (``--ft-gpu-memory-reclaim-timeout``, ``-tolerance-mb``, ``-poll-interval``; NVRx's
-defaults 50 s, 512 MB, 2 s) polls NVML after stopping the workers, until the memory used on each GPU is at
-most the tolerance or the timeout passes; then it warns and goes on (best effort). A GPU that cannot be read
-does not hold the wait. Here the same, with two differences: the GPUs are those the workers see (the first
-``--nproc-per-node`` of ``CUDA_VISIBLE_DEVICES``, by index or UUID; indices 0..N-1 when it is unset, as NVRx),
-and a signal ends the wait at once.
+defaults 50 s, 512 MB, 2 s) polls NVML after stopping the workers until the memory used on each GPU is at
+most the tolerance, or the timeout passes; then it warns and goes on. A process that is not the job's (a
+worker an earlier run left behind) keeps that total up, and the wait lasts its whole timeout every round.
 
-``wait_reclaimed`` is pure: the NVML reader, the clock and the sleep come in.
+Here the wait is for what the job itself must get back: the memory NVML still counts to the stopped round's
+processes (``health.gpuowners``: this job's, ended). It ends the moment none is listed on any of the
+workers' GPUs; memory of running processes, the job's (a standby) or a stranger's, does not hold it. A GPU
+without NVML's per-process view falls back to ft_launcher's rule (used memory at most the tolerance), and one
+that cannot be read does not hold the wait. The polls come at most ``poll_interval`` apart, the first ones
+sooner (50 ms, doubling): a killed process's memory usually comes back within a fraction of a second.
+The GPUs are those the workers see (the first ``--nproc-per-node`` of ``CUDA_VISIBLE_DEVICES``, by index or
+UUID; indices 0..N-1 when it is unset, as NVRx), and a signal ends the wait at once.
+
+``wait_reclaimed`` is pure: the reading (NVML's answers, classified), the clock and the sleep come in.
 """
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
-MB = 1024 * 1024
+from mbr_launch.health.gpuowners import Holder, Owner, Reading
+from mbr_launch.health.nvml import GpuMemory
 
-
-@dataclass(frozen=True)
-class Sample:
-    device: str  # an index or a UUID, as CUDA_VISIBLE_DEVICES names it
-    used_mb: float | None  # None: this GPU could not be read (it does not hold the wait)
+FIRST_POLL = 0.05  # seconds before the second poll; each pause doubles up to the poll interval
 
 
 @dataclass(frozen=True)
@@ -30,30 +33,51 @@ class Reclaim:
     reclaimed: bool
     seconds: float
     polls: int
-    last: tuple[Sample, ...]  # the last poll's samples
+    last: Reading  # the last poll's
+    tolerance_mb: float
     interrupted: bool = False  # a signal ended the wait
 
-    def over(self, tolerance_mb: float) -> list[Sample]:
-        return [s for s in self.last if s.used_mb is not None and s.used_mb > tolerance_mb]
+    def holding(self) -> list[Holder]:
+        """What the wait waited for at its last poll: the job's ended processes still holding memory."""
+        return self.last.of(Owner.ENDED)
+
+    def over(self) -> list[GpuMemory]:
+        """GPUs without a per-process view whose used memory is above the tolerance at the last poll."""
+        return [m for m in self.last.memories if not _settled(m, self.last, self.tolerance_mb)
+                and m.processes is None]
 
 
-def wait_reclaimed(read: Callable[[], Sequence[Sample]], *, timeout: float, tolerance_mb: float,
-                   poll_interval: float, clock: Callable[[], float], sleep: Callable[[float], bool]) -> Reclaim:
-    """Poll ``read`` until every readable GPU uses at most ``tolerance_mb``, or ``timeout`` seconds passed
-    (the last poll falls on the deadline). ``sleep`` returns False when a signal cut it short."""
+def _settled(memory: GpuMemory, reading: Reading, tolerance_mb: float) -> bool:
+    if memory.used_mb is None:
+        return True  # cannot be read: does not hold the wait (NVRx's rule)
+    if memory.processes is None:
+        return memory.used_mb <= tolerance_mb
+    return not any(h.device == memory.device for h in reading.of(Owner.ENDED))
+
+
+def settled(reading: Reading, tolerance_mb: float) -> bool:
+    return all(_settled(m, reading, tolerance_mb) for m in reading.memories)
+
+
+def wait_reclaimed(read: Callable[[], Reading], *, timeout: float, tolerance_mb: float, poll_interval: float,
+                   clock: Callable[[], float], sleep: Callable[[float], bool]) -> Reclaim:
+    """Poll ``read`` until ``settled``, or ``timeout`` seconds passed (the last poll falls on the deadline).
+    ``sleep`` returns False when a signal cut it short."""
     start = clock()
     deadline = start + timeout
     polls = 0
+    pause = min(FIRST_POLL, poll_interval)
     while True:
-        samples = tuple(read())
+        reading = read()
         polls += 1
-        if all(s.used_mb is None or s.used_mb <= tolerance_mb for s in samples):
-            return Reclaim(True, clock() - start, polls, samples)
+        if settled(reading, tolerance_mb):
+            return Reclaim(True, clock() - start, polls, reading, tolerance_mb)
         left = deadline - clock()
         if left <= 0:
-            return Reclaim(False, clock() - start, polls, samples)
-        if not sleep(min(poll_interval, left)):
-            return Reclaim(False, clock() - start, polls, samples, interrupted=True)
+            return Reclaim(False, clock() - start, polls, reading, tolerance_mb)
+        if not sleep(min(pause, left)):
+            return Reclaim(False, clock() - start, polls, reading, tolerance_mb, interrupted=True)
+        pause = min(pause * 2, poll_interval)
 
 
 def devices(environ: Mapping[str, str], nproc_per_node: int) -> list[str]:
@@ -70,49 +94,35 @@ def devices(environ: Mapping[str, str], nproc_per_node: int) -> list[str]:
     return chosen[:nproc_per_node]
 
 
-def describe(samples: Sequence[Sample]) -> str:
-    return ", ".join(f"GPU {s.device} {'?' if s.used_mb is None else f'{s.used_mb:.0f} MB'}" for s in samples)
+def describe(memories: Sequence[GpuMemory]) -> str:
+    return ", ".join(f"GPU {m.device} {'?' if m.used_mb is None else f'{m.used_mb:.0f} MB'}" for m in memories)
 
 
-class NvmlReader:
-    """Used memory of the chosen GPUs through NVML (nvidia-ml-py), opened for one wait: ``open`` says why
-    there is no reader (no nvidia-ml-py, no driver)."""
+def held_by_job(reading: Reading, pids: Sequence[int]) -> dict[str, float]:
+    """MB that ``pids`` (the job's workers) hold on each GPU, where NVML says."""
+    wanted = set(pids)
+    held: dict[str, float] = {}
+    for memory in reading.memories:
+        for process in memory.processes or ():
+            if process.pid in wanted and process.used_mb is not None:
+                held[memory.device] = held.get(memory.device, 0.0) + process.used_mb
+    return held
 
-    def __init__(self, nvml: Any, devices: Sequence[str]) -> None:
-        self._nv = nvml
-        self._devices = list(devices)
 
-    @classmethod
-    def open(cls, devices: Sequence[str]) -> "NvmlReader | str":
-        try:
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore")  # the deprecated "pynvml" shim NVRx pulls in warns on import
-                import pynvml  # noqa: PLC0415 - optional: only where the wait is asked for
-        except ImportError:
-            return "nvidia-ml-py is not installed"
-        try:
-            pynvml.nvmlInit()
-        except Exception as err:  # NVMLError_LibraryNotFound, DriverNotLoaded, ...: no GPU driver here
-            return f"NVML is not available ({err})"
-        return cls(pynvml, devices)
-
-    def __call__(self) -> list[Sample]:
-        return [Sample(d, self._used(d)) for d in self._devices]
-
-    def _used(self, device: str) -> float | None:
-        nv = self._nv
-        try:
-            handle = nv.nvmlDeviceGetHandleByIndex(int(device)) if device.isdigit() \
-                else nv.nvmlDeviceGetHandleByUUID(device)
-            v2 = getattr(nv, "nvmlMemory_v2", None)  # v2: memory the driver reserves is not "used"
-            info = nv.nvmlDeviceGetMemoryInfo(handle, version=v2) if v2 is not None \
-                else nv.nvmlDeviceGetMemoryInfo(handle)
-            return float(info.used) / MB
-        except Exception:
-            return None
-
-    def close(self) -> None:
-        try:
-            self._nv.nvmlShutdown()
-        except Exception:
-            pass
+def short_of(reading: Reading, needed: Mapping[str, float]) -> list[tuple[GpuMemory, float, float]]:
+    """GPUs where strangers hold memory and what is free once the job's ended processes are gone is less than
+    the job's workers used there in the last round (``needed``; a GPU not in it: the most any GPU needed).
+    Each: (the GPU, free MB, needed MB)."""
+    if not needed:
+        return []
+    most = max(needed.values())
+    short = []
+    for memory in reading.memories:
+        on_it = [h for h in reading.holders if h.device == memory.device]
+        if memory.free_mb is None or not any(h.owner is Owner.STRANGER for h in on_it):
+            continue
+        free = memory.free_mb + sum(h.used_mb or 0.0 for h in on_it if h.owner is Owner.ENDED)
+        need = needed.get(memory.device, most)
+        if free < need:
+            short.append((memory, free, need))
+    return short

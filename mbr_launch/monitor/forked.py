@@ -24,6 +24,7 @@ import threading
 import time
 from typing import BinaryIO
 
+from mbr_launch.forking import close_from, fork_launcher
 from mbr_launch.monitor.wire import SERVER_MODULE
 
 COMM = b"mbr-monitor"  # the child's thread name (at most 15 bytes)
@@ -67,17 +68,14 @@ class Forked:
 
 def fork_monitor() -> Forked | None:
     """Fork the rank monitor; None where a fork is not safe here (more than one thread, or no ``os.fork``)."""
-    if not hasattr(os, "fork") or threading.active_count() != 1:
-        return None
     commands_r, commands_w = os.pipe()
     events_r, events_w = os.pipe()
-    for stream in (sys.stdout, sys.stderr):  # else what sits in their buffers is written by both processes
-        try:
-            stream.flush()
-        except (AttributeError, OSError, ValueError):
-            pass
     launcher = os.getpid()
-    pid = os.fork()
+    pid = fork_launcher()
+    if pid is None:
+        for fd in (commands_r, commands_w, events_r, events_w):
+            os.close(fd)
+        return None
     if pid == 0:
         _child(commands_r, events_w, launcher)  # never returns
     os.close(commands_r)
@@ -91,7 +89,7 @@ def _child(commands: int, events: int, launcher: int) -> None:
         os.setsid()  # as start_new_session: a Ctrl-C to the launcher's group does not reach the monitor
         os.dup2(commands, 0)
         os.dup2(events, 1)
-        _close_from(3)  # the launcher's ends of both pipes included: its death must read as EOF here
+        close_from(3)  # the launcher's ends of both pipes included: its death must read as EOF here
         from mbr_launch.shim.proctitle import retitle, set_name
 
         if retitle(f"{SERVER_MODULE}: rank monitor of mbr-launch {launcher}", name=COMM) is None:
@@ -110,17 +108,3 @@ def _child(commands: int, events: int, launcher: int) -> None:
             pass
     finally:
         os._exit(code)
-
-
-def _close_from(low: int) -> None:
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        os.closerange(low, 65536)
-        return
-    for fd in fds:
-        if fd >= low:
-            try:
-                os.close(fd)
-            except OSError:
-                pass  # the listing's own descriptor, closed already

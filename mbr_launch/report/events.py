@@ -14,7 +14,9 @@ rendezvous          round, group_world_size, world_size, rank_offset, master_add
                     join), fallback (after a job-wide restart: why the c10d join was used)
 worker_start        rank, local_rank, pid, round, standby, standby_age, standby_state (warm|warming|starting)
                     or standby_miss
-worker_exit         rank, local_rank, pid, round, exit_code, signal (name), seconds (lifetime)
+worker_exit         rank, local_rank, pid, round, exit_code, signal (name), seconds (lifetime), killed_by (who
+                    sent the signal: oom|launcher|unknown; null: an exit code, or a signal of its own fault),
+                    kill_detail (what was seen: the kernel's log line, the cgroup's OOM count, ...)
 hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartbeat|section|out_of_section|
                     step), section, timeout, elapsed, last_heartbeat_age, open_sections
 stacks              round, method (list), paths (stack dump files, one per local rank)
@@ -26,7 +28,7 @@ verdict             round, inquiry (its number in the round), culprits (global r
                     progress per process group, expired, watched, kind, section, last_heartbeat_age,
                     stacks_path)
 failure             round, rank, local_rank, cause (crash|hang|monitor|peer|request|straggler), exit_code,
-                    signal, section, detail
+                    signal, section, detail, killed_by, kill_detail (as in worker_exit)
 rank_lost           round, ranks, local_ranks, healthy_nodes, nodes, min_nodes, alive (--restart-policy
                     min-healthy: crashed ranks left lost, the rest goes on; the failure event says how they died)
 stop                round, reason, origin (node that asked)
@@ -41,12 +43,6 @@ monitor_warning     round, local_rank, pid (the peer, from the kernel), message:
                     monitor refused, or a client connection that broke (the first 200 of a run)
 signal              signal
 preemption          signal, forward, grace
-signal_reach        round, reach (job: every node of the round got a stop signal, the job stops; node: not every
-                    node, those it reached leave), signalled (nodes reached; null: the store did not answer), nodes
-node_left           round (null: outside a round), signal, next (go on|re-form|restart|stop: what the round does
-                    without this node), reason: this node leaves the job, stopped by a signal that did not reach
-                    every node (exit 6)
-peer_left           round, group_ranks: nodes of the round left it, stopped by a signal that did not reach every node
 requeue             job, ok
 first_step          round, rank, local_rank, seconds (from the worker's start to its first optimizer step)
 first_progress      round, rank, local_rank, kind (checkpoint|collectives|iteration), seconds (from the worker's
@@ -77,7 +73,10 @@ health_check        round (the round about to be joined), ok, failed (the check'
 leftovers           round (the stopped one), count, processes (list of {pid, ppid, pgid, why, cmdline}): what
                     survived a stop (--ft-check-remaining-processes); left running
 gpu_memory          round (the next), reclaimed (null: skipped), seconds, polls, used_mb ({GPU: MB} at the last
-                    poll), tolerance_mb, timeout, skipped (why no wait: no NVML, ...)
+                    poll), tolerance_mb, timeout, skipped (why no wait: no NVML, ...), held_by (the last poll's
+                    processes on the GPUs, up to 20: {gpu, pid, mb, owner: ended|job|stranger, user, command}),
+                    short (GPUs strangers leave with less free than the job used last round: {gpu, free_mb,
+                    needed_mb}; the node stays out)
 end                 exit_code, reason, seconds
 ==================  =========================================================================================
 """
@@ -105,13 +104,15 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "rendezvous": ("round", "group_world_size", "world_size", "rank_offset", "master_addr",
                    "master_port", "restart_count", "seconds", "fast"),
     "worker_start": ("rank", "local_rank", "pid", "round"),
-    "worker_exit": ("rank", "local_rank", "pid", "round", "exit_code", "signal", "seconds"),
+    "worker_exit": ("rank", "local_rank", "pid", "round", "exit_code", "signal", "seconds", "killed_by",
+                    "kill_detail"),
     "hang": ("rank", "local_rank", "pid", "round", "kind", "section", "timeout", "elapsed",
              "last_heartbeat_age", "open_sections"),
     "stacks": ("round", "method", "paths"),
     "verdict": ("round", "inquiry", "culprits", "nodes", "group_ranks", "basis", "reason", "waiting", "decider",
                 "seconds", "evidence"),
-    "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail"),
+    "failure": ("round", "rank", "local_rank", "cause", "exit_code", "signal", "section", "detail", "killed_by",
+                "kill_detail"),
     "rank_lost": ("round", "ranks", "local_ranks", "healthy_nodes", "nodes", "min_nodes", "alive"),
     "stop": ("round", "reason", "origin"),
     "restart": ("round", "restart_count", "max_restarts", "scope", "backoff"),
@@ -123,9 +124,6 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "monitor_warning": ("round", "local_rank", "pid", "message"),
     "signal": ("signal",),
     "preemption": ("signal", "forward", "grace"),
-    "signal_reach": ("round", "reach", "signalled", "nodes"),
-    "node_left": ("round", "signal", "next", "reason"),
-    "peer_left": ("round", "group_ranks"),
     "requeue": ("job", "ok"),
     "first_step": ("round", "rank", "local_rank", "seconds"),
     "first_progress": ("round", "rank", "local_rank", "kind", "seconds"),
@@ -137,7 +135,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "output_lost": ("rank", "local_rank", "stream", "path", "error", "lost_bytes", "lost_lines"),
     "health_check": ("round", "ok", "failed", "detail", "seconds", "checks"),
     "leftovers": ("round", "count", "processes"),
-    "gpu_memory": ("round", "reclaimed", "seconds", "polls", "used_mb", "tolerance_mb", "timeout", "skipped"),
+    "gpu_memory": ("round", "reclaimed", "seconds", "polls", "used_mb", "tolerance_mb", "timeout", "skipped",
+                   "held_by", "short"),
     "end": ("exit_code", "reason", "seconds"),
 }
 

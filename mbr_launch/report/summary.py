@@ -85,6 +85,8 @@ class FailureRecord:
         return {"round": self.round, "rank": self.rank, "local_rank": self.local_rank, "cause": self.cause.value,
                 "exit_code": self.status.code if self.status else None,
                 "signal": self.status.signal if self.status else None, "section": self.section,
+                "killed_by": self.status.killed_by if self.status else None,
+                "kill_detail": self.status.cause.text if self.status and self.status.cause else None,
                 "detail": self.detail, "pid": self.pid, "stacks": self.stacks}
 
 

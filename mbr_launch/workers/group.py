@@ -11,7 +11,7 @@ import subprocess
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
 
 from mbr_launch.cluster import workerstore
 from mbr_launch.cluster.round import Round
@@ -28,7 +28,7 @@ from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
 from mbr_launch.workers import pidmap
 from mbr_launch.workers.cyclelog import CycleLogs
 from mbr_launch.workers.output import OutputPump, rank_prefix
-from mbr_launch.workers import numa, strays
+from mbr_launch.workers import killcause, numa, strays
 from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
 
 
@@ -97,6 +97,9 @@ class WorkerGroup:
         self.watch_stop: Callable[[float], StopWatch] | None = None  # grace -> a watch for one stop (the agent's)
         self._store: Any = None  # this round's workers' store, when this agent serves it (group rank 0)
         self._agent_store = False  # whether the workers find their store served (TORCHELASTIC_USE_AGENT_STORE)
+        # Told the workers a stop is about to signal (``agent.gpugate`` notes what they hold on the GPUs then).
+        self.before_stop: Callable[[Sequence[Worker]], None] | None = None
+        self._kills = killcause.Ledger()  # who sent the signal a worker died of
 
     def start_standbys(self, pool: StandbyPool | None = None) -> None:
         """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
@@ -167,6 +170,7 @@ class WorkerGroup:
         worker = self.standby.take(spec) if self.standby else None
         if worker is None:
             worker = spawn(spec)
+        self._kills.started(worker.pid)
         worker.pumps = self._pumps(worker, rank_dir, cycle=(restart_count, rnd.world_size))
         if self.monitor:
             self.monitor.set_pid(local_rank=local_rank, pid=worker.pid)
@@ -258,6 +262,7 @@ class WorkerGroup:
                 worker.reap()
             if worker.status is not None and not worker.noticed:
                 worker.noticed = True
+                self._explain(worker)
                 self._log_exit(rnd, worker)
                 ended.append(worker)
         return ended
@@ -296,6 +301,11 @@ class WorkerGroup:
         if all(w.stopped for w in targets):  # none, or all: no signal, no /proc scan
             return
         ranks = None if local_ranks is None else {w.local_rank for w in targets}
+        if self.before_stop:
+            self.before_stop(targets)
+        for worker in targets:  # stop_all sends the first signal, then SIGKILL to every group still there
+            if worker.alive:
+                self._kills.sent(worker.pid, signal.Signals(first_signal).name, "SIGKILL")
         stop_all(targets, first_signal=first_signal, grace=grace,
                  on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"),
                  find_strays=lambda: self._strays(targets, ranks),
@@ -313,6 +323,7 @@ class WorkerGroup:
             worker.stopped = True
             if not worker.noticed:
                 worker.noticed = True
+                self._explain(worker)
                 if rnd is not None:
                     self._log_exit(rnd, worker)
                 else:
@@ -321,6 +332,8 @@ class WorkerGroup:
     def kill_now(self) -> None:
         """SIGKILL every worker's process group and their strays, without waiting: the agent exits next."""
         for worker in self.workers:
+            if worker.alive:
+                self._kills.sent(worker.pid, "SIGKILL")
             signal_group(worker, signal.SIGKILL)
         try:
             table, found = self._strays(self.workers, None)
@@ -368,9 +381,15 @@ class WorkerGroup:
                               path=str(handle.path), error=describe(handle.error), lost_bytes=handle.lost_bytes,
                               lost_lines=handle.lost_lines)
 
+    def _explain(self, worker: Worker) -> None:
+        """Who sent the signal the worker died of (``killcause``), into its status; once, at its exit."""
+        worker.status = self._kills.settle(worker.pid, worker.status, since=worker.started)
+
     def _log_exit(self, rnd: Round, worker: Worker) -> None:
         assert worker.status is not None
         drop_empty_stack_file(worker)
+        status = worker.status
         self.log.emit("worker_exit", rank=worker.rank, local_rank=worker.local_rank, pid=worker.pid,
-                      round=rnd.index, exit_code=worker.status.code, signal=worker.status.signal,
-                      seconds=round((worker.ended or time.monotonic()) - worker.started, 3))
+                      round=rnd.index, exit_code=status.code, signal=status.signal,
+                      seconds=round((worker.ended or time.monotonic()) - worker.started, 3),
+                      killed_by=status.killed_by, kill_detail=status.cause.text if status.cause else None)

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Callable, Iterable, Mapping, Sequence
 
 from mbr_launch.contract import (OPTIONAL_PRELOAD, STACK_FILE_ENV, STANDBY_CHANNEL_ENV, STANDBY_LEVELS,
                                  STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment, StandbyChannel)
-from mbr_launch.workers import flightrec
+from mbr_launch.workers import flightrec, forkserver
 from mbr_launch.workers.numa import worker_argv
 
 if TYPE_CHECKING:
@@ -159,10 +159,17 @@ def early_pool(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "StandbyPool 
     level = cfg.standby.level
     if level == "off" or not cfg.workers.use_boot:
         return None
+    server = _fork_server(cfg, environ) if level in ("torch", "cuda") else None
     pool = StandbyPool(level=level, prepare=lambda local_rank: first_assignment(cfg, environ, local_rank),
-                       preload=cfg.standby.preload, optional=cfg.standby.preload_default)
+                       preload=cfg.standby.preload, optional=cfg.standby.preload_default, server=server)
     pool.fill(range(cfg.workers.nproc_per_node), extras=roomy(cfg.workers.nproc_per_node))
     return pool
+
+
+def _fork_server(cfg: "LaunchConfig", environ: Mapping[str, str]) -> "forkserver.ForkServer | None":
+    """The fork server for this launch's standbys (``workers.forkserver``); None where a fork would not give a
+    worker what a fresh interpreter gives it (each standby then imports torch itself)."""
+    return forkserver.start_for(*first_assignment(cfg, environ, 0))
 
 
 @dataclass
@@ -176,6 +183,7 @@ class Standby:
     said: bytes = b""  # what it wrote on its status pipe so far
     low: bool = False  # the agent did lower its priority (a background standby; the write may fail)
     promoted: bool = False  # given the normal priority back before its assignment (``promote``)
+    forked: bool = False  # from the fork server: torch imported before it was born
 
 
 class StandbyPool:
@@ -183,7 +191,8 @@ class StandbyPool:
     parent-death signal belongs to the thread that spawned)."""
 
     def __init__(self, *, level: str, prepare: Callable[[int], "tuple[Sequence[str], dict[str, str]] | None"],
-                 cwd: str | None = None, preload: Sequence[str] = (), optional: bool = False) -> None:
+                 cwd: str | None = None, preload: Sequence[str] = (), optional: bool = False,
+                 server: "forkserver.ForkServer | None" = None) -> None:
         if level not in LEVELS[1:]:
             raise ValueError(f"standby level {level!r}: choose one of {', '.join(LEVELS[1:])}")
         self.level = level
@@ -194,6 +203,7 @@ class StandbyPool:
         self._ready: dict[int, Standby] = {}
         self.last_miss: str | None = None  # why the latest take() found no usable standby
         self.training_since: float | None = float("-inf")  # when this node's ranks began training (None: starting)
+        self.server = server  # forks standbys with torch imported already (None: each is a new interpreter)
 
     def fill(self, local_ranks: Iterable[int], *, delay: float = 0.0, background: bool = False,
              extras: bool = True) -> None:
@@ -213,7 +223,10 @@ class StandbyPool:
                background: bool = False, extras: bool = True) -> Standby:
         from mbr_launch.workers.process import WorkerSpec, spawn
 
-        background = background and autogroup_enabled()
+        forked = self.server is not None and not self.server.gone and forkserver.forkable(argv) and \
+            not forkserver.differences(self.server.environ, env)
+        # A forked standby has torch already: it is warm at once and has no preload to hold back or deprioritise.
+        background = background and autogroup_enabled() and not forked
         status_read, status_write = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(status_read, False)
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
@@ -226,12 +239,14 @@ class StandbyPool:
         wanted = extras or not self.optional
         preload = ",".join(OPTIONAL_PRELOAD * self.optional + m for m in self.preload) if wanted else ""
         spec = WorkerSpec(local_rank=local_rank, rank=-1, argv=list(argv),
-                          env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, delay, status_write,
-                                                                          background).encode(),
+                          env={**env, STANDBY_CHANNEL_ENV: StandbyChannel(read_end, self.level, 0.0 if forked else delay,
+                                                                          status_write, background or forked).encode(),
                                STANDBY_PRELOAD_ENV: preload},  # always: it hides the launch environment's
                           stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         try:
-            process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
+            process = self._fork(spec, (read_end, status_write)) if forked else None
+            if process is None:
+                process = spawn(spec, cwd=self.cwd, pass_fds=(read_end, status_write))
         finally:
             os.close(read_end)
             os.close(status_write)
@@ -239,7 +254,18 @@ class StandbyPool:
         # host-wide, and a standby left at the normal priority only preloads as it always did.
         low = background and _set_priority(process.pid, 19, patience=0.0)
         return Standby(process=process, channel=write_end, env=env, started=time.monotonic(), status=status_read,
-                       background=background, low=low)
+                       background=background, low=low, forked=isinstance(process.proc, forkserver.ServedProcess))
+
+    def _fork(self, spec: "WorkerSpec", pass_fds: Sequence[int]) -> "Worker | None":
+        from mbr_launch.workers.process import Worker
+
+        assert self.server is not None
+        try:
+            proc = self.server.spawn(spec.argv, spec.env, cwd=self.cwd, stdout=spec.stdout, stderr=spec.stderr,
+                                     pass_fds=pass_fds)
+        except forkserver.ForkServerGone:
+            return None
+        return Worker(spec=spec, proc=proc, pidfd=os.pidfd_open(proc.pid), started=time.monotonic())  # type: ignore[arg-type]
 
     def promote(self, now: float | None = None) -> None:
         """Give the normal priority back to replacements that are warm (an idle process costs nothing at any
@@ -269,7 +295,8 @@ class StandbyPool:
 
     @staticmethod
     def state(standby: Standby) -> str:
-        """How far the standby is when taken (recorded with the worker's start): "warm" (preloaded),
+        """How far the standby is when taken (recorded with the worker's start): "warm" (preloaded, or forked
+        with torch imported),
         "warming" (preloading at the lowest priority: it takes the normal one back when assigned, so what it
         has done is a head start), or "starting" (not preloading: it runs the script at once, as a fresh
         process would, minus the interpreter's start-up it has behind it). No state leaves a standby behind a
@@ -279,7 +306,9 @@ class StandbyPool:
                 standby.said += os.read(standby.status, 16)
             except OSError:  # nothing written yet
                 pass
-        return "warm" if STANDBY_WARM in standby.said else "warming" if standby.background else "starting"
+        if standby.forked or STANDBY_WARM in standby.said:
+            return "warm"
+        return "warming" if standby.background else "starting"
 
     def take(self, spec: "WorkerSpec") -> "Worker | None":
         """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when there is
@@ -354,10 +383,15 @@ class StandbyPool:
             standby.status = -1
 
     def pids(self) -> list[int]:
-        return [s.process.pid for s in self._ready.values()]
+        """The standbys' and the fork server's."""
+        server = [self.server.pid] if self.server is not None and not self.server.gone else []
+        return [s.process.pid for s in self._ready.values()] + server
 
     def close(self) -> None:
-        """Kill every standby not taken."""
+        """Kill every standby not taken, then end the fork server (the workers it forked die with it: call
+        once they have ended)."""
         standbys, self._ready = list(self._ready.values()), {}
         for standby in standbys:
             self._discard(standby)
+        if self.server is not None:
+            self.server.close()

@@ -1,0 +1,40 @@
+"""Forking the launcher itself, and a child's descriptors afterwards (the standard library only).
+
+The launcher forks helpers that share what it has imported (the rank monitor, ``monitor.forked``; the fork
+server, ``workers.forkserver``) instead of starting new interpreters. A fork is safe only while the process runs
+one thread: a child could otherwise inherit a lock another thread held. What sits in ``sys.stdout`` and
+``sys.stderr``'s buffers is flushed first, or both processes would write it.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import threading
+from typing import Collection
+
+
+def fork_launcher() -> int | None:
+    """``os.fork()`` (the child's pid, 0 in the child); None where a fork is not safe here."""
+    if not hasattr(os, "fork") or threading.active_count() != 1:
+        return None
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):
+            pass
+    return os.fork()
+
+
+def close_from(low: int, keep: Collection[int] = ()) -> None:
+    """Close every descriptor from ``low`` up, but those in ``keep``."""
+    try:
+        fds = [int(name) for name in os.listdir("/proc/self/fd")]
+    except OSError:
+        fds = list(range(low, 65536))
+    for fd in fds:
+        if fd >= low and fd not in keep:
+            try:
+                os.close(fd)
+            except OSError:
+                pass  # the listing's own descriptor, closed already

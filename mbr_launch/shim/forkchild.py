@@ -1,0 +1,230 @@
+"""A worker forked from the launcher's fork server, made to look like the fresh ``python -u -m boot`` it
+stands for, then run through ``boot`` as any worker is.
+
+The fork server (``mbr_launch.workers.forkserver``) is a copy of the launcher forked after its ``import torch``,
+while it ran one thread. A worker forked from it starts with torch imported and costs no interpreter start-up
+and no import (about 2.2 s of CPU on 2 cores per worker, the same again per restart). What the child inherits
+from the launcher and a fresh interpreter would not have, is reset here before the script's first line:
+
+- descriptors: 0, 1 and 2 are the worker's (``/dev/null`` and its output), the descriptors the agent passes
+  keep their numbers, every other one is closed (as ``subprocess.Popen(close_fds=True, pass_fds=...)``);
+- its own session and the parent-death signal (the fork server's; the server has the launcher's);
+- signal dispositions as a fresh interpreter sets them (SIGPIPE and SIGXFSZ ignored, SIGINT raising
+  KeyboardInterrupt, every other one default), plus the preemption signals the worker ignores, no blocked
+  signal, no wake-up descriptor;
+- ``os.environ`` (and the C environment) exactly the worker's, the working directory, ``sys.argv``,
+  ``sys.orig_argv`` and ``sys.path[0]`` as ``python -u -m mbr_launch.shim.boot ...`` has them, unbuffered
+  ``sys.stdin/stdout/stderr`` on the new descriptors with the launcher's encodings (same environment);
+- what torch read from the environment at import that the launcher had differently: the C++ log level
+  (``TORCH_CPP_LOG_LEVEL``; the launcher quiets its own store warnings) and the resolver's options
+  (``RES_OPTIONS``, read again by ``res_init``); the agent forks only where every other variable read at import
+  (``OMP_*``, ``MKL_*``, ``TORCH*``, ``PYTHON*``, the loader's) is the worker's already;
+- the garbage collector on (the launcher paused it for its imports), faulthandler as ``PYTHONFAULTHANDLER``
+  says, numpy's global random state seeded afresh (Python's ``random`` does it itself at a fork), and the
+  command line and thread name that ``ps`` shows: the worker's.
+
+What stays different from a fresh process, by nature of a fork: the modules the launcher had imported are in
+``sys.modules`` (the same files a script would import), ``sys.flags.unbuffered`` is 0 (the streams are
+unbuffered all the same), the hash seed is the launcher's unless ``PYTHONHASHSEED`` fixes it, and
+``/proc/PID/environ`` (fixed at exec) shows the launcher's start-up environment: ``ranks.json`` maps pids to ranks.
+
+The end is the interpreter's as well: non-daemon threads joined, ``atexit`` handlers run, streams flushed,
+the exit code of ``SystemExit``; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as Python's does.
+Imports only the standard library, ``mbr_launch.contract`` and the shim (``boot``, ``proctitle``) before the script.
+"""
+
+from __future__ import annotations
+
+import atexit
+import ctypes
+import faulthandler
+import fcntl
+import gc
+import io
+import os
+import signal
+import sys
+import threading
+import traceback
+from typing import Mapping, NoReturn, Sequence
+
+from mbr_launch.forking import close_from
+
+_PR_SET_PDEATHSIG = 1
+# torch's C++ logging levels by name (c10's TORCH_CPP_LOG_LEVEL): an unknown or empty value keeps WARNING.
+_CPP_LEVELS = {"INFO": 0, "0": 0, "WARNING": 1, "1": 1, "ERROR": 2, "2": 2, "FATAL": 3, "3": 3}
+_CPP_DEFAULT = 1
+
+
+def become(*, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequence[int], targets: Sequence[int],
+           ignore: Sequence[int], server: int, inherited: Sequence[int] = ()) -> NoReturn:
+    """Turn this freshly forked child into the worker ``argv`` and run it; never returns (``os._exit``)."""
+    try:
+        os.setsid()
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != server:  # the server died before prctl took effect
+            os._exit(1)
+        _place(fds, targets)
+        _reset_signals(ignore, inherited)
+        os.chdir(cwd)
+        _replace_environ(env)
+        _reset_interpreter(argv, libc)
+    except BaseException:  # noqa: BLE001 - a half-made worker must end here, never go back to the server's loop
+        _last_words()
+        os._exit(1)
+    _run_and_exit()
+
+
+def _place(fds: Sequence[int], targets: Sequence[int]) -> None:
+    """``fds[i]`` at ``targets[i]``; every other descriptor closed."""
+    above = max([*fds, *targets, 2]) + 1
+    high = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, above) for fd in fds]  # out of the targets' way first
+    for fd, target in zip(high, targets):
+        os.dup2(fd, target)  # inheritable, as Popen's pass_fds
+    close_from(3, keep=set(targets))
+
+
+def _reset_signals(ignore: Sequence[int], inherited: Sequence[int]) -> None:
+    """Dispositions as a new interpreter started by the launcher has them: what the launcher inherited ignored
+    (``inherited``, e.g. nohup's SIGHUP) stays ignored through exec; Python ignores SIGPIPE and SIGXFSZ and
+    raises KeyboardInterrupt on SIGINT unless it is ignored; every other signal is default; then ``ignore``."""
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    try:
+        signal.set_wakeup_fd(-1)
+    except ValueError:
+        pass
+    kept = set(inherited)
+    for sig in signal.valid_signals():
+        if sig in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        if sig in (signal.SIGPIPE, signal.SIGXFSZ) or sig in kept:
+            fresh = signal.SIG_IGN
+        else:
+            fresh = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
+        try:
+            if signal.getsignal(sig) is not fresh:
+                signal.signal(sig, fresh)
+        except (OSError, ValueError, RuntimeError):
+            pass
+    for sig in ignore:
+        signal.signal(sig, signal.SIG_IGN)
+
+
+def _replace_environ(env: Mapping[str, str]) -> None:
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+
+
+def _reset_interpreter(argv: Sequence[str], libc: ctypes.CDLL) -> None:
+    boot_file = os.path.join(os.path.dirname(os.path.abspath(__file__)), "boot.py")
+    sys.argv = [boot_file, *argv[4:]]  # argv: python -u -m BOOT_MODULE TARGET...
+    sys.orig_argv = list(argv)
+    sys.path[0] = os.getcwd()  # as `-m` sets it; boot puts the script's folder there for a script
+    sys.stdin = sys.__stdin__ = _stream(0, "r", sys.__stdin__)
+    sys.stdout = sys.__stdout__ = _stream(1, "w", sys.__stdout__)
+    sys.stderr = sys.__stderr__ = _stream(2, "w", sys.__stderr__)
+    gc.enable()
+    if faulthandler.is_enabled() and not os.environ.get("PYTHONFAULTHANDLER"):
+        faulthandler.disable()
+    elif os.environ.get("PYTHONFAULTHANDLER") and not faulthandler.is_enabled():
+        faulthandler.enable()
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:
+        numpy_random.seed()  # the legacy global state: a fresh import seeds it from the OS; the fork copied it
+    _set_cpp_log_level(os.environ.get("TORCH_CPP_LOG_LEVEL", ""))
+    try:
+        libc.__res_init()  # the resolver's options from this environment (RES_OPTIONS), as at a fresh start
+    except AttributeError:
+        pass
+    from mbr_launch.shim.proctitle import retitle, set_name
+
+    name = os.path.basename(argv[0]).encode()[:15]
+    if retitle(" ".join(argv), name=name) is None:
+        set_name(name)  # at least not the launcher's name
+
+
+def _stream(fd: int, mode: str, like: "io.TextIOWrapper | None") -> io.TextIOWrapper:
+    """The unbuffered text stream ``python -u`` makes on ``fd``, with ``like``'s encoding and error handler."""
+    encoding = getattr(like, "encoding", None) or "utf-8"
+    errors = getattr(like, "errors", None) or "strict"
+    raw = io.FileIO(fd, mode, closefd=False)
+    if mode == "r":
+        return io.TextIOWrapper(io.BufferedReader(raw), encoding=encoding, errors=errors)
+    return io.TextIOWrapper(raw, encoding=encoding, errors=errors, write_through=True)  # type: ignore[arg-type]
+
+
+def _set_cpp_log_level(value: str) -> None:
+    """Set torch's C++ log level as a fresh import would read it from ``value``."""
+    torch = sys.modules.get("torch")
+    if torch is None:
+        return
+    level = _CPP_LEVELS.get(value.strip().upper(), _CPP_DEFAULT)
+    try:
+        lib = ctypes.CDLL(os.path.join(os.path.dirname(torch.__file__), "lib", "libc10.so"))
+        ctypes.c_int.in_dll(lib, "FLAGS_caffe2_log_level").value = level
+    except (OSError, ValueError):
+        pass  # the agent checked the symbol before it chose to fork (``workers.forkserver.usable``)
+
+
+def _run_and_exit() -> NoReturn:
+    """``boot`` as ``python -m`` would run it, then the interpreter's own end: threads, atexit, streams."""
+    from mbr_launch.shim import boot
+
+    code: int = 0
+    interrupted = False
+    try:
+        boot.main()
+    except SystemExit as exc:
+        code = _exit_code(exc.code)
+    except KeyboardInterrupt:
+        interrupted = True
+        _print_uncaught()
+    except BaseException:  # noqa: BLE001
+        code = 1
+        _print_uncaught()
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]  # what Python waits for before atexit
+    except BaseException:  # noqa: BLE001
+        pass
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError, AttributeError):
+            pass
+    if interrupted:  # Python's own exit on an uncaught KeyboardInterrupt: by the signal
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+        code = 130
+    os._exit(code)
+
+
+def _exit_code(code: object) -> int:
+    if code is None:
+        return 0
+    if isinstance(code, int) and not isinstance(code, bool):
+        return code & 0xFF
+    try:
+        print(code, file=sys.stderr, flush=True)  # what Python prints for sys.exit("message")
+    except (OSError, ValueError):
+        pass
+    return 1
+
+
+def _print_uncaught() -> None:
+    try:
+        sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+    except BaseException:  # noqa: BLE001
+        _last_words()
+
+
+def _last_words() -> None:
+    try:
+        traceback.print_exc()
+        sys.stderr.flush()
+    except BaseException:  # noqa: BLE001
+        pass
