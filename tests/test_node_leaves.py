@@ -24,21 +24,22 @@ from testkit.node_table import SETTLE, WAIT, Job, Step, ft_launcher
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(300)]
 
+NPROC = 2  # ranks per agent (node): the table's world of 6 and 4
 ANY_FAILED = (
-    Step("spare", 1, 6, 4, quiet=True, what="a spare joins: nothing moves"),
-    Step("kill 2", 2, 6, 3, what="an active agent terminated: restarted with the spare"),
-    Step("kill 3", 2, 4, 2, quiet=True, what="another terminated, no spare: not restarted"),
-    Step("spare", 3, 6, 3, what="a new agent while there is room: the round re-forms with it"),
-    Step("spare", 3, 6, 4, quiet=True, what="one more, a spare (3 = MAX): not interrupted"),
-    Step("kill 5", 3, 6, 3, quiet=True, what="that spare terminated: not affected"),
+    Step("spare", 1, 3 * NPROC, 4, quiet=True, what="a spare joins: nothing moves"),
+    Step("kill 2", 2, 3 * NPROC, 3, what="an active agent terminated: restarted with the spare"),
+    Step("kill 3", 2, 2 * NPROC, 2, quiet=True, what="another terminated, no spare: not restarted"),
+    Step("spare", 3, 3 * NPROC, 3, what="a new agent while there is room: the round re-forms with it"),
+    Step("spare", 3, 3 * NPROC, 4, quiet=True, what="one more, a spare (3 = MAX): not interrupted"),
+    Step("kill 5", 3, 3 * NPROC, 3, quiet=True, what="that spare terminated: not affected"),
 )
 MIN_HEALTHY = (
-    Step("spare", 1, 6, 4, quiet=True, what="a spare joins: nothing moves"),
-    Step("kill 1", 1, 4, 3, quiet=True, what="an active agent terminated: 2 nodes still healthy, not restarted"),
-    Step("spare", 1, 4, 4, quiet=True, what="a new spare: not interrupted (min-healthy admits at restarts)"),
-    Step("kill 2", 2, 6, 3, what="another active terminated: 1 healthy < 2, restarted with the spares"),
-    Step("kill 4", 2, 4, 2, quiet=True, what="an active agent terminated: 2 still healthy, not restarted"),
-    Step("spare 2", 2, 4, 4, quiet=True, what="two more spares: not interrupted"),
+    Step("spare", 1, 3 * NPROC, 4, quiet=True, what="a spare joins: nothing moves"),
+    Step("kill 1", 1, 2 * NPROC, 3, quiet=True, what="an active agent terminated: 2 nodes still healthy, not restarted"),
+    Step("spare", 1, 2 * NPROC, 4, quiet=True, what="a new spare: not interrupted (min-healthy admits at restarts)"),
+    Step("kill 2", 2, 3 * NPROC, 3, what="another active terminated: 1 healthy < 2, restarted with the spares"),
+    Step("kill 4", 2, 2 * NPROC, 2, quiet=True, what="an active agent terminated: 2 still healthy, not restarted"),
+    Step("spare 2", 2, 2 * NPROC, 4, quiet=True, what="two more spares: not interrupted"),
 )
 TABLES = {"any-failed": (ANY_FAILED, "5"), "min-healthy": (MIN_HEALTHY, "1")}
 # Every agent's exit code at the time limit, in start order.
@@ -66,11 +67,11 @@ def test_restart_policy_table(tmp_path, launcher, policy):
     table, max_restarts = TABLES[policy]
     job = Job(tmp_path, "mbr-launch" if launcher == "mbr-launch" else _ft_launcher(),
               [f"--max-restarts={max_restarts}",
-               f"--{'ft-' if launcher == 'ft_launcher' else ''}restart-policy={policy}"], nproc=2)
+               f"--{'ft-' if launcher == 'ft_launcher' else ''}restart-policy={policy}"], nproc=NPROC)
     try:
         for i in range(3):
             job.start(host=i == 0)
-        job.wait_until(lambda: job.counts() == (1, 6, 3), "the first round of 3 agents")
+        job.wait_until(lambda: job.counts() == (1, 3 * NPROC, 3), "the first round of 3 agents")
         for step in table:
             job.step(step)
         codes = job.end()
