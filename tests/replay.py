@@ -288,6 +288,7 @@ class FakeMonitor:
     def __init__(self) -> None:
         self.restarts = 0
         self.beats: dict[int, float] = {}  # local rank -> seconds since its last heartbeat or step (unset: unknown)
+        self.pending: frozenset[int] | None = None  # signals sent to the monitor's process too (None: no monitor)
 
     def reap(self) -> int | None:
         return None
@@ -300,6 +301,9 @@ class FakeMonitor:
 
     def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
         return {r: self.beats[r] for r in local_ranks if r in self.beats}
+
+    def pending_signals(self) -> frozenset[int] | None:
+        return self.pending
 
 
 class NoGuard:

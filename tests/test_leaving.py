@@ -30,6 +30,12 @@ def test_reach(nodes, signalled, waited, expected):
     assert reach(nodes=nodes, signalled=signalled, waited=waited, window=2.0) is expected
 
 
+@pytest.mark.parametrize("signalled,waited", [(1, 0.0), (1, 9.0), (2, 0.5)])
+def test_a_signal_slurm_sent_to_the_whole_step_is_the_jobs_whatever_the_count(signalled, waited):
+    """However many nodes have recorded theirs yet, and however long ago this one got it."""
+    assert reach(nodes=3, signalled=signalled, waited=waited, window=2.0, step_wide=True) is Reach.JOB
+
+
 ANY = RestartPolicy(min_nodes=2, max_restarts=5)
 HEALTHY = RestartPolicy(min_nodes=2, max_restarts=1, when=When.MIN_HEALTHY)
 

@@ -4,12 +4,14 @@ others what the policy makes of it (issue #42). The real processes: tests/test_n
 
 from __future__ import annotations
 
+import dataclasses
 import signal
 
 import pytest
 
 from mbr_launch.cluster.departures import JOB_STOP_KEY
 from mbr_launch.cluster.joining import JoinState
+from mbr_launch.config.slurm import SlurmEnv
 from mbr_launch.decide.leaving import window
 from mbr_launch.report import exitcodes
 
@@ -119,3 +121,66 @@ def test_before_the_job_started_a_signal_stops_this_agent_as_before(tmp_path):
     world.rendezvous.join_state = JoinState(joined=1, waiting=0, complete=False)
     _signal_in_join(world, signal.SIGINT)
     assert world.run([]) == 128 + signal.SIGINT
+
+
+# ---- inside a Slurm step: the rank monitor is the witness of a signal to the whole step --------------------
+
+STEP = {"SLURM_JOB_ID": "77", "SLURM_STEP_ID": "0", "SLURM_JOB_NODELIST": "n[1-3]", "SLURM_STEP_NODELIST": "n[1-3]",
+        "SLURM_NODEID": "0", "SLURM_PROCID": "0", "SLURM_STEP_TASKS_PER_NODE": "1(x3)"}
+
+
+def _in_step(world, env=STEP):
+    world.ctx.cfg = dataclasses.replace(world.ctx.cfg, slurm=SlurmEnv.from_environ(env))
+
+
+def test_in_a_slurm_step_a_signal_the_monitor_got_too_is_the_jobs_at_once_however_few_recorded_yet(tmp_path):
+    """Slurm signals every process of the step on every node: this node knows the job's stop from its own
+    monitor, without waiting for the others' records (a loaded node may record seconds later)."""
+    world = _world(tmp_path)
+    _in_step(world)
+    world.monitor.pending = frozenset({signal.SIGTERM})
+    assert world.run([deliver(signal.SIGTERM)]) == exitcodes.PREEMPTED
+    assert [(e["reach"], e["by"], e["signalled"]) for e in world.events("signal_reach")] == [("job", "step", 1)]
+    assert world.wakeup.sleeps == [] and not world.rendezvous.left and world.cluster.departed == {}
+
+
+@pytest.mark.parametrize("pending,slurm", [
+    (frozenset(), True),  # a `kill` of this launcher alone, inside a step: the monitor did not get it
+    (frozenset({signal.SIGUSR1}), True),  # another signal pending there says nothing about this one
+    (None, True),  # no monitor (--rank-monitor off): the count alone
+    (frozenset({signal.SIGTERM}), False),  # outside Slurm, whatever signalled the monitor is not read
+])
+def test_without_the_step_wide_witness_a_lone_signal_is_this_nodes(tmp_path, pending, slurm):
+    world = _world(tmp_path)
+    if slurm:
+        _in_step(world)
+    world.monitor.pending = pending
+    assert world.run([deliver(signal.SIGTERM)]) == exitcodes.EXCLUDED
+    assert [(e["reach"], e["by"]) for e in world.events("signal_reach")] == [("node", "window")]
+
+
+def test_the_witness_is_looked_at_again_while_the_count_waits(tmp_path):
+    """The launcher may get Slurm's signal a moment before the monitor does (one kill per process)."""
+    world = _world(tmp_path)
+    _in_step(world)
+    clock = world.clock
+
+    class Late(type(world.monitor)):
+        def pending_signals(self):
+            return frozenset({signal.SIGTERM}) if clock() - began > 0.6 else frozenset()
+
+    world.ctx.monitor = Late()
+    began = clock()
+    assert world.run([deliver(signal.SIGTERM)]) == exitcodes.PREEMPTED
+    assert [(e["reach"], e["by"]) for e in world.events("signal_reach")] == [("job", "step")]
+    assert world.clock() - began < window(6.0)
+
+
+def test_a_spare_in_a_slurm_step_signalled_with_the_step_ends_as_the_job_does(tmp_path):
+    world = _world(tmp_path)
+    _in_step(world)
+    world.monitor.pending = frozenset({signal.SIGTERM})
+    world.rendezvous.join_state = JoinState(joined=3, waiting=0, complete=True, spares=1)
+    _signal_in_join(world)
+    assert world.run([]) == exitcodes.PREEMPTED
+

@@ -2,7 +2,8 @@
 departure when it stops only this node (the rules: ``decide.leaving``).
 
 In a round (``stop_for_signal``): the signal is recorded in the round's store at once, the workers get it (or
-the preemption's forward signal) with their grace, and then the round's count says how far it reached:
+the preemption's forward signal) with their grace, and then this node's witness of a signal to the whole Slurm
+step, or the round's count, says how far it reached:
 
 - every node of the round (Slurm's preemption, ``scancel``, a time limit, a Ctrl-C that reached every agent):
   the job stops as it always did, with exit 5 (``--preempt-signals``) or 128+N, and a requeue where asked;
@@ -62,7 +63,7 @@ def stop_for_signal(ctx: Context, rnd: Round, signum: int, *, workers: bool = Tr
     forward, grace = note_signal(ctx, signum, workers=workers, phase="before the workers started")
     count = _record(ctx, rnd, name)
     ctx.group.stop(rnd, first_signal=forward, grace=grace)
-    how = _settle(ctx, rnd, count, began)
+    how = _settle(ctx, rnd, signum, count, began)
     if how is Reach.JOB:
         _try_publish(ctx, rnd, StopMessage(reason=f"{name} on node {ctx.node}", origin=ctx.node, final=True))
         return RoundResult(Outcome.SIGNALED, signum=signum)
@@ -76,12 +77,12 @@ def stop_outside_round(ctx: Context, signum: int, *, phase: str = "while waiting
     ctx.departure = Departure.LEAVE  # this node goes; the rendezvous stays open for the nodes that stay
     last, began = ctx.round, ctx.clock()
     if last is not None and last.group_world_size > 1:  # between rounds: counted in the round it was in
-        if _settle(ctx, last, _record(ctx, last, name), began) is Reach.JOB:
+        if _settle(ctx, last, signum, _record(ctx, last, name), began) is Reach.JOB:
             return finish_signaled(ctx, signum, last)
         return finish(ctx, exitcodes.EXCLUDED, _announce(ctx, last, name, "between two rounds", AfterDeparture(
             Next.GO_ON, "the other nodes re-form the round without it")))
     if last is None and _spare(ctx):  # a round of the job runs without this node
-        if _job_stopped(ctx, began):
+        if _job_stopped(ctx, signum, began):
             return finish_signaled(ctx, signum, None)
         return finish(ctx, exitcodes.EXCLUDED, _announce(ctx, None, name, "while it waited as a spare",
                                                          AfterDeparture(Next.GO_ON, "the round goes on")))
@@ -114,26 +115,43 @@ def _record(ctx: Context, rnd: Round, name: str) -> int | None:
         return None
 
 
-def _settle(ctx: Context, rnd: Round, count: int | None, began: float) -> Reach:
-    """Count the round's signalled nodes until the answer is known. A second signal ends the wait (this node
-    goes now); a store that no longer answers stops the job (no node goes on without it)."""
+def _settle(ctx: Context, rnd: Round, signum: int, count: int | None, began: float) -> Reach:
+    """Look at this node's witness and count the round's signalled nodes until the answer is known (the rules:
+    ``decide.leaving``). A second signal ends the wait (this node goes now); a store that no longer answers
+    stops the job (no node goes on without it)."""
     limit = window(ctx.cfg.rendezvous.peer_timeout)
     while True:
+        step_wide = _step_wide(ctx, signum)
         if count is None:
-            return Reach.JOB
-        how = reach(nodes=rnd.group_world_size, signalled=count, waited=ctx.clock() - began, window=limit)
+            how, by = Reach.JOB, "step" if step_wide else "store"
+            break
+        how = reach(nodes=rnd.group_world_size, signalled=count, waited=ctx.clock() - began, window=limit,
+                    step_wide=step_wide)
         if how is not None:
+            by = "step" if step_wide else "count" if how is Reach.JOB else "window"
             break
         if not ctx.wakeup.sleep(min(POLL, max(0.0, began + limit - ctx.clock()))):
-            how = Reach.NODE  # a second signal: this node goes now
+            step_wide = _step_wide(ctx, signum)  # a second signal: this node goes now, as the job's where it is
+            how, by = (Reach.JOB, "step") if step_wide else (Reach.NODE, "second signal")
             break
         try:
             with ctx.store_call("counting the nodes a signal reached"):
                 count = ctx.cluster.count_signalled(rnd)
         except Exception:  # noqa: BLE001
             count = None
-    ctx.log.emit("signal_reach", round=rnd.index, reach=how.value, signalled=count, nodes=rnd.group_world_size)
+    ctx.log.emit("signal_reach", round=rnd.index, reach=how.value, by=by, signalled=count,
+                 nodes=rnd.group_world_size)
     return how
+
+
+def _step_wide(ctx: Context, signum: int) -> bool:
+    """Slurm sent ``signum`` to every process of this node's part of its step: this node's rank monitor, in a
+    session of its own, has it pending too (``monitor.witness``). Outside a step nothing is read from it."""
+    slurm = ctx.cfg.slurm
+    if slurm is None or not slurm.in_step:
+        return False
+    pending = ctx.monitor.pending_signals()
+    return pending is not None and signum in pending
 
 
 def _spare(ctx: Context) -> bool:
@@ -145,11 +163,12 @@ def _spare(ctx: Context) -> bool:
     return state is not None and state.complete
 
 
-def _job_stopped(ctx: Context, began: float) -> bool:
-    """A spare's signal: whether the nodes of the round got it too (the job's mark, within the window)."""
+def _job_stopped(ctx: Context, signum: int, began: float) -> bool:
+    """A spare's signal: whether the nodes of the round got it too (Slurm's to the whole step, or the job's
+    mark within the window)."""
     limit = window(ctx.cfg.rendezvous.peer_timeout)
     while True:
-        if job_stopped(ctx.rendezvous.job_get(JOB_STOP_KEY)) is not None:
+        if _step_wide(ctx, signum) or job_stopped(ctx.rendezvous.job_get(JOB_STOP_KEY)) is not None:
             return True
         if ctx.clock() - began >= limit or not ctx.wakeup.sleep(POLL):
             return False

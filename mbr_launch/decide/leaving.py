@@ -4,11 +4,19 @@ Who a stop signal stops (``reach``). A signal (SIGTERM, SIGINT, a ``--preempt-si
 job when, with it, every node of the round has been stopped by one: Slurm's preemption, ``scancel`` and time
 limit signal every task of the step, and a Ctrl-C on a terminal reaches every agent it runs. A signal that
 reaches fewer nodes (a ``kill`` of one launcher, a node drained by its scheduler, a pod evicted) stops only
-the nodes it reached: each leaves the job, as under torchrun and ft_launcher, and the others go on. Each
-node records its signal in the round's store as it comes; a node knows the answer as soon as every node has
-recorded one (the job's stop), or once ``window`` seconds have passed since its own signal without that
-(only some nodes). The workers get the signal at once either way: the answer only decides what the node
-does after its workers stopped.
+the nodes it reached: each leaves the job, as under torchrun and ft_launcher, and the others go on. The
+rules, in order:
+
+1. Inside a Slurm step, a signal that reached every process of this node's part of the step (``step_wide``:
+   this node's rank monitor, in a session of its own, got it too: ``monitor.witness``) came from Slurm,
+   which signals a step on all its nodes and never on one alone: the job's, known on this node at once,
+   however late the other nodes see theirs.
+2. Every node of the round has recorded a signal in the round's store (nodes that left the round earlier,
+   stopped by their own, count: the signal that stops the last nodes is the job's): the job's.
+3. ``window`` seconds have passed since this node's signal without that: only some nodes (this one leaves).
+
+The workers get the signal at once either way: the answer only decides what the node does after its workers
+stopped.
 
 What the other nodes do when a node leaves (``after_departure``), as ft_launcher 0.4.1 does with
 ``--ft-restart-policy``:
@@ -45,11 +53,11 @@ class Reach(enum.Enum):
     NODE = "node"  # only some: those nodes leave the job (exit 6), the others go on
 
 
-def reach(*, nodes: int, signalled: int, waited: float, window: float) -> Reach | None:
+def reach(*, nodes: int, signalled: int, waited: float, window: float, step_wide: bool = False) -> Reach | None:
     """``signalled``: the round's nodes stopped by a signal so far, this one included (those that left the
-    round earlier count: they were stopped too); ``waited``: seconds since this node's signal. None: not
-    known yet (wait and count again)."""
-    if signalled >= nodes:
+    round earlier count: they were stopped too); ``waited``: seconds since this node's signal; ``step_wide``:
+    Slurm sent it to every process of this node's step. None: not known yet (wait and count again)."""
+    if step_wide or signalled >= nodes:
         return Reach.JOB
     return Reach.NODE if waited >= window else None
 
