@@ -15,7 +15,7 @@ from mbr_launch.config.slurm import SlurmEnv
 from mbr_launch.decide.leaving import window
 from mbr_launch.report import exitcodes
 
-from tests.replay import build_world, deliver
+from tests.replay import build_world, deliver, kill_rank
 
 C10D = (("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"))
 
@@ -184,3 +184,16 @@ def test_a_spare_in_a_slurm_step_signalled_with_the_step_ends_as_the_job_does(tm
     _signal_in_join(world)
     assert world.run([]) == exitcodes.PREEMPTED
 
+
+def test_a_signal_and_the_ranks_it_killed_are_the_signal_not_a_crash(tmp_path):
+    """Slurm's SIGTERM reaches the ranks too; one without a handler dies of it at once. The agent sees both in
+    one wake-up: the signal is recorded first, for the other nodes' count, and the job stops as preempted."""
+    world = _world(tmp_path)
+    world.cluster.signalled[0] = 2
+
+    def both(w):
+        kill_rank(0, signal.SIGTERM)(w)
+        deliver(signal.SIGTERM)(w)
+
+    assert world.run([both]) == exitcodes.PREEMPTED
+    assert world.events("failure") == [] and world.cluster.published[0].final

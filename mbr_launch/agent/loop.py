@@ -73,7 +73,7 @@ class Supervisor:
         local_done = False
         while True:
             self._wait()
-            result = self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
+            result = self._signal(rnd) or self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
             if result is None and not local_done:
                 result = inquiry.resume_postponed(self.ctx, rnd) or self._tick_telemetry(rnd)
                 if result is None and self.ctx.finished_here():
@@ -98,10 +98,13 @@ class Supervisor:
             return None
         return handle_crashes(self.ctx, rnd, failed)
 
-    def _dispatch(self, rnd: Round, local_done: bool) -> RoundResult | None:
+    def _signal(self, rnd: Round) -> RoundResult | None:
+        """Before the workers' exits: a stop signal is recorded for the other nodes as soon as it comes, and the
+        ranks it killed too (Slurm signals every process of the step) are its consequence, not a crash."""
         signum = self.ctx.wakeup.take_signal()
-        if signum is not None:
-            return leaving.stop_for_signal(self.ctx, rnd, signum)
+        return None if signum is None else leaving.stop_for_signal(self.ctx, rnd, signum)
+
+    def _dispatch(self, rnd: Round, local_done: bool) -> RoundResult | None:
         for event in self.ctx.wakeup.take_events():
             result = dispatch(self.ctx, rnd, event, local_done)
             if result is not None:
