@@ -150,14 +150,15 @@ def slurm_term_one_late(ctx: Ctx) -> Run:
         time.sleep(LATE)  # the scenario itself: how late n2 sees the signal (a busier machine only adds to it)
     finally:
         os.kill(late, signal.SIGCONT)
+        resumed = time.time()
     job_info = wait_gone(cluster, job, 60)
-    return _run(ctx, logs, t_fault, job=job, job_info=job_info, rows=preempt_log(log))
+    return _run(ctx, logs, t_fault, job=job, job_info=job_info, rows=preempt_log(log), resumed=resumed)
 
 
 def check_one_late(run: Run) -> None:
     _step_wide(run, run.info["keys"])
-    first, second = (one_event(events, "signal")["ts"] for events in run.events)
-    assert _seconds(second) - _seconds(first) >= LATE - 1, (first, second)  # n2 did see it that late
+    seen = _seconds(one_event(run.events[1], "signal")["ts"])
+    assert seen >= run.info["resumed"] - 0.01, (seen, run.info["resumed"])  # n2 saw it LATE s after scancel
 
 
 def _seconds(ts: str) -> float:
@@ -167,13 +168,13 @@ def _seconds(ts: str) -> float:
 def slurm_kill_one(ctx: Ctx) -> Run:
     """A plain ``kill`` (SIGTERM) of n2's launcher inside a 2-node step (--nnodes 1:2): Slurm sent nothing, so
     n2's rank monitor has no signal pending and n2 waits for the other node's record, which never comes: it
-    leaves (exit 6) once half of --peer-timeout has passed. Its rank checkpoints on the SIGTERM and the example
-    stops both ranks at that step, so n1's rank ends well and n1 exits 0, never stopped by the signal."""
+    leaves (exit 6) once half of --peer-timeout (15 s) has passed. Its rank checkpoints on the SIGTERM and the
+    example stops both ranks at that step, so n1's rank ends well and n1 exits 0, never stopped by the signal."""
     cluster, tmp = ctx.cluster, ctx.tmp
     log, logs = tmp / "log", tmp / "logs"
     script = batch("srun --kill-on-bad-exit=0", launch_cmd(
-        "--nproc-per-node", "1", "--nnodes", "1:2", "--peer-timeout", "6", "--max-restarts", "1", "--log-dir",
-        str(logs), PREEMPTIBLE, "--steps", "100000", "--ckpt-dir", str(tmp / "ckpt"), "--log", str(log)))
+        "--nproc-per-node", "1", "--nnodes", "1:2", "--max-restarts", "1", "--log-dir", str(logs), PREEMPTIBLE,
+        "--steps", "100000", "--ckpt-dir", str(tmp / "ckpt"), "--log", str(log)))
     job, _ = cluster.sbatch(script, ["-N2", "--ntasks-per-node=1", f"--output={tmp}/out"], timeout=30, wait=False,
                             env={**LAUNCH_ENV, **ctx.env})
     wait_running(cluster, log, 2, job)
