@@ -118,6 +118,14 @@ CASES: list[Case] = [
          slurm.slurm_term_requeue, (5, 5, 0, 0),
          (Expect("preemption", {"signal": "SIGTERM"}, agent=0), Expect("requeue", {"ok": True}, agent=0)),
          needs=("root", "slurm"), check=slurm.check_requeue),
+    Case("slurm_term_one_late", f"scancel --signal=TERM on a 2-node job while one launcher is stopped for "
+         f"{slurm.LATE:g} s", slurm.slurm_term_one_late, (5, 5),
+         (Expect("preemption", {"signal": "SIGTERM"}, agent=0), Expect("preemption", {"signal": "SIGTERM"}, agent=1)),
+         needs=("root", "slurm"), check=slurm.check_one_late),
+    Case("slurm_kill_one", "a plain kill (SIGTERM) of one launcher of a 2-node job (--nnodes 1:2)",
+         slurm.slurm_kill_one, (0, 6),
+         (Expect("node_left", {"signal": "SIGTERM"}, agent=1), Expect("end", {"exit_code": 6}, agent=1)),
+         needs=("root", "slurm"), check=slurm.check_kill_one),
     # ---- surroundings -----------------------------------------------------------------------------------
     Case("log_disk_full", "--log-dir on a 64 KiB tmpfs, --tee 3, two ranks print 600 KiB", inputs.log_disk_full,
          (0,), (), needs=("root",), check=inputs.check_disk_full, pending=F16FILES),

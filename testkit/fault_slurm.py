@@ -7,7 +7,10 @@ exit codes and events line up with ``Case.exits`` (a requeued job adds the secon
 
 from __future__ import annotations
 
+import os
+import signal
 import time
+from datetime import datetime
 from pathlib import Path
 
 from .fault_runs import Ctx, Run, log_problem
@@ -46,6 +49,7 @@ def slurm_usr1(ctx: Ctx) -> Run:
 
 def check_usr1(run: Run) -> None:
     assert run.info["job_info"]["ExitCode"] == "5:0", run.stdout[0][-4000:]
+    _step_wide(run, run.info["keys"])
     rows = run.info["rows"]
     got = {rank: [what for r, what, _kv in rows if r == rank] for rank in (0, 1)}
     usr1 = {rank: kv["usr1"] for rank, what, kv in rows if what == "running"}
@@ -109,5 +113,102 @@ def check_requeue(run: Run) -> None:
     for key, events in zip(run.info["keys"], run.events):
         if "-r0/" in key:
             assert one_event(events, "preemption")["signal"] == "SIGTERM", key
+    _step_wide(run, [key for key in run.info["keys"] if "-r0/" in key])
     requeues = [e for events in run.events for e in events if e["event"] == "requeue"]
     assert [(e["node"], e["ok"]) for e in requeues] == [("n1", True)], requeues  # node 0 alone asks
+
+
+def _step_wide(run: Run, keys: list[str]) -> None:
+    """Each node knew the signal for the job's from its own rank monitor (Slurm signalled every process of the
+    step), not from the other nodes' records: it holds however late one node sees its signal."""
+    for key in keys:
+        reached = one_event(run.events[run.info["keys"].index(key)], "signal_reach")
+        assert (reached["reach"], reached["by"]) == ("job", "step"), (key, reached)
+
+
+LATE = 10.0  # seconds n2's launcher is held stopped: more than half of the default --peer-timeout (15 s)
+
+
+def slurm_term_one_late(ctx: Ctx) -> Run:
+    """scancel --signal=TERM while n2's launcher is stopped (SIGSTOP), resumed LATE seconds later: n2 sees the
+    job's signal long after n1 has, as a node of a loaded machine may. n1 serves the store: had it waited for
+    n2's record, it would have left alone and ended the job with exit 3. Each knows the job's stop from its own
+    rank monitor: both exit 5."""
+    cluster, tmp = ctx.cluster, ctx.tmp
+    log, logs = tmp / "log", tmp / "logs"
+    script = batch("srun --kill-on-bad-exit=0", launch_cmd(
+        "--nproc-per-node", "1", "--log-dir", str(logs), "--preempt-grace", "8", PREEMPTIBLE,
+        "--steps", "100000", "--ckpt-dir", str(tmp / "ckpt"), "--log", str(log)))
+    job, _ = cluster.sbatch(script, ["-N2", "--ntasks-per-node=1", f"--output={tmp}/out"], timeout=30, wait=False,
+                            env={**LAUNCH_ENV, **ctx.env})
+    wait_running(cluster, log, 2, job)
+    late = step_task(job, "n2")
+    os.kill(late, signal.SIGSTOP)
+    try:
+        t_fault = time.time()
+        cluster.run(["scancel", "--signal=TERM", job], 10)
+        time.sleep(LATE)  # the scenario itself: how late n2 sees the signal (a busier machine only adds to it)
+    finally:
+        os.kill(late, signal.SIGCONT)
+        resumed = time.time()
+    job_info = wait_gone(cluster, job, 60)
+    return _run(ctx, logs, t_fault, job=job, job_info=job_info, rows=preempt_log(log), resumed=resumed)
+
+
+def check_one_late(run: Run) -> None:
+    _step_wide(run, run.info["keys"])
+    seen = _seconds(one_event(run.events[1], "signal")["ts"])
+    assert seen >= run.info["resumed"] - 0.01, (seen, run.info["resumed"])  # n2 saw it LATE s after scancel
+
+
+def _seconds(ts: str) -> float:
+    return datetime.fromisoformat(ts).timestamp()
+
+
+def slurm_kill_one(ctx: Ctx) -> Run:
+    """A plain ``kill`` (SIGTERM) of n2's launcher inside a 2-node step (--nnodes 1:2): Slurm sent nothing, so
+    n2's rank monitor has no signal pending and n2 waits for the other node's record, which never comes: it
+    leaves (exit 6) once half of --peer-timeout (15 s) has passed. Its rank checkpoints on the SIGTERM and the
+    example stops both ranks at that step, so n1's rank ends well and n1 exits 0, never stopped by the signal."""
+    cluster, tmp = ctx.cluster, ctx.tmp
+    log, logs = tmp / "log", tmp / "logs"
+    script = batch("srun --kill-on-bad-exit=0", launch_cmd(
+        "--nproc-per-node", "1", "--nnodes", "1:2", "--max-restarts", "1", "--log-dir", str(logs), PREEMPTIBLE,
+        "--steps", "100000", "--ckpt-dir", str(tmp / "ckpt"), "--log", str(log)))
+    job, _ = cluster.sbatch(script, ["-N2", "--ntasks-per-node=1", f"--output={tmp}/out"], timeout=30, wait=False,
+                            env={**LAUNCH_ENV, **ctx.env})
+    wait_running(cluster, log, 2, job)
+    launcher = step_task(job, "n2")
+    t_fault = time.time()
+    os.kill(launcher, signal.SIGTERM)
+    job_info = wait_gone(cluster, job, 60)
+    return _run(ctx, logs, t_fault, job=job, job_info=job_info, rows=preempt_log(log))
+
+
+def check_kill_one(run: Run) -> None:
+    n1, n2 = run.events
+    reached = one_event(n2, "signal_reach")
+    assert (reached["reach"], reached["by"], reached["signalled"]) == ("node", "window", 1), reached
+    assert one_event(n2, "node_left")["next"] == "go on"
+    assert not [e for e in n1 if e["event"] in ("signal", "signal_reach", "preemption")], n1[-5:]
+
+
+def step_task(job: str, node: str) -> int:
+    """The pid of job ``job``'s step task on ``node`` (the launcher srun started there: slurmstepd's child). The
+    test cluster's nodes share this machine's process table."""
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as f:
+                env = f.read().split(b"\0")
+            with open(f"/proc/{entry}/stat", "rb") as f:
+                ppid = int(f.read().rpartition(b")")[2].split()[1])
+            with open(f"/proc/{ppid}/comm", "rb") as f:
+                parent = f.read().strip()
+        except (OSError, ValueError, IndexError):
+            continue
+        if parent == b"slurmstepd" and f"SLURM_JOB_ID={job}".encode() in env and \
+                f"SLURMD_NODENAME={node}".encode() in env:
+            return int(entry)
+    raise AssertionError(f"no step task of job {job} on {node}")

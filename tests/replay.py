@@ -23,6 +23,7 @@ from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Event
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.inquiry import Opener
+from mbr_launch.cluster.joining import JoinState
 from mbr_launch.cluster.rendezvous import RendezvousFailed
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import StopMessage
@@ -141,6 +142,9 @@ class FakeRendezvous:
         self.asked: list[tuple[int | None, str | None]] = []  # (previous round, why no fast path) per join
         self.restarts = self.startup_restarts = 0
         self.node_failures: dict[str, int] = {}
+        self.left = False  # this node left torch's rendezvous (``leave``)
+        self.join_state: JoinState | None = None  # what ``state()`` reads (a spare: complete)
+        self.job_keys: dict[str, bytes] = {}  # the job's keys another node wrote (``job_get``)
 
     def next_round(self, previous: Round | None = None, skip_fast: str | None = None) -> Round:
         self.asked.append((previous.index if previous else None, skip_fast))
@@ -169,6 +173,16 @@ class FakeRendezvous:
 
     def existing_handler(self) -> None:
         return None  # no torch handler: the join's progress line reads the count as unknown
+
+    def leave(self) -> str | None:
+        self.left = True
+        return None
+
+    def state(self) -> JoinState | None:
+        return self.join_state
+
+    def job_get(self, key: str) -> bytes | None:
+        return self.job_keys.get(key)
 
 
 class FakeWatch:
@@ -205,6 +219,8 @@ class FakeCluster:
         self.remote_verdict: Verdict | None = None  # the verdict another node decided
         self.remote_opener: int | None = None  # the group rank of a node that opens every inquiry first
         self.unhealthy: dict[int, int] = {}  # round index -> nodes that lost a rank (min-healthy), this one included
+        self.signalled: dict[int, int] = {}  # round index -> nodes a stop signal reached (set: the others')
+        self.departed: dict[int, frozenset[int]] = {}  # round index -> group ranks that left (set: the others')
 
     def watch(self, rnd: Round, post: Callable[[Event], None]) -> FakeWatch:
         self.watches.append(FakeWatch())
@@ -227,6 +243,21 @@ class FakeCluster:
         """Other nodes' losses are scripted by setting ``unhealthy[round]`` (see ``node_lost``)."""
         self.unhealthy[rnd.index] = self.unhealthy.get(rnd.index, 0) + int(add)
         return self.unhealthy[rnd.index]
+
+    # A stop signal: the other nodes' part is set by the test (signalled, departed).
+    def record_signal(self, rnd: Round, signal_name: str) -> int:
+        self.signalled[rnd.index] = self.signalled.get(rnd.index, 0) + 1
+        return self.signalled[rnd.index]
+
+    def count_signalled(self, rnd: Round) -> int:
+        return self.signalled.get(rnd.index, 0)
+
+    def mark_left(self, rnd: Round) -> frozenset[int]:
+        self.departed[rnd.index] = self.departed.get(rnd.index, frozenset()) | {rnd.group_rank}
+        return self.departed[rnd.index]
+
+    def left(self, rnd: Round) -> frozenset[int]:
+        return self.departed.get(rnd.index, frozenset())
 
     # The hang inquiry: the other nodes' part is set by the test (remote_*, silent_nodes).
     def open_inquiry(self, rnd: Round, opener: Opener) -> Opener:
@@ -257,6 +288,7 @@ class FakeMonitor:
     def __init__(self) -> None:
         self.restarts = 0
         self.beats: dict[int, float] = {}  # local rank -> seconds since its last heartbeat or step (unset: unknown)
+        self.pending: frozenset[int] | None = None  # signals sent to the monitor's process too (None: no monitor)
 
     def reap(self) -> int | None:
         return None
@@ -269,6 +301,9 @@ class FakeMonitor:
 
     def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
         return {r: self.beats[r] for r in local_ranks if r in self.beats}
+
+    def pending_signals(self) -> frozenset[int] | None:
+        return self.pending
 
 
 class NoGuard:

@@ -13,7 +13,7 @@ from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster.peers import PeerWatch, Silence, StoreLost
 from mbr_launch.cluster.round import Round
-from mbr_launch.decide.liveness import Beat
+from mbr_launch.decide.liveness import Beat, Seen
 
 from testkit.helpers import free_port
 
@@ -29,6 +29,7 @@ class _Round:
     group_rank: int = 1
     group_world_size: int = 2
     index: int = 0
+    control: PrefixStore | None = None  # the round's control keys (``cluster.departures`` writes there)
     connect_control = Round.connect_control
 
 
@@ -90,3 +91,42 @@ def test_a_store_that_never_answers_is_lost_after_the_timeout():
     assert len(lost) == 1 and isinstance(lost[0], StoreLost), lost
     assert f"127.0.0.1:{port}" in lost[0].detail
     assert 2.0 <= time.monotonic() - started < 6.0
+
+
+def test_a_node_that_left_is_not_lost_and_the_next_rank_watches_in_its_place():
+    """Group rank 0 (the watching node) leaves the round of three: it names itself in the round's departures and
+    beats no more. Rank 1 takes its part (it watches rank 2, and nobody takes rank 0 for lost); when rank 2 then
+    falls silent without leaving, rank 1 is the one that says so."""
+    from mbr_launch.cluster import departures
+    from mbr_launch.cluster.peers import PeerLost, PeersLeft
+
+    port = free_port()
+    server = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=30))
+    control = PrefixStore(_Round.control_prefix, server)
+    seen: dict[int, list] = {1: [], 2: []}
+    watches = {}
+    for rank in (1, 2):
+        rnd = _Round(store_port=port, group_rank=rank, group_world_size=3)
+        # as if each ran on a machine of its own: only beats tell (here, one live process hosts both watches)
+        watches[rank] = PeerWatch(rnd, timeout=2.0, on_lost=seen[rank].append, on_left=seen[rank].append,  # type: ignore[arg-type]
+                                  seen=lambda _who, _me: Seen.SILENT)
+    try:
+        for watch in watches.values():
+            watch.start()
+        assert watches[2].watched() == [0] and watches[1].watched() == [0]
+        departures.mark_left(_Round(store_port=port, group_rank=0, group_world_size=3, control=control), 0)  # type: ignore[arg-type]
+        end = time.monotonic() + 6  # three timeouts: rank 0 was silent all along
+        while time.monotonic() < end:
+            time.sleep(0.1)
+        assert seen == {1: [PeersLeft((0,))], 2: [PeersLeft((0,))]}, seen
+        assert watches[1].watched() == [2] and watches[2].watched() == [1]
+        watches[2].cancel()
+        watches[2].join(10)
+        end = time.monotonic() + 10
+        while time.monotonic() < end and len(seen[1]) < 2:
+            time.sleep(0.1)
+        assert isinstance(seen[1][-1], PeerLost) and seen[1][-1].group_rank == 2, seen[1]
+    finally:
+        for watch in watches.values():
+            watch.cancel()
+            watch.join(10)

@@ -102,6 +102,32 @@ def test_a_real_c10d_join_takes_every_patch_and_leaves(tmp_path):
     assert rendezvous.existing_handler() is None
 
 
+@pytest.mark.parametrize("listed", ["wait_list", "redundancy_list"])
+def test_a_node_that_leaves_is_out_of_the_wait_list_and_the_spares_list_at_once(listed):
+    """torch's exit operation takes a node out of the round's participants only: a spare (or a node queued for
+    the next round) that leaves would stay listed until its keep-alive expires, and hold up the next round's
+    early close (cluster.shrink). ``leave`` takes it out of those lists too."""
+    store = HashStore()
+    act = dynamic_rendezvous._Action
+    handler = DynamicRendezvousHandler.from_backend("t", store, C10dRendezvousBackend(store, "t"), 1, 2,
+                                                    local_addr="t")
+    add = act.ADD_TO_WAIT_LIST if listed == "wait_list" else act.ADD_TO_REDUNDANCY_LIST
+
+    def put_there(ctx, _deadline):
+        return act.FINISH if ctx.node in getattr(ctx.state, listed) else add
+
+    handler._op_executor.run(put_there, time.monotonic() + 5)
+
+    def listed_now() -> int:
+        blob, _token = C10dRendezvousBackend(store, "t").get_state()
+        view = torch_internals.decode_state(blob)
+        return len(view.waiting if listed == "wait_list" else view.spares)
+
+    assert listed_now() == 1
+    assert torch_internals.leave(handler, timeout=5) is None
+    assert listed_now() == 0
+
+
 # ---- a torch without a private part: reported, never hidden ------------------------------------------
 
 @pytest.mark.parametrize("owner, name, lost, why", MISSING, ids=MISSING_IDS)

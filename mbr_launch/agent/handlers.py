@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import signal
 from typing import Any, Callable, Optional
 
 from mbr_launch.agent import inquiry
@@ -11,7 +10,7 @@ from mbr_launch.agent.failures import handle_failure
 from mbr_launch.agent.messages import (AllDone, Departure, Event, InquiryOpened, MonitorDied, MonitorWarning,
                                        NodesWaiting, Outcome, PeerStopped, Progress, RankExpired, RankStarted,
                                        RoundResult, WorkloadRequest)
-from mbr_launch.cluster.peers import PeerLost, StoreLost
+from mbr_launch.cluster.peers import PeerLost, PeersLeft, StoreLost
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.causes import Cause
@@ -72,39 +71,12 @@ def note_progress(ctx: Context, rnd: Round, event: Progress) -> None:
         (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
 
 
-def handle_signal(ctx: Context, rnd: Round, signum: int) -> RoundResult:
-    """Forward the signal (or, for a preemption signal, the forward signal with the preemption grace) to the
-    workers, stop them, tell the other nodes: the job ends."""
-    name = signal.Signals(signum).name
-    forward, grace = note_signal(ctx, signum)
-    ctx.group.stop(rnd, first_signal=forward, grace=grace)
-    try:
-        with ctx.store_call("telling the other nodes about the signal"):
-            ctx.cluster.publish(rnd, StopMessage(reason=f"{name} on node {ctx.node}", origin=ctx.node, final=True))
-    except Exception:
-        pass  # the store may be gone too; our own exit does not depend on it
-    return RoundResult(Outcome.SIGNALED, signum=signum)
-
-
-def note_signal(ctx: Context, signum: int, *, workers: bool = True,
-                phase: str = "while waiting in the rendezvous") -> tuple[signal.Signals, float]:
-    """Record a signal (and a preemption) in the log and on the console; what the workers get, and their grace.
-    ``workers`` False: none are running (the signal came in ``phase``, e.g. while this node waited in the
-    rendezvous)."""
-    cfg = ctx.cfg
-    name = signal.Signals(signum).name
-    ctx.log.emit("signal", signal=name)
-    if name in cfg.preemption.signals:
-        forward, grace = signal.Signals[cfg.preemption.forward_signal], cfg.preemption.grace
-        ctx.log.emit("preemption", signal=name, forward=forward.name, grace=grace)
-        ctx.say(f"PREEMPTION ({name}): " + (f"sending {forward.name} to the workers so they can checkpoint, then "
-                                            f"stopping them after {grace:g} s" if workers else
-                                            f"{phase}; no workers to stop"))
-    else:
-        forward, grace = signal.Signals(signum), cfg.workers.shutdown_timeout
-        ctx.say(f"received {name}: " + (f"forwarding it to the workers, then stopping them (grace {grace:g} s)"
-                                        if workers else f"{phase}; stopping"))
-    return forward, grace
+def note_peers_left(ctx: Context, rnd: Round, event: PeersLeft) -> None:
+    """Nodes left the round (a signal stopped them and not the job): what the round does about it was decided
+    by the node that left (``agent.leaving``); here it is only recorded."""
+    ctx.log.emit("peer_left", round=rnd.index, group_ranks=list(event.group_ranks))
+    ctx.say(f"group rank(s) {list(event.group_ranks)} left the job (stopped by a signal that did not reach every "
+            "node)")
 
 
 def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundResult:
@@ -212,6 +184,7 @@ Handler = Callable[[Context, Round, Any], Optional[RoundResult]]
 HANDLERS: dict[type, Handler] = {
     PeerStopped: _peer_stopped,
     PeerLost: handle_silence,
+    PeersLeft: note_peers_left,
     StoreLost: handle_silence,
     AllDone: _all_done,
     MonitorWarning: note_monitor_warning,

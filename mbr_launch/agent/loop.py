@@ -8,7 +8,9 @@ Round states::
                    |          restart node/rank --> respawn locally --> RUNNING
                    |          exclude node      --> leave the rendezvous --> exit 6 (the others go on)
                    |          stop              --> final stop message --> exit 1
-                   \\--> STOPPED (a peer's message, membership change, signal) --> JOINING (or exit if final)
+                   \\--> STOPPED (a peer's message, membership change) --> JOINING (or exit if final)
+                   \\--> SIGNAL --> every node of the round got one: the job stops --> exit 5 / 128+N
+                               only this node (or some): it leaves, the others go on --> exit 6 (agent.leaving)
 
 Inside a round the loop has fixed steps: wait (one ``select`` over the wake-up pipe, the workers' pidfds and
 the monitor's) -> reap exited workers -> dispatch queued events (signals first) -> judge expiries postponed
@@ -19,11 +21,11 @@ this very loop.
 
 from __future__ import annotations
 
-from mbr_launch.agent import inquiry
+from mbr_launch.agent import inquiry, leaving
 from mbr_launch.agent.context import Context, InquiryState
-from mbr_launch.agent.ending import final_code, finish, finish_signaled
+from mbr_launch.agent.ending import final_code, finish
 from mbr_launch.agent.crashes import handle_crashes
-from mbr_launch.agent.handlers import dispatch, handle_signal, handle_silence, note_signal, tick_telemetry
+from mbr_launch.agent.handlers import dispatch, handle_silence, tick_telemetry
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
 from mbr_launch.agent.progress import back_off, bounded_backoff, join_progress, timed_out
 from mbr_launch.agent.wakeup import Interrupted
@@ -71,7 +73,7 @@ class Supervisor:
         local_done = False
         while True:
             self._wait()
-            result = self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
+            result = self._signal(rnd) or self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
             if result is None and not local_done:
                 result = inquiry.resume_postponed(self.ctx, rnd) or self._tick_telemetry(rnd)
                 if result is None and self.ctx.finished_here():
@@ -96,10 +98,13 @@ class Supervisor:
             return None
         return handle_crashes(self.ctx, rnd, failed)
 
-    def _dispatch(self, rnd: Round, local_done: bool) -> RoundResult | None:
+    def _signal(self, rnd: Round) -> RoundResult | None:
+        """Before the workers' exits: a stop signal is recorded for the other nodes as soon as it comes, and the
+        ranks it killed too (Slurm signals every process of the step) are its consequence, not a crash."""
         signum = self.ctx.wakeup.take_signal()
-        if signum is not None:
-            return handle_signal(self.ctx, rnd, signum)
+        return None if signum is None else leaving.stop_for_signal(self.ctx, rnd, signum)
+
+    def _dispatch(self, rnd: Round, local_done: bool) -> RoundResult | None:
         for event in self.ctx.wakeup.take_events():
             result = dispatch(self.ctx, rnd, event, local_done)
             if result is not None:
@@ -148,8 +153,7 @@ class Supervisor:
                 rnd = ctx.rendezvous.next_round(*(self._after or ()))
         except Interrupted as stop:  # Ctrl-C, or a preemption, while waiting for the other nodes
             ctx.wakeup.take_signal()
-            note_signal(ctx, stop.signum, workers=False)
-            return finish_signaled(ctx, stop.signum, None)
+            return leaving.stop_outside_round(ctx, stop.signum)
         except RendezvousClosed as err:
             ctx.departure = Departure.NONE  # closed already, by the node that ended the job
             ended = ctx.cycles.no_restart_line(ctx.rendezvous.job_get) if ctx.cycles else None
@@ -157,10 +161,6 @@ class Supervisor:
         except RendezvousFailed as err:
             return finish(ctx, exitcodes.RENDEZVOUS, progress.report.timed_out() if timed_out(err) else str(err))
         ctx.round = rnd
-        signum = ctx.wakeup.take_signal()
-        if signum is not None:
-            note_signal(ctx, signum, workers=False)
-            return finish_signaled(ctx, signum, rnd)
         ctx.log.group_rank = rnd.group_rank
         ctx.log.emit("rendezvous", round=rnd.index, group_world_size=rnd.group_world_size,
                      world_size=rnd.world_size, rank_offset=rnd.rank_offset, master_addr=rnd.master_addr,
@@ -169,6 +169,9 @@ class Supervisor:
                      **({"fallback": rnd.fallback} if rnd.fallback else {}),
                      **({"woken": True} if rnd.woken else {}))
         ctx.summary.restarts = rnd.restart_count
+        signum = ctx.wakeup.take_signal()
+        if signum is not None:  # the round formed with this node: it is stopped (or leaves) as from within
+            return leaving.conclude(ctx, rnd, leaving.stop_for_signal(ctx, rnd, signum, workers=False))
         return rnd
 
     def _run_round(self, rnd: Round) -> RoundResult:
@@ -199,9 +202,8 @@ class Supervisor:
         ctx = self.ctx
         if ctx.cycles:
             ctx.cycles.end(membership=result.message is not None and result.message.membership)
-        if result.outcome is Outcome.SIGNALED:
-            assert result.signum is not None
-            return finish_signaled(ctx, result.signum, rnd)
+        if result.outcome in (Outcome.SIGNALED, Outcome.LEFT):
+            return leaving.conclude(ctx, rnd, result)
         if result.outcome is Outcome.SUCCEEDED:
             return finish(ctx, exitcodes.OK, "all workers succeeded")
         message = result.message
@@ -224,8 +226,7 @@ class Supervisor:
                 return None
             signum = ctx.wakeup.take_signal()
             assert signum is not None  # the back-off ends early only for a signal
-        note_signal(ctx, signum, workers=False, phase="while restarting")
-        return finish_signaled(ctx, signum, rnd)
+        return leaving.stop_outside_round(ctx, signum, phase="while restarting")
 
 
 def fast_blocker(ctx: Context, rnd: Round, result: RoundResult) -> str | None:
@@ -244,7 +245,10 @@ def fast_blocker(ctx: Context, rnd: Round, result: RoundResult) -> str | None:
         return "a node was lost"
     try:
         with ctx.store_call("asking whether nodes wait to join"):
-            waiting = ctx.rendezvous.spare_count()
+            gone = ctx.cluster.left(rnd)
+            waiting = 0 if gone else ctx.rendezvous.spare_count()
     except Exception as err:  # the join that follows meets the same store and reports it
         return f"could not ask whether nodes wait ({type(err).__name__})"
+    if gone:
+        return f"group rank(s) {sorted(gone)} left the job"
     return f"{waiting} node(s) wait outside the round" if waiting else None

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
 from mbr_launch.cluster.inquiry import Opener
-from mbr_launch.cluster.peers import PeerLost, StoreLost
+from mbr_launch.cluster.peers import PeerLost, PeersLeft, StoreLost
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.monitor.wire import MonitorEvent
 
@@ -24,14 +24,15 @@ class Outcome(enum.Enum):
     RESTART = "restart"  # a new rendezvous round, decided by us or a peer
     FINAL = "final"  # the job ends: the stop message says why and with which code
     EXCLUDED = "excluded"  # this node leaves; the others go on
-    SIGNALED = "signaled"  # the launcher got a signal (preemption or a stop request)
+    SIGNALED = "signaled"  # a signal reached every node of the round (preemption or a stop request): the job ends
+    LEFT = "left"  # a signal reached this node but not the whole round: this node leaves, the others go on
 
 
 class Departure(enum.Enum):
     """How this agent parts from the rendezvous when it exits."""
 
     CLOSE = "close"  # the job is over: close it for every node
-    LEAVE = "leave"  # this node is excluded: leave, the others go on
+    LEAVE = "leave"  # this node is excluded, or was stopped alone: leave, the others go on
     NONE = "none"  # nothing to tell: closed already, or its store is unreachable
 
 
@@ -39,7 +40,7 @@ class Departure(enum.Enum):
 class RoundResult:
     outcome: Outcome
     message: StopMessage | None = None  # RESTART / FINAL / EXCLUDED: the decision every node acts on
-    signum: int | None = None  # SIGNALED
+    signum: int | None = None  # SIGNALED, LEFT
 
 
 # ---- events ------------------------------------------------------------------------------------------
@@ -135,7 +136,7 @@ class Progress:
     payload: Mapping[str, Any] = field(default_factory=dict)
 
 
-Event = Union[PeerStopped, PeerLost, StoreLost, AllDone, NodesWaiting, MonitorDied, RankStarted, RankExpired,
+Event = Union[PeerStopped, PeerLost, PeersLeft, StoreLost, AllDone, NodesWaiting, MonitorDied, RankStarted, RankExpired,
               InquiryOpened, WorkloadRequest, MonitorWarning, Progress]
 
 

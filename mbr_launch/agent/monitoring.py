@@ -56,6 +56,10 @@ class MonitorHandle:
     def restart(self) -> None:
         self.start()
 
+    def pending_signals(self) -> frozenset[int] | None:
+        """The job's signals sent to the monitor's process too (``monitor.witness``); None without a monitor."""
+        return self.link.pending_signals() if self.link else None
+
     def snapshot(self) -> dict[str, Any] | None:
         return self.link.snapshot(timeout=1.0) if self.link else None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from mbr_launch.agent.messages import AllDone, Event, InquiryOpened, NodesWaiting, PeerStopped
-from mbr_launch.cluster import inquiry
+from mbr_launch.cluster import departures, inquiry
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerWatch
 from mbr_launch.cluster.rendezvous import Rendezvous, hosts_store
@@ -26,7 +26,7 @@ class RoundWatch:
                  waiting: Callable[[], int] | None, hosting: bool) -> None:
         self._round, self._post = rnd, post
         self._peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
-                                on_waiting=lambda count: post(NodesWaiting(count)), hosting=hosting)
+                                on_waiting=lambda count: post(NodesWaiting(count)), on_left=post, hosting=hosting)
         self.threads: list[StopListener | PeerWatch] = [
             StopListener(rnd, lambda raw: post(PeerStopped(StopMessage.decode(raw)))), self._peers]
         for thread in self.threads:
@@ -66,11 +66,12 @@ class StoreCluster:
         self.current: RoundWatch | None = None  # the latest round's (earlier ones were cancelled with their round)
 
     def watch(self, rnd: Round, post: Callable[[Event], None]) -> RoundWatch:
-        # Only group rank 0 asks whether nodes wait to join (it then stops the round for all): each ask reads
-        # torch's whole rendezvous state, O(N) bytes, so N askers cost the store's host O(N^2) per interval.
-        asks = self._membership and rnd.group_rank == 0
+        # Only the watching node (group rank 0, or the lowest still in the round once it left) asks whether
+        # nodes wait to join (it then stops the round for all): each ask reads torch's whole rendezvous state,
+        # O(N) bytes, so N askers cost the store's host O(N^2) per interval.
         watch = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
-                           waiting=self._rendezvous.waiting_counter() if asks else None, hosting=self.hosts_store(rnd))
+                           waiting=self._rendezvous.waiting_counter() if self._membership else None,
+                           hosting=self.hosts_store(rnd))
         self.current = watch
         return watch
 
@@ -82,6 +83,18 @@ class StoreCluster:
 
     def mark_done(self, rnd: Round) -> bool:
         return mark_done(rnd)
+
+    def record_signal(self, rnd: Round, signal_name: str) -> int:
+        return departures.record_signal(rnd, self._rendezvous.job_store(rnd.store), signal_name)
+
+    def count_signalled(self, rnd: Round) -> int:
+        return departures.signalled(rnd)
+
+    def mark_left(self, rnd: Round) -> frozenset[int]:
+        return departures.mark_left(rnd, rnd.group_rank)
+
+    def left(self, rnd: Round) -> frozenset[int]:
+        return departures.read_left(rnd)
 
     def hosts_store(self, rnd: Round) -> bool:
         return hosts_store(rnd.store_port)
@@ -96,10 +109,12 @@ class StoreCluster:
         inquiry.publish_evidence(rnd, number, rnd.group_rank, [evidence_to_dict(e) for e in evidence])
 
     def collect_evidence(self, rnd: Round, number: int, *, deadline: float) -> tuple[list[RankEvidence], list[int]]:
-        """Every node's evidence that came in time, and the group ranks of the nodes that sent none."""
-        found = inquiry.collect_evidence(rnd, number, nodes=rnd.group_world_size, deadline=deadline)
+        """Every node's evidence that came in time, and the group ranks of the nodes that sent none (a node that
+        left the round is not waited for, nor missed)."""
+        gone = departures.read_left(rnd)
+        found = inquiry.collect_evidence(rnd, number, nodes=rnd.group_world_size, deadline=deadline, gone=gone)
         evidence = [e for items in found.values() for e in evidence_list_from_dicts(items)]
-        return evidence, [g for g in range(rnd.group_world_size) if g not in found]
+        return evidence, [g for g in range(rnd.group_world_size) if g not in found and g not in gone]
 
     def publish_verdict(self, rnd: Round, number: int, verdict: Verdict) -> Verdict:
         wire = verdict_to_wire(verdict)

@@ -88,15 +88,16 @@ def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[di
     rnd.control.set(key, storevalue.seal(_full(rnd, key), json.dumps(evidence)))
 
 
-def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float,
+def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, gone: frozenset[int] = frozenset(),
                      clock: Callable[[], float] = time.monotonic) -> dict[int, list[dict[str, Any]]]:
     """Every node's evidence that arrived before ``deadline``; a node that sent none is missing from the result
     (its silence is evidence too: the verdict says so).
 
     One blocking wait for every node's key (the store answers when the last one is set), then one read of them
     all: two store operations whatever the job's size, where polling each missing key cost the store's host
-    O(nodes) operations every poll. Only when the bound passes first is each key checked once."""
-    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes)}
+    O(nodes) operations every poll. Only when the bound passes first is each key checked once. The nodes that
+    left the round (``gone``) are not waited for."""
+    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
     if _wait_keys(rnd, list(keys.values()), deadline, clock):
         present = list(keys)
     else:

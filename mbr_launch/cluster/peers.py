@@ -15,6 +15,11 @@ the verdict cannot come from this thread: it records when the store last answere
 
 The same thread also asks the rendezvous whether nodes wait to join (``membership``), so that no blocking
 store call happens in the agent's main loop.
+
+A node that leaves the round (``cluster.departures``: a stop signal that reached it alone) names itself in the
+round's ``left`` key, which every watch reads with its beats: it is not watched for silence from then on, and
+when it was the watching node (group rank 0), the lowest group rank still in the round takes that part, the
+question of waiting nodes with it.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from mbr_launch.cluster import hostview
+from mbr_launch.cluster.departures import LEFT_KEY, decode_left, left_key
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.decide import liveness
@@ -55,6 +61,14 @@ class PeerLost:
 
 
 @dataclass(frozen=True)
+class PeersLeft:
+    """Nodes of the round left it (stopped by a signal that did not reach the whole job): the round goes on
+    without them, as ``decide.leaving`` decided on the node that left."""
+
+    group_ranks: tuple[int, ...]
+
+
+@dataclass(frozen=True)
 class StoreLost:
     """The rendezvous store stopped answering this node: it may be cut off."""
 
@@ -70,16 +84,18 @@ Silence = Union[PeerLost, StoreLost]
 class PeerWatch:
     def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[Silence], None],
                  waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
-                 hosting: bool = False, clock: Callable[[], float] = time.monotonic,
-                 own: Callable[[], float] = hostview.own_time,
+                 on_left: Callable[[PeersLeft], None] | None = None, hosting: bool = False,
+                 clock: Callable[[], float] = time.monotonic, own: Callable[[], float] = hostview.own_time,
                  seen: Callable[[Identity | None, Identity | None], Seen] = hostview.seen,
                  me: Identity | None = None) -> None:
         self._round = rnd
         self._timeout = timeout
         self._interval = max(0.05, timeout / 4)
         self._on_lost = on_lost
-        self._waiting = waiting
+        self._waiting = waiting  # asked by the watching node only (``_chief``)
         self._on_waiting = on_waiting
+        self._on_left = on_left
+        self._left: frozenset[int] = frozenset()  # group ranks that left the round
         self._hosting = hosting  # this agent serves the store: it names itself under STORE_HOST_KEY
         self._clock, self._own, self._seen = clock, own, seen
         self._me = me if me is not None else hostview.my_identity()
@@ -89,7 +105,7 @@ class PeerWatch:
         self._thread = threading.Thread(target=self._run, name=f"peer-watch-{rnd.index}", daemon=True)
 
     def start(self) -> None:
-        if self._round.group_world_size > 1 or self._waiting is not None:
+        if self._round.group_world_size > 1 or (self._waiting is not None and self._round.group_rank == 0):
             self._thread.start()
 
     @property
@@ -119,9 +135,14 @@ class PeerWatch:
         if self._thread.is_alive():
             self._thread.join(timeout)
 
+    def _chief(self) -> int:
+        """The node that watches every other: the lowest group rank still in the round."""
+        return min((r for r in range(self._round.group_world_size) if r not in self._left),
+                   default=self._round.group_rank)
+
     def watched(self) -> list[int]:
-        me, size = self._round.group_rank, self._round.group_world_size
-        return [r for r in range(size) if r != me] if me == 0 else [0]
+        me, size, chief = self._round.group_rank, self._round.group_world_size, self._chief()
+        return [r for r in range(size) if r != me and r not in self._left] if me == chief else [chief]
 
     def _lost_store(self, what: str, err: BaseException) -> None:
         silent = self._own() - self._answered
@@ -177,7 +198,7 @@ class PeerWatch:
         """Watch until stopped (True) or a peer or the store is lost (False)."""
         peers = [f"hb/{r}" for r in self.watched()]
         host_key = [] if self._store_host else [STORE_HOST_KEY]
-        answered = self._start(store, peers + host_key)
+        answered = self._start(store, peers + host_key + [LEFT_KEY])
         last: dict[str, bytes] = {}
         silence = {key: liveness.Silence(self._own()) for key in peers}
         identities: dict[str, Identity | None] = {}
@@ -186,26 +207,48 @@ class PeerWatch:
             count += 1
             try:
                 self._call(lambda: store.set(own, Beat(count, self._me).encode()))
-                values = self._call(lambda: store.multi_get(peers + host_key)) if peers or host_key else []
+                values = self._call(lambda: store.multi_get(peers + host_key + [LEFT_KEY]))
                 answered = True
-                if self._waiting is not None and self._on_waiting is not None:
-                    waiting = self._call(self._waiting)
-                    if waiting > 0:
-                        self._on_waiting(waiting)
+                self._ask_waiting()
             except Exception as err:
                 answered = False
                 if self._store_silence() is not None:
                     self._lost_store("no answer from", err)
                     return False
                 continue
-            if host_key and values[-1]:
-                found = Identity.decode(values[-1][:Identity.MAX_TEXT + 1].decode("ascii", errors="replace"))
+            if host_key and values[len(peers)]:
+                found = Identity.decode(values[len(peers)][:Identity.MAX_TEXT + 1].decode("ascii", errors="replace"))
                 if found is not None:
                     _STORE_HOSTS[(self._round.store_host, self._round.store_port)] = found
                     host_key = []
+            if self._departures(values[-1]):
+                peers = [f"hb/{r}" for r in self.watched()]
+                if not self._start(store, [k for k in peers if k not in silence]):
+                    answered = False
+                silence = {key: silence.get(key) or liveness.Silence(self._own()) for key in peers}
+                continue  # the new peers' beats are read on the next turn
             if self._judge(zip(peers, values), last, silence, identities):
                 return False
         return answered
+
+    def _ask_waiting(self) -> None:
+        """The watching node asks whether nodes wait to join (one asker: each ask reads torch's whole state)."""
+        if self._waiting is None or self._on_waiting is None or self._chief() != self._round.group_rank:
+            return
+        waiting = self._call(self._waiting)
+        if waiting > 0:
+            self._on_waiting(waiting)
+
+    def _departures(self, raw: bytes) -> bool:
+        """Read the round's departures; True when nodes left since the last look (reported)."""
+        left = decode_left(raw, full_key=left_key(self._round), nodes=self._round.group_world_size)
+        new = left - self._left - {self._round.group_rank}
+        if not new:
+            return False
+        self._left |= new
+        if self._on_left is not None:
+            self._on_left(PeersLeft(tuple(sorted(new))))
+        return True
 
     def _judge(self, beats: Any, last: dict[str, bytes], silence: dict[str, liveness.Silence],
                identities: dict[str, Identity | None]) -> bool:

@@ -326,9 +326,9 @@ class Rendezvous:
         state = self._state_reader.read()  # None also while there is no handler yet
         if state is not None:
             return state.outside
-        handler = self.handler
+        handler = self._handler
         try:
-            return join_state(torch_internals.read_state_locked(handler)).outside
+            return join_state(torch_internals.read_state_locked(handler)).outside if handler is not None else 0
         except Exception:  # the store is gone, or a torch without these parts (reported at start-up)
             return self.num_nodes_waiting()
 
@@ -354,8 +354,9 @@ class Rendezvous:
             return None
 
     def num_nodes_waiting(self) -> int:
+        """torch's own count, from the handler made already (none before the first join, or after ``leave``)."""
         try:
-            return self.handler.num_nodes_waiting()
+            return self._handler.num_nodes_waiting() if self._handler is not None else 0
         except Exception:
             return 0
 

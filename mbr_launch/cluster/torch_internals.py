@@ -12,11 +12,11 @@ benchmark would notice the restarts getting slower), so it is never hidden:
   in-memory store: nothing is patched, well under a millisecond once torch is imported); the agent says one
   line at start-up when any does not (``lost_line``), and ``mbr-launch doctor`` has a check of it.
 
-The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their
-users: ``event_names`` (``cluster.eventnames``), ``join_wake`` (``cluster.joinwake``), ``early_close``
-(``cluster.shrink``), ``leave`` (``Rendezvous.leave``), ``state_reads`` (``cluster.joining``,
-``Rendezvous.spare_count``), ``store_address`` (``Rendezvous.handler``, ``job_get``), ``store_socket``
-(``cluster.rdzvstore``). torch is imported inside the functions only: the doctor imports this module without it.
+The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their users:
+``event_names`` (``cluster.eventnames``), ``join_wake`` (``cluster.joinwake``), ``early_close`` (``cluster.shrink``),
+``leave`` (``Rendezvous.leave``), ``state_reads`` (``cluster.joining``, ``Rendezvous.spare_count``), ``store_address``
+(``Rendezvous.handler``, ``job_get``), ``store_socket`` (``cluster.rdzvstore``). torch is imported inside the
+functions only: the doctor imports this module without it.
 """
 
 from __future__ import annotations
@@ -74,16 +74,12 @@ class PatchKind:
 def _dynamic() -> ModuleType:
     """torch's dynamic rendezvous module (ImportError where this torch has none)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
-
     return dynamic_rendezvous
 
 
 def _lacks(obj: Any, owner: str, *names: str) -> str | None:
     """'<owner> has no <name>' for the first of ``names`` that ``obj`` lacks; None when it has them all."""
-    for name in names:
-        if not hasattr(obj, name):
-            return f"{owner} has no {name}"
-    return None
+    return next((f"{owner} has no {name}" for name in names if not hasattr(obj, name)), None)
 
 
 def _state_lacks(dr: ModuleType, *fields: str) -> str | None:
@@ -127,7 +123,7 @@ def _early_close_missing(handler: Any) -> str | None:
 
 def _leave_missing(handler: Any) -> str | None:
     dr = _dynamic()
-    return (_lacks(dr, _MODULE, "_RendezvousExitOp")
+    return (_lacks(dr, _MODULE, "_RendezvousExitOp", "_Action") or _lacks(dr._Action, "_Action", "REMOVE_FROM_WAIT_LIST")
             or _lacks(handler, "the handler", "_stop_heartbeats", "_op_executor")
             or _lacks(handler._op_executor, "its executor", "run"))
 
@@ -170,8 +166,8 @@ EARLY_CLOSE = PatchKind(
     _early_close_missing)
 LEAVE = PatchKind(
     "leave",
-    "an excluded node leaves the rendezvous at once",
-    "the other nodes drop an excluded node only when its keep-alive expires",
+    "a node that leaves (excluded, or stopped alone by a signal) is out of the rendezvous at once",
+    "the other nodes drop a node that leaves only when its keep-alive expires",
     _leave_missing)
 STATE_READS = PatchKind(
     "state_reads",
@@ -188,8 +184,7 @@ STORE_SOCKET = PatchKind(
     "the store's host listens on our own socket (IPv4 for an IPv4 endpoint): no DNS lookup per connection",
     "torch's registry makes the store: its server may stop for a reverse DNS lookup of each connecting agent",
     _store_socket_missing, on_handler=False)
-PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, STATE_READS, STORE_ADDRESS,
-                                  STORE_SOCKET)
+PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, STATE_READS, STORE_ADDRESS, STORE_SOCKET)
 
 
 # ---- status for the torch in use -----------------------------------------------------------------------
@@ -236,7 +231,6 @@ def lost_line(patches: Sequence[Patch], version: str | None = None) -> str | Non
 
 def torch_version() -> str:
     import torch
-
     return str(torch.__version__)
 
 
@@ -326,14 +320,21 @@ class _EarlyClose:
 # ---- leave ---------------------------------------------------------------------------------------------
 
 def leave(handler: Any, *, timeout: float) -> str | None:
-    """Take this node out of the rendezvous without closing it (torch's own exit operation, which
-    ``next_rendezvous`` runs first; there is no public call). Returns why it could not, None when it did."""
+    """Out of the rendezvous without closing it (no public call): torch's exit op, then out of the wait or spares'
+    list, which torch leaves to the keep-alive's expiry (holding up an early close). Why not; None: it left."""
     patch = LEAVE.check(handler)
     if not patch.installed:
         return f"{patch.name} not installed: {patch.why_not}"
+    exit_op, act = _dynamic()._RendezvousExitOp(), _dynamic()._Action
+    outs = {"wait_list": act.REMOVE_FROM_WAIT_LIST, "redundancy_list": getattr(act, "REMOVE_FROM_REDUNDANCY_LIST", 0)}
+
+    def everywhere(ctx: Any, deadline: float) -> Any:
+        action, found = exit_op(ctx, deadline), [o for n, o in outs.items() if o and ctx.node in getattr(ctx.state, n, ())]
+        return found[0] if action == act.FINISH and found else action
+
     try:
         handler._stop_heartbeats()
-        handler._op_executor.run(_dynamic()._RendezvousExitOp(), time.monotonic() + timeout)
+        handler._op_executor.run(everywhere, time.monotonic() + timeout)
     except Exception as err:  # the store is gone, or the exit timed out: our keep-alive expires instead
         return f"{type(err).__name__}: {err}"
     return None
@@ -396,5 +397,4 @@ def matches_this_machine(host: str) -> bool:
     """torch's own test of whether ``host`` is this machine (its name, its addresses, loopback), so that the
     same agent hosts the store as under torchrun."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
-
     return bool(_matches_machine_hostname(host))

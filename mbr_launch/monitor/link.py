@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from mbr_launch.monitor import witness
 from mbr_launch.monitor.forked import Forked, fork_monitor
 from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, MonitorEvent, Op
 
@@ -84,6 +85,10 @@ class MonitorLink:
 
     def exit_code(self) -> int | None:
         return self._proc.poll() if self._proc else None
+
+    def pending_signals(self) -> frozenset[int] | None:
+        """The job's signals sent to the monitor's process (``monitor.witness``); None without one."""
+        return witness.pending(self._proc.pid) if self._proc and self._proc.returncode is None else None
 
     def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
             step_socket: str | None = None) -> None:

@@ -29,21 +29,12 @@ from mbr_launch.monitor.deadlines import InvalidTransition, Phase
 from mbr_launch.monitor.sockets import Sockets, drain, unlink
 from mbr_launch.monitor.state import Shared, Slot
 from mbr_launch.monitor.timers import Timers
+from mbr_launch.monitor.witness import hold_job_signals
 from mbr_launch.monitor.wire import MonitorEvent
 
 
 # epoll cannot wait longer than about 24 days: a far deadline is waited for in steps.
 MAX_WAIT = 3600.0
-
-JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
-
-
-def ignore_job_signals() -> None:
-    """Ignore the signals that hit a whole job (Ctrl-C, Slurm's SIGTERM and preemption signals): the monitor's
-    life ends only through the agent (``exit`` or stdin EOF) or SIGKILL."""
-    for sig in JOB_SIGNALS:
-        signal.signal(sig, signal.SIG_IGN)
-
 
 def kill_armed(slots: Iterable[Slot]) -> None:
     """SIGKILL the process group (else the process) of every rank still armed: when the agent dies (stdin
@@ -133,7 +124,9 @@ class Monitor:
 
 
 def main() -> int:
-    ignore_job_signals()  # the agent owns our lifetime
+    # The signals that hit a whole job (Slurm's, a Ctrl-C) never end the monitor, whose life the agent owns; they
+    # stay pending here, the agent's witness of a signal to the whole Slurm step (``monitor.witness``).
+    hold_job_signals()
     emitter = Emitter(sys.stdout.fileno())
     monitor = Monitor(emitter.emit)
     emitter.on_broken = monitor.agent_gone

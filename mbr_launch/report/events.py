@@ -43,6 +43,15 @@ monitor_warning     round, local_rank, pid (the peer, from the kernel), message:
                     monitor refused, or a client connection that broke (the first 200 of a run)
 signal              signal
 preemption          signal, forward, grace
+signal_reach        round, reach (job: every node of the round got a stop signal, the job stops; node: not every
+                    node, those it reached leave), by (step: Slurm signalled every process of this node's step;
+                    count: every node recorded one; window: half --peer-timeout passed without that; second
+                    signal; store: it did not answer), signalled (nodes reached; null: the store did not answer),
+                    nodes
+node_left           round (null: outside a round), signal, next (go on|re-form|restart|stop: what the round does
+                    without this node), reason: this node leaves the job, stopped by a signal that did not reach
+                    every node (exit 6)
+peer_left           round, group_ranks: nodes of the round left it, stopped by a signal that did not reach every node
 requeue             job, ok
 first_step          round, rank, local_rank, seconds (from the worker's start to its first optimizer step)
 first_progress      round, rank, local_rank, kind (checkpoint|collectives|iteration), seconds (from the worker's
@@ -124,6 +133,9 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
     "monitor_warning": ("round", "local_rank", "pid", "message"),
     "signal": ("signal",),
     "preemption": ("signal", "forward", "grace"),
+    "signal_reach": ("round", "reach", "by", "signalled", "nodes"),
+    "node_left": ("round", "signal", "next", "reason"),
+    "peer_left": ("round", "group_ranks"),
     "requeue": ("job", "ok"),
     "first_step": ("round", "rank", "local_rank", "seconds"),
     "first_progress": ("round", "rank", "local_rank", "kind", "seconds"),

@@ -1,0 +1,81 @@
+"""Nodes stopped by a signal, and nodes that left a round: the round's keys that say so (``decide.leaving``).
+
+- ``signalled``: how many of the round's nodes a stop signal has reached (a sealed counter: one add per node).
+  The node whose add makes it the round's size has seen the job stopped, and leaves ``JOB_STOP_KEY`` in the
+  job's keys, where an agent waiting outside the round (a spare) that got the same signal reads it.
+- ``left``: the group ranks that left the round (a sealed JSON list, grown by compare-and-set). Every node's
+  peer watch reads it with its beats: a node that left is not watched for silence, and when the watching node
+  (group rank 0) leaves, the lowest rank still in the round takes its part.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.round import Round
+
+SIGNALLED_KEY = "signalled"
+LEFT_KEY = "left"
+JOB_STOP_KEY = "signal_stop"  # in the job's keys (``Rendezvous.job_store``), sealed under this very name
+TRIES = 50  # compare-and-set attempts on the list of departures (one per node that leaves at the same time)
+
+
+def record_signal(rnd: Round, job: Any, signal_name: str) -> int:
+    """Count this node as reached by a stop signal (once per round: the caller's duty); the count with it. The
+    node that completes the count tells the agents outside the round (``job``: the job's store)."""
+    count = storevalue.add(rnd.control, SIGNALLED_KEY, storevalue.scoped(rnd.control_prefix, SIGNALLED_KEY), 1)
+    if count >= rnd.group_world_size:
+        storevalue.claim(job, JOB_STOP_KEY, JOB_STOP_KEY, signal_name)
+    return count
+
+
+def signalled(rnd: Round) -> int:
+    return storevalue.add(rnd.control, SIGNALLED_KEY, storevalue.scoped(rnd.control_prefix, SIGNALLED_KEY), 0)
+
+
+def job_stopped(raw: bytes | None) -> str | None:
+    """The signal that stopped the whole job, from ``JOB_STOP_KEY`` as ``Rendezvous.job_get`` read it (opened);
+    None when there is none (or it is not a signal's name)."""
+    name = storevalue.text(raw.decode("ascii", errors="replace") if raw else None, "", 16)
+    return name if name.startswith("SIG") and name[3:].isalnum() else None
+
+
+def decode_left(raw: bytes | str | None, *, full_key: str | None, nodes: int) -> frozenset[int]:
+    """The group ranks in a ``left`` value (sealed under ``full_key``; None: opened already), each in
+    ``[0, nodes)``; an empty, missing or refused value is none."""
+    if not raw:
+        return frozenset()
+    try:
+        value = storevalue.decode_json(raw, key=full_key, depth=1)
+    except storevalue.Refused:
+        return frozenset()
+    if not isinstance(value, list):
+        return frozenset()
+    return frozenset(r for r in (storevalue.integer(v, 0, nodes - 1) for v in value[:nodes]) if r is not None)
+
+
+def left_key(rnd: Round) -> str:
+    return storevalue.scoped(rnd.control_prefix, LEFT_KEY)
+
+
+def mark_left(rnd: Round, group_rank: int) -> frozenset[int]:
+    """Add ``group_rank`` to the round's departures; all of them, this one included. A value that is not ours
+    (no valid seal) is replaced, as ``storevalue.claim`` does."""
+    store, full = rnd.control, left_key(rnd)
+    current = store.compare_set(LEFT_KEY, "", storevalue.seal(full, "[]"))
+    for _ in range(TRIES):
+        gone = decode_left(current, full_key=full, nodes=rnd.group_world_size) | {group_rank}
+        new = storevalue.seal(full, json.dumps(sorted(gone)))
+        stored = store.compare_set(LEFT_KEY, current, new)
+        if stored == new:
+            return gone
+        current = stored
+    raise storevalue.Refused(f"the round's departures changed under every one of {TRIES} writes")
+
+
+def read_left(rnd: Round) -> frozenset[int]:
+    if not rnd.control.check([LEFT_KEY]):
+        return frozenset()
+    return decode_left(rnd.control.get(LEFT_KEY), full_key=left_key(rnd), nodes=rnd.group_world_size)
