@@ -17,6 +17,7 @@ import threading
 from pathlib import Path
 from typing import Any, Callable
 
+from mbr_launch import procstat
 from mbr_launch.monitor import witness
 from mbr_launch.monitor.forked import Forked, fork_monitor
 from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, MonitorEvent, Op
@@ -24,6 +25,10 @@ from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, MonitorEvent, Op
 
 class MonitorError(RuntimeError):
     pass
+
+
+# How many times its timeout a monitor that is busy or starved of CPU is waited for (``MonitorLink._wait``).
+STARVED_WAIT_FACTOR = 12
 
 
 # A command that fails in the monitor answers with an ``error`` event instead of its reply: the waiter is
@@ -135,10 +140,25 @@ class MonitorLink:
                 raise MonitorError(f"rank monitor is gone: {err}") from None
 
     def _wait(self, name: str, timeout: float) -> dict[str, Any]:
-        try:
-            reply = self._replies[name].get(timeout=timeout)
-        except queue.Empty:
-            raise MonitorError(f"rank monitor did not answer '{name}' within {timeout:.0f} s") from None
+        """The monitor's reply ``name``. ``timeout`` is how long it may sit idle without answering: a monitor
+        that is starved of CPU (runnable, or using CPU since the last look) is waited for, up to
+        ``STARVED_WAIT_FACTOR`` times as long (256 agents on 16 cores, load 460: 'armed' took over 10 s and
+        the launch failed), where a dead one is known at once (its stdout ends)."""
+        ticks = self._cpu_ticks()
+        for _ in range(STARVED_WAIT_FACTOR):
+            try:
+                reply = self._replies[name].get(timeout=timeout)
+                break
+            except queue.Empty:
+                stat = procstat.read(self.pid) if self.pid else None
+                now = stat.cpu_ticks if stat is not None else None
+                if stat is None or stat.zombie or (stat.state != "R" and now == ticks):
+                    raise MonitorError(f"rank monitor did not answer '{name}' within {timeout:.0f} s (idle, "
+                                       "not starved)") from None
+                ticks = now
+        else:
+            raise MonitorError(f"rank monitor did not answer '{name}' within {timeout * STARVED_WAIT_FACTOR:.0f} s"
+                               " (busy or starved of CPU all along)")
         if reply.get("ev") == MonitorEvent.ERROR:
             raise MonitorError(f"rank monitor refused '{reply.get('op')}': {reply.get('message')}")
         if reply.get("ev") == _GONE:
@@ -148,6 +168,10 @@ class MonitorLink:
                 code = None  # its stdout closed but it lingers: close() kills it
             raise MonitorError(f"rank monitor exited (exit code {code}) before answering '{name}'")
         return reply
+
+    def _cpu_ticks(self) -> int | None:
+        stat = procstat.read(self.pid) if self.pid else None
+        return stat.cpu_ticks if stat is not None else None
 
     def _read(self) -> None:
         assert self._proc and self._proc.stdout

@@ -8,7 +8,7 @@ and at every restart. 32 agents of one rank on 2 cores do 32 imports of torch fe
 
 Before its first fork the server imports the ``--standby-preload`` modules (``torch._dynamo`` by default, which
 a script's optimizer imports: as much CPU again as torch), once per node instead of once per worker and
-restart (``_import``). Then it is single-threaded and only forks and reaps. The agent talks to it over a private socket pair
+restart (``workers.forkpreload``). Then it is single-threaded and only forks and reaps. The agent talks to it over a private socket pair
 (length-prefixed JSON, the worker's descriptors passed with ``SCM_RIGHTS``):
 
 - ``spawn`` (argv, env, cwd, the descriptors and the numbers they take in the worker, the signals it ignores):
@@ -173,7 +173,7 @@ class ForkServer:
     def start(cls, preload: Sequence[str] = (), env: Mapping[str, str] | None = None) -> "ForkServer | None":
         """Fork the server from this process (which has imported torch); None where that is not safe: more
         than one thread, or torch's C++ log level cannot be set in a child. The server imports ``preload``
-        with environment ``env`` before it answers (``_import``)."""
+        with environment ``env`` before it answers (``workers.forkpreload``)."""
         if "torch" not in sys.modules or not _cpp_log_level_settable():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -329,7 +329,9 @@ def _serve(sock: socket.socket, launcher: int, preload: Sequence[str] = (),
         if retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver") is None:
             set_name(b"mbr-forkserver")  # no title: the name still tells it from the launcher
         if preload:
-            _import(preload, env)
+            from mbr_launch.workers.forkpreload import import_once
+
+            import_once(preload, env)
         me = os.getpid()
         while True:
             message, fds = _receive(sock)
@@ -349,35 +351,6 @@ def _serve(sock: socket.socket, launcher: int, preload: Sequence[str] = (),
     except BaseException:  # noqa: BLE001 - never return into the launcher's code
         code = 1
     os._exit(code)
-
-
-def _import(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
-    """Import ``modules`` once, here, before any fork: every standby forked after has them for nothing. A
-    training script imports torch._dynamo (the default list) itself, at its optimizer's construction: as
-    much CPU again as torch, which every standby and every restarted rank would otherwise pay (32 agents on 2
-    cores: a restart's ranks took 50 s to their first step, where forked with it they take a few). What each
-    import read from the environment (a standby's, ``env``) is kept for the standbys' ``envwatch``. A module
-    that fails is left to the standby, which tries it itself and reports it as before. Its warnings are not
-    shown: they would come once, on the launcher's stderr, not on the ranks'."""
-    import importlib
-    import warnings
-
-    from mbr_launch.shim import envwatch, handover
-
-    if env is not None:
-        handover.replace_environ(env)  # the children replace it with their own; the imports read a standby's
-    for name in modules:
-        reads: envwatch.Reads = {}
-        written: dict[str, str | None] = {}
-        try:
-            with warnings.catch_warnings(), envwatch.recording(reads, written, name):
-                warnings.simplefilter("ignore")
-                importlib.import_module(name)
-        except Exception:  # noqa: BLE001 - the standby meets it and reports it
-            continue
-        envwatch.PRELOADED[name] = (reads, written)
-    if threading.active_count() != 1:
-        os._exit(1)  # an import left a thread running: forking is no longer safe; the agent starts interpreters
 
 
 def _answer_spawn(sock: socket.socket, message: dict[str, Any], fds: list[int], me: int,
