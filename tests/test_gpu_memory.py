@@ -22,6 +22,7 @@ from mbr_launch.health import gpumem, gpuowners
 from mbr_launch.health.gpuowners import Job, Owner, Reading, Seen
 from mbr_launch.health.nvml import GpuMemory, GpuProcess
 from mbr_launch.workers.strays import Proc
+from testkit.clocks import Clock
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -46,20 +47,6 @@ def scripted(job: Job, *polls: list[GpuMemory]):
         memories = history.pop(0) if len(history) > 1 else history[0]
         return gpuowners.classify(memories, job, TABLE, SEEN.get)
     return read
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> bool:
-        self.slept.append(seconds)
-        self.now += seconds
-        return True
 
 
 def wait(read, clock: Clock, *, timeout: float = 50, sleep=None) -> gpumem.Reclaim:

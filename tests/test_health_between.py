@@ -16,25 +16,12 @@ from mbr_launch.health.gpuowners import Job, Owner, Reading
 from mbr_launch.health.nvml import Nvml
 from mbr_launch.workers import numa, strays
 from mbr_launch.workers.strays import Proc
+from testkit.clocks import Clock
 
 pytestmark = pytest.mark.timeout(30)
 
 
 # ---- GPU memory reclaim ------------------------------------------------------------------------------------
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-        self.slept: list[float] = []
-
-    def __call__(self) -> float:
-        return self.now
-
-    def sleep(self, seconds: float) -> bool:
-        self.slept.append(seconds)
-        self.now += seconds
-        return True
-
 
 # The wait's rule, with NVML faked at its boundary: tests/test_gpu_memory.py.
 
