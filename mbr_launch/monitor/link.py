@@ -144,18 +144,17 @@ class MonitorLink:
         that is starved of CPU (runnable, or using CPU since the last look) is waited for, up to
         ``STARVED_WAIT_FACTOR`` times as long (256 agents on 16 cores, load 460: 'armed' took over 10 s and
         the launch failed), where a dead one is known at once (its stdout ends)."""
-        ticks = self._cpu_ticks()
+        stat = self._stat()
         for _ in range(STARVED_WAIT_FACTOR):
             try:
                 reply = self._replies[name].get(timeout=timeout)
                 break
             except queue.Empty:
-                stat = procstat.read(self.pid) if self.pid else None
-                now = stat.cpu_ticks if stat is not None else None
-                if stat is None or stat.zombie or (stat.state != "R" and now == ticks):
+                before, stat = stat, self._stat()
+                if stat is None or stat.zombie or (stat.state != "R" and before is not None
+                                                   and stat.cpu_ticks == before.cpu_ticks):
                     raise MonitorError(f"rank monitor did not answer '{name}' within {timeout:.0f} s (idle, "
                                        "not starved)") from None
-                ticks = now
         else:
             raise MonitorError(f"rank monitor did not answer '{name}' within {timeout * STARVED_WAIT_FACTOR:.0f} s"
                                " (busy or starved of CPU all along)")
@@ -169,9 +168,8 @@ class MonitorLink:
             raise MonitorError(f"rank monitor exited (exit code {code}) before answering '{name}'")
         return reply
 
-    def _cpu_ticks(self) -> int | None:
-        stat = procstat.read(self.pid) if self.pid else None
-        return stat.cpu_ticks if stat is not None else None
+    def _stat(self) -> procstat.Stat | None:
+        return procstat.read(self.pid) if self.pid else None
 
     def _read(self) -> None:
         assert self._proc and self._proc.stdout
