@@ -397,10 +397,13 @@ def test_standbys_hold_off_preloading_on_a_far_oversubscribed_host(monkeypatch):
     import mbr_launch.shim.standby as standby
 
     monkeypatch.setattr(standby.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(standby, "_running_now", lambda: 3)  # injected too: the real host's count is its load's
     monkeypatch.setattr(standby.os, "getloadavg", lambda: (30.0, 20.0, 10.0))  # 32 agents on 2 cores
     assert standby._saturated()
     monkeypatch.setattr(standby.os, "getloadavg", lambda: (3.0, 2.0, 1.0))  # a busy test machine
     assert not standby._saturated()
+    monkeypatch.setattr(standby, "_running_now", lambda: 20)  # a burst the load average has not caught up with
+    assert standby._saturated()
 
 
 def test_the_standby_channel_carries_its_status_pipe_and_reads_the_old_form():
