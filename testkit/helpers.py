@@ -13,6 +13,8 @@ import termios
 import time
 from pathlib import Path
 
+from testkit.postmortem import describe_session
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "tests" / "scripts"
 LAUNCHER = [sys.executable, "-m", "mbr_launch"]
@@ -84,9 +86,11 @@ def run_launcher(args: list[str], *, timeout: float = 90, env: dict[str, str] | 
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
+        state = describe_session(proc.pid, args)  # what it was doing, before it is killed
         os.killpg(proc.pid, signal.SIGKILL)
         out, err = proc.communicate()
-        raise AssertionError(f"launcher timed out after {timeout} s\nstdout:\n{out}\nstderr:\n{err}")
+        raise AssertionError(f"launcher timed out after {timeout} s\nstdout:\n{out}\nstderr:\n{err}\n"
+                             f"processes of the session then:\n{state}")
     return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
 
 

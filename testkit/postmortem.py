@@ -1,0 +1,99 @@
+"""What a launcher that ran past a test's timeout was doing, read before its session is killed.
+
+A test that times out says only that it did: the processes are killed and the run folder is a temporary one.
+This reads, while they still run, every process of the session (state, kernel wait channel, command line, its
+threads'), the Python stacks of each (py-spy, a test dependency; skipped where it cannot attach) and the tail
+of the run folder's events, so a flake on a CI machine leaves what is needed to find it.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+EVENTS_TAIL = 30  # lines of events.jsonl
+SPY_TIMEOUT = 10.0  # seconds per process
+
+
+def _read(path: str) -> str:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4096).decode(errors="replace").replace("\0", " ").strip()
+    except OSError:
+        return "?"
+
+
+def _stat(pid: int | str) -> tuple[str, int, int]:
+    """(state, parent pid, session id) from /proc/PID/stat; ('?', 0, 0) where gone."""
+    text = _read(f"/proc/{pid}/stat")
+    try:
+        fields = text[text.rindex(")") + 2:].split()
+        return fields[0], int(fields[1]), int(fields[3])
+    except (ValueError, IndexError):
+        return "?", 0, 0
+
+
+def session_pids(sid: int) -> list[int]:
+    pids = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit() and _stat(entry)[2] == sid:
+            pids.append(int(entry))
+    return sorted(pids)
+
+
+def _threads(pid: int) -> list[str]:
+    lines = []
+    try:
+        tids = sorted(os.listdir(f"/proc/{pid}/task"), key=int)
+    except OSError:
+        return lines
+    for tid in tids:
+        base = f"/proc/{pid}/task/{tid}"
+        lines.append(f"    thread {tid} {_read(base + '/comm')}: {_stat(f'{pid}/task/{tid}')[0]} "
+                     f"wchan={_read(base + '/wchan')}")
+    return lines
+
+
+def _python_stacks(pid: int) -> str:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not os.path.exists(spy):
+        return "    (py-spy not installed)"
+    try:
+        res = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
+                             timeout=SPY_TIMEOUT)
+    except subprocess.TimeoutExpired:
+        return "    (py-spy timed out)"
+    text = (res.stdout or res.stderr).strip()
+    return "\n".join("    " + line for line in text.splitlines()[-80:])
+
+
+def _events_tail(args: list[str]) -> str:
+    if "--log-dir" not in args or args.index("--log-dir") + 1 >= len(args):
+        return ""
+    root = Path(args[args.index("--log-dir") + 1])
+    lines = []
+    for events in sorted(root.glob("*/events.jsonl")):
+        tail = events.read_text(errors="replace").splitlines()[-EVENTS_TAIL:]
+        lines += [f"{events}:", *("  " + line[:400] for line in tail)]
+    return "\n".join(lines)
+
+
+def describe_session(sid: int, args: list[str]) -> str:
+    """Every process of session ``sid`` (its leader is the launcher), with threads and stacks, and the tail of
+    the run's events; for a test's failure message. Never raises."""
+    parts = []
+    try:
+        for pid in session_pids(sid):
+            state, ppid, _ = _stat(pid)
+            parts.append(f"pid {pid} (parent {ppid}) {state} wchan={_read(f'/proc/{pid}/wchan')}: "
+                         f"{_read(f'/proc/{pid}/cmdline')[:300]}")
+            parts += _threads(pid)
+            if state not in ("Z", "?"):
+                parts.append(_python_stacks(pid))
+        parts.append(_events_tail(args))
+    except Exception as err:  # noqa: BLE001 - a post-mortem must not hide the failure it describes
+        parts.append(f"(post-mortem failed: {type(err).__name__}: {err})")
+    return "\n".join(p for p in parts if p)
