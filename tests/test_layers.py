@@ -1,6 +1,6 @@
 """The package's shape, checked: every import is on its folder's allow-list (tools/layers.py), the rank monitor's
-process loads only its own list, no import cycle; no module over 400 lines; the supervisor loop fits on one
-screen. Static (AST) checks: no process, no import."""
+process loads only its own list, no import cycle; no module over 400 lines (the exceptions below, each with its
+reason); the supervisor loop fits on one screen. Static (AST) checks: no process, no import."""
 
 from __future__ import annotations
 
@@ -11,7 +11,27 @@ import pytest
 
 from tools.layers import ALLOWED, LEAVES, PROCESSES, ROOT, allowed, covers, layer as _layer, modules
 
+# A module past 400 lines usually holds two jobs, and the cap makes that visible. It stays the rule. But a cap
+# without exceptions also splits one job in two ("part of settings", "part of build") and joins lines to fit
+# (torch_internals, 400 to the line), which a reader pays for more than for length. So a module may pass the cap
+# here, up to a ceiling of its own, when the reason says why its length is one job; the list is checked both
+# ways: such a module stays under its ceiling, and an exception that is no longer needed goes.
 MAX_LINES = 400
+LONGER: dict[str, tuple[int, str]] = {
+    "mbr_launch.config.settings": (
+        650, "the settings table, every option declared once (CLI, man page, completions and docs/options.md are "
+             "generated from it), plus the pure resolution that walks it: ~120 declarations of three tools. "
+             "Split by origin (torchrun's, ft_launcher 0.6/0.7's) it was three files that only made sense "
+             "together, and a reader looking for one option had to know which tool it came from"),
+    "mbr_launch.config.build": (
+        450, "one validation: every check made before a process starts, where bad input becomes one ConfigError. "
+             "ft_launcher's two specs (FaultToleranceSpec, NvrxLauncherSpec) are built from the same resolved "
+             "values in the same pass; as a side module they were 'part of config.build' with no other user"),
+    "mbr_launch.cluster.torch_internals": (
+        450, "every reach into torch's private rendezvous parts in one module (STYLE.md 18: reviewed in one file "
+             "when torch changes, each patch with its check beside it); seven patches of 20-60 lines each do not "
+             "split into separate jobs, and at 400 its lines were being joined to fit"),
+}
 LOOP_LINES = 60
 
 MODULES = modules()
@@ -121,9 +141,21 @@ def test_no_import_cycle():
             pytest.fail("import cycle: " + " -> ".join(cycle))
 
 
-def test_no_module_over_400_lines():
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"split these modules: {long}"
+def _lines(name: str) -> int:
+    return len(MODULES[name].read_text().splitlines())
+
+
+def test_no_module_over_400_lines_but_the_listed_ones():
+    caps = {name: LONGER.get(name, (MAX_LINES, ""))[0] for name in MODULES}
+    long = {name: f"{n} > {caps[name]}" for name in MODULES if (n := _lines(name)) > caps[name]}
+    assert not long, f"split these modules, or list one in LONGER with why its length is one job: {long}"
+
+
+@pytest.mark.parametrize("name", sorted(LONGER))
+def test_a_listed_module_still_needs_its_exception(name: str):
+    cap, why = LONGER[name]
+    assert name in MODULES and len(why) > 40, name
+    assert MAX_LINES < _lines(name) <= cap, f"{name} is {_lines(name)} lines: drop it from LONGER or lower its cap"
 
 
 def test_the_supervisor_loop_fits_on_a_screen():
