@@ -1,5 +1,6 @@
-"""docs/architecture.md's layer map is the one scripts/layer-map writes: every module of the package, under its
-layer, with the first sentence of its docstring. Static: no module is imported."""
+"""docs/architecture.md's layer map is the one scripts/layer-map writes: the import rules (what each folder may
+import), then every module of the package, under its folder, with the first sentence of its docstring. Static: no
+module is imported."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tools import layermap
-from tools.layers import LAYERS, modules
+from tools.layers import ALLOWED, LAYERS, LEAVES, PROCESSES, modules
 
 from .conftest import REPO
 
@@ -42,7 +43,8 @@ def test_every_module_is_named_in_the_map_once_by_a_link_that_resolves():
         link = Path(os.path.relpath(path, PAGE.parent)).as_posix()
         assert section.count(f"]({link})") == 1, f"{name} is not in the layer map (run scripts/layer-map)"
         assert (PAGE.parent / link).resolve() == path.resolve(), link
-    assert len(section.splitlines()) == len(MODULES) + 5  # markers, note, blank lines: one line per module
+    # markers, note, blank lines, the rules' table: then one line per module
+    assert len(section.splitlines()) == len(MODULES) + len(layermap.rules()) + 6
 
 
 def test_the_map_follows_the_layers_lowest_first():
@@ -50,6 +52,16 @@ def test_the_map_follows_the_layers_lowest_first():
     order = [layer for layer in LAYERS if any(layermap.layer(m) == layer for m in MODULES)]
     named = [line.split("`")[1].removesuffix("/").removesuffix(".py") for line in tops]
     assert named == ["mbr_launch", *order]
+
+
+def test_the_rules_table_gives_every_folder_its_list():
+    rows = dict(row.removeprefix("| ").removesuffix(" |").split(" | ") for row in layermap.rules()[2:])
+    assert rows.pop("leaves: " + ", ".join(f"`{leaf}`" for leaf in LEAVES)) == "the standard library only"
+    assert rows.pop("`decide/`") == "`contract`, `visible`"
+    assert rows.pop("`monitor/`") == "leaves, `shim.proctitle`"
+    assert rows.pop("`api`").startswith("leaves, `report/`, `config/`")
+    assert len(rows) == len(ALLOWED) - len(LEAVES) - 3 + len(PROCESSES)
+    assert "only `monitor/`, `contract`, `procstat`" in layermap.rules()[-1]
 
 
 @pytest.mark.parametrize(("doc", "sentence"), [

@@ -1,5 +1,6 @@
-"""The package's shape, checked: higher layers import lower ones, never the reverse; no import cycle; no
-module over 400 lines; the supervisor loop fits on one screen. Static (AST) checks: no process, no import."""
+"""The package's shape, checked: every import is on its folder's allow-list (tools/layers.py), the rank monitor's
+process loads only its own list, no import cycle; no module over 400 lines (the exceptions below, each with its
+reason); the supervisor loop fits on one screen. Static (AST) checks: no process, no import."""
 
 from __future__ import annotations
 
@@ -8,9 +9,29 @@ from pathlib import Path
 
 import pytest
 
-from tools.layers import LAYERS, ROOT, layer as _layer, modules
+from tools.layers import ALLOWED, LEAVES, PROCESSES, ROOT, allowed, covers, layer as _layer, modules
 
+# A module past 400 lines usually holds two jobs, and the cap makes that visible. It stays the rule. But a cap
+# without exceptions also splits one job in two ("part of settings", "part of build") and joins lines to fit
+# (torch_internals, 400 to the line), which a reader pays for more than for length. So a module may pass the cap
+# here, up to a ceiling of its own, when the reason says why its length is one job; the list is checked both
+# ways: such a module stays under its ceiling, and an exception that is no longer needed goes.
 MAX_LINES = 400
+LONGER: dict[str, tuple[int, str]] = {
+    "mbr_launch.config.settings": (
+        650, "the settings table, every option declared once (CLI, man page, completions and docs/options.md are "
+             "generated from it), plus the pure resolution that walks it: ~120 declarations of three tools. "
+             "Split by origin (torchrun's, ft_launcher 0.6/0.7's) it was three files that only made sense "
+             "together, and a reader looking for one option had to know which tool it came from"),
+    "mbr_launch.config.build": (
+        450, "one validation: every check made before a process starts, where bad input becomes one ConfigError. "
+             "ft_launcher's two specs (FaultToleranceSpec, NvrxLauncherSpec) are built from the same resolved "
+             "values in the same pass; as a side module they were 'part of config.build' with no other user"),
+    "mbr_launch.cluster.torch_internals": (
+        450, "every reach into torch's private rendezvous parts in one module (STYLE.md 18: reviewed in one file "
+             "when torch changes, each patch with its check beside it); seven patches of 20-60 lines each do not "
+             "split into separate jobs, and at 400 its lines were being joined to fit"),
+}
 LOOP_LINES = 60
 
 MODULES = modules()
@@ -44,16 +65,59 @@ def _imports(name: str, path: Path) -> set[str]:
 GRAPH = {name: _imports(name, path) for name, path in MODULES.items()}
 
 
-def test_every_package_has_a_layer():
-    assert {_layer(m) for m in MODULES} <= set(LAYERS), \
-        "add the new package to LAYERS in tools/layers.py (then run scripts/layer-map for docs/architecture.md)"
+def test_every_folder_has_an_allow_list():
+    assert {_layer(m) for m in MODULES} <= set(ALLOWED), \
+        "give the new folder its line in ALLOWED, tools/layers.py (then run scripts/layer-map for docs/architecture.md)"
 
 
-def test_no_arrow_points_up():
-    rank = {layer: i for i, layer in enumerate(LAYERS)}
-    upward = sorted(f"{src} -> {dst}" for src, targets in GRAPH.items() for dst in targets
-                    if rank[_layer(dst)] > rank[_layer(src)])
-    assert not upward, "imports from a higher layer:\n" + "\n".join(upward)
+def test_the_allow_lists_name_what_exists_lowest_first():
+    # Each folder lists only folders above it in ALLOWED: no cycle between folders, and the map reads bottom-up.
+    seen: set[str] = set()
+    for folder, names in ALLOWED.items():
+        for entry in names:
+            assert entry.split(".")[0] in seen, f"{folder} may import {entry}, which is not above it in ALLOWED"
+            assert any(covers(entry, m) for m in MODULES), f"{folder}'s list names {entry}: no such module"
+        seen.add(folder)
+    assert all(not ALLOWED[leaf] for leaf in LEAVES), "a leaf imports the standard library only"
+
+
+def _disallowed(graph: dict[str, set[str]], rules: dict[str, tuple[str, ...]] | None = None) -> list[str]:
+    return sorted(f"{src} -> {dst}" for src, targets in graph.items() for dst in targets
+                  if not allowed(src, dst, rules))
+
+
+def test_every_import_is_on_its_folders_list():
+    wrong = _disallowed(GRAPH)
+    assert not wrong, "imports that the folder's list in tools/layers.py does not allow:\n" + "\n".join(wrong)
+
+
+def test_the_allow_check_refuses_what_no_list_names():
+    # Guards the guard on a made-up graph: a pure decision doing IO, the monitor reaching into the shim beyond the
+    # one module it may use, a leaf importing a folder.
+    graph = {"mbr_launch.decide.x": {"mbr_launch.visible", "mbr_launch.fdwait"},
+             "mbr_launch.monitor.y": {"mbr_launch.shim.proctitle", "mbr_launch.shim.boot", "mbr_launch.monitor.z"},
+             "mbr_launch.contract": {"mbr_launch.report.events"}}
+    assert _disallowed(graph) == ["mbr_launch.contract -> mbr_launch.report.events",
+                                  "mbr_launch.decide.x -> mbr_launch.fdwait",
+                                  "mbr_launch.monitor.y -> mbr_launch.shim.boot"]
+
+
+def _closure(root: str) -> set[str]:
+    """``root`` and every module it imports, followed through (function-local imports too)."""
+    seen, todo = set(), [root]
+    while todo:
+        if (module := todo.pop()) not in seen:
+            seen.add(module)
+            todo += GRAPH[module]
+    return seen
+
+
+@pytest.mark.parametrize("entry", sorted(PROCESSES))
+def test_a_process_of_its_own_loads_only_its_list(entry: str):
+    loads = _closure(f"mbr_launch.{entry}")
+    wrong = sorted(m for m in loads if not any(covers(e, m) for e in PROCESSES[entry]))
+    assert not wrong, f"the process of {entry} would load {wrong}"
+    assert len(loads) > 5  # the scan followed the imports
 
 
 def test_no_import_cycle():
@@ -77,15 +141,21 @@ def test_no_import_cycle():
             pytest.fail("import cycle: " + " -> ".join(cycle))
 
 
-def test_shim_imports_only_the_contract_and_stdlib_leaves():
-    for src, targets in GRAPH.items():
-        if _layer(src) == "shim":
-            assert {_layer(t) for t in targets} <= {"shim", "contract", "fdwait", "procstat", "forking"}, (src, targets)
+def _lines(name: str) -> int:
+    return len(MODULES[name].read_text().splitlines())
 
 
-def test_no_module_over_400_lines():
-    long = {name: n for name, path in MODULES.items() if (n := len(path.read_text().splitlines())) > MAX_LINES}
-    assert not long, f"split these modules: {long}"
+def test_no_module_over_400_lines_but_the_listed_ones():
+    caps = {name: LONGER.get(name, (MAX_LINES, ""))[0] for name in MODULES}
+    long = {name: f"{n} > {caps[name]}" for name in MODULES if (n := _lines(name)) > caps[name]}
+    assert not long, f"split these modules, or list one in LONGER with why its length is one job: {long}"
+
+
+@pytest.mark.parametrize("name", sorted(LONGER))
+def test_a_listed_module_still_needs_its_exception(name: str):
+    cap, why = LONGER[name]
+    assert name in MODULES and len(why) > 40, name
+    assert MAX_LINES < _lines(name) <= cap, f"{name} is {_lines(name)} lines: drop it from LONGER or lower its cap"
 
 
 def test_the_supervisor_loop_fits_on_a_screen():

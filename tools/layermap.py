@@ -1,5 +1,6 @@
-"""The layer map of docs/architecture.md, written from the code: every module of ``mbr_launch``, grouped by layer
-and package, one line each with the first sentence of its docstring.
+"""The layer map of docs/architecture.md, written from the code: the import rules of ``tools/layers.py`` (what each
+folder may import) as a table, then every module of ``mbr_launch``, grouped by folder, one line each with the first
+sentence of its docstring.
 
 ``python -m tools.layermap [--check]`` (``scripts/layer-map``) rewrites the text between the two marker
 comments in docs/architecture.md; ``--check`` writes nothing and exits 1 when that text is stale.
@@ -14,11 +15,12 @@ import re
 import sys
 from pathlib import Path
 
-from tools.layers import LAYERS, ROOT, layer, modules
+from tools.layers import ALLOWED, LAYERS, LEAVES, PROCESSES, ROOT, layer, modules
 
 PAGE = ROOT.parent / "docs" / "architecture.md"
 BEGIN, END = "<!-- layer-map:begin -->", "<!-- layer-map:end -->"
-NOTE = "<!-- Written by scripts/layer-map from each module's docstring (its first sentence); do not edit. -->"
+NOTE = ("<!-- Written by scripts/layer-map from tools/layers.py (the rules) and each module's docstring (its first "
+        "sentence); do not edit. -->")
 
 # A sentence ends at a full stop followed by a new sentence (a capital, code or a quote): "e.g. a" goes on.
 _END = re.compile(r"(?<=\.)\s+(?=[A-Z`\"(])")
@@ -58,12 +60,36 @@ def _depth(module: str) -> int:
     return max(0, module.count(".") - 1)
 
 
+def _name(entry: str) -> str:
+    """An allow-list entry as the table shows it: a folder with its slash, a module by its dotted name."""
+    return f"`{entry}/`" if (ROOT / entry).is_dir() else f"`{entry}`"
+
+
+def _entries(names: tuple[str, ...]) -> str:
+    """An allow-list in words: the leaves as one word where it takes them all."""
+    if not names:
+        return "the standard library only"
+    rest = [n for n in names if n not in LEAVES] if set(LEAVES) <= set(names) else list(names)
+    return ", ".join(["leaves"] * (len(rest) < len(names)) + [_name(n) for n in rest])
+
+
+def rules() -> list[str]:
+    """The import rules as a table: each folder (the leaves in one row), what it may import besides itself; then
+    each process of its own, all that it may load."""
+    leaves = [n for n in LAYERS if n in LEAVES]
+    rows = [f"| leaves: {', '.join(_name(n) for n in leaves)} | the standard library only |"]
+    rows += [f"| {_name(n)} | {_entries(ALLOWED[n])} |" for n in LAYERS if n not in LEAVES]
+    rows += [f"| the process of `{entry}` (all it imports, followed through) | only {_entries(names)} |"
+             for entry, names in PROCESSES.items()]
+    return ["| folder | may import, besides its own modules |", "|---|---|", *rows]
+
+
 def render(mods: dict[str, Path] | None = None) -> str:
-    """The map, markers included: the layers lowest first, in each the package's line, then its modules, each
-    linked relative to the page's folder."""
+    """The map, markers included: the rules' table, then the folders lowest first, in each the package's line,
+    then its modules, each linked relative to the page's folder."""
     mods = modules() if mods is None else mods
     here = PAGE.parent
-    out = [BEGIN, NOTE, ""]
+    out = [BEGIN, NOTE, "", *rules(), ""]
     for name in LAYERS:
         members = sorted((m for m in mods if layer(m) == name), key=lambda m: (m != "mbr_launch", m.split(".")))
         for module in members:

@@ -12,11 +12,18 @@ benchmark would notice the restarts getting slower), so it is never hidden:
   in-memory store: nothing is patched, well under a millisecond once torch is imported); the agent says one
   line at start-up when any does not (``lost_line``), and ``mbr-launch doctor`` has a check of it.
 
-The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their users:
-``event_names`` (``cluster.eventnames``), ``join_wake`` (``cluster.joinwake``), ``early_close`` (``cluster.shrink``),
-``leave`` (``Rendezvous.leave``), ``state_reads`` (``cluster.joining``, ``Rendezvous.spare_count``), ``store_address``
-(``Rendezvous.handler``, ``job_get``), ``store_socket`` (``cluster.rdzvstore``). torch is imported inside the
-functions only: the doctor imports this module without it.
+The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their
+users:
+
+- ``event_names``: ``cluster.eventnames``;
+- ``join_wake``: ``cluster.joinwake``;
+- ``early_close``: ``cluster.shrink``;
+- ``leave``: ``Rendezvous.leave``;
+- ``state_reads``: ``cluster.joining``, ``Rendezvous.spare_count``;
+- ``store_address``: ``Rendezvous.handler``, ``job_get``;
+- ``store_socket``: ``cluster.rdzvstore``.
+
+torch is imported inside the functions only: the doctor imports this module without it.
 """
 
 from __future__ import annotations
@@ -74,12 +81,16 @@ class PatchKind:
 def _dynamic() -> ModuleType:
     """torch's dynamic rendezvous module (ImportError where this torch has none)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
+
     return dynamic_rendezvous
 
 
 def _lacks(obj: Any, owner: str, *names: str) -> str | None:
     """'<owner> has no <name>' for the first of ``names`` that ``obj`` lacks; None when it has them all."""
-    return next((f"{owner} has no {name}" for name in names if not hasattr(obj, name)), None)
+    for name in names:
+        if not hasattr(obj, name):
+            return f"{owner} has no {name}"
+    return None
 
 
 def _state_lacks(dr: ModuleType, *fields: str) -> str | None:
@@ -123,7 +134,8 @@ def _early_close_missing(handler: Any) -> str | None:
 
 def _leave_missing(handler: Any) -> str | None:
     dr = _dynamic()
-    return (_lacks(dr, _MODULE, "_RendezvousExitOp", "_Action") or _lacks(dr._Action, "_Action", "REMOVE_FROM_WAIT_LIST")
+    return (_lacks(dr, _MODULE, "_RendezvousExitOp", "_Action")
+            or _lacks(dr._Action, "_Action", "REMOVE_FROM_WAIT_LIST")
             or _lacks(handler, "the handler", "_stop_heartbeats", "_op_executor")
             or _lacks(handler._op_executor, "its executor", "run"))
 
@@ -184,7 +196,8 @@ STORE_SOCKET = PatchKind(
     "the store's host listens on our own socket (IPv4 for an IPv4 endpoint): no DNS lookup per connection",
     "torch's registry makes the store: its server may stop for a reverse DNS lookup of each connecting agent",
     _store_socket_missing, on_handler=False)
-PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, STATE_READS, STORE_ADDRESS, STORE_SOCKET)
+PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, STATE_READS, STORE_ADDRESS,
+                                  STORE_SOCKET)
 
 
 # ---- status for the torch in use -----------------------------------------------------------------------
@@ -231,6 +244,7 @@ def lost_line(patches: Sequence[Patch], version: str | None = None) -> str | Non
 
 def torch_version() -> str:
     import torch
+
     return str(torch.__version__)
 
 
@@ -329,7 +343,8 @@ def leave(handler: Any, *, timeout: float) -> str | None:
     outs = {"wait_list": act.REMOVE_FROM_WAIT_LIST, "redundancy_list": getattr(act, "REMOVE_FROM_REDUNDANCY_LIST", 0)}
 
     def everywhere(ctx: Any, deadline: float) -> Any:
-        action, found = exit_op(ctx, deadline), [o for n, o in outs.items() if o and ctx.node in getattr(ctx.state, n, ())]
+        action = exit_op(ctx, deadline)
+        found = [out for name, out in outs.items() if out and ctx.node in getattr(ctx.state, name, ())]
         return found[0] if action == act.FINISH and found else action
 
     try:
