@@ -115,3 +115,21 @@ def test_nesting_counts_levels_without_recursion():
     for _ in range(50_000):  # deeper than Python's recursion limit
         deep = [deep]
     assert outside.nesting(deep) == 50_001
+
+
+def test_it_imports_only_the_standard_library_and_visible():
+    """Every layer may use it, the worker's shim included: nothing it loads may pull in the agent."""
+    import ast
+    import sys
+    from pathlib import Path
+
+    from mbr_launch import visible
+
+    def imports(path: str) -> set[str]:
+        tree = ast.parse(Path(path).read_text())
+        return ({a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+                | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module})
+
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    assert {m for m in imports(outside.__file__) if m.split(".")[0] not in stdlib} == {"mbr_launch.visible"}
+    assert {m.split(".")[0] for m in imports(visible.__file__)} <= stdlib
