@@ -1,5 +1,6 @@
-"""One process's ``/proc/<pid>/stat``, read and parsed in one place (the rank monitor's peer check, the stop's
-strays, a hang's scheduler states, the worker shim's process title all read it). Standard library only: the
+"""One process's ``/proc/<pid>/stat`` and ``/proc/<pid>/environ``, each read in one place (the rank monitor's peer
+check, the stop's strays, a hang's scheduler states, the worker shim's process title read the stat; the strays,
+the leftovers between rounds, the GPU owners and the doctor read the environment). Standard library only: the
 rank monitor imports it at start, and the shim may import it (tests/test_shim_isolation.py).
 
 The line is ``pid (comm) state ppid pgrp session ...``. The command name is whatever the process set (``prctl``,
@@ -11,9 +12,12 @@ never an exception: a pid can vanish between any two calls.
 from __future__ import annotations
 
 import os
-from typing import Dict, NamedTuple, Optional
+from typing import Dict, List, NamedTuple, Optional
 
 MAX_BYTES = 4096  # the line is ~300 bytes: a 64-byte name and 52 numbers of at most 20 digits fit many times over
+# An environment is at most a quarter of the stack limit (execve's rule): 8 MiB is a 32 MiB stack's, and a bound
+# on what one read of a process that is not ours to trust (it may have rewritten its environment) can cost.
+MAX_ENVIRON = 8 << 20
 ZOMBIE_STATES = frozenset("ZXx")  # dead, waiting to be reaped (Z) or being torn down (X; x before 3.14)
 
 
@@ -71,6 +75,17 @@ def read(pid: int) -> Optional[Stat]:
     finally:
         os.close(fd)
     return parse(raw)
+
+
+def environ(pid: int, limit: int = MAX_ENVIRON) -> Optional[List[bytes]]:
+    """Process ``pid``'s environment as it was at exec (its ``NAME=value`` entries, split at NUL; the text after
+    the last NUL is the last item, ``b""`` when the block ends with one), at most ``limit`` bytes of it; None
+    when it is gone or not ours to read (another user's environment is private)."""
+    try:
+        with open(f"/proc/{int(pid)}/environ", "rb") as f:
+            return f.read(limit).split(b"\0")
+    except (OSError, ValueError):
+        return None
 
 
 def scan() -> Dict[int, Stat]:

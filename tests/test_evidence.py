@@ -17,6 +17,7 @@ import pytest
 
 from mbr_launch.contract import FR_FILE_ENV, FR_TRIGGER_ENV, STACK_FILE_ENV
 from mbr_launch.decide.verdict import GroupProgress, ProcState, StackClass
+from mbr_launch.report.exitstatus import ExitStatus
 from mbr_launch.workers import flightrec, procstate
 from mbr_launch.workers.evidence import gather
 from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
@@ -165,6 +166,28 @@ def test_gone_ranks_and_ranks_without_a_reader(tmp_path):
     plain = tmp_path / "plain"
     plain.write_text("x")
     assert flightrec.trigger(plain) is False and plain.read_text() == "x"
+
+
+@pytest.mark.processes
+@pytest.mark.parametrize("ages, freshest", [
+    ((float("nan"), 4.0), 4.0),  # min() of [nan, 4.0] is nan: the rank would read as never heard of
+    ((3.0, float("inf")), 3.0),
+    ((float("inf"), None), None),
+    ((-float("inf"), float("nan")), None),
+])
+def test_a_nan_or_infinite_age_in_the_monitors_row_is_no_sign_of_life(tmp_path, ages, freshest):
+    """The monitor's rows are JSON from another process, which carries NaN and Infinity; the evidence keeps the
+    youngest finite age, or none."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    spec = WorkerSpec(local_rank=0, rank=0, argv=[], env={}, stdout=None, stderr=None)
+    gone = Worker(spec=spec, proc=proc, pidfd=-1, started=0.0, status=ExitStatus.from_returncode(0))
+    [ev] = gather([gone], node="n1", group_rank=0, out_dir=tmp_path, stack_method="off", bound=0.5,
+                  monitor_rows=[{"local_rank": 0, "last_heartbeat_age": ages[0], "last_step_age": ages[1],
+                                 "steps": True}])
+    assert ev.state is ProcState.GONE
+    assert ev.last_heartbeat_age == freshest
+    assert ev.steps is None  # a bool is no step count
 
 
 class _Evil:

@@ -16,9 +16,10 @@ import pytest
 
 from mbr_launch.doctor.checks import run_checks
 from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor import probes
 from mbr_launch.doctor.probes import NvmlView
 from mbr_launch.doctor.report import preflight_line
-from mbr_launch.health import gpumem, gpuowners
+from mbr_launch.health import gpumem, gpuowners, nvml
 from mbr_launch.health.gpuowners import Job, Owner, Reading, Seen
 from mbr_launch.health.nvml import GpuMemory, GpuProcess
 from mbr_launch.workers.strays import Proc
@@ -220,3 +221,42 @@ def test_real_processes_a_stranger_named_with_user_and_command_a_child_and_one_o
         child.wait()
         _kill(stranger)
         _kill(of_run)
+
+
+def test_the_doctors_nvml_questions_each_open_one_session_and_close_it(monkeypatch):
+    """``health.nvml.once``: where the doctor opens NVML (its GPU view, its memory reading), one session per
+    question, closed after it even when the question fails; without NVML, the reason is the answer."""
+    opened: list[FakeSession] = []
+
+    class FakeSession:
+        def __init__(self) -> None:
+            self.closed = False
+            opened.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+        def close(self) -> None:
+            self.closed = True
+
+        def memory(self, device: str) -> GpuMemory:
+            return gpu(device, 10.0)
+
+        def driver(self) -> str:
+            return "570"
+
+        def count(self) -> int:
+            raise RuntimeError("NVML_ERROR_GPU_IS_LOST")
+
+    monkeypatch.setattr(nvml.Nvml, "open", classmethod(lambda cls: FakeSession()))
+    assert nvml.memories(["0", "1"]) == [gpu("0", 10.0), gpu("1", 10.0)]
+    view = nvml.view()
+    assert not view.available and view.reason == "NVML query failed: NVML_ERROR_GPU_IS_LOST"
+    assert len(opened) == 2 and all(s.closed for s in opened)
+    monkeypatch.setattr(nvml.Nvml, "open", classmethod(lambda cls: "nvidia-ml-py is not installed"))
+    assert nvml.memories(["0"]) == "nvidia-ml-py is not installed"
+    assert nvml.view() == NvmlView(available=False, reason="nvidia-ml-py is not installed")
+    assert probes.gpu_memory(["0"]) == "nvidia-ml-py is not installed"  # the doctor asks through it

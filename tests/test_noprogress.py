@@ -140,3 +140,18 @@ def test_the_store_copy_round_trips_and_garbage_reads_as_nothing():
     for bad in (b"", b"{", b"[]", b'{"tracking": 3}', b'{"cycle": 1, "tracking": {"stuck": [[1, "x", 0, 0]]}}'):
         assert decode(bad) is None
     assert decode_tracking("nonsense") is None
+
+
+def test_the_store_copy_is_read_by_the_bounded_decoder():
+    """Another node's record: a non-finite number, a value nested past the bound or over the size bound reads
+    as nothing recorded (``outside.json_value``), as garbage does."""
+    rule = Rule(max_cycles=2, file=FILE)
+    scored = run(rule, initial(rule, 3), Facts(4, file_iteration=3))[-1]
+    good = encode(scored)
+    assert decode(good) == scored
+    assert decode(good.replace('"stop": false', '"stop": false, "extra": NaN')) is None
+    assert decode(good.replace('"stop": false', '"stop": false, "extra": 1e999')) is None
+    assert decode(good.replace('"stop": false', '"stop": false, "extra": ' + "[" * 10 + "]" * 10)) is None
+    assert decode(good.replace('"stop": false', '"stop": false, "extra": "' + "x" * (5 << 20) + '"')) is None
+    assert decode_tracking('{"baseline": 3, "stuck": [], "pad": NaN}') is None
+    assert decode_tracking('{"baseline": 3, "stuck": []}') is not None

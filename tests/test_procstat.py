@@ -181,3 +181,61 @@ def test_the_three_private_parsers_are_gone():
     for module in ("monitor/ancestry.py", "workers/strays.py", "workers/procstate.py"):
         text = (root / module).read_text()
         assert '/stat"' not in text and "rsplit" not in text and "procstat." in text, module
+
+
+# ---- /proc/<pid>/environ ----------------------------------------------------------------------------------
+
+
+@pytest.mark.processes
+def test_a_childs_environment_as_it_was_at_exec():
+    proc = _child([sys.executable, "-c", SLEEPER], env={"MBR_PROBE": "a=b c", "EMPTY": ""})
+    try:
+        env = procstat.environ(proc.pid)
+        assert env is not None and b"MBR_PROBE=a=b c" in env and b"EMPTY=" in env and env[-1] == b""
+        cut = procstat.environ(proc.pid, limit=5)
+        assert cut is not None and b"\0".join(cut) == b"\0".join(env)[:5] == b"MBR_P"
+    finally:
+        proc.kill()
+        proc.wait()
+    assert procstat.environ(proc.pid) is None  # reaped: gone
+
+
+@pytest.mark.parametrize("pid", [0, -1, 2**22 + 1, "1/../self"])
+def test_no_such_pid_has_no_environment(pid):
+    assert procstat.environ(pid) is None
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root reads every process's environment")
+def test_another_users_environment_is_none():
+    assert os.stat("/proc/1").st_uid != os.geteuid()
+    assert procstat.environ(1) is None
+
+
+def test_the_environment_read_is_bounded(monkeypatch):
+    sizes = []
+    real = open
+
+    class Spy:
+        def __init__(self, f):
+            self._f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self._f.close()
+
+        def read(self, n=-1):
+            sizes.append(n)
+            return self._f.read(n)
+
+    monkeypatch.setattr("builtins.open", lambda path, mode="r", *a, **k: Spy(real(path, mode, *a, **k)))
+    assert procstat.environ(os.getpid())
+    assert sizes == [procstat.MAX_ENVIRON]
+
+
+def test_the_private_environment_readers_are_gone():
+    root = Path(procstat.__file__).parent
+    for module in ("workers/strays.py", "health/leftovers.py", "health/gpuowners.py", "doctor/processes.py"):
+        text = (root / module).read_text()
+        assert '"environ"' not in text and "/environ" not in text and "procstat.environ(" in text, module

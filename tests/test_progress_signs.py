@@ -10,7 +10,7 @@ import tempfile
 
 import pytest
 
-from mbr_launch.agent.messages import RankStarted, decode_monitor_event
+from mbr_launch.agent.messages import RankExpired, RankStarted, decode_monitor_event
 from mbr_launch.contract import BEAT, CHECKPOINT, FIRST, WORK
 from mbr_launch.decide.causes import Cause
 from mbr_launch.decide.policy import Action, FailureFacts, RestartPolicy, decide, quick_failure
@@ -66,6 +66,20 @@ def test_the_monitor_events_that_mean_past_start_up():
     assert (event.local_rank, event.rank, event.kind, event.seconds, event.first_step) == (1, 1, "collectives", 4.5,
                                                                                            None)
     assert decode_monitor_event({"ev": "first_progress", "kind": "checkpoint"}) is None  # no rank: nothing to do
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_a_nan_or_infinite_number_in_a_monitor_event_reads_as_unknown(bad):
+    """The monitor quotes numbers a client sent, and its stream is JSON, which carries NaN and Infinity: a NaN
+    compares false with every bound, so it must read as "not said", as a missing field does."""
+    started = decode_monitor_event({"ev": "first_progress", "local_rank": 0, "rank": 0, "kind": "iteration", "t": bad})
+    assert isinstance(started, RankStarted) and started.seconds is None
+    expired = decode_monitor_event({"ev": "expired", "local_rank": 0, "rank": 0, "pid": 7, "kind": "heartbeat",
+                                    "timeout": bad, "elapsed": bad, "last_heartbeat_age": bad})
+    assert isinstance(expired, RankExpired)
+    assert (expired.timeout, expired.elapsed, expired.last_heartbeat_age) == (None, None, None)
+    fine = decode_monitor_event({"ev": "expired", "local_rank": 0, "kind": "heartbeat", "timeout": 5, "elapsed": 6.5})
+    assert isinstance(fine, RankExpired) and (fine.timeout, fine.elapsed) == (5.0, 6.5)
 
 
 @pytest.mark.parametrize("kind", SIGNS)

@@ -60,7 +60,7 @@ def _round(store: TCPStore, prefix: str = "mbr/job/j/round/t1") -> SimpleNamespa
     ("x" * (storevalue.MAX_BYTES + 100), "over the bound"),
 ])
 def test_the_decoder_refuses_with_a_reason(raw, why):
-    with pytest.raises(storevalue.Refused, match=why):
+    with pytest.raises(storevalue.RefusedValue, match=why):
         storevalue.decode_json(raw, key=None)
 
 
@@ -111,7 +111,7 @@ def test_sealed_values_bind_the_key_and_refuse_forgeries():
     for key, raw in (("r2/stop", sealed), ("r1/stop", b'{"reason": "x"}'),
                      ("r1/stop", sealed.replace(b'"x"', b'"y"')),
                      ("r1/stop", storevalue.Sealer(b"another job's secret!!").seal("r1/stop", b"{}"))):
-        with pytest.raises(storevalue.Refused):
+        with pytest.raises(storevalue.RefusedValue):
             sealer.open(key, raw)
 
 

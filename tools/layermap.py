@@ -74,11 +74,11 @@ def _entries(names: tuple[str, ...]) -> str:
 
 
 def rules() -> list[str]:
-    """The import rules as a table: each folder (the leaves in one row), what it may import besides itself; then
-    each process of its own, all that it may load."""
-    leaves = [n for n in LAYERS if n in LEAVES]
-    rows = [f"| leaves: {', '.join(_name(n) for n in leaves)} | the standard library only |"]
-    rows += [f"| {_name(n)} | {_entries(ALLOWED[n])} |" for n in LAYERS if n not in LEAVES]
+    """The import rules as a table: each folder (the leaves that take the standard library only in one row),
+    what it may import besides itself; then each process of its own, all that it may load."""
+    bare = [n for n in LAYERS if n in LEAVES and not ALLOWED[n]]
+    rows = [f"| leaves: {', '.join(_name(n) for n in bare)} | the standard library only |"]
+    rows += [f"| {_name(n)} | {_entries(ALLOWED[n])} |" for n in LAYERS if n not in bare]
     rows += [f"| the process of `{entry}` (all it imports, followed through) | only {_entries(names)} |"
              for entry, names in PROCESSES.items()]
     return ["| folder | may import, besides its own modules |", "|---|---|", *rows]

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "mbr_launch"
 
 # Modules at the top of the package that import only the standard library: importing one drags nothing in.
 # PURE ones do no IO (text and names): even the pure decisions may use them.
-PURE = ("contract", "visible")
+PURE = ("contract", "visible", "outside")
 LEAVES = (*PURE, "fdwait", "procstat", "forking", "gcpause", "nofile")
 
 # What each folder may import besides itself: a folder (``decide``: mbr_launch/decide/ and all in it), a module
@@ -24,6 +24,8 @@ LEAVES = (*PURE, "fdwait", "procstat", "forking", "gcpause", "nofile")
 ALLOWED: dict[str, tuple[str, ...]] = {
     # the standard library only (the worker shim imports the first four: tests/test_shim_isolation.py)
     "contract": (), "visible": (), "fdwait": (), "procstat": (), "forking": (), "gcpause": (), "nofile": (),
+    # values read from outside (store, sockets, dumps): escaped and cut as visible words them
+    "outside": ("visible",),
     # inside every worker, before the user's script: nothing of the agent (test_shim_isolation checks the process)
     "shim": ("contract", "fdwait", "procstat", "forking"),
     # facts in, decision out: no IO, no clock

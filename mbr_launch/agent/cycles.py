@@ -18,6 +18,7 @@ import json
 import threading
 from typing import Any, Callable, Mapping, Sequence
 
+from mbr_launch import outside
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.progressstore import NO_RESTART_KEY, ProgressRecords
 from mbr_launch.cluster.round import Round
@@ -55,10 +56,6 @@ def read_bounded(read: Callable[[str], tuple[int | None, str | None]], path: str
     thread.start()
     thread.join(bound)
     return box[0] if box else (None, f"reading {path} took more than {bound:g} s")
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
 class CycleRecords:
@@ -118,7 +115,7 @@ class CycleRecords:
                 self._take(row)
 
     def _take(self, row: Mapping[str, Any]) -> None:
-        iteration, steps = _int(row.get("iteration")), _int(row.get("steps"))
+        iteration, steps = outside.integer(row.get("iteration")), outside.integer(row.get("steps"))
         if iteration is not None:
             self._iteration = iteration if self._iteration is None else max(self._iteration, iteration)
         if steps is not None:
@@ -182,9 +179,9 @@ class CycleRecords:
         raw = read(NO_RESTART_KEY)
         try:
             data = storevalue.decode_json(raw, key=None) if raw else None
-            code = storevalue.integer(data["exit_code"], 1, 255)  # a job ended for lack of progress never exits 0
-            return (code, storevalue.text(data["reason"])) if code is not None else None
-        except (storevalue.Refused, TypeError, KeyError):
+            code = outside.integer(data["exit_code"], 1, 255)  # a job ended for lack of progress never exits 0
+            return (code, outside.text(data["reason"])) if code is not None else None
+        except (storevalue.RefusedValue, TypeError, KeyError):
             return None
 
     def close(self) -> None:

@@ -11,6 +11,7 @@ import enum
 from dataclasses import dataclass, field
 from typing import Any, Mapping, Union
 
+from mbr_launch import outside
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.peers import PeerLost, PeersLeft, StoreLost
 from mbr_launch.cluster.stops import StopMessage
@@ -143,39 +144,32 @@ Event = Union[PeerStopped, PeerLost, PeersLeft, StoreLost, AllDone, NodesWaiting
 MAX_WARNING = 500  # characters of a monitor warning kept: the monitor quotes what peers sent
 
 
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
-def _float(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
     """One line of the monitor's event stream -> a typed event; None for what the agent does not act on
     (connected, disconnected, timeouts_updated)."""
     name = raw.get("ev")
-    local_rank = _int(raw.get("local_rank"))
+    local_rank = outside.integer(raw.get("local_rank"))
     if name == MonitorEvent.FIRST_HEARTBEAT and local_rank is not None:
         return RankStarted(local_rank)
     if name == MonitorEvent.FIRST_STEP and local_rank is not None:
         return RankStarted(local_rank, first_step=raw, kind="step")
     if name == MonitorEvent.FIRST_PROGRESS and local_rank is not None:
-        return RankStarted(local_rank, kind=str(raw.get("kind"))[:40], rank=_int(raw.get("rank")),
-                           seconds=_float(raw.get("t")))
+        return RankStarted(local_rank, kind=str(raw.get("kind"))[:40], rank=outside.integer(raw.get("rank")),
+                           seconds=outside.finite(raw.get("t")))
     if name in (MonitorEvent.STEPS, MonitorEvent.STATUS):
         return Progress(str(name), raw)
     if name == MonitorEvent.EXPIRED and local_rank is not None:
         sections = raw.get("open_sections")
-        return RankExpired(local_rank=local_rank, rank=_int(raw.get("rank")), pid=_int(raw.get("pid")),
-                           kind=str(raw.get("kind")), section=raw.get("section") if isinstance(raw.get("section"), str) else None,
-                           timeout=_float(raw.get("timeout")), elapsed=_float(raw.get("elapsed")),
-                           last_heartbeat_age=_float(raw.get("last_heartbeat_age")),
+        return RankExpired(local_rank=local_rank, rank=outside.integer(raw.get("rank")),
+                           pid=outside.integer(raw.get("pid")), kind=str(raw.get("kind")),
+                           section=raw.get("section") if isinstance(raw.get("section"), str) else None,
+                           timeout=outside.finite(raw.get("timeout")), elapsed=outside.finite(raw.get("elapsed")),
+                           last_heartbeat_age=outside.finite(raw.get("last_heartbeat_age")),
                            open_sections=tuple(str(s) for s in sections) if isinstance(sections, list) else ())
     if name == MonitorEvent.ERROR:
         return MonitorWarning(message=str(raw.get("message") or "(no message)")[:MAX_WARNING],
-                              local_rank=local_rank, pid=_int(raw.get("pid")))
+                              local_rank=local_rank, pid=outside.integer(raw.get("pid")))
     if name == MonitorEvent.WORKLOAD_REQUEST:
-        return WorkloadRequest(rank=_int(raw.get("rank")), action=str(raw.get("action")),
+        return WorkloadRequest(rank=outside.integer(raw.get("rank")), action=str(raw.get("action")),
                                description=str(raw.get("description") or ""))
     return None

@@ -3,11 +3,11 @@ sections, close. Its events are decoded into typed values on the reader thread a
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
+from mbr_launch import outside
 from mbr_launch.agent.messages import Event, decode_monitor_event
 from mbr_launch.monitor.link import MonitorLink
 
@@ -87,10 +87,10 @@ class MonitorHandle:
             return {}
         out = {}
         for entry in (snap or {}).get("ranks", []):
-            ages = [a for a in (entry.get("last_heartbeat_age"), entry.get("last_step_age"))
-                    if isinstance(a, (int, float)) and not isinstance(a, bool) and math.isfinite(a) and a >= 0]
+            ages = [a for a in (outside.finite(entry.get("last_heartbeat_age"), 0.0),
+                                outside.finite(entry.get("last_step_age"), 0.0)) if a is not None]
             if entry.get("local_rank") in wanted and ages:
-                out[entry["local_rank"]] = float(min(ages))
+                out[entry["local_rank"]] = min(ages)
         return out
 
     def close(self, timeout: float = 5.0) -> None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mbr_launch import outside
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.round import Round
 
@@ -38,7 +39,7 @@ def signalled(rnd: Round) -> int:
 def job_stopped(raw: bytes | None) -> str | None:
     """The signal that stopped the whole job, from ``JOB_STOP_KEY`` as ``Rendezvous.job_get`` read it (opened);
     None when there is none (or it is not a signal's name)."""
-    name = storevalue.text(raw.decode("ascii", errors="replace") if raw else None, "", 16)
+    name = outside.text(raw.decode("ascii", errors="replace") if raw else None, "", 16)
     return name if name.startswith("SIG") and name[3:].isalnum() else None
 
 
@@ -49,11 +50,11 @@ def decode_left(raw: bytes | str | None, *, full_key: str | None, nodes: int) ->
         return frozenset()
     try:
         value = storevalue.decode_json(raw, key=full_key, depth=1)
-    except storevalue.Refused:
+    except storevalue.RefusedValue:
         return frozenset()
     if not isinstance(value, list):
         return frozenset()
-    return frozenset(r for r in (storevalue.integer(v, 0, nodes - 1) for v in value[:nodes]) if r is not None)
+    return frozenset(r for r in (outside.integer(v, 0, nodes - 1) for v in value[:nodes]) if r is not None)
 
 
 def left_key(rnd: Round) -> str:
@@ -72,7 +73,7 @@ def mark_left(rnd: Round, group_rank: int) -> frozenset[int]:
         if stored == new:
             return gone
         current = stored
-    raise storevalue.Refused(f"the round's departures changed under every one of {TRIES} writes")
+    raise storevalue.RefusedValue(f"the round's departures changed under every one of {TRIES} writes")
 
 
 def read_left(rnd: Round) -> frozenset[int]:

@@ -142,7 +142,7 @@ def _read(raw: bytes, *, token: str, nodes: int, scope: str) -> Outcome:
     try:
         return read_decision(storevalue.open_value(storevalue.scoped(scope, DECIDED_KEY), raw), token=token,
                              nodes=nodes)
-    except storevalue.Refused as err:
+    except storevalue.RefusedValue as err:
         return Fallback(f"fast-path decision refused: {err}")
 
 

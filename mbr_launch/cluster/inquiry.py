@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Callable
 
+from mbr_launch import outside
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.storeguard import wait_timed_out
@@ -42,13 +43,13 @@ class Opener:
         """``raw`` opened already (its seal verified); never raises: what cannot be read decides nothing."""
         try:
             data = storevalue.decode_json(raw, key=None)
-        except storevalue.Refused:
+        except storevalue.RefusedValue:
             data = {}
         data = data if isinstance(data, dict) else {}
-        group_rank = storevalue.integer(data.get("group_rank"), 0, MAX_NODES)
+        group_rank = outside.integer(data.get("group_rank"), 0, MAX_NODES)
         return Opener(number=number, group_rank=group_rank if group_rank is not None else 0,
-                      rank=storevalue.integer(data.get("rank"), 0, MAX_NODES * 1024),
-                      kind=storevalue.text(data.get("kind"), "", 64))
+                      rank=outside.integer(data.get("rank"), 0, MAX_NODES * 1024),
+                      kind=outside.text(data.get("kind"), "", 64))
 
 
 MAX_NODES = 1 << 20
@@ -67,7 +68,7 @@ def _open(rnd: Round, key: str, raw: bytes) -> Any:
     """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
     try:
         return storevalue.decode_json(raw, key=_full(rnd, key))
-    except storevalue.Refused:
+    except storevalue.RefusedValue:
         return None
 
 
@@ -116,7 +117,7 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
     _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), json.dumps(verdict))
     try:
         value = storevalue.decode_json(stands, key=None)
-    except storevalue.Refused:
+    except storevalue.RefusedValue:
         return verdict
     return value if isinstance(value, dict) else verdict
 

@@ -16,6 +16,7 @@ from typing import Callable
 
 from torch.distributed import Store
 
+from mbr_launch import outside
 from mbr_launch.cluster import storevalue
 
 KEY = "mbr/layout"
@@ -55,13 +56,13 @@ def decode_sizes(text: str, nodes: int) -> list[int]:
     sizes: list[int] = []
     for run in text.split(",")[:nodes + 1]:
         size_text, _, count_text = run.partition("x")
-        size = storevalue.integer(_digits(size_text), 1, MAX_NPROC)
-        count = storevalue.integer(_digits(count_text), 1, nodes - len(sizes))
+        size = outside.integer(_digits(size_text), 1, MAX_NPROC)
+        count = outside.integer(_digits(count_text), 1, nodes - len(sizes))
         if size is None or count is None:
-            raise LayoutUnreadable(f"node sizes {storevalue.text(text, limit=80)!r} do not describe {nodes} nodes")
+            raise LayoutUnreadable(f"node sizes {outside.text(text, limit=80)!r} do not describe {nodes} nodes")
         sizes.extend([size] * count)
     if len(sizes) != nodes:
-        raise LayoutUnreadable(f"node sizes {storevalue.text(text, limit=80)!r} do not describe {nodes} nodes")
+        raise LayoutUnreadable(f"node sizes {outside.text(text, limit=80)!r} do not describe {nodes} nodes")
     return sizes
 
 
@@ -85,12 +86,12 @@ def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
             {"token": token, "restarts": restarts, "master_port": port, "sizes": encode_sizes(sizes)})))
     try:
         data = storevalue.decode_json(store.get(KEY), key=f"{scope}/{KEY}")
-    except storevalue.Refused as err:
+    except storevalue.RefusedValue as err:
         raise LayoutUnreadable(f"the round's rank layout in the store was refused: {err}") from None
     data = data if isinstance(data, dict) else {}
     token = data.get("token")
-    restarts = storevalue.integer(data.get("restarts"), 0, MAX_RESTARTS)
-    port = storevalue.integer(data.get("master_port"), 1, 65535)
+    restarts = outside.integer(data.get("restarts"), 0, MAX_RESTARTS)
+    port = outside.integer(data.get("master_port"), 1, 65535)
     if not (isinstance(token, str) and token.isalnum() and len(token) <= 64) or restarts is None or port is None \
             or not isinstance(data.get("sizes"), str):
         raise LayoutUnreadable("the round's rank layout in the store has fields out of range")
@@ -100,8 +101,8 @@ def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
 
 def _size(key: str, raw: bytes) -> int:
     try:
-        value = storevalue.integer(_digits(storevalue.open_value(key, raw).decode("ascii", "replace")), 1, MAX_NPROC)
-    except storevalue.Refused as err:
+        value = outside.integer(_digits(storevalue.open_value(key, raw).decode("ascii", "replace")), 1, MAX_NPROC)
+    except storevalue.RefusedValue as err:
         raise LayoutUnreadable(f"a node's size in the store was refused: {err}") from None
     if value is None:
         raise LayoutUnreadable("a node's size in the store is not a number of workers")

@@ -51,7 +51,7 @@ class ProgressRecords:
 def _opened(key: str, raw: bytes) -> bytes | None:
     try:
         return storevalue.open_value(key, raw)
-    except storevalue.Refused:
+    except storevalue.RefusedValue:
         return None
 
 

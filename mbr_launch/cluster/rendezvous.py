@@ -348,7 +348,7 @@ class Rendezvous:
         try:
             job = PrefixStore(self._job, _base_store(store))
             return storevalue.open_value(key, job.get(key)) if job.check([key]) else None
-        except storevalue.Refused:  # not an agent's value: nothing to learn from it
+        except storevalue.RefusedValue:  # not an agent's value: nothing to learn from it
             return None
         except Exception:  # the store's host has gone: nothing more to learn
             return None

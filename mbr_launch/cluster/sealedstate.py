@@ -51,7 +51,7 @@ class SealedBackend(RendezvousBackend):
         try:
             self._last = storevalue.SEALER.open(self._key, blob)
             return self._last
-        except storevalue.Refused:
+        except storevalue.RefusedValue:
             self.refused += 1
             return self._last if self._last is not None else torch_internals.empty_state()
 

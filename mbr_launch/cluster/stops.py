@@ -14,6 +14,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any, Callable
 
+from mbr_launch import outside
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
@@ -52,20 +53,20 @@ class StopMessage:
         (a NaN backoff, a 7 MB reason or a reason full of escape sequences reaches no agent's loop or screen)."""
         try:
             data = storevalue.decode_json(raw, key=None)
-        except storevalue.Refused:
+        except storevalue.RefusedValue:
             data = None
         if not isinstance(data, dict):
             return StopMessage(reason="peer requested stop (its message was unreadable)")
         values: dict[str, Any] = {
-            "reason": storevalue.text(data.get("reason"), "peer requested stop"),
-            "origin": storevalue.text(data.get("origin"), "", 255),
-            "group_rank": storevalue.integer(data.get("group_rank"), 0, MAX_NODES),
+            "reason": outside.text(data.get("reason"), "peer requested stop"),
+            "origin": outside.text(data.get("origin"), "", 255),
+            "group_rank": outside.integer(data.get("group_rank"), 0, MAX_NODES),
             "final": data.get("final") is True,
-            "exit_code": storevalue.integer(data.get("exit_code"), 0, 255),
-            "restart_count": storevalue.integer(data.get("restart_count"), 0, MAX_COUNT),
-            "backoff": storevalue.number(data.get("backoff"), 0.0, MAX_BACKOFF),
+            "exit_code": outside.integer(data.get("exit_code"), 0, 255),
+            "restart_count": outside.integer(data.get("restart_count"), 0, MAX_COUNT),
+            "backoff": outside.finite(data.get("backoff"), 0.0, MAX_BACKOFF),
             "membership": data.get("membership") is True,
-            "exclude": storevalue.text(data.get("exclude"), "", 255) or None,
+            "exclude": outside.text(data.get("exclude"), "", 255) or None,
         }
         return StopMessage(**{k: v for k, v in values.items() if v is not None})
 
@@ -82,7 +83,7 @@ def read_stop(rnd: Round) -> StopMessage | None:
         return None
     try:
         return StopMessage.decode(storevalue.open_value(_stop_key(rnd), rnd.control.get(STOP_KEY)))
-    except storevalue.Refused:
+    except storevalue.RefusedValue:
         return None
 
 
@@ -119,7 +120,7 @@ def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], fl
             rnd.control.wait([ALL_GONE_KEY], datetime.timedelta(seconds=FAREWELL_SLICE))
             storevalue.open_value(_stop_key(rnd, ALL_GONE_KEY), rnd.control.get(ALL_GONE_KEY))
             return True
-        except storevalue.Refused:  # not an agent's mark: count the farewells instead
+        except storevalue.RefusedValue:  # not an agent's mark: count the farewells instead
             time.sleep(FAREWELL_SLICE)
         except Exception:  # noqa: BLE001 - torch raises one type for a timeout and a failure: the add tells
             pass
@@ -190,7 +191,7 @@ class StopListener:
                 return answered
             try:
                 value = storevalue.open_value(self._full_key, store.get(self._key))
-            except storevalue.Refused:
+            except storevalue.RefusedValue:
                 # Not written by an agent of this job (no valid seal): wait for the real one, which replaces it
                 # (``storevalue.claim``); the key exists, so look again after a pause instead of a wait.
                 self._cancelled.wait(self.POLL)

@@ -7,8 +7,8 @@ reachable by the job only). So a value read back is untrusted input, whoever we 
   value, and a value whose MAC does not verify is refused before it is parsed (or, for torch's state, before
   it is unpickled: ``cluster.sealedstate``);
 - every JSON value is decoded here: bounded in size and depth, NaN and infinities refused, any exception of
-  the parser a refusal with a reason (a deeply nested value raises RecursionError, not ValueError); the typed
-  decoders above this (stops, inquiry, layout, ...) take numbers in range and strings through ``text()``.
+  the parser a refusal with a reason (``outside.json_value``); the typed decoders above this (stops, inquiry,
+  layout, ...) take numbers in range and strings through ``outside``'s readers.
 
 A refused value is never an error of the agent: the caller treats it as absent, says so, and goes on.
 """
@@ -17,11 +17,10 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
-import math
 import sys
 from typing import Any
 
+from mbr_launch.outside import RefusedValue, json_value
 from mbr_launch.visible import one_line
 
 # A stop message, an opener or a verdict is under 2 kB; a node's evidence is about 0.5 kB per rank (with Flight
@@ -29,13 +28,9 @@ from mbr_launch.visible import one_line
 MAX_BYTES = 4 << 20
 # The deepest value we write is a node's evidence: list > rank > progress list > group > ranks list.
 MAX_DEPTH = 8
-MAX_TEXT = 2000  # characters of a reason kept: a whole line of a launcher's message, with room
 _TAG = b"mbr1."  # a sealed value: _TAG + 64 hex digits of HMAC-SHA256 + "." + the value
 _MAC_LEN = 64
-
-
-class Refused(ValueError):
-    """A value read from the store that is not ours to trust or cannot be read; ``str()`` says why."""
+_RAW_BOUND = MAX_BYTES + len(_TAG) + _MAC_LEN + 1  # a value of MAX_BYTES, sealed
 
 
 class Sealer:
@@ -60,7 +55,7 @@ class Sealer:
         return _TAG + self._mac(key, data) + b"." + data
 
     def open(self, key: str, raw: bytes | str) -> bytes:
-        """The value written under ``key``, verified; raises Refused for a value without a valid seal."""
+        """The value written under ``key``, verified; raises RefusedValue for a value without a valid seal."""
         data = raw.encode() if isinstance(raw, str) else bytes(raw)
         if self._secret is None:
             return data
@@ -76,7 +71,7 @@ _warned: set[str] = set()
 _seen: dict[str, int] = {}  # full key of a sealed counter -> the highest value this agent saw (``add``)
 
 
-def _forged(key: str, why: str) -> Refused:
+def _forged(key: str, why: str) -> RefusedValue:
     """The refusal of a value without a valid seal, said once per key on the agent's stderr: something that
     can reach the store's port but lacks the secret (or another job sharing it by mistake) is writing."""
     if key not in _warned and len(_warned) < 100:
@@ -84,7 +79,7 @@ def _forged(key: str, why: str) -> Refused:
         sys.stderr.write(f"mbr-launch: warning: refused the rendezvous store's value of {one_line(key, 200)}: "
                          f"{why}; a process without the job's secret wrote it\n")
         sys.stderr.flush()
-    return Refused(why)
+    return RefusedValue(why)
 
 
 # One job per process: every reader on every thread uses the same secret, set once at start-up (api.launch).
@@ -107,14 +102,15 @@ def scoped(prefix: str, key: str) -> str:
 
 
 def open_value(full_key: str, raw: bytes | str) -> bytes:
-    """``raw`` read from ``full_key``, bounded and verified when the job has a secret; raises Refused."""
+    """``raw`` read from ``full_key``, bounded and verified when the job has a secret; raises RefusedValue."""
     _bounded(raw)
     return SEALER.open(full_key, raw)
 
 
-def _bounded(raw: bytes | str) -> None:
-    if len(raw) > MAX_BYTES + len(_TAG) + _MAC_LEN + 1:
-        raise Refused(f"{len(raw)} bytes, over the bound of {MAX_BYTES}")
+def _bounded(raw: bytes | str) -> bytes | str:
+    if len(raw) > _RAW_BOUND:
+        raise RefusedValue(f"{len(raw)} bytes, over the bound of {MAX_BYTES}")
+    return raw
 
 
 def claim(store: Any, key: str, full_key: str, value: str | bytes, tries: int = 4) -> tuple[bool, bytes | None]:
@@ -127,7 +123,7 @@ def claim(store: Any, key: str, full_key: str, value: str | bytes, tries: int = 
     for attempt in range(tries + 1):
         try:
             return stored == mine, open_value(full_key, stored)
-        except Refused:
+        except RefusedValue:
             if attempt < tries:
                 stored = store.compare_set(key, stored, mine)
     return False, None
@@ -146,7 +142,7 @@ def add(store: Any, key: str, full_key: str, amount: int, tries: int = 200) -> i
         try:
             digits = open_value(full_key, raw)
             current = int(digits) if digits.isdigit() and len(digits) <= 12 else None
-        except Refused:
+        except RefusedValue:
             current = None
         if current is None:
             current = _seen.get(full_key, 0)
@@ -157,64 +153,17 @@ def add(store: Any, key: str, full_key: str, amount: int, tries: int = 200) -> i
         if store.compare_set(key, raw, new) == new:
             _seen[full_key] = current + amount
             return current + amount
-    raise Refused(f"the counter {key} changed under every one of {tries} writes")
-
-
-def _refuse_constant(name: str) -> Any:
-    raise Refused(f"a non-finite number ({name})")
+    raise RefusedValue(f"the counter {key} changed under every one of {tries} writes")
 
 
 def decode_json(raw: bytes | str | None, *, key: str | None, depth: int = MAX_DEPTH) -> Any:
     """The JSON value stored under ``key``: verified (``key`` None: the caller opened it already), bounded,
-    parsed; raises Refused with the reason."""
+    parsed (``outside.json_value``); raises RefusedValue with the reason."""
     if raw is None:
-        raise Refused("missing")
-    if key is not None:
-        data = open_value(key, raw)
-    else:
-        _bounded(raw)
-        data = raw.encode() if isinstance(raw, str) else bytes(raw)
-    try:
-        value = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
-    except Refused:
-        raise
-    except Exception as err:  # ValueError, UnicodeError, RecursionError: anything the parser raises
-        raise Refused(f"not readable JSON ({type(err).__name__})") from None
-    if _depth(value) > depth:
-        raise Refused(f"nested deeper than {depth}")
-    return value
+        raise RefusedValue("missing")
+    data = open_value(key, raw) if key is not None else _bounded(raw)
+    return json_value(data, max_bytes=_RAW_BOUND, depth=depth)
 
 
-def _depth(value: Any) -> int:
-    """How deep ``value`` nests, without recursion (the parser has a recursion bound, this walk has none)."""
-    deepest, todo = 0, [(value, 1)]
-    while todo:
-        item, level = todo.pop()
-        if isinstance(item, (list, dict)):
-            deepest = max(deepest, level)
-            todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
-    return deepest
-
-
-def text(value: object, default: str = "", limit: int = MAX_TEXT) -> str:
-    """A string from another node, safe to print and to record: one line, control characters shown, bounded."""
-    return one_line(value, limit) if isinstance(value, str) else default
-
-
-def integer(value: object, low: int, high: int) -> int | None:
-    """An int in ``[low, high]`` (a bool is not one), else None."""
-    if isinstance(value, int) and not isinstance(value, bool) and low <= value <= high:
-        return value
-    return None
-
-
-def number(value: object, low: float, high: float) -> float | None:
-    """A finite number in ``[low, high]``, else None."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value) \
-            and low <= value <= high:
-        return float(value)
-    return None
-
-
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "MAX_TEXT", "Refused", "SEALER", "Sealer",
-           "add", "claim", "configure", "decode_json", "integer", "number", "open_value", "scoped", "seal", "text"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "RefusedValue", "SEALER", "Sealer", "add", "claim", "configure", "decode_json",
+           "open_value", "scoped", "seal"]

@@ -36,7 +36,7 @@ import json
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from mbr_launch.visible import one_line
+from mbr_launch import outside
 
 
 class Source(str, enum.Enum):
@@ -193,7 +193,8 @@ def cycle_line(rule: Rule, scored: Scored) -> str:
     return f"{last}: no progress, {run} of {rule.max_cycles} cycles in a row"
 
 
-# ---- the store's copy (JSON): decoded once, here; anything unreadable reads as "nothing recorded" -------
+# ---- the store's copy (JSON): decoded once, here (``outside.json_value``: bounded, NaN refused); anything
+# unreadable reads as "nothing recorded" -----------------------------------------------------------------
 
 
 def encode(scored: Scored) -> str:
@@ -205,22 +206,17 @@ def encode(scored: Scored) -> str:
 
 def decode(raw: bytes | str) -> Scored | None:
     try:
-        data = json.loads(raw)
+        data = outside.json_value(raw)
         tracking = decode_tracking(data["tracking"])
         if tracking is None:
             return None
         return Scored(cycle=_int(data["cycle"], 0), source=_source(data.get("source")),
-                      start=_opt_int(data.get("start")), end=_opt_int(data.get("end")),
+                      start=outside.integer(data.get("start")), end=outside.integer(data.get("end")),
                       progress=data.get("progress") if isinstance(data.get("progress"), bool) else None,
-                      tracking=tracking, stop=data.get("stop") is True, note=_text(data.get("note")),
-                      reason=_text(data.get("reason")))
-    except Exception:  # noqa: BLE001 - another node's value: ValueError, TypeError, KeyError, RecursionError...
+                      tracking=tracking, stop=data.get("stop") is True, note=outside.text(data.get("note")),
+                      reason=outside.text(data.get("reason")))
+    except Exception:  # noqa: BLE001 - another node's value, refused (RefusedValue) or of another shape
         return None
-
-
-def _text(value: object) -> str:
-    """A string another node wrote, as one bounded line with control characters shown."""
-    return one_line(value, 2000) if isinstance(value, str) else ""
 
 
 def encode_tracking(t: Tracking) -> dict[str, Any]:
@@ -231,8 +227,8 @@ def encode_tracking(t: Tracking) -> dict[str, Any]:
 def decode_tracking(data: Any) -> Tracking | None:
     if isinstance(data, (str, bytes)):
         try:
-            data = json.loads(data)
-        except Exception:  # noqa: BLE001 - RecursionError as well as ValueError
+            data = outside.json_value(data)
+        except outside.RefusedValue:
             return None
     if not isinstance(data, dict):
         return None
@@ -244,8 +240,8 @@ def decode_tracking(data: Any) -> Tracking | None:
         source = _source(item[1]) if isinstance(item, list) and len(item) == 4 else None
         if source is None:
             return None
-        stuck.append(Stuck(_int(item[0], 0), source, _opt_int(item[2]), _opt_int(item[3])))
-    return Tracking(baseline=_opt_int(data.get("baseline")), source=_source(data.get("source")),
+        stuck.append(Stuck(_int(item[0], 0), source, outside.integer(item[2]), outside.integer(item[3])))
+    return Tracking(baseline=outside.integer(data.get("baseline")), source=_source(data.get("source")),
                     stepped=data.get("stepped") is True, stuck=tuple(stuck))
 
 
@@ -256,12 +252,8 @@ def _source(value: Any) -> Source | None:
         return None
 
 
-def _opt_int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None
-
-
 def _int(value: Any, default: int) -> int:
-    got = _opt_int(value)
+    got = outside.integer(value)
     return default if got is None else got
 
 

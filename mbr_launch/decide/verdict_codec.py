@@ -7,12 +7,11 @@ an invalid field falls back to its default and an unreadable entry is skipped (`
 from __future__ import annotations
 
 import enum
-import math
 from typing import Any, Callable, Mapping, TypeVar
 
+from mbr_launch import outside
 from mbr_launch.decide.verdict import Basis, GroupProgress, ProcState, RankEvidence, StackClass, Verdict
 from mbr_launch.decide.verdict_text import compress_ranks
-from mbr_launch.visible import one_line
 
 
 def evidence_to_dict(e: RankEvidence) -> dict[str, Any]:
@@ -32,12 +31,12 @@ def evidence_from_dict(d: object) -> RankEvidence | None:
     return RankEvidence(
         rank=d["rank"], node=_str(d.get("node")), group_rank=_int(d.get("group_rank"), -1),
         local_rank=_int(d.get("local_rank"), -1), pid=_int(d.get("pid")),
-        state=_enum(ProcState, d.get("state"), ProcState.UNKNOWN), cpu=_float(d.get("cpu")),
+        state=_enum(ProcState, d.get("state"), ProcState.UNKNOWN), cpu=outside.finite(d.get("cpu")),
         stack=_enum(StackClass, d.get("stack"), StackClass.NONE), where=_str(d.get("where")),
         collective=_str(d.get("collective")), progress=progress, expired=d.get("expired") is True,
         watched=d.get("watched") is True,
         kind=_str(d.get("kind")), section=_str(d.get("section"), None),
-        last_heartbeat_age=_float(d.get("last_heartbeat_age")), steps=_int(d.get("steps")),
+        last_heartbeat_age=outside.finite(d.get("last_heartbeat_age")), steps=_int(d.get("steps")),
         stacks_path=_str(d.get("stacks_path"), None))
 
 
@@ -96,12 +95,8 @@ def _progress_from_dict(d: object) -> GroupProgress | None:
 
 
 def _int(v: object, default: _D = None) -> int | _D:  # type: ignore[assignment]
-    return v if isinstance(v, int) and not isinstance(v, bool) else default
-
-
-def _float(v: object) -> float | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
-    return float(v) if ok else None  # type: ignore[arg-type]
+    got = outside.integer(v)
+    return default if got is None else got
 
 
 # Characters of one string field kept: a stack line or a reason with room. Another node's strings reach every
@@ -111,7 +106,7 @@ MAX_TEXT = 2000
 
 def _str(v: object, default: _D = "") -> str | _D:  # type: ignore[assignment]
     """A string field from another node: one line, control characters shown, bounded."""
-    return one_line(v, MAX_TEXT) if isinstance(v, str) else default
+    return outside.text(v, default, MAX_TEXT)
 
 
 def _list(v: object) -> list[Any]:

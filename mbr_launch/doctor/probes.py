@@ -20,7 +20,8 @@ from typing import Sequence
 from mbr_launch.cluster import torch_internals
 from mbr_launch.cluster.torch_internals import Patch
 # GpuInfo and NvmlView are named here too by the doctor's checks and their tests.
-from mbr_launch.health.nvml import GpuInfo, GpuMemory, Nvml, NvmlView, view as nvml_view  # noqa: F401
+from mbr_launch.health.nvml import GpuInfo, GpuMemory, NvmlView  # noqa: F401
+from mbr_launch.health.nvml import memories as nvml_memories, view as nvml_view
 from mbr_launch.health import gpuowners
 from mbr_launch.health.gpuowners import Job, Reading
 from mbr_launch.report.version import installed
@@ -83,11 +84,7 @@ def gpu_owners(memories: Sequence[GpuMemory], job: Job) -> Reading:
 
 def gpu_memory(devices: Sequence[str]) -> list[GpuMemory] | str:
     """The memory of ``devices`` and the processes that hold it, or why NVML cannot say."""
-    session = Nvml.open()
-    if isinstance(session, str):
-        return session
-    with session:
-        return [session.memory(d) for d in devices]
+    return nvml_memories(devices)
 
 
 def ulimits() -> dict[str, Limit]:

@@ -13,6 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
+from mbr_launch import procstat
 from mbr_launch.monitor.ancestry import MAX_HOPS, parent_of
 
 _LAUNCHER_MARKERS = (
@@ -110,9 +111,9 @@ def other_launchers() -> list[LauncherProcess]:
                 or (_read_proc(pid, "comm") or b"").strip().decode(errors="replace") in _HELPER_NAMES
                 or _descends(pid, me, seen)):
             continue
-        environ = _read_proc(pid, "environ")  # None: another user's process, its environment is private
+        environ = procstat.environ(pid)  # None: another user's process, its environment is private
         devices = None
-        for item in (environ or b"").split(b"\0"):
+        for item in environ or ():
             if item.startswith(b"CUDA_VISIBLE_DEVICES="):
                 devices = item.split(b"=", 1)[1].decode(errors="replace")
         found.append(LauncherProcess(pid, _real_uid(pid), tuple(cmd), devices, environ is not None))

@@ -19,6 +19,7 @@ from enum import Enum
 from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
+from mbr_launch import procstat
 from mbr_launch.health.nvml import GpuMemory
 from mbr_launch.report.redact import shown_argv
 from mbr_launch.visible import one_line
@@ -127,11 +128,7 @@ def seen(pid: int) -> Seen | None:
             command = f"[{(base / 'comm').read_text().strip()}]"
         except OSError:
             command = "?"
-    try:
-        with open(base / "environ", "rb") as f:
-            environ = tuple(f.read(_ENVIRON).split(b"\0"))
-    except OSError:
-        environ = ()
+    environ = tuple(procstat.environ(pid, _ENVIRON) or ())
     return Seen(user, one_line(command, _COMMAND), environ)
 
 

@@ -23,6 +23,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
+from mbr_launch import procstat
 from mbr_launch.report.redact import shown_argv
 from mbr_launch.workers.strays import Proc, descendants
 
@@ -71,10 +72,7 @@ def find(table: Mapping[int, Proc], *, me: int, workers: Collection[int], keep: 
 
 
 def environ_of(pid: int) -> list[bytes]:
-    try:
-        return Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-    except OSError:  # gone, or another user's
-        return []
+    return procstat.environ(pid) or []  # [] when gone, or another user's
 
 
 def cmdline_of(pid: int) -> str:

@@ -1,7 +1,8 @@
 """NVML, read in one place: this host's GPUs, their health, their memory and the processes that hold it.
 
-Every NVML reader in mbr-launch goes through here: ``mbr-launch doctor``'s GPU checks (``view``), the stranger
-check at launch and the GPU memory reclaim wait between rounds (``Nvml.memory``). What comes out is plain
+Every NVML reader in mbr-launch goes through here: ``mbr-launch doctor``'s GPU checks (``view``, ``memories``:
+NVML opened for one question, by ``once``), the stranger check at launch and the GPU memory reclaim wait
+between rounds (``Nvml.memory``, on the agent's one session). What comes out is plain
 frozen values, so a test fakes NVML at this boundary (an object with ``memory`` and ``close``, the
 ``Session`` protocol) and everything above it runs for real.
 
@@ -15,10 +16,12 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Callable, Protocol, Sequence, TypeVar
 
 MB = 1024 * 1024
 MAX_PROCESSES = 256  # per GPU: a longer list is cut (NVML's own answer is unbounded)
+
+_T = TypeVar("_T")
 
 
 @dataclass(frozen=True)
@@ -169,17 +172,31 @@ class Nvml:
 _RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 4: "drain_and_reset"}
 
 
-def view() -> NvmlView:
-    """Every GPU of this host with its health (the doctor's GPU checks), NVML opened and closed for it."""
+def once(query: Callable[[Nvml], _T]) -> _T | str:
+    """``query``'s answer on an NVML session opened and closed for it, or why NVML cannot be opened."""
     session = Nvml.open()
     if isinstance(session, str):
-        return NvmlView(available=False, reason=session)
+        return session
     with session:
+        return query(session)
+
+
+def view() -> NvmlView:
+    """Every GPU of this host with its health (the doctor's GPU checks)."""
+    def read(session: Nvml) -> NvmlView:
         try:
             return NvmlView(available=True, driver=session.driver(),
                             gpus=tuple(session.info(i) for i in range(session.count())))
         except Exception as exc:
             return NvmlView(available=False, reason=f"NVML query failed: {exc}")
+
+    answer = once(read)
+    return NvmlView(available=False, reason=answer) if isinstance(answer, str) else answer
+
+
+def memories(devices: Sequence[str]) -> list[GpuMemory] | str:
+    """The memory of ``devices`` and the processes that hold it, or why NVML cannot say."""
+    return once(lambda session: [session.memory(d) for d in devices])
 
 
 def _s(v: object) -> str:

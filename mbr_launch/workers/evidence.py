@@ -18,6 +18,7 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
+from mbr_launch import outside
 from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.decide.verdict import GroupProgress, ProcState, RankEvidence, StackClass
 from mbr_launch.workers import flightrec, procstate
@@ -78,7 +79,7 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
             collective=dump.collective if dump else "", progress=progress.get(w.local_rank, ()),
             expired=kind is not None, watched=row.get("state") in _SINCE, kind=kind or "", section=_section(row),
             last_heartbeat_age=_freshest(row.get("last_heartbeat_age"), row.get("last_step_age")),
-            steps=_int(row.get("steps")),
+            steps=outside.integer(row.get("steps")),
             stacks_path=str(dump.path) if dump and dump.path else None))
     return out
 
@@ -157,16 +158,9 @@ def _section(row: Mapping[str, Any]) -> str | None:
     return None
 
 
-def _number(value: Any) -> float | None:
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
 def _freshest(*ages: Any) -> float | None:
     """The youngest sign of life the monitor has: an NVRx heartbeat or an optimizer step (autobeat's beat, all
-    a zero-code rank sends); None when it has neither."""
-    known = [age for age in map(_number, ages) if age is not None]
+    a zero-code rank sends); None when it has neither. A NaN or infinite age is no sign (``min`` would return a
+    NaN that compares false with every bound)."""
+    known = [age for age in map(outside.finite, ages) if age is not None]
     return min(known) if known else None
-
-
-def _int(value: Any) -> int | None:
-    return value if isinstance(value, int) and not isinstance(value, bool) else None

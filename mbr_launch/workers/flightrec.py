@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 
+from mbr_launch import outside
 from mbr_launch.contract import FR_FILE_ENV, FR_NCCL_SUFFIX, FR_TRIGGER_ENV
 from mbr_launch.decide.verdict import GroupProgress
 from mbr_launch.workers import datapickle, safefile
@@ -222,7 +223,7 @@ def _progress(dump: Any) -> tuple[GroupProgress, ...]:
         group = entry.get("process_group")
         if isinstance(group, (tuple, list)) and group and isinstance(group[0], str):
             names[pg] = group[0]
-        if _is_int(seq) and seq >= last.get(pg, (-1, None))[0]:
+        if (seq := outside.integer(seq)) is not None and seq >= last.get(pg, (-1, None))[0]:
             last[pg] = (seq, entry)
     ranks_of: dict[int, tuple[int, ...]] = {}  # by id: read once, however many groups refer to one list
     out, budget = [], MAX_RANKS_IN_ALL
@@ -268,13 +269,9 @@ def merge(dumps: list[tuple[GroupProgress, ...]]) -> tuple[GroupProgress, ...]:
     return tuple(sorted(chosen.values(), key=_group_order))
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
 def _counter(status: dict, key: str) -> int:
-    value = status.get(key)
-    return value if _is_int(value) else -1
+    value = outside.integer(status.get(key))
+    return -1 if value is None else value
 
 
 def _ranks(value: Any) -> tuple[int, ...]:
@@ -282,7 +279,7 @@ def _ranks(value: Any) -> tuple[int, ...]:
     if isinstance(value, str):
         return tuple(int(m.group()) for m in itertools.islice(_NUMBER.finditer(value), MAX_RANKS))
     if isinstance(value, (list, tuple)):
-        return tuple(v for v in value[:MAX_RANKS] if _is_int(v))
+        return tuple(v for v in value[:MAX_RANKS] if outside.integer(v) is not None)
     return ()
 
 

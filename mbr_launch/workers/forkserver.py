@@ -44,6 +44,7 @@ import threading
 import time
 from typing import Any, Mapping, Sequence
 
+from mbr_launch import outside
 from mbr_launch.contract import BOOT_MODULE, preemption_signals
 from mbr_launch.fdwait import ready
 from mbr_launch.forking import close_from, fork_launcher
@@ -227,10 +228,7 @@ class ForkServer:
         """The wait status of ``pid``, a worker that has ended; None where nobody can tell any more."""
         if not self.gone:
             try:
-                status = self._ask({"op": "wait", "pid": pid}).get("status")
-                if isinstance(status, int) and not isinstance(status, bool):
-                    return status
-                return None
+                return outside.integer(self._ask({"op": "wait", "pid": pid}).get("status"))
             except ForkServerGone:
                 pass
         try:  # the server died: its children came to this process (a subreaper)

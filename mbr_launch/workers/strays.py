@@ -64,14 +64,6 @@ def descendants(table: dict[int, Proc], roots: Iterable[int]) -> set[int]:
     return found
 
 
-def _environ(pid: int) -> list[bytes]:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read().split(b"\0")
-    except OSError:
-        return []
-
-
 def orphans(table: dict[int, Proc], *, keep: Collection[int], run_id: str,
             local_ranks: Collection[int] | None) -> set[int]:
     """Live children of this process it did not start whose environment is a worker's of this run."""
@@ -81,7 +73,7 @@ def orphans(table: dict[int, Proc], *, keep: Collection[int], run_id: str,
     for pid, proc in table.items():
         if proc.ppid != me or proc.zombie or pid in keep:
             continue
-        env = _environ(pid)
+        env = procstat.environ(pid) or []
         if marker in env and (ranks is None or not ranks.isdisjoint(env)):
             found.add(pid)
     return found
