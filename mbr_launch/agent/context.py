@@ -145,6 +145,18 @@ class InquiryState:
 
 
 @dataclass
+class RoundState:
+    """What one round of this node knows and nothing after it needs: the loop makes a fresh one as each round
+    starts (``loop.Supervisor._run_round``), so nothing of a round leaks into the next."""
+
+    started: float = 0.0  # when the round's workers were started, on ``Context.clock``
+    watch: Watch | None = None  # the threads watching the round (None before the first round)
+    heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up
+    lost: set[int] = field(default_factory=set)  # local ranks left lost (--restart-policy min-healthy)
+    inquiry: InquiryState = field(default_factory=InquiryState)
+
+
+@dataclass
 class Context:
     cfg: LaunchConfig
     node: str
@@ -164,15 +176,11 @@ class Context:
     cycles: CycleRecords | None = None  # ft_launcher 0.6/0.7's progress tracking and cycle-info files, when asked
     round: Round | None = None  # the latest round joined
     summary: RunSummary = field(default_factory=RunSummary)
-    heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up in this round
-    lost: set[int] = field(default_factory=set)  # local ranks left lost this round (--restart-policy min-healthy)
     quick_failures: int = 0  # consecutive failures of rounds that died young (a crash loop)
     monitor_warnings: int = 0  # refusals and errors the rank monitor reported, this run
-    round_started: float = 0.0
     departure: Departure = Departure.CLOSE
-    watch: Watch | None = None  # this round's
-    inquiry: InquiryState = field(default_factory=InquiryState)  # this round's
     health: Gate | None = None  # pre-rendezvous checks and between-round waits (None: none asked for)
+    current: RoundState = field(default_factory=RoundState)  # the latest round's state, made fresh by the loop
 
     @contextlib.contextmanager
     def store_call(self, what: str) -> Iterator[None]:
@@ -187,5 +195,5 @@ class Context:
     def finished_here(self) -> bool:
         """Every local worker has ended: succeeded, or lost to min-healthy with the job going on without it."""
         workers = self.group.workers
-        return bool(workers) and all(w.status is not None and (w.status.ok or w.local_rank in self.lost)
+        return bool(workers) and all(w.status is not None and (w.status.ok or w.local_rank in self.current.lost)
                                      for w in workers)

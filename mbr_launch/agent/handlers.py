@@ -54,8 +54,8 @@ _STEP_OR_HEARTBEAT = ("step", "heartbeat")
 def note_rank_started(ctx: Context, rnd: Round, event: RankStarted) -> None:
     """A rank is past start-up (its first heartbeat, step, checkpoint, collectives or iteration): a failure of
     this round is no longer a start-up failure (``failures._facts``)."""
-    ctx.heartbeats.add(event.local_rank)
-    if len(ctx.heartbeats) >= len(ctx.group.workers):
+    ctx.current.heartbeats.add(event.local_rank)
+    if len(ctx.current.heartbeats) >= len(ctx.group.workers):
         ctx.group.training()  # our own extra processes waited for the job's start (issue #38)
     if event.first_step is not None and ctx.telemetry:
         ctx.telemetry.on_first_step(dict(event.first_step))

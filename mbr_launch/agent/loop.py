@@ -22,7 +22,7 @@ this very loop.
 from __future__ import annotations
 
 from mbr_launch.agent import inquiry, leaving
-from mbr_launch.agent.context import Context, InquiryState
+from mbr_launch.agent.context import Context, RoundState
 from mbr_launch.agent.ending import final_code, finish
 from mbr_launch.agent.crashes import handle_crashes
 from mbr_launch.agent.handlers import dispatch, handle_silence, tick_telemetry
@@ -122,15 +122,17 @@ class Supervisor:
         with ctx.store_call("reporting this node done"):
             if ctx.cluster.mark_done(rnd):
                 return RoundResult(Outcome.SUCCEEDED)
-        assert ctx.watch is not None
-        ctx.watch.watch_all_done()
+        watch = ctx.current.watch
+        assert watch is not None
+        watch.watch_all_done()
         ctx.say("local workers finished; waiting for the other nodes")
         return None
 
     def _silence(self, rnd: Round) -> RoundResult | None:
         """A store call on a cut-off link never returns, so silence is judged here, by arithmetic; so is a
         culprit's node that was named by a verdict and has not acted."""
-        silent = self.ctx.watch.store_silence() if self.ctx.watch else None
+        watch = self.ctx.current.watch
+        silent = watch.store_silence() if watch else None
         if silent is None:  # answering, or silent for less than its grace (cluster.peers, decide.liveness)
             return inquiry.overdue(self.ctx, rnd)
         return handle_silence(self.ctx, rnd, StoreLost(
@@ -177,11 +179,10 @@ class Supervisor:
     def _run_round(self, rnd: Round) -> RoundResult:
         ctx = self.ctx
         ctx.wakeup.drop_events()
-        ctx.heartbeats, ctx.lost = set(), set()
-        ctx.round_started = ctx.clock()
-        ctx.inquiry = InquiryState()
-        ctx.watch = ctx.cluster.watch(rnd, ctx.wakeup.post)
-        ctx.watch.watch_inquiry(0)
+        state = ctx.current = RoundState(started=ctx.clock(), watch=ctx.cluster.watch(rnd, ctx.wakeup.post))
+        watch = state.watch
+        assert watch is not None
+        watch.watch_inquiry(0)
         try:
             if ctx.cycles:
                 ctx.cycles.begin(rnd)
@@ -193,7 +194,7 @@ class Supervisor:
                     f"restart {rnd.restart_count}, master {rnd.master_addr}:{rnd.master_port})")
             return self._watch(rnd)
         finally:
-            ctx.watch.cancel()
+            watch.cancel()
             # Stops what is left; nothing (no signal, no /proc scan) when the round's end stopped them already
             ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
 
