@@ -37,8 +37,8 @@ class Paths:
 def gated(world, spec: NvrxLauncherSpec, *, probe=None, gpu=None):
     world.ctx.cfg = replace(world.ctx.cfg, nvrx=spec)
     assert healthgate.wanted(world.ctx.cfg)
-    world.ctx.health = HealthGate(world.ctx.cfg, {}, own_pids=set, read=suite.Readers(probe_paths=probe or Paths("ok")),
-                                  gpu=gpu or (lambda: "no NVML in this test"), clock=world.clock)
+    world.ctx.features = [HealthGate(world.ctx.cfg, {}, own_pids=set, read=suite.Readers(probe_paths=probe or Paths("ok")),
+                                     gpu=gpu or (lambda: "no NVML in this test"), clock=world.clock)]
     return world
 
 

@@ -11,11 +11,9 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence
 
-from mbr_launch.agent.cycles import CycleRecords
-from mbr_launch.agent.messages import Departure, Event, RankExpired
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.messages import Departure, Event, Progress, RankExpired, RankStarted, RoundResult
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.joining import JoinState
@@ -106,10 +104,24 @@ class Monitor(Protocol):
     def pending_signals(self) -> frozenset[int] | None: ...
 
 
-class Gate(Protocol):
-    """What a node does before each join (``agent.healthgate.HealthGate``): None to join, else its exit code."""
+class Feature(Protocol):
+    """An optional part of the round (``agent.features`` draws where each hook comes). Every hook's default does
+    nothing: a feature names ``Feature`` as its base and writes only the hooks it uses; a hook that may end the
+    join, the round or the job returns what the loop's own code would (an exit code, a result)."""
 
-    def before_join(self, ctx: "Context", previous: Round | None) -> int | None: ...
+    def monitor_settings(self) -> dict[str, Any]: return {}
+    def before_join(self, ctx: Context, previous: Round | None) -> int | None: return None
+    def closed(self, ctx: Context) -> tuple[int, str] | None: return None
+    def round_begins(self, ctx: Context, rnd: Round) -> None: return None
+    def workers_started(self, ctx: Context, rnd: Round, local_ranks: list[int]) -> None: return None
+    def observe(self, ctx: Context, event: RankStarted | Progress) -> None: return None
+    def tick(self, ctx: Context, rnd: Round) -> RoundResult | None: return None
+    def detected(self, ctx: Context) -> None: return None
+    def attempt_ended(self, ctx: Context, cause: str, detail: str = "") -> None: return None
+    def on_failure(self, ctx: Context, rnd: Round) -> tuple[str, int] | None: return None
+    def round_ended(self, ctx: Context, result: RoundResult) -> None: return None
+    def job_ends(self, ctx: Context, code: int) -> None: return None
+    def close(self) -> None: return None
 
 
 class Guard(Protocol):
@@ -172,14 +184,12 @@ class Context:
     gather_evidence: Callable[[Round, float], Sequence[RankEvidence]]  # this node's ranks, within the bound
     run_dir: Path
     started: float  # when the agent started, on ``clock``
-    telemetry: Telemetry | None = None
-    cycles: CycleRecords | None = None  # ft_launcher 0.6/0.7's progress tracking and cycle-info files, when asked
+    features: list[Feature] = field(default_factory=list)  # the round's optional features, in the order they act
     round: Round | None = None  # the latest round joined
     summary: RunSummary = field(default_factory=RunSummary)
     quick_failures: int = 0  # consecutive failures of rounds that died young (a crash loop)
     monitor_warnings: int = 0  # refusals and errors the rank monitor reported, this run
     departure: Departure = Departure.CLOSE
-    health: Gate | None = None  # pre-rendezvous checks and between-round waits (None: none asked for)
     current: RoundState = field(default_factory=RoundState)  # the latest round's state, made fresh by the loop
 
     @contextlib.contextmanager

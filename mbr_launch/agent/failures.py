@@ -29,8 +29,8 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
     if decision.action is Action.CONTINUE:
         _leave_lost(ctx, rnd, records, decision, facts)
         return None
-    if ctx.telemetry:
-        ctx.telemetry.end("failure", records[0].cause.value)
+    for feature in ctx.features:
+        feature.attempt_ended(ctx, "failure", records[0].cause.value)
     if decision.kept is Kept.STORE:
         ctx.say(f"{Kept.STORE.value} ({rnd.store_host}:{rnd.store_port}), so it stays: {decision.reason}")
     elif decision.kept is Kept.LAST_NODES:
@@ -40,11 +40,11 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
         return _restart_here(ctx, rnd, records, decision)
     if decision.action is Action.EXCLUDE_NODE:
         return _leave(ctx, rnd, decision)
-    if ctx.cycles and (decision.action is Action.RESTART or decision.exhausted):
-        with ctx.store_call("recording the cycle's progress"):
-            stuck = ctx.cycles.check(rnd)  # ft_launcher's progress tracking: not worth another cycle?
-        if stuck is not None:
-            return _stop_round(ctx, rnd, Decision(Action.STOP, Scope.JOB, stuck), stuck, exit_code=ctx.cycles.exit_code)
+    if decision.action is Action.RESTART or decision.exhausted:
+        for feature in ctx.features:  # ft_launcher's progress tracking: not worth another cycle?
+            if (stop := feature.on_failure(ctx, rnd)) is not None:
+                stuck, code = stop
+                return _stop_round(ctx, rnd, Decision(Action.STOP, Scope.JOB, stuck), stuck, exit_code=code)
     plain = decision.action is Action.RESTART and facts.healthy_nodes is None
     reason = records[0].describe() if plain else f"{records[0].describe()}; {decision.reason}"
     nv = ctx.cfg.nvrx
@@ -122,8 +122,8 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
         return None  # a signal came during the back-off: the loop handles it next
     ctx.current.heartbeats = set() if ranks is None else ctx.current.heartbeats - set(ranks)
     ctx.group.start(rnd, ranks, restart_count=total)
-    if ctx.telemetry:
-        ctx.telemetry.begin(rnd.index, ranks if ranks is not None else [w.local_rank for w in ctx.group.workers])
+    for feature in ctx.features:
+        feature.workers_started(ctx, rnd, ranks if ranks is not None else [w.local_rank for w in ctx.group.workers])
     return None
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Collection, Mapping
 
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.ending import finish
+from mbr_launch.agent.features import Feature
 from mbr_launch.agent.gpugate import GpuGate, NvmlOpener
 from mbr_launch.agent.messages import Departure
 from mbr_launch.cluster import fastround
@@ -38,7 +39,7 @@ def wanted(cfg: LaunchConfig) -> bool:
     return suite.configured(spec) or spec.check_remaining_processes or spec.gpu_memory_reclaim_timeout > 0
 
 
-class HealthGate:
+class HealthGate(Feature):
     def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str], *, own_pids: Callable[[], Collection[int]],
                  read: suite.Readers = suite.Readers(), gpu: NvmlOpener = Nvml.open,
                  clock: Callable[[], float] = time.monotonic) -> None:

@@ -297,8 +297,8 @@ def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult 
     verdict, local = found.verdict, found.local
     if verdict.basis is Basis.WITHDRAWN:
         return None  # the ranks restart in process: nothing hung, nothing to stop
-    if ctx.telemetry:
-        ctx.telemetry.detected()  # the verdict is the detection; the culprit's kill grace is restart time
+    for feature in ctx.features:
+        feature.detected(ctx)  # the verdict is the detection; the culprit's kill grace is restart time
     mine = {e.rank: e for e in local}
     culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
     if culprits and found.doubt is not None:
