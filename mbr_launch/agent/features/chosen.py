@@ -6,12 +6,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Collection, Mapping
 
-from mbr_launch.agent import healthgate
 from mbr_launch.agent.cycles import CycleRecords, Members
-from mbr_launch.agent.features import Feature
+from mbr_launch.agent.features import Feature, health
 from mbr_launch.agent.features.cycles import CycleFeature
+from mbr_launch.agent.features.health import HealthGate
 from mbr_launch.agent.features.telemetry import TelemetryFeature
-from mbr_launch.agent.healthgate import HealthGate
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.config.model import LaunchConfig
@@ -26,7 +25,7 @@ def build(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], None], node:
     """``snapshot``: the rank monitor's latest view (the monitor is started after this, with the features'
     ``monitor_settings``)."""
     features: list[Feature] = []
-    if healthgate.wanted(cfg):
+    if health.wanted(cfg):
         features.append(HealthGate(cfg, environ, own_pids=own_pids))
     if CycleRecords.wanted(cfg):
         features.append(_cycles(cfg, log=log, say=say, node=node, environ=environ, rendezvous=rendezvous,

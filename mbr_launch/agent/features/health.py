@@ -3,7 +3,7 @@ the GPUs' memory; then check itself, and stay out when a check fails (ft_launche
 GPU memory reclaim wait and leftover-process check; the checks and waits themselves are in ``health``).
 
     round stopped --> leftovers (--ft-check-remaining-processes) --> GPU memory (--ft-gpu-memory-reclaim-timeout,
-                      ``agent.gpugate``; strangers leave too little memory free: stay out, as below)
+                      ``agent.features.gpumemory``; strangers leave too little memory free: stay out, as below)
     first join, or after the above --> checks --> all passed: join
                                               \\-> one failed: one FAILURE line, a health_check event, exit 7;
                                                    after a round: abort the fast path and leave the rendezvous,
@@ -19,7 +19,7 @@ from typing import Callable, Collection, Mapping
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.ending import finish
 from mbr_launch.agent.features import Feature
-from mbr_launch.agent.gpugate import GpuGate, NvmlOpener
+from mbr_launch.agent.features.gpumemory import GpuGate, NvmlOpener
 from mbr_launch.agent.messages import Departure
 from mbr_launch.cluster import fastround
 from mbr_launch.cluster.round import Round
