@@ -30,8 +30,9 @@ __all__ = ["Feature", "monitor_settings"]
 
 
 def monitor_settings(features: Iterable[Feature]) -> dict[str, Any]:
-    """Every feature's rank monitor settings in one: None is "nothing asked" and never replaces another
-    feature's value (progress tracking asks for status rows only where no status display asked for them)."""
+    """Every feature's rank monitor settings in one, in the list's order: a later feature's value stands, but
+    None is "nothing asked" and replaces nothing (so progress tracking's status rows, asked before telemetry,
+    are sent at the status display's interval where there is a display, and at their own where there is none)."""
     merged: dict[str, Any] = {}
     for feature in features:
         asked: Mapping[str, Any] = feature.monitor_settings()
