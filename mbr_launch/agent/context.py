@@ -2,7 +2,9 @@
 histories through the real loop with fakes and a fake clock) and the little state that outlives one event.
 
 Each collaborator is a ``Protocol`` naming only what the agent calls; ``agent.lifecycle`` wires the real
-ones (torch's rendezvous, worker processes, the rank monitor process, the round's store).
+ones (torch's rendezvous, worker processes, the rank monitor process, the round's store). The optional
+features are a list of ``Feature`` (``agent.features``); what one round knows is a ``RoundState``, made fresh
+by the loop as each round starts.
 """
 
 from __future__ import annotations
