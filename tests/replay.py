@@ -447,7 +447,7 @@ def idle(world: World) -> None:
 
 def silence(seconds: float) -> Step:
     def step(world: World) -> None:
-        world.ctx.watch.silent = seconds  # type: ignore[union-attr]
+        world.ctx.current.watch.silent = seconds  # type: ignore[union-attr]
     return step
 
 

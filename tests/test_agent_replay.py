@@ -8,6 +8,7 @@ import signal
 import pytest
 
 from mbr_launch.agent import handlers
+from mbr_launch.agent.features.telemetry import TelemetryFeature
 from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.messages import (Departure, MonitorDied, MonitorWarning, NodesWaiting, PeerStopped, RankExpired,
                                        RankStarted, WorkloadRequest, decode_monitor_event)
@@ -521,7 +522,7 @@ def test_a_peers_stop_ends_this_nodes_attempt_at_the_stop(tmp_path):
     the attempt's ``progress`` record is written when its workers stop, before the next rendezvous."""
     world = build_world(tmp_path, ("nnodes", "2"), ("rdzv_backend", "c10d"), ("rdzv_endpoint", "127.0.0.1:29401"),
                         ("max_restarts", 1), nodes=2)
-    world.ctx.telemetry = Telemetry(world.ctx.cfg, world.ctx.log, world.said.append, clock=world.clock)
+    world.ctx.features = [TelemetryFeature(Telemetry(world.ctx.cfg, world.ctx.log, world.said.append, clock=world.clock))]
     stop = StopMessage(reason="rank 2 crashed on n1", origin="n1", group_rank=1, restart_count=1)
     assert world.run([post(PeerStopped(stop)), all_exit(0)]) == exitcodes.OK
     names = [(r["event"], r.get("round")) for r in world.events() if r["event"] in ("progress", "rendezvous")]

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 
 from mbr_launch.agent.cycles import CycleRecords, read_iteration_file
+from mbr_launch.agent.features.cycles import CycleFeature
 from mbr_launch.agent.messages import Progress, RankStarted
 from mbr_launch.config.model import NvrxLauncherSpec
 from mbr_launch.report import exitcodes
@@ -51,12 +52,19 @@ def world_with_cycles(tmp_path: Path, *cli: tuple[str, Any], store: MemoryStore 
     ctx = world.ctx
     ctx.cfg = dataclasses.replace(ctx.cfg, nvrx=NvrxLauncherSpec(**nvrx))
     store = store or MemoryStore()
-    ctx.cycles = CycleRecords(ctx.cfg, log=ctx.log, say=ctx.say, node="n0", environ={"SLURM_JOB_ID": "42"},
-                              job_store=lambda rnd: store, hosts_store=lambda rnd: True,
-                              members=lambda: ([("n0", 0)], []))
-    ctx.cycles.start()
+    records = CycleRecords(ctx.cfg, log=ctx.log, say=ctx.say, node="n0", environ={"SLURM_JOB_ID": "42"},
+                           job_store=lambda rnd: store, hosts_store=lambda rnd: True,
+                           members=lambda: ([("n0", 0)], []))
+    records.start()
+    ctx.features = [CycleFeature(records, status_rows=False)]
     world.rendezvous.job_get = lambda key: store.data.get(key)  # type: ignore[attr-defined]
     return world, store
+
+
+def cycles(world: Any) -> CycleRecords:
+    """The progress tracking records of a world made by ``world_with_cycles``."""
+    [feature] = world.ctx.features
+    return feature.records
 
 
 def test_cycles_without_progress_end_the_job_with_the_no_restart_code(tmp_path):
@@ -148,11 +156,11 @@ def test_two_nodes_scoring_one_round_act_on_the_first_verdict(tmp_path):
     ckpt.write_text("100")
     a, _ = world_with_cycles(tmp_path / "a", store=store, max_no_progress_cycles=1, checkpoint_iteration_file=str(ckpt))
     rnd = make_round(0)
-    assert a.ctx.cycles.check(rnd) is not None  # 100 -> 100: stop
+    assert cycles(a).check(rnd) is not None  # 100 -> 100: stop
     ckpt.write_text("900")  # what the second node reads a moment later
     b, _ = world_with_cycles(tmp_path / "b", store=store, max_no_progress_cycles=1, checkpoint_iteration_file=str(ckpt))
-    b.ctx.cycles._launch_iteration = 100
-    assert b.ctx.cycles.check(rnd) is not None  # it read 900, but the round's verdict is a's
+    cycles(b)._launch_iteration = 100
+    assert cycles(b).check(rnd) is not None  # it read 900, but the round's verdict is a's
     ours, theirs = a.events("cycle_progress")[0], b.events("cycle_progress")[0]
     assert (ours["claimed"], theirs["claimed"]) == (True, False)
     assert (theirs["end"], theirs["stop"]) == (100, True)
@@ -162,16 +170,16 @@ def test_a_spare_learns_why_the_job_ended(tmp_path):
     store = MemoryStore()
     store.set("nvrx/no_restart", json.dumps({"exit_code": 93, "reason": "no progress in 3 cycles in a row (...)"}))
     world, _ = world_with_cycles(tmp_path, store=store, max_no_progress_cycles=3)
-    assert world.ctx.cycles.no_restart_line(lambda key: store.data.get(key)) == (93, "no progress in 3 cycles in a "
+    assert cycles(world).no_restart_line(lambda key: store.data.get(key)) == (93, "no progress in 3 cycles in a "
                                                                                   "row (...)")
-    assert world.ctx.cycles.no_restart_line(lambda key: None) is None
+    assert cycles(world).no_restart_line(lambda key: None) is None
 
 
 def test_cycle_info_files_follow_the_rounds(tmp_path):
     world, _ = world_with_cycles(tmp_path, ("max_restarts", 2), cycle_info_dir=str(tmp_path / "nvrx"),
                                  per_cycle_applog_prefix=str(tmp_path / "app.log"))
     assert world.run([exit_rank(0, 1), all_exit(0)]) == exitcodes.OK
-    world.ctx.cycles.close()
+    cycles(world).close()
     folder = tmp_path / "nvrx"
     records = [json.loads((folder / f"cycle_info.42.0.{c}").read_text()) for c in (0, 1)]
     assert [(r["cycle_number"], r["generation"], bool(r["cycle_end_time"]), r["active_nodes"], r["active_ranks"],

@@ -217,7 +217,7 @@ def test_a_postponed_expiry_of_a_rank_that_moved_or_exited_since_is_dropped(tmp_
              *[idle] * 12, all_exit(0)]
     assert world.run(steps) == exitcodes.OK
     assert len(world.events("verdict")) == 1 and world.events("failure") == []
-    assert world.ctx.inquiry.postponed == {} and 0 not in world.ctx.inquiry.expired
+    assert world.ctx.current.inquiry.postponed == {} and 0 not in world.ctx.current.inquiry.expired
 
 
 # ---- (c) a final stop that claims exit 0 ----------------------------------------------------------------

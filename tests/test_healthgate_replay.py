@@ -8,8 +8,8 @@ from dataclasses import replace
 
 import pytest
 
-from mbr_launch.agent import healthgate
-from mbr_launch.agent.healthgate import HealthGate
+from mbr_launch.agent.features import health
+from mbr_launch.agent.features.health import HealthGate
 from mbr_launch.agent.messages import Departure, RankStarted
 from mbr_launch.config.model import NvrxLauncherSpec
 from mbr_launch.health import suite
@@ -36,9 +36,9 @@ class Paths:
 
 def gated(world, spec: NvrxLauncherSpec, *, probe=None, gpu=None):
     world.ctx.cfg = replace(world.ctx.cfg, nvrx=spec)
-    assert healthgate.wanted(world.ctx.cfg)
-    world.ctx.health = HealthGate(world.ctx.cfg, {}, own_pids=set, read=suite.Readers(probe_paths=probe or Paths("ok")),
-                                  gpu=gpu or (lambda: "no NVML in this test"), clock=world.clock)
+    assert health.wanted(world.ctx.cfg)
+    world.ctx.features = [HealthGate(world.ctx.cfg, {}, own_pids=set, read=suite.Readers(probe_paths=probe or Paths("ok")),
+                                     gpu=gpu or (lambda: "no NVML in this test"), clock=world.clock)]
     return world
 
 
@@ -60,7 +60,7 @@ def test_a_node_that_fails_before_its_first_join_never_joins(tmp_path):
 
 def test_a_node_that_fails_before_a_rejoin_leaves_and_tells_the_others(tmp_path, monkeypatch):
     aborted = []
-    monkeypatch.setattr(healthgate.fastround, "abort",
+    monkeypatch.setattr(health.fastround, "abort",
                         lambda control, reason, *, token, nodes: aborted.append((token, nodes, reason)))
     world = gated(build_world(tmp_path, ("max_restarts", 3), nodes=2), STORAGE, probe=Paths("ok", "unreadable"))
     assert world.run([post(RankStarted(0)), exit_rank(1, code=1)]) == exitcodes.UNHEALTHY

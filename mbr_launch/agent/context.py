@@ -2,7 +2,9 @@
 histories through the real loop with fakes and a fake clock) and the little state that outlives one event.
 
 Each collaborator is a ``Protocol`` naming only what the agent calls; ``agent.lifecycle`` wires the real
-ones (torch's rendezvous, worker processes, the rank monitor process, the round's store).
+ones (torch's rendezvous, worker processes, the rank monitor process, the round's store). The optional
+features are a list of ``Feature`` (``agent.features``); what one round knows is a ``RoundState``, made fresh
+by the loop as each round starts.
 """
 
 from __future__ import annotations
@@ -11,11 +13,9 @@ import contextlib
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence
+from typing import TYPE_CHECKING, Any, Callable, ContextManager, Iterable, Iterator, Protocol, Sequence
 
-from mbr_launch.agent.cycles import CycleRecords
-from mbr_launch.agent.messages import Departure, Event, RankExpired
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.messages import Departure, Event, Progress, RankExpired, RankStarted, RoundResult
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.joining import JoinState
@@ -106,10 +106,24 @@ class Monitor(Protocol):
     def pending_signals(self) -> frozenset[int] | None: ...
 
 
-class Gate(Protocol):
-    """What a node does before each join (``agent.healthgate.HealthGate``): None to join, else its exit code."""
+class Feature(Protocol):
+    """An optional part of the round (``agent.features`` draws where each hook comes). Every hook's default does
+    nothing: a feature names ``Feature`` as its base and writes only the hooks it uses; a hook that may end the
+    join, the round or the job returns what the loop's own code would (an exit code, a result)."""
 
-    def before_join(self, ctx: "Context", previous: Round | None) -> int | None: ...
+    def monitor_settings(self) -> dict[str, Any]: return {}
+    def before_join(self, ctx: Context, previous: Round | None) -> int | None: return None
+    def closed(self, ctx: Context) -> tuple[int, str] | None: return None
+    def round_begins(self, ctx: Context, rnd: Round) -> None: return None
+    def workers_started(self, ctx: Context, rnd: Round, local_ranks: list[int]) -> None: return None
+    def observe(self, ctx: Context, event: RankStarted | Progress) -> None: return None
+    def tick(self, ctx: Context, rnd: Round) -> RoundResult | None: return None
+    def detected(self, ctx: Context) -> None: return None
+    def attempt_ended(self, ctx: Context, cause: str, detail: str = "") -> None: return None
+    def on_failure(self, ctx: Context, rnd: Round) -> tuple[str, int] | None: return None
+    def round_ended(self, ctx: Context, result: RoundResult) -> None: return None
+    def job_ends(self, ctx: Context, code: int) -> None: return None
+    def close(self) -> None: return None
 
 
 class Guard(Protocol):
@@ -145,6 +159,18 @@ class InquiryState:
 
 
 @dataclass
+class RoundState:
+    """What one round of this node knows and nothing after it needs: the loop makes a fresh one as each round
+    starts (``loop.Supervisor._run_round``), so nothing of a round leaks into the next."""
+
+    started: float = 0.0  # when the round's workers were started, on ``Context.clock``
+    watch: Watch | None = None  # the threads watching the round (None before the first round)
+    heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up
+    lost: set[int] = field(default_factory=set)  # local ranks left lost (--restart-policy min-healthy)
+    inquiry: InquiryState = field(default_factory=InquiryState)
+
+
+@dataclass
 class Context:
     cfg: LaunchConfig
     node: str
@@ -160,19 +186,13 @@ class Context:
     gather_evidence: Callable[[Round, float], Sequence[RankEvidence]]  # this node's ranks, within the bound
     run_dir: Path
     started: float  # when the agent started, on ``clock``
-    telemetry: Telemetry | None = None
-    cycles: CycleRecords | None = None  # ft_launcher 0.6/0.7's progress tracking and cycle-info files, when asked
+    features: list[Feature] = field(default_factory=list)  # the round's optional features, in the order they act
     round: Round | None = None  # the latest round joined
     summary: RunSummary = field(default_factory=RunSummary)
-    heartbeats: set[int] = field(default_factory=set)  # local ranks past start-up in this round
-    lost: set[int] = field(default_factory=set)  # local ranks left lost this round (--restart-policy min-healthy)
     quick_failures: int = 0  # consecutive failures of rounds that died young (a crash loop)
     monitor_warnings: int = 0  # refusals and errors the rank monitor reported, this run
-    round_started: float = 0.0
     departure: Departure = Departure.CLOSE
-    watch: Watch | None = None  # this round's
-    inquiry: InquiryState = field(default_factory=InquiryState)  # this round's
-    health: Gate | None = None  # pre-rendezvous checks and between-round waits (None: none asked for)
+    current: RoundState = field(default_factory=RoundState)  # the latest round's state, made fresh by the loop
 
     @contextlib.contextmanager
     def store_call(self, what: str) -> Iterator[None]:
@@ -187,5 +207,5 @@ class Context:
     def finished_here(self) -> bool:
         """Every local worker has ended: succeeded, or lost to min-healthy with the job going on without it."""
         workers = self.group.workers
-        return bool(workers) and all(w.status is not None and (w.status.ok or w.local_rank in self.lost)
+        return bool(workers) and all(w.status is not None and (w.status.ok or w.local_rank in self.current.lost)
                                      for w in workers)

@@ -22,12 +22,12 @@ CASCADE_WAIT = 0.5
 
 
 def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundResult | None:
-    if ctx.inquiry.elsewhere and ctx.inquiry.quiet(ctx.clock()):
+    if ctx.current.inquiry.elsewhere and ctx.current.inquiry.quiet(ctx.clock()):
         # A verdict named a culprit on another node a moment ago: that node is stopping it, and these ranks
         # lost their peer in the collective. Consequences, not failures: the culprit's node ends the round.
         for worker in failed:
             ctx.say(f"rank {worker.rank} exited ({worker.status.describe() if worker.status else '?'}) after the "
-                    f"verdict: {ctx.inquiry.elsewhere}; waiting for that node to stop the round")
+                    f"verdict: {ctx.current.inquiry.elsewhere}; waiting for that node to stop the round")
         return None
     lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
     alive = any(w.alive for w in ctx.group.workers)

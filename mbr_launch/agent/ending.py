@@ -19,9 +19,8 @@ from mbr_launch.visible import visible
 
 def finish(ctx: Context, code: int, reason: str) -> int:
     ctx.summary.exit_code, ctx.summary.reason = code, reason
-    if ctx.telemetry:
-        ctx.telemetry.end("end" if code == exitcodes.OK else "stop")
-        ctx.telemetry.close()
+    for feature in ctx.features:
+        feature.job_ends(ctx, code)
     _goodput(ctx)
     ctx.group.settle_output(timeout=0.5)  # the pumps' last words (output_lost) come before the end
     ctx.log.emit("end", exit_code=code, reason=reason, seconds=round(ctx.clock() - ctx.started, 3))

@@ -21,7 +21,7 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
     ``culprit_known`` False (an undetermined hang): the job restarts and no node is blamed."""
     for record in records:
         ctx.summary.failures.append(record)
-        ctx.log.emit("failure", **record.to_event(), startup=not ctx.heartbeats)
+        ctx.log.emit("failure", **record.to_event(), startup=not ctx.current.heartbeats)
         ctx.say(f"FAILURE: {record.describe()}")
     facts = _facts(ctx, rnd, records[0].cause, records[0], shutdown=shutdown, exclude=exclude, nodes_lost=nodes_lost,
                    culprit_known=culprit_known)
@@ -29,8 +29,8 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
     if decision.action is Action.CONTINUE:
         _leave_lost(ctx, rnd, records, decision, facts)
         return None
-    if ctx.telemetry:
-        ctx.telemetry.end("failure", records[0].cause.value)
+    for feature in ctx.features:
+        feature.attempt_ended(ctx, "failure", records[0].cause.value)
     if decision.kept is Kept.STORE:
         ctx.say(f"{Kept.STORE.value} ({rnd.store_host}:{rnd.store_port}), so it stays: {decision.reason}")
     elif decision.kept is Kept.LAST_NODES:
@@ -40,11 +40,11 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
         return _restart_here(ctx, rnd, records, decision)
     if decision.action is Action.EXCLUDE_NODE:
         return _leave(ctx, rnd, decision)
-    if ctx.cycles and (decision.action is Action.RESTART or decision.exhausted):
-        with ctx.store_call("recording the cycle's progress"):
-            stuck = ctx.cycles.check(rnd)  # ft_launcher's progress tracking: not worth another cycle?
-        if stuck is not None:
-            return _stop_round(ctx, rnd, Decision(Action.STOP, Scope.JOB, stuck), stuck, exit_code=ctx.cycles.exit_code)
+    if decision.action is Action.RESTART or decision.exhausted:
+        for feature in ctx.features:  # ft_launcher's progress tracking: not worth another cycle?
+            if (stop := feature.on_failure(ctx, rnd)) is not None:
+                stuck, code = stop
+                return _stop_round(ctx, rnd, Decision(Action.STOP, Scope.JOB, stuck), stuck, exit_code=code)
     plain = decision.action is Action.RESTART and facts.healthy_nodes is None
     reason = records[0].describe() if plain else f"{records[0].describe()}; {decision.reason}"
     nv = ctx.cfg.nvrx
@@ -67,11 +67,12 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         # Read only where the policy weighs it: a job-wide restart reads it once, after its stop
         # (``loop.fast_blocker``), and a failure costs one read of torch's whole rendezvous state, not two.
         waiting = ctx.rendezvous.spare_count() if _spares_matter(ctx, cause, exclude, node_failures) else 0
-    # ctx.heartbeats: the local ranks that showed a sign of progress this round (handlers.note_rank_started:
-    # a heartbeat, a step, a checkpoint, enough collectives, an advancing iteration); none: a start-up failure.
+    # ctx.current.heartbeats: the local ranks that showed a sign of progress this round
+    # (handlers.note_rank_started: a heartbeat, a step, a checkpoint, enough collectives, an advancing
+    # iteration); none: a start-up failure.
     return FailureFacts(
-        cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.heartbeats,
-        round_seconds=ctx.clock() - ctx.round_started, restarts_used=restarts,
+        cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.current.heartbeats,
+        round_seconds=ctx.clock() - ctx.current.started, restarts_used=restarts,
         startup_restarts_used=startup_restarts, node_failures=node_failures, quick_failures=ctx.quick_failures,
         exclude_requested=exclude, shutdown_requested=shutdown,
         nodes_left=rnd.group_world_size - 1 - nodes_lost + waiting,
@@ -91,7 +92,7 @@ def _spares_matter(ctx: Context, cause: Cause, exclude: bool, node_failures: int
 def _healthy_nodes(ctx: Context, rnd: Round) -> int:
     """min-healthy: the round's nodes that still have every rank alive, job-wide; this node's first lost rank
     of the round counts it out (once) in the round's store."""
-    return rnd.group_world_size - ctx.cluster.count_unhealthy(rnd, add=not ctx.lost)
+    return rnd.group_world_size - ctx.cluster.count_unhealthy(rnd, add=not ctx.current.lost)
 
 
 def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision,
@@ -99,7 +100,7 @@ def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision
     """min-healthy, enough healthy nodes: the crashed ranks stay lost and everything else goes on (an NVRx
     in-process Wrapper recovers without them); the failure is recorded, nothing is stopped or restarted."""
     ranks = [r.rank for r in records]
-    ctx.lost |= {r.local_rank for r in records}
+    ctx.current.lost |= {r.local_rank for r in records}
     ctx.log.emit("rank_lost", round=rnd.index, ranks=ranks, local_ranks=[r.local_rank for r in records],
                  healthy_nodes=facts.healthy_nodes, nodes=rnd.group_world_size, min_nodes=ctx.cfg.policy.min_nodes,
                  alive=[w.rank for w in ctx.group.workers if w.alive])
@@ -119,10 +120,10 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
     ctx.say(f"restarting {which} only (--restart-scope {decision.scope}; restart {total} of {cfg.policy.max_restarts})")
     if not back_off(ctx, decision.backoff):
         return None  # a signal came during the back-off: the loop handles it next
-    ctx.heartbeats = set() if ranks is None else ctx.heartbeats - set(ranks)
+    ctx.current.heartbeats = set() if ranks is None else ctx.current.heartbeats - set(ranks)
     ctx.group.start(rnd, ranks, restart_count=total)
-    if ctx.telemetry:
-        ctx.telemetry.begin(rnd.index, ranks if ranks is not None else [w.local_rank for w in ctx.group.workers])
+    for feature in ctx.features:
+        feature.workers_started(ctx, rnd, ranks if ranks is not None else [w.local_rank for w in ctx.group.workers])
     return None
 
 

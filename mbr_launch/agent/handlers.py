@@ -54,21 +54,19 @@ _STEP_OR_HEARTBEAT = ("step", "heartbeat")
 def note_rank_started(ctx: Context, rnd: Round, event: RankStarted) -> None:
     """A rank is past start-up (its first heartbeat, step, checkpoint, collectives or iteration): a failure of
     this round is no longer a start-up failure (``failures._facts``)."""
-    ctx.heartbeats.add(event.local_rank)
-    if len(ctx.heartbeats) >= len(ctx.group.workers):
+    ctx.current.heartbeats.add(event.local_rank)
+    if len(ctx.current.heartbeats) >= len(ctx.group.workers):
         ctx.group.training()  # our own extra processes waited for the job's start (issue #38)
-    if event.first_step is not None and ctx.telemetry:
-        ctx.telemetry.on_first_step(dict(event.first_step))
+    for feature in ctx.features:
+        feature.observe(ctx, event)  # telemetry records the first step
     if event.kind not in _STEP_OR_HEARTBEAT:
         ctx.log.emit("first_progress", round=rnd.index, rank=event.rank, local_rank=event.local_rank,
                      kind=event.kind, seconds=event.seconds)
 
 
 def note_progress(ctx: Context, rnd: Round, event: Progress) -> None:
-    if ctx.cycles:
-        ctx.cycles.on_progress(event.payload)
-    if ctx.telemetry:
-        (ctx.telemetry.on_steps if event.kind == "steps" else ctx.telemetry.on_status)(dict(event.payload))
+    for feature in ctx.features:
+        feature.observe(ctx, event)
 
 
 def note_peers_left(ctx: Context, rnd: Round, event: PeersLeft) -> None:
@@ -103,8 +101,8 @@ def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> Round
 def _end_attempt(ctx: Context) -> None:
     """The attempt ends when its workers stop, not when the next one starts: goodput's detection time for
     this node is then up to the stop, and the rendezvous after it counts as restart."""
-    if ctx.telemetry:
-        ctx.telemetry.end("stop")
+    for feature in ctx.features:
+        feature.attempt_ended(ctx, "stop")
 
 
 def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> RoundResult | None:
@@ -158,22 +156,6 @@ def handle_workload_request(ctx: Context, rnd: Round, event: WorkloadRequest) ->
                            detail=f"rank {event.rank} requested {event.action}: {event.description}")
     return handle_failure(ctx, rnd, [record], shutdown=event.action == "ShutdownWorkload",
                           exclude=event.action == "ExcludeThisNode")
-
-
-def tick_telemetry(ctx: Context, rnd: Round) -> RoundResult | None:
-    """Straggler check, goodput segments, the plain status line; a straggler may stop the job."""
-    assert ctx.telemetry
-    report = ctx.telemetry.tick(rnd.index)
-    if report is None or not report.stragglers or not ctx.telemetry.stop_on_straggler:
-        return None
-    rank = report.stragglers[0]
-    score = report.scores[rank]
-    local = next((w.local_rank for w in ctx.group.workers if w.rank == rank), -1)
-    record = FailureRecord(round=rnd.index, rank=rank, local_rank=local, node=ctx.node, group_rank=rnd.group_rank,
-                           cause=Cause.STRAGGLER, status=None,
-                           detail=f"straggler: relative score {score.relative:.2f}, individual "
-                                  f"{score.individual:.2f} below {report.threshold:g} (--stop-on-straggler)")
-    return handle_failure(ctx, rnd, [record], shutdown=True)
 
 
 # ---- the table ---------------------------------------------------------------------------------------

@@ -50,11 +50,11 @@ def on_expiry(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | Non
     ctx.log.emit("hang", round=rnd.index, rank=event.rank, local_rank=event.local_rank, pid=event.pid, kind=event.kind,
                  section=event.section, timeout=event.timeout, elapsed=event.elapsed,
                  last_heartbeat_age=event.last_heartbeat_age, open_sections=list(event.open_sections) or None)
-    ctx.inquiry.expired[event.local_rank] = event
-    if ctx.inquiry.quiet(ctx.clock()):
+    ctx.current.inquiry.expired[event.local_rank] = event
+    if ctx.current.inquiry.quiet(ctx.clock()):
         # The peers of a culprit named a moment ago: their deadlines pass too. Judged when the quiet time ends
         # (a rank that hung in it is no less hung), never dropped: the monitor tells each expiry only once.
-        ctx.inquiry.postponed.setdefault(event.local_rank, Postponed(event, worker.pid, ctx.clock()))
+        ctx.current.inquiry.postponed.setdefault(event.local_rank, Postponed(event, worker.pid, ctx.clock()))
         return None
     return _open(ctx, rnd, event)
 
@@ -63,10 +63,10 @@ def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
     """The quiet time is over: an expiry it postponed opens the inquiry now, if its rank is still the same
     process, alive, and made no heartbeat or step since (then it went on, and is no longer counted as past its
     deadline). While a culprit named on another node is being stopped, they wait: ``overdue`` covers that."""
-    postponed, now = ctx.inquiry.postponed, ctx.clock()
-    if not postponed or ctx.inquiry.quiet(now) or ctx.inquiry.elsewhere is not None:
+    postponed, now = ctx.current.inquiry.postponed, ctx.clock()
+    if not postponed or ctx.current.inquiry.quiet(now) or ctx.current.inquiry.elsewhere is not None:
         return None
-    ctx.inquiry.postponed = {}
+    ctx.current.inquiry.postponed = {}
     ages = ctx.monitor.ages(list(postponed))
     due = []
     for local_rank, p in sorted(postponed.items(), key=lambda item: item[1].at):
@@ -74,7 +74,7 @@ def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
         if worker is None or not worker.alive or worker.pid != p.pid:
             continue  # gone or restarted since: its exit (or its new process) is handled on its own
         if (age := ages.get(local_rank)) is not None and age < now - p.at:
-            ctx.inquiry.expired.pop(local_rank, None)
+            ctx.current.inquiry.expired.pop(local_rank, None)
             continue
         due.append(p)
     if not due:
@@ -86,7 +86,7 @@ def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
 
 
 def _open(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
-    opener = Opener(number=ctx.inquiry.number, group_rank=rnd.group_rank, rank=event.rank, kind=event.kind)
+    opener = Opener(number=ctx.current.inquiry.number, group_rank=rnd.group_rank, rank=event.rank, kind=event.kind)
     with ctx.store_call("opening a hang inquiry"):
         opener = ctx.cluster.open_inquiry(rnd, opener)
     return _inquire(ctx, rnd, opener)
@@ -94,7 +94,7 @@ def _open(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
 
 def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | None:
     """Another node opened an inquiry: join it, unless this node joined already through its own expiry."""
-    if event.opener.number != ctx.inquiry.number:
+    if event.opener.number != ctx.current.inquiry.number:
         return None
     return _inquire(ctx, rnd, event.opener)
 
@@ -107,8 +107,8 @@ def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
                            pid=w.pid, state=ProcState.GONE, stack=StackClass.COLLECTIVE,
                            collective="a collective that timed out", where=lines[w.local_rank][:160],
                            expired=True, kind=TIMED_OUT) for w in failed]
-    opener = Opener(number=ctx.inquiry.number, group_rank=rnd.group_rank, rank=failed[0].rank, kind=TIMED_OUT)
-    ctx.inquiry.timed_out = {w.rank: lines[w.local_rank] for w in failed}
+    opener = Opener(number=ctx.current.inquiry.number, group_rank=rnd.group_rank, rank=failed[0].rank, kind=TIMED_OUT)
+    ctx.current.inquiry.timed_out = {w.rank: lines[w.local_rank] for w in failed}
     with ctx.store_call("opening a hang inquiry"):
         opener = ctx.cluster.open_inquiry(rnd, opener)
     found = _verdict(ctx, rnd, opener, waited)
@@ -134,11 +134,11 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
     """Gather and publish this node's evidence; decide (the opener's node) or wait for the decision."""
     number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
     decider = opener.group_rank == rnd.group_rank
-    ctx.inquiry.number += 1
-    ctx.inquiry.postponed = {}  # their expiries are in this inquiry's evidence (``inquiry.expired``)
-    if ctx.watch is not None:
-        ctx.watch.watch_inquiry(ctx.inquiry.number)
-    gathered = [_with_expiry(e, ctx.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
+    ctx.current.inquiry.number += 1
+    ctx.current.inquiry.postponed = {}  # their expiries are in this inquiry's evidence (``inquiry.expired``)
+    if ctx.current.watch is not None:
+        ctx.current.watch.watch_inquiry(ctx.current.inquiry.number)
+    gathered = [_with_expiry(e, ctx.current.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
     known = {e.rank: e for e in extra}  # what this node knows better than /proc (why a rank exited) wins
     local = [known.pop(e.rank, e) for e in gathered] + list(known.values())
     with ctx.store_call("publishing hang evidence"):
@@ -159,7 +159,7 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
     # this node saw before a rank here is stopped for it; this node's own judgement needs no check.
     doubt = None if verdict is judged else _doubt(ctx, verdict, local, began)
     if verdict.basis is not Basis.WITHDRAWN:  # after a withdrawn one, the next expiry is judged afresh
-        ctx.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
+        ctx.current.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
     _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began, doubt=doubt)
     return _Found(verdict, local, doubt)
 
@@ -230,9 +230,9 @@ def _facts(e: RankEvidence) -> dict[str, object]:
 def overdue(ctx: Context, rnd: Round) -> RoundResult | None:
     """The culprit's node had its time to stop the round and did not (its agent is stuck or gone without
     its peers noticing yet): restart the job from here, blaming no node."""
-    if ctx.inquiry.elsewhere is None or ctx.clock() < ctx.inquiry.elsewhere_by:
+    if ctx.current.inquiry.elsewhere is None or ctx.clock() < ctx.current.inquiry.elsewhere_by:
         return None
-    reason, ctx.inquiry.elsewhere = ctx.inquiry.elsewhere, None
+    reason, ctx.current.inquiry.elsewhere = ctx.current.inquiry.elsewhere, None
     record = FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=ctx.node, group_rank=rnd.group_rank,
                            cause=Cause.HANG, status=None,
                            detail=f"the culprit's node did not stop the round after the verdict: {reason}")
@@ -262,10 +262,10 @@ def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
 
 def _trigger(ctx: Context, opener: Opener) -> str:
     """What opened the inquiry, for people: the monitor's own words when the deadline passed on this node."""
-    event = next((e for e in ctx.inquiry.expired.values() if isinstance(e, RankExpired) and e.rank == opener.rank),
-                 None)
-    if opener.rank in ctx.inquiry.timed_out:
-        return f"rank {opener.rank} died of a collective timeout: {ctx.inquiry.timed_out[opener.rank]}"
+    expired = ctx.current.inquiry.expired.values()
+    event = next((e for e in expired if isinstance(e, RankExpired) and e.rank == opener.rank), None)
+    if opener.rank in ctx.current.inquiry.timed_out:
+        return f"rank {opener.rank} died of a collective timeout: {ctx.current.inquiry.timed_out[opener.rank]}"
     if event is not None:
         return f"rank {event.rank} {describe_expiry(event)}"
     return f"rank {opener.rank}'s {opener.kind} deadline passed" if opener.rank is not None else ""
@@ -297,8 +297,8 @@ def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult 
     verdict, local = found.verdict, found.local
     if verdict.basis is Basis.WITHDRAWN:
         return None  # the ranks restart in process: nothing hung, nothing to stop
-    if ctx.telemetry:
-        ctx.telemetry.detected()  # the verdict is the detection; the culprit's kill grace is restart time
+    for feature in ctx.features:
+        feature.detected(ctx)  # the verdict is the detection; the culprit's kill grace is restart time
     mine = {e.rank: e for e in local}
     culprits = [mine[r] for r in verdict.culprits if r in mine and ctx.group.by_local_rank(mine[r].local_rank)]
     if culprits and found.doubt is not None:
@@ -306,9 +306,9 @@ def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult 
         culprits = []
         verdict = dataclasses.replace(verdict, reason=f"{verdict.reason} (not borne out here: {found.doubt})")
     if verdict.determined and not culprits:
-        ctx.inquiry.elsewhere = verdict.reason  # local ranks that die now die of the culprit's stop
+        ctx.current.inquiry.elsewhere = verdict.reason  # local ranks that die now die of the culprit's stop
         cfg = ctx.cfg
-        ctx.inquiry.elsewhere_by = (ctx.clock() + cfg.monitor.hang_kill_grace + cfg.workers.shutdown_timeout
+        ctx.current.inquiry.elsewhere_by = (ctx.clock() + cfg.monitor.hang_kill_grace + cfg.workers.shutdown_timeout
                                     + cfg.rendezvous.peer_timeout)
         return None
     if not verdict.determined and not decider:
@@ -325,7 +325,7 @@ def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult 
 
 def _record_of(ctx: Context, rnd: Round, evidence: RankEvidence, verdict: Verdict) -> FailureRecord:
     worker = ctx.group.by_local_rank(evidence.local_rank)
-    expired = ctx.inquiry.expired.get(evidence.local_rank)
+    expired = ctx.current.inquiry.expired.get(evidence.local_rank)
     detail = verdict.reason + (f" [its own deadline: {describe_expiry(expired)}]" if isinstance(expired, RankExpired)
                                else "")
     return FailureRecord(round=rnd.index, rank=evidence.rank, local_rank=evidence.local_rank, node=ctx.node,

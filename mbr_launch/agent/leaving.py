@@ -196,7 +196,7 @@ def _depart(ctx: Context, rnd: Round, name: str, signum: int) -> RoundResult:
     with ctx.store_call("leaving the round"):
         gone = ctx.cluster.mark_left(rnd)
         ctx.cluster.mark_done(rnd)  # the round's end no longer waits for this node's workers
-        unhealthy = ctx.cluster.count_unhealthy(rnd, add=not ctx.lost) if policy.min_healthy else 0
+        unhealthy = ctx.cluster.count_unhealthy(rnd, add=not ctx.current.lost) if policy.min_healthy else 0
     after = after_departure(policy, DepartureFacts(
         nodes=rnd.group_world_size, left=len(gone), unhealthy=unhealthy, waiting=waiting, restarts_used=restarts,
         elastic=ctx.cfg.rendezvous.backend == "c10d" and not ctx.cfg.rendezvous.standalone))

@@ -15,15 +15,13 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbr_launch import nofile
-from mbr_launch.agent import healthgate, progress
+from mbr_launch.agent import progress
 from mbr_launch.agent.context import Context
-from mbr_launch.agent.cycles import CycleRecords, Members
-from mbr_launch.agent.healthgate import HealthGate
+from mbr_launch.agent.features import Feature, chosen, monitor_settings
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
 from mbr_launch.agent.stuck import StuckSignals
-from mbr_launch.agent.telemetry import Telemetry
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous
@@ -52,8 +50,6 @@ SPARE_LINGER = 3.0
 # keep coming: until none has come for FAREWELL_QUIET seconds, FAREWELL_CAP in all. Another node's farewell
 # thread is given PART_BOUND seconds (its own farewell is one store call).
 FAREWELL_QUIET, FAREWELL_CAP = 5.0, 60.0
-# Seconds between the rank monitor's status rows when only progress tracking asks for them (no status display).
-PROGRESS_STATUS_INTERVAL = 1.0
 PART_BOUND = 5.0
 
 
@@ -76,7 +72,7 @@ class Agent:
         self._rendezvous: Rendezvous | None = None
         self._log: EventLog | None = None
         self._sock_dir: Path | None = None
-        self._cycles: CycleRecords | None = None
+        self._features: list[Feature] = []
         self._guard: StoreGuard | None = None
 
     def run(self) -> int:
@@ -127,45 +123,25 @@ class Agent:
                                   strict=cfg.nvrx.numa_bind_strict).line
         if binding:
             self.say(binding)
-        monitor = self._monitor = MonitorHandle(
-            enabled=cfg.monitor.enabled, sock_dir=self._sock_dir, ft=cfg.ft.as_nvrx_dict(), steps=None,
-            env=self.environ, post=wakeup.post, on_link=lambda link: setattr(group, "monitor", link),
-            early=self._early_monitor)
-        telemetry = Telemetry(cfg, log, self.say, clock=self.clock, snapshot=monitor.snapshot)
-        monitor.steps = telemetry.monitor_config()
-        if cfg.nvrx.max_no_progress_cycles > 0 and not cfg.nvrx.checkpoint_iteration_file \
-                and not monitor.steps.get("status_interval"):
-            # the ranks' training iterations come in the monitor's status rows (progress tracking)
-            monitor.steps["status_interval"] = PROGRESS_STATUS_INTERVAL
-        group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
-        monitor.start()
         rendezvous = self._rendezvous = Rendezvous(cfg)
         # min-healthy (as in ft_launcher) admits late nodes at the next restart, not by stopping the ranks at work
         elastic = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone and not cfg.policy.min_healthy
-        self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)
+        cluster = self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)
+        # The features tell the monitor what to send, so they come first; they read its view once it runs.
+        features = self._features = chosen.build(
+            cfg, log=log, say=self.say, node=self.node, environ=self.environ, rendezvous=rendezvous,
+            hosts_store=cluster.hosts_store, snapshot=lambda: monitor.snapshot(), own_pids=group.own_pids,
+            clock=self.clock)
+        monitor = self._monitor = MonitorHandle(
+            enabled=cfg.monitor.enabled, sock_dir=self._sock_dir, ft=cfg.ft.as_nvrx_dict(),
+            steps=monitor_settings(features), env=self.environ, post=wakeup.post,
+            on_link=lambda link: setattr(group, "monitor", link), early=self._early_monitor)
+        group.start_standbys(self._early_standby)  # warm workers prepare while the rendezvous runs
+        monitor.start()
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
-                       cluster=self._cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
+                       cluster=cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
                        gather_evidence=functools.partial(self._gather, run_dir), run_dir=run_dir,
-                       started=self._started, telemetry=telemetry,
-                       cycles=self._cycle_records(log, rendezvous, self._cluster, monitor),
-                       health=HealthGate(cfg, self.environ, own_pids=group.own_pids) if healthgate.wanted(cfg) else None)
-
-    def _cycle_records(self, log: EventLog, rendezvous: Rendezvous, cluster: StoreCluster,
-                       monitor: MonitorHandle) -> CycleRecords | None:
-        """ft_launcher 0.6/0.7's progress tracking and cycle-info files, when asked for."""
-        if not CycleRecords.wanted(self.cfg):
-            return None
-
-        def members() -> Members | None:
-            state = rendezvous.state()
-            return None if state is None else (state.members, state.outsiders)
-
-        cycles = self._cycles = CycleRecords(
-            self.cfg, log=log, say=self.say, node=self.node, environ=self.environ,
-            job_store=lambda rnd: rendezvous.job_store(rnd.store), hosts_store=cluster.hosts_store,
-            members=members, snapshot=monitor.snapshot)
-        cycles.start()
-        return cycles
+                       started=self._started, features=features)
 
     def _gather(self, run_dir: Path, rnd: Round, bound: float) -> list[RankEvidence]:
         """This node's ranks' evidence for a hang inquiry (process state, Flight Recorder, stacks)."""
@@ -206,8 +182,8 @@ class Agent:
             self._group.close()
         if self._early_standby and (self._group is None or self._group.standby is not self._early_standby):
             self._early_standby.close()  # set-up failed before the group adopted it
-        if self._cycles:
-            self._cycles.close()
+        for feature in self._features:
+            feature.close()
         if self._cluster:
             self._cluster.close(join=not self._exit_after)
         if self._monitor:

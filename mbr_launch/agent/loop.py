@@ -14,7 +14,7 @@ Round states::
 
 Inside a round the loop has fixed steps: wait (one ``select`` over the wake-up pipe, the workers' pidfds and
 the monitor's) -> reap exited workers -> dispatch queued events (signals first) -> judge expiries postponed
-by a quiet time that has ended -> tick telemetry -> check whether this node is done and whether the store
+by a quiet time that has ended -> tick the features (telemetry) -> check whether this node is done and whether the store
 still answers. Every collaborator comes in through the ``Context``, so tests replay scripted histories through
 this very loop.
 """
@@ -22,10 +22,10 @@ this very loop.
 from __future__ import annotations
 
 from mbr_launch.agent import inquiry, leaving
-from mbr_launch.agent.context import Context, InquiryState
+from mbr_launch.agent.context import Context, RoundState
 from mbr_launch.agent.ending import final_code, finish
 from mbr_launch.agent.crashes import handle_crashes
-from mbr_launch.agent.handlers import dispatch, handle_silence, tick_telemetry
+from mbr_launch.agent.handlers import dispatch, handle_silence
 from mbr_launch.agent.messages import Departure, MonitorDied, Outcome, RoundResult
 from mbr_launch.agent.progress import back_off, bounded_backoff, join_progress, timed_out
 from mbr_launch.agent.wakeup import Interrupted
@@ -75,7 +75,7 @@ class Supervisor:
             self._wait()
             result = self._signal(rnd) or self._reap(rnd, local_done) or self._dispatch(rnd, local_done)
             if result is None and not local_done:
-                result = inquiry.resume_postponed(self.ctx, rnd) or self._tick_telemetry(rnd)
+                result = inquiry.resume_postponed(self.ctx, rnd) or self._tick_features(rnd)
                 if result is None and self.ctx.finished_here():
                     local_done = True
                     result = self._done_here(rnd)
@@ -111,10 +111,11 @@ class Supervisor:
                 return result  # the rest belonged to this round; the next one starts without them
         return None
 
-    def _tick_telemetry(self, rnd: Round) -> RoundResult | None:
-        telemetry = self.ctx.telemetry
-        due = telemetry.next_tick() if telemetry else None
-        return tick_telemetry(self.ctx, rnd) if due is not None and self.ctx.clock() >= due else None
+    def _tick_features(self, rnd: Round) -> RoundResult | None:
+        for feature in self.ctx.features:
+            if (result := feature.tick(self.ctx, rnd)) is not None:
+                return result
+        return None
 
     def _done_here(self, rnd: Round) -> RoundResult | None:
         """This node's workers all succeeded: the round ends when every node's have."""
@@ -122,15 +123,17 @@ class Supervisor:
         with ctx.store_call("reporting this node done"):
             if ctx.cluster.mark_done(rnd):
                 return RoundResult(Outcome.SUCCEEDED)
-        assert ctx.watch is not None
-        ctx.watch.watch_all_done()
+        watch = ctx.current.watch
+        assert watch is not None
+        watch.watch_all_done()
         ctx.say("local workers finished; waiting for the other nodes")
         return None
 
     def _silence(self, rnd: Round) -> RoundResult | None:
         """A store call on a cut-off link never returns, so silence is judged here, by arithmetic; so is a
         culprit's node that was named by a verdict and has not acted."""
-        silent = self.ctx.watch.store_silence() if self.ctx.watch else None
+        watch = self.ctx.current.watch
+        silent = watch.store_silence() if watch else None
         if silent is None:  # answering, or silent for less than its grace (cluster.peers, decide.liveness)
             return inquiry.overdue(self.ctx, rnd)
         return handle_silence(self.ctx, rnd, StoreLost(
@@ -142,8 +145,9 @@ class Supervisor:
     def _join(self) -> Round | int:
         ctx, cfg = self.ctx, self.ctx.cfg
         previous = self._after[0] if self._after else None
-        if ctx.health and (code := ctx.health.before_join(ctx, previous)) is not None:
-            return code  # this node stays out (a health check failed)
+        for feature in ctx.features:
+            if (code := feature.before_join(ctx, previous)) is not None:
+                return code  # this node stays out (a health check failed)
         began = ctx.clock()
         ctx.say(f"joining rendezvous ({cfg.rendezvous.backend} {cfg.rendezvous.endpoint}, nodes {cfg.rendezvous.min_nodes}:{cfg.rendezvous.max_nodes})")
         progress = join_progress(ctx)  # lines while the other nodes are awaited
@@ -156,7 +160,7 @@ class Supervisor:
             return leaving.stop_outside_round(ctx, stop.signum)
         except RendezvousClosed as err:
             ctx.departure = Departure.NONE  # closed already, by the node that ended the job
-            ended = ctx.cycles.no_restart_line(ctx.rendezvous.job_get) if ctx.cycles else None
+            ended = next((line for feature in ctx.features if (line := feature.closed(ctx)) is not None), None)
             return finish(ctx, *ended) if ended else finish(ctx, exitcodes.OK, str(err))
         except RendezvousFailed as err:
             return finish(ctx, exitcodes.RENDEZVOUS, progress.report.timed_out() if timed_out(err) else str(err))
@@ -177,31 +181,30 @@ class Supervisor:
     def _run_round(self, rnd: Round) -> RoundResult:
         ctx = self.ctx
         ctx.wakeup.drop_events()
-        ctx.heartbeats, ctx.lost = set(), set()
-        ctx.round_started = ctx.clock()
-        ctx.inquiry = InquiryState()
-        ctx.watch = ctx.cluster.watch(rnd, ctx.wakeup.post)
-        ctx.watch.watch_inquiry(0)
+        state = ctx.current = RoundState(started=ctx.clock(), watch=ctx.cluster.watch(rnd, ctx.wakeup.post))
+        watch = state.watch
+        assert watch is not None
+        watch.watch_inquiry(0)
         try:
-            if ctx.cycles:
-                ctx.cycles.begin(rnd)
+            for feature in ctx.features:
+                feature.round_begins(ctx, rnd)
             ctx.group.start(rnd)
-            if ctx.telemetry:
-                ctx.telemetry.begin(rnd.index, [w.local_rank for w in ctx.group.workers])
+            for feature in ctx.features:
+                feature.workers_started(ctx, rnd, [w.local_rank for w in ctx.group.workers])
             ctx.say(f"started {len(ctx.group.workers)} workers, ranks {rnd.rank_offset}-"
                     f"{rnd.rank_offset + len(ctx.group.workers) - 1} of {rnd.world_size} (round {rnd.index}, "
                     f"restart {rnd.restart_count}, master {rnd.master_addr}:{rnd.master_port})")
             return self._watch(rnd)
         finally:
-            ctx.watch.cancel()
+            watch.cancel()
             # Stops what is left; nothing (no signal, no /proc scan) when the round's end stopped them already
             ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
 
     def _conclude(self, rnd: Round, result: RoundResult) -> int | None:
         """The exit code when the round's end ends the job for this node; None: join the next round."""
         ctx = self.ctx
-        if ctx.cycles:
-            ctx.cycles.end(membership=result.message is not None and result.message.membership)
+        for feature in ctx.features:
+            feature.round_ended(ctx, result)
         if result.outcome in (Outcome.SIGNALED, Outcome.LEFT):
             return leaving.conclude(ctx, rnd, result)
         if result.outcome is Outcome.SUCCEEDED:

@@ -19,7 +19,7 @@ class MonitorHandle:
         self._enabled = enabled
         self._early = early  # the monitor's process, spawned by the launcher before it imported torch
         self._sock_dir, self._ft, self._env = sock_dir, ft, env
-        self.steps = steps  # the step-deadline settings, from telemetry (set before start)
+        self.steps = steps  # step deadlines and status rows, as the features asked (``agent.features``)
         self._post = post
         self._on_link = on_link  # the worker group arms its ranks through the current link
         self.link: MonitorLink | None = None

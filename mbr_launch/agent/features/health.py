@@ -3,7 +3,7 @@ the GPUs' memory; then check itself, and stay out when a check fails (ft_launche
 GPU memory reclaim wait and leftover-process check; the checks and waits themselves are in ``health``).
 
     round stopped --> leftovers (--ft-check-remaining-processes) --> GPU memory (--ft-gpu-memory-reclaim-timeout,
-                      ``agent.gpugate``; strangers leave too little memory free: stay out, as below)
+                      ``agent.features.gpumemory``; strangers leave too little memory free: stay out, as below)
     first join, or after the above --> checks --> all passed: join
                                               \\-> one failed: one FAILURE line, a health_check event, exit 7;
                                                    after a round: abort the fast path and leave the rendezvous,
@@ -18,7 +18,8 @@ from typing import Callable, Collection, Mapping
 
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.ending import finish
-from mbr_launch.agent.gpugate import GpuGate, NvmlOpener
+from mbr_launch.agent.features import Feature
+from mbr_launch.agent.features.gpumemory import GpuGate, NvmlOpener
 from mbr_launch.agent.messages import Departure
 from mbr_launch.cluster import fastround
 from mbr_launch.cluster.round import Round
@@ -38,7 +39,7 @@ def wanted(cfg: LaunchConfig) -> bool:
     return suite.configured(spec) or spec.check_remaining_processes or spec.gpu_memory_reclaim_timeout > 0
 
 
-class HealthGate:
+class HealthGate(Feature):
     def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str], *, own_pids: Callable[[], Collection[int]],
                  read: suite.Readers = suite.Readers(), gpu: NvmlOpener = Nvml.open,
                  clock: Callable[[], float] = time.monotonic) -> None:
