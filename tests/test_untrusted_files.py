@@ -14,8 +14,8 @@ import pytest
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.secret import SecretFileError, read_secret
 from mbr_launch.config.yamlfile import read_yaml
-from mbr_launch.report.untrusted import (LINKED, OWNED, REGULAR, SECRET, Policy, Rule, UnsafeFile, open_file,
-                                         read_file)
+from mbr_launch.report.untrusted import (LINKED, OWNED, REGULAR, SECRET, FilePolicy, FileRule, UnsafeFile,
+                                         open_file, read_file)
 from mbr_launch.workers import safefile
 
 pytestmark = pytest.mark.timeout(20)
@@ -31,7 +31,7 @@ def _file(tmp_path: Path, data: bytes = b"x: 1\n", mode: int = 0o600, name: str 
     return path
 
 
-def _refused(path: Path, policy: Policy, limit: int = 1 << 20) -> UnsafeFile:
+def _refused(path: Path, policy: FilePolicy, limit: int = 1 << 20) -> UnsafeFile:
     with pytest.raises(UnsafeFile) as caught:
         read_file(path, policy, limit)
     assert caught.value.filename == str(path)
@@ -51,15 +51,15 @@ def test_a_symlink_is_refused_not_followed(tmp_path, policy):
     link = tmp_path / "link"
     link.symlink_to(_file(tmp_path))
     err = _refused(link, policy)
-    assert err.rule is Rule.KIND and "symlink" in err.strerror
+    assert err.rule is FileRule.KIND and "symlink" in err.strerror
     assert read_file(link, LINKED, 64) == b"x: 1\n"  # the one policy that follows a link the person made
 
 
 def test_a_symlink_to_dev_zero_is_refused_before_any_read(tmp_path):
     link = tmp_path / "zero"
     link.symlink_to("/dev/zero")
-    assert _refused(link, REGULAR).rule is Rule.KIND
-    assert _refused(link, LINKED).rule is Rule.KIND  # followed: a device, not a regular file
+    assert _refused(link, REGULAR).rule is FileRule.KIND
+    assert _refused(link, LINKED).rule is FileRule.KIND  # followed: a device, not a regular file
 
 
 @pytest.mark.parametrize("policy", [REGULAR, LINKED, OWNED, SECRET])
@@ -80,12 +80,12 @@ def test_a_fifo_is_refused_without_blocking(tmp_path, policy):
     if thread.is_alive():  # give the blocked reader its writer, so no thread stays behind
         os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
         pytest.fail("reading a FIFO blocked")
-    assert isinstance(box[0], UnsafeFile) and box[0].rule is Rule.KIND, box
+    assert isinstance(box[0], UnsafeFile) and box[0].rule is FileRule.KIND, box
     assert "not a regular file" in box[0].strerror
 
 
 def test_a_directory_is_refused(tmp_path):
-    assert _refused(tmp_path, LINKED).rule is Rule.KIND
+    assert _refused(tmp_path, LINKED).rule is FileRule.KIND
 
 
 @root_only
@@ -94,7 +94,7 @@ def test_a_file_of_another_user_is_refused(tmp_path, policy):
     path = _file(tmp_path)
     os.chown(path, NOBODY, NOBODY)
     err = _refused(path, policy)
-    assert err.rule is Rule.OWNER and f"belongs to uid {NOBODY}" in err.strerror
+    assert err.rule is FileRule.OWNER and f"belongs to uid {NOBODY}" in err.strerror
     assert read_file(path, REGULAR, 64) == b"x: 1\n"  # a policy that does not ask whose it is
 
 
@@ -102,7 +102,7 @@ def test_a_file_of_another_user_is_refused(tmp_path, policy):
 def test_a_secret_others_can_read_or_write_is_refused(tmp_path, mode):
     path = _file(tmp_path, mode=mode)
     err = _refused(path, SECRET)
-    assert err.rule is Rule.MODE and f"mode {mode:o}" in err.strerror
+    assert err.rule is FileRule.MODE and f"mode {mode:o}" in err.strerror
     assert read_file(path, OWNED, 64) == b"x: 1\n"
 
 
@@ -110,14 +110,14 @@ def test_a_hard_link_is_refused_where_the_policy_asks(tmp_path):
     path = _file(tmp_path)
     os.link(path, tmp_path / "second")
     err = _refused(tmp_path / "second", OWNED)
-    assert err.rule is Rule.LINKS and "2 hard links" in err.strerror
+    assert err.rule is FileRule.LINKS and "2 hard links" in err.strerror
     assert read_file(tmp_path / "second", SECRET, 64) == b"x: 1\n"
 
 
 def test_a_file_over_the_bound_is_refused_and_one_at_it_is_read(tmp_path):
     path = _file(tmp_path, b"a" * 100)
     err = _refused(path, REGULAR, limit=99)
-    assert err.rule is Rule.SIZE and "is 100 bytes, more than the 99 we read" == err.strerror
+    assert err.rule is FileRule.SIZE and "is 100 bytes, more than the 99 we read" == err.strerror
     assert read_file(path, REGULAR, 100) == b"a" * 100
 
 

@@ -10,7 +10,7 @@ ROOT = Path(__file__).resolve().parents[1] / "mbr_launch"
 
 # Lower first. A module may import its own package and packages before it in this list. A name is a package
 # of mbr_launch (``decide`` is mbr_launch/decide/) or a module at its top (``contract`` is contract.py).
-LAYERS = ("contract", "visible", "fdwait", "procstat", "forking", "gcpause", "nofile", "shim", "decide", "report", "config", "cluster", "workers",
+LAYERS = ("contract", "visible", "fdwait", "procstat", "forking", "gcpause", "nofile", "unpickle", "shim", "decide", "report", "config", "cluster", "workers",
           "health", "monitor", "agent", "doctor", "api", "cli", "__main__")
 
 

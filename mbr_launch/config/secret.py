@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from mbr_launch.report.untrusted import SECRET, Rule, UnsafeFile, open_file, read_at
+from mbr_launch.report.untrusted import SECRET, FileRule, UnsafeFile, open_file, read_at
 
 MIN_SECRET = 16  # bytes: a shorter secret can be guessed offline from one sealed value
 MAX_SECRET = 4096
@@ -42,9 +42,9 @@ def read_secret(path: str) -> bytes:
 def _unusable(path: str, err: OSError) -> SecretFileError:
     """What to tell of a secret file the open refused (an ``UnsafeFile``) or could not open."""
     rule, st = (err.rule, err.st) if isinstance(err, UnsafeFile) else (None, None)
-    if rule is Rule.OWNER and st is not None:
+    if rule is FileRule.OWNER and st is not None:
         return SecretFileError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
-    if rule is Rule.MODE and st is not None:
+    if rule is FileRule.MODE and st is not None:
         return SecretFileError(f"{path} can be read or written by others (mode {stat.S_IMODE(st.st_mode):o}); "
                                f"run: chmod 600 {path}")
     return SecretFileError(f"cannot open {path}: {err.strerror} (a symbolic link is refused too)")

@@ -19,7 +19,7 @@ import stat
 from typing import TYPE_CHECKING, Any
 
 from mbr_launch.config.errors import ConfigError
-from mbr_launch.report.untrusted import LINKED, Rule, UnsafeFile, read_file
+from mbr_launch.report.untrusted import LINKED, FileRule, UnsafeFile, read_file
 
 if TYPE_CHECKING:
     import yaml
@@ -60,7 +60,7 @@ def _read_bytes(path: str, what: str) -> bytes:
     except FileNotFoundError:
         raise ConfigError(f"{what}: file {path} does not exist") from None
     except UnsafeFile as err:
-        if err.rule in (Rule.SIZE, Rule.GREW):
+        if err.rule in (FileRule.SIZE, FileRule.GREW):
             raise ConfigError(f"{what}: {path} is larger than {MAX_BYTES // (1024 * 1024)} MiB; "
                               "is it really the YAML config?") from None
         mode = err.st.st_mode if err.st is not None else 0

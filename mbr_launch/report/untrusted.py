@@ -1,5 +1,5 @@
 """Opening a file someone else may have planted: only a regular file, never through a symlink a caller does not
-accept, never blocked on by a FIFO, and only as the caller's ``Policy`` allows (ours, one link, private).
+accept, never blocked on by a FIFO, and only as the caller's ``FilePolicy`` allows (ours, one link, private).
 
 A neighbour who can write a directory we read from can leave anything under the expected name (issue #29):
 a FIFO (a plain ``open`` blocks until a writer comes, for ever), a symlink to /dev/zero (``stat`` says 0
@@ -30,7 +30,7 @@ import stat
 from dataclasses import dataclass
 
 @dataclass(frozen=True)
-class Policy:
+class FilePolicy:
     """What a caller demands of a file beyond its being a regular file (which every policy demands)."""
 
     follow: bool = False  # a symlink is followed (a config file the user linked), not refused
@@ -39,13 +39,13 @@ class Policy:
     private: bool = False  # no permission bit for group or others (a secret others can read protects nothing)
 
 
-REGULAR = Policy()  # a regular file, reached without a symlink at its last component
-LINKED = Policy(follow=True)  # a file a person named: a link to it is fine, a FIFO or a device is not
-OWNED = Policy(ours=True, one_link=True)  # a file one of ours wrote (a dump, a stack file, a log of ours)
-SECRET = Policy(ours=True, private=True)  # a secret of this user's, which nobody else can read or write
+REGULAR = FilePolicy()  # a regular file, reached without a symlink at its last component
+LINKED = FilePolicy(follow=True)  # a file a person named: a link to it is fine, a FIFO or a device is not
+OWNED = FilePolicy(ours=True, one_link=True)  # a file one of ours wrote (a dump, a stack file, a log of ours)
+SECRET = FilePolicy(ours=True, private=True)  # a secret of this user's, which nobody else can read or write
 
 
-class Rule(enum.Enum):
+class FileRule(enum.Enum):
     """Which rule refused a file."""
 
     SYMLINK = "symlink"  # the open met a symlink (O_NOFOLLOW); a symlink seen before the open is a KIND
@@ -58,13 +58,14 @@ class Rule(enum.Enum):
 
 
 class UnsafeFile(OSError):
-    """A file that is there but refused by a ``Policy`` or a size bound; ``rule`` says which rule, ``st`` (when
+    """A file that is there but refused by a ``FilePolicy`` or a size bound; ``rule`` says which rule, ``st`` (when
     known) what the file was, ``limit`` the bound a SIZE or GREW refusal broke."""
 
-    def __init__(self, rule: Rule, path: "str | os.PathLike[str]", *, st: os.stat_result | None = None,
+    def __init__(self, rule: FileRule, path: "str | os.PathLike[str]", *, st: os.stat_result | None = None,
                  limit: int = 0, reason: str | None = None) -> None:
-        code = {Rule.SYMLINK: errno.ELOOP, Rule.KIND: errno.EINVAL, Rule.SIZE: errno.EFBIG, Rule.GREW: errno.EFBIG}
-        super().__init__(code.get(rule, errno.EPERM), reason or _default_reason(rule, st, limit), os.fspath(path))
+        code = {FileRule.SYMLINK: errno.ELOOP, FileRule.KIND: errno.EINVAL, FileRule.SIZE: errno.EFBIG,
+                FileRule.GREW: errno.EFBIG}.get(rule, errno.EPERM)
+        super().__init__(code, reason or _default_reason(rule, st, limit), os.fspath(path))
         self.rule, self.st, self.limit = rule, st, limit
 
     def reworded(self, reason: str) -> UnsafeFile:
@@ -72,35 +73,35 @@ class UnsafeFile(OSError):
         return UnsafeFile(self.rule, self.filename, st=self.st, limit=self.limit, reason=reason)
 
 
-def _default_reason(rule: Rule, st: os.stat_result | None, limit: int) -> str:
-    if rule is Rule.GREW:
+def _default_reason(rule: FileRule, st: os.stat_result | None, limit: int) -> str:
+    if rule is FileRule.GREW:
         return f"grew past the {limit} bytes we read"
     if st is None or stat.S_ISLNK(st.st_mode):  # SYMLINK (no stat: the open met it), or a KIND that is a link
         return "is a symlink (not followed)"
-    if rule is Rule.KIND:
+    if rule is FileRule.KIND:
         return "is not a regular file (a FIFO, a device, a socket or a folder)"
-    if rule is Rule.OWNER:
+    if rule is FileRule.OWNER:
         return f"belongs to uid {st.st_uid}, not to us (uid {os.geteuid()})"
-    if rule is Rule.LINKS:
+    if rule is FileRule.LINKS:
         return f"has {st.st_nlink} hard links (a file we write has one)"
-    if rule is Rule.MODE:
+    if rule is FileRule.MODE:
         return f"can be read or written by others (mode {stat.S_IMODE(st.st_mode):o})"
     return f"is {st.st_size} bytes, more than the {limit} we read"
 
 
-def check(st: os.stat_result, policy: Policy, path: "str | os.PathLike[str]") -> None:
+def check(st: os.stat_result, policy: FilePolicy, path: "str | os.PathLike[str]") -> None:
     """Raise ``UnsafeFile`` unless ``st`` is a regular file as ``policy`` wants it; the rules in this order."""
     if not stat.S_ISREG(st.st_mode):
-        raise UnsafeFile(Rule.KIND, path, st=st)
+        raise UnsafeFile(FileRule.KIND, path, st=st)
     if policy.ours and st.st_uid != os.geteuid():
-        raise UnsafeFile(Rule.OWNER, path, st=st)
+        raise UnsafeFile(FileRule.OWNER, path, st=st)
     if policy.one_link and st.st_nlink > 1:
-        raise UnsafeFile(Rule.LINKS, path, st=st)
+        raise UnsafeFile(FileRule.LINKS, path, st=st)
     if policy.private and st.st_mode & 0o077:
-        raise UnsafeFile(Rule.MODE, path, st=st)
+        raise UnsafeFile(FileRule.MODE, path, st=st)
 
 
-def open_file(path: "str | os.PathLike[str]", policy: Policy = REGULAR) -> int:
+def open_file(path: "str | os.PathLike[str]", policy: FilePolicy = REGULAR) -> int:
     """A read-only fd on ``path`` if it passes ``policy``; the caller closes it. Never blocks, never follows a
     symlink unless ``policy.follow``. ``UnsafeFile`` for a refusal, the system's ``OSError`` otherwise."""
     check((os.stat if policy.follow else os.lstat)(path), policy, path)
@@ -110,7 +111,7 @@ def open_file(path: "str | os.PathLike[str]", policy: Policy = REGULAR) -> int:
     except OSError as err:
         # O_NOFOLLOW's answer for a symlink swapped in since the look: ELOOP (EMLINK on some BSDs)
         if not policy.follow and err.errno in (errno.ELOOP, errno.EMLINK):
-            raise UnsafeFile(Rule.SYMLINK, path) from None
+            raise UnsafeFile(FileRule.SYMLINK, path) from None
         raise
     try:
         check(os.fstat(fd), policy, path)
@@ -132,21 +133,21 @@ def read_at(fd: int, offset: int, limit: int) -> bytes:
     return b"".join(chunks)
 
 
-def read_file(path: "str | os.PathLike[str]", policy: Policy, limit: int) -> bytes:
+def read_file(path: "str | os.PathLike[str]", policy: FilePolicy, limit: int) -> bytes:
     """The whole of ``path`` (``open_file``'s rules), refused (SIZE or GREW) when it holds more than ``limit``
     bytes; memory never holds more than ``limit + 1`` bytes of it."""
     fd = open_file(path, policy)
     try:
         st = os.fstat(fd)
         if st.st_size > limit:
-            raise UnsafeFile(Rule.SIZE, path, st=st, limit=limit)
+            raise UnsafeFile(FileRule.SIZE, path, st=st, limit=limit)
         data = read_at(fd, 0, limit + 1)
     finally:
         os.close(fd)
     if len(data) > limit:
-        raise UnsafeFile(Rule.GREW, path, limit=limit)
+        raise UnsafeFile(FileRule.GREW, path, limit=limit)
     return data
 
 
-__all__ = ["LINKED", "OWNED", "REGULAR", "SECRET", "Policy", "Rule", "UnsafeFile", "check", "open_file", "read_at",
-           "read_file"]
+__all__ = ["LINKED", "OWNED", "REGULAR", "SECRET", "FilePolicy", "FileRule", "UnsafeFile", "check", "open_file",
+           "read_at", "read_file"]

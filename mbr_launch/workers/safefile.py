@@ -18,14 +18,13 @@ directory where they can (``doctor.host``), before any file there is trusted wit
 
 from __future__ import annotations
 
-import errno
 import grp
 import os
 import pwd
 import stat
 from typing import Any, Callable, TypeVar
 
-from mbr_launch.report.untrusted import OWNED, Rule, UnsafeFile, open_file, read_file
+from mbr_launch.report.untrusted import OWNED, FileRule, UnsafeFile, open_file, read_file
 
 _T = TypeVar("_T")
 
@@ -55,9 +54,9 @@ def _worded(call: Callable[..., _T], path: "str | os.PathLike[str]", *args: Any)
     except FileNotFoundError:
         raise
     except UnsafeFile as err:
-        if err.rule is Rule.SYMLINK:
+        if err.rule is FileRule.SYMLINK:
             raise err.reworded("is a symbolic link") from None
-        if err.rule is Rule.KIND and err.st is not None:
+        if err.rule is FileRule.KIND and err.st is not None:
             kind = next((kind for test, kind in _KINDS if test(err.st.st_mode)), None)
             raise err.reworded(f"is {kind}, not a regular file" if kind else "is not a regular file") from None
         raise
