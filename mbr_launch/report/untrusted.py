@@ -29,6 +29,7 @@ import os
 import stat
 from dataclasses import dataclass
 
+
 @dataclass(frozen=True)
 class FilePolicy:
     """What a caller demands of a file beyond its being a regular file (which every policy demands)."""

@@ -43,7 +43,7 @@ class Record:
 
 
 def more(op: int, data: bytes, i: int, stack: list[Any], marks: list[int], memo: dict[Any, Any],
-          policy: PicklePolicy) -> int:
+         policy: PicklePolicy) -> int:
     """The opcodes no dump holds: objects, sets, bytes, the text forms. Returns the next opcode's offset."""
     floor = marks[-1] if marks else 0
     if op in (SHORT_BINBYTES, BINBYTES, BINBYTES8):
