@@ -60,10 +60,10 @@ def test_the_rules_table_gives_every_folder_its_list():
     assert rows.pop("leaves: " + ", ".join(f"`{leaf}`" for leaf in bare)) == "the standard library only"
     assert rows.pop("`decide/`") == "`contract`, `visible`, `outside`"
     assert rows.pop("`outside`") == "`visible`"
-    assert rows.pop("`monitor/`") == "leaves, `shim.proctitle`"
+    assert rows.pop("`monitor/`") == "leaves, `unpickle/`, `shim.proctitle`"
     assert rows.pop("`api`").startswith("leaves, `report/`, `config/`")
     assert len(rows) == len(ALLOWED) - len(bare) - 4 + len(PROCESSES)
-    assert "only `monitor/`, `contract`, `procstat`" in layermap.rules()[-1]
+    assert "only `monitor/`, `contract`, `procstat`, `unpickle/`" in layermap.rules()[-1]
 
 
 @pytest.mark.parametrize(("doc", "sentence"), [

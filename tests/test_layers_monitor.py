@@ -23,9 +23,10 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(mbr_launch.__file__))
 # but link and forked (the agent's side), and the two standard-library-only leaves.
 EXPECTED = {"mbr_launch", "mbr_launch.contract", "mbr_launch.procstat", "mbr_launch.monitor",
             *(f"mbr_launch.monitor.{m}" for m in ("ancestry", "beats", "commands", "connections", "control",
-                                                  "deadlines", "frames", "pickles", "protocol", "replies", "server",
+                                                  "deadlines", "frames", "protocol", "replies", "server",
                                                   "sockets", "state", "status", "steps", "timers", "wire",
-                                                  "witness"))}
+                                                  "witness")),
+            "mbr_launch.unpickle", *(f"mbr_launch.unpickle.{m}" for m in ("machine", "objects", "policy"))}
 
 # Without -S, so that torch, rich or anything else of the environment would load (and be named) if the monitor
 # imported it; only what the import adds counts (site's .pth files may import modules of their own first).

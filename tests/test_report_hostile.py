@@ -182,12 +182,12 @@ def test_a_log_whose_start_is_bad_exits_2_with_one_line(tmp_path, capsys, name):
 
 
 def test_bounded_lines_skip_a_long_line_without_holding_it(tmp_path):
-    from mbr_launch.report.private import open_regular
+    from mbr_launch.report.untrusted import open_file
     from mbr_launch.report.runs import BoundedLines
 
     path = tmp_path / "f"
     path.write_bytes(b"a" * 10 + b"\n" + b"b" * 1000 + b"\n" + b"c" * 10 + b"\n" + b"d" * 5)
-    fd = open_regular(path)
+    fd = open_file(path)
     try:
         lines = BoundedLines(fd, max_line=50)
         assert list(lines) == [(1, b"a" * 10, True), (3, b"c" * 10, True), (4, b"d" * 5, False)]

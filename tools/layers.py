@@ -26,6 +26,8 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "contract": (), "visible": (), "fdwait": (), "procstat": (), "forking": (), "gcpause": (), "nofile": (),
     # values read from outside (store, sockets, dumps): escaped and cut as visible words them
     "outside": ("visible",),
+    # the restricted unpickler (the monitor's frames, the Flight Recorder's dumps): the standard library only
+    "unpickle": (),
     # inside every worker, before the user's script: nothing of the agent (test_shim_isolation checks the process)
     "shim": ("contract", "fdwait", "procstat", "forking"),
     # facts in, decision out: no IO, no clock
@@ -37,12 +39,12 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     # rendezvous, stores, peers: a round is built from the config; peer silence is judged in decide
     "cluster": (*LEAVES, "decide", "report", "config"),
     # worker processes: a round and its store (cluster); the fork server runs the shim's fork side in the launcher
-    "workers": (*LEAVES, "decide", "report", "config", "cluster", "shim"),
+    "workers": (*LEAVES, "unpickle", "decide", "report", "config", "cluster", "shim"),
     # node health before a join: leftover processes are found by workers.strays
     "health": (*LEAVES, "report", "config", "workers"),
     # a process of its own (PROCESSES below); its agent side (link, forked) also takes the launcher's leaves and
     # names its forked child as the shim names a standby
-    "monitor": (*LEAVES, "shim.proctitle"),
+    "monitor": (*LEAVES, "unpickle", "shim.proctitle"),
     # the supervisor: everything below it but the worker shim
     "agent": (*LEAVES, "decide", "report", "config", "cluster", "workers", "health", "monitor"),
     # named checks: what the launch would use, probed; process ancestry from the monitor
@@ -58,7 +60,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
 # process started as ``python -S -m`` has only the standard library and this package.
 PROCESSES: dict[str, tuple[str, ...]] = {
     # the rank monitor, one per node: never the agent, torch or rich (tests/test_layers_monitor.py: the process)
-    "monitor.server": ("monitor", "contract", "procstat"),
+    "monitor.server": ("monitor", "contract", "procstat", "unpickle"),
 }
 
 # The map's order: the folders lowest first.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import stat
 
-from mbr_launch.report.private import open_regular
+from mbr_launch.report.untrusted import SECRET, FileRule, UnsafeFile, open_file, read_at
 
 MIN_SECRET = 16  # bytes: a shorter secret can be guessed offline from one sealed value
 MAX_SECRET = 4096
@@ -24,17 +24,11 @@ def read_secret(path: str) -> bytes:
     a link, not a regular file of this user, readable or writable by others (a secret others can read protects
     nothing), or too short."""
     try:
-        fd = open_regular(path)  # no link followed, no FIFO waited on, a regular file only
+        fd = open_file(path, SECRET)  # no link followed, no FIFO waited on, a regular file of ours, mode 600
     except OSError as err:
-        raise SecretFileError(f"cannot open {path}: {err.strerror} (a symbolic link is refused too)") from None
+        raise _unusable(path, err) from None
     try:
-        st = os.fstat(fd)
-        if st.st_uid != os.geteuid():
-            raise SecretFileError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
-        if st.st_mode & 0o077:
-            raise SecretFileError(f"{path} can be read or written by others (mode {stat.S_IMODE(st.st_mode):o}); "
-                                  f"run: chmod 600 {path}")
-        data = os.read(fd, MAX_SECRET + 1).strip()
+        data = read_at(fd, 0, MAX_SECRET + 1).strip()
     finally:
         os.close(fd)
     if len(data) > MAX_SECRET:
@@ -43,6 +37,17 @@ def read_secret(path: str) -> bytes:
         raise SecretFileError(f"{path} holds {len(data)} bytes; a secret needs at least {MIN_SECRET}: "
                               f"head -c 32 /dev/urandom | base64 > {path} && chmod 600 {path}")
     return data
+
+
+def _unusable(path: str, err: OSError) -> SecretFileError:
+    """What to tell of a secret file the open refused (an ``UnsafeFile``) or could not open."""
+    rule, st = (err.rule, err.st) if isinstance(err, UnsafeFile) else (None, None)
+    if rule is FileRule.OWNER and st is not None:
+        return SecretFileError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")
+    if rule is FileRule.MODE and st is not None:
+        return SecretFileError(f"{path} can be read or written by others (mode {stat.S_IMODE(st.st_mode):o}); "
+                               f"run: chmod 600 {path}")
+    return SecretFileError(f"cannot open {path}: {err.strerror} (a symbolic link is refused too)")
 
 
 __all__ = ["MIN_SECRET", "SecretFileError", "read_secret"]

@@ -4,8 +4,9 @@ Every way it can be wrong becomes one ``ConfigError`` line that names the file (
 syntax error). What is refused, and why:
 
 - anything but a regular file: a FIFO blocks ``open`` until a writer comes, ``/dev/zero`` never ends, a
-  directory is a typo. The file is opened with ``O_NONBLOCK`` and checked with ``fstat``, so a FIFO
-  swapped in after a check still cannot block us;
+  directory is a typo. The file is read by ``report.untrusted``'s rules (``LINKED``: a symlink the person
+  made is followed, what it leads to must be a regular file, looked at before it is opened, opened with
+  ``O_NONBLOCK`` and checked again with ``fstat``), so a FIFO swapped in after a check still cannot block us;
 - more than ``MAX_BYTES``: a config is a few kilobytes;
 - a duplicate key: YAML would keep the last one silently, and a setting the user wrote would not apply;
 - nesting deeper than the parser's recursion: one line instead of a ``RecursionError``.
@@ -14,11 +15,11 @@ syntax error). What is refused, and why:
 from __future__ import annotations
 
 import functools
-import os
 import stat
 from typing import TYPE_CHECKING, Any
 
 from mbr_launch.config.errors import ConfigError
+from mbr_launch.report.untrusted import LINKED, FileRule, UnsafeFile, read_file
 
 if TYPE_CHECKING:
     import yaml
@@ -55,33 +56,20 @@ def _loader() -> type:
 
 def _read_bytes(path: str, what: str) -> bytes:
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        return read_file(path, LINKED, MAX_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"{what}: file {path} does not exist") from None
+    except UnsafeFile as err:
+        if err.rule in (FileRule.SIZE, FileRule.GREW):
+            raise ConfigError(f"{what}: {path} is larger than {MAX_BYTES // (1024 * 1024)} MiB; "
+                              "is it really the YAML config?") from None
+        mode = err.st.st_mode if err.st is not None else 0
+        kind = next((kind for test, kind in _KINDS if test(mode)), None)
+        if kind:
+            raise ConfigError(f"{what}: {path} is {kind}, not a file; give the path of a YAML file") from None
+        raise ConfigError(f"{what}: {path} is not a regular file; give the path of a YAML file") from None
     except OSError as err:
         raise ConfigError(f"{what}: cannot read {path}: {err.strerror or err}") from None
-    try:
-        mode = os.fstat(fd).st_mode
-        for test, kind in _KINDS:
-            if test(mode):
-                raise ConfigError(f"{what}: {path} is {kind}, not a file; give the path of a YAML file")
-        if not stat.S_ISREG(mode):
-            raise ConfigError(f"{what}: {path} is not a regular file; give the path of a YAML file")
-        chunks, size = [], 0
-        while size <= MAX_BYTES:
-            chunk = os.read(fd, 1 << 20)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-    except OSError as err:
-        raise ConfigError(f"{what}: cannot read {path}: {err.strerror or err}") from None
-    finally:
-        os.close(fd)
-    if size > MAX_BYTES:
-        raise ConfigError(f"{what}: {path} is larger than {MAX_BYTES // (1024 * 1024)} MiB; "
-                          "is it really the YAML config?")
-    return b"".join(chunks)
 
 
 def _syntax_error(path: str, what: str, err: yaml.YAMLError) -> ConfigError:

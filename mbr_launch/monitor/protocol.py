@@ -2,11 +2,11 @@
 
 Frames are a 4-byte big-endian length followed by a pickle made by ``ForkingPickler``. NVRx unpickles
 whatever arrives, which makes its socket a code-execution door for anyone who can connect. Here a frame is
-read by ``pickles.py`` into inert records (class names, arguments and state; no class is ever called or
-touched) accepting only the exact (module, name) pairs the 0.4.1 client sends. The records are then
-validated, types and ranges checked, into small frozen request values, which is all the server ever sees:
-a malformed frame is a ``ProtocolError`` (drop the connection), a well-formed one with a bad value an
-``Invalid`` request or a ``BadRequest`` (refuse it, answer, keep going).
+read by ``mbr_launch.unpickle`` under the ``FRAMES`` policy into inert records (class names, arguments and
+state; no class is ever called or touched) accepting only the exact (module, name) pairs the clients send.
+The records are then validated, types and ranges checked, into small frozen request values, which is all
+the server ever sees: a malformed frame is a ``ProtocolError`` (drop the connection), a well-formed one
+with a bad value an ``Invalid`` request or a ``BadRequest`` (refuse it, answer, keep going).
 
 Importing NVRx is not an option anyway: it imports torch, and the monitor must start in milliseconds.
 
@@ -23,7 +23,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping, Optional, Union
 
-from mbr_launch.monitor import pickles
+from mbr_launch.unpickle.machine import load
+from mbr_launch.unpickle.objects import Global, Record
+from mbr_launch.unpickle.policy import (BYTES_OPCODES, DATA_OPCODES, OBJECT_OPCODES, SET_OPCODES, TEXT_OPCODES,
+                                        PicklePolicy, PickleRefused)
 
 HEADER = struct.Struct(">I")
 # A real client message is a few hundred bytes; a state_dict-sized UpdateConfigMsg stays far below this.
@@ -59,6 +62,15 @@ ALLOWED: frozenset[tuple[str, str]] = frozenset({
                                  "WorkloadAction")),
     ("builtins", "set"), ("builtins", "frozenset"),
 })
+# What a client frame may hold: data, the allowed classes as records, sets, bytes, protocols 0 to 5. The bounds:
+# a real message has under 100 opcodes (a state_dict-sized UpdateConfigMsg a few thousand) and nests 4 deep
+# (UpdateConfigMsg -> SectionTimeouts -> dict -> value); larger integers are refused (the validator bounds them
+# much tighter).
+FRAMES = PicklePolicy(
+    what="pickle frame", opcodes=DATA_OPCODES | OBJECT_OPCODES | SET_OPCODES | BYTES_OPCODES | TEXT_OPCODES,
+    unaccepted="is not accepted in a client frame",
+    max_ops=20_000, keys=frozenset({str, int, float, bool, type(None), bytes}), keys_why="a key is a plain value",
+    globals=ALLOWED, max_int_bits=2048, max_depth=16, max_values=20_000)
 
 # Bounds on values, far above what a real client sends.
 MAX_RANK = 1 << 31
@@ -76,12 +88,12 @@ V06 = "0.6+"
 
 
 def unpickle(payload: bytes) -> Any:
-    """The frame's value as inert records (``pickles.py``); any refusal is a ``ProtocolError``."""
+    """The frame's value as inert records (``mbr_launch.unpickle``); any refusal is a ``ProtocolError``."""
     if len(payload) > MAX_FRAME:
         raise ProtocolError(f"frame of {len(payload)} bytes exceeds {MAX_FRAME}")
     try:
-        return pickles.load(payload, ALLOWED)
-    except pickles.Refused as exc:
+        return load(payload, FRAMES)
+    except PickleRefused as exc:
         raise ProtocolError(str(exc)) from None
 
 
@@ -204,7 +216,7 @@ def _text(value: Any, what: str, limit: int) -> str:
 
 
 def _kind(value: Any) -> str:
-    if isinstance(value, pickles.Record):
+    if isinstance(value, Record):
         return value.cls.name
     return type(value).__name__
 
@@ -222,7 +234,7 @@ def _timeout(value: Any, what: str) -> Timeout:
 
 def _fields(obj: Any, name: str) -> dict[str, Any]:
     """The state of a record of class ``name`` made with no arguments (how dataclasses are pickled)."""
-    if not isinstance(obj, pickles.Record) or obj.cls.name != name or obj.cls.module != _DATA:
+    if not isinstance(obj, Record) or obj.cls.name != name or obj.cls.module != _DATA:
         raise ProtocolError(f"expected {name}, got {_kind(obj)}")
     state = obj.state
     if isinstance(state, tuple) and len(state) == 2 and state[1] is None:
@@ -234,7 +246,7 @@ def _fields(obj: Any, name: str) -> dict[str, Any]:
 
 def _member(obj: Any, kind: type[enum.Enum]) -> Any:
     """Our own member of ``kind`` for a pickled ``kind(value)``: looked up by value, nothing built."""
-    if not isinstance(obj, pickles.Record) or obj.cls != pickles.Global(_DATA, kind.__name__):
+    if not isinstance(obj, Record) or obj.cls != Global(_DATA, kind.__name__):
         raise ProtocolError(f"expected a {kind.__name__}, got {_kind(obj)}")
     if obj.built or len(obj.args) != 1 or type(obj.args[0]) is not int:
         raise ProtocolError(f"{kind.__name__}: unexpected pickled form")
@@ -309,7 +321,7 @@ def _init(fields: dict[str, Any]) -> Request:
 
 
 def _interpret(obj: Any) -> Request:
-    kind = obj.cls.name if isinstance(obj, pickles.Record) else ""
+    kind = obj.cls.name if isinstance(obj, Record) else ""
     try:
         if kind == "HeartbeatMsg":
             fields = _fields(obj, kind)

@@ -3,10 +3,8 @@
 Run folders and everything in them are ours alone (0700 folders, 0600 files): worker output and events
 can hold secrets, and another user must not be able to read them, nor swap a folder or a file for a
 symlink and have us append to a file of their choice. Every file is opened with ``O_NOFOLLOW`` and checked
-to be a regular file of ours; every folder we use is checked to be a real folder of ours, not a symlink.
-
-The same care when reading a file someone else may have put there (``open_regular``): a symlink is not
-followed and only a regular file is read, so a link to ``/dev/zero`` or a FIFO cannot exhaust or block us.
+to be a regular file of ours (``untrusted.check``, the rules of reading such files); every folder we use is
+checked to be a real folder of ours, not a symlink.
 """
 
 from __future__ import annotations
@@ -15,6 +13,8 @@ import errno
 import os
 import stat
 from pathlib import Path
+
+from mbr_launch.report.untrusted import OWNED, UnsafeFile, check
 
 DIR_MODE = 0o700
 FILE_MODE = 0o600
@@ -52,9 +52,10 @@ def open_private(path: Path, *, append: bool = True, fresh: bool = False) -> int
     flags |= os.O_EXCL if fresh else os.O_APPEND if append else 0
     fd = os.open(path, flags, FILE_MODE)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid() or st.st_nlink > 1:
-            raise OSError(errno.EPERM, "is not a regular file of ours", str(path))
+        try:
+            check(os.fstat(fd), OWNED, path)
+        except UnsafeFile:
+            raise OSError(errno.EPERM, "is not a regular file of ours", str(path)) from None
         os.set_blocking(fd, True)
         if not append and not fresh:
             os.ftruncate(fd, 0)  # only now that it is known to be ours (O_TRUNC would cut first)
@@ -75,38 +76,4 @@ def write_private(path: Path, data: bytes) -> None:
         os.close(fd)
 
 
-def open_regular(path: Path | str) -> int:
-    """A read-only fd on ``path`` if it is a regular file reached without following a symlink at its last
-    component; OSError otherwise. O_NONBLOCK: a FIFO put there cannot block the open (nor, refused, a read);
-    O_NOFOLLOW: a link to /dev/zero or to someone's private file is not read; O_NOCTTY: a terminal put there
-    does not become ours. The one open of such files: ``workers.safefile`` and ``config.secret`` add their
-    own checks on the fd it returns."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == errno.ELOOP:  # O_NOFOLLOW's answer for a symlink: say so, not "too many levels"
-            raise OSError(errno.ELOOP, "is a symlink (not followed)", str(path)) from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise OSError(errno.EINVAL, "is not a regular file (a FIFO, a device, a socket or a folder)", str(path))
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_regular(path: Path | str, limit: int) -> bytes | None:
-    """The whole of a small regular file (``open_regular``); None when it is longer than ``limit`` bytes."""
-    fd = open_regular(path)
-    try:
-        data = os.read(fd, limit + 1)
-        while data and len(data) <= limit and (more := os.read(fd, limit + 1 - len(data))):
-            data += more
-    finally:
-        os.close(fd)
-    return data if len(data) <= limit else None
-
-
-__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "make_dir", "open_private", "open_regular", "read_regular",
-           "write_private"]
+__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "make_dir", "open_private", "write_private"]

@@ -7,7 +7,7 @@ name a node's folder or a folder of node folders), else the run folder whose log
 Every problem is a ``ReportError``: one line that says what to pass instead.
 
 A shared ``--log-dir`` holds other users' folders too, so what is found there is read with care: a log is
-read only as a regular file reached without a symlink at its last component (``private.open_regular``),
+read only as a regular file reached without a symlink at its last component (``untrusted.open_file``),
 within the bounds below, one record at a time (``events.report_record``: a bad record is skipped and
 counted, and the report says so); a sibling folder that is a symlink, or whose log belongs to another user
 than the named log, is no node of this run; a ``latest`` link is followed only when it is ours; and the
@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from mbr_launch.report.events import BadRecord, event_time, report_record
-from mbr_launch.report.private import open_regular
+from mbr_launch.report.untrusted import open_file
 from mbr_launch.visible import one_line
 
 LOG = "events.jsonl"
@@ -171,7 +171,7 @@ def _mtime(path: Path) -> float:
 
 def _load(path: Path, *, max_records: int = MAX_RECORDS) -> NodeLog:
     try:
-        fd = open_regular(path)
+        fd = open_file(path)
     except OSError as exc:
         raise ReportError(f"cannot read {path}: {exc.strerror or exc}") from None
     records: list[dict[str, Any]] = []
@@ -263,7 +263,7 @@ def _with_siblings(node: NodeLog) -> list[NodeLog]:
 def _first(path: Path, owner: int | None) -> dict[str, Any]:
     """The first record of the log at ``path`` if it is a file of ``owner`` (else, or unreadable: {})."""
     try:
-        fd = open_regular(path)
+        fd = open_file(path)
     except OSError:
         return {}
     try:

@@ -13,7 +13,7 @@ from typing import Any
 
 from mbr_launch.decide.causes import Cause
 from mbr_launch.report.exitstatus import ExitStatus
-from mbr_launch.report.private import read_regular
+from mbr_launch.report.untrusted import REGULAR, read_file
 from mbr_launch.visible import one_line, visible
 
 # A worker's error file holds one message and one traceback, a few KB (Python collapses a deep recursion's
@@ -36,8 +36,8 @@ class ErrorFile:
         as untrusted input: a regular file of bounded size (not a FIFO that would block the agent), any JSON
         shape, its text made visible (it goes to the terminal in the summary)."""
         try:
-            raw = read_regular(path, MAX_ERROR_FILE)
-            data = json.loads(raw) if raw is not None else None
+            raw = read_file(path, REGULAR, MAX_ERROR_FILE)
+            data = json.loads(raw)  # too big: UnsafeFile, an OSError
         except (OSError, ValueError, RecursionError):
             return None
         message = data.get("message", data) if isinstance(data, dict) else data

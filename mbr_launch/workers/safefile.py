@@ -8,10 +8,9 @@ can leave anything under the expected name, and each of these stopped or hurt an
 - a symlink to /dev/zero (``stat`` says 0 bytes): read until memory ran out; a symlink to a file of ours
   would feed our own data to a parser;
 - a huge file, or one of theirs.
-So every such read opens with ``O_NOFOLLOW`` (a symlink is refused, not followed) and ``O_NONBLOCK`` (a FIFO
-or a device opens at once), checks the open file with ``fstat`` (a regular file, ours, one link) and reads
-no more than the caller's cap. The open itself is ``report.private.open_regular`` (what ``mbr-launch report``
-reads with); ``report/private.py`` is also the writing side of the same rules.
+So every such read goes through ``report.untrusted`` with its ``OWNED`` policy: no symlink followed, no FIFO
+or device opened, a regular file of ours with one link, no more than the caller's cap. What is here is how
+the agent words a refusal (its ``strerror``, which lands in the evidence and in warnings).
 
 ``planting_risk`` says whether others can create names in a directory at all: the preflight refuses a dump
 directory where they can (``doctor.host``), before any file there is trusted with a rank's evidence.
@@ -19,14 +18,13 @@ directory where they can (``doctor.host``), before any file there is trusted wit
 
 from __future__ import annotations
 
-import errno
 import grp
 import os
 import pwd
 import stat
 from typing import Any, Callable, TypeVar
 
-from mbr_launch.report.private import open_regular
+from mbr_launch.report.untrusted import OWNED, FileRule, UnsafeFile, open_file, read_file
 
 _T = TypeVar("_T")
 
@@ -34,83 +32,36 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR,
           (stat.S_ISBLK, "a block device"), (stat.S_ISDIR, "a directory"), (stat.S_ISLNK, "a symbolic link"))
 
 
-class Refused(OSError):
-    """A file that is there but must not be read; ``reason`` (also its ``strerror``) says why, e.g. "is a FIFO,
-    not a regular file". An OSError, so a caller that handles unreadable files handles these too."""
-
-    def __init__(self, reason: str) -> None:
-        super().__init__(errno.EPERM, reason)
-        self.reason = reason
-
-
 def open_owned(path: "str | os.PathLike[str]") -> int:
     """A read-only fd on ``path``, a regular file of ours with one link; the caller closes it.
 
-    Raises ``FileNotFoundError`` when nothing is there (no dump yet is no refusal) and ``Refused`` for
-    anything else, an unreadable file included. Never blocks, never follows a symlink."""
-    # lstat first: a FIFO or a device is refused without being opened at all (opening a device can act).
-    _check(_refusing(os.lstat, path))
-    fd = _refusing(open_regular, path)
-    try:
-        _check(os.fstat(fd))  # the name was swapped between the lstat and the open
-    except BaseException:
-        os.close(fd)
-        raise
-    return fd
-
-
-def read_at(fd: int, offset: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``offset`` (fewer at the end of the file); a regular file never blocks."""
-    chunks, size = [], 0
-    while size < limit:
-        chunk = os.pread(fd, min(limit - size, 1 << 20), offset + size)
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    return b"".join(chunks)
+    Raises ``FileNotFoundError`` when nothing is there (no dump yet is no refusal), ``UnsafeFile`` for a file
+    the rules refuse, and an ``OSError`` that says "cannot be read" for any other trouble. Never blocks, never
+    follows a symlink."""
+    return _worded(open_file, path, OWNED)
 
 
 def read_owned(path: "str | os.PathLike[str]", limit: int) -> bytes:
-    """The whole of ``path`` (``open_owned``'s rules), refused when it holds more than ``limit`` bytes.
+    """The whole of ``path`` (``open_owned``'s rules), refused when it holds more than ``limit`` bytes, or
+    grows past them while read."""
+    return _worded(read_file, path, OWNED, limit)
 
-    The size is checked before reading and again by reading one byte past the cap: a file that grows while
-    we read is refused too, and memory never holds more than ``limit + 1`` bytes of it."""
-    fd = open_owned(path)
+
+def _worded(call: Callable[..., _T], path: "str | os.PathLike[str]", *args: Any) -> _T:
+    """``call(path, *args)``, any OSError but a missing file worded to say what the file was."""
     try:
-        size = _refusing(os.fstat, fd).st_size
-        if size > limit:
-            raise Refused(f"is {size} bytes, more than the {limit} we read")
-        data = _refusing(read_at, fd, 0, limit + 1)
-    finally:
-        os.close(fd)
-    if len(data) > limit:
-        raise Refused(f"grew past the {limit} bytes we read")
-    return data
-
-
-def _refusing(call: Callable[..., _T], *args: Any) -> _T:
-    """``call(*args)``, any OSError but a missing file turned into a ``Refused`` that says what it was."""
-    try:
-        return call(*args)
+        return call(path, *args)
     except FileNotFoundError:
         raise
+    except UnsafeFile as err:
+        if err.rule is FileRule.SYMLINK:
+            raise err.reworded("is a symbolic link") from None
+        if err.rule is FileRule.KIND and err.st is not None:
+            kind = next((kind for test, kind in _KINDS if test(err.st.st_mode)), None)
+            raise err.reworded(f"is {kind}, not a regular file" if kind else "is not a regular file") from None
+        raise
     except OSError as err:
-        if err.errno in (errno.ELOOP, errno.EMLINK):  # O_NOFOLLOW on a symlink: ELOOP (EMLINK on some BSDs)
-            raise Refused("is a symbolic link") from None
-        raise Refused(f"cannot be read: {err.strerror or err}") from None
-
-
-def _check(st: os.stat_result) -> None:
-    for test, kind in _KINDS:
-        if test(st.st_mode):
-            raise Refused(f"is {kind}, not a regular file")
-    if not stat.S_ISREG(st.st_mode):
-        raise Refused("is not a regular file")
-    if st.st_uid != os.geteuid():
-        raise Refused(f"belongs to uid {st.st_uid}, not to us (uid {os.geteuid()})")
-    if st.st_nlink > 1:  # a hard link to some other file of ours
-        raise Refused(f"has {st.st_nlink} hard links (a file we write has one)")
+        raise OSError(err.errno, f"cannot be read: {err.strerror or err}", os.fspath(path)) from None
 
 
 # ---- where others can plant a name ------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from mbr_launch.contract import STACK_SIGNAL
 from mbr_launch.decide.verdict import StackClass
 from mbr_launch.report.private import write_private
 from mbr_launch.report.redact import redact_process_lines
+from mbr_launch.report.untrusted import read_at
 from mbr_launch.workers import safefile
 
 Method = Literal["auto", "py-spy", "faulthandler"]
@@ -202,7 +203,7 @@ def _faulthandler_all(
             try:
                 files[t.pid] = safefile.open_owned(t.faulthandler_file)
                 sizes[t.pid] = os.fstat(files[t.pid]).st_size
-            except OSError as exc:  # missing, or refused (safefile.Refused says why)
+            except OSError as exc:  # missing, or refused (its strerror says why)
                 errors[t.pid] = f"faulthandler file: {exc.strerror}"
                 continue
             found = procstat.read(t.pid)
@@ -256,7 +257,7 @@ def _wait_for_growth(pending: dict[int, int], sizes: dict[int, int], deadline: f
             if prev is None or prev[0] != size:
                 last[pid] = (size, now)
             elif now - prev[1] >= settle:
-                texts[pid] = safefile.read_at(fd, sizes[pid], min(size - sizes[pid], MAX_STACK_BYTES)).decode(
+                texts[pid] = read_at(fd, sizes[pid], min(size - sizes[pid], MAX_STACK_BYTES)).decode(
                     errors="replace")
                 del pending[pid]
                 if pid in restop:
