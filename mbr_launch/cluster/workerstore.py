@@ -78,7 +78,7 @@ class ServedStore:
 
 def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore | None:
     """A store for the round's workers on ``port``, served by this agent; None when the port cannot be bound
-    (global rank 0 then serves it, as before)."""
+    (the workers then make it themselves: global rank 0 serves it)."""
     try:
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:
