@@ -46,7 +46,7 @@ class ServedStore:
     """The round's worker store, made in a thread of its own. The socket listens before this returns, so a
     rank that connects at once is queued by the kernel until torch's server serves it; torch's constructor,
     which took 5 to 10 s for group rank 0's agent of 32 on 2 cores (while the same call took 0.03 s in the
-    next round), no longer holds up the start of this node's ranks. Dropping the handle drops the store (a
+    next round), does not hold up the start of this node's ranks. Dropping the handle drops the store (a
     store still being made is dropped when its thread ends)."""
 
     def __init__(self, host: str, port: int, fd: int, timeout: datetime.timedelta) -> None:
