@@ -25,7 +25,7 @@ DEFAULT_TORCH_PORT = 29500
 def run_events(log_dir: Path) -> list[dict]:
     """The event log of the one run under ``log_dir`` (``<log_dir>/<run>/events.jsonl``), every record checked
     against the documented schema: a test that reads events also checks what it read is well formed."""
-    from mbr_launch.report.events import read_events, validate
+    from mbr_launch.report.events import read_events
 
     files = sorted(log_dir.glob("*/events.jsonl"))
     assert len(files) == 1, f"expected one run under {log_dir}, found {files}"
@@ -33,6 +33,32 @@ def run_events(log_dir: Path) -> list[dict]:
     for record in records:
         assert validate(record) == [], record
     return records
+
+
+def validate(record: dict) -> list[str]:
+    """Problems with one parsed event line against the documented schema (empty when it matches)."""
+    from mbr_launch.report.events import EVENT_FIELDS
+
+    problems = []
+    for key in ("v", "ts", "t", "event", "node", "group_rank"):
+        if key not in record:
+            problems.append(f"missing {key}")
+    event = record.get("event")
+    if event not in EVENT_FIELDS:
+        problems.append(f"unknown event {event!r}")
+        return problems
+    for name in EVENT_FIELDS[event]:
+        if name not in record:
+            problems.append(f"{event}: missing {name}")
+    return problems
+
+
+def read_dump(path: Path) -> tuple:
+    """Per process group progress from one Flight Recorder dump file, read as the agent reads one; () when
+    missing, too big, garbled or hostile."""
+    from mbr_launch.workers.flightrec import load_checked, progress
+
+    return progress(load_checked(path).data)
 
 
 def free_port() -> int:

@@ -24,7 +24,7 @@ from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
 from mbr_launch.workers.stacks import classify, find_py_spy
 from mbr_launch.workers.standbypool import mismatched_keys
 
-from testkit.helpers import free_port
+from testkit.helpers import free_port, read_dump
 
 pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[1]
@@ -203,18 +203,18 @@ class _Evil:
 def test_garbage_dumps_give_no_progress(tmp_path, payload):
     path = tmp_path / "dump"
     path.write_bytes(payload)
-    assert flightrec.read_dump(path) == ()
+    assert read_dump(path) == ()
 
 
 def test_hostile_dumps_run_no_code(tmp_path):
     _Evil.marker = tmp_path / "pwned"
     path = tmp_path / "dump"
     path.write_bytes(pickle.dumps({"pg_status": {"0": {"last_enqueued_collective": 1}}, "x": _Evil()}))
-    assert flightrec.read_dump(path) == ()
+    assert read_dump(path) == ()
     path.write_bytes(pickle.dumps(GroupProgress("0", 1, 1, 1)))  # any class, even ours, is refused
-    assert flightrec.read_dump(path) == ()
+    assert read_dump(path) == ()
     assert not _Evil.marker.exists()
-    assert flightrec.read_dump(tmp_path / "missing") == ()
+    assert read_dump(tmp_path / "missing") == ()
 
 
 def test_progress_of_an_nccl_style_dump():

@@ -20,7 +20,7 @@ from mbr_launch.doctor import probes
 from mbr_launch.doctor.probes import NvmlView
 from mbr_launch.doctor.report import preflight_line
 from mbr_launch.health import gpumem, gpuowners, nvml
-from mbr_launch.health.gpuowners import Job, Owner, Reading, Seen
+from mbr_launch.health.gpuowners import Job, Owner, Reading, ProcInfo
 from mbr_launch.health.nvml import GpuMemory, GpuProcess
 from mbr_launch.workers.strays import Proc
 from testkit.clocks import Clock
@@ -30,9 +30,9 @@ pytestmark = pytest.mark.timeout(30)
 ME = 100
 TABLE = {ME: Proc(1, ME, False), 101: Proc(ME, 101, False), 102: Proc(101, 101, False), 300: Proc(1, 300, False),
          301: Proc(1, 301, False)}
-SEEN = {ME: Seen("ann", "mbr-launch train.py"), 101: Seen("ann", "python -u train.py"),
-        102: Seen("ann", "python dataloader"), 300: Seen("bob", "python spin.py"),
-        301: Seen("ann", "python -u train.py", (b"TORCHELASTIC_RUN_ID=job7",))}
+SEEN = {ME: ProcInfo("ann", "mbr-launch train.py"), 101: ProcInfo("ann", "python -u train.py"),
+        102: ProcInfo("ann", "python dataloader"), 300: ProcInfo("bob", "python spin.py"),
+        301: ProcInfo("ann", "python -u train.py", (b"TORCHELASTIC_RUN_ID=job7",))}
 
 
 def gpu(device: str, used: float | None, *procs: tuple[int, float | None], total: float = 81920.0,

@@ -31,7 +31,7 @@ from mbr_launch.workers import flightrec
 from mbr_launch.workers.evidence import gather
 from mbr_launch.workers.stacks import StackTarget, dump_stacks
 
-from testkit.helpers import launcher_env, run_launcher
+from testkit.helpers import launcher_env, read_dump, run_launcher
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,7 +74,7 @@ def test_a_fifo_at_the_dump_path_is_refused_at_once(tmp_path):
     fifo = tmp_path / "nccl_trace_0"
     os.mkfifo(fifo)
     try:
-        done, groups = _in_thread(flightrec.read_dump, fifo)
+        done, groups = _in_thread(read_dump, fifo)
         assert done, "reading a FIFO planted at the dump path blocked"
         assert groups == ()
         read = flightrec.load_checked(fifo)
@@ -126,7 +126,7 @@ def test_a_symlink_to_dev_zero_is_refused_not_read(tmp_path):
     link.symlink_to("/dev/zero")
     t0 = time.process_time()
     with _memory_cap(512 << 20):
-        groups = flightrec.read_dump(link)
+        groups = read_dump(link)
         read = flightrec.load_checked(link)
     assert groups == () and read.refused and "symbolic link" in read.problem, read
     assert time.process_time() - t0 < PROMPT
@@ -135,10 +135,10 @@ def test_a_symlink_to_dev_zero_is_refused_not_read(tmp_path):
 def test_a_symlink_to_a_real_dump_of_ours_is_refused_too(tmp_path):
     real = tmp_path / "elsewhere.pickle"
     real.write_bytes(pickle.dumps(GOOD))
-    assert flightrec.read_dump(real) == GOOD_PROGRESS
+    assert read_dump(real) == GOOD_PROGRESS
     link = tmp_path / "nccl_trace_0"
     link.symlink_to(real)
-    assert flightrec.read_dump(link) == ()
+    assert read_dump(link) == ()
     assert "symbolic link" in flightrec.load_checked(link).problem
 
 
@@ -172,7 +172,7 @@ def test_a_dump_over_the_cap_is_refused_before_it_is_read(tmp_path):
     path = tmp_path / "nccl_trace_0"
     path.write_bytes(_entries_repeated(12 << 20))
     t0 = time.process_time()
-    groups = flightrec.read_dump(path)
+    groups = read_dump(path)
     elapsed = time.process_time() - t0
     assert groups == () and elapsed < PROMPT, f"{elapsed:.1f} s of CPU for a dump over the cap"
     read = flightrec.load_checked(path)
@@ -184,7 +184,7 @@ def test_a_dump_within_the_caps_costs_a_bounded_read(tmp_path):
     path = tmp_path / "nccl_trace_0"
     path.write_bytes(data := _entries_repeated((4 << 20) - (64 << 10)))
     t0 = time.process_time()
-    groups = flightrec.read_dump(path)
+    groups = read_dump(path)
     assert time.process_time() - t0 < 5.0
     assert groups == (GroupProgress("0", 5, -1, -1, (), OP_NAME.decode()),)
     assert len(data) <= flightrec.MAX_DUMP_BYTES and len(data) // 2 < flightrec.MAX_DUMP_OPS
@@ -197,7 +197,7 @@ def test_int_keys_that_all_hash_alike_are_refused_at_the_first(tmp_path):
     path = tmp_path / "nccl_trace_0"
     path.write_bytes(b"\x80\x02}(" + _short("pg_status") + b"}(" + b"".join(keys) + b"uu.")
     t0 = time.process_time()
-    groups = flightrec.read_dump(path)
+    groups = read_dump(path)
     elapsed = time.process_time() - t0
     assert groups == () and "dict key of type int" in flightrec.load_checked(path).problem
     assert elapsed < PROMPT, f"{elapsed:.1f} s of CPU"
@@ -227,7 +227,7 @@ def test_crafted_dumps_at_the_caps_cost_seconds_at_most(tmp_path, craft):
     path = tmp_path / "nccl_trace_0"
     path.write_bytes(data)
     t0 = time.process_time()
-    groups = flightrec.read_dump(path)
+    groups = read_dump(path)
     assert time.process_time() - t0 < 5.0
     if craft == "shared_ranks":
         assert len(groups) == flightrec.MAX_GROUPS
@@ -244,11 +244,11 @@ def test_a_dump_of_another_user_is_refused(tmp_path):
     path = tmp_path / "nccl_trace_0"
     path.write_bytes(pickle.dumps(GOOD))
     os.chown(path, 65534, 65534)
-    assert flightrec.read_dump(path) == ()
+    assert read_dump(path) == ()
     read = flightrec.load_checked(path)
     assert read.refused and "belongs to uid 65534" in read.problem, read
     os.chown(path, 0, 0)
-    assert flightrec.read_dump(path) == GOOD_PROGRESS
+    assert read_dump(path) == GOOD_PROGRESS
 
 
 def test_a_hard_link_to_a_file_of_ours_is_refused(tmp_path):

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import validate
-
-from testkit.helpers import SCRIPTS, launcher_env, run_events, run_launcher, start_launcher
+from testkit.helpers import SCRIPTS, launcher_env, run_events, run_launcher, start_launcher, validate
 
 TRAIN = str(SCRIPTS / "train.py")
 pytestmark = [pytest.mark.timeout(120), pytest.mark.processes]

@@ -13,8 +13,10 @@ import sys
 import pytest
 
 from mbr_launch.report.appender import LineAppender
-from mbr_launch.report.events import EventLog, validate
+from mbr_launch.report.events import EventLog
 from mbr_launch.workers.output import OutputPump
+
+from testkit.helpers import validate
 
 from .tinydisk import fill, tiny_disk, whole_lines  # noqa: F401 (tiny_disk: a fixture)
 

@@ -6,10 +6,12 @@ import io
 
 import pytest
 
-from mbr_launch.report.events import EventLog, validate
+from mbr_launch.report.events import EventLog
 from mbr_launch.config.build import build_config
 from mbr_launch.config.settings import resolve
 from mbr_launch.agent.telemetry import Telemetry
+
+from testkit.helpers import validate
 
 pytestmark = pytest.mark.timeout(10)
 

@@ -11,7 +11,7 @@ import pytest
 from mbr_launch.decide.verdict import (Basis, GroupProgress, ProcState, RankEvidence, StackClass, Verdict,
                                        judge)
 from mbr_launch.decide.verdict_codec import (MAX_RANKS, evidence_from_dict, evidence_list_from_dicts,
-                                             evidence_to_dict, verdict_from_dict, verdict_to_dict, verdict_to_wire)
+                                             evidence_to_dict, verdict_from_dict, verdict_to_wire)
 from mbr_launch.decide.verdict_text import compress_ranks
 
 pytestmark = pytest.mark.timeout(10)
@@ -34,6 +34,13 @@ def pg(enqueued: int, completed: int | None = None, *, pg_id: str = "0", op: str
     """gloo-like counters: no "started"; a rank waiting in #n has enqueued n and completed n - 1."""
     return GroupProgress(pg=pg_id, enqueued=enqueued, started=started,
                          completed=enqueued - 1 if completed is None else completed, ranks=ranks, last_op=op)
+
+
+def verdict_to_dict(v: Verdict) -> dict:
+    """A verdict with every rank's evidence, as ``verdict_from_dict`` reads it (the store carries the shorter
+    ``verdict_to_wire``)."""
+    return {"culprits": list(v.culprits), "basis": v.basis.value, "reason": v.reason, "waiting": list(v.waiting),
+            "evidence": [evidence_to_dict(e) for e in v.evidence]}
 
 
 def done(enqueued: int, **kw) -> GroupProgress:

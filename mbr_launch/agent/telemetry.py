@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
 
 @dataclass
-class Segment:
+class RoundSteps:
     round: int
     started: float  # monotonic
     first_step: float | None = None
@@ -50,7 +50,7 @@ class Telemetry:
         self.step_timeouts = (t.initial_step_timeout, t.step_timeout)
         self.check = StragglerCheck(interval=t.straggler_interval, threshold=t.straggler_threshold)
         self.stop_on_straggler = t.stop_on_straggler
-        self.segment: Segment | None = None
+        self.segment: RoundSteps | None = None
         self.starts: dict[int, int] = {}  # local rank -> times started
         self.rows: dict[int, dict[str, Any]] = {}  # local rank -> last status from the monitor
         self.view = statusview.StatusView(cfg, now=clock(), stream=stream, console=console)
@@ -74,7 +74,7 @@ class Telemetry:
         now = self.clock()
         if self.segment is not None:
             self.end("stop")
-        self.segment = Segment(round=round_index, started=now)
+        self.segment = RoundSteps(round=round_index, started=now)
         for lr in local_ranks:
             self.starts[lr] = self.starts.get(lr, 0) + 1
         if self.check.next_due() is not None and not self.check.started:
@@ -106,7 +106,7 @@ class Telemetry:
 
     # ---- monitor events -----------------------------------------------------------------------------
 
-    def _catch_up(self, seg: Segment) -> None:
+    def _catch_up(self, seg: RoundSteps) -> None:
         """Steps batched in the monitor but not yet reported (at most one report interval's worth), and the
         iterations NVRx clients reported (with or without autobeat)."""
         if self.snapshot is None:
@@ -127,7 +127,7 @@ class Telemetry:
                 seg.steps = max(seg.steps, int(entry["steps"]))
 
     @staticmethod
-    def _merge(seg: Segment, first: Any, last: Any, checkpoint: Any) -> None:
+    def _merge(seg: RoundSteps, first: Any, last: Any, checkpoint: Any) -> None:
         if isinstance(first, (int, float)) and first >= seg.started:
             seg.first_step = first if seg.first_step is None else min(seg.first_step, first)
         if isinstance(last, (int, float)) and last >= seg.started:

@@ -18,7 +18,7 @@ then our layout exchange) costs far more than that. So, after such a round, ever
 Any agent may instead decide to fall back (a node was lost, spares or joiners wait, or it waited ``timeout``
 for the others): it writes "abort:<why>" with the same ``compare_set``. Exactly one value is ever stored under
 the decision key, so every agent of the round takes the same path: all of them start the fast round, or all of
-them go to the full c10d join (where torch's rendezvous admits joiners and drops lost nodes, as before).
+them go to the full c10d join (where torch's rendezvous admits joiners and drops lost nodes).
 
 Pure logic over a store with ``add``, ``compare_set``, ``check`` and ``get`` (tests inject one, and a clock); the caller
 builds the ``Round`` from the ``Agreement``.

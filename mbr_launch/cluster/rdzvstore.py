@@ -6,7 +6,7 @@ with one difference: the host's listening socket comes from ``cluster.listen`` (
 is IPv4 only), so the store's server thread does not stop for a DNS lookup of every agent that connects.
 The handler and backend are torch's own (``DynamicRendezvousHandler``, ``C10dRendezvousBackend``),
 unchanged. A ``store_type=file`` rendezvous, or a torch without ``master_listen_fd`` or torch's private
-hostname test (``cluster.torch_internals``: the ``store_socket`` patch), goes through torch's registry as before.
+hostname test (``cluster.torch_internals``: the ``store_socket`` patch), goes through torch's registry unchanged.
 """
 
 from __future__ import annotations

@@ -60,7 +60,7 @@ class ClientPool:
                 while self.idle(host, port) < min(count, KEEP):
                     self.release(_connect(host, port, timeout))
             except Exception:
-                pass  # the store is not there (yet): the watchers open theirs as before
+                pass  # the store is not there (yet): each watcher opens its own in ``acquire``
 
         thread = threading.Thread(target=fill, daemon=True, name="store-connections")
         thread.start()

@@ -117,7 +117,7 @@ def claim(store: Any, key: str, full_key: str, value: str | bytes, tries: int = 
     """``compare_set(key, "", value)`` (sealed) where the first *authentic* writer wins: a value that fails its
     seal (a neighbour's, written first to block ours) is replaced by ours. Returns whether ``value`` is what
     stands, and what stands, opened (None when a forgery stood through every try). Without a secret every
-    value is authentic, and the first writer wins as before."""
+    value is authentic: the first writer wins, as with a plain ``compare_set``."""
     mine = seal(full_key, value)
     stored = store.compare_set(key, "", mine)
     for attempt in range(tries + 1):

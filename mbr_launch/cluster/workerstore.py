@@ -46,7 +46,7 @@ class ServedStore:
     """The round's worker store, made in a thread of its own. The socket listens before this returns, so a
     rank that connects at once is queued by the kernel until torch's server serves it; torch's constructor,
     which took 5 to 10 s for group rank 0's agent of 32 on 2 cores (while the same call took 0.03 s in the
-    next round), no longer holds up the start of this node's ranks. Dropping the handle drops the store (a
+    next round), does not hold up the start of this node's ranks. Dropping the handle drops the store (a
     store still being made is dropped when its thread ends)."""
 
     def __init__(self, host: str, port: int, fd: int, timeout: datetime.timedelta) -> None:
@@ -78,7 +78,7 @@ class ServedStore:
 
 def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore | None:
     """A store for the round's workers on ``port``, served by this agent; None when the port cannot be bound
-    (global rank 0 then serves it, as before)."""
+    (the workers then make it themselves: global rank 0 serves it)."""
     try:
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:

@@ -42,7 +42,7 @@ class Action(enum.Enum):
 
 class _Spelled(str, enum.Enum):
     """A choice of the command line as a value: equal to its flag's text, and printed (and written to the event
-    log) as that text, so parsing, messages and records read as before."""
+    log) as that text, so a message or a record spells the choice as the person typed it."""
 
     def __str__(self) -> str:
         return self.value

@@ -45,11 +45,6 @@ def evidence_list_from_dicts(items: object) -> tuple[RankEvidence, ...]:
     return tuple(e for e in map(evidence_from_dict, _list(items)) if e is not None)
 
 
-def verdict_to_dict(v: Verdict) -> dict[str, Any]:
-    return {"culprits": list(v.culprits), "basis": v.basis.value, "reason": v.reason, "waiting": list(v.waiting),
-            "evidence": [evidence_to_dict(e) for e in v.evidence]}
-
-
 def verdict_to_wire(v: Verdict) -> dict[str, Any]:
     """The verdict as every other node reads it from the store: the culprits' evidence only (a node acts on its
     own ranks' evidence and names the culprits' nodes from theirs) and the waiting ranks as ranges ("0-16,18").

@@ -8,27 +8,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING
+
+from mbr_launch.health.result import CheckResult, Severity
 
 if TYPE_CHECKING:
     from mbr_launch.doctor.context import DoctorContext
 
-Severity = Literal["ok", "warn", "error", "skip", "info"]
-SEVERITIES: tuple[Severity, ...] = ("ok", "warn", "error", "skip", "info")
-
 
 class DoctorError(Exception):
     """A misuse of the doctor itself (e.g. ``--skip-check`` with an id that does not exist)."""
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    id: str
-    severity: Severity
-    title: str
-    saw: str
-    fix: str = ""
-    named: bool = False  # a warning the launcher's preflight prints in full rather than only counting it
 
 
 @dataclass(frozen=True)

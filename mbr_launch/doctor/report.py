@@ -8,7 +8,7 @@ import textwrap
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
-from mbr_launch.doctor.registry import SEVERITIES, CheckResult
+from mbr_launch.health.result import SEVERITIES, CheckResult
 from mbr_launch.report import exitcodes
 
 if TYPE_CHECKING:

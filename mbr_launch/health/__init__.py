@@ -4,6 +4,7 @@ Before each join (the first and every re-join after a restart) a node checks its
 not join, says which check failed and why, and exits ``exitcodes.UNHEALTHY``. Between a round's stop and
 the next join it looks for processes the stop left alive and waits for its GPUs' memory to come back.
 
+- ``result``: what a check found (``CheckResult``), the same type the doctor's checks return;
 - ``checks``: pure decisions over what was read (storage paths, network file systems, NIC link states, the
   scheduler's segment decision, the node-health daemon's reply);
 - ``probe``: the child process that touches storage paths (a hung NFS mount blocks it, not the launcher);

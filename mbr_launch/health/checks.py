@@ -25,20 +25,13 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from mbr_launch.health.nodehealth import Reply
+from mbr_launch.health.result import CheckResult
 
 STORAGE_PATHS, DIST_STORAGE, NIC_LINKS, SEGMENT, NODE_HEALTH = (
     "storage_paths", "dist_storage", "nic_links", "segment", "node_health")
 ACTIVE = "ACTIVE"
 NETWORK_FS = ("lustre", "nfs", "nfs4")
 _SHOWN = 200  # characters of someone else's text (a daemon's output, a decision file) put in a line
-
-
-@dataclass(frozen=True)
-class CheckResult:
-    name: str
-    ok: bool
-    detail: str = ""  # a failure: why; otherwise what was seen, or why nothing was checked
-    skipped: bool = False  # nothing to check here (never a failure)
 
 
 @dataclass(frozen=True)
@@ -77,20 +70,20 @@ def _clip(text: str) -> str:
 
 def _probed(name: str, paths: Sequence[str], report: ProbeReport, what: str) -> CheckResult:
     if report.error:
-        return CheckResult(name, False, f"could not probe {what}: {report.error}")
+        return CheckResult.failed(name, f"could not probe {what}: {report.error}")
     found = {s.path: s for s in report.statuses}
     bad = [found[p].describe() if p in found else f"{p} was not probed" for p in paths
            if p not in found or found[p].status != "ok"]
     if bad:
-        return CheckResult(name, False, "; ".join(bad))
-    return CheckResult(name, True, f"{len(paths)} {what} readable")
+        return CheckResult.failed(name, "; ".join(bad))
+    return CheckResult.passed(name, f"{len(paths)} {what} readable")
 
 
 def storage_paths(paths: Sequence[str], report: ProbeReport) -> CheckResult:
     """``--ft-storage-health-check-path``: each path exists and reads."""
     wanted = [p for p in paths if p]
     if not wanted:
-        return CheckResult(STORAGE_PATHS, True, "no paths given", skipped=True)
+        return CheckResult.passed(STORAGE_PATHS, "no paths given", skipped=True)
     return _probed(STORAGE_PATHS, wanted, report, "storage path(s)")
 
 
@@ -114,12 +107,12 @@ def dist_storage(lustre: str | None, lustre_error: str | None, mounts: Sequence[
     """``--ft-enable-dist-storage-healthcheck``: Lustre says healthy (where it says anything), and every
     network file system mounted here lists. ``lustre``: the health file's text, None when there is none."""
     if lustre_error:
-        return CheckResult(DIST_STORAGE, False, f"cannot read Lustre's health_check: {lustre_error}")
+        return CheckResult.failed(DIST_STORAGE, f"cannot read Lustre's health_check: {lustre_error}")
     if lustre is not None and lustre.strip() != "healthy":
-        return CheckResult(DIST_STORAGE, False, f"Lustre's health_check says {_clip(lustre)!r}, not 'healthy'")
+        return CheckResult.failed(DIST_STORAGE, f"Lustre's health_check says {_clip(lustre)!r}, not 'healthy'")
     if not mounts:
         seen = "Lustre healthy; " if lustre is not None else ""
-        return CheckResult(DIST_STORAGE, True, f"{seen}no lustre/nfs mounts", skipped=lustre is None)
+        return CheckResult.passed(DIST_STORAGE, f"{seen}no lustre/nfs mounts", skipped=lustre is None)
     assert report is not None
     return _probed(DIST_STORAGE, mounts, report, "network mount(s)")
 
@@ -134,12 +127,12 @@ def nic_links(baseline: Mapping[str, str], current: Mapping[str, str | None]) ->
     """Ports ACTIVE at the agent's start must still be ACTIVE. ``current``: None where the state file is
     gone (a device removed: NVRx skips it too)."""
     if not baseline:
-        return CheckResult(NIC_LINKS, True, "no InfiniBand ports", skipped=True)
+        return CheckResult.passed(NIC_LINKS, "no InfiniBand ports", skipped=True)
     down = [f"{nic} is {current.get(nic)} (was {state})" for nic, state in sorted(baseline.items())
             if state == ACTIVE and current.get(nic) is not None and current.get(nic) != ACTIVE]
     if down:
-        return CheckResult(NIC_LINKS, False, "NIC link(s) down: " + ", ".join(down))
-    return CheckResult(NIC_LINKS, True, ", ".join(f"{nic}={current.get(nic) or 'gone'}" for nic in sorted(baseline)))
+        return CheckResult.failed(NIC_LINKS, "NIC link(s) down: " + ", ".join(down))
+    return CheckResult.passed(NIC_LINKS, ", ".join(f"{nic}={current.get(nic) or 'gone'}" for nic in sorted(baseline)))
 
 
 def segment_path(directory: str | None, environ: Mapping[str, str]) -> str | None:
@@ -160,14 +153,14 @@ def segment_path(directory: str | None, environ: Mapping[str, str]) -> str | Non
 
 def segment(artifact: SegmentArtifact | None) -> CheckResult:
     if artifact is None:
-        return CheckResult(SEGMENT, True, "not in a Slurm job", skipped=True)
+        return CheckResult.passed(SEGMENT, "not in a Slurm job", skipped=True)
     if artifact.kind == "nonempty":
         said = f": {_clip(artifact.head)!r}" if artifact.head.strip() else ""
-        return CheckResult(SEGMENT, False, f"the scheduler excluded this segment ({artifact.path} is not empty{said})")
+        return CheckResult.failed(SEGMENT, f"the scheduler excluded this segment ({artifact.path} is not empty{said})")
     seen = {"missing": "no decision file", "empty": "decision file empty",
             "not_regular": f"ignored {artifact.path}: not a regular file",
             "error": f"ignored {artifact.path}: {artifact.error}"}.get(artifact.kind, artifact.kind)
-    return CheckResult(SEGMENT, True, seen)
+    return CheckResult.passed(SEGMENT, seen)
 
 
 def node_health(reply: Reply) -> CheckResult:
@@ -178,17 +171,17 @@ def node_health(reply: Reply) -> CheckResult:
             parts.append(f"error: {_clip(reply.error)}")
         if reply.output:
             parts.append(f"output: {_clip(reply.output)}")
-        return CheckResult(NODE_HEALTH, False, "; ".join(parts))
+        return CheckResult.failed(NODE_HEALTH, "; ".join(parts))
     try:
         result = json.loads(reply.output)
     except (ValueError, TypeError):
-        return CheckResult(NODE_HEALTH, True, "healthy (output not JSON; ignored)")
+        return CheckResult.passed(NODE_HEALTH, "healthy (output not JSON; ignored)")
     count = result.get("fail_count") if isinstance(result, dict) else None
     if isinstance(count, bool) or not isinstance(count, (int, float)):
-        return CheckResult(NODE_HEALTH, True, "healthy (no fail_count in the output; ignored)")
+        return CheckResult.passed(NODE_HEALTH, "healthy (no fail_count in the output; ignored)")
     if count > 0:
         failed = result.get("failed_checks") or []
         named = ", ".join(str(f) for f in failed) if isinstance(failed, list) else str(failed)
-        return CheckResult(NODE_HEALTH, False, f"the node-health daemon counts {count:g} failed check(s)"
-                                               + (f": {_clip(named)}" if named else ""))
-    return CheckResult(NODE_HEALTH, True, "healthy (fail_count 0)")
+        return CheckResult.failed(NODE_HEALTH, f"the node-health daemon counts {count:g} failed check(s)"
+                                  + (f": {_clip(named)}" if named else ""))
+    return CheckResult.passed(NODE_HEALTH, "healthy (fail_count 0)")

@@ -36,7 +36,7 @@ class Owner(Enum):
 
 
 @dataclass(frozen=True)
-class Seen:
+class ProcInfo:
     """What ``/proc`` says of one pid (None: it does not show it)."""
 
     user: str
@@ -86,7 +86,7 @@ class Reading:
 
 
 def classify(memories: Sequence[GpuMemory], job: Job, table: Mapping[int, Proc],
-             seen: Callable[[int], Seen | None]) -> Reading:
+             seen: Callable[[int], ProcInfo | None]) -> Reading:
     ours = {job.me} | descendants(dict(table), [job.me])
     mark = f"TORCHELASTIC_RUN_ID={job.run_id}".encode() if job.run_id else None
     holders = []
@@ -109,7 +109,7 @@ def classify(memories: Sequence[GpuMemory], job: Job, table: Mapping[int, Proc],
     return Reading(tuple(memories), tuple(holders))
 
 
-def seen(pid: int) -> Seen | None:
+def seen(pid: int) -> ProcInfo | None:
     """The user, command line (secrets of its arguments hidden) and environment of ``pid``, or None when
     ``/proc`` does not show it. The environment of another user's process cannot be read: it stays empty."""
     base = Path(f"/proc/{pid}")
@@ -129,7 +129,7 @@ def seen(pid: int) -> Seen | None:
         except OSError:
             command = "?"
     environ = tuple(procstat.environ(pid, _ENVIRON) or ())
-    return Seen(user, one_line(command, _COMMAND), environ)
+    return ProcInfo(user, one_line(command, _COMMAND), environ)
 
 
 def strangers_line(holders: Collection[Holder], *, shown: int = 8) -> str:

@@ -13,7 +13,8 @@ from typing import Callable, Mapping, Sequence
 
 from mbr_launch.config.model import NvrxLauncherSpec
 from mbr_launch.health import checks, nodehealth, readers
-from mbr_launch.health.checks import CheckResult, ProbeReport, SegmentArtifact
+from mbr_launch.health.checks import ProbeReport, SegmentArtifact
+from mbr_launch.health.result import CheckResult
 
 
 @dataclass(frozen=True)
@@ -76,10 +77,10 @@ def _dist_storage(read: Readers) -> CheckResult:
 def _node_health(endpoint: str, read: Readers) -> CheckResult:
     path = nodehealth.socket_path(endpoint)
     if path is None:
-        return CheckResult(checks.NODE_HEALTH, True, f"{endpoint!r} is not a unix socket (unix:///PATH or /PATH): "
-                                                     "only the node-health daemon's unix socket is supported",
-                           skipped=True)
+        return CheckResult.passed(checks.NODE_HEALTH, f"{endpoint!r} is not a unix socket (unix:///PATH or /PATH): "
+                                                      "only the node-health daemon's unix socket is supported",
+                                  skipped=True)
     reply = read.node_health(path)
     if isinstance(reply, str):
-        return CheckResult(checks.NODE_HEALTH, True, reply, skipped=True)
+        return CheckResult.passed(checks.NODE_HEALTH, reply, skipped=True)
     return checks.node_health(reply)

@@ -8,7 +8,7 @@ imports the monitor's own modules.
 
 A fork is taken only while the launcher runs a single thread (``api.launch`` forks before the warm standbys
 and their output pumps start): in a threaded process the child could inherit a lock another thread held.
-Elsewhere ``MonitorLink`` starts the interpreter as before.
+Elsewhere ``MonitorLink`` starts a new interpreter: slower, but safe at any time.
 
 The child shows as ``mbr_launch.monitor.server: rank monitor of mbr-launch PID`` (``ps``, psutil) with the
 thread name ``mbr-monitor`` (``top``, ``pgrep``), so nobody takes it for a second launcher.

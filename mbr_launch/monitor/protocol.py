@@ -180,7 +180,7 @@ class Invalid:
 
 
 @dataclass(frozen=True, slots=True)
-class WorkloadRequest:
+class WorkloadControlRequest:
     rank: int
     action: str
     description: str
@@ -368,7 +368,7 @@ class Decoder:
         return req
 
 
-def decode_workload_request(payload: bytes) -> WorkloadRequest:
+def decode_workload_request(payload: bytes) -> WorkloadControlRequest:
     """Decode the launcher-socket message: ``(global_rank, WorkloadControlRequest)``. ``BadRequest`` when
     it is well formed but its values are not (a rank that is not an integer, say)."""
     obj = unpickle(payload)
@@ -381,4 +381,4 @@ def decode_workload_request(payload: bytes) -> WorkloadRequest:
         raise BadRequest(f"description must be a str, got {_kind(description)}")
     if len(description) > MAX_TEXT:
         description = description[:MAX_TEXT] + "..."
-    return WorkloadRequest(_rank(obj[0]), action.name, description)
+    return WorkloadControlRequest(_rank(obj[0]), action.name, description)

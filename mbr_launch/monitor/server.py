@@ -51,7 +51,7 @@ def kill_armed(slots: Iterable[Slot]) -> None:
             pass  # already gone
 
 
-class Monitor:
+class MonitorServer:
     def __init__(self, emit: Emit, clock: Callable[[], float] = time.monotonic) -> None:
         self.shared = Shared(emit, clock)
         self.sockets = Sockets(self.shared.wake_r)
@@ -128,7 +128,7 @@ def main() -> int:
     # stay pending here, the agent's witness of a signal to the whole Slurm step (``monitor.witness``).
     hold_job_signals()
     emitter = Emitter(sys.stdout.fileno())
-    monitor = Monitor(emitter.emit)
+    monitor = MonitorServer(emitter.emit)
     emitter.on_broken = monitor.agent_gone
     try:
         monitor.run(sys.stdin.fileno())

@@ -3,7 +3,7 @@ so that nothing written is lost, glued or drawn over.
 
 Everything meant for the launcher's stdout or stderr is written through a ``Console``:
 
-- A ``Source`` (a worker's stdout or stderr, or the agent's own messages) passes bytes through as they come,
+- A ``ConsoleSource`` (a worker's stdout or stderr, or the agent's own messages) passes bytes through as they come,
   partial lines and ``\\r`` included, and adds its rank prefix at each line start: after ``\\n``, and after a
   ``\\r`` that redraws the line, so that a progress bar keeps its prefix. Writes are buffered; the pumps
   flush when their pipe has nothing more ready, the agent's messages flush at once.
@@ -46,7 +46,7 @@ _STARTS = re.compile(rb"(?:(?<=\n)|(?<=\r)(?!\n))(?=[^\r])")
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 
-class Source:
+class ConsoleSource:
     """One stream written through the console with its own prefix and line state."""
 
     def __init__(self, console: "Console", stream: str, prefix: bytes) -> None:
@@ -96,8 +96,8 @@ class Console:
         out = err if same_device(out_fd, err_fd) else Device(out_fd, isatty(out_fd))
         self._devices = {"stdout": out, "stderr": err}
         self._fds = {"stdout": out_fd, "stderr": err_fd}
-        self._sources: dict[int, Source] = {}  # sources with output so far and no end yet, in first-write order
-        self._own = {name: Source(self, name, b"") for name in self._fds}  # the agent's messages
+        self._sources: dict[int, ConsoleSource] = {}  # sources with output so far and no end yet, in first-write order
+        self._own = {name: ConsoleSource(self, name, b"") for name in self._fds}  # the agent's messages
         self._render: Render | None = None
         self._rows: tuple[int, list[str]] | None = None  # (width, status rows): rendered once per update
         self._painter: threading.Thread | None = None
@@ -105,8 +105,8 @@ class Console:
         self._saved: tuple[TextIO, TextIO] | None = None
         self._exit_hook = False
 
-    def source(self, stream: str, prefix: bytes = b"") -> Source:
-        return Source(self, stream, prefix)
+    def source(self, stream: str, prefix: bytes = b"") -> ConsoleSource:
+        return ConsoleSource(self, stream, prefix)
 
     def is_terminal(self, stream: str = "stderr") -> bool:
         return self._devices[stream].tty
@@ -119,7 +119,7 @@ class Console:
 
     # ---- writing --------------------------------------------------------------------------------
 
-    def write(self, src: Source, data: bytes) -> bool:
+    def write(self, src: ConsoleSource, data: bytes) -> bool:
         with self._lock:
             dev = self._devices[src.stream]
             if not dev.alive:
@@ -137,7 +137,7 @@ class Console:
                 self._flush(dev)
             return dev.alive
 
-    def _above(self, dev: Device, src: Source, text: bytes) -> None:
+    def _above(self, dev: Device, src: ConsoleSource, text: bytes) -> None:
         """Live area up: complete lines go above it, the unfinished one into it."""
         cut = text.rfind(b"\n") + 1
         if cut:
@@ -161,7 +161,7 @@ class Console:
             dev.put(self._fds[owner.stream], b"\n")
             owner.at_start, owner.after_cr = True, False
 
-    def end(self, src: Source) -> None:
+    def end(self, src: ConsoleSource) -> None:
         with self._lock:
             dev = self._devices[src.stream]
             if src.pending:
@@ -280,7 +280,7 @@ class Console:
 class _TextStream:
     """``sys.stdout``/``sys.stderr`` while the live area is up: Python-level text lands above the area."""
 
-    def __init__(self, source: Source, original: TextIO) -> None:
+    def __init__(self, source: ConsoleSource, original: TextIO) -> None:
         self._source, self._original = source, original
 
     @property
@@ -340,4 +340,4 @@ def process_console() -> Console:
         return _PROCESS
 
 
-__all__ = ["Console", "Source", "process_console", "BUFFER", "LINE_CAP", "FRAME"]
+__all__ = ["Console", "ConsoleSource", "process_console", "BUFFER", "LINE_CAP", "FRAME"]

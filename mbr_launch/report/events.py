@@ -229,22 +229,6 @@ def _warn_stderr(message: str) -> None:
         pass
 
 
-def validate(record: dict[str, Any]) -> list[str]:
-    """Problems with one parsed event line (empty when it matches the schema)."""
-    problems = []
-    for key in ("v", "ts", "t", "event", "node", "group_rank"):
-        if key not in record:
-            problems.append(f"missing {key}")
-    event = record.get("event")
-    if event not in EVENT_FIELDS:
-        problems.append(f"unknown event {event!r}")
-        return problems
-    for name in EVENT_FIELDS[event]:
-        if name not in record:
-            problems.append(f"{event}: missing {name}")
-    return problems
-
-
 # ---- reading a log back (tests, benchmarks, tools) ------------------------------------------------
 
 

@@ -16,7 +16,7 @@ class Device:
         self.fd, self.tty = fd, tty
         self.buf = bytearray()
         self.buf_fd = fd
-        self.owner: Any = None  # the console.Source whose unfinished line the cursor stands after
+        self.owner: Any = None  # the console.ConsoleSource whose unfinished line the cursor stands after
         self.alive = True
         self.live = False  # a status area is pinned at the bottom
         self.drawn = 0  # rows of the area on the screen now (the cursor is at the start of the row below)

@@ -13,7 +13,7 @@ script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv`
 
 What each ``--standby`` level pre-initialises before the script's first line:
 
-- ``off``: nothing; every worker is a fresh process (as before standbys existed).
+- ``off``: nothing; every worker is a fresh process, as torchrun starts one.
 - ``interpreter``: the interpreter and ``mbr_launch.shim.boot`` only. Exactly equivalent to a fresh process.
 - ``torch`` (default): also ``import torch`` (which imports numpy when present) with no CUDA
   initialisation. Anything the script changes *before* its own ``import torch`` that torch (or numpy, MKL,
@@ -259,7 +259,7 @@ def _preload(level: str) -> None:
         # dependency) installs warns once per process that it is deprecated: noise about how the launcher was
         # installed, which this preload would print on every rank of every round, also for scripts that never
         # import torch. Only that message is filtered, only around this import of ours (catch_warnings puts
-        # the filters back): every other warning of the preload is shown as before, and a script's own
+        # the filters back): every other warning of the preload is shown, and a script's own
         # `import torch` in a fresh worker (--standby off or interpreter, or a standby assigned before it
         # preloaded) shows it as `python SCRIPT` would, since that import is the script's, not ours.
         with warnings.catch_warnings():

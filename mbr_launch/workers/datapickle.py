@@ -1,8 +1,7 @@
 """A reader for the data-only pickles Flight Recorder writes, bounded for pickles a neighbour crafted.
 
-Why not ``pickle.Unpickler`` with every global refused (flightrec's reader until issue #29): it runs no
-code, but its cost is the attacker's to choose. It builds dicts with any hashable key, and an int hashes
-to itself modulo 2**61-1: a 260 KB pickle whose keys all hash alike took 2 s of CPU, one of 1 MB half a
+Why not ``pickle.Unpickler`` with every global refused: it runs no code, but its cost is the attacker's to
+choose. It builds dicts with any hashable key, and an int hashes to itself modulo 2**61-1: a 260 KB pickle whose keys all hash alike took 2 s of CPU, one of 1 MB half a
 minute (every insert probes all the keys before it), and in C, where nothing can interrupt it. So this
 reader (``mbr_launch.unpickle``'s stack machine, under the ``DUMP`` policy here) takes:
 - only the opcodes a dump is made of (torch's pickler writes protocol 2, Python's, in tests, 4 and 5):

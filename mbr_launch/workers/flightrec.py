@@ -48,13 +48,13 @@ PIPE_PREFIX = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
 # (as text: about 700 KB for a 100,000-rank group), Python stacks (TORCH_INCLUDE_STACK_TRACE=1) some 300
 # opcodes an entry. 8 MiB and 2 M opcodes leave that room several times over; the costliest dump crafted
 # within them took 1.4 s of CPU to read on the loaded 2-core test machine, and another 150 MB of memory
-# while read (tests/test_hostile_dumps.py). The old reader took 64 MiB, any hashable key, and 37 s.
+# while read (tests/test_hostile_dumps.py); ``pickle.Unpickler`` on such a dump took 37 s (``datapickle`` says why).
 MAX_DUMP_BYTES = 8 << 20
 MAX_DUMP_OPS = 1 << 21
 # What is taken from a dump: a rank is in a few dozen process groups, and the newest entries are last (the
 # ring buffer is dumped oldest first), so more groups is no real dump and older entries add nothing. Rank
-# lists are cut per group as before, and in all: a memo reference (two bytes) can repeat one list for every
-# group, and the evidence travels to every node.
+# lists are cut per group, and in all: a memo reference (two bytes) can repeat one list for every group, and
+# the evidence travels to every node.
 MAX_GROUPS = 1024
 MAX_ENTRIES = 1 << 16
 MAX_RANKS = 1 << 16
@@ -157,14 +157,6 @@ def _poke(fifo: Path) -> bool:
 # ---- reading a dump ---------------------------------------------------------------------------------------
 
 
-def load(data: bytes, *, deadline: float | None = None) -> Any:
-    """The data in a dump's bytes; None for anything that is not a whole, data-only pickle within the caps."""
-    try:
-        return datapickle.loads(data, max_ops=MAX_DUMP_OPS, deadline=deadline)
-    except datapickle.NotData:
-        return None
-
-
 @dataclass(frozen=True)
 class DumpRead:
     """One read of a dump file."""
@@ -180,23 +172,12 @@ def load_checked(path: Path, *, deadline: float | None = None) -> DumpRead:
         raw = safefile.read_owned(path, MAX_DUMP_BYTES)
     except FileNotFoundError:
         return DumpRead()
-    except OSError as err:  # safefile.Refused: there, but not to be read
+    except OSError as err:  # untrusted.UnsafeFile: there, but not to be read
         return DumpRead(problem=err.strerror or str(err), refused=True)
     try:
         return DumpRead(data=datapickle.loads(raw, max_ops=MAX_DUMP_OPS, deadline=deadline))
     except datapickle.NotData as err:
         return DumpRead(problem=str(err))
-
-
-def load_file(path: Path, *, deadline: float | None = None) -> Any:
-    """A dump file's data; None when missing, refused, too big, garbled or hostile (``load_checked`` says
-    which)."""
-    return load_checked(path, deadline=deadline).data
-
-
-def read_dump(path: Path) -> tuple[GroupProgress, ...]:
-    """Per process group progress from one dump file; () when missing, too big, garbled or hostile."""
-    return progress(load_file(path))
 
 
 def progress(dump: Any) -> tuple[GroupProgress, ...]:

@@ -16,7 +16,7 @@ def import_once(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
     much CPU again as torch, which every standby and every restarted rank would otherwise pay (32 agents on 2
     cores: a restart's ranks took 50 s to their first step, where forked with it they take a few). What each
     import read from the environment (a standby's, ``env``) is kept for the standbys' ``envwatch``. A module
-    that fails is left to the standby, which tries it itself and reports it as before. Its warnings are not
+    that fails is left to the standby, which tries it itself and reports the failure there. Its warnings are not
     shown: they would come once, on the launcher's stderr, not on the ranks'."""
     import importlib
     import warnings

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO, Callable, Protocol, Sequence
 
 from mbr_launch.report.appender import LineAppender
-from mbr_launch.report.console import Source
+from mbr_launch.report.console import ConsoleSource
 from mbr_launch.visible import visible
 
 CHUNK = 64 * 1024  # one read; also the batch after which the log file is written even while more is ready
@@ -136,7 +136,7 @@ def prefixed(prefix: bytes, line: bytes) -> bytes:
 
 
 class OutputPump:
-    """Copies one worker stream to a log file and/or the console (a ``Source`` that adds the rank prefix).
+    """Copies one worker stream to a log file and/or the console (a ``ConsoleSource`` that adds the rank prefix).
 
     ``fallback`` is the console the stream switches to when its log file fails (None: the lines are only
     counted); ``on_log_failure`` is told once, at the first failure, and ``on_done`` when the stream ends
@@ -144,9 +144,9 @@ class OutputPump:
 
     _filter_lock = threading.Lock()  # the filtered files are shared by the pumps of all ranks
 
-    def __init__(self, source: BinaryIO, *, prefix: bytes, console: Source | None,
+    def __init__(self, source: BinaryIO, *, prefix: bytes, console: ConsoleSource | None,
                  logfile: Path | None, filters: Sequence[str] = (), filtered: LineAppender | None = None,
-                 tail: collections.deque[bytes] | None = None, fallback: Source | None = None,
+                 tail: collections.deque[bytes] | None = None, fallback: ConsoleSource | None = None,
                  on_log_failure: Callable[["OutputPump", LineAppender], None] | None = None,
                  on_done: Callable[["OutputPump"], None] | None = None,
                  appender: Callable[[Path], LineAppender] = LineAppender, mirror: Mirror | None = None) -> None:

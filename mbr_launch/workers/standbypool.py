@@ -59,9 +59,9 @@ REPLENISH_DELAY_FEW_CORES = 3.0
 
 # A replacement preloads at the lowest priority for this long once this node's ranks are training; one not
 # warm by then gets the normal priority back (on a host loaded by others it would otherwise never warm up; it
-# then competes as the old delayed preload did), so it is never behind what waiting REPLENISH_DELAY_FEW_CORES
-# and preloading would give. While the ranks start (32 agents on 2 cores: minutes) it stays low: the job's
-# own start comes first (issue #38), up to LOW_PRIORITY_CAP seconds after its own start.
+# then competes as a preload after REPLENISH_DELAY_FEW_CORES would), so it is never behind what waiting
+# REPLENISH_DELAY_FEW_CORES and preloading would give. While the ranks start (32 agents on 2 cores: minutes)
+# it stays low: the job's own start comes first (issue #38), up to LOW_PRIORITY_CAP seconds after its own start.
 LOW_PRIORITY_SPAN = REPLENISH_DELAY_FEW_CORES
 LOW_PRIORITY_CAP = 120.0
 

@@ -32,7 +32,7 @@ class GpuGate:
     def __init__(self, cfg: LaunchConfig, environ: Mapping[str, str], *, open_nvml: NvmlOpener = Nvml.open,
                  clock: Callable[[], float] = time.monotonic,
                  table: Callable[[], Mapping[int, strays.Proc]] = strays.process_table,
-                 seen: Callable[[int], gpuowners.Seen | None] = gpuowners.seen) -> None:
+                 seen: Callable[[int], gpuowners.ProcInfo | None] = gpuowners.seen) -> None:
         self._spec, self._run_id = cfg.nvrx, cfg.rendezvous.run_id
         self._devices = gpumem.devices(environ, cfg.workers.nproc_per_node)
         self._open, self._clock, self._table, self._seen = open_nvml, clock, table, seen

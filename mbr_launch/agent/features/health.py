@@ -25,8 +25,9 @@ from mbr_launch.cluster import fastround
 from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.health import leftovers, suite
-from mbr_launch.health.checks import NODE_HEALTH, CheckResult
+from mbr_launch.health.checks import NODE_HEALTH
 from mbr_launch.health.nvml import Nvml
+from mbr_launch.health.result import CheckResult
 from mbr_launch.report import exitcodes
 from mbr_launch.workers import strays
 
@@ -64,7 +65,7 @@ class HealthGate(Feature):
             if ctx.wakeup.pending_signal() is not None:
                 return None
             if short is not None:
-                return self._stay_out(ctx, previous, CheckResult(GPU_MEMORY, ok=False, detail=short))
+                return self._stay_out(ctx, previous, CheckResult.failed(GPU_MEMORY, short))
         if not suite.configured(self._spec):
             return None
         began = self._clock()

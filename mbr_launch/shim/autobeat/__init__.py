@@ -273,21 +273,5 @@ def install(path: Optional[str] = None) -> bool:
     return True
 
 
-def uninstall() -> None:
-    """Remove the hook and the finder (tests; a script never needs this). Wrapped functions stay wrapped."""
-    global _state
-    hooks = sys.modules.get("mbr_launch.shim.autobeat.torchhooks")
-    if hooks is not None:
-        hooks.collectives = 0
-    for finder in [f for f in sys.meta_path if isinstance(f, _Finder)]:
-        finder.remove()
-    if _state is not None:
-        atexit.unregister(_state.finished)
-        if _state.handle is not None:
-            _state.handle.remove()
-        _state.sock.close()
-        _state = None
-
-
 def installed() -> bool:
     return _state is not None and _state.handle is not None
