@@ -197,3 +197,5 @@ def pytest_configure(config):
     config.addinivalue_line("markers", "allow_leftovers: the test manages long-lived daemons itself")
     config.addinivalue_line("markers", "slurm: needs the local Slurm test cluster (root)")
     config.addinivalue_line("markers", "netns: needs network namespaces (root)")
+    config.addinivalue_line("markers", "reference: runs a peer launcher alone, to show that what a table asserts is "
+                            "the peer's own behaviour; run by hand (-m reference), not in CI: it tests no code of ours")

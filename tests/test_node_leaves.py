@@ -62,7 +62,7 @@ def _ft_launcher() -> str:
 
 
 @pytest.mark.parametrize("policy", TABLES)
-@pytest.mark.parametrize("launcher", ["mbr-launch", "ft_launcher"])
+@pytest.mark.parametrize("launcher", ["mbr-launch", pytest.param("ft_launcher", marks=pytest.mark.reference)])
 def test_restart_policy_table(tmp_path, launcher, policy):
     table, max_restarts = TABLES[policy]
     job = Job(tmp_path, "mbr-launch" if launcher == "mbr-launch" else _ft_launcher(),
