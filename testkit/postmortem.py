@@ -1,8 +1,8 @@
 """What a launcher that ran past a test's timeout was doing, read before its session is killed.
 
 A test that times out says only that it did: the processes are killed and the run folder is a temporary one.
-This reads, while they still run, every process of the session (state, kernel wait channel, command line, its
-threads'), the Python stacks of each (py-spy, a test dependency; skipped where it cannot attach) and the tail
+This reads, while they still run, every process of the session and every descendant of the launcher (state,
+kernel wait channel, command line, its threads'), the Python stacks of each (py-spy, a test dependency; skipped where it cannot attach) and the tail
 of the run folder's events, so a flake on a CI machine leaves what is needed to find it.
 """
 
@@ -37,10 +37,21 @@ def _stat(pid: int | str) -> tuple[str, int, int]:
 
 
 def session_pids(sid: int) -> list[int]:
-    pids = []
+    """The processes of session ``sid`` and every descendant of its leader: the fork server, the rank monitor
+    and the workers forked from the server run in sessions of their own."""
+    parents: dict[int, int] = {}
+    pids = set()
     for entry in os.listdir("/proc"):
-        if entry.isdigit() and _stat(entry)[2] == sid:
-            pids.append(int(entry))
+        if entry.isdigit():
+            _, ppid, session = _stat(entry)
+            parents[int(entry)] = ppid
+            if session == sid:
+                pids.add(int(entry))
+    grown = True
+    while grown:
+        children = {pid for pid, ppid in parents.items() if ppid in pids} - pids
+        grown = bool(children)
+        pids |= children
     return sorted(pids)
 
 

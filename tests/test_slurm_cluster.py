@@ -196,6 +196,9 @@ def test_srun_task_has_its_own_process_group(slurm_clean: SlurmCluster) -> None:
 
 ONE_FAILS = ('if [ "$SLURM_NODEID" = 0 ]; then exit 1; fi; sleep 3; '
              'echo "$(hostname) survived KILL_BAD_EXIT=${SLURM_KILL_BAD_EXIT-unset}"')
+# Where the survivor is to be killed, it sleeps long enough that a kill cannot lose the race to its end: on a
+# loaded machine one node's task can start seconds after the other's (a 3 s sleep was outlived once in CI).
+ONE_FAILS_LONG = ONE_FAILS.replace("sleep 3;", "sleep 25;")
 
 
 @pytest.mark.parametrize("flag", [["--kill-on-bad-exit=0"], []])
@@ -209,18 +212,20 @@ def test_kill_on_bad_exit_off(slurm_clean: SlurmCluster, flag: list[str]) -> Non
 
 def test_kill_on_bad_exit_on(slurm_clean: SlurmCluster) -> None:
     t0 = time.monotonic()
-    r = slurm_clean.srun(["-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c", ONE_FAILS],
-                         timeout=30, check=False)
+    r = slurm_clean.srun(["-N2", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "bash", "-c", ONE_FAILS_LONG],
+                         timeout=40, check=False)
     assert r.returncode != 0 and "survived" not in r.stdout
-    assert time.monotonic() - t0 < 2.5  # the survivor was killed, not left to finish its sleep 3
+    assert time.monotonic() - t0 < 25  # the survivor was killed, not left to finish its sleep
 
 
 def test_kill_bad_exit_variable_is_input_only(slurm_clean: SlurmCluster) -> None:
     """SLURM_KILL_BAD_EXIT set by the user is obeyed by srun and inherited by the tasks: the only way a
     launcher can see the setting."""
-    r = slurm_clean.srun(["-N2", "--ntasks-per-node=1", "bash", "-c", ONE_FAILS], timeout=30, check=False,
+    t0 = time.monotonic()
+    r = slurm_clean.srun(["-N2", "--ntasks-per-node=1", "bash", "-c", ONE_FAILS_LONG], timeout=40, check=False,
                          env={**os.environ, "SLURM_KILL_BAD_EXIT": "1"})
     assert r.returncode != 0 and "survived" not in r.stdout
+    assert time.monotonic() - t0 < 25  # killed, not left to finish its sleep
     r = slurm_clean.srun(["-N1", "printenv", "SLURM_KILL_BAD_EXIT"], timeout=30,
                          env={**os.environ, "SLURM_KILL_BAD_EXIT": "0"})
     assert _lines(r.stdout) == ["0"]
