@@ -53,7 +53,9 @@ def test_module_mode_and_script_args(tmp_path):
     pkg = tmp_path / "pkgmod"
     pkg.mkdir()
     (pkg / "__init__.py").write_text("")
-    (pkg / "job.py").write_text("import os, sys\nprint('MOD', __name__, os.environ['RANK'], sys.argv[1:])\n")
+    # One write per line: print() with several arguments writes them one by one to an unbuffered stream, and
+    # partial lines show at once, so another rank's whole line could come between the pieces on a loaded machine.
+    (pkg / "job.py").write_text("import os, sys\nprint(f\"MOD {__name__} {os.environ['RANK']} {sys.argv[1:]}\")\n")
     env = launcher_env(PYTHONPATH=str(tmp_path))
     res = run_launcher(["--nproc-per-node", "2", "-m", "pkgmod.job", "--lr", "0.1", "${local_rank}"], env=env)
     assert res.returncode == 0, res.stderr

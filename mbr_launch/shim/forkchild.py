@@ -213,11 +213,16 @@ def _run_and_exit() -> NoReturn:
     os._exit(code)
 
 
+_WRITABLE_FILES = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
+
+
 def _flush_open_files() -> None:
     """What Py_Finalize's deallocations would do for files the script left open: flush their buffers (a log
     file opened once and never closed keeps its last lines there until then)."""
     for obj in gc.get_objects():
-        if isinstance(obj, (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)):
+        # type(), not isinstance(): isinstance reads ``__class__``, which some objects answer with a warning
+        # (torch.distributed.reduce_op's deprecation) that would then show at every rank's exit.
+        if issubclass(type(obj), _WRITABLE_FILES):
             try:
                 if not obj.closed:
                     obj.flush()
