@@ -9,10 +9,11 @@ of the run folder's events, so a flake on a CI machine leaves what is needed to 
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
-import sys
 from pathlib import Path
+
+from mbr_launch import procstat
+from mbr_launch.workers.stacks import find_py_spy
 
 EVENTS_TAIL = 30  # lines of events.jsonl
 SPY_TIMEOUT = 10.0  # seconds per process
@@ -26,30 +27,14 @@ def _read(path: str) -> str:
         return "?"
 
 
-def _stat(pid: int | str) -> tuple[str, int, int]:
-    """(state, parent pid, session id) from /proc/PID/stat; ('?', 0, 0) where gone."""
-    text = _read(f"/proc/{pid}/stat")
-    try:
-        fields = text[text.rindex(")") + 2:].split()
-        return fields[0], int(fields[1]), int(fields[3])
-    except (ValueError, IndexError):
-        return "?", 0, 0
-
-
 def session_pids(sid: int) -> list[int]:
     """The processes of session ``sid`` and every descendant of its leader: the fork server, the rank monitor
     and the workers forked from the server run in sessions of their own."""
-    parents: dict[int, int] = {}
-    pids = set()
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            _, ppid, session = _stat(entry)
-            parents[int(entry)] = ppid
-            if session == sid:
-                pids.add(int(entry))
+    table = procstat.scan()
+    pids = {pid for pid, stat in table.items() if stat.session == sid}
     grown = True
     while grown:
-        children = {pid for pid, ppid in parents.items() if ppid in pids} - pids
+        children = {pid for pid, stat in table.items() if stat.ppid in pids} - pids
         grown = bool(children)
         pids |= children
     return sorted(pids)
@@ -63,14 +48,15 @@ def _threads(pid: int) -> list[str]:
         return lines
     for tid in tids:
         base = f"/proc/{pid}/task/{tid}"
-        lines.append(f"    thread {tid} {_read(base + '/comm')}: {_stat(f'{pid}/task/{tid}')[0]} "
+        stat = procstat.parse(_read(base + "/stat").encode())
+        lines.append(f"    thread {tid} {_read(base + '/comm')}: {stat.state if stat else '?'} "
                      f"wchan={_read(base + '/wchan')}")
     return lines
 
 
 def _python_stacks(pid: int) -> str:
-    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
-    if not os.path.exists(spy):
+    spy = find_py_spy()
+    if spy is None:
         return "    (py-spy not installed)"
     try:
         res = subprocess.run([spy, "dump", "--pid", str(pid)], capture_output=True, text=True,
@@ -98,11 +84,13 @@ def describe_session(sid: int, args: list[str]) -> str:
     parts = []
     try:
         for pid in session_pids(sid):
-            state, ppid, _ = _stat(pid)
-            parts.append(f"pid {pid} (parent {ppid}) {state} wchan={_read(f'/proc/{pid}/wchan')}: "
+            stat = procstat.read(pid)
+            if stat is None:
+                continue  # ended meanwhile
+            parts.append(f"pid {pid} (parent {stat.ppid}) {stat.state} wchan={_read(f'/proc/{pid}/wchan')}: "
                          f"{_read(f'/proc/{pid}/cmdline')[:300]}")
             parts += _threads(pid)
-            if state not in ("Z", "?"):
+            if not stat.zombie:
                 parts.append(_python_stacks(pid))
         parts.append(_events_tail(args))
     except Exception as err:  # noqa: BLE001 - a post-mortem must not hide the failure it describes
