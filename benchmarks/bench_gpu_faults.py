@@ -8,7 +8,7 @@ faults in a row (``--max-restarts`` as many), one trial per fault, then a clean 
   ``--step-timeout 10`` with no code in the script, zero-code; ft_launcher ``--ft-rank-heartbeat-timeout 10``
   with the script's NVRx 0.7 heartbeats). Fault: the rank's clock just before the kernel.
 - ``stranger``: the hang again, while a process the bench started (not of the job: workers/gpu_stranger.py)
-  holds 2,383 MB of the GPU and keeps a kernel spinning; both fault-tolerant launchers wait for GPU memory
+  holds GPU memory (2-3 GB) and keeps a kernel spinning; both fault-tolerant launchers wait for GPU memory
   between rounds (``--ft-gpu-memory-reclaim-timeout`` ``--reclaim``, 20 s here; ft_launcher's default is 50 s)
   with the 512 MB tolerance. What each launcher said about it is quoted.
 
@@ -161,7 +161,7 @@ def report(records: list[dict], args: argparse.Namespace, stranger_pid: int | No
     by = {(r["case"], r["launcher"]): r for r in records}
     title = {"crash": f"crash (SIGKILL) while the rank holds {args.hold_gib:g} GiB",
              "hang": "a CUDA kernel that never ends, timeout 10 s",
-             "stranger": f"the hang, with a stranger holding 2,383 MB (reclaim wait {args.reclaim:g} s)"}
+             "stranger": f"the hang, with a stranger holding GPU memory (reclaim wait {args.reclaim:g} s)"}
     rows = []
     for case in [c for c in args.cases if any(r["case"] == c for r in records)]:
         t = {n: by[(case, n)]["trials"] if (case, n) in by else [] for n in LAUNCHERS}
@@ -174,7 +174,8 @@ def report(records: list[dict], args: argparse.Namespace, stranger_pid: int | No
            "- one rank (bf16 MLP, 4x4096x4096, AdamW); each launch runs its trials back to back (one fault per "
            "attempt); cells: median (min-max) seconds from the fault to the first optimizer step of the next attempt; "
            "ratios: mbr-launch / the other, of the medians (below 1: mbr-launch faster). NVRx 0.7.0 first on "
-           "PYTHONPATH for all three (so mbr-launch's own reclaim wait is on, 50 s, as under ft_launcher 0.7).", "",
+           f"PYTHONPATH for all three (so mbr-launch's own reclaim wait is on, as under ft_launcher 0.7: "
+           f"--ft-gpu-memory-reclaim-timeout {args.reclaim:g} s in the stranger case, 50 s otherwise).", "",
            h.table(["case", *LAUNCHERS, "mbr / torchrun", "mbr / ft_launcher"], rows), ""]
     if any(r["case"] == "stranger" for r in records):
         out.append(f"What the launchers said in the stranger case (its pid {stranger_pid}):")

@@ -36,6 +36,7 @@ WORKER = textwrap.dedent(
 
     mode, args = sys.argv[1], sys.argv[2:]
     c = RankMonitorClient()
+    out(ev="connecting")
     if mode == "load":
         c.load_state_dict(json.load(open(args[0])))
     try:
@@ -249,6 +250,20 @@ class Mon:
                 self.proc.wait()
 
 
+def _connected_unix_sockets(pid: int) -> int:
+    """How many of ``pid``'s descriptors are connected Unix stream sockets (``/proc/net/unix`` state 03)."""
+    inodes = set()
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    rows = [line.split() for line in Path("/proc/net/unix").read_text().splitlines()[1:]]
+    return sum(1 for row in rows if len(row) >= 7 and row[6] in inodes and row[5] == "03")
+
+
 def _killpg(proc: subprocess.Popen) -> None:
     try:
         os.killpg(proc.pid, signal.SIGKILL)
@@ -312,6 +327,34 @@ def test_init_gets_our_config_and_heartbeats_keep_it_alive(make_mon):
     assert proc.wait(30) == 0
     mon.events.wait("disconnected", local_rank=0)
     assert not [e for e in mon.events.drain(0.2) if e["ev"] in ("expired", "error")]
+
+
+def test_a_worker_that_connects_before_its_rank_is_re_armed_is_served(make_mon):
+    """The agent starts a later round's worker without waiting for 'armed' (``MonitorLink.arm``): here the
+    monitor is stopped while the arm is sent and the new worker connects, so both wait in one batch; the
+    arm must be handled first, else it drops the new worker's connection as the old one's."""
+    mon = make_mon(initial_rank_heartbeat_timeout=30.0, rank_heartbeat_timeout=1.5,
+                   rank_section_timeouts={"step": 1.5}, rank_out_of_section_timeout=1.5)
+    mon.arm(0, rank=0)
+    first, out = mon.spawn("steady", "0.5")
+    assert out.wait("done", timeout=30)["n"] > 0 and first.wait(30) == 0
+    mon.events.wait("disconnected", local_rank=0)
+    os.kill(mon.proc.pid, signal.SIGSTOP)
+    try:
+        mon.send(op="arm", local_rank=0, rank=0, pid=None, pgid=None, socket=str(mon.dir / "rmon0.sock"))
+        proc, out = mon.spawn("steady", "2.0")
+        out.wait("connecting", timeout=60)
+        deadline = time.monotonic() + 30
+        while not _connected_unix_sockets(proc.pid):  # in the stopped monitor's backlog
+            assert time.monotonic() < deadline, "the client never connected"
+            time.sleep(0.05)
+        time.sleep(0.3)  # and its init message sent
+    finally:
+        os.kill(mon.proc.pid, signal.SIGCONT)
+    assert mon.events.wait("connected", local_rank=0)["pid"] == proc.pid
+    assert out.wait("done", timeout=30)["n"] > 10  # served to the end: never dropped, no expiry
+    assert proc.wait(30) == 0
+    assert not [e for e in mon.events.all if e["ev"] in ("expired", "error")]
 
 
 def test_heartbeat_hang_expires_once(make_mon):

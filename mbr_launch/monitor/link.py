@@ -57,6 +57,8 @@ class MonitorLink:
         self._write_lock = threading.Lock()
         self.pidfd: int | None = None
         self.launcher_socket: str | None = None
+        self._listening: set[str] = set()  # the rank sockets this monitor armed (it keeps listening on them)
+        self._unconfirmed: list[float] = []  # the timeouts of the 'armed' replies ``arm`` left unread
 
     def spawn(self, *, fork: bool = False) -> "MonitorLink":
         """Start the monitor's process, which waits for ``start``'s configuration. Done early by the launcher
@@ -97,9 +99,24 @@ class MonitorLink:
 
     def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
             step_socket: str | None = None) -> None:
+        """Arm a rank before its worker starts. On a socket this monitor already listens on (an earlier round's
+        worker of this local rank), the reply is left for ``confirm_armed``: the worker may start at once,
+        since the monitor reads its commands before it accepts connections (``server.Monitor.run``), so the
+        worker's connection meets the armed rank. Among 128 agents on 16 cores, each reply took a share of a
+        starved CPU between the round's start and the worker's. A new socket is waited for: it must listen
+        before the worker connects."""
         self._send({"op": Op.ARM, "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
                     "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
+        if socket in self._listening:
+            self._unconfirmed.append(timeout)
+            return
         self._wait(MonitorEvent.ARMED, timeout)
+        self._listening.add(socket)
+
+    def confirm_armed(self) -> None:
+        """Wait for the replies ``arm`` left (a refusal raises here, after the worker started)."""
+        while self._unconfirmed:
+            self._wait(MonitorEvent.ARMED, self._unconfirmed.pop(0))
 
     def set_pid(self, *, local_rank: int, pid: int) -> None:
         self._send({"op": Op.PID, "local_rank": local_rank, "pid": pid, "pgid": pid})

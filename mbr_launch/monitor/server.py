@@ -71,7 +71,9 @@ class MonitorServer:
                 events = sockets.poll(timeout)
             except InterruptedError:
                 continue
-            for fd, _ in events:
+            # Commands first: an 'arm' the agent sent before it started a worker is handled before that
+            # worker's connection, which may be in the same batch (``link.MonitorLink.arm``).
+            for fd, _ in sorted(events, key=lambda event: event[0] != stdin_fd):
                 if fd == shared.wake_r:
                     drain(fd)
                 elif fd == stdin_fd:
