@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import datetime
+import os
+import signal
 import socket
 import struct
+import subprocess
+import sys
 import time
 from dataclasses import dataclass
 
@@ -91,6 +95,52 @@ def test_a_store_that_never_answers_is_lost_after_the_timeout():
     assert len(lost) == 1 and isinstance(lost[0], StoreLost), lost
     assert f"127.0.0.1:{port}" in lost[0].detail
     assert time.monotonic() - started >= 2.0  # not before the timeout (how soon after is a benchmark's matter)
+
+
+MUTE_LISTENER = """
+import socket, sys, time
+s = socket.socket()
+s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("127.0.0.1", int(sys.argv[1])))
+s.listen(64)
+print("listening", flush=True)
+held = []
+while True:
+    conn, _ = s.accept()
+    held.append(conn)  # never answers: a store host starved before its first answer
+"""
+
+
+@pytest.mark.processes
+def test_a_store_host_alive_on_this_machine_is_not_lost_before_its_first_answer_and_is_once_stopped():
+    """256 agents starting on 16 cores: the store's host, starved, had not answered one watcher in 17 s, before
+    it could name itself in the store, and the watcher ended the job. The process listening on the store's
+    port here is its host: alive (sleeping), it is waited for; stopped, the store is lost."""
+    port = free_port()
+    host = subprocess.Popen([sys.executable, "-c", MUTE_LISTENER, str(port)], stdout=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    watch = None
+    try:
+        assert host.stdout is not None and host.stdout.readline().strip() == "listening"
+        watch, _lost = _watch(_Round(store_port=port), timeout=1.0)
+        # The agent's loop asks for the silence (its own store calls may hang on the mute store meanwhile).
+        end = time.monotonic() + 5.0  # five timeouts without an answer
+        while time.monotonic() < end:
+            assert watch.store_silence() is None
+            time.sleep(0.1)
+        os.kill(host.pid, signal.SIGSTOP)
+        end, silent = time.monotonic() + 20, None
+        while time.monotonic() < end and silent is None:
+            silent = watch.store_silence()
+            time.sleep(0.05)
+        assert silent is not None and silent >= 1.0, silent
+    finally:
+        if watch is not None:
+            watch.cancel()
+        os.killpg(host.pid, signal.SIGKILL)
+        host.wait(10)
+        if watch is not None:
+            watch.join(10)
 
 
 def test_a_node_that_left_is_not_lost_and_the_next_rank_watches_in_its_place():

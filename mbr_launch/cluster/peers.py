@@ -42,11 +42,26 @@ STORE_HOST_KEY = "storehost"
 _STORE_HOSTS: dict[tuple[str, int], Identity] = {}
 
 
+_NOT_HERE: set[tuple[str, int]] = set()  # stores found served from another machine (not looked for again)
+
+
+def store_host(rnd: Round) -> Identity | None:
+    """The agent serving ``rnd``'s store when it is known: named in the store by an earlier round's watch,
+    else found listening on this machine (``hostview.listener``; once per store)."""
+    key = (rnd.store_host, rnd.store_port)
+    if key not in _STORE_HOSTS and key not in _NOT_HERE:
+        found = hostview.listener(*key)
+        if found is None:
+            _NOT_HERE.add(key)
+        else:
+            _STORE_HOSTS[key] = found
+    return _STORE_HOSTS.get(key)
+
+
 def store_host_alive(rnd: Round) -> bool:
     """Whether the agent serving ``rnd``'s store runs on this machine, neither stopped nor gone (a slow store
     call there is starved, never cut off)."""
-    host = _STORE_HOSTS.get((rnd.store_host, rnd.store_port))
-    return hostview.seen(host, hostview.my_identity()) is Seen.ALIVE
+    return hostview.seen(store_host(rnd), hostview.my_identity()) is Seen.ALIVE
 
 
 @dataclass(frozen=True)
@@ -118,7 +133,7 @@ class PeerWatch:
         silent = now - self._answered
         if silent < self._timeout:
             return None  # the common case: no /proc read
-        if self._seen(self._store_host, self._me) is Seen.ALIVE:
+        if self._seen(store_host(self._round), self._me) is Seen.ALIVE:
             self._answered = now  # its host runs here: slow, not cut off
             return None
         return silent if silent >= grace(self._timeout, self._slowest.at(self._clock())) else None
