@@ -8,6 +8,7 @@ import threading
 from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster.layout import agree, decode_sizes, encode_sizes
+from mbr_launch.cluster.storevalue import Sealer
 
 
 def test_sizes_run_length_round_trip():
@@ -52,7 +53,8 @@ def test_the_store_host_waits_for_every_farewell():
 
     def node(prefix: str, size: int = 3) -> SimpleNamespace:
         client = TCPStore("127.0.0.1", server.port, is_master=False, timeout=datetime.timedelta(seconds=10))
-        return SimpleNamespace(group_world_size=size, control=PrefixStore(prefix, client), control_prefix=prefix)
+        return SimpleNamespace(group_world_size=size, control=PrefixStore(prefix, client), control_prefix=prefix,
+                               sealer=Sealer())
 
     farewell(node("r1"))
     farewell(node("r1"))

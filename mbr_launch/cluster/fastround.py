@@ -35,6 +35,8 @@ from datetime import timedelta
 from typing import Callable, Protocol, Union
 
 from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.storeguard import wait_timed_out
 
 ARRIVED_KEY = "next/arrived"
@@ -123,32 +125,37 @@ def read_decision(raw: bytes | str, *, token: str, nodes: int) -> Outcome:
     return Fallback(f"unreadable fast-path decision {text[:40]!r}")
 
 
-def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str = "") -> Outcome:
+def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str = "",
+          sealer: Sealer | None = None) -> Outcome:
     """Send every agent of the round to the full join; returns what was decided (a decision taken before
     this call stands: then it may still be an ``Agreement``). ``scope``: the round's control prefix, which the
-    decision's seal names (``cluster.storevalue``: with a secret, a forged decision is replaced and ignored)."""
-    return _decide(control, ABORT + reason, token=token, nodes=nodes, scope=scope)
+    decision's seal names; ``sealer``: the job's (None: no secret; with one, a forged decision is replaced and
+    ignored)."""
+    return _decide(_keys(control, scope, sealer), ABORT + reason, token=token, nodes=nodes)
 
 
-def _decide(control: FastStore, decision: str, *, token: str, nodes: int, scope: str) -> Outcome:
-    """The first authentic decision of the round (``storevalue.claim``), read."""
-    _, stands = storevalue.claim(control, DECIDED_KEY, storevalue.scoped(scope, DECIDED_KEY), decision)
+def _keys(control: FastStore, scope: str, sealer: Sealer | None) -> JobStore:
+    return JobStore(control, scope or None, sealer or Sealer())
+
+
+def _decide(keys: JobStore, decision: str, *, token: str, nodes: int) -> Outcome:
+    """The first authentic decision of the round (``JobStore.claim``), read."""
+    _, stands = keys.claim(DECIDED_KEY, decision)
     if stands is None:
         return Fallback("fast-path decision refused: a value without the job's seal stood through every claim")
     return read_decision(stands, token=token, nodes=nodes)
 
 
-def _read(raw: bytes, *, token: str, nodes: int, scope: str) -> Outcome:
+def _read(keys: JobStore, raw: bytes, *, token: str, nodes: int) -> Outcome:
     try:
-        return read_decision(storevalue.open_value(storevalue.scoped(scope, DECIDED_KEY), raw), token=token,
-                             nodes=nodes)
+        return read_decision(keys.open(DECIDED_KEY, raw), token=token, nodes=nodes)
     except storevalue.RefusedValue as err:
         return Fallback(f"fast-path decision refused: {err}")
 
 
 def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
           master_port: int = 0, restarts: int = 0, clock: Callable[[], float] = time.monotonic,
-          scope: str = "") -> Outcome:
+          scope: str = "", sealer: Sealer | None = None) -> Outcome:
     """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
     the master port it picked and the job's restart count; the others' are ignored.
 
@@ -156,27 +163,27 @@ def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeou
     torch's client serialises its operations, so one long wait would hold up the rendezvous keep-alive that
     shares it, and a connection of its own, opened by every agent at the same moment, met torch's connect
     back-off on a loaded store host (seconds; seen: 5 and 15 s with 32 agents on 2 cores)."""
+    keys = _keys(control, scope, sealer)
     contribution = pack(1, master_port, restarts) if group_rank == 0 else 1
-    arrived = int(control.add(ARRIVED_KEY, contribution))
+    arrived = keys.count(ARRIVED_KEY, contribution)
     count = unpack(arrived)[0]
     if count == nodes:  # the last to arrive: the sum now holds group rank 0's values
-        return _decide(control, go(arrived), token=token, nodes=nodes, scope=scope)
+        return _decide(keys, go(arrived), token=token, nodes=nodes)
     if count > nodes:
-        return abort(control, f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes,
-                     scope=scope)
+        return _decide(keys, ABORT + f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes)
     deadline, timed_out = clock() + timeout, wait_timed_out()
     while True:
         left = deadline - clock()
         if left <= 0:
-            if control.check([DECIDED_KEY]):
+            if keys.check([DECIDED_KEY]):
                 break
-            # the decision may still be taken meanwhile: abort() returns whichever stands
-            return abort(control, f"not all {nodes} agents arrived within {timeout:g} s", token=token, nodes=nodes,
-                         scope=scope)
+            # the decision may still be taken meanwhile: the claim returns whichever stands
+            return _decide(keys, ABORT + f"not all {nodes} agents arrived within {timeout:g} s", token=token,
+                           nodes=nodes)
         try:
-            control.wait([DECIDED_KEY], timedelta(seconds=min(WAIT_SLICE, left)))
+            keys.wait([DECIDED_KEY], timedelta(seconds=min(WAIT_SLICE, left)))
             break
         except timed_out:
             continue
-    return _read(control.get(DECIDED_KEY), token=token, nodes=nodes, scope=scope)
+    return _read(keys, keys.get(DECIDED_KEY), token=token, nodes=nodes)
 

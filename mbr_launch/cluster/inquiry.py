@@ -22,6 +22,7 @@ from typing import Any, Callable
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.jobstore import JobStore
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.storeguard import wait_timed_out
 
@@ -59,15 +60,10 @@ def _key(number: int, *parts: str) -> str:
     return "/".join(("inquiry", str(number), *parts))
 
 
-def _full(rnd: Round, key: str) -> str:
-    """The key as sealed: the round's prefix and the key (a value copied from another round is refused)."""
-    return storevalue.scoped(rnd.control_prefix, key)
-
-
-def _open(rnd: Round, key: str, raw: bytes) -> Any:
+def _open(keys: JobStore, key: str, raw: bytes) -> Any:
     """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
     try:
-        return storevalue.decode_json(raw, key=_full(rnd, key))
+        return keys.decode(key, raw)
     except storevalue.RefusedValue:
         return None
 
@@ -79,14 +75,14 @@ def open_key(number: int) -> str:
 def open_inquiry(rnd: Round, opener: Opener) -> Opener:
     """Open inquiry ``opener.number``, or join it when another node opened it first; the winning opener."""
     key = open_key(opener.number)
-    _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), opener.encode())
+    _, stands = JobStore.of_round(rnd).claim(key, opener.encode())
     # None: a neighbour's value stood through every claim, and this node decides for itself
     return Opener.decode(opener.number, stands) if stands is not None else opener
 
 
 def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[dict[str, Any]]) -> None:
     key = _key(number, "evidence", str(group_rank))
-    rnd.control.set(key, storevalue.seal(_full(rnd, key), json.dumps(evidence)))
+    JobStore.of_round(rnd).put(key, json.dumps(evidence))
 
 
 def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, gone: frozenset[int] = frozenset(),
@@ -98,14 +94,15 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
     all: two store operations whatever the job's size, where polling each missing key cost the store's host
     O(nodes) operations every poll. Only when the bound passes first is each key checked once. The nodes that
     left the round (``gone``) are not waited for."""
+    store = JobStore.of_round(rnd)
     keys = {g: _key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
-    if _wait_keys(rnd, list(keys.values()), deadline, clock):
+    if _wait_keys(store, list(keys.values()), deadline, clock):
         present = list(keys)
     else:
-        present = [g for g, key in keys.items() if rnd.control.check([key])]
+        present = [g for g, key in keys.items() if store.check([key])]
     found: dict[int, list[dict[str, Any]]] = {}
-    for g, raw in zip(present, _read(rnd, [keys[g] for g in present])):
-        value = _open(rnd, keys[g], raw)
+    for g, raw in zip(present, store.get_many([keys[g] for g in present])):
+        value = _open(store, keys[g], raw)
         if isinstance(value, list):
             found[g] = [v for v in value if isinstance(v, dict)]
     return found
@@ -114,7 +111,7 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
 def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[str, Any]:
     """The first verdict of the inquiry wins; returns it."""
     key = _key(number, "verdict")
-    _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), json.dumps(verdict))
+    _, stands = JobStore.of_round(rnd).claim(key, json.dumps(verdict))
     try:
         value = storevalue.decode_json(stands, key=None)
     except storevalue.RefusedValue:
@@ -124,12 +121,12 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
 
 def wait_verdict(rnd: Round, number: int, *, deadline: float,
                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
-    key = _key(number, "verdict")
-    while _wait_keys(rnd, [key], deadline, clock):
-        value = _open(rnd, key, rnd.control.get(key))
+    key, store = _key(number, "verdict"), JobStore.of_round(rnd)
+    while _wait_keys(store, [key], deadline, clock):
+        value = _open(store, key, store.get(key))
         if isinstance(value, dict):
             return value
-        if storevalue.SEALER.enabled and clock() < deadline:
+        if store.sealed and clock() < deadline:
             time.sleep(min(WAIT_SLICE, max(0.0, deadline - clock())))  # a forgery: the decider's replaces it
             continue
         return None
@@ -141,7 +138,7 @@ def wait_verdict(rnd: Round, number: int, *, deadline: float,
 WAIT_SLICE = 0.5
 
 
-def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[], float]) -> bool:
+def _wait_keys(store: JobStore, keys: list[str], deadline: float, clock: Callable[[], float]) -> bool:
     """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A slice
     that times out raises torch's DistStoreError, which is no lost store; any other error is (the caller's
     guard turns it into StoreUnreachable)."""
@@ -149,20 +146,9 @@ def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[],
     while True:
         left = deadline - clock()
         if left <= 0:
-            return rnd.control.check(keys)
+            return store.check(keys)
         try:
-            rnd.control.wait(keys, timedelta(seconds=min(WAIT_SLICE, left)))
+            store.wait(keys, timedelta(seconds=min(WAIT_SLICE, left)))
             return True
         except timeout_error:
             continue
-
-
-
-def _read(rnd: Round, keys: list[str]) -> list[bytes]:
-    """The values of ``keys``, all set: one multi_get (torch's stores have it since 2.3; one get each before)."""
-    if not keys:
-        return []
-    multi_get = getattr(rnd.control, "multi_get", None)
-    if multi_get is not None:
-        return list(multi_get(keys))
-    return [rnd.control.get(k) for k in keys]

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mbr_launch.cluster import sealedstate, storeclients, torch_internals
+from mbr_launch.cluster.storevalue import Sealer
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,10 @@ class JoinCounter:
     each operation, so a read between the keep-alive thread's writes is safe; it never takes the handler's lock.
     """
 
-    def __init__(self, handler: Callable[[], Any], *, timeout: float = 2.0, shared: bool = False) -> None:
+    def __init__(self, handler: Callable[[], Any], sealer: Sealer, *, timeout: float = 2.0,
+                 shared: bool = False) -> None:
         self._get_handler = handler  # torch's DynamicRendezvousHandler once made (None before; another: unknown)
+        self._sealer = sealer  # the job's: torch's state is verified before it is unpickled
         self._timeout = timeout
         self._shared = shared
         self._backend: Any = None
@@ -65,9 +68,9 @@ class JoinCounter:
             return None
         run_id = handler.get_run_id()
         if self._shared:
-            return sealedstate.backend(own, run_id)
+            return sealedstate.backend(own, run_id, self._sealer)
         # the agent's pool, where the first round's connections were opened while it waited to join
-        return sealedstate.backend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id)
+        return sealedstate.backend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id, self._sealer)
 
     def read(self) -> JoinState | None:
         try:

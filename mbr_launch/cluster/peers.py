@@ -30,7 +30,8 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from mbr_launch.cluster import hostview
-from mbr_launch.cluster.departures import LEFT_KEY, decode_left, left_key
+from mbr_launch.cluster.departures import LEFT_KEY, decode_left
+from mbr_launch.cluster.jobstore import JobStore
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.decide import liveness
@@ -241,7 +242,7 @@ class PeerWatch:
 
     def _departures(self, raw: bytes) -> bool:
         """Read the round's departures; True when nodes left since the last look (reported)."""
-        left = decode_left(raw, full_key=left_key(self._round), nodes=self._round.group_world_size)
+        left = decode_left(raw, keys=JobStore.of_round(self._round), nodes=self._round.group_world_size)
         new = left - self._left - {self._round.group_rank}
         if not new:
             return False

@@ -11,9 +11,7 @@ why the job ended.
 
 from __future__ import annotations
 
-from typing import Any
-
-from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.jobstore import JobStore
 
 TRACKING_KEY = "nvrx/progress"
 NO_RESTART_KEY = "nvrx/no_restart"
@@ -24,35 +22,25 @@ def _claim_key(token: str) -> str:
 
 
 class ProgressRecords:
-    """The record's keys on one job store (``torch.distributed.Store``)."""
+    """The record's keys among the job's keys (``Rendezvous.job_store``: sealed under their own names)."""
 
-    def __init__(self, job: Any) -> None:
+    def __init__(self, job: JobStore) -> None:
         self._job = job
 
     def tracking(self) -> bytes | None:
         """The record (opened: verified with a secret); None when there is none or it was refused."""
-        if not self._job.check([TRACKING_KEY]):
-            return None
-        return _opened(TRACKING_KEY, self._job.get(TRACKING_KEY))
+        return self._job.read_if_set(TRACKING_KEY)
 
     def claim(self, token: str, verdict: str) -> tuple[bool, bytes]:
         """(whether this call claimed the round's verdict, the claimed verdict; empty when refused)."""
-        key = _claim_key(token)
-        first, stands = storevalue.claim(self._job, key, key, verdict)
+        first, stands = self._job.claim(_claim_key(token), verdict)
         return first, stands or b""
 
     def save(self, tracking: str) -> None:
-        self._job.set(TRACKING_KEY, storevalue.seal(TRACKING_KEY, tracking))
+        self._job.put(TRACKING_KEY, tracking)
 
     def no_restart(self, payload: str) -> None:
-        self._job.set(NO_RESTART_KEY, storevalue.seal(NO_RESTART_KEY, payload))
-
-
-def _opened(key: str, raw: bytes) -> bytes | None:
-    try:
-        return storevalue.open_value(key, raw)
-    except storevalue.RefusedValue:
-        return None
+        self._job.put(NO_RESTART_KEY, payload)
 
 
 __all__ = ["NO_RESTART_KEY", "ProgressRecords", "TRACKING_KEY"]

@@ -19,13 +19,16 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError, Rend
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
 from mbr_launch.cluster import listen, sealedstate, torch_internals
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.build import C10D_PORT
 
 
-def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | None, Patch]:
+def create_handler(params: RendezvousParameters,
+                   sealer: Sealer | None = None) -> tuple[RendezvousHandler | None, Patch]:
     """torch's c10d handler for ``params`` over our store, or None where torch's registry should make it; and
-    the ``store_socket`` record: whether our own socket serves the store."""
+    the ``store_socket`` record: whether our own socket serves the store. ``sealer``: the job's, which seals
+    torch's state (None: no secret)."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
         return None, torch_internals.STORE_SOCKET.refused("store_type is not tcp: torch's registry makes the store")
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
@@ -36,7 +39,7 @@ def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | No
     store = make_store(params)
     if store is None:
         return None, torch_internals.STORE_SOCKET.refused("this torch's TCPStore takes no master_listen_fd")
-    return torch_handler(store, sealedstate.backend(store, params.run_id), params), patch
+    return torch_handler(store, sealedstate.backend(store, params.run_id, sealer or Sealer()), params), patch
 
 
 def make_store(params: RendezvousParameters) -> TCPStore | None:

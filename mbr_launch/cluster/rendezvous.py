@@ -34,7 +34,9 @@ from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
-                                storevalue, torch_internals, workerstore)
+                                torch_internals, workerstore)
+from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.storevalue import RefusedValue, Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
@@ -76,8 +78,10 @@ def _disable_shared_store() -> None:
 class Rendezvous:
     """Joins rounds of torch's c10d (or static) rendezvous and lays out ranks."""
 
-    def __init__(self, cfg: LaunchConfig) -> None:
+    def __init__(self, cfg: LaunchConfig, sealer: Sealer | None = None) -> None:
         self._cfg = cfg
+        # the job's secret (or none), for every round and reader made here: seals our values and torch's state
+        self.sealer = sealer or Sealer()
         self._handler: RendezvousHandler | None = None
         self._state_reader: JoinCounter | None = None  # the main thread's own reader of torch's state
         self._waiting_reader: JoinCounter | None = None  # the peer watch's, on a connection of its own
@@ -111,8 +115,8 @@ class Rendezvous:
         )
         _disable_shared_store()
         try:
-            made, own_socket = rdzvstore.create_handler(params) if rdzv.backend == "c10d" else (None, None)
-            if made is None and storevalue.SEALER.enabled:
+            made, own_socket = rdzvstore.create_handler(params, self.sealer) if rdzv.backend == "c10d" else (None, None)
+            if made is None and self.sealer.enabled:
                 # torch's registry would make its own backend, which unpickles the state unverified
                 why = own_socket.why_not if own_socket is not None else "not the c10d backend"
                 raise RendezvousFailed(f"--rdzv-secret-file cannot seal this rendezvous ({why}); drop the secret "
@@ -183,13 +187,13 @@ class Rendezvous:
         try:
             if skip is not None:
                 return fastround.abort(previous.control, skip, token=token, nodes=nodes,
-                                       scope=previous.control_prefix)
+                                       scope=previous.control_prefix, sealer=self.sealer)
             port = restarts = 0
             if previous.group_rank == 0:
                 port, restarts = pick_master_port(), self._restart_count_from_job(previous.store)
             return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
                                    timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
-                                   scope=previous.control_prefix)
+                                   scope=previous.control_prefix, sealer=self.sealer)
         except Exception as err:  # the store went away: the c10d join reports it properly
             return fastround.Fallback(f"fast path failed: {type(err).__name__}: {err}")
 
@@ -251,7 +255,7 @@ class Rendezvous:
                                lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store),
                                         workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
                                         if shared else pick_master_port()),
-                               scope=scope)
+                               scope=scope, sealer=self.sealer)
         except (layout.LayoutUnreadable, workerstore.NotClearable) as err:
             raise RendezvousFailed(f"rendezvous failed: {err}") from None
         token, restarts, master_port = lay.token, lay.restarts, lay.master_port
@@ -262,23 +266,23 @@ class Rendezvous:
                      master_addr=master_addr, master_port=master_port, restart_count=restarts,
                      token=token, store=store, control=PrefixStore(prefix, base), control_prefix=prefix,
                      store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)),
-                     shared_store=shared)
+                     shared_store=shared, sealer=self.sealer)
 
     def _restart_count_from_job(self, store: Store) -> int:
         return sum(self._counts(self.job_store(store)))
 
-    def _add(self, job: Store, key: str, amount: int) -> int:
-        """A job counter (sealed with a secret: ``storevalue.add``)."""
-        return storevalue.add(job, key, f"{self._job}/{key}", amount)
+    def _add(self, job: JobStore, key: str, amount: int) -> int:
+        """A job counter (sealed with a secret, under the job's prefix: ``JobStore.add``)."""
+        return JobStore(job.store, self._job, self.sealer).add(key, amount)
 
-    def _counts(self, job: Store) -> tuple[int, int]:
+    def _counts(self, job: JobStore) -> tuple[int, int]:
         return self._add(job, "restarts", 0), self._add(job, "startup_restarts", 0)
 
     # -- job-level keys (survive rounds) ----------------------------------------------------------
 
-    def job_store(self, round_store: Store) -> Store:
-        """Keys that outlive a round: the job-wide restart counts and per-node failure counts."""
-        return PrefixStore(self._job, _base_store(round_store))
+    def job_store(self, round_store: Store) -> JobStore:
+        """Keys that outlive a round (restart and node failure counts, the progress record, the job's stop)."""
+        return JobStore(PrefixStore(self._job, _base_store(round_store)), None, self.sealer)
 
     def counts(self, rnd: Round) -> tuple[int, int]:
         """(restarts, startup restarts) used so far by the whole job."""
@@ -291,7 +295,7 @@ class Rendezvous:
             # A value of this call's own: with the same value for every reporter (sealed alike with a secret)
             # each would read its own write back as the first (128 agents on 16 cores: one hang spent 7 restarts).
             mine = uuid.uuid4().hex
-            first, _ = storevalue.claim(rnd.control, "failed", storevalue.scoped(rnd.control_prefix, "failed"), mine)
+            first, _ = JobStore.of_round(rnd).claim("failed", mine)
             if not first:
                 return sum(self.counts(rnd))
         self._add(self.job_store(rnd.store), "startup_restarts" if startup else "restarts", 1)
@@ -322,7 +326,7 @@ class Rendezvous:
         at once. Measured with 16 agents on 2 cores: a failure's facts waited 5 s here before the stop went
         out. Only when that read fails does this fall back to the handler's own state."""
         if self._state_reader is None:
-            self._state_reader = JoinCounter(lambda: self._handler, shared=True)
+            self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
         state = self._state_reader.read()  # None also while there is no handler yet
         if state is not None:
             return state.outside
@@ -336,7 +340,7 @@ class Rendezvous:
         """torch's view of the rendezvous now (the round's members with their group ranks, the nodes waiting
         outside it), read as ``spare_count`` reads it; None when unknown (another backend, no handler yet)."""
         if self._state_reader is None:
-            self._state_reader = JoinCounter(lambda: self._handler, shared=True)
+            self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
         return self._state_reader.read()
 
     def job_get(self, key: str) -> bytes | None:
@@ -346,9 +350,9 @@ class Rendezvous:
         if store is None:
             return None
         try:
-            job = PrefixStore(self._job, _base_store(store))
-            return storevalue.open_value(key, job.get(key)) if job.check([key]) else None
-        except storevalue.RefusedValue:  # not an agent's value: nothing to learn from it
+            job = self.job_store(store)
+            return job.read(key) if job.check([key]) else None
+        except RefusedValue:  # not an agent's value: nothing to learn from it
             return None
         except Exception:  # the store's host has gone: nothing more to learn
             return None
@@ -366,7 +370,7 @@ class Rendezvous:
         reader and its connection are made once and serve every round's peer watch (one at a time): a new
         connection every round is what ``cluster.storeclients`` avoids."""
         if self._waiting_reader is None:
-            self._waiting_reader = JoinCounter(lambda: self._handler)
+            self._waiting_reader = JoinCounter(lambda: self._handler, self.sealer)
         reader = self._waiting_reader
 
         def count() -> int:

@@ -34,10 +34,13 @@ _RAW_BOUND = MAX_BYTES + len(_TAG) + _MAC_LEN + 1  # a value of MAX_BYTES, seale
 
 
 class Sealer:
-    """The job's secret, or none: seals what we write, opens what we read."""
+    """The job's secret, or none: seals what we write, opens what we read. One per job (``cluster.jobstore``
+    owns it), shared by every reader on every thread; the agent makes it once at start-up (``api.launch``)."""
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret or None
+        self._warned: set[str] = set()  # keys whose forged value was said already
+        self.seen: dict[str, int] = {}  # full key of a sealed counter -> the highest value this agent saw (add)
 
     @property
     def enabled(self) -> bool:
@@ -60,40 +63,21 @@ class Sealer:
         if self._secret is None:
             return data
         if not data.startswith(_TAG) or data[len(_TAG) + _MAC_LEN:len(_TAG) + _MAC_LEN + 1] != b".":
-            raise _forged(key, "not sealed with the job's secret")
+            raise self._forged(key, "not sealed with the job's secret")
         mac, value = data[len(_TAG):len(_TAG) + _MAC_LEN], data[len(_TAG) + _MAC_LEN + 1:]
         if not hmac.compare_digest(mac, self._mac(key, value)):
-            raise _forged(key, "its seal does not verify with the job's secret")
+            raise self._forged(key, "its seal does not verify with the job's secret")
         return value
 
-
-_warned: set[str] = set()
-_seen: dict[str, int] = {}  # full key of a sealed counter -> the highest value this agent saw (``add``)
-
-
-def _forged(key: str, why: str) -> RefusedValue:
-    """The refusal of a value without a valid seal, said once per key on the agent's stderr: something that
-    can reach the store's port but lacks the secret (or another job sharing it by mistake) is writing."""
-    if key not in _warned and len(_warned) < 100:
-        _warned.add(key)
-        sys.stderr.write(f"mbr-launch: warning: refused the rendezvous store's value of {one_line(key, 200)}: "
-                         f"{why}; a process without the job's secret wrote it\n")
-        sys.stderr.flush()
-    return RefusedValue(why)
-
-
-# One job per process: every reader on every thread uses the same secret, set once at start-up (api.launch).
-SEALER = Sealer()
-
-
-def configure(secret: bytes | None) -> Sealer:
-    global SEALER
-    SEALER = Sealer(secret)
-    return SEALER
-
-
-def seal(key: str, value: str | bytes) -> bytes:
-    return SEALER.seal(key, value)
+    def _forged(self, key: str, why: str) -> RefusedValue:
+        """The refusal of a value without a valid seal, said once per key on the agent's stderr: something that
+        can reach the store's port but lacks the secret (or another job sharing it by mistake) is writing."""
+        if key not in self._warned and len(self._warned) < 100:
+            self._warned.add(key)
+            sys.stderr.write(f"mbr-launch: warning: refused the rendezvous store's value of {one_line(key, 200)}: "
+                             f"{why}; a process without the job's secret wrote it\n")
+            sys.stderr.flush()
+        return RefusedValue(why)
 
 
 def scoped(prefix: str, key: str) -> str:
@@ -101,10 +85,10 @@ def scoped(prefix: str, key: str) -> str:
     return f"{prefix}/{key}" if prefix else key
 
 
-def open_value(full_key: str, raw: bytes | str) -> bytes:
+def open_value(sealer: Sealer, full_key: str, raw: bytes | str) -> bytes:
     """``raw`` read from ``full_key``, bounded and verified when the job has a secret; raises RefusedValue."""
     _bounded(raw)
-    return SEALER.open(full_key, raw)
+    return sealer.open(full_key, raw)
 
 
 def _bounded(raw: bytes | str) -> bytes | str:
@@ -113,57 +97,16 @@ def _bounded(raw: bytes | str) -> bytes | str:
     return raw
 
 
-def claim(store: Any, key: str, full_key: str, value: str | bytes, tries: int = 4) -> tuple[bool, bytes | None]:
-    """``compare_set(key, "", value)`` (sealed) where the first *authentic* writer wins: a value that fails its
-    seal (a neighbour's, written first to block ours) is replaced by ours. Returns whether ``value`` is what
-    stands, and what stands, opened (None when a forgery stood through every try). Without a secret every
-    value is authentic: the first writer wins, as with a plain ``compare_set``."""
-    mine = seal(full_key, value)
-    stored = store.compare_set(key, "", mine)
-    for attempt in range(tries + 1):
-        try:
-            return stored == mine, open_value(full_key, stored)
-        except RefusedValue:
-            if attempt < tries:
-                stored = store.compare_set(key, stored, mine)
-    return False, None
-
-
-def add(store: Any, key: str, full_key: str, amount: int, tries: int = 200) -> int:
-    """``store.add(key, amount)`` for a counter that steers the job (the restart budget, a node's failures, the
-    unhealthy nodes): with a secret, a sealed value changed by compare-and-set, so a neighbour's ``add`` of a
-    thousand cannot spend the budget or exclude a node. A forged value is replaced, counted from the highest
-    value this agent saw (it can neither raise the count nor lower it below that). Without a secret, torch's
-    atomic add. Returns the new value, as ``add`` does."""
-    if not SEALER.enabled:
-        return int(store.add(key, amount))
-    for _ in range(tries):
-        raw = store.compare_set(key, "", seal(full_key, "0"))  # creates it at 0, or hands back what is there
-        try:
-            digits = open_value(full_key, raw)
-            current = int(digits) if digits.isdigit() and len(digits) <= 12 else None
-        except RefusedValue:
-            current = None
-        if current is None:
-            current = _seen.get(full_key, 0)
-        elif amount == 0:
-            _seen[full_key] = max(current, _seen.get(full_key, 0))
-            return current
-        new = seal(full_key, str(current + amount))
-        if store.compare_set(key, raw, new) == new:
-            _seen[full_key] = current + amount
-            return current + amount
-    raise RefusedValue(f"the counter {key} changed under every one of {tries} writes")
-
-
-def decode_json(raw: bytes | str | None, *, key: str | None, depth: int = MAX_DEPTH) -> Any:
-    """The JSON value stored under ``key``: verified (``key`` None: the caller opened it already), bounded,
-    parsed (``outside.json_value``); raises RefusedValue with the reason."""
+def decode_json(raw: bytes | str | None, *, key: str | None, depth: int = MAX_DEPTH,
+                sealer: Sealer | None = None) -> Any:
+    """The JSON value stored under ``key``: verified with ``sealer`` (``key`` None: the caller opened it
+    already), bounded, parsed (``outside.json_value``); raises RefusedValue with the reason."""
     if raw is None:
         raise RefusedValue("missing")
-    data = open_value(key, raw) if key is not None else _bounded(raw)
+    if key is not None and sealer is None:
+        raise TypeError("decode_json: a key to verify under needs the job's sealer")
+    data = open_value(sealer, key, raw) if key is not None and sealer is not None else _bounded(raw)
     return json_value(data, max_bytes=_RAW_BOUND, depth=depth)
 
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "RefusedValue", "SEALER", "Sealer", "add", "claim", "configure", "decode_json",
-           "open_value", "scoped", "seal"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "RefusedValue", "Sealer", "decode_json", "open_value", "scoped"]

@@ -1,0 +1,142 @@
+"""The job's own keys on the rendezvous store, behind one facade: every read and write of them goes through a
+``JobStore``, which owns the job's sealer (``storevalue.Sealer``, one per job, not a module global).
+
+A ``JobStore`` is one key space: a round's control keys (``Round.control``, sealed under the round's prefix,
+so that a value copied from another round is refused) or the job's keys that outlive rounds
+(``Rendezvous.job_store``). What it writes is what the modules wrote before it (key names and value bytes
+unchanged: agents of another version and the hostile-store tests read them); what it reads is bounded and
+verified here (``storevalue``), then decoded by the key's own module through ``outside``'s readers.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from mbr_launch.cluster.storevalue import MAX_DEPTH, RefusedValue, Sealer, decode_json, open_value
+
+
+class JobStore:
+    """One key space of the job on the rendezvous store (``store``: its raw store), with the job's sealer.
+    ``scope`` is what a value's seal names before its key: ``f"{scope}/{key}"``, or the bare key for None
+    (the job's keys that outlive rounds are sealed under their own names; the counters among them under the
+    job's prefix: ``Rendezvous``)."""
+
+    def __init__(self, store: Any, scope: str | None, sealer: Sealer) -> None:
+        self.store, self.scope, self.sealer = store, scope, sealer
+
+    @classmethod
+    def of_round(cls, rnd: Any) -> JobStore:
+        """A round's control keys (``Round.control``), sealed under the round's prefix."""
+        return cls(rnd.control, rnd.control_prefix or None, rnd.sealer)
+
+    @property
+    def sealed(self) -> bool:
+        return self.sealer.enabled
+
+    def full(self, key: str) -> str:
+        """The full store key a value is sealed under."""
+        return key if self.scope is None else f"{self.scope}/{key}"
+
+    # -- values --------------------------------------------------------------------------------------------
+
+    def seal(self, key: str, value: str | bytes) -> bytes:
+        return self.sealer.seal(self.full(key), value)
+
+    def open(self, key: str, raw: bytes | str) -> bytes:
+        """``raw`` read from ``key``, bounded and verified when the job has a secret; raises RefusedValue."""
+        return open_value(self.sealer, self.full(key), raw)
+
+    def decode(self, key: str, raw: bytes | str | None, depth: int = MAX_DEPTH) -> Any:
+        """The JSON value read from ``key``: verified, bounded, parsed; raises RefusedValue with the reason."""
+        return decode_json(raw, key=self.full(key), depth=depth, sealer=self.sealer)
+
+    # -- store operations on our own keys ------------------------------------------------------------------
+
+    def put(self, key: str, value: str | bytes) -> None:
+        self.store.set(key, self.seal(key, value))
+
+    def read(self, key: str) -> bytes:
+        """The value of ``key`` (set), opened; raises RefusedValue."""
+        return self.open(key, self.store.get(key))
+
+    def read_if_set(self, key: str) -> bytes | None:
+        """The value of ``key``, opened; None when it is not set or refused."""
+        if not self.store.check([key]):
+            return None
+        try:
+            return self.read(key)
+        except RefusedValue:
+            return None
+
+    def claim(self, key: str, value: str | bytes, tries: int = 4) -> tuple[bool, bytes | None]:
+        """``compare_set(key, "", value)`` (sealed) where the first *authentic* writer wins: a value that fails its
+        seal (a neighbour's, written first to block ours) is replaced by ours. Returns whether ``value`` is what
+        stands, and what stands, opened (None when a forgery stood through every try). Without a secret every
+        value is authentic: the first writer wins, as with a plain ``compare_set``."""
+        mine = self.seal(key, value)
+        stored = self.store.compare_set(key, "", mine)
+        for attempt in range(tries + 1):
+            try:
+                return stored == mine, self.open(key, stored)
+            except RefusedValue:
+                if attempt < tries:
+                    stored = self.store.compare_set(key, stored, mine)
+        return False, None
+
+    def add(self, key: str, amount: int, tries: int = 200) -> int:
+        """``store.add(key, amount)`` for a counter that steers the job (the restart budget, a node's failures,
+        the unhealthy nodes): with a secret, a sealed value changed by compare-and-set, so a neighbour's ``add``
+        of a thousand cannot spend the budget or exclude a node. A forged value is replaced, counted from the
+        highest value this agent saw (it can neither raise the count nor lower it below that). Without a
+        secret, torch's atomic add. Returns the new value, as ``add`` does."""
+        if not self.sealer.enabled:
+            return int(self.store.add(key, amount))
+        full, seen = self.full(key), self.sealer.seen
+        for _ in range(tries):
+            raw = self.store.compare_set(key, "", self.seal(key, "0"))  # creates it at 0, or hands back what is there
+            try:
+                digits = self.open(key, raw)
+                current = int(digits) if digits.isdigit() and len(digits) <= 12 else None
+            except RefusedValue:
+                current = None
+            if current is None:
+                current = seen.get(full, 0)
+            elif amount == 0:
+                seen[full] = max(current, seen.get(full, 0))
+                return current
+            new = self.seal(key, str(current + amount))
+            if self.store.compare_set(key, raw, new) == new:
+                seen[full] = current + amount
+                return current + amount
+        raise RefusedValue(f"the counter {key} changed under every one of {tries} writes")
+
+    # -- the raw store's own operations (unsealed counters, waits) ------------------------------------------
+
+    def count(self, key: str, amount: int) -> int:
+        """torch's atomic ``add`` of an unsealed counter (arrivals, farewells: a forged one only costs time)."""
+        return int(self.store.add(key, amount))
+
+    def check(self, keys: list[str]) -> bool:
+        return bool(self.store.check(keys))
+
+    def wait(self, keys: list[str], timeout: timedelta) -> None:
+        self.store.wait(keys, timeout)
+
+    def get(self, key: str) -> bytes:
+        return self.store.get(key)
+
+    def get_many(self, keys: list[str]) -> list[bytes]:
+        """The values of ``keys``, all set: one multi_get (torch's stores have it since 2.3; one get each before)."""
+        if not keys:
+            return []
+        multi_get = getattr(self.store, "multi_get", None)
+        if multi_get is not None:
+            return list(multi_get(keys))
+        return [self.store.get(k) for k in keys]
+
+    def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
+        return self.store.compare_set(key, expected, desired)
+
+
+__all__ = ["JobStore"]
