@@ -14,12 +14,9 @@ import json
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import JOB_STOP_KEY, LEFT_KEY, SIGNALLED_KEY, JobStore
 from mbr_launch.cluster.round import Round
 
-SIGNALLED_KEY = "signalled"
-LEFT_KEY = "left"
-JOB_STOP_KEY = "signal_stop"  # in the job's keys (``Rendezvous.job_store``), sealed under this very name
 TRIES = 50  # compare-and-set attempts on the list of departures (one per node that leaves at the same time)
 
 

@@ -35,12 +35,10 @@ from datetime import timedelta
 from typing import Callable, Protocol, Union
 
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import ARRIVED_KEY, DECIDED_KEY, JobStore
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.storeguard import wait_timed_out
 
-ARRIVED_KEY = "next/arrived"
-DECIDED_KEY = "next/decided"
 GO, ABORT = "go:", "abort:"
 COUNT_BITS = 20  # up to a million agents
 PORT_BITS = 16

@@ -22,7 +22,7 @@ from typing import Any, Callable
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import JobStore, inquiry_key
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.storeguard import wait_timed_out
 
@@ -56,10 +56,6 @@ class Opener:
 MAX_NODES = 1 << 20
 
 
-def _key(number: int, *parts: str) -> str:
-    return "/".join(("inquiry", str(number), *parts))
-
-
 def _open(keys: JobStore, key: str, raw: bytes) -> Any:
     """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
     try:
@@ -69,7 +65,7 @@ def _open(keys: JobStore, key: str, raw: bytes) -> Any:
 
 
 def open_key(number: int) -> str:
-    return _key(number, "open")
+    return inquiry_key(number, "open")
 
 
 def open_inquiry(rnd: Round, opener: Opener) -> Opener:
@@ -81,7 +77,7 @@ def open_inquiry(rnd: Round, opener: Opener) -> Opener:
 
 
 def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[dict[str, Any]]) -> None:
-    key = _key(number, "evidence", str(group_rank))
+    key = inquiry_key(number, "evidence", str(group_rank))
     JobStore.of_round(rnd).put(key, json.dumps(evidence))
 
 
@@ -95,7 +91,7 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
     O(nodes) operations every poll. Only when the bound passes first is each key checked once. The nodes that
     left the round (``gone``) are not waited for."""
     store = JobStore.of_round(rnd)
-    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
+    keys = {g: inquiry_key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
     if _wait_keys(store, list(keys.values()), deadline, clock):
         present = list(keys)
     else:
@@ -110,7 +106,7 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
 
 def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[str, Any]:
     """The first verdict of the inquiry wins; returns it."""
-    key = _key(number, "verdict")
+    key = inquiry_key(number, "verdict")
     _, stands = JobStore.of_round(rnd).claim(key, json.dumps(verdict))
     try:
         value = storevalue.decode_json(stands, key=None)
@@ -121,7 +117,7 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
 
 def wait_verdict(rnd: Round, number: int, *, deadline: float,
                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
-    key, store = _key(number, "verdict"), JobStore.of_round(rnd)
+    key, store = inquiry_key(number, "verdict"), JobStore.of_round(rnd)
     while _wait_keys(store, [key], deadline, clock):
         value = _open(store, key, store.get(key))
         if isinstance(value, dict):

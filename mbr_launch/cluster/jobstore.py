@@ -15,6 +15,55 @@ from typing import Any
 
 from mbr_launch.cluster.storevalue import MAX_DEPTH, RefusedValue, Sealer, decode_json, open_value
 
+# ---- every key of ours, in one place: the name, how it is written, which module decodes it ----------------
+# The names and the bytes written under them are a protocol between agents (mixed versions read them): never
+# rename one. "sealed" values carry the job's MAC when it has a secret; "counted" ones are torch's plain add.
+
+# A round's control keys (``Round.control``: ``mbr/job/<run id>/round/<token>/``; sealed under that prefix).
+STOP_KEY = "stop"  # claim: the round's first stop message wins (stops.StopMessage codec)
+ALL_DONE_KEY = "all_done"  # sealed "1": every node's workers are done (stops.mark_done)
+DONE_COUNT_KEY = "done_count"  # counted: nodes whose workers are done
+UNHEALTHY_KEY = "unhealthy_nodes"  # sealed counter (add): nodes that lost a rank (--restart-policy min-healthy)
+FAREWELLS_KEY, ALL_GONE_KEY = "farewells", "all_farewells"  # counted; sealed "1" by the last (stops.farewell)
+SIGNALLED_KEY = "signalled"  # sealed counter (add): nodes reached by a stop signal (departures)
+LEFT_KEY = "left"  # sealed JSON list of group ranks, by compare-and-set (departures.decode_left)
+FAILED_KEY = "failed"  # claim: the first reporter of a failure spends the restart (Rendezvous.count_restart)
+ARRIVED_KEY = "next/arrived"  # counted: the fast round's arrivals, packed with rank 0's values (fastround)
+DECIDED_KEY = "next/decided"  # claim: the fast round's decision (fastround.read_decision)
+
+
+def inquiry_key(number: int, *parts: str) -> str:
+    """A hang inquiry's keys: ``open`` (claim, inquiry.Opener), ``evidence/<group rank>`` (sealed JSON list),
+    ``verdict`` (claim, JSON object; decide.verdict_codec)."""
+    return "/".join(("inquiry", str(number), *parts))
+
+
+# The job's keys that outlive rounds (``Rendezvous.job_store``: ``mbr/job/<run id>/``; sealed under the bare
+# name, but the counters, sealed under the job's prefix).
+JOB_STOP_KEY = "signal_stop"  # claim: the signal that stopped the whole job (departures.job_stopped)
+TRACKING_KEY = "nvrx/progress"  # sealed: the job-wide progress record (decide.noprogress)
+NO_RESTART_KEY = "nvrx/no_restart"  # sealed: why the job ended for lack of progress (agent.cycles)
+RESTARTS_KEY, STARTUP_RESTARTS_KEY = "restarts", "startup_restarts"  # sealed counters (add)
+
+
+def progress_claim_key(token: str) -> str:
+    """Claim: the first scorer of round ``token`` (progressstore)."""
+    return f"nvrx/progress/round/{token}"
+
+
+def node_failures_key(node: str) -> str:
+    """Sealed counter (add): one node's failures."""
+    return f"node_failures/{node}"
+
+
+# A round's coordination store (torch's round prefix; sealed under ``round<torch's round number>/``).
+LAYOUT_KEY = "mbr/layout"  # sealed JSON: token, restarts, master port, node sizes (layout.agree)
+
+
+def size_key(group_rank: int) -> str:
+    """Sealed digits: one node's number of workers (layout.agree)."""
+    return f"mbr/lws/{group_rank}"
+
 
 class JobStore:
     """One key space of the job on the rendezvous store (``store``: its raw store), with the job's sealer.
@@ -139,4 +188,7 @@ class JobStore:
         return self.store.compare_set(key, expected, desired)
 
 
-__all__ = ["JobStore"]
+__all__ = ["ALL_DONE_KEY", "ALL_GONE_KEY", "ARRIVED_KEY", "DECIDED_KEY", "DONE_COUNT_KEY", "FAILED_KEY",
+           "FAREWELLS_KEY", "JOB_STOP_KEY", "JobStore", "LAYOUT_KEY", "LEFT_KEY", "NO_RESTART_KEY", "RESTARTS_KEY",
+           "SIGNALLED_KEY", "STARTUP_RESTARTS_KEY", "STOP_KEY", "TRACKING_KEY", "UNHEALTHY_KEY", "inquiry_key",
+           "node_failures_key", "progress_claim_key", "size_key"]

@@ -18,10 +18,10 @@ from torch.distributed import Store
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import LAYOUT_KEY, JobStore, size_key
 from mbr_launch.cluster.storevalue import Sealer
 
-KEY = "mbr/layout"
+KEY = LAYOUT_KEY
 
 
 @dataclass(frozen=True)
@@ -80,10 +80,9 @@ def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
     this one is refused. ``sealer``: the job's (None: no secret). Raises LayoutUnreadable for a value no agent
     of this job wrote."""
     own = JobStore(store, scope, sealer or Sealer())
-    size_key = f"mbr/lws/{group_rank}"
-    own.put(size_key, str(nproc))
+    own.put(size_key(group_rank), str(nproc))
     if group_rank == 0:
-        keys = [f"mbr/lws/{r}" for r in range(group_world_size)]
+        keys = [size_key(r) for r in range(group_world_size)]
         sizes = [_size(own, k, raw) for k, raw in zip(keys, store.multi_get(keys))]
         token, restarts, port = make()
         own.put(KEY, json.dumps(

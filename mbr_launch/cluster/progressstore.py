@@ -11,14 +11,7 @@ why the job ended.
 
 from __future__ import annotations
 
-from mbr_launch.cluster.jobstore import JobStore
-
-TRACKING_KEY = "nvrx/progress"
-NO_RESTART_KEY = "nvrx/no_restart"
-
-
-def _claim_key(token: str) -> str:
-    return f"nvrx/progress/round/{token}"
+from mbr_launch.cluster.jobstore import NO_RESTART_KEY, TRACKING_KEY, JobStore, progress_claim_key
 
 
 class ProgressRecords:
@@ -33,7 +26,7 @@ class ProgressRecords:
 
     def claim(self, token: str, verdict: str) -> tuple[bool, bytes]:
         """(whether this call claimed the round's verdict, the claimed verdict; empty when refused)."""
-        first, stands = self._job.claim(_claim_key(token), verdict)
+        first, stands = self._job.claim(progress_claim_key(token), verdict)
         return first, stands or b""
 
     def save(self, tracking: str) -> None:

@@ -35,7 +35,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
 from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
                                 torch_internals, workerstore)
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
 from mbr_launch.cluster.storevalue import RefusedValue, Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
@@ -276,7 +276,7 @@ class Rendezvous:
         return JobStore(job.store, self._job, self.sealer).add(key, amount)
 
     def _counts(self, job: JobStore) -> tuple[int, int]:
-        return self._add(job, "restarts", 0), self._add(job, "startup_restarts", 0)
+        return self._add(job, RESTARTS_KEY, 0), self._add(job, STARTUP_RESTARTS_KEY, 0)
 
     # -- job-level keys (survive rounds) ----------------------------------------------------------
 
@@ -295,14 +295,14 @@ class Rendezvous:
             # A value of this call's own: with the same value for every reporter (sealed alike with a secret)
             # each would read its own write back as the first (128 agents on 16 cores: one hang spent 7 restarts).
             mine = uuid.uuid4().hex
-            first, _ = JobStore.of_round(rnd).claim("failed", mine)
+            first, _ = JobStore.of_round(rnd).claim(FAILED_KEY, mine)
             if not first:
                 return sum(self.counts(rnd))
-        self._add(self.job_store(rnd.store), "startup_restarts" if startup else "restarts", 1)
+        self._add(self.job_store(rnd.store), STARTUP_RESTARTS_KEY if startup else RESTARTS_KEY, 1)
         return sum(self.counts(rnd))
 
     def count_node_failure(self, rnd: Round, node: str) -> int:
-        return self._add(self.job_store(rnd.store), f"node_failures/{node}", 1)
+        return self._add(self.job_store(rnd.store), node_failures_key(node), 1)
 
     def leave(self) -> str | None:
         """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,

@@ -16,15 +16,12 @@ from typing import Any, Callable
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import (ALL_DONE_KEY, ALL_GONE_KEY, DONE_COUNT_KEY, FAREWELLS_KEY, STOP_KEY,
+                                         UNHEALTHY_KEY, JobStore)
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.report import exitcodes
 
-STOP_KEY = "stop"
-ALL_DONE_KEY = "all_done"
-UNHEALTHY_KEY = "unhealthy_nodes"
-FAREWELLS_KEY, ALL_GONE_KEY = "farewells", "all_farewells"
 FAREWELL_SLICE = 0.25  # seconds of one wait for the last farewell, between reads of the count
 # Bounds of a stop message's numbers: a job's nodes and restarts with room; a backoff of a day at most.
 MAX_NODES, MAX_COUNT, MAX_BACKOFF = 1 << 20, 1 << 30, 86400.0
@@ -87,7 +84,7 @@ def read_stop(rnd: Round) -> StopMessage | None:
 def mark_done(rnd: Round) -> bool:
     """Mark this node's workers done; True when every node of the round is done (then all are told)."""
     keys = JobStore.of_round(rnd)
-    if keys.count("done_count", 1) >= rnd.group_world_size:
+    if keys.count(DONE_COUNT_KEY, 1) >= rnd.group_world_size:
         keys.put(ALL_DONE_KEY, "1")
         return True
     return False
