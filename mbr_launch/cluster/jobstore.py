@@ -30,6 +30,13 @@ LEFT_KEY = "left"  # sealed JSON list of group ranks, by compare-and-set (depart
 FAILED_KEY = "failed"  # claim: the first reporter of a failure spends the restart (Rendezvous.count_restart)
 ARRIVED_KEY = "next/arrived"  # counted: the fast round's arrivals, packed with rank 0's values (fastround)
 DECIDED_KEY = "next/decided"  # claim: the fast round's decision (fastround.read_decision)
+# Membership: read and written on the peer watch's own connection (``peers``), plain (not sealed).
+STORE_HOST_KEY = "storehost"  # the store host's identity (decide.liveness.Identity)
+
+
+def beat_key(group_rank: int) -> str:
+    """One node's heartbeat (decide.liveness.Beat), set every interval."""
+    return f"hb/{group_rank}"
 
 
 def inquiry_key(number: int, *parts: str) -> str:
@@ -190,5 +197,5 @@ class JobStore:
 
 __all__ = ["ALL_DONE_KEY", "ALL_GONE_KEY", "ARRIVED_KEY", "DECIDED_KEY", "DONE_COUNT_KEY", "FAILED_KEY",
            "FAREWELLS_KEY", "JOB_STOP_KEY", "JobStore", "LAYOUT_KEY", "LEFT_KEY", "NO_RESTART_KEY", "RESTARTS_KEY",
-           "SIGNALLED_KEY", "STARTUP_RESTARTS_KEY", "STOP_KEY", "TRACKING_KEY", "UNHEALTHY_KEY", "inquiry_key",
-           "node_failures_key", "progress_claim_key", "size_key"]
+           "SIGNALLED_KEY", "STARTUP_RESTARTS_KEY", "STOP_KEY", "STORE_HOST_KEY", "TRACKING_KEY", "UNHEALTHY_KEY",
+           "beat_key", "inquiry_key", "node_failures_key", "progress_claim_key", "size_key"]

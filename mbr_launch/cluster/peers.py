@@ -31,13 +31,12 @@ from typing import Any, Callable, Union
 
 from mbr_launch.cluster import hostview
 from mbr_launch.cluster.departures import LEFT_KEY, decode_left
-from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.jobstore import STORE_HOST_KEY, JobStore, beat_key
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.decide import liveness
 from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grace
 
-STORE_HOST_KEY = "storehost"
 # The store's host for the job (the same agent in every round of a c10d rendezvous): known from one round's
 # key, it is checked on this machine from the next round's first connection on.
 _STORE_HOSTS: dict[tuple[str, int], Identity] = {}
@@ -186,7 +185,7 @@ class PeerWatch:
         """Name this agent (and the store's host) and make every key read later exist, so that multi_get never
         blocks on a late peer. False when the store did not answer."""
         try:
-            self._call(lambda: store.set(f"hb/{self._round.group_rank}", Beat(0, self._me).encode()))
+            self._call(lambda: store.set(beat_key(self._round.group_rank), Beat(0, self._me).encode()))
             if self._hosting and self._me is not None:
                 self._call(lambda: store.set(STORE_HOST_KEY, self._me.encode()))  # type: ignore[union-attr]
             for key in keys:
@@ -197,13 +196,13 @@ class PeerWatch:
 
     def _watch(self, store: Any) -> bool:
         """Watch until stopped (True) or a peer or the store is lost (False)."""
-        peers = [f"hb/{r}" for r in self.watched()]
+        peers = [beat_key(r) for r in self.watched()]
         host_key = [] if self._store_host else [STORE_HOST_KEY]
         answered = self._start(store, peers + host_key + [LEFT_KEY])
         last: dict[str, bytes] = {}
         silence = {key: liveness.Silence(self._own()) for key in peers}
         identities: dict[str, Identity | None] = {}
-        own, count = f"hb/{self._round.group_rank}", 0
+        own, count = beat_key(self._round.group_rank), 0
         while not self._stop.wait(self._interval):
             count += 1
             try:
@@ -223,7 +222,7 @@ class PeerWatch:
                     _STORE_HOSTS[(self._round.store_host, self._round.store_port)] = found
                     host_key = []
             if self._departures(values[-1]):
-                peers = [f"hb/{r}" for r in self.watched()]
+                peers = [beat_key(r) for r in self.watched()]
                 if not self._start(store, [k for k in peers if k not in silence]):
                     answered = False
                 silence = {key: silence.get(key) or liveness.Silence(self._own()) for key in peers}
