@@ -83,12 +83,12 @@ def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
     own.put(size_key(group_rank), str(nproc))
     if group_rank == 0:
         keys = [size_key(r) for r in range(group_world_size)]
-        sizes = [_size(own, k, raw) for k, raw in zip(keys, store.multi_get(keys))]
+        sizes = [_size(own, k, raw) for k, raw in zip(keys, own.get_many(keys))]
         token, restarts, port = make()
         own.put(KEY, json.dumps(
             {"token": token, "restarts": restarts, "master_port": port, "sizes": encode_sizes(sizes)}))
     try:
-        data = own.decode(KEY, store.get(KEY))
+        data = own.decode(KEY, own.get(KEY))
     except storevalue.RefusedValue as err:
         raise LayoutUnreadable(f"the round's rank layout in the store was refused: {err}") from None
     data = data if isinstance(data, dict) else {}
