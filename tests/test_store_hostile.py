@@ -56,7 +56,7 @@ def _round(store: TCPStore, prefix: str = "mbr/job/j/round/t1", secret: bytes | 
 ])
 def test_the_decoder_refuses_with_a_reason(raw, why):
     with pytest.raises(storevalue.RefusedValue, match=why):
-        storevalue.decode_json(raw, key=None)
+        storevalue.decode_json(raw)
 
 
 def test_a_stop_message_cannot_spin_flood_or_escape():

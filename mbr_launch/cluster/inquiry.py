@@ -43,7 +43,7 @@ class Opener:
     def decode(number: int, raw: bytes | str) -> "Opener":
         """``raw`` opened already (its seal verified); never raises: what cannot be read decides nothing."""
         try:
-            data = storevalue.decode_json(raw, key=None)
+            data = storevalue.decode_json(raw)
         except storevalue.RefusedValue:
             data = {}
         data = data if isinstance(data, dict) else {}
@@ -109,7 +109,7 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
     key = inquiry_key(number, "verdict")
     _, stands = JobStore.of_round(rnd).claim(key, json.dumps(verdict))
     try:
-        value = storevalue.decode_json(stands, key=None)
+        value = storevalue.decode_json(stands)
     except storevalue.RefusedValue:
         return verdict
     return value if isinstance(value, dict) else verdict

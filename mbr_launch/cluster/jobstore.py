@@ -1,11 +1,9 @@
 """The job's own keys on the rendezvous store, behind one facade: every read and write of them goes through a
-``JobStore``, which owns the job's sealer (``storevalue.Sealer``, one per job, not a module global).
+``JobStore``, which holds the job's sealer (``storevalue.Sealer``, one per job).
 
-A ``JobStore`` is one key space: a round's control keys (``Round.control``, sealed under the round's prefix,
-so that a value copied from another round is refused) or the job's keys that outlive rounds
-(``Rendezvous.job_store``). What it writes is what the modules wrote before it (key names and value bytes
-unchanged: agents of another version and the hostile-store tests read them); what it reads is bounded and
-verified here (``storevalue``), then decoded by the key's own module through ``outside``'s readers.
+A ``JobStore`` is one key space: a round's control keys (sealed under the round's prefix, so that a value
+copied from another round is refused) or the job's keys that outlive rounds (``Rendezvous.job_store``). What
+it reads is bounded and verified here, then decoded by the key's own module through ``outside``'s readers.
 """
 
 from __future__ import annotations
@@ -13,53 +11,52 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
-from mbr_launch.cluster.storevalue import MAX_DEPTH, RefusedValue, Sealer, decode_json, open_value
+from mbr_launch.cluster.storevalue import MAX_DEPTH, RefusedValue, Sealer, bounded, decode_json
 
-# ---- every key of ours, in one place: the name, how it is written, which module decodes it ----------------
-# The names and the bytes written under them are a protocol between agents (mixed versions read them): never
-# rename one. "sealed" values carry the job's MAC when it has a secret; "counted" ones are torch's plain add.
+# ---- every key of ours: its name, how it is written, who decodes it ----------------------------------------
+# Names and bytes are a protocol between agents (mixed versions read them): never rename one. "sealed" values
+# carry the job's MAC when it has a secret; "counted" ones are torch's plain add; a "claim" is won by the first
+# authentic writer (``JobStore.claim``).
 
 # A round's control keys (``Round.control``: ``mbr/job/<run id>/round/<token>/``; sealed under that prefix).
-STOP_KEY = "stop"  # claim: the round's first stop message wins (stops.StopMessage codec)
+STOP_KEY = "stop"  # claim: the round's stop message (stops.StopMessage)
 ALL_DONE_KEY = "all_done"  # sealed "1": every node's workers are done (stops.mark_done)
 DONE_COUNT_KEY = "done_count"  # counted: nodes whose workers are done
-UNHEALTHY_KEY = "unhealthy_nodes"  # sealed counter (add): nodes that lost a rank (--restart-policy min-healthy)
+UNHEALTHY_KEY = "unhealthy_nodes"  # sealed counter: nodes that lost a rank (--restart-policy min-healthy)
 FAREWELLS_KEY, ALL_GONE_KEY = "farewells", "all_farewells"  # counted; sealed "1" by the last (stops.farewell)
-SIGNALLED_KEY = "signalled"  # sealed counter (add): nodes reached by a stop signal (departures)
+SIGNALLED_KEY = "signalled"  # sealed counter: nodes reached by a stop signal (departures)
 LEFT_KEY = "left"  # sealed JSON list of group ranks, by compare-and-set (departures.decode_left)
 FAILED_KEY = "failed"  # claim: the first reporter of a failure spends the restart (Rendezvous.count_restart)
 ARRIVED_KEY = "next/arrived"  # counted: the fast round's arrivals, packed with rank 0's values (fastround)
 DECIDED_KEY = "next/decided"  # claim: the fast round's decision (fastround.read_decision)
-# Membership: read and written on the peer watch's own connection (``peers``), plain (not sealed).
+# Membership: on the peer watch's own connection (``peers``), plain (not sealed).
 STORE_HOST_KEY = "storehost"  # the store host's identity (decide.liveness.Identity)
 
 
-def beat_key(group_rank: int) -> str:
-    """One node's heartbeat (decide.liveness.Beat), set every interval."""
+def beat_key(group_rank: int) -> str:  # one node's heartbeat (decide.liveness.Beat)
     return f"hb/{group_rank}"
 
 
 def inquiry_key(number: int, *parts: str) -> str:
     """A hang inquiry's keys: ``open`` (claim, inquiry.Opener), ``evidence/<group rank>`` (sealed JSON list),
-    ``verdict`` (claim, JSON object; decide.verdict_codec)."""
+    ``verdict`` (claim, JSON object)."""
     return "/".join(("inquiry", str(number), *parts))
 
 
 # The job's keys that outlive rounds (``Rendezvous.job_store``: ``mbr/job/<run id>/``; sealed under the bare
-# name, but the counters, sealed under the job's prefix).
+# name, the counters under the job's prefix). The progress record (decide.noprogress): each round's verdict is
+# claimed by its first scorer, whose record every node adopts; a verdict to stop is left for the spares.
 JOB_STOP_KEY = "signal_stop"  # claim: the signal that stopped the whole job (departures.job_stopped)
-TRACKING_KEY = "nvrx/progress"  # sealed: the job-wide progress record (decide.noprogress)
+TRACKING_KEY = "nvrx/progress"  # sealed: the job-wide progress record
 NO_RESTART_KEY = "nvrx/no_restart"  # sealed: why the job ended for lack of progress (agent.cycles)
-RESTARTS_KEY, STARTUP_RESTARTS_KEY = "restarts", "startup_restarts"  # sealed counters (add)
+RESTARTS_KEY, STARTUP_RESTARTS_KEY = "restarts", "startup_restarts"  # sealed counters
 
 
-def progress_claim_key(token: str) -> str:
-    """Claim: the first scorer of round ``token`` (progressstore)."""
+def progress_claim_key(token: str) -> str:  # claim: round ``token``'s progress verdict
     return f"nvrx/progress/round/{token}"
 
 
-def node_failures_key(node: str) -> str:
-    """Sealed counter (add): one node's failures."""
+def node_failures_key(node: str) -> str:  # sealed counter: one node's failures
     return f"node_failures/{node}"
 
 
@@ -67,16 +64,13 @@ def node_failures_key(node: str) -> str:
 LAYOUT_KEY = "mbr/layout"  # sealed JSON: token, restarts, master port, node sizes (layout.agree)
 
 
-def size_key(group_rank: int) -> str:
-    """Sealed digits: one node's number of workers (layout.agree)."""
+def size_key(group_rank: int) -> str:  # sealed digits: one node's number of workers (layout.agree)
     return f"mbr/lws/{group_rank}"
 
 
 class JobStore:
-    """One key space of the job on the rendezvous store (``store``: its raw store), with the job's sealer.
-    ``scope`` is what a value's seal names before its key: ``f"{scope}/{key}"``, or the bare key for None
-    (the job's keys that outlive rounds are sealed under their own names; the counters among them under the
-    job's prefix: ``Rendezvous``)."""
+    """One key space of the job on ``store`` (its raw store), sealed with the job's ``sealer``: a value's seal
+    names ``f"{scope}/{key}"``, or the bare key for a ``scope`` of None."""
 
     def __init__(self, store: Any, scope: str | None, sealer: Sealer) -> None:
         self.store, self.scope, self.sealer = store, scope, sealer
@@ -91,23 +85,18 @@ class JobStore:
         return self.sealer.enabled
 
     def full(self, key: str) -> str:
-        """The full store key a value is sealed under."""
         return key if self.scope is None else f"{self.scope}/{key}"
-
-    # -- values --------------------------------------------------------------------------------------------
 
     def seal(self, key: str, value: str | bytes) -> bytes:
         return self.sealer.seal(self.full(key), value)
 
     def open(self, key: str, raw: bytes | str) -> bytes:
         """``raw`` read from ``key``, bounded and verified when the job has a secret; raises RefusedValue."""
-        return open_value(self.sealer, self.full(key), raw)
+        return self.sealer.open(self.full(key), bounded(raw))
 
     def decode(self, key: str, raw: bytes | str | None, depth: int = MAX_DEPTH) -> Any:
         """The JSON value read from ``key``: verified, bounded, parsed; raises RefusedValue with the reason."""
-        return decode_json(raw, key=self.full(key), depth=depth, sealer=self.sealer)
-
-    # -- store operations on our own keys ------------------------------------------------------------------
+        return decode_json(None if raw is None else self.open(key, raw), depth=depth)
 
     def put(self, key: str, value: str | bytes) -> None:
         self.store.set(key, self.seal(key, value))
@@ -167,10 +156,9 @@ class JobStore:
                 return current + amount
         raise RefusedValue(f"the counter {key} changed under every one of {tries} writes")
 
-    # -- the raw store's own operations (unsealed counters, waits) ------------------------------------------
+    # -- the raw store's own operations: unsealed counters (a forged one only costs time), waits ------------
 
     def count(self, key: str, amount: int) -> int:
-        """torch's atomic ``add`` of an unsealed counter (arrivals, farewells: a forged one only costs time)."""
         return int(self.store.add(key, amount))
 
     def check(self, keys: list[str]) -> bool:
@@ -183,7 +171,7 @@ class JobStore:
         return self.store.get(key)
 
     def get_many(self, keys: list[str]) -> list[bytes]:
-        """The values of ``keys``, all set: one multi_get (torch's stores have it since 2.3; one get each before)."""
+        """One multi_get (torch's stores have it since 2.3; one get each before)."""
         if not keys:
             return []
         multi_get = getattr(self.store, "multi_get", None)

@@ -50,7 +50,7 @@ class StopMessage:
         ``raw`` was opened already (its seal verified: ``read_stop``, ``StopListener``); every field is checked
         (a NaN backoff, a 7 MB reason or a reason full of escape sequences reaches no agent's loop or screen)."""
         try:
-            data = storevalue.decode_json(raw, key=None)
+            data = storevalue.decode_json(raw)
         except storevalue.RefusedValue:
             data = None
         if not isinstance(data, dict):

@@ -34,8 +34,8 @@ _RAW_BOUND = MAX_BYTES + len(_TAG) + _MAC_LEN + 1  # a value of MAX_BYTES, seale
 
 
 class Sealer:
-    """The job's secret, or none: seals what we write, opens what we read. One per job (``cluster.jobstore``
-    owns it), shared by every reader on every thread; the agent makes it once at start-up (``api.launch``)."""
+    """The job's secret, or none: seals what we write, opens what we read. One per job, made at start-up
+    (``api.launch``) and shared by every ``JobStore`` on every thread."""
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret or None
@@ -80,33 +80,18 @@ class Sealer:
         return RefusedValue(why)
 
 
-def scoped(prefix: str, key: str) -> str:
-    """The full store key a value is sealed under: a round's control prefix and the key within it."""
-    return f"{prefix}/{key}" if prefix else key
-
-
-def open_value(sealer: Sealer, full_key: str, raw: bytes | str) -> bytes:
-    """``raw`` read from ``full_key``, bounded and verified when the job has a secret; raises RefusedValue."""
-    _bounded(raw)
-    return sealer.open(full_key, raw)
-
-
-def _bounded(raw: bytes | str) -> bytes | str:
+def bounded(raw: bytes | str) -> bytes | str:
     if len(raw) > _RAW_BOUND:
         raise RefusedValue(f"{len(raw)} bytes, over the bound of {MAX_BYTES}")
     return raw
 
 
-def decode_json(raw: bytes | str | None, *, key: str | None, depth: int = MAX_DEPTH,
-                sealer: Sealer | None = None) -> Any:
-    """The JSON value stored under ``key``: verified with ``sealer`` (``key`` None: the caller opened it
-    already), bounded, parsed (``outside.json_value``); raises RefusedValue with the reason."""
+def decode_json(raw: bytes | str | None, *, depth: int = MAX_DEPTH) -> Any:
+    """A JSON value read from the store (opened already: ``JobStore.decode`` verifies and decodes), bounded and
+    parsed (``outside.json_value``); raises RefusedValue with the reason."""
     if raw is None:
         raise RefusedValue("missing")
-    if key is not None and sealer is None:
-        raise TypeError("decode_json: a key to verify under needs the job's sealer")
-    data = open_value(sealer, key, raw) if key is not None and sealer is not None else _bounded(raw)
-    return json_value(data, max_bytes=_RAW_BOUND, depth=depth)
+    return json_value(bounded(raw), max_bytes=_RAW_BOUND, depth=depth)
 
 
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "RefusedValue", "Sealer", "decode_json", "open_value", "scoped"]
+__all__ = ["MAX_BYTES", "MAX_DEPTH", "RefusedValue", "Sealer", "bounded", "decode_json"]
