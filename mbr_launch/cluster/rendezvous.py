@@ -36,7 +36,7 @@ from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
                                 torch_internals, workerstore)
 from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
-from mbr_launch.cluster.storevalue import RefusedValue, Sealer
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
@@ -67,12 +67,6 @@ def hosts_store(port: int) -> bool:
     """Whether this process listens on ``port``: it is the rendezvous store's host (torch's c10d backend
     serves the store from the first agent on the endpoint's machine)."""
     return listen.listens_here(port)
-
-
-def _disable_shared_store() -> None:
-    # Read by DynamicRendezvousHandler.next_rendezvous at call time: pick a fresh free port on group
-    # rank 0 for the workers instead of handing them the agent's own store (the torchrun restart bug).
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
 
 
 class Rendezvous:
@@ -113,7 +107,9 @@ class Rendezvous:
             local_addr=rdzv.local_addr,
             **conf,
         )
-        _disable_shared_store()
+        # Read by torch's next_rendezvous at call time: group rank 0 picks a fresh free port for the workers
+        # instead of handing them the agent's own store (the torchrun restart bug).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
             made, own_socket = rdzvstore.create_handler(params, self.sealer) if rdzv.backend == "c10d" else (None, None)
             if made is None and self.sealer.enabled:
@@ -132,9 +128,8 @@ class Rendezvous:
                 eventnames.install(),  # torch's event names without inspect.stack (most of a crowded join's CPU)
             ]
             # torch's own immediate retry after a lost write of its state is kept: it retries with the state the
-            # lost compare-and-set brought back. A random pause there (tried: cluster.contention, removed) left
-            # that state stale by the retry, and a joiner lost to the others' keep-alives every time: 127 of 128
-            # agents joined and the last never did (16 cores); torchrun's plain retries formed the round in 48 s.
+            # lost compare-and-set brought back (a random pause there left that state stale, and a joiner lost
+            # to the others' keep-alives every time: 127 of 128 agents joined on 16 cores).
         return handler
 
     @property
@@ -246,8 +241,6 @@ class Rendezvous:
                  master_addr: str, shared: bool = False) -> Round:
         timeout = datetime.timedelta(seconds=self._cfg.rendezvous.join_timeout)
         store.set_timeout(timeout)
-        # torch picks an ephemeral port (bind 0, close): outgoing connections (NCCL's many sockets) can take
-        # it before rank 0's store binds it (EADDRINUSE, seen on 2 H200s). Ours lies below that range.
         # torch's round number (from its state, sealed with a secret) names the round in the layout's seal
         scope = f"round{torch_internals.joined_round(self._handler)}" if self._handler is not None else ""
         try:
@@ -269,14 +262,15 @@ class Rendezvous:
                      shared_store=shared, sealer=self.sealer)
 
     def _restart_count_from_job(self, store: Store) -> int:
-        return sum(self._counts(self.job_store(store)))
+        return sum(self._counts(store))
 
-    def _add(self, job: JobStore, key: str, amount: int) -> int:
-        """A job counter (sealed with a secret, under the job's prefix: ``JobStore.add``)."""
-        return JobStore(job.store, self._job, self.sealer).add(key, amount)
+    def _counters(self, store: Store) -> JobStore:
+        """The job's counters: among its keys, but sealed under the job's prefix."""
+        return JobStore(PrefixStore(self._job, _base_store(store)), self._job, self.sealer)
 
-    def _counts(self, job: JobStore) -> tuple[int, int]:
-        return self._add(job, RESTARTS_KEY, 0), self._add(job, STARTUP_RESTARTS_KEY, 0)
+    def _counts(self, store: Store) -> tuple[int, int]:
+        counters = self._counters(store)
+        return counters.add(RESTARTS_KEY, 0), counters.add(STARTUP_RESTARTS_KEY, 0)
 
     # -- job-level keys (survive rounds) ----------------------------------------------------------
 
@@ -286,7 +280,7 @@ class Rendezvous:
 
     def counts(self, rnd: Round) -> tuple[int, int]:
         """(restarts, startup restarts) used so far by the whole job."""
-        return self._counts(self.job_store(rnd.store))
+        return self._counts(rnd.store)
 
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
         """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
@@ -298,11 +292,11 @@ class Rendezvous:
             first, _ = JobStore.of_round(rnd).claim(FAILED_KEY, mine)
             if not first:
                 return sum(self.counts(rnd))
-        self._add(self.job_store(rnd.store), STARTUP_RESTARTS_KEY if startup else RESTARTS_KEY, 1)
+        self._counters(rnd.store).add(STARTUP_RESTARTS_KEY if startup else RESTARTS_KEY, 1)
         return sum(self.counts(rnd))
 
     def count_node_failure(self, rnd: Round, node: str) -> int:
-        return self._add(self.job_store(rnd.store), node_failures_key(node), 1)
+        return self._counters(rnd.store).add(node_failures_key(node), 1)
 
     def leave(self) -> str | None:
         """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,
@@ -325,9 +319,7 @@ class Rendezvous:
         whole compare-and-set retry loop, up to a keep-alive interval (5 s by default) when many agents write
         at once. Measured with 16 agents on 2 cores: a failure's facts waited 5 s here before the stop went
         out. Only when that read fails does this fall back to the handler's own state."""
-        if self._state_reader is None:
-            self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
-        state = self._state_reader.read()  # None also while there is no handler yet
+        state = self.state()  # None also while there is no handler yet
         if state is not None:
             return state.outside
         handler = self._handler
@@ -350,10 +342,7 @@ class Rendezvous:
         if store is None:
             return None
         try:
-            job = self.job_store(store)
-            return job.read(key) if job.check([key]) else None
-        except RefusedValue:  # not an agent's value: nothing to learn from it
-            return None
+            return self.job_store(store).read_if_set(key)  # None too for a value no agent wrote
         except Exception:  # the store's host has gone: nothing more to learn
             return None
 
