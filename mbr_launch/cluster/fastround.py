@@ -35,9 +35,8 @@ from datetime import timedelta
 from typing import Callable, Protocol, Union
 
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import ARRIVED_KEY, DECIDED_KEY, JobStore
+from mbr_launch.cluster.jobstore import ARRIVED_KEY, DECIDED_KEY, WAIT_SLICE, JobStore
 from mbr_launch.cluster.storevalue import Sealer
-from mbr_launch.cluster.storeguard import wait_timed_out
 
 GO, ABORT = "go:", "abort:"
 COUNT_BITS = 20  # up to a million agents
@@ -52,13 +51,6 @@ class FastStore(Protocol):
     def check(self, keys: list[str]) -> bool: ...
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
     def get(self, key: str) -> bytes: ...
-
-
-# The longest single wait in the store for the decision: the connection is torch's keep-alive's too, which
-# gets its turn between two slices; a wait of T seconds costs about T / WAIT_SLICE operations (it returns
-# the moment the decision is written), not the 20 reads a second of polling (#41: ~45 N operations per
-# restart at N agents).
-WAIT_SLICE = 0.5
 
 
 @dataclass(frozen=True)
@@ -157,7 +149,7 @@ def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeou
     """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
     the master port it picked and the job's restart count; the others' are ignored.
 
-    The others then wait for the decision in the store, on the same connection, in slices of ``WAIT_SLICE``:
+    The others then wait for the decision in the store, on the same connection, in slices (``WAIT_SLICE``):
     torch's client serialises its operations, so one long wait would hold up the rendezvous keep-alive that
     shares it, and a connection of its own, opened by every agent at the same moment, met torch's connect
     back-off on a loaded store host (seconds; seen: 5 and 15 s with 32 agents on 2 cores)."""
@@ -169,19 +161,9 @@ def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeou
         return _decide(keys, go(arrived), token=token, nodes=nodes)
     if count > nodes:
         return _decide(keys, ABORT + f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes)
-    deadline, timed_out = clock() + timeout, wait_timed_out()
-    while True:
-        left = deadline - clock()
-        if left <= 0:
-            if keys.check([DECIDED_KEY]):
-                break
-            # the decision may still be taken meanwhile: the claim returns whichever stands
-            return _decide(keys, ABORT + f"not all {nodes} agents arrived within {timeout:g} s", token=token,
-                           nodes=nodes)
-        try:
-            keys.wait([DECIDED_KEY], timedelta(seconds=min(WAIT_SLICE, left)))
-            break
-        except timed_out:
-            continue
+    if not keys.wait_until([DECIDED_KEY], clock() + timeout, clock):
+        # the decision may still be taken meanwhile: the claim returns whichever stands
+        return _decide(keys, ABORT + f"not all {nodes} agents arrived within {timeout:g} s", token=token,
+                       nodes=nodes)
     return _read(keys, keys.get(DECIDED_KEY), token=token, nodes=nodes)
 

@@ -17,14 +17,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import JobStore, inquiry_key
+from mbr_launch.cluster.jobstore import WAIT_SLICE, JobStore, inquiry_key
 from mbr_launch.cluster.round import Round
-from mbr_launch.cluster.storeguard import wait_timed_out
 
 
 @dataclass(frozen=True)
@@ -92,7 +90,7 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
     left the round (``gone``) are not waited for."""
     store = JobStore.of_round(rnd)
     keys = {g: inquiry_key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
-    if _wait_keys(store, list(keys.values()), deadline, clock):
+    if store.wait_until(list(keys.values()), deadline, clock):
         present = list(keys)
     else:
         present = [g for g, key in keys.items() if store.check([key])]
@@ -118,7 +116,7 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
 def wait_verdict(rnd: Round, number: int, *, deadline: float,
                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
     key, store = inquiry_key(number, "verdict"), JobStore.of_round(rnd)
-    while _wait_keys(store, [key], deadline, clock):
+    while store.wait_until([key], deadline, clock):
         value = _open(store, key, store.get(key))
         if isinstance(value, dict):
             return value
@@ -127,24 +125,3 @@ def wait_verdict(rnd: Round, number: int, *, deadline: float,
             continue
         return None
     return None
-
-
-# The longest single blocking wait: the main thread answers a signal or a worker's exit within about this long
-# (a wait of the whole bound would hold it for seconds), and it costs one store operation per slice.
-WAIT_SLICE = 0.5
-
-
-def _wait_keys(store: JobStore, keys: list[str], deadline: float, clock: Callable[[], float]) -> bool:
-    """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A slice
-    that times out raises torch's DistStoreError, which is no lost store; any other error is (the caller's
-    guard turns it into StoreUnreachable)."""
-    timeout_error = wait_timed_out()
-    while True:
-        left = deadline - clock()
-        if left <= 0:
-            return store.check(keys)
-        try:
-            store.wait(keys, timedelta(seconds=min(WAIT_SLICE, left)))
-            return True
-        except timeout_error:
-            continue

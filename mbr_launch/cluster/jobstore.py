@@ -8,10 +8,17 @@ it reads is bounded and verified here, then decoded by the key's own module thro
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
-from typing import Any
+from typing import Any, Callable
 
+from mbr_launch.cluster.storeguard import wait_timed_out
 from mbr_launch.cluster.storevalue import MAX_DEPTH, RefusedValue, Sealer, bounded, decode_json
+
+# The longest single blocking wait: the connection may be torch's keep-alive's too, which gets its turn between
+# two slices, and the main thread answers a signal within one; a wait of T seconds costs about T / WAIT_SLICE
+# store operations (it returns the moment the keys are set), not the 20 reads a second of polling (#41).
+WAIT_SLICE = 0.5
 
 # ---- every key of ours: its name, how it is written, who decodes it ----------------------------------------
 # Names and bytes are a protocol between agents (mixed versions read them): never rename one. "sealed" values
@@ -166,6 +173,21 @@ class JobStore:
 
     def wait(self, keys: list[str], timeout: timedelta) -> None:
         self.store.wait(keys, timeout)
+
+    def wait_until(self, keys: list[str], deadline: float, clock: Callable[[], float] = time.monotonic) -> bool:
+        """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A
+        slice that times out raises torch's DistStoreError, which is no lost store; any other error is raised
+        (the caller's guard turns it into StoreUnreachable)."""
+        timed_out = wait_timed_out()
+        while True:
+            left = deadline - clock()
+            if left <= 0:
+                return self.check(keys)
+            try:
+                self.wait(keys, timedelta(seconds=min(WAIT_SLICE, left)))
+                return True
+            except timed_out:
+                continue
 
     def get(self, key: str) -> bytes:
         return self.store.get(key)
