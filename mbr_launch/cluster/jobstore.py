@@ -204,8 +204,3 @@ class JobStore:
     def compare_set(self, key: str, expected: str | bytes, desired: str | bytes) -> bytes:
         return self.store.compare_set(key, expected, desired)
 
-
-__all__ = ["ALL_DONE_KEY", "ALL_GONE_KEY", "ARRIVED_KEY", "DECIDED_KEY", "DONE_COUNT_KEY", "FAILED_KEY",
-           "FAREWELLS_KEY", "JOB_STOP_KEY", "JobStore", "LAYOUT_KEY", "LEFT_KEY", "NO_RESTART_KEY", "RESTARTS_KEY",
-           "SIGNALLED_KEY", "STARTUP_RESTARTS_KEY", "STOP_KEY", "STORE_HOST_KEY", "TRACKING_KEY", "UNHEALTHY_KEY",
-           "beat_key", "inquiry_key", "node_failures_key", "progress_claim_key", "size_key"]

@@ -50,7 +50,8 @@ def make_store(params: RendezvousParameters) -> TCPStore | None:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_PORT)
     timeout = datetime.timedelta(seconds=_read_timeout(params))
     forced = params.get_as_bool("is_host")
-    if forced if forced is not None else _is_this_machine(host):
+    # torch's own test of this machine (its name, its addresses, loopback): the same agent hosts as under torchrun
+    if forced if forced is not None else torch_internals.matches_this_machine(host):
         # A standalone job's store is for this machine only: loopback, where torchrun listens on every address.
         fd = listen.listening_fd(port, host, loopback=bool(params.get_as_bool("mbr_loopback", False)))
         if fd is not None:
@@ -78,9 +79,4 @@ def _read_timeout(params: RendezvousParameters) -> int:
     if value is None or value <= 0:
         raise ValueError("The read timeout must be a positive integer.")
     return int(value)
-
-
-def _is_this_machine(host: str) -> bool:
-    # torch's own test (its name, its addresses, loopback), so the same agent hosts as under torchrun
-    return torch_internals.matches_this_machine(host)
 

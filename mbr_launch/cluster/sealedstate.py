@@ -66,5 +66,3 @@ def backend(store: Any, run_id: str, sealer: Sealer) -> RendezvousBackend:
     inner = C10dRendezvousBackend(store, run_id)
     return SealedBackend(inner, run_id, sealer) if sealer.enabled else inner
 
-
-__all__ = ["SealedBackend", "backend"]

@@ -99,11 +99,10 @@ def farewell(rnd: Round) -> None:
 
 def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], float] = time.monotonic) -> bool:
     """The store's host, after a successful job: wait until every node of the round has said farewell, while
-    farewells keep coming. Without it the host could exit before a slower node had read "all done"; that node
-    then found the store gone and exited 3 (seen with 16 agents on a loaded machine, and with a fixed 2 s wait,
-    on a third of 256 agents sharing 16 cores, whose farewells trickled in over more than 2 s). Gives up when
-    no farewell has come for ``quiet`` seconds (a node that died never says it) or after ``cap`` seconds in
-    all. False when it gave up; raises when the store itself fails (the caller leaves then)."""
+    farewells keep coming (else a slower node that had not read "all done" found the store gone and exited 3;
+    a fixed 2 s wait failed a third of 256 agents on 16 cores). Gives up when no farewell has come for
+    ``quiet`` seconds (a node that died never says it) or after ``cap`` seconds in all. False when it gave up;
+    raises when the store itself fails (the caller leaves then)."""
     start, keys = clock(), JobStore.of_round(rnd)
     seen, last_new = -1, start
     while True:

@@ -93,5 +93,3 @@ def decode_json(raw: bytes | str | None, *, depth: int = MAX_DEPTH) -> Any:
         raise RefusedValue("missing")
     return json_value(bounded(raw), max_bytes=_RAW_BOUND, depth=depth)
 
-
-__all__ = ["MAX_BYTES", "MAX_DEPTH", "RefusedValue", "Sealer", "bounded", "decode_json"]

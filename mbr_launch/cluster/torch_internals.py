@@ -409,7 +409,6 @@ def _view(state: Any) -> StateView:
 # ---- store_socket --------------------------------------------------------------------------------------
 
 def matches_this_machine(host: str) -> bool:
-    """torch's own test of whether ``host`` is this machine (its name, its addresses, loopback), so that the
-    same agent hosts the store as under torchrun."""
+    """torch's own test of whether ``host`` is this machine (its name, its addresses, loopback)."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
     return bool(_matches_machine_hostname(host))
