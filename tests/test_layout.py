@@ -56,9 +56,9 @@ def test_the_store_host_waits_for_every_farewell():
         return SimpleNamespace(group_world_size=size, control=PrefixStore(prefix, client), control_prefix=prefix,
                                sealer=Sealer())
 
-    # Every connection is opened before the clock starts: torch's libuv store server names each new peer
-    # (getnameinfo, a reverse DNS query for ::ffff:127.0.0.1) in its only thread, and a DNS server that drops
-    # the query stalls every client of the store for the resolver's 5 s (seen here, about 1 query in 60).
+    # Every connection is opened before the clock starts: torch's own store server (this one, not on a socket of
+    # cluster.listen's) names each new peer with a reverse DNS query for ::ffff:127.0.0.1 in its only thread, and
+    # a DNS server that drops it stalls every client of the store for the resolver's 5 s (here: 1 query in 60).
     farewell(node("r1"))
     farewell(node("r1"))
     later, host = threading.Timer(0.3, farewell, args=(node("r1"),)), node("r1")

@@ -1,27 +1,23 @@
 """The fast path between rounds: the same agents agree on the next round in one store round trip.
 
 A job-wide restart after a rank failure keeps every node: the next round has the same members, group ranks and
-rank layout, and needs only what is new (a token for its control keys, a fresh MASTER_PORT, the restart count).
-A full c10d join (torch's exit and join operations, each a compare-and-set loop over the whole rendezvous state,
-then our layout exchange) costs far more than that. So, after such a round, every agent of it does ONE
-``add`` on a counter under the failed round's control keys (``Round.control``; no other round can read them):
+rank layout, and needs only a token for its control keys, a fresh MASTER_PORT and the restart count, where a
+full c10d join costs torch's compare-and-set loops over the whole rendezvous state and our layout exchange. So
+every agent of such a round does ONE ``add`` on a counter under the failed round's control keys:
 
 - every agent adds 1; group rank 0 also packs the master port it picked and the job's restart count into its
   addition (``pack``), so the sum carries them once group rank 0 has arrived;
 - the agent whose ``add`` brings the count to the round's number of nodes publishes the sum as the decision,
-  with a fresh random nonce (``compare_set`` on the decision key, "go:<sum>:<nonce>"); the others look for that
-  key until it is there. The next round's token derives from the failed round's and the nonce: every agent
-  computes the same one from the decision they all read, and nothing can compute it before the decision exists
-  (a token derived from the previous one alone let values be planted ahead under the next round's keys: an
-  exit-0 stop there fired at the next restart).
+  with a fresh random nonce (``compare_set``: "go:<sum>:<nonce>"); the others wait for that key. The next
+  round's token derives from the failed round's and the nonce, so nothing can compute it before the decision
+  exists (a token derived from the previous one alone let values be planted ahead under the next round's keys).
 
 Any agent may instead decide to fall back (a node was lost, spares or joiners wait, or it waited ``timeout``
 for the others): it writes "abort:<why>" with the same ``compare_set``. Exactly one value is ever stored under
-the decision key, so every agent of the round takes the same path: all of them start the fast round, or all of
-them go to the full c10d join (where torch's rendezvous admits joiners and drops lost nodes).
+the decision key, so every agent of the round takes the same path: the fast round, or the full c10d join.
 
-Pure logic over a store with ``add``, ``compare_set``, ``check`` and ``get`` (tests inject one, and a clock); the caller
-builds the ``Round`` from the ``Agreement``.
+Pure logic over a store with ``add``, ``compare_set``, ``check``, ``wait`` and ``get`` (tests inject one, and a
+clock); the caller builds the ``Round`` from the ``Agreement``.
 """
 
 from __future__ import annotations

@@ -1,25 +1,19 @@
 """Noticing peers that vanish, within a bounded window, instead of waiting for NCCL (pytorch#111646).
 
 Each agent writes a beat (``decide.liveness.Beat``: a count and its process identity) into the round's control
-keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's. O(N) store traffic
+keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's: O(N) store traffic
 per interval, not O(N^2). The agent that hosts the store also writes its identity under ``STORE_HOST_KEY``.
+Silence is judged by ``decide.liveness``: on this process's own time, never while the silent process is seen
+alive on this machine, with a grace that grows with the store's answer times.
 
-Silence is judged by ``decide.liveness``: counted on this process's own time, never while the silent process
-is seen alive on this machine (the store's host is alive while the store answers), with a grace that grows
-with the store's answer times. A beat that has not moved for that long means the agent is dead or cut off.
+A store call on a connection whose packets are dropped never returns (torch's client does not time out), so
+a lost store cannot be judged from this thread: it records when the store last answered, and the agent's loop
+asks ``store_silence`` every turn. The same thread asks the rendezvous whether nodes wait to join
+(``membership``), so that no blocking store call happens in the agent's main loop.
 
-When the store itself stops answering, this node has lost the rendezvous host (or its own network). A store
-call on a connection whose packets are dropped never returns (torch's client does not time out there), so
-the verdict cannot come from this thread: it records when the store last answered and the agent's loop asks
-``store_silence`` every turn.
-
-The same thread also asks the rendezvous whether nodes wait to join (``membership``), so that no blocking
-store call happens in the agent's main loop.
-
-A node that leaves the round (``cluster.departures``: a stop signal that reached it alone) names itself in the
-round's ``left`` key, which every watch reads with its beats: it is not watched for silence from then on, and
-when it was the watching node (group rank 0), the lowest group rank still in the round takes that part, the
-question of waiting nodes with it.
+A node that leaves the round (``cluster.departures``) names itself in the round's ``left`` key, which every
+watch reads with its beats: it is not watched from then on, and when it was the watching node, the lowest
+group rank still in the round takes that part, the question of waiting nodes with it.
 """
 
 from __future__ import annotations

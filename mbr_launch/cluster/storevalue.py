@@ -1,14 +1,14 @@
-"""Every value an agent reads from the rendezvous store, decoded in one place.
+"""Every value an agent reads from the rendezvous store, verified and decoded in one place.
 
-The store is a TCP port: anyone who can reach it can write any key (PyTorch's SECURITY.md: the store must be
-reachable by the job only). So a value read back is untrusted input, whoever we expect wrote it:
+The store is a TCP port that anyone who can reach it can write (PyTorch's SECURITY.md: it must be reachable
+by the job only), so a value read back is untrusted input, whoever we expect wrote it:
 
 - with a job secret (``--rdzv-secret-file``), every value we write carries an HMAC-SHA256 of the key and the
   value, and a value whose MAC does not verify is refused before it is parsed (or, for torch's state, before
   it is unpickled: ``cluster.sealedstate``);
-- every JSON value is decoded here: bounded in size and depth, NaN and infinities refused, any exception of
-  the parser a refusal with a reason (``outside.json_value``); the typed decoders above this (stops, inquiry,
-  layout, ...) take numbers in range and strings through ``outside``'s readers.
+- every JSON value is bounded in size and depth, NaN and infinities refused, any exception of the parser a
+  refusal with a reason (``outside.json_value``); the typed decoders (stops, inquiry, layout, ...) take
+  numbers in range and strings through ``outside``'s readers.
 
 A refused value is never an error of the agent: the caller treats it as absent, says so, and goes on.
 """
