@@ -8,6 +8,7 @@ from typing import Callable, Sequence
 from mbr_launch.agent.messages import AllDone, Event, InquiryOpened, NodesWaiting, PeerStopped
 from mbr_launch.cluster import departures, inquiry
 from mbr_launch.cluster.inquiry import Opener
+from mbr_launch.cluster.jobstore import inquiry_key
 from mbr_launch.cluster.peers import PeerWatch
 from mbr_launch.cluster.rendezvous import Rendezvous, hosts_store
 from mbr_launch.cluster.round import Round
@@ -43,7 +44,7 @@ class RoundWatch:
     def watch_inquiry(self, number: int) -> None:
         """Wake the agent when another node opens hang inquiry ``number`` of this round."""
         watcher = StopListener(self._round, lambda raw: self._post(InquiryOpened(Opener.decode(number, raw))),
-                              key=inquiry.open_key(number))
+                              key=inquiry_key(number, "open"))
         self.threads.append(watcher)
         watcher.start()
 

@@ -62,14 +62,9 @@ def _open(keys: JobStore, key: str, raw: bytes) -> Any:
         return None
 
 
-def open_key(number: int) -> str:
-    return inquiry_key(number, "open")
-
-
 def open_inquiry(rnd: Round, opener: Opener) -> Opener:
     """Open inquiry ``opener.number``, or join it when another node opened it first; the winning opener."""
-    key = open_key(opener.number)
-    _, stands = JobStore.of_round(rnd).claim(key, opener.encode())
+    _, stands = JobStore.of_round(rnd).claim(inquiry_key(opener.number, "open"), opener.encode())
     # None: a neighbour's value stood through every claim, and this node decides for itself
     return Opener.decode(opener.number, stands) if stands is not None else opener
 
@@ -120,7 +115,7 @@ def wait_verdict(rnd: Round, number: int, *, deadline: float,
         value = _open(store, key, store.get(key))
         if isinstance(value, dict):
             return value
-        if store.sealed and clock() < deadline:
+        if store.sealer.enabled and clock() < deadline:
             time.sleep(min(WAIT_SLICE, max(0.0, deadline - clock())))  # a forgery: the decider's replaces it
             continue
         return None

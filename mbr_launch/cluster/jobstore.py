@@ -87,10 +87,6 @@ class JobStore:
         """A round's control keys (``Round.control``), sealed under the round's prefix."""
         return cls(rnd.control, rnd.control_prefix or None, rnd.sealer)
 
-    @property
-    def sealed(self) -> bool:
-        return self.sealer.enabled
-
     def full(self, key: str) -> str:
         return key if self.scope is None else f"{self.scope}/{key}"
 

@@ -314,11 +314,10 @@ class Rendezvous:
     def spare_count(self) -> int:
         """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX.
 
-        Read from torch's state key through the handler's store client (``cluster.joining``), not through
-        the handler's methods: they take its heartbeat lock, which torch's keep-alive thread holds for its
-        whole compare-and-set retry loop, up to a keep-alive interval (5 s by default) when many agents write
-        at once. Measured with 16 agents on 2 cores: a failure's facts waited 5 s here before the stop went
-        out. Only when that read fails does this fall back to the handler's own state."""
+        Read from torch's state key through the handler's store client (``cluster.joining``), not through the
+        handler's methods: they take its heartbeat lock, which torch's keep-alive thread holds through its whole
+        contended write (a failure's facts waited 5 s for it, 16 agents on 2 cores). Only when that read fails
+        does this fall back to the handler's own state."""
         state = self.state()  # None also while there is no handler yet
         if state is not None:
             return state.outside
@@ -354,10 +353,9 @@ class Rendezvous:
             return 0
 
     def waiting_counter(self) -> Callable[[], int]:
-        """``num_nodes_waiting`` for another thread (the peer watch): its own store connection, and without
-        the handler's heartbeat lock (see ``spare_count``); the handler's count when that read fails. The
-        reader and its connection are made once and serve every round's peer watch (one at a time): a new
-        connection every round is what ``cluster.storeclients`` avoids."""
+        """``num_nodes_waiting`` for another thread (the peer watch): on a connection of its own, made once for
+        every round's peer watch, and without the handler's heartbeat lock (see ``spare_count``); the handler's
+        count when that read fails."""
         if self._waiting_reader is None:
             self._waiting_reader = JoinCounter(lambda: self._handler, self.sealer)
         reader = self._waiting_reader
