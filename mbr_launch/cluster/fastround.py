@@ -132,13 +132,6 @@ def _decide(keys: JobStore, decision: str, *, token: str, nodes: int) -> Outcome
     return read_decision(stands, token=token, nodes=nodes)
 
 
-def _read(keys: JobStore, raw: bytes, *, token: str, nodes: int) -> Outcome:
-    try:
-        return read_decision(keys.open(DECIDED_KEY, raw), token=token, nodes=nodes)
-    except storevalue.RefusedValue as err:
-        return Fallback(f"fast-path decision refused: {err}")
-
-
 def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
           master_port: int = 0, restarts: int = 0, clock: Callable[[], float] = time.monotonic,
           scope: str = "", sealer: Sealer | None = None) -> Outcome:
@@ -161,5 +154,8 @@ def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeou
         # the decision may still be taken meanwhile: the claim returns whichever stands
         return _decide(keys, ABORT + f"not all {nodes} agents arrived within {timeout:g} s", token=token,
                        nodes=nodes)
-    return _read(keys, keys.get(DECIDED_KEY), token=token, nodes=nodes)
+    try:
+        return read_decision(keys.read(DECIDED_KEY), token=token, nodes=nodes)
+    except storevalue.RefusedValue as err:
+        return Fallback(f"fast-path decision refused: {err}")
 

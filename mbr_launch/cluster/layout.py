@@ -18,10 +18,8 @@ from torch.distributed import Store
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.jobstore import LAYOUT_KEY, JobStore, size_key
+from mbr_launch.cluster.jobstore import LAYOUT_KEY as KEY, JobStore, size_key
 from mbr_launch.cluster.storevalue import Sealer
-
-KEY = LAYOUT_KEY
 
 
 @dataclass(frozen=True)
