@@ -33,7 +33,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
+from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, rdzvstore, shrink, storeclients,
                                 torch_internals, workerstore)
 from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
 from mbr_launch.cluster.storevalue import Sealer
@@ -61,12 +61,6 @@ class RendezvousClosed(RendezvousFailed):
 def release_control(store: Store) -> None:
     """Give a ``connect_control`` connection back for a later round's watcher (only one that still works)."""
     storeclients.POOL.release(_base_store(store))
-
-
-def hosts_store(port: int) -> bool:
-    """Whether this process listens on ``port``: it is the rendezvous store's host (torch's c10d backend
-    serves the store from the first agent on the endpoint's machine)."""
-    return listen.listens_here(port)
 
 
 class Rendezvous:
