@@ -43,12 +43,10 @@ def job_stopped(raw: bytes | None) -> str | None:
 def decode_left(raw: bytes | str | None, *, keys: JobStore, nodes: int) -> frozenset[int]:
     """The group ranks in a ``left`` value read from the round's ``keys``, each in ``[0, nodes)``; an empty,
     missing or refused value is none."""
-    if not raw:
-        return frozenset()
     try:
-        value = keys.decode(LEFT_KEY, raw, depth=1)
+        value = keys.decode(LEFT_KEY, raw, depth=1) if raw else []
     except storevalue.RefusedValue:
-        return frozenset()
+        value = []
     if not isinstance(value, list):
         return frozenset()
     return frozenset(r for r in (outside.integer(v, 0, nodes - 1) for v in value[:nodes]) if r is not None)

@@ -179,7 +179,7 @@ class Rendezvous:
                                        scope=previous.control_prefix, sealer=self.sealer)
             port = restarts = 0
             if previous.group_rank == 0:
-                port, restarts = pick_master_port(), self._restart_count_from_job(previous.store)
+                port, restarts = pick_master_port(), sum(self._counts(previous.store))
             return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
                                    timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
                                    scope=previous.control_prefix, sealer=self.sealer)
@@ -239,7 +239,7 @@ class Rendezvous:
         scope = f"round{torch_internals.joined_round(self._handler)}" if self._handler is not None else ""
         try:
             lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
-                               lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store),
+                               lambda: (uuid.uuid4().hex[:12], sum(self._counts(store)),
                                         workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
                                         if shared else pick_master_port()),
                                scope=scope, sealer=self.sealer)
@@ -254,9 +254,6 @@ class Rendezvous:
                      token=token, store=store, control=PrefixStore(prefix, base), control_prefix=prefix,
                      store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)),
                      shared_store=shared, sealer=self.sealer)
-
-    def _restart_count_from_job(self, store: Store) -> int:
-        return sum(self._counts(store))
 
     def _counters(self, store: Store) -> JobStore:
         """The job's counters: among its keys, but sealed under the job's prefix."""
