@@ -18,6 +18,7 @@ from mbr_launch.gcpause import resume_gc
 if TYPE_CHECKING:
     from mbr_launch.doctor import DoctorContext
     from mbr_launch.cluster.storeserver import Served
+    from mbr_launch.cluster.storevalue import Sealer
     from mbr_launch.report.timeline import RunTimeline
 
 
@@ -107,19 +108,19 @@ def _signals_while_starting(cfg: LaunchConfig) -> Iterator[None]:
             signal.signal(sig, handler)
 
 
-def _use_secret(cfg: LaunchConfig) -> bool:
-    """Seal and verify every rendezvous store value with the job's secret, when it has one (read again here:
-    the configuration keeps only its path). False, said, when the file is no longer usable."""
-    from mbr_launch.cluster import storevalue
+def _sealer(cfg: LaunchConfig) -> "Sealer | None":
+    """The job's sealer, which seals and verifies every rendezvous store value with the job's secret when it has
+    one (read again here: the configuration keeps only its path). None, said, when the file is no longer
+    usable."""
+    from mbr_launch.cluster.storevalue import Sealer
     from mbr_launch.config.secret import SecretFileError, read_secret
 
     try:
         secret = read_secret(cfg.rendezvous.secret_file) if cfg.rendezvous.secret_file else None
     except SecretFileError as err:
         print(f"mbr-launch: error: --rdzv-secret-file: {err}", file=sys.stderr, flush=True)
-        return False
-    storevalue.configure(secret)
-    return True
+        return None
+    return Sealer(secret)
 
 
 def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_after: bool = False) -> int:
@@ -146,11 +147,12 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
                 print("mbr-launch: error: preflight checks failed (above); fix them, or skip one with "
                       "--skip-check ID", file=sys.stderr, flush=True)
                 return exitcodes.USAGE
-            if not _use_secret(cfg):
+            sealer = _sealer(cfg)
+            if sealer is None:
                 return exitcodes.USAGE
             from mbr_launch.agent.lifecycle import Agent
 
-            agent = Agent(cfg, environ=env, standby=pool, monitor=monitor, exit_after=exit_after)
+            agent = Agent(cfg, environ=env, standby=pool, monitor=monitor, exit_after=exit_after, sealer=sealer)
         resume_gc()  # the console script paused it for the imports above (gcpause.py)
         pool = monitor = None  # the agent owns them now (closed with its worker group and monitor handle)
         return agent.run()

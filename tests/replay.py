@@ -26,6 +26,7 @@ from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.joining import JoinState
 from mbr_launch.cluster.rendezvous import RendezvousFailed
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.stops import StopMessage
 from mbr_launch.decide.verdict import ProcState, RankEvidence, StackClass, Verdict
 from mbr_launch.report.events import EventLog
@@ -145,6 +146,7 @@ class FakeRendezvous:
         self.left = False  # this node left torch's rendezvous (``leave``)
         self.join_state: JoinState | None = None  # what ``state()`` reads (a spare: complete)
         self.job_keys: dict[str, bytes] = {}  # the job's keys another node wrote (``job_get``)
+        self.sealer = Sealer()  # the job's (no secret)
 
     def next_round(self, previous: Round | None = None, skip_fast: str | None = None) -> Round:
         self.asked.append((previous.index if previous else None, skip_fast))

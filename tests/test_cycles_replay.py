@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from mbr_launch.cluster.jobstore import JobStore
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.agent.cycles import CycleRecords, read_iteration_file
 from mbr_launch.agent.features.cycles import CycleFeature
 from mbr_launch.agent.messages import Progress, RankStarted
@@ -53,7 +55,7 @@ def world_with_cycles(tmp_path: Path, *cli: tuple[str, Any], store: MemoryStore 
     ctx.cfg = dataclasses.replace(ctx.cfg, nvrx=NvrxLauncherSpec(**nvrx))
     store = store or MemoryStore()
     records = CycleRecords(ctx.cfg, log=ctx.log, say=ctx.say, node="n0", environ={"SLURM_JOB_ID": "42"},
-                           job_store=lambda rnd: store, hosts_store=lambda rnd: True,
+                           job_store=lambda rnd: JobStore(store, None, Sealer()), hosts_store=lambda rnd: True,
                            members=lambda: ([("n0", 0)], []))
     records.start()
     ctx.features = [CycleFeature(records, status_rows=False)]

@@ -5,12 +5,13 @@ secret); the peer watch's part (it stops watching a node that left) is in tests/
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from torch.distributed import HashStore, PrefixStore
 
 from mbr_launch.cluster import departures, storevalue
+from mbr_launch.cluster.jobstore import JobStore
 from mbr_launch.decide.leaving import (DepartureFacts, Next, Reach, after_departure, reach, window)
 from mbr_launch.decide.policy import RestartPolicy, When
 
@@ -64,19 +65,18 @@ class _Round:
     control_prefix: str = "job/round/t0"
     group_world_size: int = 4
     group_rank: int = 0
+    sealer: storevalue.Sealer = field(default_factory=storevalue.Sealer)
 
 
 @pytest.fixture(params=[None, b"s3cret"], ids=["plain", "sealed"])
 def sealer(request):
-    storevalue.configure(request.param)
-    yield request.param
-    storevalue.configure(None)
+    return request.param  # the job's secret (None: none)
 
 
 def test_departures_and_signals_in_the_round_store(sealer):
     base = HashStore()
-    rnd = _Round(control=PrefixStore("job/round/t0", base))
-    job = PrefixStore("job", base)
+    rnd = _Round(control=PrefixStore("job/round/t0", base), sealer=storevalue.Sealer(sealer))
+    job = JobStore(PrefixStore("job", base), None, rnd.sealer)
     assert departures.read_left(rnd) == frozenset() and departures.signalled(rnd) == 0
     assert departures.mark_left(rnd, 2) == {2}
     assert departures.mark_left(rnd, 0) == {0, 2}
@@ -85,13 +85,13 @@ def test_departures_and_signals_in_the_round_store(sealer):
         assert departures.record_signal(rnd, job, "SIGTERM") == count
         assert not job.check([departures.JOB_STOP_KEY])  # not every node yet: no mark for the spares
     assert departures.record_signal(rnd, job, "SIGTERM") == 4
-    mark = storevalue.open_value(departures.JOB_STOP_KEY, job.get(departures.JOB_STOP_KEY))
+    mark = job.read(departures.JOB_STOP_KEY)
     assert departures.job_stopped(mark) == "SIGTERM"
 
 
 def test_a_hostile_departures_value_is_none(sealer):
     base = HashStore()
-    rnd = _Round(control=PrefixStore("job/round/t0", base))
+    rnd = _Round(control=PrefixStore("job/round/t0", base), sealer=storevalue.Sealer(sealer))
     # Without the job's secret anyone who reaches the store may write (documented): what is read is bounded to
     # the round's group ranks. With it, nothing without the seal is read.
     for raw, plain in ((b"[0, 1, 99, -1, true]", {0, 1}), (json.dumps(list(range(10**5))).encode(), {0, 1, 2, 3}),
@@ -117,7 +117,8 @@ def test_a_hang_inquiry_waits_for_no_node_that_left():
 
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     prefix = "mbr/job/j/round/t1"
-    rnd = SimpleNamespace(control=PrefixStore(prefix, server), control_prefix=prefix, group_world_size=3, group_rank=0)
+    rnd = SimpleNamespace(control=PrefixStore(prefix, server), control_prefix=prefix, group_world_size=3, group_rank=0,
+                          sealer=storevalue.Sealer())
     inquiry.publish_evidence(rnd, 0, 0, [{"rank": 0}])
     inquiry.publish_evidence(rnd, 0, 1, [{"rank": 1}])
     departures.mark_left(rnd, 2)

@@ -10,13 +10,14 @@ import struct
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster.peers import PeerWatch, Silence, StoreLost
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.decide.liveness import Beat, Seen
 
 from testkit.helpers import free_port
@@ -34,6 +35,7 @@ class _Round:
     group_world_size: int = 2
     index: int = 0
     control: PrefixStore | None = None  # the round's control keys (``cluster.departures`` writes there)
+    sealer: Sealer = field(default_factory=Sealer)  # the job's (no secret)
     connect_control = Round.connect_control
 
 

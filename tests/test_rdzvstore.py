@@ -75,7 +75,7 @@ def test_hosts_store_sees_only_this_processs_own_listener():
     import subprocess
     import sys
 
-    from mbr_launch.cluster.rendezvous import hosts_store
+    from mbr_launch.cluster.listen import listens_here as hosts_store
 
     for family, address in ((socket.AF_INET, "127.0.0.1"), (socket.AF_INET6, "::1")):
         port = free_port()

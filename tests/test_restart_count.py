@@ -12,6 +12,7 @@ import pytest
 from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster.rendezvous import Rendezvous
+from mbr_launch.cluster.storevalue import Sealer
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -19,7 +20,7 @@ pytestmark = pytest.mark.timeout(120)
 def _round(store: TCPStore, index: int) -> SimpleNamespace:
     prefix = f"mbr/round/{index}"
     return SimpleNamespace(store=PrefixStore(f"torch/{index}", store), control=PrefixStore(prefix, store),
-                           control_prefix=prefix)
+                           control_prefix=prefix, sealer=Sealer())
 
 
 def test_a_failure_reported_by_every_node_at_once_spends_one_restart(port):

@@ -23,6 +23,7 @@ import pytest
 from torch.distributed import PrefixStore, TCPStore
 
 from mbr_launch.cluster import inquiry, listen, layout, sealedstate, storevalue
+from mbr_launch.cluster.jobstore import JobStore
 from mbr_launch.cluster.stops import StopMessage, publish_stop, read_stop
 from mbr_launch.config.secret import SecretFileError, read_secret
 from mbr_launch.decide.verdict_codec import verdict_from_dict
@@ -33,21 +34,15 @@ SECRET = b"0123456789abcdef0123456789abcdef"
 DEEP = "[" * 100_000 + "]" * 100_000
 
 
-@pytest.fixture(autouse=True)
-def _no_secret():
-    storevalue.configure(None)
-    yield
-    storevalue.configure(None)
-
-
 @pytest.fixture
 def store():
     server = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=datetime.timedelta(seconds=5))
     yield server
 
 
-def _round(store: TCPStore, prefix: str = "mbr/job/j/round/t1") -> SimpleNamespace:
-    return SimpleNamespace(control=PrefixStore(prefix, store), control_prefix=prefix, group_world_size=2)
+def _round(store: TCPStore, prefix: str = "mbr/job/j/round/t1", secret: bytes | None = None) -> SimpleNamespace:
+    return SimpleNamespace(control=PrefixStore(prefix, store), control_prefix=prefix, group_world_size=2,
+                           sealer=storevalue.Sealer(secret))
 
 
 # ---- one decoder --------------------------------------------------------------------------------------------
@@ -61,7 +56,7 @@ def _round(store: TCPStore, prefix: str = "mbr/job/j/round/t1") -> SimpleNamespa
 ])
 def test_the_decoder_refuses_with_a_reason(raw, why):
     with pytest.raises(storevalue.RefusedValue, match=why):
-        storevalue.decode_json(raw, key=None)
+        storevalue.decode_json(raw)
 
 
 def test_a_stop_message_cannot_spin_flood_or_escape():
@@ -117,8 +112,7 @@ def test_sealed_values_bind_the_key_and_refuse_forgeries():
 
 def test_a_forged_stop_is_ignored_and_the_real_one_replaces_it(store):
     """A neighbour's stop written first (compare_set: first writer wins) would block every real one."""
-    storevalue.configure(SECRET)
-    rnd = _round(store)
+    rnd = _round(store, secret=SECRET)
     rnd.control.set("stop", json.dumps({"reason": "forged", "final": True, "exit_code": 0}))
     assert read_stop(rnd) is None
     assert publish_stop(rnd, StopMessage(reason="rank 3 exited 1"))
@@ -127,14 +121,13 @@ def test_a_forged_stop_is_ignored_and_the_real_one_replaces_it(store):
 
 def test_torchs_pickled_state_is_verified_before_it_is_unpickled(store, tmp_path):
     """Finding 1: the state that every agent unpickles ran a neighbour's command within 12 s."""
-    storevalue.configure(SECRET)
     marker = tmp_path / "pwned"
 
     class Payload:
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    backend = sealedstate.backend(store, "job1")
+    backend = sealedstate.backend(store, "job1", storevalue.Sealer(SECRET))
     state = pickle.dumps({"round": 1})
     stored, token, written = backend.set_state(state)
     assert written and stored == state
@@ -258,9 +251,8 @@ def test_another_user_can_neither_run_code_nor_steer_a_job_with_a_secret(tmp_pat
 def test_a_neighbours_add_cannot_spend_the_restart_budget(store):
     """With a secret the counters that steer the job are sealed: ``add("restarts", 1000)`` by anyone else (or a
     forged value) leaves the count where the agents put it."""
-    storevalue.configure(SECRET)
-    job = PrefixStore("mbr/job/j", store)
-    assert storevalue.add(job, "restarts", "mbr/job/j/restarts", 1) == 1
+    job = JobStore(PrefixStore("mbr/job/j", store), "mbr/job/j", storevalue.Sealer(SECRET))
+    assert job.add("restarts", 1) == 1
     neighbour = PrefixStore("mbr/job/j", TCPStore("127.0.0.1", store.port, is_master=False,
                                                    timeout=datetime.timedelta(seconds=5)))
     with pytest.raises(Exception):
@@ -268,5 +260,5 @@ def test_a_neighbours_add_cannot_spend_the_restart_budget(store):
     neighbour = PrefixStore("mbr/job/j", TCPStore("127.0.0.1", store.port, is_master=False,
                                                    timeout=datetime.timedelta(seconds=5)))
     neighbour.set("restarts", "999")
-    assert storevalue.add(job, "restarts", "mbr/job/j/restarts", 0) == 1
-    assert storevalue.add(job, "restarts", "mbr/job/j/restarts", 1) == 2
+    assert job.add("restarts", 0) == 1
+    assert job.add("restarts", 1) == 2

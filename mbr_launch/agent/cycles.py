@@ -3,7 +3,7 @@
 - progress across restarts (``--ft-max-no-progress-cycles``): each round gathers what its ranks reported (the
   training iteration of NVRx 0.6+ clients, the optimizer steps of ``--autobeat``), and when a failure would
   restart the job, ``check`` reads the checkpoint iteration file, scores the cycle (``decide.noprogress``)
-  against the job-wide record in the rendezvous store (``cluster.progressstore``) and says whether the job
+  against the job-wide record in the rendezvous store (``cluster.jobstore``) and says whether the job
   must end instead, with the line that says why;
 - cycle-info files (``--ft-cycle-info-dir``): the node that hosts the rendezvous store reports each round's
   start and end (``report.cycleinfo``).
@@ -20,7 +20,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.progressstore import NO_RESTART_KEY, ProgressRecords
+from mbr_launch.cluster.jobstore import NO_RESTART_KEY, TRACKING_KEY, progress_claim_key
 from mbr_launch.cluster.round import Round
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.decide.noprogress import (Facts, Rule, Scored, cycle_line, decode, decode_tracking, encode,
@@ -134,16 +134,16 @@ class CycleRecords:
             file_iteration, problem = read_bounded(self._read_file, self.rule.file)
         facts = Facts(cycle=rnd.restart_count, file_iteration=file_iteration, file_problem=problem,
                       iteration=self._iteration, steps=self._steps)
-        records = ProgressRecords(self._job_store(rnd))
-        raw = records.tracking()
+        job = self._job_store(rnd)
+        raw = job.read_if_set(TRACKING_KEY)
         tracking = decode_tracking(raw) if raw is not None else None
         mine = score(self.rule, tracking or initial(self.rule, self._launch_iteration), facts)
-        won, claimed = records.claim(rnd.token, encode(mine))
-        scored = mine if won else (decode(claimed) or mine)
+        won, claimed = job.claim(progress_claim_key(rnd.token), encode(mine))
+        scored = mine if won else (decode(claimed or b"") or mine)
         if won:
-            records.save(json.dumps(encode_tracking(scored.tracking)))
+            job.put(TRACKING_KEY, json.dumps(encode_tracking(scored.tracking)))
             if scored.stop:
-                records.no_restart(json.dumps({"exit_code": self.exit_code, "reason": scored.reason}))
+                job.put(NO_RESTART_KEY, json.dumps({"exit_code": self.exit_code, "reason": scored.reason}))
         self._record(rnd, scored, won)
         return scored.reason if scored.stop else None
 
@@ -178,7 +178,7 @@ class CycleRecords:
         job ended for lack of progress (``read``: a job store key, without a round)."""
         raw = read(NO_RESTART_KEY)
         try:
-            data = storevalue.decode_json(raw, key=None) if raw else None
+            data = storevalue.decode_json(raw) if raw else None
             code = outside.integer(data["exit_code"], 1, 255)  # a job ended for lack of progress never exits 0
             return (code, outside.text(data["reason"])) if code is not None else None
         except (storevalue.RefusedValue, TypeError, KeyError):

@@ -30,6 +30,7 @@ from mbr_launch.cluster import stops, torch_internals
 from mbr_launch.cluster.hostview import own_time
 from mbr_launch.cluster.peers import store_host_alive
 from mbr_launch.cluster.storeguard import StoreGuard
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
 from mbr_launch.decide.verdict import RankEvidence
@@ -56,8 +57,9 @@ PART_BOUND = 5.0
 class Agent:
     def __init__(self, cfg: LaunchConfig, *, environ: dict[str, str] | None = None,
                  standby: StandbyPool | None = None, monitor: MonitorLink | None = None, exit_after: bool = False,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, sealer: Sealer | None = None) -> None:
         self.cfg = cfg
+        self._sealer = sealer  # the job's secret, or none (api.launch reads it): the rendezvous owns it
         self._exit_after = exit_after  # the process ends (os._exit) as soon as run() returns
         self._early_standby = standby  # a StandbyPool the launcher started before importing torch
         self._early_monitor = monitor  # the rank monitor's process, spawned then too (MonitorLink.spawn)
@@ -123,7 +125,7 @@ class Agent:
                                   strict=cfg.nvrx.numa_bind_strict).line
         if binding:
             self.say(binding)
-        rendezvous = self._rendezvous = Rendezvous(cfg)
+        rendezvous = self._rendezvous = Rendezvous(cfg, self._sealer)
         # min-healthy (as in ft_launcher) admits late nodes at the next restart, not by stopping the ranks at work
         elastic = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone and not cfg.policy.min_healthy
         cluster = self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)

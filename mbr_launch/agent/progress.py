@@ -126,7 +126,7 @@ def join_progress(ctx: Context) -> JoinProgress:
     if rdzv.backend == "c10d":
         # The handler is made on the first join, by the blocked thread: read it when there is one (asked at each
         # read; None before the first join, and from a stand-in rendezvous: unknown).
-        counter = JoinCounter(ctx.rendezvous.existing_handler)
+        counter = JoinCounter(ctx.rendezvous.existing_handler, ctx.rendezvous.sealer)
     read_every = max(POLL, rdzv.max_nodes / STATE_READS_PER_SECOND)
     return JoinProgress(report, counter, ctx.say, read_every=read_every).start()  # real time: what a person waits
 

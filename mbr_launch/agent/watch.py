@@ -8,8 +8,10 @@ from typing import Callable, Sequence
 from mbr_launch.agent.messages import AllDone, Event, InquiryOpened, NodesWaiting, PeerStopped
 from mbr_launch.cluster import departures, inquiry
 from mbr_launch.cluster.inquiry import Opener
+from mbr_launch.cluster.jobstore import inquiry_key
 from mbr_launch.cluster.peers import PeerWatch
-from mbr_launch.cluster.rendezvous import Rendezvous, hosts_store
+from mbr_launch.cluster.listen import listens_here
+from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.stops import (ALL_DONE_KEY, StopListener, StopMessage, count_unhealthy, mark_done, publish_stop,
                                       read_stop)
@@ -43,7 +45,7 @@ class RoundWatch:
     def watch_inquiry(self, number: int) -> None:
         """Wake the agent when another node opens hang inquiry ``number`` of this round."""
         watcher = StopListener(self._round, lambda raw: self._post(InquiryOpened(Opener.decode(number, raw))),
-                              key=inquiry.open_key(number))
+                              key=inquiry_key(number, "open"))
         self.threads.append(watcher)
         watcher.start()
 
@@ -97,7 +99,7 @@ class StoreCluster:
         return departures.read_left(rnd)
 
     def hosts_store(self, rnd: Round) -> bool:
-        return hosts_store(rnd.store_port)
+        return listens_here(rnd.store_port)  # the store's host: torch's c10d serves it from one of the agents
 
     def count_unhealthy(self, rnd: Round, *, add: bool) -> int:
         return count_unhealthy(rnd, add=add)

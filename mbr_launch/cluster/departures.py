@@ -11,29 +11,26 @@
 from __future__ import annotations
 
 import json
-from typing import Any
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.jobstore import JOB_STOP_KEY, LEFT_KEY, SIGNALLED_KEY, JobStore
 from mbr_launch.cluster.round import Round
 
-SIGNALLED_KEY = "signalled"
-LEFT_KEY = "left"
-JOB_STOP_KEY = "signal_stop"  # in the job's keys (``Rendezvous.job_store``), sealed under this very name
 TRIES = 50  # compare-and-set attempts on the list of departures (one per node that leaves at the same time)
 
 
-def record_signal(rnd: Round, job: Any, signal_name: str) -> int:
+def record_signal(rnd: Round, job: JobStore, signal_name: str) -> int:
     """Count this node as reached by a stop signal (once per round: the caller's duty); the count with it. The
-    node that completes the count tells the agents outside the round (``job``: the job's store)."""
-    count = storevalue.add(rnd.control, SIGNALLED_KEY, storevalue.scoped(rnd.control_prefix, SIGNALLED_KEY), 1)
+    node that completes the count tells the agents outside the round (``job``: the job's keys)."""
+    count = JobStore.of_round(rnd).add(SIGNALLED_KEY, 1)
     if count >= rnd.group_world_size:
-        storevalue.claim(job, JOB_STOP_KEY, JOB_STOP_KEY, signal_name)
+        job.claim(JOB_STOP_KEY, signal_name)
     return count
 
 
 def signalled(rnd: Round) -> int:
-    return storevalue.add(rnd.control, SIGNALLED_KEY, storevalue.scoped(rnd.control_prefix, SIGNALLED_KEY), 0)
+    return JobStore.of_round(rnd).add(SIGNALLED_KEY, 0)
 
 
 def job_stopped(raw: bytes | None) -> str | None:
@@ -43,33 +40,27 @@ def job_stopped(raw: bytes | None) -> str | None:
     return name if name.startswith("SIG") and name[3:].isalnum() else None
 
 
-def decode_left(raw: bytes | str | None, *, full_key: str | None, nodes: int) -> frozenset[int]:
-    """The group ranks in a ``left`` value (sealed under ``full_key``; None: opened already), each in
-    ``[0, nodes)``; an empty, missing or refused value is none."""
-    if not raw:
-        return frozenset()
+def decode_left(raw: bytes | str | None, *, keys: JobStore, nodes: int) -> frozenset[int]:
+    """The group ranks in a ``left`` value read from the round's ``keys``, each in ``[0, nodes)``; an empty,
+    missing or refused value is none."""
     try:
-        value = storevalue.decode_json(raw, key=full_key, depth=1)
+        value = keys.decode(LEFT_KEY, raw, depth=1) if raw else []
     except storevalue.RefusedValue:
-        return frozenset()
+        value = []
     if not isinstance(value, list):
         return frozenset()
     return frozenset(r for r in (outside.integer(v, 0, nodes - 1) for v in value[:nodes]) if r is not None)
 
 
-def left_key(rnd: Round) -> str:
-    return storevalue.scoped(rnd.control_prefix, LEFT_KEY)
-
-
 def mark_left(rnd: Round, group_rank: int) -> frozenset[int]:
     """Add ``group_rank`` to the round's departures; all of them, this one included. A value that is not ours
-    (no valid seal) is replaced, as ``storevalue.claim`` does."""
-    store, full = rnd.control, left_key(rnd)
-    current = store.compare_set(LEFT_KEY, "", storevalue.seal(full, "[]"))
+    (no valid seal) is replaced, as ``JobStore.claim`` does."""
+    keys = JobStore.of_round(rnd)
+    current = keys.compare_set(LEFT_KEY, "", keys.seal(LEFT_KEY, "[]"))
     for _ in range(TRIES):
-        gone = decode_left(current, full_key=full, nodes=rnd.group_world_size) | {group_rank}
-        new = storevalue.seal(full, json.dumps(sorted(gone)))
-        stored = store.compare_set(LEFT_KEY, current, new)
+        gone = decode_left(current, keys=keys, nodes=rnd.group_world_size) | {group_rank}
+        new = keys.seal(LEFT_KEY, json.dumps(sorted(gone)))
+        stored = keys.compare_set(LEFT_KEY, current, new)
         if stored == new:
             return gone
         current = stored
@@ -77,6 +68,7 @@ def mark_left(rnd: Round, group_rank: int) -> frozenset[int]:
 
 
 def read_left(rnd: Round) -> frozenset[int]:
-    if not rnd.control.check([LEFT_KEY]):
+    keys = JobStore.of_round(rnd)
+    if not keys.check([LEFT_KEY]):
         return frozenset()
-    return decode_left(rnd.control.get(LEFT_KEY), full_key=left_key(rnd), nodes=rnd.group_world_size)
+    return decode_left(keys.get(LEFT_KEY), keys=keys, nodes=rnd.group_world_size)

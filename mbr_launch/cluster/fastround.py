@@ -1,27 +1,23 @@
 """The fast path between rounds: the same agents agree on the next round in one store round trip.
 
 A job-wide restart after a rank failure keeps every node: the next round has the same members, group ranks and
-rank layout, and needs only what is new (a token for its control keys, a fresh MASTER_PORT, the restart count).
-A full c10d join (torch's exit and join operations, each a compare-and-set loop over the whole rendezvous state,
-then our layout exchange) costs far more than that. So, after such a round, every agent of it does ONE
-``add`` on a counter under the failed round's control keys (``Round.control``; no other round can read them):
+rank layout, and needs only a token for its control keys, a fresh MASTER_PORT and the restart count, where a
+full c10d join costs torch's compare-and-set loops over the whole rendezvous state and our layout exchange. So
+every agent of such a round does ONE ``add`` on a counter under the failed round's control keys:
 
 - every agent adds 1; group rank 0 also packs the master port it picked and the job's restart count into its
   addition (``pack``), so the sum carries them once group rank 0 has arrived;
 - the agent whose ``add`` brings the count to the round's number of nodes publishes the sum as the decision,
-  with a fresh random nonce (``compare_set`` on the decision key, "go:<sum>:<nonce>"); the others look for that
-  key until it is there. The next round's token derives from the failed round's and the nonce: every agent
-  computes the same one from the decision they all read, and nothing can compute it before the decision exists
-  (a token derived from the previous one alone let values be planted ahead under the next round's keys: an
-  exit-0 stop there fired at the next restart).
+  with a fresh random nonce (``compare_set``: "go:<sum>:<nonce>"); the others wait for that key. The next
+  round's token derives from the failed round's and the nonce, so nothing can compute it before the decision
+  exists (a token derived from the previous one alone let values be planted ahead under the next round's keys).
 
 Any agent may instead decide to fall back (a node was lost, spares or joiners wait, or it waited ``timeout``
 for the others): it writes "abort:<why>" with the same ``compare_set``. Exactly one value is ever stored under
-the decision key, so every agent of the round takes the same path: all of them start the fast round, or all of
-them go to the full c10d join (where torch's rendezvous admits joiners and drops lost nodes).
+the decision key, so every agent of the round takes the same path: the fast round, or the full c10d join.
 
-Pure logic over a store with ``add``, ``compare_set``, ``check`` and ``get`` (tests inject one, and a clock); the caller
-builds the ``Round`` from the ``Agreement``.
+Pure logic over a store with ``add``, ``compare_set``, ``check``, ``wait`` and ``get`` (tests inject one, and a
+clock); the caller builds the ``Round`` from the ``Agreement``.
 """
 
 from __future__ import annotations
@@ -35,10 +31,9 @@ from datetime import timedelta
 from typing import Callable, Protocol, Union
 
 from mbr_launch.cluster import storevalue
-from mbr_launch.cluster.storeguard import wait_timed_out
+from mbr_launch.cluster.jobstore import ARRIVED_KEY, DECIDED_KEY, WAIT_SLICE, JobStore
+from mbr_launch.cluster.storevalue import Sealer
 
-ARRIVED_KEY = "next/arrived"
-DECIDED_KEY = "next/decided"
 GO, ABORT = "go:", "abort:"
 COUNT_BITS = 20  # up to a million agents
 PORT_BITS = 16
@@ -52,13 +47,6 @@ class FastStore(Protocol):
     def check(self, keys: list[str]) -> bool: ...
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
     def get(self, key: str) -> bytes: ...
-
-
-# The longest single wait in the store for the decision: the connection is torch's keep-alive's too, which
-# gets its turn between two slices; a wait of T seconds costs about T / WAIT_SLICE operations (it returns
-# the moment the decision is written), not the 20 reads a second of polling (#41: ~45 N operations per
-# restart at N agents).
-WAIT_SLICE = 0.5
 
 
 @dataclass(frozen=True)
@@ -123,60 +111,51 @@ def read_decision(raw: bytes | str, *, token: str, nodes: int) -> Outcome:
     return Fallback(f"unreadable fast-path decision {text[:40]!r}")
 
 
-def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str = "") -> Outcome:
+def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str = "",
+          sealer: Sealer | None = None) -> Outcome:
     """Send every agent of the round to the full join; returns what was decided (a decision taken before
     this call stands: then it may still be an ``Agreement``). ``scope``: the round's control prefix, which the
-    decision's seal names (``cluster.storevalue``: with a secret, a forged decision is replaced and ignored)."""
-    return _decide(control, ABORT + reason, token=token, nodes=nodes, scope=scope)
+    decision's seal names; ``sealer``: the job's (None: no secret; with one, a forged decision is replaced and
+    ignored)."""
+    return _decide(_keys(control, scope, sealer), ABORT + reason, token=token, nodes=nodes)
 
 
-def _decide(control: FastStore, decision: str, *, token: str, nodes: int, scope: str) -> Outcome:
-    """The first authentic decision of the round (``storevalue.claim``), read."""
-    _, stands = storevalue.claim(control, DECIDED_KEY, storevalue.scoped(scope, DECIDED_KEY), decision)
+def _keys(control: FastStore, scope: str, sealer: Sealer | None) -> JobStore:
+    return JobStore(control, scope or None, sealer or Sealer())
+
+
+def _decide(keys: JobStore, decision: str, *, token: str, nodes: int) -> Outcome:
+    """The first authentic decision of the round (``JobStore.claim``), read."""
+    _, stands = keys.claim(DECIDED_KEY, decision)
     if stands is None:
         return Fallback("fast-path decision refused: a value without the job's seal stood through every claim")
     return read_decision(stands, token=token, nodes=nodes)
 
 
-def _read(raw: bytes, *, token: str, nodes: int, scope: str) -> Outcome:
-    try:
-        return read_decision(storevalue.open_value(storevalue.scoped(scope, DECIDED_KEY), raw), token=token,
-                             nodes=nodes)
-    except storevalue.RefusedValue as err:
-        return Fallback(f"fast-path decision refused: {err}")
-
-
 def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
           master_port: int = 0, restarts: int = 0, clock: Callable[[], float] = time.monotonic,
-          scope: str = "") -> Outcome:
+          scope: str = "", sealer: Sealer | None = None) -> Outcome:
     """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
     the master port it picked and the job's restart count; the others' are ignored.
 
-    The others then wait for the decision in the store, on the same connection, in slices of ``WAIT_SLICE``:
+    The others then wait for the decision in the store, on the same connection, in slices (``WAIT_SLICE``):
     torch's client serialises its operations, so one long wait would hold up the rendezvous keep-alive that
     shares it, and a connection of its own, opened by every agent at the same moment, met torch's connect
     back-off on a loaded store host (seconds; seen: 5 and 15 s with 32 agents on 2 cores)."""
+    keys = _keys(control, scope, sealer)
     contribution = pack(1, master_port, restarts) if group_rank == 0 else 1
-    arrived = int(control.add(ARRIVED_KEY, contribution))
+    arrived = keys.count(ARRIVED_KEY, contribution)
     count = unpack(arrived)[0]
     if count == nodes:  # the last to arrive: the sum now holds group rank 0's values
-        return _decide(control, go(arrived), token=token, nodes=nodes, scope=scope)
+        return _decide(keys, go(arrived), token=token, nodes=nodes)
     if count > nodes:
-        return abort(control, f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes,
-                     scope=scope)
-    deadline, timed_out = clock() + timeout, wait_timed_out()
-    while True:
-        left = deadline - clock()
-        if left <= 0:
-            if control.check([DECIDED_KEY]):
-                break
-            # the decision may still be taken meanwhile: abort() returns whichever stands
-            return abort(control, f"not all {nodes} agents arrived within {timeout:g} s", token=token, nodes=nodes,
-                         scope=scope)
-        try:
-            control.wait([DECIDED_KEY], timedelta(seconds=min(WAIT_SLICE, left)))
-            break
-        except timed_out:
-            continue
-    return _read(control.get(DECIDED_KEY), token=token, nodes=nodes, scope=scope)
+        return _decide(keys, ABORT + f"{count} agents arrived for a round of {nodes}", token=token, nodes=nodes)
+    if not keys.wait_until([DECIDED_KEY], clock() + timeout, clock):
+        # the decision may still be taken meanwhile: the claim returns whichever stands
+        return _decide(keys, ABORT + f"not all {nodes} agents arrived within {timeout:g} s", token=token,
+                       nodes=nodes)
+    try:
+        return read_decision(keys.read(DECIDED_KEY), token=token, nodes=nodes)
+    except storevalue.RefusedValue as err:
+        return Fallback(f"fast-path decision refused: {err}")
 

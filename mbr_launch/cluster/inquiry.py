@@ -17,13 +17,12 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any, Callable
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.jobstore import WAIT_SLICE, JobStore, inquiry_key
 from mbr_launch.cluster.round import Round
-from mbr_launch.cluster.storeguard import wait_timed_out
 
 
 @dataclass(frozen=True)
@@ -42,7 +41,7 @@ class Opener:
     def decode(number: int, raw: bytes | str) -> "Opener":
         """``raw`` opened already (its seal verified); never raises: what cannot be read decides nothing."""
         try:
-            data = storevalue.decode_json(raw, key=None)
+            data = storevalue.decode_json(raw)
         except storevalue.RefusedValue:
             data = {}
         data = data if isinstance(data, dict) else {}
@@ -55,38 +54,24 @@ class Opener:
 MAX_NODES = 1 << 20
 
 
-def _key(number: int, *parts: str) -> str:
-    return "/".join(("inquiry", str(number), *parts))
-
-
-def _full(rnd: Round, key: str) -> str:
-    """The key as sealed: the round's prefix and the key (a value copied from another round is refused)."""
-    return storevalue.scoped(rnd.control_prefix, key)
-
-
-def _open(rnd: Round, key: str, raw: bytes) -> Any:
+def _open(keys: JobStore, key: str, raw: bytes) -> Any:
     """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
     try:
-        return storevalue.decode_json(raw, key=_full(rnd, key))
+        return keys.decode(key, raw)
     except storevalue.RefusedValue:
         return None
 
 
-def open_key(number: int) -> str:
-    return _key(number, "open")
-
-
 def open_inquiry(rnd: Round, opener: Opener) -> Opener:
     """Open inquiry ``opener.number``, or join it when another node opened it first; the winning opener."""
-    key = open_key(opener.number)
-    _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), opener.encode())
+    _, stands = JobStore.of_round(rnd).claim(inquiry_key(opener.number, "open"), opener.encode())
     # None: a neighbour's value stood through every claim, and this node decides for itself
     return Opener.decode(opener.number, stands) if stands is not None else opener
 
 
 def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[dict[str, Any]]) -> None:
-    key = _key(number, "evidence", str(group_rank))
-    rnd.control.set(key, storevalue.seal(_full(rnd, key), json.dumps(evidence)))
+    key = inquiry_key(number, "evidence", str(group_rank))
+    JobStore.of_round(rnd).put(key, json.dumps(evidence))
 
 
 def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, gone: frozenset[int] = frozenset(),
@@ -98,14 +83,15 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
     all: two store operations whatever the job's size, where polling each missing key cost the store's host
     O(nodes) operations every poll. Only when the bound passes first is each key checked once. The nodes that
     left the round (``gone``) are not waited for."""
-    keys = {g: _key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
-    if _wait_keys(rnd, list(keys.values()), deadline, clock):
+    store = JobStore.of_round(rnd)
+    keys = {g: inquiry_key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
+    if store.wait_until(list(keys.values()), deadline, clock):
         present = list(keys)
     else:
-        present = [g for g, key in keys.items() if rnd.control.check([key])]
+        present = [g for g, key in keys.items() if store.check([key])]
     found: dict[int, list[dict[str, Any]]] = {}
-    for g, raw in zip(present, _read(rnd, [keys[g] for g in present])):
-        value = _open(rnd, keys[g], raw)
+    for g, raw in zip(present, store.get_many([keys[g] for g in present])):
+        value = _open(store, keys[g], raw)
         if isinstance(value, list):
             found[g] = [v for v in value if isinstance(v, dict)]
     return found
@@ -113,10 +99,10 @@ def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, go
 
 def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[str, Any]:
     """The first verdict of the inquiry wins; returns it."""
-    key = _key(number, "verdict")
-    _, stands = storevalue.claim(rnd.control, key, _full(rnd, key), json.dumps(verdict))
+    key = inquiry_key(number, "verdict")
+    _, stands = JobStore.of_round(rnd).claim(key, json.dumps(verdict))
     try:
-        value = storevalue.decode_json(stands, key=None)
+        value = storevalue.decode_json(stands)
     except storevalue.RefusedValue:
         return verdict
     return value if isinstance(value, dict) else verdict
@@ -124,45 +110,13 @@ def publish_verdict(rnd: Round, number: int, verdict: dict[str, Any]) -> dict[st
 
 def wait_verdict(rnd: Round, number: int, *, deadline: float,
                  clock: Callable[[], float] = time.monotonic) -> dict[str, Any] | None:
-    key = _key(number, "verdict")
-    while _wait_keys(rnd, [key], deadline, clock):
-        value = _open(rnd, key, rnd.control.get(key))
+    key, store = inquiry_key(number, "verdict"), JobStore.of_round(rnd)
+    while store.wait_until([key], deadline, clock):
+        value = _open(store, key, store.get(key))
         if isinstance(value, dict):
             return value
-        if storevalue.SEALER.enabled and clock() < deadline:
+        if store.sealer.enabled and clock() < deadline:
             time.sleep(min(WAIT_SLICE, max(0.0, deadline - clock())))  # a forgery: the decider's replaces it
             continue
         return None
     return None
-
-
-# The longest single blocking wait: the main thread answers a signal or a worker's exit within about this long
-# (a wait of the whole bound would hold it for seconds), and it costs one store operation per slice.
-WAIT_SLICE = 0.5
-
-
-def _wait_keys(rnd: Round, keys: list[str], deadline: float, clock: Callable[[], float]) -> bool:
-    """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A slice
-    that times out raises torch's DistStoreError, which is no lost store; any other error is (the caller's
-    guard turns it into StoreUnreachable)."""
-    timeout_error = wait_timed_out()
-    while True:
-        left = deadline - clock()
-        if left <= 0:
-            return rnd.control.check(keys)
-        try:
-            rnd.control.wait(keys, timedelta(seconds=min(WAIT_SLICE, left)))
-            return True
-        except timeout_error:
-            continue
-
-
-
-def _read(rnd: Round, keys: list[str]) -> list[bytes]:
-    """The values of ``keys``, all set: one multi_get (torch's stores have it since 2.3; one get each before)."""
-    if not keys:
-        return []
-    multi_get = getattr(rnd.control, "multi_get", None)
-    if multi_get is not None:
-        return list(multi_get(keys))
-    return [rnd.control.get(k) for k in keys]

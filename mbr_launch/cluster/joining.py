@@ -1,14 +1,12 @@
 """How far a rendezvous that this node waits in has come: how many nodes have joined so far.
 
 torch has no public call for this (``num_nodes_waiting`` counts only the nodes queued behind a running
-round). What we read, and why it holds across torch >= 2.3: the c10d backend keeps the whole rendezvous state
-under one store key, ``torch.rendezvous.<run_id>`` (``C10dRendezvousBackend``, unchanged since torch 1.9),
-and its ``get_state()`` hands back torch's pickled state, whose participants (node -> rank), wait list and
-completion are the fields torch itself reads to form a round (found and decoded in ``cluster.torch_internals``:
-the ``state_reads`` patch, reported at start-up on a torch without them). We read them through our own client
-connection: the handler's store belongs to the main thread, which is blocked inside torch's
-``next_rendezvous`` while we count (torch itself never shares it between threads there: it stops its
-keep-alive thread first). Anything unexpected reads as "unknown", never as an error: this is a progress line.
+round). The c10d backend keeps the whole rendezvous state under one store key, ``torch.rendezvous.<run_id>``
+(unchanged since torch 1.9), and its ``get_state()`` hands back torch's pickled state, whose participants,
+wait list and completion are what torch itself reads to form a round (decoded in ``cluster.torch_internals``:
+the ``state_reads`` patch). We read it on our own client connection: the handler's belongs to the main thread,
+blocked inside torch's ``next_rendezvous`` while we count. Anything unexpected reads as "unknown", never as an
+error: this is a progress line.
 """
 
 from __future__ import annotations
@@ -17,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from mbr_launch.cluster import sealedstate, storeclients, torch_internals
+from mbr_launch.cluster.storevalue import Sealer
 
 
 @dataclass(frozen=True)
@@ -51,8 +50,10 @@ class JoinCounter:
     each operation, so a read between the keep-alive thread's writes is safe; it never takes the handler's lock.
     """
 
-    def __init__(self, handler: Callable[[], Any], *, timeout: float = 2.0, shared: bool = False) -> None:
+    def __init__(self, handler: Callable[[], Any], sealer: Sealer, *, timeout: float = 2.0,
+                 shared: bool = False) -> None:
         self._get_handler = handler  # torch's DynamicRendezvousHandler once made (None before; another: unknown)
+        self._sealer = sealer  # the job's: torch's state is verified before it is unpickled
         self._timeout = timeout
         self._shared = shared
         self._backend: Any = None
@@ -65,9 +66,9 @@ class JoinCounter:
             return None
         run_id = handler.get_run_id()
         if self._shared:
-            return sealedstate.backend(own, run_id)
+            return sealedstate.backend(own, run_id, self._sealer)
         # the agent's pool, where the first round's connections were opened while it waited to join
-        return sealedstate.backend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id)
+        return sealedstate.backend(storeclients.POOL.acquire(host, int(port), self._timeout), run_id, self._sealer)
 
     def read(self) -> JoinState | None:
         try:

@@ -1,19 +1,16 @@
 """A join that learns of its round's completion at once, not at its next poll.
 
-While an agent waits in torch's c10d join it re-reads the rendezvous state once a second (torch pauses with
-``_delay(seconds=1)`` between reads). The last agent to arrive completes the round; every other agent
-notices at its next read, up to a second later, and every agent but group rank 0 then waits for rank 0's
-master address, which rank 0 writes only once it has noticed too. So a round formed up to a second after its
-last member arrived (the last agent's join took at least 1.2 s in every trial of 32 agents on 2 cores).
+While an agent waits in torch's c10d join it re-reads the rendezvous state once a second (``_delay(seconds=1)``).
+The last agent to arrive completes the round; every other agent notices at its next read, and every agent but
+group rank 0 then waits for rank 0's master address, which rank 0 writes only once it has noticed too: a round
+formed up to a second after its last member arrived.
 
-Here the agent whose write of the completed state went through also sets a key for that round, and while
-this agent waits in a join its one-second pause is a ``wait`` for that key, on an idle connection of the
-agent's pool (never on the handler's own client: a blocking wait there would hold up torch's keep-alive),
-so the pause ends when the round is complete. torch serves a state read within a second of the last one
-from its cache (which still says "not complete"), so a woken pause also marks that cache stale; and a
-round's key ends at most one pause (a second one in the same round is torch's). The state is still read
-and written only as torch does; where no key comes (an agent of an older mbr-launch, a torch without these
-internals) or no idle connection is there, the pause is torch's own second.
+Here the agent whose write of the completed state went through also sets a key for that round, and a waiting
+join's one-second pause is a ``wait`` for that key, on an idle connection of the agent's pool (never on the
+handler's own client: a blocking wait there would hold up torch's keep-alive). A woken pause also marks torch's
+state cache stale (it serves a read within a second of the last from it), and a round's key ends at most one
+pause. Where no key comes (an older mbr-launch, a torch without these internals) or no idle connection is
+there, the pause is torch's own second.
 """
 
 from __future__ import annotations

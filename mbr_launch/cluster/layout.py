@@ -18,8 +18,8 @@ from torch.distributed import Store
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
-
-KEY = "mbr/layout"
+from mbr_launch.cluster.jobstore import LAYOUT_KEY as KEY, JobStore, size_key
+from mbr_launch.cluster.storevalue import Sealer
 
 
 @dataclass(frozen=True)
@@ -71,21 +71,22 @@ def _digits(text: str) -> int | None:
 
 
 def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
-          make: Callable[[], tuple[str, int, int]], scope: str = "") -> Layout:
+          make: Callable[[], tuple[str, int, int]], scope: str = "", sealer: Sealer | None = None) -> Layout:
     """Announce this node's size; group rank 0 also gathers every size and publishes the layout with
     ``make()`` = (token, restarts, master port). Blocking gets wait up to the store's timeout. ``scope`` names
     the round (torch's round number) in the values' seals, so a sealed layout of an earlier round replayed into
-    this one is refused. Raises LayoutUnreadable for a value no agent of this job wrote."""
-    size_key = f"mbr/lws/{group_rank}"
-    store.set(size_key, storevalue.seal(f"{scope}/{size_key}", str(nproc)))
+    this one is refused. ``sealer``: the job's (None: no secret). Raises LayoutUnreadable for a value no agent
+    of this job wrote."""
+    own = JobStore(store, scope, sealer or Sealer())
+    own.put(size_key(group_rank), str(nproc))
     if group_rank == 0:
-        keys = [f"mbr/lws/{r}" for r in range(group_world_size)]
-        sizes = [_size(f"{scope}/{k}", raw) for k, raw in zip(keys, store.multi_get(keys))]
+        keys = [size_key(r) for r in range(group_world_size)]
+        sizes = [_size(own, k, raw) for k, raw in zip(keys, own.get_many(keys))]
         token, restarts, port = make()
-        store.set(KEY, storevalue.seal(f"{scope}/{KEY}", json.dumps(
-            {"token": token, "restarts": restarts, "master_port": port, "sizes": encode_sizes(sizes)})))
+        own.put(KEY, json.dumps(
+            {"token": token, "restarts": restarts, "master_port": port, "sizes": encode_sizes(sizes)}))
     try:
-        data = storevalue.decode_json(store.get(KEY), key=f"{scope}/{KEY}")
+        data = own.decode(KEY, own.get(KEY))
     except storevalue.RefusedValue as err:
         raise LayoutUnreadable(f"the round's rank layout in the store was refused: {err}") from None
     data = data if isinstance(data, dict) else {}
@@ -99,9 +100,9 @@ def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
                   sizes=decode_sizes(data["sizes"], group_world_size))
 
 
-def _size(key: str, raw: bytes) -> int:
+def _size(own: JobStore, key: str, raw: bytes) -> int:
     try:
-        value = outside.integer(_digits(storevalue.open_value(key, raw).decode("ascii", "replace")), 1, MAX_NPROC)
+        value = outside.integer(_digits(own.open(key, raw).decode("ascii", "replace")), 1, MAX_NPROC)
     except storevalue.RefusedValue as err:
         raise LayoutUnreadable(f"a node's size in the store was refused: {err}") from None
     if value is None:

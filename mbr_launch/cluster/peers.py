@@ -1,25 +1,19 @@
 """Noticing peers that vanish, within a bounded window, instead of waiting for NCCL (pytorch#111646).
 
 Each agent writes a beat (``decide.liveness.Beat``: a count and its process identity) into the round's control
-keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's. O(N) store traffic
+keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's: O(N) store traffic
 per interval, not O(N^2). The agent that hosts the store also writes its identity under ``STORE_HOST_KEY``.
+Silence is judged by ``decide.liveness``: on this process's own time, never while the silent process is seen
+alive on this machine, with a grace that grows with the store's answer times.
 
-Silence is judged by ``decide.liveness``: counted on this process's own time, never while the silent process
-is seen alive on this machine (the store's host is alive while the store answers), with a grace that grows
-with the store's answer times. A beat that has not moved for that long means the agent is dead or cut off.
+A store call on a connection whose packets are dropped never returns (torch's client does not time out), so
+a lost store cannot be judged from this thread: it records when the store last answered, and the agent's loop
+asks ``store_silence`` every turn. The same thread asks the rendezvous whether nodes wait to join
+(``membership``), so that no blocking store call happens in the agent's main loop.
 
-When the store itself stops answering, this node has lost the rendezvous host (or its own network). A store
-call on a connection whose packets are dropped never returns (torch's client does not time out there), so
-the verdict cannot come from this thread: it records when the store last answered and the agent's loop asks
-``store_silence`` every turn.
-
-The same thread also asks the rendezvous whether nodes wait to join (``membership``), so that no blocking
-store call happens in the agent's main loop.
-
-A node that leaves the round (``cluster.departures``: a stop signal that reached it alone) names itself in the
-round's ``left`` key, which every watch reads with its beats: it is not watched for silence from then on, and
-when it was the watching node (group rank 0), the lowest group rank still in the round takes that part, the
-question of waiting nodes with it.
+A node that leaves the round (``cluster.departures``) names itself in the round's ``left`` key, which every
+watch reads with its beats: it is not watched from then on, and when it was the watching node, the lowest
+group rank still in the round takes that part, the question of waiting nodes with it.
 """
 
 from __future__ import annotations
@@ -30,13 +24,13 @@ from dataclasses import dataclass
 from typing import Any, Callable, Union
 
 from mbr_launch.cluster import hostview
-from mbr_launch.cluster.departures import LEFT_KEY, decode_left, left_key
+from mbr_launch.cluster.departures import LEFT_KEY, decode_left
+from mbr_launch.cluster.jobstore import STORE_HOST_KEY, JobStore, beat_key
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.decide import liveness
 from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grace
 
-STORE_HOST_KEY = "storehost"
 # The store's host for the job (the same agent in every round of a c10d rendezvous): known from one round's
 # key, it is checked on this machine from the next round's first connection on.
 _STORE_HOSTS: dict[tuple[str, int], Identity] = {}
@@ -200,7 +194,7 @@ class PeerWatch:
         """Name this agent (and the store's host) and make every key read later exist, so that multi_get never
         blocks on a late peer. False when the store did not answer."""
         try:
-            self._call(lambda: store.set(f"hb/{self._round.group_rank}", Beat(0, self._me).encode()))
+            self._call(lambda: store.set(beat_key(self._round.group_rank), Beat(0, self._me).encode()))
             if self._hosting and self._me is not None:
                 self._call(lambda: store.set(STORE_HOST_KEY, self._me.encode()))  # type: ignore[union-attr]
             for key in keys:
@@ -211,13 +205,13 @@ class PeerWatch:
 
     def _watch(self, store: Any) -> bool:
         """Watch until stopped (True) or a peer or the store is lost (False)."""
-        peers = [f"hb/{r}" for r in self.watched()]
+        peers = [beat_key(r) for r in self.watched()]
         host_key = [] if self._store_host else [STORE_HOST_KEY]
         answered = self._start(store, peers + host_key + [LEFT_KEY])
         last: dict[str, bytes] = {}
         silence = {key: liveness.Silence(self._own()) for key in peers}
         identities: dict[str, Identity | None] = {}
-        own, count = f"hb/{self._round.group_rank}", 0
+        own, count = beat_key(self._round.group_rank), 0
         while not self._stop.wait(self._interval):
             count += 1
             try:
@@ -237,7 +231,7 @@ class PeerWatch:
                     _STORE_HOSTS[(self._round.store_host, self._round.store_port)] = found
                     host_key = []
             if self._departures(values[-1]):
-                peers = [f"hb/{r}" for r in self.watched()]
+                peers = [beat_key(r) for r in self.watched()]
                 if not self._start(store, [k for k in peers if k not in silence]):
                     answered = False
                 silence = {key: silence.get(key) or liveness.Silence(self._own()) for key in peers}
@@ -256,7 +250,7 @@ class PeerWatch:
 
     def _departures(self, raw: bytes) -> bool:
         """Read the round's departures; True when nodes left since the last look (reported)."""
-        left = decode_left(raw, full_key=left_key(self._round), nodes=self._round.group_world_size)
+        left = decode_left(raw, keys=JobStore.of_round(self._round), nodes=self._round.group_world_size)
         new = left - self._left - {self._round.group_rank}
         if not new:
             return False

@@ -19,13 +19,16 @@ from torch.distributed.elastic.rendezvous import RendezvousConnectionError, Rend
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 
 from mbr_launch.cluster import listen, sealedstate, torch_internals
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.build import C10D_PORT
 
 
-def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | None, Patch]:
+def create_handler(params: RendezvousParameters,
+                   sealer: Sealer | None = None) -> tuple[RendezvousHandler | None, Patch]:
     """torch's c10d handler for ``params`` over our store, or None where torch's registry should make it; and
-    the ``store_socket`` record: whether our own socket serves the store."""
+    the ``store_socket`` record: whether our own socket serves the store. ``sealer``: the job's, which seals
+    torch's state (None: no secret)."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
         return None, torch_internals.STORE_SOCKET.refused("store_type is not tcp: torch's registry makes the store")
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
@@ -36,7 +39,7 @@ def create_handler(params: RendezvousParameters) -> tuple[RendezvousHandler | No
     store = make_store(params)
     if store is None:
         return None, torch_internals.STORE_SOCKET.refused("this torch's TCPStore takes no master_listen_fd")
-    return torch_handler(store, sealedstate.backend(store, params.run_id), params), patch
+    return torch_handler(store, sealedstate.backend(store, params.run_id, sealer or Sealer()), params), patch
 
 
 def make_store(params: RendezvousParameters) -> TCPStore | None:
@@ -47,7 +50,8 @@ def make_store(params: RendezvousParameters) -> TCPStore | None:
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_PORT)
     timeout = datetime.timedelta(seconds=_read_timeout(params))
     forced = params.get_as_bool("is_host")
-    if forced if forced is not None else _is_this_machine(host):
+    # torch's own test of this machine (its name, its addresses, loopback): the same agent hosts as under torchrun
+    if forced if forced is not None else torch_internals.matches_this_machine(host):
         # A standalone job's store is for this machine only: loopback, where torchrun listens on every address.
         fd = listen.listening_fd(port, host, loopback=bool(params.get_as_bool("mbr_loopback", False)))
         if fd is not None:
@@ -75,9 +79,4 @@ def _read_timeout(params: RendezvousParameters) -> int:
     if value is None or value <= 0:
         raise ValueError("The read timeout must be a positive integer.")
     return int(value)
-
-
-def _is_this_machine(host: str) -> bool:
-    # torch's own test (its name, its addresses, loopback), so the same agent hosts as under torchrun
-    return torch_internals.matches_this_machine(host)
 

@@ -33,8 +33,10 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, listen, rdzvstore, shrink, storeclients,
-                                storevalue, torch_internals, workerstore)
+from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, rdzvstore, shrink, storeclients,
+                                torch_internals, workerstore)
+from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
+from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
@@ -61,23 +63,13 @@ def release_control(store: Store) -> None:
     storeclients.POOL.release(_base_store(store))
 
 
-def hosts_store(port: int) -> bool:
-    """Whether this process listens on ``port``: it is the rendezvous store's host (torch's c10d backend
-    serves the store from the first agent on the endpoint's machine)."""
-    return listen.listens_here(port)
-
-
-def _disable_shared_store() -> None:
-    # Read by DynamicRendezvousHandler.next_rendezvous at call time: pick a fresh free port on group
-    # rank 0 for the workers instead of handing them the agent's own store (the torchrun restart bug).
-    os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
-
-
 class Rendezvous:
     """Joins rounds of torch's c10d (or static) rendezvous and lays out ranks."""
 
-    def __init__(self, cfg: LaunchConfig) -> None:
+    def __init__(self, cfg: LaunchConfig, sealer: Sealer | None = None) -> None:
         self._cfg = cfg
+        # the job's secret (or none), for every round and reader made here: seals our values and torch's state
+        self.sealer = sealer or Sealer()
         self._handler: RendezvousHandler | None = None
         self._state_reader: JoinCounter | None = None  # the main thread's own reader of torch's state
         self._waiting_reader: JoinCounter | None = None  # the peer watch's, on a connection of its own
@@ -109,10 +101,12 @@ class Rendezvous:
             local_addr=rdzv.local_addr,
             **conf,
         )
-        _disable_shared_store()
+        # Read by torch's next_rendezvous at call time: group rank 0 picks a fresh free port for the workers
+        # instead of handing them the agent's own store (the torchrun restart bug).
+        os.environ["TORCH_DISABLE_SHARE_RDZV_TCP_STORE"] = "1"
         try:
-            made, own_socket = rdzvstore.create_handler(params) if rdzv.backend == "c10d" else (None, None)
-            if made is None and storevalue.SEALER.enabled:
+            made, own_socket = rdzvstore.create_handler(params, self.sealer) if rdzv.backend == "c10d" else (None, None)
+            if made is None and self.sealer.enabled:
                 # torch's registry would make its own backend, which unpickles the state unverified
                 why = own_socket.why_not if own_socket is not None else "not the c10d backend"
                 raise RendezvousFailed(f"--rdzv-secret-file cannot seal this rendezvous ({why}); drop the secret "
@@ -128,9 +122,8 @@ class Rendezvous:
                 eventnames.install(),  # torch's event names without inspect.stack (most of a crowded join's CPU)
             ]
             # torch's own immediate retry after a lost write of its state is kept: it retries with the state the
-            # lost compare-and-set brought back. A random pause there (tried: cluster.contention, removed) left
-            # that state stale by the retry, and a joiner lost to the others' keep-alives every time: 127 of 128
-            # agents joined and the last never did (16 cores); torchrun's plain retries formed the round in 48 s.
+            # lost compare-and-set brought back (a random pause there left that state stale, and a joiner lost
+            # to the others' keep-alives every time: 127 of 128 agents joined on 16 cores).
         return handler
 
     @property
@@ -183,13 +176,13 @@ class Rendezvous:
         try:
             if skip is not None:
                 return fastround.abort(previous.control, skip, token=token, nodes=nodes,
-                                       scope=previous.control_prefix)
+                                       scope=previous.control_prefix, sealer=self.sealer)
             port = restarts = 0
             if previous.group_rank == 0:
-                port, restarts = pick_master_port(), self._restart_count_from_job(previous.store)
+                port, restarts = pick_master_port(), sum(self._counts(previous.store))
             return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
                                    timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
-                                   scope=previous.control_prefix)
+                                   scope=previous.control_prefix, sealer=self.sealer)
         except Exception as err:  # the store went away: the c10d join reports it properly
             return fastround.Fallback(f"fast path failed: {type(err).__name__}: {err}")
 
@@ -242,16 +235,14 @@ class Rendezvous:
                  master_addr: str, shared: bool = False) -> Round:
         timeout = datetime.timedelta(seconds=self._cfg.rendezvous.join_timeout)
         store.set_timeout(timeout)
-        # torch picks an ephemeral port (bind 0, close): outgoing connections (NCCL's many sockets) can take
-        # it before rank 0's store binds it (EADDRINUSE, seen on 2 H200s). Ours lies below that range.
         # torch's round number (from its state, sealed with a secret) names the round in the layout's seal
         scope = f"round{torch_internals.joined_round(self._handler)}" if self._handler is not None else ""
         try:
             lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
-                               lambda: (uuid.uuid4().hex[:12], self._restart_count_from_job(store),
+                               lambda: (uuid.uuid4().hex[:12], sum(self._counts(store)),
                                         workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
                                         if shared else pick_master_port()),
-                               scope=scope)
+                               scope=scope, sealer=self.sealer)
         except (layout.LayoutUnreadable, workerstore.NotClearable) as err:
             raise RendezvousFailed(f"rendezvous failed: {err}") from None
         token, restarts, master_port = lay.token, lay.restarts, lay.master_port
@@ -262,27 +253,25 @@ class Rendezvous:
                      master_addr=master_addr, master_port=master_port, restart_count=restarts,
                      token=token, store=store, control=PrefixStore(prefix, base), control_prefix=prefix,
                      store_host=getattr(base, "host", ""), store_port=int(getattr(base, "port", 0)),
-                     shared_store=shared)
+                     shared_store=shared, sealer=self.sealer)
 
-    def _restart_count_from_job(self, store: Store) -> int:
-        return sum(self._counts(self.job_store(store)))
+    def _counters(self, store: Store) -> JobStore:
+        """The job's counters: among its keys, but sealed under the job's prefix."""
+        return JobStore(PrefixStore(self._job, _base_store(store)), self._job, self.sealer)
 
-    def _add(self, job: Store, key: str, amount: int) -> int:
-        """A job counter (sealed with a secret: ``storevalue.add``)."""
-        return storevalue.add(job, key, f"{self._job}/{key}", amount)
-
-    def _counts(self, job: Store) -> tuple[int, int]:
-        return self._add(job, "restarts", 0), self._add(job, "startup_restarts", 0)
+    def _counts(self, store: Store) -> tuple[int, int]:
+        counters = self._counters(store)
+        return counters.add(RESTARTS_KEY, 0), counters.add(STARTUP_RESTARTS_KEY, 0)
 
     # -- job-level keys (survive rounds) ----------------------------------------------------------
 
-    def job_store(self, round_store: Store) -> Store:
-        """Keys that outlive a round: the job-wide restart counts and per-node failure counts."""
-        return PrefixStore(self._job, _base_store(round_store))
+    def job_store(self, round_store: Store) -> JobStore:
+        """Keys that outlive a round (restart and node failure counts, the progress record, the job's stop)."""
+        return JobStore(PrefixStore(self._job, _base_store(round_store)), None, self.sealer)
 
     def counts(self, rnd: Round) -> tuple[int, int]:
         """(restarts, startup restarts) used so far by the whole job."""
-        return self._counts(self.job_store(rnd.store))
+        return self._counts(rnd.store)
 
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
         """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
@@ -291,14 +280,14 @@ class Rendezvous:
             # A value of this call's own: with the same value for every reporter (sealed alike with a secret)
             # each would read its own write back as the first (128 agents on 16 cores: one hang spent 7 restarts).
             mine = uuid.uuid4().hex
-            first, _ = storevalue.claim(rnd.control, "failed", storevalue.scoped(rnd.control_prefix, "failed"), mine)
+            first, _ = JobStore.of_round(rnd).claim(FAILED_KEY, mine)
             if not first:
                 return sum(self.counts(rnd))
-        self._add(self.job_store(rnd.store), "startup_restarts" if startup else "restarts", 1)
+        self._counters(rnd.store).add(STARTUP_RESTARTS_KEY if startup else RESTARTS_KEY, 1)
         return sum(self.counts(rnd))
 
     def count_node_failure(self, rnd: Round, node: str) -> int:
-        return self._add(self.job_store(rnd.store), f"node_failures/{node}", 1)
+        return self._counters(rnd.store).add(node_failures_key(node), 1)
 
     def leave(self) -> str | None:
         """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,
@@ -316,14 +305,11 @@ class Rendezvous:
     def spare_count(self) -> int:
         """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX.
 
-        Read from torch's state key through the handler's store client (``cluster.joining``), not through
-        the handler's methods: they take its heartbeat lock, which torch's keep-alive thread holds for its
-        whole compare-and-set retry loop, up to a keep-alive interval (5 s by default) when many agents write
-        at once. Measured with 16 agents on 2 cores: a failure's facts waited 5 s here before the stop went
-        out. Only when that read fails does this fall back to the handler's own state."""
-        if self._state_reader is None:
-            self._state_reader = JoinCounter(lambda: self._handler, shared=True)
-        state = self._state_reader.read()  # None also while there is no handler yet
+        Read from torch's state key through the handler's store client (``cluster.joining``), not through the
+        handler's methods: they take its heartbeat lock, which torch's keep-alive thread holds through its whole
+        contended write (a failure's facts waited 5 s for it, 16 agents on 2 cores). Only when that read fails
+        does this fall back to the handler's own state."""
+        state = self.state()  # None also while there is no handler yet
         if state is not None:
             return state.outside
         handler = self._handler
@@ -336,7 +322,7 @@ class Rendezvous:
         """torch's view of the rendezvous now (the round's members with their group ranks, the nodes waiting
         outside it), read as ``spare_count`` reads it; None when unknown (another backend, no handler yet)."""
         if self._state_reader is None:
-            self._state_reader = JoinCounter(lambda: self._handler, shared=True)
+            self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
         return self._state_reader.read()
 
     def job_get(self, key: str) -> bytes | None:
@@ -346,10 +332,7 @@ class Rendezvous:
         if store is None:
             return None
         try:
-            job = PrefixStore(self._job, _base_store(store))
-            return storevalue.open_value(key, job.get(key)) if job.check([key]) else None
-        except storevalue.RefusedValue:  # not an agent's value: nothing to learn from it
-            return None
+            return self.job_store(store).read_if_set(key)  # None too for a value no agent wrote
         except Exception:  # the store's host has gone: nothing more to learn
             return None
 
@@ -361,12 +344,11 @@ class Rendezvous:
             return 0
 
     def waiting_counter(self) -> Callable[[], int]:
-        """``num_nodes_waiting`` for another thread (the peer watch): its own store connection, and without
-        the handler's heartbeat lock (see ``spare_count``); the handler's count when that read fails. The
-        reader and its connection are made once and serve every round's peer watch (one at a time): a new
-        connection every round is what ``cluster.storeclients`` avoids."""
+        """``num_nodes_waiting`` for another thread (the peer watch): on a connection of its own, made once for
+        every round's peer watch, and without the handler's heartbeat lock (see ``spare_count``); the handler's
+        count when that read fails."""
         if self._waiting_reader is None:
-            self._waiting_reader = JoinCounter(lambda: self._handler)
+            self._waiting_reader = JoinCounter(lambda: self._handler, self.sealer)
         reader = self._waiting_reader
 
         def count() -> int:

@@ -6,10 +6,11 @@ makes the rounds."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from mbr_launch.cluster import storeclients
+from mbr_launch.cluster.storevalue import Sealer
 
 if TYPE_CHECKING:  # torch's store types, for annotations only: importing torch is what this module avoids
     from torch.distributed import Store
@@ -37,6 +38,8 @@ class Round:
     fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
     woken: bool = False  # the c10d join learnt of its round's completion from the completer (joinwake)
     shared_store: bool = False  # the workers' store is the static rendezvous store itself (cluster.workerstore)
+    # The job's sealer (``cluster.jobstore``): the round's control keys are sealed and verified with it.
+    sealer: Sealer = field(default_factory=Sealer, compare=False, repr=False)
 
     def connect_control(self, timeout: float = 30.0) -> Store:
         """A client connection of the calling thread's own to this round's control keys, from the pool of

@@ -1,21 +1,17 @@
 """Closing a failure round as soon as every node that announced itself has joined (issue #18).
 
 torch's c10d rendezvous opens a round's "last call" when ``--nnodes MIN`` nodes have joined and then waits
-``last_call_timeout`` (30 s by default) for more, even when nobody else is there. At launch that wait is
-useful: the job's nodes start at different times. In a round that follows a failure it is dead time: every
-node that is still alive is already in the rendezvous state (in the wait list, or as a spare in the redundancy
-list), because the new round cannot begin before every participant of the failed one has left it (or has
-been dropped for a missed keep-alive). So after a node is lost without a spare, the survivors waited 30 s
-for nodes that were not coming.
+``last_call_timeout`` (30 s by default) for more. At launch that is useful: the job's nodes start at different
+times. In a round that follows a failure it is dead time: every node still alive is already in the rendezvous
+state (in the wait list, or as a spare), because the new round cannot begin before every participant of the
+failed one has left it (or was dropped for a missed keep-alive).
 
-``install`` wraps the handler's operation executor so that, in a round this agent joins after its first, the
-join closes the round once: it is a participant, at least MIN nodes are in, nobody is in the wait list or the
-redundancy list (spares and announced joiners are still waited for, by torch's own rules), and ``SETTLE``
-seconds have passed since MIN was reached (a spare moves from the redundancy list to the participants in two
-writes; the pause covers that gap). Everything else is torch's own join.
-
-Uses torch's private classes (there is no public hook: ``cluster.torch_internals`` wraps the executor); if they
-are missing, nothing is wrapped, torch's own last call applies, and the record says so.
+``torch_internals.close_joins_early`` wraps the handler's operation executor so that, in a round this agent
+joins after its first, the join closes the round once (``may_close``): it is a participant, at least MIN nodes
+are in, nobody is in the wait list or the redundancy list (spares and announced joiners are still waited for),
+and ``SETTLE`` seconds have passed since MIN was reached (a spare moves from the redundancy list to the
+participants in two writes; the pause covers that gap). Everything else is torch's own join; without torch's
+private classes nothing is wrapped, torch's own last call applies, and the record says so.
 """
 
 from __future__ import annotations

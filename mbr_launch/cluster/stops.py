@@ -16,14 +16,12 @@ from typing import Any, Callable
 
 from mbr_launch import outside
 from mbr_launch.cluster import storevalue
+from mbr_launch.cluster.jobstore import (ALL_DONE_KEY, ALL_GONE_KEY, DONE_COUNT_KEY, FAREWELLS_KEY, STOP_KEY,
+                                         UNHEALTHY_KEY, JobStore)
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
 from mbr_launch.report import exitcodes
 
-STOP_KEY = "stop"
-ALL_DONE_KEY = "all_done"
-UNHEALTHY_KEY = "unhealthy_nodes"
-FAREWELLS_KEY, ALL_GONE_KEY = "farewells", "all_farewells"
 FAREWELL_SLICE = 0.25  # seconds of one wait for the last farewell, between reads of the count
 # Bounds of a stop message's numbers: a job's nodes and restarts with room; a backoff of a day at most.
 MAX_NODES, MAX_COUNT, MAX_BACKOFF = 1 << 20, 1 << 30, 86400.0
@@ -52,7 +50,7 @@ class StopMessage:
         ``raw`` was opened already (its seal verified: ``read_stop``, ``StopListener``); every field is checked
         (a NaN backoff, a 7 MB reason or a reason full of escape sequences reaches no agent's loop or screen)."""
         try:
-            data = storevalue.decode_json(raw, key=None)
+            data = storevalue.decode_json(raw)
         except storevalue.RefusedValue:
             data = None
         if not isinstance(data, dict):
@@ -73,58 +71,50 @@ class StopMessage:
 
 def publish_stop(rnd: Round, message: StopMessage) -> bool:
     """Tell every node of the round to stop its workers; True when this call was the first (authentic) one."""
-    first, _ = storevalue.claim(rnd.control, STOP_KEY, _stop_key(rnd), message.encode())
+    first, _ = JobStore.of_round(rnd).claim(STOP_KEY, message.encode())
     return first
 
 
 def read_stop(rnd: Round) -> StopMessage | None:
     """The round's stop message; None when there is none, or only one without the job's seal."""
-    if not rnd.control.check([STOP_KEY]):
-        return None
-    try:
-        return StopMessage.decode(storevalue.open_value(_stop_key(rnd), rnd.control.get(STOP_KEY)))
-    except storevalue.RefusedValue:
-        return None
-
-
-def _stop_key(rnd: Round, key: str = STOP_KEY) -> str:
-    return storevalue.scoped(rnd.control_prefix, key)
+    raw = JobStore.of_round(rnd).read_if_set(STOP_KEY)
+    return None if raw is None else StopMessage.decode(raw)
 
 
 def mark_done(rnd: Round) -> bool:
     """Mark this node's workers done; True when every node of the round is done (then all are told)."""
-    done = int(rnd.control.add("done_count", 1))
-    if done >= rnd.group_world_size:
-        rnd.control.set(ALL_DONE_KEY, storevalue.seal(_stop_key(rnd, ALL_DONE_KEY), "1"))
+    keys = JobStore.of_round(rnd)
+    if keys.count(DONE_COUNT_KEY, 1) >= rnd.group_world_size:
+        keys.put(ALL_DONE_KEY, "1")
         return True
     return False
 
 
 def farewell(rnd: Round) -> None:
     """This node is done with a successful job and leaves; the last one to say so tells the store's host."""
-    if int(rnd.control.add(FAREWELLS_KEY, 1)) >= rnd.group_world_size:
-        rnd.control.set(ALL_GONE_KEY, storevalue.seal(_stop_key(rnd, ALL_GONE_KEY), "1"))
+    keys = JobStore.of_round(rnd)
+    if keys.count(FAREWELLS_KEY, 1) >= rnd.group_world_size:
+        keys.put(ALL_GONE_KEY, "1")
 
 
 def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], float] = time.monotonic) -> bool:
     """The store's host, after a successful job: wait until every node of the round has said farewell, while
-    farewells keep coming. Without it the host could exit before a slower node had read "all done"; that node
-    then found the store gone and exited 3 (seen with 16 agents on a loaded machine, and with a fixed 2 s wait,
-    on a third of 256 agents sharing 16 cores, whose farewells trickled in over more than 2 s). Gives up when
-    no farewell has come for ``quiet`` seconds (a node that died never says it) or after ``cap`` seconds in
-    all. False when it gave up; raises when the store itself fails (the caller leaves then)."""
-    start = clock()
+    farewells keep coming (else a slower node that had not read "all done" found the store gone and exited 3;
+    a fixed 2 s wait failed a third of 256 agents on 16 cores). Gives up when no farewell has come for
+    ``quiet`` seconds (a node that died never says it) or after ``cap`` seconds in all. False when it gave up;
+    raises when the store itself fails (the caller leaves then)."""
+    start, keys = clock(), JobStore.of_round(rnd)
     seen, last_new = -1, start
     while True:
         try:
-            rnd.control.wait([ALL_GONE_KEY], datetime.timedelta(seconds=FAREWELL_SLICE))
-            storevalue.open_value(_stop_key(rnd, ALL_GONE_KEY), rnd.control.get(ALL_GONE_KEY))
+            keys.wait([ALL_GONE_KEY], datetime.timedelta(seconds=FAREWELL_SLICE))
+            keys.read(ALL_GONE_KEY)
             return True
         except storevalue.RefusedValue:  # not an agent's mark: count the farewells instead
             time.sleep(FAREWELL_SLICE)
         except Exception:  # noqa: BLE001 - torch raises one type for a timeout and a failure: the add tells
             pass
-        count, now = int(rnd.control.add(FAREWELLS_KEY, 0)), clock()
+        count, now = keys.count(FAREWELLS_KEY, 0), clock()
         if count >= rnd.group_world_size:
             return True
         if count != seen:
@@ -136,7 +126,7 @@ def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], fl
 def count_unhealthy(rnd: Round, *, add: bool) -> int:
     """Nodes of the round that lost a rank (``--restart-policy min-healthy``); ``add``: this node just did.
     One atomic counter: when two nodes lose ranks at once, exactly one of them sees the count cross MIN."""
-    return storevalue.add(rnd.control, UNHEALTHY_KEY, _stop_key(rnd, UNHEALTHY_KEY), 1 if add else 0)
+    return JobStore.of_round(rnd).add(UNHEALTHY_KEY, 1 if add else 0)
 
 
 class StopListener:
@@ -152,8 +142,9 @@ class StopListener:
 
     def __init__(self, rnd: Round, on_value: Callable[[bytes], None], *, key: str = STOP_KEY) -> None:
         self._key = key
-        self._full_key = _stop_key(rnd, key)
+        self._sealer = rnd.sealer
         self._connect = rnd.connect_control
+        self._scope = rnd.control_prefix
         self._on_value = on_value
         self._cancelled = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"{key}-watch-{rnd.index}", daemon=True)
@@ -190,10 +181,10 @@ class StopListener:
             if self._cancelled.is_set():
                 return answered
             try:
-                value = storevalue.open_value(self._full_key, store.get(self._key))
+                value = JobStore(store, self._scope, self._sealer).read(self._key)
             except storevalue.RefusedValue:
                 # Not written by an agent of this job (no valid seal): wait for the real one, which replaces it
-                # (``storevalue.claim``); the key exists, so look again after a pause instead of a wait.
+                # (``JobStore.claim``); the key exists, so look again after a pause instead of a wait.
                 self._cancelled.wait(self.POLL)
                 continue
             except Exception:

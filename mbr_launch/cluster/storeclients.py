@@ -1,15 +1,12 @@
 """Client connections to the rendezvous store for the watcher threads, kept from one round to the next.
 
 Every round starts a stop listener, an inquiry watcher and a peer watch per agent, each on a client connection
-of its own (a blocking ``wait`` must not stall the agent's shared client). Opening them anew every round cost
-each agent three connections at the same moment as every other agent, and torch formats each new socket's
-addresses with a reverse DNS lookup (``getnameinfo``), on the store host's server thread as well: where
-reverse DNS is slow (seen here: 5 s timeouts from an overloaded resolver during a burst of 96 connections of
-32 agents), the whole store stalled for every agent. A released connection serves the next round's watcher
-instead, so after the first rounds a restart opens none. The first round's are opened while the agent waits
-to join (``prefill``): the client side's lookup stalls too (torch names the address it connects to, a mapped
-``::ffff:`` one, which /etc/hosts never answers), and one agent whose stop listener took 4.4 s to connect
-learned of the first failure 4.4 s after every other agent (32 agents on 2 cores), holding up the restart.
+of its own (a blocking ``wait`` must not stall the agent's shared client). Each new connection costs a reverse
+DNS lookup on both sides (torch's ``getnameinfo``; ``cluster.listen`` says why), and opened anew every round, by
+every agent at once, they stalled the whole store where the resolver is slow (5 s timeouts during a burst of
+96 connections of 32 agents). A released connection serves the next round's watcher instead, so after the
+first rounds a restart opens none; the first round's are opened while the agent waits to join (``prefill``):
+one agent whose stop listener took 4.4 s to connect learned of the first failure 4.4 s after the others.
 """
 
 from __future__ import annotations

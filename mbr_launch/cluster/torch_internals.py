@@ -4,24 +4,17 @@ torch's elastic rendezvous (``torch.distributed.elastic.rendezvous.dynamic_rende
 what the restart speed-ups need: the handler's store, its state holder and operation executor, the module's
 pause and event-name helpers, the pickled state's fields. Every use of them is here, as a *patch*: a named
 speed-up that needs some private parts. A torch that renamed or dropped one of those parts does not break a
-launch: that patch does not install and torch's own behaviour stands. But nothing else would show it (only a
-benchmark would notice the restarts getting slower), so it is never hidden:
-
-- every install returns a ``Patch`` record: whether it took, and why not;
-- ``status()`` tells, for the torch in use, which patches install (checked on a throwaway handler over an
-  in-memory store: nothing is patched, well under a millisecond once torch is imported); the agent says one
-  line at start-up when any does not (``lost_line``), and ``mbr-launch doctor`` has a check of it.
+launch: that patch does not install and torch's own behaviour stands. But only a benchmark would notice the
+restarts getting slower, so it is never hidden: every install returns a ``Patch`` record (whether it took, and
+why not); ``status()`` tells which patches install on the torch in use (on a throwaway handler over an
+in-memory store); the agent says one line at start-up when any does not (``lost_line``), and ``mbr-launch
+doctor`` checks it.
 
 The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their
-users:
-
-- ``event_names``: ``cluster.eventnames``;
-- ``join_wake``: ``cluster.joinwake``;
-- ``early_close``: ``cluster.shrink``;
-- ``leave``: ``Rendezvous.leave``;
-- ``state_reads``: ``cluster.joining``, ``Rendezvous.spare_count``;
-- ``store_address``: ``Rendezvous.handler``, ``job_get``;
-- ``store_socket``: ``cluster.rdzvstore``.
+users: ``event_names``: ``cluster.eventnames``; ``join_wake``: ``cluster.joinwake``; ``early_close``:
+``cluster.shrink``; ``leave``: ``Rendezvous.leave``; ``state_reads``: ``cluster.joining``,
+``Rendezvous.spare_count``; ``store_address``: ``Rendezvous.handler``, ``job_get``; ``store_socket``:
+``cluster.rdzvstore``.
 
 torch is imported inside the functions only: the doctor imports this module without it.
 """
@@ -409,7 +402,6 @@ def _view(state: Any) -> StateView:
 # ---- store_socket --------------------------------------------------------------------------------------
 
 def matches_this_machine(host: str) -> bool:
-    """torch's own test of whether ``host`` is this machine (its name, its addresses, loopback), so that the
-    same agent hosts the store as under torchrun."""
+    """torch's own test of whether ``host`` is this machine (its name, its addresses, loopback)."""
     from torch.distributed.elastic.rendezvous.utils import _matches_machine_hostname
     return bool(_matches_machine_hostname(host))

@@ -2,35 +2,23 @@
 
 When global rank 0 serves it itself (``TORCHELASTIC_USE_AGENT_STORE=False``), every other rank that starts
 first meets a closed port, and torch's store client then backs off for about a second before it tries again
-(measured: 0.75 s for a server 50 ms late; 2.4 s under load). Warm standbys start every rank within
-milliseconds, so that back-off was most of a restart. torchrun avoids it by handing the workers its own
-rendezvous store, which outlives rounds and breaks restarts (pytorch#135712). Here the agent starts a new,
-empty store for every round before it starts the workers (``TORCHELASTIC_USE_AGENT_STORE=True``: every rank
-is a client), and drops it when the next round begins: no key of an earlier round can be read.
-
-The listening socket is ours, bound and listening before torch's server gets it (``master_listen_fd``; IPv4
-when the master address is IPv4 only, ``cluster.listen`` says why), and torch's constructor runs in a thread
-(``ServedStore``): ranks that connect before it is done wait in the kernel's queue, not in torch's connect
-back-off.
+(0.75 s for a server 50 ms late; 2.4 s under load): most of a restart with warm standbys. torchrun hands the
+workers its own rendezvous store instead, which outlives rounds and breaks restarts (pytorch#135712). Here the
+agent starts a new, empty store for every round before it starts the workers (every rank is a client), and
+drops it when the next round begins: no key of an earlier round can be read. Its listening socket is ours,
+listening before torch's server gets it (``master_listen_fd``; ``cluster.listen``), and torch's constructor
+runs in a thread (``ServedStore``): ranks that connect early wait in the kernel's queue, not in a back-off.
 
 A static rendezvous (``--master-addr``/``--master-port``, or ``--rdzv-backend static`` with an endpoint) is
-different. torchrun gives its workers ``MASTER_ADDR:MASTER_PORT`` = that endpoint and
-``TORCHELASTIC_USE_AGENT_STORE=True``, so torch's ``tcp://`` and ``env://`` handlers connect to the agent's
-store as clients instead of listening; older scripts build their init method from the address and port they
-gave the launcher. torch 2.14 honours the flag only for ``MASTER_ADDR:MASTER_PORT`` itself
-(``torch.distributed.rendezvous._agent_store_serves``): a ``tcp://`` init at the static port with another
-``MASTER_PORT`` makes rank 0 listen there, on the port the agent holds (EADDRINUSE). So there the static store
-is the workers' store, as under torchrun (``round_port``).
-
-torchrun leaves every attempt's worker keys in that store (torch 2.13 and 2.14 add no per-attempt prefix), so a
-restarted attempt may read gloo's rank addresses of the dead one (``default_pg/0//cpu//0/<rank>``) and retry
-them until its init times out (pytorch#135712). Measured under torchrun 2.13, 2 gloo ranks, rank 1 failing
-once: of 6 runs, 1 restarted; 2 ended with "Gloo connectFullMesh failed ... Connection refused" at the old
-address, 3 were still in the restarted init when killed. Here group rank 0's agent deletes every key the
-workers wrote before the next round's workers start: every node has stopped its workers by then (each joins
-the next round only after), and none has started new ones (they wait for the layout group rank 0 publishes
-after this). The agents' own keys lie under ``mbr/``, torch's static handler's ``<run id>/`` and
-``torch.rendezvous.<run id>``; every other key is the workers'.
+different: torchrun gives its workers that endpoint as ``MASTER_ADDR:MASTER_PORT``, and torch 2.14 makes rank 0
+listen on a ``tcp://`` init at the static port with another ``MASTER_PORT`` (EADDRINUSE on the agent's port;
+``torch.distributed.rendezvous._agent_store_serves``). So there the static store is the workers' store, as
+under torchrun (``round_port``). torchrun leaves every attempt's worker keys in it, so a restarted attempt may
+read gloo's rank addresses of the dead one and retry them until its init times out (pytorch#135712; under
+torchrun 2.13, 5 of 6 runs with one failure did not restart cleanly). Here group rank 0's agent deletes every
+key the workers wrote before the next round's workers start: every node has stopped its workers by then, and
+none has started new ones (they wait for the layout group rank 0 publishes after this). The agents' own keys
+lie under ``mbr/``, torch's static handler's ``<run id>/`` and ``torch.rendezvous.<run id>``.
 """
 
 from __future__ import annotations
@@ -43,11 +31,9 @@ from mbr_launch.cluster import listen
 
 
 class ServedStore:
-    """The round's worker store, made in a thread of its own. The socket listens before this returns, so a
-    rank that connects at once is queued by the kernel until torch's server serves it; torch's constructor,
-    which took 5 to 10 s for group rank 0's agent of 32 on 2 cores (while the same call took 0.03 s in the
-    next round), does not hold up the start of this node's ranks. Dropping the handle drops the store (a
-    store still being made is dropped when its thread ends)."""
+    """The round's worker store, made in a thread of its own: torch's constructor (5 to 10 s for group rank 0's
+    agent of 32 on 2 cores) does not hold up the start of this node's ranks, which the kernel queues meanwhile.
+    Dropping the handle drops the store (one still being made, when its thread ends)."""
 
     def __init__(self, host: str, port: int, fd: int, timeout: datetime.timedelta) -> None:
         self.store: Any = None

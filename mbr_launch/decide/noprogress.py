@@ -26,7 +26,7 @@ the count. One that did not extends the run of cycles without progress, and when
 progress, then ends the job instead of starting cycle 3) the job ends with ``--ft-no-restart-exit-code``.
 
 The record (``Tracking``) lives in the rendezvous store between cycles, and each cycle's verdict is claimed
-there by the first node to score it (``cluster.progressstore``), so every node acts on the same one.
+there by the first node to score it (``cluster.jobstore``), so every node acts on the same one.
 """
 
 from __future__ import annotations
