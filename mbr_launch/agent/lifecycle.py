@@ -32,14 +32,13 @@ from mbr_launch.cluster.peers import store_host_alive
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
-from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.monitor.link import MonitorLink
 from mbr_launch.report import exitcodes, runs
 from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
 from mbr_launch.report.version import versions
-from mbr_launch.workers import evidence, numa, strays
+from mbr_launch.workers import numa, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standbypool import StandbyPool
 
@@ -140,24 +139,7 @@ class Agent:
         monitor.start()
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
                        cluster=cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
-                       gather_evidence=functools.partial(self._gather, run_dir), run_dir=run_dir,
-                       started=self._started, features=features)
-
-    def _gather(self, run_dir: Path, rnd: Round, bound: float) -> list[RankEvidence]:
-        """This node's ranks' evidence for a hang inquiry (process state, Flight Recorder, stacks)."""
-        assert self._group and self._monitor
-        monitor = self._monitor
-
-        def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
-            try:
-                return (monitor.snapshot() or {}).get("ranks")
-            except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
-                return None
-
-        return evidence.gather(self._group.workers, node=self.node, group_rank=rnd.group_rank,
-                               out_dir=run_dir / f"attempt_{rnd.index}" / "stacks",
-                               stack_method=self.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows,
-                               warn=self.say)  # a refused dump file: its line starts "WARNING:"
+                       run_dir=run_dir, started=self._started, features=features)
 
     def _install_signals(self, wakeup: Wakeup) -> dict[int, Any]:
         old = {}
