@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from mbr_launch.agent.cycles import CycleRecords, read_iteration_file
+from mbr_launch.agent.features.cycles import CycleRecords, read_iteration_file
 from mbr_launch.agent.features.cycles import CycleFeature
 from mbr_launch.agent.messages import Progress, RankStarted
 from mbr_launch.config.model import NvrxLauncherSpec

@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from mbr_launch.agent.context import Feature
-from mbr_launch.agent.cycles import CycleRecords
+from mbr_launch.agent.features.cycles import CycleRecords
 from mbr_launch.agent.features import chosen, monitor_settings
 from mbr_launch.agent.features.cycles import PROGRESS_STATUS_INTERVAL, CycleFeature
 from mbr_launch.agent.features.health import HealthGate
 from mbr_launch.agent.features.telemetry import TelemetryFeature
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.features.telemetry import Telemetry
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.config.build import build_config
 from mbr_launch.config.model import LaunchConfig, NvrxLauncherSpec

@@ -1,5 +1,5 @@
 """The per-rank status display (``--status``): what the rank monitor's status rows look like on the terminal.
-Rows in, text out: it decides nothing and counts nothing (``agent.telemetry`` keeps the rows).
+Rows in, text out: it decides nothing and counts nothing (``agent.features.telemetry`` keeps the rows).
 
 ``live`` is a rich table, one row per local rank (rank, state, age of the last heartbeat or step, open
 sections, last step time, restarts), pinned at the bottom of the terminal by the console that the worker

@@ -6,12 +6,10 @@ from __future__ import annotations
 import time
 from typing import Any, Callable, Collection, Mapping
 
-from mbr_launch.agent.cycles import CycleRecords, Members
 from mbr_launch.agent.features import Feature, health
-from mbr_launch.agent.features.cycles import CycleFeature
+from mbr_launch.agent.features.cycles import CycleFeature, CycleRecords, Members
 from mbr_launch.agent.features.health import HealthGate
-from mbr_launch.agent.features.telemetry import TelemetryFeature
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.features.telemetry import Telemetry, TelemetryFeature
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.report.events import EventLog
