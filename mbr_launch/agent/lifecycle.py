@@ -16,8 +16,8 @@ from typing import Any, Callable
 
 from mbr_launch import nofile
 from mbr_launch.agent import progress
-from mbr_launch.agent.context import Context
-from mbr_launch.agent.features import Feature, chosen, monitor_settings
+from mbr_launch.agent.context import Context, Feature
+from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
@@ -127,7 +127,7 @@ class Agent:
         elastic = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone and not cfg.policy.min_healthy
         cluster = self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)
         # The features tell the monitor what to send, so they come first; they read its view once it runs.
-        features = self._features = chosen.build(
+        features = self._features = build_features(
             cfg, log=log, say=self.say, node=self.node, environ=self.environ, rendezvous=rendezvous,
             hosts_store=cluster.hosts_store, snapshot=lambda: monitor.snapshot(), own_pids=group.own_pids,
             clock=self.clock)

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import json
 import threading
-from typing import TYPE_CHECKING, Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch import outside
-from mbr_launch.agent.features import Feature
+from mbr_launch.agent.context import Context, Feature
 from mbr_launch.agent.messages import Progress, RankStarted, RoundResult
 from mbr_launch.cluster import storevalue
 from mbr_launch.cluster.progressstore import NO_RESTART_KEY, ProgressRecords
@@ -30,9 +30,6 @@ from mbr_launch.decide.noprogress import (Facts, Rule, Scored, cycle_line, decod
                                           encode_tracking, initial, parse_iteration, score)
 from mbr_launch.report import cycleinfo
 from mbr_launch.report.events import EventLog
-
-if TYPE_CHECKING:
-    from mbr_launch.agent.context import Context
 
 FILE_READ_BOUND = 5.0  # seconds a read of the checkpoint iteration file may take (a hung shared file system)
 

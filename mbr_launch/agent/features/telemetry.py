@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, TextIO
 
 from mbr_launch.agent import statusview
+from mbr_launch.agent.context import Context, Feature
 from mbr_launch.agent.failures import handle_failure
-from mbr_launch.agent.features import Feature
 from mbr_launch.agent.messages import Progress, RankStarted, RoundResult
 from mbr_launch.cluster.round import Round
 from mbr_launch.decide.causes import Cause
@@ -26,7 +26,6 @@ from mbr_launch.report import exitcodes
 from mbr_launch.report.summary import FailureRecord
 
 if TYPE_CHECKING:
-    from mbr_launch.agent.context import Context
     from mbr_launch.config.model import LaunchConfig
     from mbr_launch.report.console import Console
     from mbr_launch.report.events import EventLog
