@@ -87,17 +87,20 @@ def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
 
 
 def _open(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
-    opener = Opener(number=ctx.current.inquiry.number, group_rank=rnd.group_rank, rank=event.rank, kind=event.kind)
+    return _act(ctx, rnd, _verdict(ctx, rnd, _opener(ctx, rnd, event.rank, event.kind)))
+
+
+def _opener(ctx: Context, rnd: Round, rank: int | None, kind: str) -> Opener:
+    """Open this round's next inquiry; the opener that won (another node's, when it opened it first)."""
     with ctx.store_call("opening a hang inquiry"):
-        opener = ctx.cluster.open_inquiry(rnd, opener)
-    return _act(ctx, rnd, _verdict(ctx, rnd, opener, ()))
+        return ctx.cluster.open_inquiry(rnd, Opener(ctx.current.inquiry.number, rnd.group_rank, rank, kind))
 
 
 def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | None:
     """Another node opened an inquiry: join it, unless this node joined already through its own expiry."""
     if event.opener.number != ctx.current.inquiry.number:
         return None
-    return _act(ctx, rnd, _verdict(ctx, rnd, event.opener, ()))
+    return _act(ctx, rnd, _verdict(ctx, rnd, event.opener))
 
 
 def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
@@ -108,11 +111,8 @@ def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
                            pid=w.pid, state=ProcState.GONE, stack=StackClass.COLLECTIVE,
                            collective="a collective that timed out", where=lines[w.local_rank][:160],
                            expired=True, kind=TIMED_OUT) for w in failed]
-    opener = Opener(number=ctx.current.inquiry.number, group_rank=rnd.group_rank, rank=failed[0].rank, kind=TIMED_OUT)
     ctx.current.inquiry.timed_out = {w.rank: lines[w.local_rank] for w in failed}
-    with ctx.store_call("opening a hang inquiry"):
-        opener = ctx.cluster.open_inquiry(rnd, opener)
-    found = _verdict(ctx, rnd, opener, waited)
+    found = _verdict(ctx, rnd, _opener(ctx, rnd, failed[0].rank, TIMED_OUT), waited)
     if not found.verdict.determined:
         return False, None
     return True, _act(ctx, rnd, found)
@@ -128,7 +128,7 @@ class _Found:
     doubt: str | None = None  # why this node does not stop the ranks here that the verdict blames
 
 
-def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvidence]) -> _Found:
+def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvidence] = ()) -> _Found:
     """Gather and publish this node's evidence; decide (the opener's node) or wait for the decision."""
     number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
     decider = opener.group_rank == rnd.group_rank

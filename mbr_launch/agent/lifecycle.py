@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbr_launch import nofile
-from mbr_launch.agent import progress
+from mbr_launch.agent import leaving, progress
 from mbr_launch.agent.context import Context, Feature
 from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.loop import Supervisor
@@ -190,8 +190,12 @@ class Agent:
         if self._rendezvous is None or departure is Departure.NONE:
             return
         bound = PART_BOUND
-        if departure is Departure.LEAVE:
-            part = functools.partial(self._leave_rendezvous, rnd)
+        if departure is Departure.LEAVE:  # leave the rendezvous without closing it for the others
+            ctx, rendezvous = self.ctx, self._rendezvous
+            assert ctx is not None  # only the loop decides that this node leaves
+
+            def part() -> None:
+                leaving.leave_failed(ctx, rendezvous.leave())
         else:
             hosting = rnd is not None and self._cluster is not None and self._cluster.hosts_store(rnd)
             succeeded = rnd is not None and self.ctx is not None and self.ctx.summary.exit_code == exitcodes.OK
@@ -202,18 +206,6 @@ class Agent:
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
         progress.farewell(wakeup, farewell, bound)  # a Ctrl-C now ends the wait
-
-    def _leave_rendezvous(self, rnd: Round | None) -> None:
-        """An excluded node leaves the rendezvous without closing it for the others; where it cannot, the log
-        and the console say why (its keep-alive expires instead, and the others drop it then)."""
-        assert self._rendezvous is not None
-        why = self._rendezvous.leave()
-        if why is None:
-            return
-        if self._log:
-            self._log.emit("leave_failed", round=rnd.index if rnd is not None else None, reason=why)
-        self.say(f"WARNING: could not leave the rendezvous: {why}; the other nodes drop this node once its "
-                 "keep-alive expires")
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
         """After a successful job (``done``: its round) every node says farewell and the store's host waits
