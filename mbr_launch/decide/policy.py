@@ -192,7 +192,7 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
         return Decision(Action.STOP, Scope.JOB, f"restart budget exhausted ({policy.max_restarts} restarts allowed)",
                         exhausted=True)
     # Restarting one rank or one node mends only a failure whose culprit is known to be there.
-    scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else Scope.JOB
+    scope = policy.scope if facts.cause.node_fault and facts.culprit_known else Scope.JOB
     reason = "restarting"
     if policy.min_healthy and facts.healthy_nodes is not None:
         reason = f"only {facts.healthy_nodes} node(s) still have every rank alive and --nnodes needs {policy.min_nodes}"
