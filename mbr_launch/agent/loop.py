@@ -186,7 +186,7 @@ class Supervisor:
 
     def _run_round(self, rnd: Round) -> RoundResult:
         ctx = self.ctx
-        ctx.wakeup.drop_events()
+        ctx.wakeup.take_events()  # dropped: the previous round's (late monitor verdicts, peer messages); signals stay
         state = ctx.current = RoundState(started=ctx.clock(), watch=ctx.cluster.watch(rnd, ctx.wakeup.post))
         watch = state.watch
         assert watch is not None

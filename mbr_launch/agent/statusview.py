@@ -120,10 +120,7 @@ def _render(rows: Rows, starts: dict[int, int], colors: str | None, width: int) 
 
 
 def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
-    age = row.get("last_heartbeat_age")
-    step_age = row.get("last_step_age")
-    if step_age is not None and (age is None or step_age < age):
-        age = step_age
+    age = _age(row)
     step_time = row.get("last_step_time")
     lr = row.get("local_rank")
     state = str(row.get("state", "?"))
