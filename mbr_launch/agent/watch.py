@@ -24,14 +24,12 @@ class RoundWatch:
     def __init__(self, rnd: Round, post: Callable[[Event], None], *, peer_timeout: float,
                  waiting: Callable[[], int] | None, hosting: bool) -> None:
         self._round, self._post = rnd, post
-        self._peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
-                                on_waiting=lambda count: post(NodesWaiting(count)), on_left=post, hosting=hosting)
-        self.threads: list[StopListener | PeerWatch] = [self._peers]
+        peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
+                          on_waiting=lambda count: post(NodesWaiting(count)), on_left=post, hosting=hosting)
+        self.store_silence: Callable[[], float | None] = peers.store_silence  # the loop asks the peer watch
+        self.threads: list[StopListener | PeerWatch] = [peers]
         self._listen(stops.STOP_KEY, lambda raw: PeerStopped(StopMessage.decode(raw)))
-        self._peers.start()
-
-    def store_silence(self) -> float | None:
-        return self._peers.store_silence()
+        peers.start()
 
     def watch_all_done(self) -> None:
         self._listen(stops.ALL_DONE_KEY, lambda _raw: AllDone())
