@@ -9,7 +9,7 @@ import pytest
 
 from mbr_launch.agent import handlers
 from mbr_launch.agent.features.telemetry import TelemetryFeature
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.features.telemetry import Telemetry
 from mbr_launch.agent.messages import (Departure, MonitorDied, MonitorWarning, NodesWaiting, PeerStopped, RankExpired,
                                        RankStarted, WorkloadRequest, decode_monitor_event)
 from mbr_launch.decide.verdict import ProcState, StackClass

@@ -12,7 +12,7 @@ import pytest
 
 from mbr_launch.cluster.jobstore import JobStore
 from mbr_launch.cluster.storevalue import Sealer
-from mbr_launch.agent.cycles import CycleRecords, read_iteration_file
+from mbr_launch.agent.features.cycles import CycleRecords, read_iteration_file
 from mbr_launch.agent.features.cycles import CycleFeature
 from mbr_launch.agent.messages import Progress, RankStarted
 from mbr_launch.config.model import NvrxLauncherSpec

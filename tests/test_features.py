@@ -10,12 +10,12 @@ from typing import Any
 import pytest
 
 from mbr_launch.agent.context import Feature
-from mbr_launch.agent.cycles import CycleRecords
-from mbr_launch.agent.features import chosen, monitor_settings
+from mbr_launch.agent.features.cycles import CycleRecords
+from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.features.cycles import PROGRESS_STATUS_INTERVAL, CycleFeature
 from mbr_launch.agent.features.health import HealthGate
 from mbr_launch.agent.features.telemetry import TelemetryFeature
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.features.telemetry import Telemetry
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.config.build import build_config
 from mbr_launch.config.model import LaunchConfig, NvrxLauncherSpec
@@ -45,7 +45,7 @@ def test_progress_tracking_asks_for_status_rows_only_where_the_display_asks_for_
     # no display: the monitor sends a status row a second, for the ranks' training iterations
     assert monitor_settings([_cycles(quiet, status_rows=True), _telemetry(quiet)])["status_interval"] \
         == PROGRESS_STATUS_INTERVAL
-    # the plain display's own interval stands (telemetry comes after progress tracking, as in chosen.build)
+    # the plain display's own interval stands (telemetry comes after progress tracking, as in build_features)
     assert monitor_settings([_cycles(plain, status_rows=True), _telemetry(plain)])["status_interval"] == 5.0
     # progress read from a checkpoint file needs no rows: none asked, none sent
     merged = monitor_settings([_cycles(quiet, status_rows=False), _telemetry(quiet)])
@@ -63,9 +63,9 @@ def test_a_feature_writes_only_the_hooks_it_uses():
 
 def test_the_features_come_in_the_order_they_act_and_only_when_asked(tmp_path):
     def build(cfg: LaunchConfig) -> list[Any]:
-        return chosen.build(cfg, log=EventLog(None, node="n"), say=lambda line: None, node="n", environ={},
-                            rendezvous=Rendezvous(cfg), hosts_store=lambda rnd: False, snapshot=lambda: None,
-                            own_pids=set)
+        return build_features(cfg, log=EventLog(None, node="n"), say=lambda line: None, node="n", environ={},
+                              rendezvous=Rendezvous(cfg), hosts_store=lambda rnd: False, snapshot=lambda: None,
+                              own_pids=set)
 
     plain = _cfg(status="off")
     assert [type(f) for f in build(plain)] == [TelemetryFeature]

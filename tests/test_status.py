@@ -9,7 +9,7 @@ import pytest
 from mbr_launch.report.events import EventLog
 from mbr_launch.config.build import build_config
 from mbr_launch.config.settings import resolve
-from mbr_launch.agent.telemetry import Telemetry
+from mbr_launch.agent.features.telemetry import Telemetry
 
 from testkit.helpers import validate
 

@@ -104,6 +104,7 @@ class Monitor(Protocol):
     def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]: ...
     def ages(self, local_ranks: Iterable[int]) -> dict[int, float]: ...
     def pending_signals(self) -> frozenset[int] | None: ...
+    def snapshot(self) -> dict[str, Any] | None: ...
 
 
 class Feature(Protocol):
@@ -183,9 +184,10 @@ class Context:
     wakeup: Wakeup
     guard: Guard
     clock: Callable[[], float]
-    gather_evidence: Callable[[Round, float], Sequence[RankEvidence]]  # this node's ranks, within the bound
     run_dir: Path
     started: float  # when the agent started, on ``clock``
+    # this node's ranks' evidence, within the bound (None: ``agent.inquiry.gather`` reads the real ones)
+    gather_evidence: Callable[[Round, float], Sequence[RankEvidence]] | None = None
     features: list[Feature] = field(default_factory=list)  # the round's optional features, in the order they act
     round: Round | None = None  # the latest round joined
     summary: RunSummary = field(default_factory=RunSummary)

@@ -38,14 +38,6 @@ def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundR
 AFTER_LOCAL_DONE: frozenset[type] = frozenset({PeerStopped, PeerLost, StoreLost, AllDone, MonitorWarning})
 
 
-def _all_done(ctx: Context, rnd: Round, event: AllDone) -> RoundResult:
-    return RoundResult(Outcome.SUCCEEDED)
-
-
-def _peer_stopped(ctx: Context, rnd: Round, event: PeerStopped) -> RoundResult:
-    return handle_peer_stop(ctx, rnd, event.message)
-
-
 # The signs of progress (monitor.steps.PROGRESS_SIGNS) with events of their own: first_step (which telemetry
 # records) and first_heartbeat. Every other kind comes as first_progress and is recorded here.
 _STEP_OR_HEARTBEAT = ("step", "heartbeat")
@@ -77,13 +69,12 @@ def note_peers_left(ctx: Context, rnd: Round, event: PeersLeft) -> None:
             "node)")
 
 
-def handle_peer_stop(ctx: Context, rnd: Round, message: StopMessage) -> RoundResult:
+def handle_peer_stop(ctx: Context, rnd: Round, event: PeerStopped) -> RoundResult:
+    message = event.message
     ctx.log.emit("stop", round=rnd.index, reason=message.reason, origin=message.origin)
     if message.group_rank != rnd.group_rank:
         ctx.say(f"stopping local workers: {message.reason} (from {message.origin})")
-    ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
-    _end_attempt(ctx)
-    return RoundResult(Outcome.FINAL if message.final else Outcome.RESTART, message=message)
+    return _stop_here(ctx, rnd, message)
 
 
 def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> RoundResult:
@@ -93,16 +84,17 @@ def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> Round
     with ctx.store_call("announcing a membership change"):
         ctx.cluster.publish(rnd, message)
         decided = ctx.cluster.read(rnd) or message
+    return _stop_here(ctx, rnd, decided)
+
+
+def _stop_here(ctx: Context, rnd: Round, message: StopMessage) -> RoundResult:
+    """This node's workers stop for the round's stop message. The attempt ends when they stop, not when the
+    next one starts: goodput's detection time for this node is then up to the stop, and the rendezvous after
+    it counts as restart."""
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
-    _end_attempt(ctx)
-    return RoundResult(Outcome.FINAL if decided.final else Outcome.RESTART, message=decided)
-
-
-def _end_attempt(ctx: Context) -> None:
-    """The attempt ends when its workers stop, not when the next one starts: goodput's detection time for
-    this node is then up to the stop, and the rendezvous after it counts as restart."""
     for feature in ctx.features:
         feature.attempt_ended(ctx, "stop")
+    return RoundResult(Outcome.FINAL if message.final else Outcome.RESTART, message=message)
 
 
 def handle_silence(ctx: Context, rnd: Round, event: PeerLost | StoreLost) -> RoundResult | None:
@@ -164,11 +156,11 @@ Handler = Callable[[Context, Round, Any], Optional[RoundResult]]
 
 # What each kind of event does (tests/test_dispatch.py: every kind of ``messages.Event`` has its handler).
 HANDLERS: dict[type, Handler] = {
-    PeerStopped: _peer_stopped,
+    PeerStopped: handle_peer_stop,
     PeerLost: handle_silence,
     PeersLeft: note_peers_left,
     StoreLost: handle_silence,
-    AllDone: _all_done,
+    AllDone: lambda ctx, rnd, event: RoundResult(Outcome.SUCCEEDED),
     MonitorWarning: note_monitor_warning,
     NodesWaiting: handle_nodes_waiting,
     RankStarted: note_rank_started,

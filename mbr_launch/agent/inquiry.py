@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 from mbr_launch.agent.context import Context, Postponed
 from mbr_launch.agent.failures import handle_failure
@@ -36,6 +36,7 @@ from mbr_launch.decide.verdict_codec import evidence_to_dict
 from mbr_launch.decide.verdict_text import ranks_phrase
 from mbr_launch.monitor.wire import STEP_KIND
 from mbr_launch.report.summary import FailureRecord
+from mbr_launch.workers.evidence import gather as evidence_of
 from mbr_launch.workers.process import Worker
 
 # Seconds a node that does not decide waits for the verdict beyond the gathering bound.
@@ -86,17 +87,20 @@ def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
 
 
 def _open(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
-    opener = Opener(number=ctx.current.inquiry.number, group_rank=rnd.group_rank, rank=event.rank, kind=event.kind)
+    return _act(ctx, rnd, _verdict(ctx, rnd, _opener(ctx, rnd, event.rank, event.kind)))
+
+
+def _opener(ctx: Context, rnd: Round, rank: int | None, kind: str) -> Opener:
+    """Open this round's next inquiry; the opener that won (another node's, when it opened it first)."""
     with ctx.store_call("opening a hang inquiry"):
-        opener = ctx.cluster.open_inquiry(rnd, opener)
-    return _inquire(ctx, rnd, opener)
+        return ctx.cluster.open_inquiry(rnd, Opener(ctx.current.inquiry.number, rnd.group_rank, rank, kind))
 
 
 def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | None:
     """Another node opened an inquiry: join it, unless this node joined already through its own expiry."""
     if event.opener.number != ctx.current.inquiry.number:
         return None
-    return _inquire(ctx, rnd, event.opener)
+    return _act(ctx, rnd, _verdict(ctx, rnd, event.opener))
 
 
 def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
@@ -107,18 +111,11 @@ def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
                            pid=w.pid, state=ProcState.GONE, stack=StackClass.COLLECTIVE,
                            collective="a collective that timed out", where=lines[w.local_rank][:160],
                            expired=True, kind=TIMED_OUT) for w in failed]
-    opener = Opener(number=ctx.current.inquiry.number, group_rank=rnd.group_rank, rank=failed[0].rank, kind=TIMED_OUT)
     ctx.current.inquiry.timed_out = {w.rank: lines[w.local_rank] for w in failed}
-    with ctx.store_call("opening a hang inquiry"):
-        opener = ctx.cluster.open_inquiry(rnd, opener)
-    found = _verdict(ctx, rnd, opener, waited)
+    found = _verdict(ctx, rnd, _opener(ctx, rnd, failed[0].rank, TIMED_OUT), waited)
     if not found.verdict.determined:
         return False, None
-    return True, _act(ctx, rnd, found, opener.group_rank == rnd.group_rank)
-
-
-def _inquire(ctx: Context, rnd: Round, opener: Opener) -> RoundResult | None:
-    return _act(ctx, rnd, _verdict(ctx, rnd, opener, ()), opener.group_rank == rnd.group_rank)
+    return True, _act(ctx, rnd, found)
 
 
 @dataclass(frozen=True)
@@ -127,10 +124,11 @@ class _Found:
 
     verdict: Verdict
     local: list[RankEvidence]
+    decider: bool  # this node opened the inquiry, and judged it
     doubt: str | None = None  # why this node does not stop the ranks here that the verdict blames
 
 
-def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvidence]) -> _Found:
+def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvidence] = ()) -> _Found:
     """Gather and publish this node's evidence; decide (the opener's node) or wait for the decision."""
     number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
     decider = opener.group_rank == rnd.group_rank
@@ -138,7 +136,8 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
     ctx.current.inquiry.postponed = {}  # their expiries are in this inquiry's evidence (``inquiry.expired``)
     if ctx.current.watch is not None:
         ctx.current.watch.watch_inquiry(ctx.current.inquiry.number)
-    gathered = [_with_expiry(e, ctx.current.inquiry.expired.get(e.local_rank)) for e in ctx.gather_evidence(rnd, bound)]
+    own = ctx.gather_evidence(rnd, bound) if ctx.gather_evidence else gather(ctx, rnd, bound)
+    gathered = [_with_expiry(e, ctx.current.inquiry.expired.get(e.local_rank)) for e in own]
     known = {e.rank: e for e in extra}  # what this node knows better than /proc (why a rank exited) wins
     local = [known.pop(e.rank, e) for e in gathered] + list(known.values())
     with ctx.store_call("publishing hang evidence"):
@@ -161,7 +160,22 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
     if verdict.basis is not Basis.WITHDRAWN:  # after a withdrawn one, the next expiry is judged afresh
         ctx.current.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
     _record(ctx, rnd, number, verdict, local, opener=opener, seconds=ctx.clock() - began, doubt=doubt)
-    return _Found(verdict, local, doubt)
+    return _Found(verdict, local, decider, doubt)
+
+
+def gather(ctx: Context, rnd: Round, bound: float) -> list[RankEvidence]:
+    """This node's ranks' evidence (process state, Flight Recorder, stacks), back within about ``bound``."""
+
+    def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
+        try:
+            return (ctx.monitor.snapshot() or {}).get("ranks")
+        except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
+            return None
+
+    return evidence_of(ctx.group.workers, node=ctx.node, group_rank=rnd.group_rank,
+                       out_dir=ctx.run_dir / f"attempt_{rnd.index}" / "stacks",
+                       stack_method=ctx.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows,
+                       warn=ctx.say)  # a refused dump file: its line starts "WARNING:"
 
 
 def _doubt(ctx: Context, verdict: Verdict, local: Sequence[RankEvidence], began: float) -> str | None:
@@ -289,7 +303,7 @@ def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequ
     ctx.say(head + verdict.reason + (f" (inquiry opened when {trigger})" if trigger else ""))
 
 
-def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult | None:
+def _act(ctx: Context, rnd: Round, found: _Found) -> RoundResult | None:
     """The culprit's node stops it and runs the failure path; an undetermined verdict restarts the job from the
     decider; a node without culprits waits for the culprit's node to act (its stop message). A node whose own
     evidence does not bear out the blame of its ranks stops nothing, and waits as if the culprit were elsewhere:
@@ -311,7 +325,7 @@ def _act(ctx: Context, rnd: Round, found: _Found, decider: bool) -> RoundResult 
         ctx.current.inquiry.elsewhere_by = (ctx.clock() + cfg.monitor.hang_kill_grace + cfg.workers.shutdown_timeout
                                     + cfg.rendezvous.peer_timeout)
         return None
-    if not verdict.determined and not decider:
+    if not verdict.determined and not found.decider:
         return None
     records = [_record_of(ctx, rnd, e, verdict) for e in culprits] or [
         FailureRecord(round=rnd.index, rank=-1, local_rank=-1, node=ctx.node, group_rank=rnd.group_rank,

@@ -212,7 +212,12 @@ def _leave_rendezvous(ctx: Context) -> str | None:
     if ctx.cfg.rendezvous.backend != "c10d":
         return None
     with ctx.guard.around(ctx.cfg.rendezvous.peer_timeout * 2 + 15, "leaving the rendezvous"):
-        why = ctx.rendezvous.leave()
+        return leave_failed(ctx, ctx.rendezvous.leave())
+
+
+def leave_failed(ctx: Context, why: str | None) -> str | None:
+    """Where this node could not leave the rendezvous, the log and the console say why (its keep-alive then
+    expires, and the others drop it)."""
     if why is not None:
         ctx.log.emit("leave_failed", round=ctx.round.index if ctx.round else None, reason=why)
         ctx.say(f"WARNING: could not leave the rendezvous: {why}; the other nodes drop this node once its "

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mbr_launch import nofile
-from mbr_launch.agent import progress
-from mbr_launch.agent.context import Context
-from mbr_launch.agent.features import Feature, chosen, monitor_settings
+from mbr_launch.agent import leaving, progress
+from mbr_launch.agent.context import Context, Feature
+from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
@@ -33,14 +33,13 @@ from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.config.model import LaunchConfig
 from mbr_launch.config.rundir import make_run_dir, make_socket_dir
-from mbr_launch.decide.verdict import RankEvidence
 from mbr_launch.monitor.link import MonitorLink
 from mbr_launch.report import exitcodes, runs
 from mbr_launch.report.console import process_console
 from mbr_launch.report.events import EventLog
 from mbr_launch.report.redact import redact_argv
 from mbr_launch.report.version import versions
-from mbr_launch.workers import evidence, numa, strays
+from mbr_launch.workers import numa, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standbypool import StandbyPool
 
@@ -130,7 +129,7 @@ class Agent:
         elastic = cfg.rendezvous.backend == "c10d" and not cfg.rendezvous.standalone and not cfg.policy.min_healthy
         cluster = self._cluster = StoreCluster(rendezvous, peer_timeout=cfg.rendezvous.peer_timeout, membership=elastic)
         # The features tell the monitor what to send, so they come first; they read its view once it runs.
-        features = self._features = chosen.build(
+        features = self._features = build_features(
             cfg, log=log, say=self.say, node=self.node, environ=self.environ, rendezvous=rendezvous,
             hosts_store=cluster.hosts_store, snapshot=lambda: monitor.snapshot(), own_pids=group.own_pids,
             clock=self.clock)
@@ -142,24 +141,7 @@ class Agent:
         monitor.start()
         return Context(cfg=cfg, node=self.node, log=log, say=self.say, group=group, rendezvous=rendezvous,
                        cluster=cluster, monitor=monitor, wakeup=wakeup, guard=guard, clock=self.clock,
-                       gather_evidence=functools.partial(self._gather, run_dir), run_dir=run_dir,
-                       started=self._started, features=features)
-
-    def _gather(self, run_dir: Path, rnd: Round, bound: float) -> list[RankEvidence]:
-        """This node's ranks' evidence for a hang inquiry (process state, Flight Recorder, stacks)."""
-        assert self._group and self._monitor
-        monitor = self._monitor
-
-        def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
-            try:
-                return (monitor.snapshot() or {}).get("ranks")
-            except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
-                return None
-
-        return evidence.gather(self._group.workers, node=self.node, group_rank=rnd.group_rank,
-                               out_dir=run_dir / f"attempt_{rnd.index}" / "stacks",
-                               stack_method=self.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows,
-                               warn=self.say)  # a refused dump file: its line starts "WARNING:"
+                       run_dir=run_dir, started=self._started, features=features)
 
     def _install_signals(self, wakeup: Wakeup) -> dict[int, Any]:
         old = {}
@@ -210,8 +192,12 @@ class Agent:
         if self._rendezvous is None or departure is Departure.NONE:
             return
         bound = PART_BOUND
-        if departure is Departure.LEAVE:
-            part = functools.partial(self._leave_rendezvous, rnd)
+        if departure is Departure.LEAVE:  # leave the rendezvous without closing it for the others
+            ctx, rendezvous = self.ctx, self._rendezvous
+            assert ctx is not None  # only the loop decides that this node leaves
+
+            def part() -> None:
+                leaving.leave_failed(ctx, rendezvous.leave())
         else:
             hosting = rnd is not None and self._cluster is not None and self._cluster.hosts_store(rnd)
             succeeded = rnd is not None and self.ctx is not None and self.ctx.summary.exit_code == exitcodes.OK
@@ -222,18 +208,6 @@ class Agent:
         farewell = threading.Thread(target=part, name="rdzv-farewell", daemon=True)
         farewell.start()
         progress.farewell(wakeup, farewell, bound)  # a Ctrl-C now ends the wait
-
-    def _leave_rendezvous(self, rnd: Round | None) -> None:
-        """An excluded node leaves the rendezvous without closing it for the others; where it cannot, the log
-        and the console say why (its keep-alive expires instead, and the others drop it then)."""
-        assert self._rendezvous is not None
-        why = self._rendezvous.leave()
-        if why is None:
-            return
-        if self._log:
-            self._log.emit("leave_failed", round=rnd.index if rnd is not None else None, reason=why)
-        self.say(f"WARNING: could not leave the rendezvous: {why}; the other nodes drop this node once its "
-                 "keep-alive expires")
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
         """After a successful job (``done``: its round) every node says farewell and the store's host waits

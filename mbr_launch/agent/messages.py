@@ -131,7 +131,7 @@ class MonitorWarning:
 @dataclass(frozen=True)
 class Progress:
     """Step beats and status rows for telemetry (``steps``, ``status``). The payload is the
-    monitor's own record, read only by ``agent.telemetry``, which checks each field it uses."""
+    monitor's own record, read only by ``agent.features.telemetry``, which checks each field it uses."""
 
     kind: str
     payload: Mapping[str, Any] = field(default_factory=dict)

@@ -33,6 +33,8 @@ class MonitorHandle:
         self.link.start(self._sock_dir, self._ft, steps=self.steps)
         self._on_link(self.link)
 
+    restart = start  # after the monitor died (``reap``)
+
     def _on_raw(self, raw: dict[str, Any]) -> None:
         event = decode_monitor_event(raw)
         if event is not None:
@@ -52,9 +54,6 @@ class MonitorHandle:
         self.link = None
         self._on_link(None)
         return code
-
-    def restart(self) -> None:
-        self.start()
 
     def pending_signals(self) -> frozenset[int] | None:
         """The job's signals sent to the monitor's process too (``monitor.witness``); None without a monitor."""

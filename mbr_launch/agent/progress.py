@@ -36,15 +36,11 @@ STOP_FIRST_REPORT = 1.0
 STOP_REPORT_EVERY = 5.0
 
 
-def _nodes(min_nodes: int, max_nodes: int) -> str:
-    return str(min_nodes) if min_nodes == max_nodes else f"{min_nodes}-{max_nodes}"
-
-
 class JoinReport:
     """When to say what about a rendezvous under way (pure: times are seconds since the join began)."""
 
     def __init__(self, *, min_nodes: int, max_nodes: int, timeout: float) -> None:
-        self.expected = _nodes(min_nodes, max_nodes)
+        self.expected = str(min_nodes) if min_nodes == max_nodes else f"{min_nodes}-{max_nodes}"
         self.timeout = timeout
         self.last_state: JoinState | None = None  # the latest state read (for the timeout's message)
         self._said_at: float | None = None

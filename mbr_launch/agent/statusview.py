@@ -1,5 +1,5 @@
 """The per-rank status display (``--status``): what the rank monitor's status rows look like on the terminal.
-Rows in, text out: it decides nothing and counts nothing (``agent.telemetry`` keeps the rows).
+Rows in, text out: it decides nothing and counts nothing (``agent.features.telemetry`` keeps the rows).
 
 ``live`` is a rich table, one row per local rank (rank, state, age of the last heartbeat or step, open
 sections, last step time, restarts), pinned at the bottom of the terminal by the console that the worker
@@ -120,10 +120,7 @@ def _render(rows: Rows, starts: dict[int, int], colors: str | None, width: int) 
 
 
 def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
-    age = row.get("last_heartbeat_age")
-    step_age = row.get("last_step_age")
-    if step_age is not None and (age is None or step_age < age):
-        age = step_age
+    age = _age(row)
     step_time = row.get("last_step_time")
     lr = row.get("local_rank")
     state = str(row.get("state", "?"))

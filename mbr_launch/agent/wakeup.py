@@ -97,10 +97,6 @@ class Wakeup:
             except queue.Empty:
                 return events
 
-    def drop_events(self) -> None:
-        """Forget the previous round's events (late monitor verdicts, peer messages); signals stay."""
-        self.take_events()
-
     def wait(self, fds: Sequence[int], timeout: float | None) -> list[int]:
         """Block until an event, a signal or one of ``fds`` is ready (or ``timeout``); the ready ``fds``."""
         if self._signals or self._events.qsize():

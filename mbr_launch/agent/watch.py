@@ -6,15 +6,14 @@ from __future__ import annotations
 from typing import Callable, Sequence
 
 from mbr_launch.agent.messages import AllDone, Event, InquiryOpened, NodesWaiting, PeerStopped
-from mbr_launch.cluster import departures, inquiry
+from mbr_launch.cluster import departures, inquiry, stops
 from mbr_launch.cluster.inquiry import Opener
 from mbr_launch.cluster.jobstore import inquiry_key
 from mbr_launch.cluster.peers import PeerWatch
 from mbr_launch.cluster.listen import listens_here
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.round import Round
-from mbr_launch.cluster.stops import (ALL_DONE_KEY, StopListener, StopMessage, count_unhealthy, mark_done, publish_stop,
-                                      read_stop)
+from mbr_launch.cluster.stops import StopListener, StopMessage
 from mbr_launch.decide.verdict import RankEvidence, Verdict
 from mbr_launch.decide.verdict_codec import (evidence_list_from_dicts, evidence_to_dict, verdict_from_dict,
                                              verdict_to_wire)
@@ -27,25 +26,22 @@ class RoundWatch:
     def __init__(self, rnd: Round, post: Callable[[Event], None], *, peer_timeout: float,
                  waiting: Callable[[], int] | None, hosting: bool) -> None:
         self._round, self._post = rnd, post
-        self._peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
-                                on_waiting=lambda count: post(NodesWaiting(count)), on_left=post, hosting=hosting)
-        self.threads: list[StopListener | PeerWatch] = [
-            StopListener(rnd, lambda raw: post(PeerStopped(StopMessage.decode(raw)))), self._peers]
-        for thread in self.threads:
-            thread.start()
-
-    def store_silence(self) -> float | None:
-        return self._peers.store_silence()
+        peers = PeerWatch(rnd, timeout=peer_timeout, on_lost=post, waiting=waiting,
+                          on_waiting=lambda count: post(NodesWaiting(count)), on_left=post, hosting=hosting)
+        self.store_silence: Callable[[], float | None] = peers.store_silence  # the loop asks the peer watch
+        self.threads: list[StopListener | PeerWatch] = [peers]
+        self._listen(stops.STOP_KEY, lambda raw: PeerStopped(StopMessage.decode(raw)))
+        peers.start()
 
     def watch_all_done(self) -> None:
-        watcher = StopListener(self._round, lambda _raw: self._post(AllDone()), key=ALL_DONE_KEY)
-        self.threads.append(watcher)
-        watcher.start()
+        self._listen(stops.ALL_DONE_KEY, lambda _raw: AllDone())
 
     def watch_inquiry(self, number: int) -> None:
         """Wake the agent when another node opens hang inquiry ``number`` of this round."""
-        watcher = StopListener(self._round, lambda raw: self._post(InquiryOpened(Opener.decode(number, raw))),
-                              key=inquiry_key(number, "open"))
+        self._listen(inquiry_key(number, "open"), lambda raw: InquiryOpened(Opener.decode(number, raw)))
+
+    def _listen(self, key: str, event: Callable[[bytes], Event]) -> None:
+        watcher = StopListener(self._round, lambda raw: self._post(event(raw)), key=key)
         self.threads.append(watcher)
         watcher.start()
 
@@ -59,7 +55,17 @@ class RoundWatch:
 
 
 class StoreCluster:
-    """``Cluster`` over the round's store, and the watchers of every round (joined at exit)."""
+    """``Cluster`` over the round's store, and the watchers of every round (joined at exit). The store's own
+    operations that take the round as the agent has it are named here as they are (the agent calls them, no
+    wrapper between); the methods below add what a call needs beyond the round (codec, job store)."""
+
+    publish = staticmethod(stops.publish_stop)
+    read = staticmethod(stops.read_stop)
+    mark_done = staticmethod(stops.mark_done)
+    count_unhealthy = staticmethod(stops.count_unhealthy)
+    count_signalled = staticmethod(departures.signalled)
+    left = staticmethod(departures.read_left)
+    open_inquiry = staticmethod(inquiry.open_inquiry)
 
     def __init__(self, rendezvous: Rendezvous, *, peer_timeout: float, membership: bool) -> None:
         self._rendezvous = rendezvous
@@ -71,41 +77,19 @@ class StoreCluster:
         # Only the watching node (group rank 0, or the lowest still in the round once it left) asks whether
         # nodes wait to join (it then stops the round for all): each ask reads torch's whole rendezvous state,
         # O(N) bytes, so N askers cost the store's host O(N^2) per interval.
-        watch = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
-                           waiting=self._rendezvous.waiting_counter() if self._membership else None,
-                           hosting=self.hosts_store(rnd))
-        self.current = watch
-        return watch
-
-    def publish(self, rnd: Round, message: StopMessage) -> bool:
-        return publish_stop(rnd, message)
-
-    def read(self, rnd: Round) -> StopMessage | None:
-        return read_stop(rnd)
-
-    def mark_done(self, rnd: Round) -> bool:
-        return mark_done(rnd)
+        self.current = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
+                                  waiting=self._rendezvous.waiting_counter() if self._membership else None,
+                                  hosting=self.hosts_store(rnd))
+        return self.current
 
     def record_signal(self, rnd: Round, signal_name: str) -> int:
         return departures.record_signal(rnd, self._rendezvous.job_store(rnd.store), signal_name)
 
-    def count_signalled(self, rnd: Round) -> int:
-        return departures.signalled(rnd)
-
     def mark_left(self, rnd: Round) -> frozenset[int]:
         return departures.mark_left(rnd, rnd.group_rank)
 
-    def left(self, rnd: Round) -> frozenset[int]:
-        return departures.read_left(rnd)
-
     def hosts_store(self, rnd: Round) -> bool:
         return listens_here(rnd.store_port)  # the store's host: torch's c10d serves it from one of the agents
-
-    def count_unhealthy(self, rnd: Round, *, add: bool) -> int:
-        return count_unhealthy(rnd, add=add)
-
-    def open_inquiry(self, rnd: Round, opener: Opener) -> Opener:
-        return inquiry.open_inquiry(rnd, opener)
 
     def publish_evidence(self, rnd: Round, number: int, evidence: Sequence[RankEvidence]) -> None:
         inquiry.publish_evidence(rnd, number, rnd.group_rank, [evidence_to_dict(e) for e in evidence])

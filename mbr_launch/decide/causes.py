@@ -15,10 +15,6 @@ class Cause(enum.Enum):
 
     @property
     def node_fault(self) -> bool:
-        """Failures that count against this node (--max-node-failures): its own ranks crashed or hung."""
-        return self in (Cause.CRASH, Cause.HANG)
-
-    @property
-    def mendable_locally(self) -> bool:
-        """A dead peer or a lost monitor cannot be mended by restarting one rank or one node."""
+        """This node's own ranks crashed or hung: it counts against the node (--max-node-failures), and
+        restarting one rank or one node can mend it (a dead peer or a lost monitor cannot)."""
         return self in (Cause.CRASH, Cause.HANG)

@@ -16,17 +16,9 @@ rules, in order:
 3. ``window`` seconds have passed since this node's signal without that: only some nodes (this one leaves).
 
 The workers get the signal at once either way: the answer only decides what the node does after its workers
-stopped.
-
-What the other nodes do when a node leaves (``after_departure``), as ft_launcher 0.4.1 does with
-``--ft-restart-policy``:
-
-- ``any-failed``: nodes wait to join (a spare): the round re-forms with them (a membership change, no
-  restart spent). Else the others go on while at least MIN nodes (``--nnodes MIN:MAX``) remain; a workload
-  whose collectives needed the node that left fails there, and that failure restarts the job as any does.
-  Fewer than MIN: the job stops.
-- ``min-healthy``: the others go on while at least MIN nodes have every rank alive (the node that left is
-  not one); below that the job restarts (it spends one of ``--max-restarts``), or stops once they are spent.
+stopped. What the other nodes do when a node leaves (``after_departure``) is what ft_launcher 0.4.1 does
+with ``--ft-restart-policy``; a workload whose collectives needed the node that left fails there, and that
+failure restarts the job as any does.
 """
 
 from __future__ import annotations

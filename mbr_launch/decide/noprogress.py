@@ -255,7 +255,3 @@ def _source(value: Any) -> Source | None:
 def _int(value: Any, default: int) -> int:
     got = outside.integer(value)
     return default if got is None else got
-
-
-__all__ = ["Facts", "Rule", "Scored", "Source", "Stuck", "Tracking", "cycle_line", "decode", "decode_tracking",
-           "encode", "encode_tracking", "initial", "parse_iteration", "score", "stop_line"]

@@ -1,28 +1,14 @@
 """The restart policy: failure facts in, one decision out. Pure: no IO, no clocks, no store.
 
-Scopes:
-- ``job``  (default, torchrun's semantics): every rank of every node stops; a new rendezvous round starts.
-- ``node``: only this node's ranks restart, with the same ranks and master address; the other nodes keep
-  running (for workloads that recover in process: NVRx in-process restart, torchft).
-- ``rank``: only the failed rank's process restarts.
-
-Budgets are job-wide (the agent keeps the counts in the rendezvous store, so every node agrees):
-failures before any local rank of a round showed a sign of progress ("startup" failures: no NVRx heartbeat,
-optimizer step, checkpoint, 20 collectives or advancing NVRx iteration yet) count against
-``max_startup_restarts`` when it is set, and against ``max_restarts`` otherwise; all later failures count
-against ``max_restarts``. Some exit codes are never restarted. A node whose ranks failed
-``max_node_failures`` times, or whose worker asked for it, is excluded: it leaves and the job goes on
-without it (spares join through the rendezvous) as long as at least MIN nodes remain. An exclusion is turned
-down, and the job restarts with the node while the budget lasts, when its exit would end the job instead: the
-node serves the rendezvous store, or no node would take its place (a spare still starting up is not counted
-yet: ending a job whose budget is left would be worse than one more round on a suspect node).
-
-When (``--restart-policy``, ft_launcher's ``--ft-restart-policy``):
-- ``any-failed`` (default, torchrun's semantics): any failure restarts at the scope above.
-- ``min-healthy``: a rank that crashed is lost, not restarted: the node's other ranks and the other nodes go on
-  (an NVRx in-process ``Wrapper`` carries on without it), and the job restarts only when fewer than MIN nodes
-  (``--nnodes MIN:MAX``) still have every rank alive. Hangs, lost peers, a lost monitor and worker requests
-  act as under ``any-failed``.
+What a restart restarts is its ``Scope``, which failures restart is ``When``. Budgets are job-wide (the agent
+keeps the counts in the rendezvous store, so every node agrees): failures before any local rank of a round
+showed a sign of progress ("startup" failures) count against ``max_startup_restarts`` when it is set, and
+against ``max_restarts`` otherwise. Some exit codes are never restarted. A node whose ranks failed
+``max_node_failures`` times, or whose worker asked for it, is excluded while at least MIN nodes remain. An
+exclusion is turned down (``Kept``), and the job restarts with the node while the budget lasts, when its exit
+would end the job instead: the node serves the rendezvous store, or no node would take its place (a spare
+still starting up is not counted yet: ending a job whose budget is left would be worse than one more round
+on a suspect node).
 """
 
 from __future__ import annotations
@@ -54,16 +40,18 @@ class _Spelled(str, enum.Enum):
 class Scope(_Spelled):
     """What a restart restarts (``--restart-scope``)."""
 
-    JOB = "job"  # every rank of every node; a new rendezvous round
-    NODE = "node"  # this node's ranks, in the round that goes on
+    JOB = "job"  # every rank of every node; a new rendezvous round (torchrun's semantics)
+    NODE = "node"  # this node's ranks, in the round that goes on (workloads that recover in process: torchft)
     RANK = "rank"  # the failed ranks' processes only
 
 
 class When(_Spelled):
     """Which failures restart (``--restart-policy``, ft_launcher's ``--ft-restart-policy``)."""
 
-    ANY_FAILED = "any-failed"  # any failure restarts at the policy's scope
-    MIN_HEALTHY = "min-healthy"  # a crashed rank is lost; restart only when fewer than MIN nodes are whole
+    ANY_FAILED = "any-failed"  # any failure restarts at the policy's scope (torchrun's semantics)
+    # A crashed rank is lost, not restarted (an NVRx in-process Wrapper carries on without it): the job restarts
+    # only when fewer than MIN nodes are whole. Hangs, lost peers, a lost monitor and requests act as above.
+    MIN_HEALTHY = "min-healthy"
 
 
 SCOPES = tuple(s.value for s in Scope)  # the flags' choices, in the settings table
@@ -139,12 +127,9 @@ class Decision:
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
     """Whether this failure extends a crash loop: the round died within the window *and* before any local rank
-    showed a sign of progress (``facts.startup``). A round that trained was healthy however short it was: faults
-    15 s apart in a job with fast steps are bad luck, and backing off would only make it slower than a launcher
-    that never backs off (torchrun). Training is judged by every sign the monitor sees, not by optimizer steps
-    alone: a script that all-reduces its gradients by hand, saves checkpoints, or reports its iteration to NVRx
-    trains as well as one that calls ``optimizer.step()``. CPU time is no sign: start-up (imports, compilation,
-    data loading) burns it as fast as training does, so it cannot tell the two apart."""
+    showed a sign of progress (``facts.startup``). A round that trained was healthy however short it was:
+    backing off would only make it slower than a launcher that never backs off (torchrun). CPU time is no sign
+    of training: start-up (imports, compilation, data loading) burns it as fast."""
     return facts.startup and facts.round_seconds < policy.crash_loop_window
 
 
@@ -207,7 +192,7 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
         return Decision(Action.STOP, Scope.JOB, f"restart budget exhausted ({policy.max_restarts} restarts allowed)",
                         exhausted=True)
     # Restarting one rank or one node mends only a failure whose culprit is known to be there.
-    scope = policy.scope if facts.cause.mendable_locally and facts.culprit_known else Scope.JOB
+    scope = policy.scope if facts.cause.node_fault and facts.culprit_known else Scope.JOB
     reason = "restarting"
     if policy.min_healthy and facts.healthy_nodes is not None:
         reason = f"only {facts.healthy_nodes} node(s) still have every rank alive and --nnodes needs {policy.min_nodes}"

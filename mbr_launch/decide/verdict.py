@@ -102,14 +102,6 @@ class Verdict:
 # ---- the rules -------------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
-class _Finding:
-    culprits: tuple[int, ...]
-    basis: Basis
-    reason: str
-    waiting: tuple[int, ...] = ()
-
-
-@dataclass(frozen=True)
 class _Lag:
     """One process group in which some ranks are behind the others."""
 
@@ -137,10 +129,10 @@ def judge(evidence: Sequence[RankEvidence]) -> Verdict:
     ev = _by_rank(evidence)
     stopped = _stopped(ev)
     if stopped is None and (withdrawn := _withdrawn(ev)) is not None:
-        return Verdict((), Basis.WITHDRAWN, withdrawn.reason, (), tuple(ev))
+        return replace(withdrawn, evidence=tuple(ev))
     found = stopped or _progress_or_stacks(ev)
     if found is None and (stall := _job_stall(ev)) is not None:
-        return Verdict((), Basis.JOB_STALL, stall.reason, (), tuple(ev))
+        return replace(stall, evidence=tuple(ev))
     found = found or _only_expired(ev)
     if found is None:
         waiting = tuple(e.rank for e in ev if _waits(e))
@@ -152,7 +144,7 @@ def judge(evidence: Sequence[RankEvidence]) -> Verdict:
         reason = (f"{len(found.culprits)} of {len(ev)} ranks would be culprits ({found.basis.value}: "
                   f"{ranks_phrase(found.culprits)}): no healthy majority to compare against, no rank to blame")
         return Verdict((), Basis.UNDETERMINED, reason, (), tuple(ev))
-    return Verdict(found.culprits, found.basis, found.reason, found.waiting, tuple(ev))
+    return replace(found, evidence=tuple(ev))
 
 
 def _by_rank(evidence: Sequence[RankEvidence]) -> list[RankEvidence]:
@@ -202,7 +194,7 @@ def _with_waiting(clauses: list[str], ev: Sequence[RankEvidence], waiting: Seque
     return "; ".join(clauses + ([waiting_lines(_places(ev, waiting))] if waiting else []))
 
 
-def _stopped(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _stopped(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Rule a, the strongest: a stopped (T) or uninterruptible (D) process cannot be waiting for anyone, and a
     rank that gives no evidence at all while its peers do is evidence itself (a SIGSTOPped rank gives no stack
     and no dump). When no rank gives evidence, silence tells nothing apart (every rank gone: a crash)."""
@@ -216,10 +208,10 @@ def _stopped(ev: Sequence[RankEvidence]) -> _Finding | None:
     blamed = {e.rank for e in culprits}
     waiting = tuple(e.rank for e in ev if e.rank not in blamed and _waits(e))
     clauses = [f"{who(e.rank, e.node)} {_STATE_TEXT[e.state]}" for e in culprits]
-    return _Finding(tuple(sorted(blamed)), Basis.STOPPED, _with_waiting(clauses, ev, waiting), waiting)
+    return Verdict(tuple(sorted(blamed)), Basis.STOPPED, _with_waiting(clauses, ev, waiting), waiting)
 
 
-def _withdrawn(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _withdrawn(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Before the rules: no hang when every rank whose deadline passed is restarting in process, in NVRx's
     Wrapper (which watches its own restart with its soft, hard and barrier timeouts), or is back with a new
     client session (the restart re-initialises the client, which starts its deadlines over, as in
@@ -240,11 +232,11 @@ def _withdrawn(ev: Sequence[RankEvidence]) -> _Finding | None:
         said.append(f"{ranks_phrase(inside)} {verb(len(inside), 'is', 'are')} in the NVRx in-process restart")
     if gone:
         said.append(f"{ranks_phrase(gone)} exited (handled as a crash)")
-    return _Finding((), Basis.WITHDRAWN, "no hang: the deadlines passed during an in-process restart ("
+    return Verdict((), Basis.WITHDRAWN, "no hang: the deadlines passed during an in-process restart ("
                     + "; ".join(said) + ")")
 
 
-def _progress_or_stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _progress_or_stacks(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Rules b and c. When they name different ranks the counters win: they are the process group's own
     record, while a stack is one sample of a thread that may have moved since. The disagreement is kept in
     the reason for whoever reads it."""
@@ -285,7 +277,7 @@ def _pending_in(g: GroupProgress) -> bool:
     return max(g.started, g.enqueued) > g.completed
 
 
-def _progress(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _progress(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Rule b: a rank whose last enqueued collective is behind its group's never entered the collective its
     peers wait in (NVRx's attribution and Ray's hang detector compare the same counters). A behind rank
     that itself leads another group waits for someone else (pipeline stages): the culprits are the ends of
@@ -308,10 +300,10 @@ def _progress(ev: Sequence[RankEvidence]) -> _Finding | None:
         clauses.append(f"{who(rank, nodes[rank])} is behind: {count_phrase(lag.members[rank].enqueued)} enqueued "
                        f"in process group {lag.pg} against {lag.top} on {ranks_phrase(lag.leaders)}"
                        + (f" (waiting in {op} #{lag.top})" if op else ""))
-    return _Finding(tuple(sorted(culprits)), Basis.PROGRESS, "; ".join(clauses), tuple(sorted(leading - culprits)))
+    return Verdict(tuple(sorted(culprits)), Basis.PROGRESS, "; ".join(clauses), tuple(sorted(leading - culprits)))
 
 
-def _stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _stacks(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Rule c (ByteRobust's stack grouping): with some ranks waiting in a collective, the ranks outside any
     are what they wait for. If no rank waits in one (independent workers), stacks tell nothing apart."""
     outside = [e for e in ev if e.stack is StackClass.OUTSIDE]
@@ -319,13 +311,13 @@ def _stacks(ev: Sequence[RankEvidence]) -> _Finding | None:
     if not outside or not inside:
         return None
     clauses = [f"{who(e.rank, e.node)} is outside any collective{place_phrase(e.where, e.cpu)}" for e in outside]
-    return _Finding(tuple(e.rank for e in outside), Basis.STACKS, _with_waiting(clauses, ev, inside), inside)
+    return Verdict(tuple(e.rank for e in outside), Basis.STACKS, _with_waiting(clauses, ev, inside), inside)
 
 
 STALL_SHARE = 0.5  # a rank whose last beat is at least this share as old as the expired rank's stalled too
 
 
-def _job_stall(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _job_stall(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Before rule d: every live rank outside any collective, one past a deadline, and nothing says another
     still progresses: all at the same place, or every last beat old (a checkpoint write to a stuck file
     system). The first deadline to fire names a rank at random here: blame no rank and no node."""
@@ -342,14 +334,14 @@ def _job_stall(ev: Sequence[RankEvidence]) -> _Finding | None:
     if False in seen or (not same and None in seen):
         return None  # someone progresses, or only rule d can tell
     ages = ", ".join(f"{e.rank}: {e.last_heartbeat_age:.0f} s" for e in live if e.last_heartbeat_age is not None)
-    return _Finding((), Basis.JOB_STALL,
+    return Verdict((), Basis.JOB_STALL,
                     f"every rank {f'is in `{places.pop()}`' if same else 'is outside any collective'} "
                     f"({ranks_phrase([e.rank for e in live])}; {ranks_phrase([e.rank for e in expired])} past a "
                     f"deadline{f'; last heartbeat {ages} ago' if ages else ''}): a job-wide stall (a shared file "
                     "system, a checkpoint write?), no rank or node to blame")
 
 
-def _only_expired(ev: Sequence[RankEvidence]) -> _Finding | None:
+def _only_expired(ev: Sequence[RankEvidence]) -> Verdict | None:
     """Rule d: one rank past its deadline while every other rank is known to run outside any collective
     (independent workers, or no collectives yet). The others must show it by their stacks: a peer that is
     merely "not expired yet" may be blocked on the expired rank, and the first deadline to fire names a rank
@@ -367,7 +359,7 @@ def _only_expired(ev: Sequence[RankEvidence]) -> _Finding | None:
               + (f" ({details})" if details else "")
               + (f"; {ranks_phrase(others)} {verb(len(others), 'runs', 'run')} outside any collective"
                  if others else ""))
-    return _Finding((one.rank,), Basis.ONLY_EXPIRED, reason)
+    return Verdict((one.rank,), Basis.ONLY_EXPIRED, reason)
 
 
 def _why_undetermined(ev: Sequence[RankEvidence]) -> str:

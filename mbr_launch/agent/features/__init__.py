@@ -16,17 +16,25 @@ Where the hooks come in a round, top-down::
                    round_ended        the round's end, whatever it was
     job's end      job_ends           before the summary; close: at teardown, whatever happened
 
-Each hook's default does nothing, so a feature (a class that names ``Feature`` as its base) writes only those
-it uses. Hooks that may end something return an exit code or a result where the loop's own code would.
+``build_features`` makes the list this launch asked for, once at the agent's start, in the order they act:
+the health gate, progress tracking, telemetry. Each hook's default does nothing, so a feature (a class that
+names ``Feature`` as its base) writes only those it uses. Hooks that may end something return an exit code
+or a result where the loop's own code would.
 """
 
 from __future__ import annotations
 
-from typing import Any, Iterable, Mapping
+import time
+from typing import Any, Callable, Collection, Iterable, Mapping
 
 from mbr_launch.agent.context import Feature
-
-__all__ = ["Feature", "monitor_settings"]
+from mbr_launch.agent.features import health
+from mbr_launch.agent.features.cycles import CycleFeature, CycleRecords, Members
+from mbr_launch.agent.features.health import HealthGate
+from mbr_launch.agent.features.telemetry import Telemetry, TelemetryFeature
+from mbr_launch.cluster.rendezvous import Rendezvous
+from mbr_launch.config.model import LaunchConfig
+from mbr_launch.report.events import EventLog
 
 
 def monitor_settings(features: Iterable[Feature]) -> dict[str, Any]:
@@ -38,3 +46,37 @@ def monitor_settings(features: Iterable[Feature]) -> dict[str, Any]:
         asked: Mapping[str, Any] = feature.monitor_settings()
         merged.update({key: value for key, value in asked.items() if value is not None or key not in merged})
     return merged
+
+
+Snapshot = Callable[[], "dict[str, Any] | None"]
+
+
+def build_features(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], None], node: str,
+                   environ: Mapping[str, str], rendezvous: Rendezvous, hosts_store: Callable[[Any], bool],
+                   snapshot: Snapshot, own_pids: Callable[[], Collection[int]],
+                   clock: Callable[[], float] = time.monotonic) -> list[Feature]:
+    """``snapshot``: the rank monitor's latest view (the monitor is started after this, with the features'
+    ``monitor_settings``)."""
+    features: list[Feature] = []
+    if health.wanted(cfg):
+        features.append(HealthGate(cfg, environ, own_pids=own_pids))
+    if CycleRecords.wanted(cfg):
+        features.append(_cycles(cfg, log=log, say=say, node=node, environ=environ, rendezvous=rendezvous,
+                                hosts_store=hosts_store, snapshot=snapshot))
+    features.append(TelemetryFeature(Telemetry(cfg, log, say, clock=clock, snapshot=snapshot)))
+    return features
+
+
+def _cycles(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], None], node: str, environ: Mapping[str, str],
+            rendezvous: Rendezvous, hosts_store: Callable[[Any], bool], snapshot: Snapshot) -> CycleFeature:
+    """ft_launcher 0.6/0.7's progress tracking and cycle-info files."""
+    def members() -> Members | None:
+        state = rendezvous.state()
+        return None if state is None else (state.members, state.outsiders)
+
+    records = CycleRecords(cfg, log=log, say=say, node=node, environ=environ,
+                           job_store=lambda rnd: rendezvous.job_store(rnd.store), hosts_store=hosts_store,
+                           members=members, snapshot=snapshot)
+    records.start()
+    status_rows = cfg.nvrx.max_no_progress_cycles > 0 and not cfg.nvrx.checkpoint_iteration_file
+    return CycleFeature(records, status_rows=status_rows)

@@ -16,9 +16,8 @@ import os
 import time
 from typing import Callable, Collection, Mapping
 
-from mbr_launch.agent.context import Context
+from mbr_launch.agent.context import Context, Feature
 from mbr_launch.agent.ending import finish
-from mbr_launch.agent.features import Feature
 from mbr_launch.agent.features.gpumemory import GpuGate, NvmlOpener
 from mbr_launch.agent.messages import Departure
 from mbr_launch.cluster import fastround
