@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from mbr_launch.config.nvrx import release
 from mbr_launch.config.parse import Parser
 
 TORCHRUN = "torchrun"
@@ -57,7 +58,7 @@ class Setting:
         """The default under the workers' NVRx line ``generation`` (None: no NVRx)."""
         chosen = self.default
         for line, value in self.nvrx_defaults:
-            if generation is not None and _release(generation) >= _release(line):
+            if generation is not None and release(generation) >= release(line):
                 chosen = value
         return chosen
 
@@ -136,10 +137,6 @@ def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, 
     return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
                    parse=parse, ft_key=ft_name, metavar=metavar, valued=valued, common=common,
                    nvrx_defaults=nvrx_defaults)
-
-
-def _release(line: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in line.split("."))
 
 
 def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str | None = None,

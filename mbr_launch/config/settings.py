@@ -507,6 +507,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
+BY_FLAG: dict[str, Setting] = {flag: s for s in SETTINGS for flag in s.flags}
 
 
 @dataclass(frozen=True)

@@ -134,7 +134,7 @@ def nccl_heartbeat(ctx: DoctorContext) -> Finding:
 # ---- versions --------------------------------------------------------------------------------------
 
 
-def _ver(text: str | None) -> Version | None:
+def version_or_none(text: str | None) -> Version | None:
     try:
         return Version(text) if text else None
     except InvalidVersion:
@@ -144,7 +144,7 @@ def _ver(text: str | None) -> Version | None:
 @check("versions.torch", "torch version")
 def torch_version(ctx: DoctorContext) -> Finding:
     v = ctx.versions()
-    tv = _ver(v.torch)
+    tv = version_or_none(v.torch)
     if tv is None:
         return error(f"torch cannot be imported ({v.torch_error or v.torch})",
                      f"pip install 'torch>={IPR_MIN_TORCH if ctx.ipr else MIN_TORCH}'")
@@ -159,7 +159,7 @@ def torch_version(ctx: DoctorContext) -> Finding:
 @check("versions.nccl", "NCCL version")
 def nccl_version(ctx: DoctorContext) -> Finding:
     v = ctx.versions()
-    nv = _ver(v.nccl)
+    nv = version_or_none(v.nccl)
     if nv is None:
         return skip(f"no NCCL in this torch build ({'torch missing' if not v.torch else 'CPU build' if not v.cuda else 'unknown'})")
     saw = f"NCCL {v.nccl}"
