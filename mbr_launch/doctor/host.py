@@ -12,14 +12,12 @@ import tempfile
 from pathlib import Path
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.launcher import is_local_host, split_endpoint
+from mbr_launch.doctor.launcher import is_local_host, store_endpoint
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
 from mbr_launch.workers import flightrec, safefile
 
 GiB = 1 << 30
 MiB = 1 << 20
-C10D_DEFAULT_PORT = 29400  # torchrun's default for --rdzv-endpoint without a port
-STATIC_DEFAULT_PORT = 29500
 SHM_ERROR, SHM_WARN = 128 * MiB, 1 * GiB
 # Below NOFILE_ERROR workers run out of descriptors; below the need (NOFILE_BASE, plus about 4 per agent on the
 # store's host) a DataLoader sharing tensors may. NOFILE_WARN is what the fix asks for, and what a launch raises
@@ -28,22 +26,10 @@ NOFILE_ERROR, NOFILE_BASE, NOFILE_PER_AGENT, NOFILE_WARN = 1024, 16384, 4, 65536
 DISK_ERROR, DISK_WARN = 1 * GiB, 10 * GiB
 
 
-def _endpoint(ctx: DoctorContext) -> tuple[str, int] | None:
-    """(host, port) the rendezvous store listens on; None when standalone or not given. May raise."""
-    if ctx.standalone:
-        return None
-    if ctx.rdzv_endpoint:
-        default = STATIC_DEFAULT_PORT if ctx.rdzv_backend == "static" else C10D_DEFAULT_PORT
-        return split_endpoint(ctx.rdzv_endpoint, default)
-    if ctx.master_addr:
-        return ctx.master_addr, ctx.master_port or STATIC_DEFAULT_PORT
-    return None
-
-
 def _endpoint_or_skip(ctx: DoctorContext, without: str) -> tuple[str, int] | Finding:
     """The store's (host, port), or the skip of a check that needs one (``without``: when there is none)."""
     try:
-        ep = _endpoint(ctx)
+        ep = store_endpoint(ctx)
     except ValueError:
         return skip("endpoint invalid (see rdzv.endpoint)")
     return skip(without) if ep is None else ep
@@ -54,7 +40,7 @@ def endpoint(ctx: DoctorContext) -> Finding:
     if ctx.standalone:
         return ok("--standalone: a free local port is chosen at start")
     try:
-        ep = _endpoint(ctx)
+        ep = store_endpoint(ctx)
     except ValueError as exc:
         return error(str(exc), "pass --rdzv-endpoint HOST:PORT, e.g. node001:29400")
     if ep is None:
