@@ -20,7 +20,6 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
-from mbr_launch.config.errors import SettingError
 from mbr_launch.config.parse import LARGEST, NONE_WORDS, Parser, _fail, _number
 
 TRUE_WORDS = ("true", "1", "yes")
@@ -176,7 +175,3 @@ def absolute_paths(name: str) -> Parser:
 
     parse.takes_list = True  # type: ignore[attr-defined]
     return parse
-
-
-__all__ = ["absolute_path", "absolute_paths", "folded_choice", "ft_bool", "integer", "log_level", "optional_number",
-           "unclear", "versioned_bool"]

@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["SlurmEnv", "SlurmError", "parse_nodelist", "parse_tasks_per_node"]
 
 # A typo like n[0-999999999] must fail fast instead of building a billion names.
 _MAX_HOSTS = 1 << 20
