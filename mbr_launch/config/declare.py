@@ -104,7 +104,7 @@ class Setting:
 
 
 def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
-                     pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
+                     pet: bool = True, parse: Parser | None = None,
                      metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = (),
                      common: bool = False, values: tuple[str, ...] = (), env: tuple[str, ...] = (),
                      since: tuple[int, ...] = ()) -> Setting:
@@ -114,7 +114,7 @@ def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: s
     own = ([short] if short else []) + [dashed] + ([f"--{name}"] if "_" in name else [])
     envvars = ((f"PET_{name.upper()}",) if pet else ()) + env
     return Setting(name=name, flags=(*own, *aliases), kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, env=envvars, torchrun_dest=name, choices=choices, metavar=metavar, common=common,
+                   parse=parse, env=envvars, torchrun_dest=name, metavar=metavar, common=common,
                    values=values, torchrun_flags=tuple(own), torchrun_since=since)
 
 

@@ -63,8 +63,7 @@ SETTINGS: tuple[Setting, ...] = (
               parse=non_negative("--monitor-interval", float), metavar="SECONDS"),
     _torchrun("start_method", str, "spawn",
               "Accepted for torchrun compatibility; workers are always fresh processes (spawn semantics).",
-              parse=choice("--start-method", ("spawn", "fork", "forkserver")),
-              choices=("spawn", "fork", "forkserver")),
+              parse=choice("--start-method", ("spawn", "fork", "forkserver"))),
     _torchrun("event_log_handler", str, "null", "torchelastic event handler name (accepted for compatibility).",
               metavar="NAME"),
     _torchrun("role", str, "default", "User-defined role of the workers (ROLE_NAME).", metavar="NAME"),
@@ -108,8 +107,7 @@ SETTINGS: tuple[Setting, ...] = (
               pet=False, metavar="NAME", panel=LOGGING),
     _torchrun("numa_binding", str, None, "Bind workers to the CPUs of a NUMA node: node, socket, exclusive, "
               "core-complex.", pet=False,
-              parse=choice("--numa-binding", ("node", "socket", "exclusive", "core-complex")),
-              choices=("node", "socket", "exclusive", "core-complex")),
+              parse=choice("--numa-binding", ("node", "socket", "exclusive", "core-complex"))),
     _torchrun("signals_to_handle", str, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
               "Signals the launcher catches and forwards to the workers before stopping them.",
               parse=signal_list("--signals-to-handle"), metavar="SIGNALS"),
@@ -181,12 +179,11 @@ SETTINGS: tuple[Setting, ...] = (
             help="Accepted (0.4.1's and 0.7's spellings): without a fault_tolerance config the defaults apply, "
                  "with or without this flag."),
     Setting(name="rank_monitor", flags=("--rank-monitor",), kind=str, default="on", panel=FAULT,
-            parse=choice("--rank-monitor", ("on", "off")), choices=("on", "off"),
+            parse=choice("--rank-monitor", ("on", "off")),
             help="Serve NVRx RankMonitorClient connections (FT_RANK_MONITOR_IPC_SOCKET) and enforce "
                  "their heartbeat and section timeouts."),
     Setting(name="stack_dump", flags=("--stack-dump",), kind=str, default="auto", panel=FAULT,
             parse=choice("--stack-dump", ("auto", "py-spy", "faulthandler", "off")),
-            choices=("auto", "py-spy", "faulthandler", "off"),
             help="How stacks of hung ranks are captured before they are killed: py-spy (needs ptrace), "
                  "faulthandler (needs nothing), auto (py-spy, falling back to faulthandler)."),
     Setting(name="hang_kill_grace", flags=("--hang-kill-grace",), kind=float, default=3.0, panel=FAULT,
@@ -198,7 +195,6 @@ SETTINGS: tuple[Setting, ...] = (
                  "process state) for at most this long before the verdict names the rank that hung."),
     Setting(name="standby", flags=("--standby",), kind=str, default="torch", panel=FAULT,
             parse=choice("--standby", ("off", "interpreter", "torch", "cuda")),
-            choices=("off", "interpreter", "torch", "cuda"),
             help="Warm standby workers: one process per local rank that starts ahead of time and becomes the "
                  "rank at the next (re)start. interpreter: Python only (exactly a fresh process); torch: also "
                  "`import torch`, no CUDA, forked in milliseconds from a copy of the launcher that imported it "
@@ -217,13 +213,13 @@ SETTINGS: tuple[Setting, ...] = (
                  "warned on its stderr; set it before launching, or use none."),
     # -- restart policy --
     Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default=Scope.JOB.value, panel=POLICY,
-            common=True, parse=choice("--restart-scope", SCOPES), choices=SCOPES,
+            common=True, parse=choice("--restart-scope", SCOPES),
             help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
                  "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
                  "recover in process)."),
     Setting(name="restart_policy", flags=("--restart-policy", "--restart_policy", "--ft-restart-policy",
             "--ft-restart_policy"), kind=str, default=When.ANY_FAILED.value, panel=POLICY, ft_key="restart_policy",
-            parse=choice("--restart-policy", RESTART_POLICIES), choices=RESTART_POLICIES,
+            parse=choice("--restart-policy", RESTART_POLICIES),
             help="any-failed: any crash or hang restarts; min-healthy: a crashed rank is left lost (NVRx in-process "
                  "restart goes on without it) until fewer than MIN nodes have all ranks alive, then the job restarts."),
     Setting(name="max_startup_restarts", flags=("--max-startup-restarts",), kind=int, default=None,
@@ -264,7 +260,7 @@ SETTINGS: tuple[Setting, ...] = (
                  "17: Megatron failed validation; 16, resume to disambiguate, restarts)."),
     # -- Slurm and preemption --
     Setting(name="slurm", flags=("--slurm",), kind=str, default="auto", panel=SLURM,
-            parse=choice("--slurm", ("auto", "on", "off")), choices=("auto", "on", "off"),
+            parse=choice("--slurm", ("auto", "on", "off")),
             help="Derive --nnodes, --rdzv-endpoint, --rdzv-id and the c10d backend from the Slurm step "
                  "(auto: when SLURM_JOB_ID is set). Flags you give explicitly always win."),
     Setting(name="slurm_rdzv_port", flags=("--slurm-rdzv-port",), kind=int, default=None, panel=SLURM,
@@ -308,7 +304,7 @@ SETTINGS: tuple[Setting, ...] = (
                  "all). Folders under --log-dir are never removed."),
     # -- zero-code resiliency: automatic step heartbeats, stragglers, live status --
     Setting(name="autobeat", flags=("--autobeat",), kind=str, default="on", panel=FAULT,
-            parse=choice("--autobeat", ("on", "off")), choices=("on", "off"),
+            parse=choice("--autobeat", ("on", "off")),
             help="Heartbeat after every optimizer step of an unmodified script (a torch optimizer hook the "
                  "launcher installs in each worker; needs --rank-monitor on). Feeds --step-timeout, "
                  "straggler scores and goodput."),
@@ -331,7 +327,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting(name="stop_on_straggler", flags=("--stop-on-straggler",), kind=bool, default=False, panel=FAULT,
             help="Stop the job (exit code 1) when a straggler is reported."),
     Setting(name="status", flags=("--status",), kind=str, default="auto", panel=LOGGING, common=True,
-            parse=choice("--status", ("auto", "live", "plain", "off")), choices=("auto", "live", "plain", "off"),
+            parse=choice("--status", ("auto", "live", "plain", "off")),
             help="Per-rank status (state, heartbeat age, section, step time, restarts): live (a table, on a "
                  "terminal), plain (a line every --status-interval), auto (live on a terminal, else plain)."),
     Setting(name="status_interval", flags=("--status-interval",), kind=float, default=30.0, panel=LOGGING,
