@@ -118,6 +118,13 @@ def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: s
                    values=values, torchrun_flags=tuple(own), torchrun_since=since)
 
 
+def own_setting(name: str, kind: type, default: Any, *, help: str, panel: str, aliases: tuple[str, ...] = (),
+                **details: Any) -> Setting:
+    """One of mbr-launch's own options: ``--<name>`` with dashes, then ``aliases``; ``details``: ``Setting``'s."""
+    return Setting(name=name, flags=("--" + name.replace("_", "-"), *aliases), kind=kind, default=default, help=help,
+                   panel=panel, **details)
+
+
 def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
                parse: Parser | None = None, panel: str = FAULT, metavar: str = "",
                deprecated_dashed: bool = False, valued: bool = False, common: bool = False,
