@@ -11,7 +11,7 @@ from collections.abc import Mapping
 
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.probes import NvmlView
-from mbr_launch.doctor.registry import Finding, check, error, ok, skip, warn
+from mbr_launch.doctor.registry import Finding, check, check_with, error, ok, skip, warn
 from mbr_launch.health import gpumem
 from mbr_launch.health.gpuowners import Job, Owner, strangers_line
 
@@ -55,10 +55,8 @@ def count(ctx: DoctorContext) -> Finding:
     return ok(f"{saw}, one per worker")
 
 
-@check("gpu.memory", "GPU memory health: ECC errors, retired pages, row remapping")
-def memory(ctx: DoctorContext) -> Finding:
-    if isinstance(view := _gpus(ctx), Finding):
-        return view
+@check_with(_gpus, "gpu.memory", "GPU memory health: ECC errors, retired pages, row remapping")
+def memory(view: NvmlView, ctx: DoctorContext) -> Finding:
     errors, warnings = [], []
     for g in view.gpus:
         tag = f"GPU{g.index} ({g.name})"
@@ -76,10 +74,8 @@ def memory(ctx: DoctorContext) -> Finding:
     return ok(f"{len(view.gpus)} GPU(s): no pending retirement/remapping, no uncorrectable ECC errors")
 
 
-@check("gpu.recovery", "GPU recovery action pending (NVML)")
-def recovery(ctx: DoctorContext) -> Finding:
-    if isinstance(view := _gpus(ctx), Finding):
-        return view
+@check_with(_gpus, "gpu.recovery", "GPU recovery action pending (NVML)")
+def recovery(view: NvmlView, ctx: DoctorContext) -> Finding:
     pending = [(g.index, g.recovery_action) for g in view.gpus if g.recovery_action not in (None, "none")]
     known = [g for g in view.gpus if g.recovery_action is not None]
     if pending:
