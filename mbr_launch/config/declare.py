@@ -1,5 +1,5 @@
-"""How a setting is declared: the ``Setting`` record, the two shorthands for torchrun's and ft_launcher's
-flags, the help panels, and how a default reads. ``settings`` holds the table itself."""
+"""How a setting is declared: the ``Setting`` record, the shorthands for torchrun's, mbr-launch's own and
+ft_launcher's flags, the help panels, and how a default reads. ``settings`` holds the table itself."""
 
 from __future__ import annotations
 

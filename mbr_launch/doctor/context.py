@@ -94,12 +94,10 @@ class DoctorContext:
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown DoctorContext fields: {', '.join(sorted(unknown))}")
-        kwargs.setdefault("env", dict(os.environ))
-        kwargs["env"] = dict(kwargs["env"])
-        kwargs["disk_paths"] = tuple(kwargs.get("disk_paths") or ())
-        kwargs["script_args"] = tuple(kwargs.get("script_args") or ())
-        kwargs["flags"] = tuple(kwargs.get("flags") or ())
+        kwargs["env"] = dict(kwargs.get("env", os.environ))
         kwargs["ft_given"] = dict(kwargs.get("ft_given") or {})
+        for key in ("disk_paths", "script_args", "flags"):
+            kwargs[key] = tuple(kwargs.get(key) or ())
         for key, conv in (("master_port", int), ("pg_timeout_s", float)):
             if kwargs.get(key) is not None:
                 kwargs[key] = conv(kwargs[key])
