@@ -51,15 +51,10 @@ def versions() -> Versions:
     if cuda is not None:
         try:
             raw = torch.cuda.nccl.version()
-            nccl = ".".join(str(p) for p in raw) if isinstance(raw, tuple) else _nccl_int(int(raw))
+            nccl = ".".join(str(p) for p in raw)  # (major, minor, patch[, suffix]) in every torch we support
         except Exception:  # CUDA build without NCCL (rare): leave it unknown
             nccl = None
     return Versions(torch=torch.__version__, nccl=nccl, nvrx=nvrx, cuda=cuda)
-
-
-def _nccl_int(code: int) -> str:
-    # Old torch returned NCCL_VERSION_CODE: major*10000 + minor*100 + patch (>= 2.9).
-    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
 
 
 def gpu_owners(memories: Sequence[GpuMemory], job: Job) -> Reading:
