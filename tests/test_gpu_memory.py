@@ -16,7 +16,6 @@ import pytest
 
 from mbr_launch.doctor.checks import run_checks
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor import probes
 from mbr_launch.doctor.probes import NvmlView
 from mbr_launch.doctor.report import preflight_line
 from mbr_launch.health import gpumem, gpuowners, nvml
@@ -259,4 +258,4 @@ def test_the_doctors_nvml_questions_each_open_one_session_and_close_it(monkeypat
     monkeypatch.setattr(nvml.Nvml, "open", classmethod(lambda cls: "nvidia-ml-py is not installed"))
     assert nvml.memories(["0"]) == "nvidia-ml-py is not installed"
     assert nvml.view() == NvmlView(available=False, reason="nvidia-ml-py is not installed")
-    assert probes.gpu_memory(["0"]) == "nvidia-ml-py is not installed"  # the doctor asks through it
+    assert DoctorContext().gpu_memory(["0"]) == "nvidia-ml-py is not installed"  # the doctor asks through it

@@ -23,10 +23,6 @@ LONGER: dict[str, tuple[int, str]] = {
              "generated from it), plus the pure resolution that walks it: ~120 declarations of three tools. "
              "Split by origin (torchrun's, ft_launcher 0.6/0.7's) it was three files that only made sense "
              "together, and a reader looking for one option had to know which tool it came from"),
-    "mbr_launch.config.build": (
-        450, "one validation: every check made before a process starts, where bad input becomes one ConfigError. "
-             "ft_launcher's two specs (FaultToleranceSpec, NvrxLauncherSpec) are built from the same resolved "
-             "values in the same pass; as a side module they were 'part of config.build' with no other user"),
     "mbr_launch.cluster.torch_internals": (
         450, "every reach into torch's private rendezvous parts in one module (STYLE.md 18: reviewed in one file "
              "when torch changes, each patch with its check beside it); seven patches of 20-60 lines each do not "

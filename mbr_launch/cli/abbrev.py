@@ -53,10 +53,6 @@ class AmbiguousOption(Exception):
         self.candidates = tuple(candidates)
 
 
-def _one_owner(names: Sequence[str], spellings: Mapping[str, Spelling]) -> bool:
-    return len({spellings[name].owner for name in names}) == 1
-
-
 def _by_owner(names: Iterable[str], spellings: Mapping[str, Spelling]) -> list[str]:
     """One spelling per option, dashes preferred (``--max-restarts``, not also ``--max_restarts``)."""
     chosen: dict[str, str] = {}
@@ -81,7 +77,7 @@ def resolve(prefix: str, spellings: Mapping[str, Spelling], torch: Callable[[], 
     for candidates in (theirs, every):
         if not candidates:
             continue
-        if _one_owner(candidates, spellings):
+        if len({spellings[name].owner for name in candidates}) == 1:  # spellings of one option
             return min(candidates, key=lambda n: ("_" in n, n))
         raise AmbiguousOption(word or prefix, _by_owner(candidates, spellings))
     return None

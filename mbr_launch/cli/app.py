@@ -1,12 +1,8 @@
 """The command line: a thin typer layer over ``mbr_launch.api``.
 
-``mbr-launch [OPTIONS] SCRIPT [ARGS...]`` launches (``launch.py``); ``mbr-launch doctor [OPTIONS]`` checks
-the environment (``doctor.py``); ``mbr-launch report`` tells what happened in a run (``report.py``);
-``mbr-launch store`` serves the rendezvous store apart from the training nodes (``store.py``). The
-launch and the doctor take the options generated from the settings table (``options.py``); every command's
---help is ``helptext``'s plain text. Here: one typer app per command, the subcommand table, abbreviated options
-written out before typer reads them (``cli.abbrev``, as torchrun's argparse takes them), and how every outcome
-becomes one exit code and at most one line of error.
+Each command (the launch, ``doctor``, ``report``, ``store``) is a module of its own; here: one typer app per
+command, the subcommand table, abbreviated options written out before typer reads them (``cli.abbrev``, as
+torchrun's argparse takes them), and how every outcome becomes one exit code and at most one line of error.
 """
 
 from __future__ import annotations
@@ -83,14 +79,17 @@ def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_
     """``usage_code`` and ``on_usage`` (given the message) are for the parser's own errors (unknown option,
     missing value, an ambiguous abbreviation): the doctor has its own code for "could not run", and prints JSON
     with --json."""
-    try:
-        argv = expand(argv, spellings(cli), torch_version)
-    except AmbiguousOption as err:
-        message = f"{err} (see {prog} --help)"
+    def usage(problem: str) -> int:
+        message = f"{problem} (see {prog} --help)"
         if on_usage is not None:
             on_usage(message)
         error(message)
         return usage_code
+
+    try:
+        argv = expand(argv, spellings(cli), torch_version)
+    except AmbiguousOption as err:
+        return usage(str(err))
     try:
         # Without standalone mode the parser returns the command's exit code instead of raising.
         # obj: the command line as typed, for a command that must see its spellings (doctor: --ft-param-*).
@@ -104,11 +103,7 @@ def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_
     except Exception as err:
         # Usage errors from the parser carry an exit code and a message: show one line, no traceback.
         if hasattr(err, "format_message") and hasattr(err, "exit_code"):
-            message = f"{err.format_message()} (see {prog} --help)"
-            if on_usage is not None:
-                on_usage(message)
-            error(message)
-            return usage_code
+            return usage(err.format_message())
         raise
     return exitcodes.OK
 

@@ -28,22 +28,9 @@ def visible(settings: Sequence[Setting]) -> list[Setting]:
     return [s for s in settings if not s.hidden]
 
 
-def takes_value(setting: Setting) -> bool:
-    return setting.takes_value
-
-
-def metavar(setting: Setting) -> str:
-    return setting.value_hint
-
-
-def offered(setting: Setting) -> tuple[str, ...]:
-    """The flags completions offer: each spelling once, not torchrun's underscore twins (still accepted)."""
-    return setting.shown_flags
-
-
-def completes(setting: Setting) -> str:
+def completes(metavar: str) -> str:
     """'file', 'dir' or '': derived from the declared metavar, so there is no list of names to keep."""
-    return {"FILE": "file", "DIR": "dir"}.get(setting.metavar, "")
+    return {"FILE": "file", "DIR": "dir"}.get(metavar, "")
 
 
 @dataclass(frozen=True)
@@ -52,10 +39,6 @@ class Option:
     help: str
     takes_value: bool
     metavar: str = ""  # FILE or DIR complete paths
-
-    @property
-    def completes(self) -> str:
-        return {"FILE": "file", "DIR": "dir"}.get(self.metavar, "")
 
 
 @dataclass(frozen=True)
@@ -90,7 +73,7 @@ def subcommands() -> list[Subcommand]:
 def value_flags(settings: Sequence[Setting]) -> list[str]:
     """Every flag that takes a value, every spelling. Hidden flags too: their values must not be mistaken
     for SCRIPT."""
-    flags = [f for s in settings if takes_value(s) for f in s.flags]
+    flags = [f for s in settings if s.takes_value for f in s.flags]
     return flags + sorted({f for sub in subcommands() for f in sub.value_flags} - set(flags))
 
 
@@ -98,23 +81,26 @@ def _bash_case(flags: Sequence[str], action: str) -> str:
     return f"        {'|'.join(flags)}) {action}; return ;;"
 
 
+def _bash_paths(flags: Sequence[str], metavar: str) -> str:
+    flag = "-d" if completes(metavar) == "dir" else "-f"
+    return _bash_case(flags, f'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen {flag} -- "$cur"))')
+
+
 def render_bash(settings: Sequence[Setting]) -> str:
-    setting_opts = " ".join([*HELP_FLAGS, "--help-all", *(f for s in visible(settings) for f in offered(s))])
+    setting_opts = " ".join([*HELP_FLAGS, "--help-all", *(f for s in visible(settings) for f in s.shown_flags)])
     subs = subcommands()
     cases, free = [], []
-    for setting in (s for s in visible(settings) if takes_value(s)):
+    for setting in (s for s in visible(settings) if s.takes_value):
         # Every spelling is recognised (--max_restarts 3 still takes its value); only one is offered.
         if setting.suggestions:
             cases.append(_bash_case(setting.flags, f'COMPREPLY=($(compgen -W "{" ".join(setting.suggestions)}" -- "$cur"))'))
-        elif completes(setting):
-            flag = "-d" if completes(setting) == "dir" else "-f"
-            cases.append(_bash_case(setting.flags, f'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen {flag} -- "$cur"))'))
+        elif completes(setting.metavar):
+            cases.append(_bash_paths(setting.flags, setting.metavar))
         else:
             free += setting.flags
     for option in (o for sub in subs for o in sub.options if o.takes_value):
-        if option.completes:
-            flag = "-d" if option.completes == "dir" else "-f"
-            cases.insert(0, _bash_case(option.flags, f'compopt -o filenames 2>/dev/null; COMPREPLY=($(compgen {flag} -- "$cur"))'))
+        if completes(option.metavar):
+            cases.insert(0, _bash_paths(option.flags, option.metavar))
         else:
             free += option.flags
     # A free-form value (a number, a host): offer nothing rather than flags.
@@ -165,6 +151,9 @@ complete -F _mbr_launch_complete mbr-launch
 """
 
 
+_ZSH_PATHS = {"file": "_files", "dir": "_files -/"}
+
+
 def _zsh_quote(text: str) -> str:
     return "'" + text.replace("'", "'\\''") + "'"
 
@@ -191,7 +180,7 @@ def _zsh_specs(flags: Sequence[str], help: str, meta: str, action: str, shown: S
 def _zsh_action(setting: Setting) -> str:
     if setting.suggestions:
         return "(" + " ".join(setting.suggestions) + ")"
-    return {"file": "_files", "dir": "_files -/"}.get(completes(setting), " ")
+    return _ZSH_PATHS.get(completes(setting.metavar), " ")
 
 
 def _zsh_sub_specs(sub: Subcommand) -> list[str]:
@@ -199,15 +188,15 @@ def _zsh_sub_specs(sub: Subcommand) -> list[str]:
     for option in sub.options:
         specs += _zsh_specs(option.flags, option.help or f"{sub.name}: {option.flags[0].lstrip('-')}",
                             option.metavar or "VALUE" if option.takes_value else "",
-                            {"file": "_files", "dir": "_files -/"}.get(option.completes, " "))
+                            _ZSH_PATHS.get(completes(option.metavar), " "))
     return specs
 
 
 def render_zsh(settings: Sequence[Setting]) -> str:
     settings_specs = _zsh_specs(("--help-all",), "Show every option and exit", "", "")
     for setting in visible(settings):
-        settings_specs += _zsh_specs(setting.flags, setting.help, metavar(setting), _zsh_action(setting),
-                                     shown=offered(setting))
+        settings_specs += _zsh_specs(setting.flags, setting.help, setting.value_hint, _zsh_action(setting),
+                                     shown=setting.shown_flags)
     launch = _zsh_specs(HELP_FLAGS, "Show the help and exit", "", "") + _zsh_specs(
         LAUNCH_ONLY[1:], "Print the versions and exit", "", "")
     subs = subcommands()
@@ -266,13 +255,13 @@ def _fish_flag(flag: str) -> str:
 
 
 def _fish_value(setting: Setting) -> str:
-    if not takes_value(setting):
+    if not setting.takes_value:
         return ""
     if setting.suggestions:
         return " -x -a " + _fish_quote(" ".join(setting.suggestions))
-    if completes(setting) == "file":
+    if completes(setting.metavar) == "file":
         return " -r -F"
-    if completes(setting) == "dir":
+    if completes(setting.metavar) == "dir":
         return " -x -a '(__fish_complete_directories)'"
     return " -x"
 
@@ -320,13 +309,13 @@ def render_fish(settings: Sequence[Setting]) -> str:
               "complete -c mbr-launch -n $options -l help-all -d 'Show every option and exit'"]
     for setting in visible(settings):
         desc = _fish_quote(setting.help)
-        for flag in offered(setting):
+        for flag in setting.shown_flags:
             lines.append(f"complete -c mbr-launch -n $options {_fish_flag(flag)}{_fish_value(setting)} -d {desc}")
     for sub in subs:
         for option in sub.options:
             for flag in option.flags:
                 lines.append(f"complete -c mbr-launch -n '__mbr_launch_sub {sub.name}' {_fish_flag(flag)}"
-                             + ((" -r -F" if option.completes else " -x") if option.takes_value else "")
+                             + ((" -r -F" if completes(option.metavar) else " -x") if option.takes_value else "")
                              + (f" -d {_fish_quote(option.help)}" if option.help else ""))
     return "\n".join(lines) + "\n"
 

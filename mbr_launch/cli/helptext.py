@@ -17,7 +17,8 @@ from typing import Annotated, Any
 import typer
 import typer.core
 
-from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, default_text, in_panel_order
+from mbr_launch.cli.options import option_help
+from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, in_panel_order
 from mbr_launch.report.version import PROG, version_line
 
 INDENT, WIDEST = 6, 100  # help text beneath its flag; past 100 columns lines only get harder to read
@@ -46,15 +47,6 @@ def setting_head(setting: Setting, *, aliases: bool) -> str:
     flags = short + (long if aliases else long[:1])
     hint = " ".join(p for p in (setting.value_hint, setting.bounds) if p)
     return ", ".join(flags) + (f" {hint}" if hint else "")
-
-
-def setting_body(setting: Setting, *, everything: bool) -> str:
-    parts = [setting.help]
-    if setting.takes_value and (default := default_text(setting)):
-        parts.append(f"[default: {default}]")
-    if everything:
-        parts.append(f"[env: {', '.join(setting.envvars)}]")
-    return " ".join(parts)
 
 
 def _own_options(command: typer.core.TyperCommand, ctx: typer.Context) -> list[Any]:
@@ -123,11 +115,11 @@ def render(ctx: typer.Context, command: typer.core.TyperCommand) -> str:
             if members:
                 out += ["", f"{panel}:"]
                 for setting in members:
-                    out += _entry(setting_head(setting, aliases=True), setting_body(setting, everything=True), cols)
+                    out += _entry(setting_head(setting, aliases=True), option_help(setting), cols)
     elif settings:
         out += ["", "Common options:"]
         for setting in settings:
-            out += _entry(setting_head(setting, aliases=False), setting_body(setting, everything=False), cols)
+            out += _entry(setting_head(setting, aliases=False), option_help(setting, env=False), cols)
     total = len([s for s in SETTINGS if not s.hidden and s.name in taken])
     if total:
         out += [""] + _wrap(_footer(everything, total), cols, 0)

@@ -13,13 +13,13 @@ from rich.markup import escape
 from mbr_launch.config.settings import SETTINGS, Setting, default_text, in_panel_order
 
 
-def option_help(setting: Setting) -> str:
-    """The help text with the default and environment variables, as shown by --help and the man page."""
-    default = default_text(setting)
+def option_help(setting: Setting, *, env: bool = True) -> str:
+    """The help text with the default and (``env``) the environment variables, as --help and the man page show it."""
     parts = [setting.help]
-    if setting.takes_value and default:
+    if setting.takes_value and (default := default_text(setting)):
         parts.append(f"[default: {default}]")
-    parts.append(f"[env: {', '.join(setting.envvars)}]")
+    if env:
+        parts.append(f"[env: {', '.join(setting.envvars)}]")
     return " ".join(parts)
 
 

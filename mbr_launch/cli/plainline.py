@@ -18,15 +18,12 @@ from mbr_launch.cli.abbrev import HELP, LAUNCH_EXTRAS, AmbiguousOption, expand, 
 from mbr_launch.cli.errors import PROG, CommandError, error
 from mbr_launch.cli.process import USER_ENV, guarded, prepare
 from mbr_launch.config.host import torch_version
-from mbr_launch.config.settings import SETTINGS, Setting
+from mbr_launch.config.settings import BY_FLAG, SETTINGS
 from mbr_launch.report import exitcodes
 
 # Subcommands: their first word is never a script (``cli.app`` registers them under these names).
 DOCTOR, REPORT, STORE = "doctor", "report", "store"
 SUBCOMMANDS = (DOCTOR, REPORT, STORE)
-# Every flag of every setting. Anything else that starts with "-" (--help, --version, "--", "-", combined short
-# flags, a typo) is not among them and leaves the line to typer.
-_FLAGS: dict[str, Setting] = {flag: setting for setting in SETTINGS for flag in setting.flags}
 # Every option string of the launch, for abbreviated options (``cli.abbrev``); ``test_abbrev`` compares it with
 # typer's command.
 SPELLINGS = {**setting_spellings(SETTINGS), **HELP, **LAUNCH_EXTRAS}
@@ -41,7 +38,7 @@ def read(argv: Sequence[str]) -> dict[str, Any] | None:
     while i < len(argv) and argv[i].startswith("-"):
         token = argv[i]
         name, equals, inline = token.partition("=") if token.startswith("--") else (token, "", "")
-        setting = _FLAGS.get(name)
+        setting = BY_FLAG.get(name)  # anything else (--help, --, -, combined short flags, a typo): typer's
         if setting is None or setting.name in given:
             return None
         if not setting.takes_value:
@@ -71,7 +68,7 @@ def launch(values: dict[str, Any]) -> int:
     """Build the config from ``launch_command``'s values and run this node's agent; a config the user can
     fix raises ``CommandError``."""
     from mbr_launch.api import build_launch_config, launch as run_agent
-    from mbr_launch.config.build import ConfigError
+    from mbr_launch.config.errors import ConfigError
 
     script = values.pop("training_script")
     script_args = tuple(values.pop("training_script_args") or ())

@@ -9,6 +9,7 @@ import typer
 
 from mbr_launch.api import run_report
 from mbr_launch.cli.errors import CommandError
+from mbr_launch.visible import one_line
 
 
 def report_command(
@@ -25,7 +26,6 @@ def report_command(
     """Report a finished (or running) launch: each round and failure (rank, node, cause, exit code or
     signal, last section, detection and restart time), a timeline of start-up, training, lost work,
     detection and restart per node, and where the time went (goodput)."""
-    from mbr_launch.visible import one_line
     from mbr_launch.report.render_plot import PlotUnavailable, html_page, require, svg as svg_text
     from mbr_launch.report.render_text import print_report
     from mbr_launch.report.runs import ReportError
@@ -44,8 +44,6 @@ def report_command(
 
 
 def _write(path: Path, text: str) -> None:
-    from mbr_launch.visible import one_line
-
     try:
         path.write_text(text)
     except OSError as exc:

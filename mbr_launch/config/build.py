@@ -16,22 +16,21 @@ from __future__ import annotations
 
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
-from mbr_launch.config.errors import ConfigError, SettingError
-from mbr_launch.config.files import load_config_file
+from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.ftparse import unclear
 from mbr_launch.config.host import HostProbes
 from mbr_launch.config.model import (FaultToleranceSpec, LaunchConfig, MonitorSpec, NvrxLauncherSpec, OutputSpec,
-                                     PreemptionSpec, PreflightSpec, RendezvousSpec, StandbySpec, StdSpec, TelemetrySpec,
+                                     PreemptionSpec, PreflightSpec, RendezvousSpec, StandbySpec, TelemetrySpec,
                                      WorkersSpec)
 from mbr_launch.config.nvrx import ALL_FT_FIELDS, NvrxFound
 from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_seconds_env,
                                      parse_std)
 from mbr_launch.config.rdzvconf import check_rdzv_conf, parse_rdzv_conf
 from mbr_launch.config.secret import SecretFileError, read_secret
-from mbr_launch.config.settings import BY_NAME, COMPAT, FAULT, SETTINGS, Resolved, for_workers_nvrx
+from mbr_launch.config.settings import BY_FT_KEY, BY_NAME, COMPAT, FAULT, SETTINGS, Resolved, for_workers_nvrx
 from mbr_launch.config.slurm import SlurmEnv, SlurmError
 from mbr_launch.contract import BOOT_MODULE, DEFAULT_PRELOAD
 from mbr_launch.decide.policy import RestartPolicy, Scope, When
@@ -246,6 +245,11 @@ def _or_default(v: Mapping[str, Any], name: str) -> Any:
     return BY_NAME[name].default if value is None else value
 
 
+# The FaultToleranceConfig fields whose none keeps the default.
+_NONE_IS_DEFAULT = ("workload_check_interval", "safety_factor", "node_health_check_interval", "restart_check_interval",
+                    "gpu_memory_tolerance_mb", "gpu_memory_poll_interval")
+
+
 def user_set(resolved: Resolved) -> tuple[str, ...]:
     """The FaultToleranceConfig fields whose value the user gave, sorted."""
     return tuple(sorted(s.ft_key for s in SETTINGS
@@ -253,31 +257,16 @@ def user_set(resolved: Resolved) -> tuple[str, ...]:
 
 
 def ft_spec(resolved: Resolved) -> FaultToleranceSpec:
+    """Each FaultToleranceConfig field is the value of the setting with that ``ft_key``."""
     v = resolved.values
+    data = {f.name: v[BY_FT_KEY[f.name].name] for f in fields(FaultToleranceSpec) if f.name != "user_set"}
     paths = v["storage_health_check_path"]
-    return FaultToleranceSpec(
-        initial_rank_heartbeat_timeout=v["initial_heartbeat_timeout"], rank_heartbeat_timeout=v["heartbeat_timeout"],
-        rank_section_timeouts=v["section_timeouts"], rank_out_of_section_timeout=v["out_of_section_timeout"],
-        workload_check_interval=_or_default(v, "workload_check_interval"),
-        safety_factor=_or_default(v, "safety_factor"), rank_termination_signal=v["rank_termination_signal"],
-        log_level=v["ft_log_level"], node_health_check_interval=_or_default(v, "node_health_check_interval"),
-        restart_check_interval=_or_default(v, "restart_check_interval"), enable_nic_monitor=v["enable_nic_monitor"],
-        pci_topo_file=v["pci_topo_file"], link_down_path_template=v["link_down_path_template"],
-        enable_nic_healthcheck=v["enable_nic_healthcheck"],
-        enable_dist_storage_healthcheck=v["enable_dist_storage_healthcheck"],
-        storage_healthcheck_path=",".join(paths) if paths else None,
-        link_state_path_template=v["link_state_path_template"], skip_section_response=v["skip_section_response"],
-        segment=v["segment"], numa_bind_strict=v["numa_bind_strict"],
-        gpu_memory_reclaim_timeout=v["gpu_memory_reclaim_timeout"] or 0.0,
-        gpu_memory_tolerance_mb=_or_default(v, "gpu_memory_tolerance_mb"),
-        gpu_memory_poll_interval=_or_default(v, "gpu_memory_poll_interval"),
-        check_remaining_processes=v["check_remaining_processes"], max_no_progress_cycles=v["max_no_progress_cycles"],
-        min_progress_iterations=v["min_progress_iterations"], checkpoint_iteration_file=v["checkpoint_iteration_file"],
-        install_exception_hook=v["install_exception_hook"], num_warmup_iterations=v["num_warmup_iterations"],
-        attribution_endpoint=v["attribution_endpoint"],
-        attribution_stop_action=v["attribution_stop_action"] if resolved.given("attribution_stop_action") else None,
-        attribution_export_url=v["attribution_export_url"], cycle_info_dir=v["cycle_info_dir"],
-        segment_health_check_dir=v["segment_health_check_dir"], user_set=user_set(resolved))
+    data.update({name: _or_default(v, name) for name in _NONE_IS_DEFAULT},
+                storage_healthcheck_path=",".join(paths) if paths else None,
+                gpu_memory_reclaim_timeout=v["gpu_memory_reclaim_timeout"] or 0.0,
+                attribution_stop_action=v["attribution_stop_action"] if resolved.given("attribution_stop_action")
+                else None)
+    return FaultToleranceSpec(**data, user_set=user_set(resolved))
 
 
 def nvrx_spec(resolved: Resolved, *, found: NvrxFound, nodes: tuple[int, int], run_id: str,
@@ -293,22 +282,15 @@ def nvrx_spec(resolved: Resolved, *, found: NvrxFound, nodes: tuple[int, int], r
     job_id = v["cycle_info_job_id"]
     if v["cycle_info_dir"] and not job_id:
         job_id = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID") or run_id
-    return NvrxLauncherSpec(
-        workers_nvrx=found.version, attribution_stop_action=v["attribution_stop_action"] or "log",
-        max_no_progress_cycles=v["max_no_progress_cycles"], min_progress_iterations=v["min_progress_iterations"],
-        checkpoint_iteration_file=v["checkpoint_iteration_file"],
-        no_restart_exit_code=v["no_restart_exit_code"] & 0xFF,
-        cycle_info_dir=v["cycle_info_dir"], cycle_info_job_id=job_id,
-        per_cycle_applog_prefix=v["per_cycle_applog_prefix"],
-        enable_nic_healthcheck=v["enable_nic_healthcheck"], link_state_path_template=v["link_state_path_template"],
-        enable_dist_storage_healthcheck=v["enable_dist_storage_healthcheck"],
-        storage_healthcheck_paths=tuple(v["storage_health_check_path"] or ()),
-        node_health_check_endpoint=v["node_health_check_endpoint"],
-        segment_health_check_dir=v["segment_health_check_dir"], segment=segment,
-        gpu_memory_reclaim_timeout=float(v["gpu_memory_reclaim_timeout"] or 0.0),
-        gpu_memory_tolerance_mb=float(_or_default(v, "gpu_memory_tolerance_mb")),
-        gpu_memory_poll_interval=float(_or_default(v, "gpu_memory_poll_interval")),
-        check_remaining_processes=v["check_remaining_processes"], numa_bind_strict=v["numa_bind_strict"])
+    # Each field is the setting of its name, but for these.
+    same = {f.name: v[f.name] for f in fields(NvrxLauncherSpec) if f.name in BY_NAME}
+    return NvrxLauncherSpec(**{
+        **same, "workers_nvrx": found.version, "attribution_stop_action": v["attribution_stop_action"] or "log",
+        "no_restart_exit_code": v["no_restart_exit_code"] & 0xFF, "cycle_info_job_id": job_id,
+        "storage_healthcheck_paths": tuple(v["storage_health_check_path"] or ()),
+        "gpu_memory_reclaim_timeout": float(v["gpu_memory_reclaim_timeout"] or 0.0),
+        "gpu_memory_tolerance_mb": float(_or_default(v, "gpu_memory_tolerance_mb")),
+        "gpu_memory_poll_interval": float(_or_default(v, "gpu_memory_poll_interval"))})
 
 
 def nvrx_warnings(resolved: Resolved, found: NvrxFound) -> list[str]:
@@ -329,9 +311,6 @@ def nvrx_warnings(resolved: Resolved, found: NvrxFound) -> list[str]:
             out.append(f"--ft-no-restart-exit-code {code}: mbr-launch also exits {code & 0xFF} when "
                        f"{_OWN_CODES[code & 0xFF].split(';')[0]}; pick a code of its own (ft_launcher's is 93)")
     return out
-
-
-__all__ = ["ft_spec", "nvrx_spec", "nvrx_warnings", "user_set"]
 
 
 def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[str, ...] = (),
@@ -407,8 +386,3 @@ def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[s
         nvrx=nvrx_spec(resolved, found=found, nodes=(rendezvous.min_nodes, rendezvous.max_nodes),
                        run_id=rendezvous.run_id, environ=environ),
     )
-
-
-# ConfigError, SettingError, LaunchConfig, StdSpec and load_config_file stay importable from here (their old home).
-__all__ = ["ConfigError", "HostProbes", "LaunchConfig", "SettingError", "StdSpec", "build_config",
-           "load_config_file", "preflight_spec"]

@@ -1,11 +1,12 @@
-"""How a setting is declared: the ``Setting`` record, the two shorthands for torchrun's and ft_launcher's
-flags, the help panels, and how a default reads. ``settings`` holds the table itself."""
+"""How a setting is declared: the ``Setting`` record, the shorthands for torchrun's, mbr-launch's own and
+ft_launcher's flags, the help panels, and how a default reads. ``settings`` holds the table itself."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
+from mbr_launch.config.nvrx import release
 from mbr_launch.config.parse import Parser
 
 TORCHRUN = "torchrun"
@@ -57,7 +58,7 @@ class Setting:
         """The default under the workers' NVRx line ``generation`` (None: no NVRx)."""
         chosen = self.default
         for line, value in self.nvrx_defaults:
-            if generation is not None and _release(generation) >= _release(line):
+            if generation is not None and release(generation) >= release(line):
                 chosen = value
         return chosen
 
@@ -103,7 +104,7 @@ class Setting:
 
 
 def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: str | None = None,
-                     pet: bool = True, parse: Parser | None = None, choices: tuple[str, ...] = (),
+                     pet: bool = True, parse: Parser | None = None,
                      metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = (),
                      common: bool = False, values: tuple[str, ...] = (), env: tuple[str, ...] = (),
                      since: tuple[int, ...] = ()) -> Setting:
@@ -113,8 +114,15 @@ def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: s
     own = ([short] if short else []) + [dashed] + ([f"--{name}"] if "_" in name else [])
     envvars = ((f"PET_{name.upper()}",) if pet else ()) + env
     return Setting(name=name, flags=(*own, *aliases), kind=kind, default=default, help=help, panel=panel,
-                   parse=parse, env=envvars, torchrun_dest=name, choices=choices, metavar=metavar, common=common,
+                   parse=parse, env=envvars, torchrun_dest=name, metavar=metavar, common=common,
                    values=values, torchrun_flags=tuple(own), torchrun_since=since)
+
+
+def own_setting(name: str, kind: type, default: Any, *, help: str, panel: str, aliases: tuple[str, ...] = (),
+                **details: Any) -> Setting:
+    """One of mbr-launch's own options: ``--<name>`` with dashes, then ``aliases``; ``details``: ``Setting``'s."""
+    return Setting(name=name, flags=("--" + name.replace("_", "-"), *aliases), kind=kind, default=default, help=help,
+                   panel=panel, **details)
 
 
 def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, native: str | None = None,
@@ -136,10 +144,6 @@ def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, 
     return Setting(name=name, flags=unique, kind=kind, default=default, help=help, panel=panel,
                    parse=parse, ft_key=ft_name, metavar=metavar, valued=valued, common=common,
                    nvrx_defaults=nvrx_defaults)
-
-
-def _release(line: str) -> tuple[int, ...]:
-    return tuple(int(part) for part in line.split("."))
 
 
 def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str | None = None,

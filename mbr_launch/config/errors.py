@@ -9,6 +9,3 @@ class SettingError(ValueError):
 
 class ConfigError(ValueError):
     """Bad input: the message says what is wrong and what to do."""
-
-
-__all__ = ["ConfigError", "SettingError"]

@@ -27,9 +27,8 @@ BRIDGE_IGNORED_KEYS = frozenset({"_target_", "_partial_"})  # Hydra-style marker
 OWN_SECTIONS = frozenset({"mbr_launch", "fault_tolerance"})
 
 
-def bridge_sections() -> frozenset[str]:
-    """Top-level keys a Megatron-Bridge config may have (mbr-launch's own file may carry them too)."""
-    return BRIDGE_STRICT_SECTIONS | BRIDGE_LOOSE_SECTIONS | BRIDGE_OTHER_SECTIONS | BRIDGE_IGNORED_KEYS
+# Top-level keys a Megatron-Bridge config may have (mbr-launch's own file may carry them too).
+BRIDGE_KEYS = BRIDGE_STRICT_SECTIONS | BRIDGE_LOOSE_SECTIONS | BRIDGE_OTHER_SECTIONS | BRIDGE_IGNORED_KEYS
 
 
 def load_config_file(path: str) -> dict[str, Any]:
@@ -47,7 +46,7 @@ def load_config_file(path: str) -> dict[str, Any]:
         sections[found[0]] = found[1]
     holder = found[0].split(".")[0] if found is not None else None  # the key the section was found in
     for key in data:
-        if key not in OWN_SECTIONS and key not in bridge_sections() and str(key) != holder:
+        if key not in OWN_SECTIONS and key not in BRIDGE_KEYS and str(key) != holder:
             _check_top_level(key, path, carried=found is not None)
     values: dict[str, Any] = {}
     for where, section in sections.items():
@@ -88,7 +87,7 @@ def _check_top_level(key: Any, path: str, *, carried: bool) -> None:
     """A top-level key that is none of our sections: the rest of a training config that carries ft_launcher's
     section (left alone, as NVRx does) unless it looks like a misspelt name of ours; in a file without that
     section, an error."""
-    known = sorted(OWN_SECTIONS if carried else OWN_SECTIONS | bridge_sections())
+    known = sorted(OWN_SECTIONS if carried else OWN_SECTIONS | BRIDGE_KEYS)
     guess = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
     if carried and not guess:
         return

@@ -1,13 +1,9 @@
 """Parsers for values as ft_launcher (NVRx 0.4.1, 0.6, 0.7) reads them: text (or a YAML value) in, a typed value
 or a ``SettingError`` that names the flag out. ``parse`` has the shared ones (numbers, choices, timeouts).
 
-ft_launcher's booleans are not one rule but three, and one of them changed between versions:
-
-- ``--ft-skip-section-response`` (0.6+): true only for true/1/yes; anything else is false (``truthy``);
-- ``--ft-enable-nic-healthcheck``, ``--ft-numa-bind-strict``, ``--ft-install-exception-hook``,
-  ``--ft-check-remaining-processes`` (0.6+): false only for false/0/no; anything else is true (``falsy``);
-- ``--ft-enable-nic-monitor``: ``truthy`` in 0.4.1, ``falsy`` in 0.6 and 0.7 (``versioned_bool``);
-- ``--ft-enable-log-server``: true only for the word true (``exact_true``).
+ft_launcher's booleans are not one rule but three (``RULES``: true only for true/1/yes, false only for
+false/0/no, true only for the word true), and ``--ft-enable-nic-monitor``'s changed between versions
+(``versioned_bool``); the settings table says which flag reads which way.
 
 Every value ft_launcher takes is taken here with its meaning, except that ``on`` and ``off`` (mbr-launch's own
 words) mean what they say: ft_launcher 0.6+ would read ``off`` as true. ``unclear`` tells a caller that a word
@@ -20,7 +16,6 @@ import logging
 import os
 from typing import Any, Callable, Mapping
 
-from mbr_launch.config.errors import SettingError
 from mbr_launch.config.parse import LARGEST, NONE_WORDS, Parser, _fail, _number
 
 TRUE_WORDS = ("true", "1", "yes")
@@ -176,7 +171,3 @@ def absolute_paths(name: str) -> Parser:
 
     parse.takes_list = True  # type: ignore[attr-defined]
     return parse
-
-
-__all__ = ["absolute_path", "absolute_paths", "folded_choice", "ft_bool", "integer", "log_level", "optional_number",
-           "unclear", "versioned_bool"]

@@ -172,6 +172,3 @@ class HostProbes:
     stdlib_only_script: Callable[[str], bool] = imports_only_stdlib
     workers_nvrx: Callable[[Mapping[str, str]], NvrxFound] = workers_nvrx  # where versions of NVRx disagree
     torch_version: Callable[[], tuple[int, ...]] = torch_version  # where torch releases read options differently
-
-
-__all__ = ["HostProbes"]

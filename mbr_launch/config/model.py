@@ -272,7 +272,3 @@ class LaunchConfig:
     slurm: SlurmEnv | None
     warnings: tuple[str, ...] = ()
     nvrx: NvrxLauncherSpec = field(default_factory=NvrxLauncherSpec)
-
-
-__all__ = ["FaultToleranceSpec", "LaunchConfig", "MonitorSpec", "NvrxLauncherSpec", "OutputSpec", "PreemptionSpec",
-           "PreflightSpec", "RendezvousSpec", "StandbySpec", "StdSpec", "TelemetrySpec", "WorkersSpec"]

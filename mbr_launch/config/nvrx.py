@@ -63,10 +63,14 @@ def generation(version: str | None) -> str | None:
     found = (int(match.group(1)), int(match.group(2)))
     line = GENERATIONS[0]
     for candidate in GENERATIONS:
-        major, minor = (int(p) for p in candidate.split("."))
-        if found >= (major, minor):
+        if found >= release(candidate):
             line = candidate
     return line
+
+
+def release(line: str) -> tuple[int, ...]:
+    """A line as numbers: "0.6" -> (0, 6)."""
+    return tuple(int(part) for part in line.split("."))
 
 
 def removed_spelling(flag: str) -> str | None:
@@ -93,7 +97,3 @@ class NvrxFound:
         if self.version is None:
             return "no nvidia-resiliency-ext in the workers' environment"
         return f"nvidia-resiliency-ext {self.version} ({self.where}, on {self.via})"
-
-
-__all__ = ["ALL_FT_FIELDS", "CLIENT_FIELDS_SINCE_06", "FT_FIELDS", "GENERATIONS", "NAMES", "NEWEST", "NvrxFound",
-           "REMOVED_VALUES", "generation", "removed_spelling"]

@@ -69,6 +69,3 @@ def source_hint(source: str) -> str:
     if source.startswith("env:"):
         return f" (from the environment variable {source[4:]})"
     return " (from the config file)" if source == "config" else ""
-
-
-__all__ = ["PATH_SETTINGS", "check_text", "env_name", "null_value", "pet_switch", "source_hint"]

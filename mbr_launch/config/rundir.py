@@ -132,7 +132,3 @@ def make_socket_dir(longest_name: str) -> Path:
             tried.append(f"{parent}: {exc.strerror}")
     raise ConfigError(f"no folder for the rank monitor's sockets (a socket path may have at most "
                       f"{SOCKET_PATH_MAX} bytes): {'; '.join(tried)}; set TMPDIR to a short, writable folder")
-
-
-__all__ = ["checked_log_dir", "default_base", "make_run_dir", "make_socket_dir", "private_base", "run_folder_name",
-           "safe_component"]

@@ -115,6 +115,3 @@ def prune(base: Path, *, keep: int, now: float | None = None) -> list[Path]:
         if not os.path.lexists(run_dir):
             removed.append(run_dir)
     return removed
-
-
-__all__ = ["LATEST", "QUIET_AGE", "RUN_FOLDER", "hold", "in_use", "point_latest", "prune", "runs"]

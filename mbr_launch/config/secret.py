@@ -48,6 +48,3 @@ def _unusable(path: str, err: OSError) -> SecretFileError:
         return SecretFileError(f"{path} can be read or written by others (mode {stat.S_IMODE(st.st_mode):o}); "
                                f"run: chmod 600 {path}")
     return SecretFileError(f"cannot open {path}: {err.strerror} (a symbolic link is refused too)")
-
-
-__all__ = ["MIN_SECRET", "SecretFileError", "read_secret"]

@@ -28,7 +28,8 @@ from mbr_launch.config import rawvalue
 from mbr_launch.config.declare import (CHECKS, COMPAT, FAULT, HEALTH, LOGGING, PANELS, POLICY, SLURM, TORCHRUN,
                                        Setting, default_text, in_panel_order)
 # short: the table reads
-from mbr_launch.config.declare import ft_setting as _ft, nvrx_setting as _nvrx, torchrun_setting as _torchrun
+from mbr_launch.config.declare import (ft_setting as _ft, nvrx_setting as _nvrx, own_setting as _own,
+                                       torchrun_setting as _torchrun)
 from mbr_launch.config.errors import SettingError
 from mbr_launch.config.ftparse import (absolute_path, absolute_paths, folded_choice, ft_bool, integer, log_level,
                                        optional_number, versioned_bool)
@@ -63,8 +64,7 @@ SETTINGS: tuple[Setting, ...] = (
               parse=non_negative("--monitor-interval", float), metavar="SECONDS"),
     _torchrun("start_method", str, "spawn",
               "Accepted for torchrun compatibility; workers are always fresh processes (spawn semantics).",
-              parse=choice("--start-method", ("spawn", "fork", "forkserver")),
-              choices=("spawn", "fork", "forkserver")),
+              parse=choice("--start-method", ("spawn", "fork", "forkserver"))),
     _torchrun("event_log_handler", str, "null", "torchelastic event handler name (accepted for compatibility).",
               metavar="NAME"),
     _torchrun("role", str, "default", "User-defined role of the workers (ROLE_NAME).", metavar="NAME"),
@@ -108,8 +108,7 @@ SETTINGS: tuple[Setting, ...] = (
               pet=False, metavar="NAME", panel=LOGGING),
     _torchrun("numa_binding", str, None, "Bind workers to the CPUs of a NUMA node: node, socket, exclusive, "
               "core-complex.", pet=False,
-              parse=choice("--numa-binding", ("node", "socket", "exclusive", "core-complex")),
-              choices=("node", "socket", "exclusive", "core-complex")),
+              parse=choice("--numa-binding", ("node", "socket", "exclusive", "core-complex"))),
     _torchrun("signals_to_handle", str, "SIGTERM,SIGINT,SIGHUP,SIGQUIT",
               "Signals the launcher catches and forwards to the workers before stopping them.",
               parse=signal_list("--signals-to-handle"), metavar="SIGNALS"),
@@ -124,10 +123,10 @@ SETTINGS: tuple[Setting, ...] = (
     _torchrun("virtual_local_rank", bool, False,
               "Set LOCAL_RANK=0 in every worker and point CUDA_VISIBLE_DEVICES at its own GPU."),
     # -- fault tolerance: ft_launcher's flags as they are, plus readable names --
-    Setting(name="config", flags=("--config", "--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path"),
-            kind=str, default=None, panel=FAULT, common=True, env=("PET_FT_CFG_PATH",), metavar="FILE",
-            help="YAML config file: an 'mbr_launch:' section with any setting, and/or ft_launcher's "
-                 "'fault_tolerance:' section as it is."),
+    _own("config", str, None, aliases=("--ft-cfg-path", "--ft-cfg_path", "--fault-tol-cfg-path"), panel=FAULT,
+         common=True, env=("PET_FT_CFG_PATH",), metavar="FILE",
+         help="YAML config file: an 'mbr_launch:' section with any setting, and/or ft_launcher's "
+              "'fault_tolerance:' section as it is."),
     _ft("initial_heartbeat_timeout", "initial_rank_heartbeat_timeout", float, 3600.0,
         "Seconds from a rank's start until its first heartbeat ('none', 'null' or '' disables). Default 3600, "
         "or none when the workers import NVRx 0.6+ (ft_launcher 0.6+'s default).",
@@ -180,163 +179,141 @@ SETTINGS: tuple[Setting, ...] = (
             kind=bool, default=False, panel=COMPAT,
             help="Accepted (0.4.1's and 0.7's spellings): without a fault_tolerance config the defaults apply, "
                  "with or without this flag."),
-    Setting(name="rank_monitor", flags=("--rank-monitor",), kind=str, default="on", panel=FAULT,
-            parse=choice("--rank-monitor", ("on", "off")), choices=("on", "off"),
-            help="Serve NVRx RankMonitorClient connections (FT_RANK_MONITOR_IPC_SOCKET) and enforce "
-                 "their heartbeat and section timeouts."),
-    Setting(name="stack_dump", flags=("--stack-dump",), kind=str, default="auto", panel=FAULT,
-            parse=choice("--stack-dump", ("auto", "py-spy", "faulthandler", "off")),
-            choices=("auto", "py-spy", "faulthandler", "off"),
-            help="How stacks of hung ranks are captured before they are killed: py-spy (needs ptrace), "
-                 "faulthandler (needs nothing), auto (py-spy, falling back to faulthandler)."),
-    Setting(name="hang_kill_grace", flags=("--hang-kill-grace",), kind=float, default=3.0, panel=FAULT,
-            parse=non_negative("--hang-kill-grace", float), metavar="SECONDS",
-            help="Seconds a hung worker gets between SIGTERM and SIGKILL (crashes use --shutdown-timeout)."),
-    Setting(name="hang_inquiry_timeout", flags=("--hang-inquiry-timeout",), kind=float, default=2.0, panel=FAULT,
-            parse=positive("--hang-inquiry-timeout", float), metavar="SECONDS",
-            help="When a deadline passes, every node gathers its ranks' evidence (collective progress, stacks, "
-                 "process state) for at most this long before the verdict names the rank that hung."),
-    Setting(name="standby", flags=("--standby",), kind=str, default="torch", panel=FAULT,
-            parse=choice("--standby", ("off", "interpreter", "torch", "cuda")),
-            choices=("off", "interpreter", "torch", "cuda"),
-            help="Warm standby workers: one process per local rank that starts ahead of time and becomes the "
-                 "rank at the next (re)start. interpreter: Python only (exactly a fresh process); torch: also "
-                 "`import torch`, no CUDA, forked in milliseconds from a copy of the launcher that imported it "
-                 "where the worker's environment allows (env vars a script sets before its own `import torch` "
-                 "come too late, except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: "
-                 "also a CUDA context on device LOCAL_RANK; off: fresh processes only."),
-    Setting(name="standby_preload", flags=("--standby-preload",), kind=str, default=None, panel=FAULT,
-            parse=module_list("--standby-preload"), metavar="MODULES",
-            help="Modules each standby also imports ahead of time (comma-separated; none: nothing beyond the "
-                 "--standby level), e.g. megatron.core. Default: torch._dynamo at --standby torch and cuda, "
-                 "which an optimizer, DistributedDataParallel and torch.compile import on first use (about 2 s "
-                 "of CPU per rank and restart): imported once by the fork server, before it forks any worker; "
-                 "without a fork server, by the replacement standbys, and the first round's with 4+ cores per "
-                 "local rank. Variables these modules read at import (TORCHDYNAMO_*, "
-                 "TORCHINDUCTOR_*...) come from the launch environment: a rank whose script sets one later is "
-                 "warned on its stderr; set it before launching, or use none."),
+    _own("rank_monitor", str, "on", panel=FAULT, parse=choice("--rank-monitor", ("on", "off")),
+         help="Serve NVRx RankMonitorClient connections (FT_RANK_MONITOR_IPC_SOCKET) and enforce "
+              "their heartbeat and section timeouts."),
+    _own("stack_dump", str, "auto", panel=FAULT,
+         parse=choice("--stack-dump", ("auto", "py-spy", "faulthandler", "off")),
+         help="How stacks of hung ranks are captured before they are killed: py-spy (needs ptrace), "
+              "faulthandler (needs nothing), auto (py-spy, falling back to faulthandler)."),
+    _own("hang_kill_grace", float, 3.0, panel=FAULT, parse=non_negative("--hang-kill-grace", float), metavar="SECONDS",
+         help="Seconds a hung worker gets between SIGTERM and SIGKILL (crashes use --shutdown-timeout)."),
+    _own("hang_inquiry_timeout", float, 2.0, panel=FAULT, parse=positive("--hang-inquiry-timeout", float),
+         metavar="SECONDS",
+         help="When a deadline passes, every node gathers its ranks' evidence (collective progress, stacks, "
+              "process state) for at most this long before the verdict names the rank that hung."),
+    _own("standby", str, "torch", panel=FAULT, parse=choice("--standby", ("off", "interpreter", "torch", "cuda")),
+         help="Warm standby workers: one process per local rank that starts ahead of time and becomes the "
+              "rank at the next (re)start. interpreter: Python only (exactly a fresh process); torch: also "
+              "`import torch`, no CUDA, forked in milliseconds from a copy of the launcher that imported it "
+              "where the worker's environment allows (env vars a script sets before its own `import torch` "
+              "come too late, except OMP_NUM_THREADS, which is re-applied; others are warned about); cuda: "
+              "also a CUDA context on device LOCAL_RANK; off: fresh processes only."),
+    _own("standby_preload", str, None, panel=FAULT, parse=module_list("--standby-preload"), metavar="MODULES",
+         help="Modules each standby also imports ahead of time (comma-separated; none: nothing beyond the "
+              "--standby level), e.g. megatron.core. Default: torch._dynamo at --standby torch and cuda, "
+              "which an optimizer, DistributedDataParallel and torch.compile import on first use (about 2 s "
+              "of CPU per rank and restart): imported once by the fork server, before it forks any worker; "
+              "without a fork server, by the replacement standbys, and the first round's with 4+ cores per "
+              "local rank. Variables these modules read at import (TORCHDYNAMO_*, "
+              "TORCHINDUCTOR_*...) come from the launch environment: a rank whose script sets one later is "
+              "warned on its stderr; set it before launching, or use none."),
     # -- restart policy --
-    Setting(name="restart_scope", flags=("--restart-scope",), kind=str, default=Scope.JOB.value, panel=POLICY,
-            common=True, parse=choice("--restart-scope", SCOPES), choices=SCOPES,
-            help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
-                 "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
-                 "recover in process)."),
-    Setting(name="restart_policy", flags=("--restart-policy", "--restart_policy", "--ft-restart-policy",
-            "--ft-restart_policy"), kind=str, default=When.ANY_FAILED.value, panel=POLICY, ft_key="restart_policy",
-            parse=choice("--restart-policy", RESTART_POLICIES), choices=RESTART_POLICIES,
-            help="any-failed: any crash or hang restarts; min-healthy: a crashed rank is left lost (NVRx in-process "
-                 "restart goes on without it) until fewer than MIN nodes have all ranks alive, then the job restarts."),
-    Setting(name="max_startup_restarts", flags=("--max-startup-restarts",), kind=int, default=None,
-            panel=POLICY, parse=non_negative("--max-startup-restarts", int), metavar="N",
-            help="A separate budget for failures before any local rank showed progress (a heartbeat, an "
-                 "optimizer step, a checkpoint, 20 collectives, an advancing iteration), counted apart from "
-                 "later ones; default: they share --max-restarts."),
-    Setting(name="max_node_failures", flags=("--max-node-failures",), kind=int, default=0, panel=POLICY,
-            parse=non_negative("--max-node-failures", int), metavar="K",
-            help="Exclude a node whose ranks failed K times (0: never); with --nnodes MIN:MAX a spare "
-                 "agent takes its place and the job goes on while MIN nodes remain; a node that no waiting "
-                 "spare could replace stays, and the job restarts while the budget lasts."),
-    Setting(name="restart_backoff", flags=("--restart-backoff",), kind=float, default=1.0, panel=POLICY,
-            parse=non_negative("--restart-backoff", float), metavar="SECONDS",
-            help="First delay of a crash loop (rounds failing within --crash-loop-window); doubles each "
-                 "time up to --restart-backoff-max. An isolated failure restarts at once."),
-    Setting(name="restart_backoff_max", flags=("--restart-backoff-max",), kind=float, default=30.0,
-            panel=POLICY, parse=non_negative("--restart-backoff-max", float), metavar="SECONDS",
-            help="Longest crash-loop delay."),
-    Setting(name="crash_loop_window", flags=("--crash-loop-window",), kind=float, default=30.0, panel=POLICY,
-            parse=non_negative("--crash-loop-window", float), metavar="SECONDS",
-            help="A round that fails sooner than this after it started, before any sign of progress (a "
-                 "heartbeat, an optimizer step, a checkpoint, 20 collectives, an advancing iteration), is part "
-                 "of a crash loop."),
-    Setting(name="peer_timeout", flags=("--peer-timeout",), kind=float, default=15.0, panel=POLICY,
-            parse=positive("--peer-timeout", float), metavar="SECONDS",
-            help="Seconds of silence after which another node's agent (or the rendezvous store) counts as "
-                 "lost (dead or cut off); the survivors stop their workers and go on per the policy instead "
-                 "of waiting for NCCL. A dead worker is noticed at once regardless; this bounds silent "
-                 "network cuts. Below about 10 s, a heavily loaded store host can be taken for lost."),
-    Setting(name="rdzv_secret_file", flags=("--rdzv-secret-file",), kind=str, default=None, panel=POLICY,
-            metavar="FILE", help="A file (mode 600, 16+ bytes) with a secret all agents share: every value they "
-            "read from the c10d store, torch's pickled state included, must carry its HMAC, so a process that can "
-            "reach the port without it can neither run code in the agents nor steer the job (docs/security.md)."),
-    Setting(name="no_restart_exit_codes", flags=("--no-restart-exit-codes",), kind=str, default=(2, 17),
-            panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"), metavar="CODES",
-            help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
-                 "17: Megatron failed validation; 16, resume to disambiguate, restarts)."),
+    _own("restart_scope", str, Scope.JOB.value, panel=POLICY, common=True, parse=choice("--restart-scope", SCOPES),
+         help="What restarts after a crash or hang: job (every rank, new rendezvous round: torchrun's "
+              "way), node (this node's ranks only), rank (the failed rank only; for workloads that "
+              "recover in process)."),
+    _own("restart_policy", str, When.ANY_FAILED.value,
+         aliases=("--restart_policy", "--ft-restart-policy", "--ft-restart_policy"), panel=POLICY,
+         ft_key="restart_policy", parse=choice("--restart-policy", RESTART_POLICIES),
+         help="any-failed: any crash or hang restarts; min-healthy: a crashed rank is left lost (NVRx in-process "
+              "restart goes on without it) until fewer than MIN nodes have all ranks alive, then the job restarts."),
+    _own("max_startup_restarts", int, None, panel=POLICY, parse=non_negative("--max-startup-restarts", int),
+         metavar="N",
+         help="A separate budget for failures before any local rank showed progress (a heartbeat, an "
+              "optimizer step, a checkpoint, 20 collectives, an advancing iteration), counted apart from "
+              "later ones; default: they share --max-restarts."),
+    _own("max_node_failures", int, 0, panel=POLICY, parse=non_negative("--max-node-failures", int), metavar="K",
+         help="Exclude a node whose ranks failed K times (0: never); with --nnodes MIN:MAX a spare "
+              "agent takes its place and the job goes on while MIN nodes remain; a node that no waiting "
+              "spare could replace stays, and the job restarts while the budget lasts."),
+    _own("restart_backoff", float, 1.0, panel=POLICY, parse=non_negative("--restart-backoff", float), metavar="SECONDS",
+         help="First delay of a crash loop (rounds failing within --crash-loop-window); doubles each "
+              "time up to --restart-backoff-max. An isolated failure restarts at once."),
+    _own("restart_backoff_max", float, 30.0, panel=POLICY, parse=non_negative("--restart-backoff-max", float),
+         metavar="SECONDS", help="Longest crash-loop delay."),
+    _own("crash_loop_window", float, 30.0, panel=POLICY, parse=non_negative("--crash-loop-window", float),
+         metavar="SECONDS",
+         help="A round that fails sooner than this after it started, before any sign of progress (a "
+              "heartbeat, an optimizer step, a checkpoint, 20 collectives, an advancing iteration), is part "
+              "of a crash loop."),
+    _own("peer_timeout", float, 15.0, panel=POLICY, parse=positive("--peer-timeout", float), metavar="SECONDS",
+         help="Seconds of silence after which another node's agent (or the rendezvous store) counts as "
+              "lost (dead or cut off); the survivors stop their workers and go on per the policy instead "
+              "of waiting for NCCL. A dead worker is noticed at once regardless; this bounds silent "
+              "network cuts. Below about 10 s, a heavily loaded store host can be taken for lost."),
+    _own("rdzv_secret_file", str, None, panel=POLICY, metavar="FILE",
+         help="A file (mode 600, 16+ bytes) with a secret all agents share: every value they "
+              "read from the c10d store, torch's pickled state included, must carry its HMAC, so a process that can "
+              "reach the port without it can neither run code in the agents nor steer the job (docs/security.md)."),
+    _own("no_restart_exit_codes", str, (2, 17), panel=POLICY, parse=exit_code_list("--no-restart-exit-codes"),
+         metavar="CODES",
+         help="Worker exit codes that end the job instead of restarting it (2: bad configuration, "
+              "17: Megatron failed validation; 16, resume to disambiguate, restarts)."),
     # -- Slurm and preemption --
-    Setting(name="slurm", flags=("--slurm",), kind=str, default="auto", panel=SLURM,
-            parse=choice("--slurm", ("auto", "on", "off")), choices=("auto", "on", "off"),
-            help="Derive --nnodes, --rdzv-endpoint, --rdzv-id and the c10d backend from the Slurm step "
-                 "(auto: when SLURM_JOB_ID is set). Flags you give explicitly always win."),
-    Setting(name="slurm_rdzv_port", flags=("--slurm-rdzv-port",), kind=int, default=None, panel=SLURM,
-            parse=non_negative("--slurm-rdzv-port", int, most=65535), metavar="PORT",
-            help="Port of the rendezvous store on the step's first node (default: derived from the job and "
-                 "step ids, so two jobs sharing a node do not collide)."),
-    Setting(name="preempt_signals", flags=("--preempt-signals",), kind=str, default="SIGTERM,SIGUSR1",
-            panel=SLURM, parse=signal_list("--preempt-signals"), metavar="SIGNALS",
-            help="Signals that mean preemption (scancel, srun --signal=USR1@60): the workers get "
-                 "--preempt-forward-signal to checkpoint, --preempt-grace seconds, then SIGKILL; exit code 5."),
-    Setting(name="preempt_forward_signal", flags=("--preempt-forward-signal",), kind=str, default="SIGTERM",
-            panel=SLURM, parse=signal_name("--preempt-forward-signal"), metavar="SIGNAL",
-            help="Signal sent to the workers on preemption (Megatron-Bridge saves a checkpoint on SIGTERM). "
-                 "Workers ignore the other preemption signals, which Slurm also delivers to them directly."),
-    Setting(name="preempt_grace", flags=("--preempt-grace",), kind=float, default=None, panel=SLURM,
-            parse=non_negative("--preempt-grace", float), metavar="SECONDS",
-            help="Seconds the workers get to checkpoint after a preemption signal (default: "
-                 "--shutdown-timeout)."),
-    Setting(name="requeue_on_preemption", flags=("--requeue-on-preemption",), kind=bool, default=False,
-            panel=SLURM, help="After a preemption, node 0 runs `scontrol requeue $SLURM_JOB_ID` so the job "
-                              "comes back and resumes from its checkpoint."),
-    Setting(name="max_requeues", flags=("--max-requeues",), kind=int, default=None, panel=SLURM,
-            parse=non_negative("--max-requeues", int), metavar="N",
-            help="Requeue at most N times in the life of the job (compared with SLURM_RESTART_COUNT)."),
+    _own("slurm", str, "auto", panel=SLURM, parse=choice("--slurm", ("auto", "on", "off")),
+         help="Derive --nnodes, --rdzv-endpoint, --rdzv-id and the c10d backend from the Slurm step "
+              "(auto: when SLURM_JOB_ID is set). Flags you give explicitly always win."),
+    _own("slurm_rdzv_port", int, None, panel=SLURM, parse=non_negative("--slurm-rdzv-port", int, most=65535),
+         metavar="PORT",
+         help="Port of the rendezvous store on the step's first node (default: derived from the job and "
+              "step ids, so two jobs sharing a node do not collide)."),
+    _own("preempt_signals", str, "SIGTERM,SIGUSR1", panel=SLURM, parse=signal_list("--preempt-signals"),
+         metavar="SIGNALS",
+         help="Signals that mean preemption (scancel, srun --signal=USR1@60): the workers get "
+              "--preempt-forward-signal to checkpoint, --preempt-grace seconds, then SIGKILL; exit code 5."),
+    _own("preempt_forward_signal", str, "SIGTERM", panel=SLURM, parse=signal_name("--preempt-forward-signal"),
+         metavar="SIGNAL",
+         help="Signal sent to the workers on preemption (Megatron-Bridge saves a checkpoint on SIGTERM). "
+              "Workers ignore the other preemption signals, which Slurm also delivers to them directly."),
+    _own("preempt_grace", float, None, panel=SLURM, parse=non_negative("--preempt-grace", float), metavar="SECONDS",
+         help="Seconds the workers get to checkpoint after a preemption signal (default: "
+              "--shutdown-timeout)."),
+    _own("requeue_on_preemption", bool, False, panel=SLURM,
+         help="After a preemption, node 0 runs `scontrol requeue $SLURM_JOB_ID` so the job "
+              "comes back and resumes from its checkpoint."),
+    _own("max_requeues", int, None, panel=SLURM, parse=non_negative("--max-requeues", int), metavar="N",
+         help="Requeue at most N times in the life of the job (compared with SLURM_RESTART_COUNT)."),
     # -- preflight checks (mbr-launch doctor) --
-    Setting(name="skip_check", flags=("--skip-check",), kind=str, default="", panel=CHECKS, common=True,
-            parse=comma_list, metavar="IDS",
-            help="Doctor check ids to skip before launching (comma-separated; 'all' skips the preflight). "
-                 "Errors stop the launch; `mbr-launch doctor` lists the ids."),
-    Setting(name="pg_timeout", flags=("--pg-timeout",), kind=float, default=None, panel=CHECKS,
-            parse=non_negative("--pg-timeout", float), metavar="SECONDS",
-            help="The process-group (NCCL watchdog) timeout your script passes to init_process_group, so "
-                 "the checks can compare it with the in-process-restart hard_timeout."),
+    _own("skip_check", str, "", panel=CHECKS, common=True, parse=comma_list, metavar="IDS",
+         help="Doctor check ids to skip before launching (comma-separated; 'all' skips the preflight). "
+              "Errors stop the launch; `mbr-launch doctor` lists the ids."),
+    _own("pg_timeout", float, None, panel=CHECKS, parse=non_negative("--pg-timeout", float), metavar="SECONDS",
+         help="The process-group (NCCL watchdog) timeout your script passes to init_process_group, so "
+              "the checks can compare it with the in-process-restart hard_timeout."),
     # -- logging --
-    Setting(name="quiet", flags=("--quiet", "-q"), kind=bool, default=False, panel=LOGGING, common=True,
-            help="Print only worker output and errors, not the launcher's progress lines."),
-    Setting(name="keep_runs", flags=("--keep-runs",), kind=int, default=20, panel=LOGGING,
-            parse=non_negative("--keep-runs", int), metavar="N",
-            help="Run folders to keep in the default log folder (<temp dir>/mbr-launch-<uid>, where 'latest' "
-                 "links to the newest): older ones no launcher uses are removed when a run starts (0 keeps "
-                 "all). Folders under --log-dir are never removed."),
+    _own("quiet", bool, False, aliases=("-q",), panel=LOGGING, common=True,
+         help="Print only worker output and errors, not the launcher's progress lines."),
+    _own("keep_runs", int, 20, panel=LOGGING, parse=non_negative("--keep-runs", int), metavar="N",
+         help="Run folders to keep in the default log folder (<temp dir>/mbr-launch-<uid>, where 'latest' "
+              "links to the newest): older ones no launcher uses are removed when a run starts (0 keeps "
+              "all). Folders under --log-dir are never removed."),
     # -- zero-code resiliency: automatic step heartbeats, stragglers, live status --
-    Setting(name="autobeat", flags=("--autobeat",), kind=str, default="on", panel=FAULT,
-            parse=choice("--autobeat", ("on", "off")), choices=("on", "off"),
-            help="Heartbeat after every optimizer step of an unmodified script (a torch optimizer hook the "
-                 "launcher installs in each worker; needs --rank-monitor on). Feeds --step-timeout, "
-                 "straggler scores and goodput."),
-    Setting(name="initial_step_timeout", flags=("--initial-step-timeout",), kind=float, default=3600.0,
-            panel=FAULT, parse=optional_timeout("--initial-step-timeout"), metavar="SECONDS",
-            help="Seconds from a rank's start to its first optimizer step, which includes start-up, "
-                 "compilation and data warm-up ('none' disables)."),
-    Setting(name="step_timeout", flags=("--step-timeout",), kind=float, default=1800.0, panel=FAULT, common=True,
-            parse=optional_timeout("--step-timeout"), metavar="SECONDS",
-            help="Seconds allowed between two optimizer steps of a rank, evaluation and checkpointing "
-                 "included ('none' disables). Not applied to ranks whose script uses the NVRx "
-                 "RankMonitorClient: its own heartbeat timeouts apply."),
-    Setting(name="straggler_threshold", flags=("--straggler-threshold",), kind=float, default=0.7,
-            panel=FAULT, parse=fraction("--straggler-threshold"), metavar="SCORE",
-            help="Report a rank as a straggler when its relative score (fastest median step / its median) "
-                 "or individual score (its best / its current) is below this."),
-    Setting(name="straggler_interval", flags=("--straggler-interval",), kind=float, default=300.0,
-            panel=FAULT, parse=non_negative("--straggler-interval", float), metavar="SECONDS",
-            help="Seconds between straggler reports (0 disables them)."),
-    Setting(name="stop_on_straggler", flags=("--stop-on-straggler",), kind=bool, default=False, panel=FAULT,
-            help="Stop the job (exit code 1) when a straggler is reported."),
-    Setting(name="status", flags=("--status",), kind=str, default="auto", panel=LOGGING, common=True,
-            parse=choice("--status", ("auto", "live", "plain", "off")), choices=("auto", "live", "plain", "off"),
-            help="Per-rank status (state, heartbeat age, section, step time, restarts): live (a table, on a "
-                 "terminal), plain (a line every --status-interval), auto (live on a terminal, else plain)."),
-    Setting(name="status_interval", flags=("--status-interval",), kind=float, default=30.0, panel=LOGGING,
-            parse=non_negative("--status-interval", float), metavar="SECONDS",
-            help="Seconds between plain status lines (0 disables them)."),
+    _own("autobeat", str, "on", panel=FAULT, parse=choice("--autobeat", ("on", "off")),
+         help="Heartbeat after every optimizer step of an unmodified script (a torch optimizer hook the "
+              "launcher installs in each worker; needs --rank-monitor on). Feeds --step-timeout, "
+              "straggler scores and goodput."),
+    _own("initial_step_timeout", float, 3600.0, panel=FAULT, parse=optional_timeout("--initial-step-timeout"),
+         metavar="SECONDS",
+         help="Seconds from a rank's start to its first optimizer step, which includes start-up, "
+              "compilation and data warm-up ('none' disables)."),
+    _own("step_timeout", float, 1800.0, panel=FAULT, common=True, parse=optional_timeout("--step-timeout"),
+         metavar="SECONDS",
+         help="Seconds allowed between two optimizer steps of a rank, evaluation and checkpointing "
+              "included ('none' disables). Not applied to ranks whose script uses the NVRx "
+              "RankMonitorClient: its own heartbeat timeouts apply."),
+    _own("straggler_threshold", float, 0.7, panel=FAULT, parse=fraction("--straggler-threshold"), metavar="SCORE",
+         help="Report a rank as a straggler when its relative score (fastest median step / its median) "
+              "or individual score (its best / its current) is below this."),
+    _own("straggler_interval", float, 300.0, panel=FAULT, parse=non_negative("--straggler-interval", float),
+         metavar="SECONDS", help="Seconds between straggler reports (0 disables them)."),
+    _own("stop_on_straggler", bool, False, panel=FAULT,
+         help="Stop the job (exit code 1) when a straggler is reported."),
+    _own("status", str, "auto", panel=LOGGING, common=True, parse=choice("--status", ("auto", "live", "plain", "off")),
+         help="Per-rank status (state, heartbeat age, section, step time, restarts): live (a table, on a "
+              "terminal), plain (a line every --status-interval), auto (live on a terminal, else plain)."),
+    _own("status_interval", float, 30.0, panel=LOGGING, parse=non_negative("--status-interval", float),
+         metavar="SECONDS", help="Seconds between plain status lines (0 disables them)."),
     # -- ft_launcher 0.6 and 0.7's options --
     # -- what the NVRx 0.6+ client reads from the config the rank monitor returns --
     _nvrx("skip_section_response", bool, True,
@@ -507,6 +484,7 @@ SETTINGS: tuple[Setting, ...] = (
 
 BY_NAME: dict[str, Setting] = {s.name: s for s in SETTINGS}
 BY_FT_KEY: dict[str, Setting] = {s.ft_key: s for s in SETTINGS if s.ft_key}
+BY_FLAG: dict[str, Setting] = {flag: s for s in SETTINGS for flag in s.flags}
 
 
 @dataclass(frozen=True)

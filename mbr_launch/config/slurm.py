@@ -25,7 +25,6 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TypeVar
 
-__all__ = ["SlurmEnv", "SlurmError", "parse_nodelist", "parse_tasks_per_node"]
 
 # A typo like n[0-999999999] must fail fast instead of building a billion names.
 _MAX_HOSTS = 1 << 20
@@ -231,41 +230,25 @@ class SlurmEnv:
         num_nodes = _read(env, "num_nodes", _nonneg_int)
         if nodes is None:
             # Every real job sets SLURM_JOB_NODELIST; without it we cannot pick a rendezvous host.
-            raise SlurmError(
-                f"SLURM_JOB_ID={job_id!r} is set but SLURM_JOB_NODELIST/SLURM_STEP_NODELIST are not; "
-                "unset SLURM_JOB_ID if this is not a Slurm job, or pass --nnodes and --rdzv-endpoint"
-            )
+            raise SlurmError(f"SLURM_JOB_ID={job_id!r} is set but SLURM_JOB_NODELIST/SLURM_STEP_NODELIST are not; "
+                             "unset SLURM_JOB_ID if this is not a Slurm job, or pass --nnodes and --rdzv-endpoint")
         if num_nodes is None:
             num_nodes = len(nodes)
         elif num_nodes != len(nodes):
-            raise SlurmError(
-                f"Slurm says {num_nodes} nodes but the node list {nodes!r} has {len(nodes)}; "
-                "pass --nnodes and --rdzv-endpoint explicitly"
-            )
+            raise SlurmError(f"Slurm says {num_nodes} nodes but the node list {nodes!r} has {len(nodes)}; "
+                             "pass --nnodes and --rdzv-endpoint explicitly")
         tasks = tuple(_read(env, "tasks_per_node", parse_tasks_per_node) or ())
         if tasks and len(tasks) != len(nodes):
-            raise SlurmError(
-                f"tasks-per-node {tasks!r} does not cover the {len(nodes)} nodes {list(nodes)!r}; "
-                "pass --nnodes and --node-rank explicitly"
-            )
+            raise SlurmError(f"tasks-per-node {tasks!r} does not cover the {len(nodes)} nodes {list(nodes)!r}; "
+                             "pass --nnodes and --node-rank explicitly")
         node_id = _read(env, "node_id", _nonneg_int)
         if node_id is not None and node_id >= len(nodes):
             raise SlurmError(f"SLURM_NODEID={node_id} is outside the node list {list(nodes)!r}")
-        found_step = _lookup(env, "step_id")
-        name = _lookup(env, "job_name")
-        host = _lookup(env, "hostname")
         return cls(
-            job_id=job_id,
-            step_id=found_step[1] if found_step else None,
-            job_name=name[1] if name else None,
-            nodelist=tuple(nodes),
-            num_nodes=num_nodes,
-            node_id=node_id,
-            proc_id=_read(env, "proc_id", _nonneg_int),
-            tasks_per_node=tasks,
-            ntasks=_read(env, "ntasks", _nonneg_int),
-            restart_count=_read(env, "restart_count", _nonneg_int) or 0,
-            hostname=host[1] if host else None,
+            job_id=job_id, step_id=_read(env, "step_id", str), job_name=_read(env, "job_name", str),
+            nodelist=tuple(nodes), num_nodes=num_nodes, node_id=node_id, proc_id=_read(env, "proc_id", _nonneg_int),
+            tasks_per_node=tasks, ntasks=_read(env, "ntasks", _nonneg_int),
+            restart_count=_read(env, "restart_count", _nonneg_int) or 0, hostname=_read(env, "hostname", str),
             kill_on_bad_exit=_read(env, "kill_on_bad_exit", _flag),
         )
 

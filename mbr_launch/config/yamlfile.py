@@ -98,6 +98,3 @@ def read_yaml(path: str, *, what: str = "--config") -> Any:
         raise _syntax_error(path, what, err) from None
     except RecursionError:
         raise ConfigError(f"{what}: {path} is nested too deeply to be a config") from None
-
-
-__all__ = ["MAX_BYTES", "read_yaml"]

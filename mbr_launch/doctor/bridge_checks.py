@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+from mbr_launch.doctor.registry import Finding, check, check_with, error, info, ok, skip, warn
 
 if TYPE_CHECKING:  # loaded by the context only when --config names a file
     from mbr_launch.doctor.mbridge import BridgeConfig
@@ -19,12 +19,10 @@ LOCAL_CKPT_ALGOS = {"fully_parallel", "atomic"}
 NEMO_RUN_MARKERS = ("NEMORUN_HOME", "NEMO_RUN_", "TORCHX_")
 
 
-def _cfg(ctx: DoctorContext) -> BridgeConfig | Finding:
+def _loaded(ctx: DoctorContext) -> BridgeConfig | Finding:
     if ctx.config_path is None:
         return skip("no --config given")
-    if ctx.bridge_ok is None:
-        return skip("config not loaded (see config.load)")
-    return ctx.bridge_ok
+    return skip("config not loaded (see config.load)") if ctx.bridge_ok is None else ctx.bridge_ok
 
 
 @check("config.load", "Megatron-Bridge config readable, every key known")
@@ -43,11 +41,8 @@ def load(ctx: DoctorContext) -> Finding:
     return ok(f"{cfg.path}: all keys known")
 
 
-@check("config.async_save", "checkpoint.async_save needs ckpt_format torch_dist")
-def async_save(ctx: DoctorContext) -> Finding:
-    cfg = _cfg(ctx)
-    if isinstance(cfg, Finding):
-        return cfg
+@check_with(_loaded, "config.async_save", "checkpoint.async_save needs ckpt_format torch_dist")
+def async_save(cfg: BridgeConfig, ctx: DoctorContext) -> Finding:
     ck = cfg.checkpoint
     if not ck.async_save:
         return ok("async_save off")
@@ -75,11 +70,8 @@ def ipr_conflicts(ctx: DoctorContext) -> Finding:
     return ok("no preemption handler and no NeMo-Run markers")
 
 
-@check("config.straggler", "only one straggler detector (NVRx, not legacy)")
-def straggler(ctx: DoctorContext) -> Finding:
-    cfg = _cfg(ctx)
-    if isinstance(cfg, Finding):
-        return cfg
+@check_with(_loaded, "config.straggler", "only one straggler detector (NVRx, not legacy)")
+def straggler(cfg: BridgeConfig, ctx: DoctorContext) -> Finding:
     nvrx = bool(cfg.nvrx_straggler and cfg.nvrx_straggler.enabled)
     legacy = bool(cfg.straggler and cfg.straggler.log_straggler)
     if nvrx and legacy:
@@ -91,11 +83,8 @@ def straggler(ctx: DoctorContext) -> Finding:
     return ok("NVRx straggler detection on" if nvrx else "no straggler detection")
 
 
-@check("config.straggler_stop", "NVRx straggler detection stops training when it finds one")
-def straggler_stop(ctx: DoctorContext) -> Finding:
-    cfg = _cfg(ctx)
-    if isinstance(cfg, Finding):
-        return cfg
+@check_with(_loaded, "config.straggler_stop", "NVRx straggler detection stops training when it finds one")
+def straggler_stop(cfg: BridgeConfig, ctx: DoctorContext) -> Finding:
     s = cfg.nvrx_straggler
     if not (s and s.enabled):
         return skip("NVRx straggler detection not enabled")
@@ -105,11 +94,8 @@ def straggler_stop(ctx: DoctorContext) -> Finding:
     return ok("stop_if_detected=true")
 
 
-@check("config.rerun", "rerun state machine limited to NaN checks (the rest is alpha)")
-def rerun(ctx: DoctorContext) -> Finding:
-    cfg = _cfg(ctx)
-    if isinstance(cfg, Finding):
-        return cfg
+@check_with(_loaded, "config.rerun", "rerun state machine limited to NaN checks (the rest is alpha)")
+def rerun(cfg: BridgeConfig, ctx: DoctorContext) -> Finding:
     r = cfg.rerun_state_machine
     alpha = []
     if r.rerun_mode != "disabled":
@@ -123,11 +109,8 @@ def rerun(ctx: DoctorContext) -> Finding:
     return ok("NaN check in loss" if r.check_for_nan_in_loss else "rerun state machine off")
 
 
-@check("config.local_ckpt", "NVRx local checkpointing settings")
-def local_ckpt(ctx: DoctorContext) -> Finding:
-    cfg = _cfg(ctx)
-    if isinstance(cfg, Finding):
-        return cfg
+@check_with(_loaded, "config.local_ckpt", "NVRx local checkpointing settings")
+def local_ckpt(cfg: BridgeConfig, ctx: DoctorContext) -> Finding:
     ck = cfg.checkpoint
     if ck.non_persistent_ckpt_type != "local" and not ck.non_persistent_local_ckpt_dir:
         return skip("local checkpointing not configured")
@@ -146,11 +129,8 @@ def local_ckpt(ctx: DoctorContext) -> Finding:
     return ok(f"local checkpoints in {ck.non_persistent_local_ckpt_dir} ({ck.non_persistent_local_ckpt_algo})")
 
 
-@check("config.ft_simulate", "fault simulation off in production")
-def ft_simulate(ctx: DoctorContext) -> Finding:
-    cfg = _cfg(ctx)
-    if isinstance(cfg, Finding):
-        return cfg
+@check_with(_loaded, "config.ft_simulate", "fault simulation off in production")
+def ft_simulate(cfg: BridgeConfig, ctx: DoctorContext) -> Finding:
     if cfg.ft and cfg.ft.simulate_fault:
         return warn(f"ft.simulate_fault=true: a rank will be {cfg.ft.simulated_fault_type} on purpose",
                     "set ft.simulate_fault: false unless you are testing restarts")

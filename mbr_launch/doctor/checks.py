@@ -22,8 +22,6 @@ def _deep(ctx: DoctorContext) -> list[CheckResult]:
 
     return run_deep()
 
-__all__ = ["CheckResult", "DoctorError", "check_ids", "check_skip", "run_checks"]
-
 
 def check_ids(*, only_cheap: bool = False) -> list[str]:
     return [c.id for c in REGISTRY.values() if c.cheap or not only_cheap]

@@ -16,13 +16,15 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
+from mbr_launch.cluster import torch_internals
 from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.host import workers_nvrx
 from mbr_launch.config.nvrx import NvrxFound
+from mbr_launch.config.parse import parse_nnodes
 from mbr_launch.doctor import probes, processes
 from mbr_launch.doctor.probes import Limit, NvmlView, Versions
 from mbr_launch.health.gpuowners import Job, Reading
-from mbr_launch.health.nvml import GpuMemory
+from mbr_launch.health.nvml import GpuMemory, memories as nvml_memories, view as nvml_view
 
 if TYPE_CHECKING:  # imported where used: a launch without a Megatron-Bridge config never needs them
     from mbr_launch.doctor.mbridge import BridgeConfig, BridgeConfigError, InProcessRestart
@@ -61,9 +63,10 @@ class DoctorContext:
     rdzv_timeout_s: float = 2.0  # how long a reachability probe may wait
     # Probes: real by default, replaced in tests.
     versions: Callable[[], Versions] = probes.versions
-    torch_patches: Callable[[], list[Patch]] = probes.torch_patches
-    nvml: Callable[[], NvmlView] = probes.nvml
-    gpu_memory: Callable[[Sequence[str]], "list[GpuMemory] | str"] = probes.gpu_memory  # NVML's answers
+    # Whether each patch of torch's private rendezvous parts installs (a throwaway handler, nothing patched).
+    torch_patches: Callable[[], list[Patch]] = torch_internals.status
+    nvml: Callable[[], NvmlView] = nvml_view
+    gpu_memory: Callable[[Sequence[str]], "list[GpuMemory] | str"] = nvml_memories  # NVML's answers
     gpu_owners: Callable[[Sequence[GpuMemory], Job], Reading] = probes.gpu_owners  # /proc's: whose they are
     ulimits: Callable[[], Mapping[str, Limit]] = probes.ulimits
     shm_bytes: Callable[[], int | None] = probes.shm_bytes
@@ -91,12 +94,10 @@ class DoctorContext:
         unknown = set(kwargs) - names
         if unknown:
             raise TypeError(f"unknown DoctorContext fields: {', '.join(sorted(unknown))}")
-        kwargs.setdefault("env", dict(os.environ))
-        kwargs["env"] = dict(kwargs["env"])
-        kwargs["disk_paths"] = tuple(kwargs.get("disk_paths") or ())
-        kwargs["script_args"] = tuple(kwargs.get("script_args") or ())
-        kwargs["flags"] = tuple(kwargs.get("flags") or ())
+        kwargs["env"] = dict(kwargs.get("env", os.environ))
         kwargs["ft_given"] = dict(kwargs.get("ft_given") or {})
+        for key in ("disk_paths", "script_args", "flags"):
+            kwargs[key] = tuple(kwargs.get(key) or ())
         for key, conv in (("master_port", int), ("pg_timeout_s", float)):
             if kwargs.get(key) is not None:
                 kwargs[key] = conv(kwargs[key])
@@ -193,16 +194,3 @@ class DoctorContext:
     @property
     def on_slurm(self) -> bool:
         return "SLURM_JOB_ID" in self.env or "SLURM_PROCID" in self.env
-
-
-def parse_nnodes(nnodes: str) -> tuple[int, int]:
-    """"N" -> (N, N); "MIN:MAX" -> (MIN, MAX). Raises ValueError quoting the input."""
-    text = str(nnodes).strip()
-    lo, _, hi = text.partition(":")
-    try:
-        low, high = int(lo), int(hi or lo)
-    except ValueError:
-        raise ValueError(f"--nnodes must be N or MIN:MAX, got {nnodes!r}") from None
-    if low < 1 or high < low:
-        raise ValueError(f"--nnodes must satisfy 1 <= MIN <= MAX, got {nnodes!r}")
-    return low, high

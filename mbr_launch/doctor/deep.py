@@ -20,7 +20,7 @@ import time
 from typing import Any
 
 from mbr_launch.doctor.deep_cpu import free_port, run_gloo
-from mbr_launch.doctor.registry import CheckResult
+from mbr_launch.doctor.registry import CheckResult, Severity
 
 ID = "deep.gpu"
 TITLE = "GPU GEMM and NCCL all-reduce self-test"
@@ -157,6 +157,9 @@ def _assess(world: int, msgs: list[tuple], failures: list[str]) -> list[CheckRes
         sev = "warn" if slow else "ok"
         fix = f"GPU(s) {slow} are below {GEMM_SLOW:.0%} of the median: check clocks/thermals (nvidia-smi -q -d PERFORMANCE)" if slow else ""
         out.append(CheckResult(ID + ".gemm", sev, "bf16 GEMM per GPU", saw, fix))
+    def allreduce(severity: Severity, saw: str, fix: str = "") -> CheckResult:
+        return CheckResult(ID + ".allreduce", severity, "NCCL all-reduce per GPU pair", saw, fix)
+
     if pairs:
         med = statistics.median(bw for bw, _ in pairs.values())
         saw = ", ".join(f"GPU{'+'.join(map(str, k)) if len(k) <= 2 else 'all'}: {bw:.0f} GB/s"
@@ -164,15 +167,15 @@ def _assess(world: int, msgs: list[tuple], failures: list[str]) -> list[CheckRes
         wrong = [k for k, (_, ok) in pairs.items() if not ok]
         slow = [k for k, (bw, _) in pairs.items() if len(k) == 2 and bw < PAIR_SLOW * med]
         if wrong:
-            out.append(CheckResult(ID + ".allreduce", "error", "NCCL all-reduce per GPU pair", saw + f"; wrong sums on {wrong}",
-                                   "drain the node: a GPU or NVLink returns corrupted data"))
+            out.append(allreduce("error", saw + f"; wrong sums on {wrong}",
+                                 "drain the node: a GPU or NVLink returns corrupted data"))
         elif slow:
-            out.append(CheckResult(ID + ".allreduce", "warn", "NCCL all-reduce per GPU pair", saw,
-                                   f"pairs {slow} are below {PAIR_SLOW:.0%} of the median: check `nvidia-smi topo -m` and NVLink errors"))
+            out.append(allreduce("warn", saw, f"pairs {slow} are below {PAIR_SLOW:.0%} of the median: check "
+                                              "`nvidia-smi topo -m` and NVLink errors"))
         else:
-            out.append(CheckResult(ID + ".allreduce", "ok", "NCCL all-reduce per GPU pair", saw, ""))
+            out.append(allreduce("ok", saw))
     elif world < 2 and not failures:
-        out.append(CheckResult(ID + ".allreduce", "skip", "NCCL all-reduce per GPU pair", "one GPU: no pair to test", ""))
+        out.append(allreduce("skip", "one GPU: no pair to test"))
     if failures:
         out.append(CheckResult(ID, "error", TITLE, "; ".join(failures),
                                "rerun with NCCL_DEBUG=WARN to see which GPU or link fails; drain the node if it repeats"))

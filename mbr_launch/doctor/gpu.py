@@ -11,37 +11,31 @@ from collections.abc import Mapping
 
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.probes import NvmlView
-from mbr_launch.doctor.registry import Finding, check, error, ok, skip, warn
+from mbr_launch.doctor.registry import Finding, check, check_with, error, ok, skip, warn
 from mbr_launch.health import gpumem
 from mbr_launch.health.gpuowners import Job, Owner, strangers_line
 
 
-def _no_gpu(view: NvmlView) -> Finding:
-    return skip(f"no GPU ({view.reason or 'NVML reports none'})")
+def _gpus(ctx: DoctorContext) -> NvmlView | Finding:
+    """NVML's view of this host's GPUs, or the skip of a check that needs some."""
+    view = ctx.nvml()
+    return view if view.available and view.gpus else skip(f"no GPU ({view.reason or 'NVML reports none'})")
 
 
 def visible_count(view: NvmlView, env: Mapping[str, str]) -> tuple[int, str]:
+    """The GPUs CUDA_VISIBLE_DEVICES leaves to the job (``gpumem.devices``' reading of it), and how to say so."""
+    count = len(gpumem.devices(env, len(view.gpus)))
     cvd = env.get("CUDA_VISIBLE_DEVICES")
-    if cvd is None:
-        return len(view.gpus), f"{len(view.gpus)} GPU(s)"
-    # CUDA stops at the first invalid entry; "" or "-1" hides all.
-    entries = [e.strip() for e in cvd.split(",")] if cvd.strip() else []
-    usable = []
-    for e in entries:
-        if not e or e.startswith("-"):
-            break
-        usable.append(e)
-    return min(len(usable), len(view.gpus)), f"{len(view.gpus)} GPU(s), CUDA_VISIBLE_DEVICES={cvd!r}"
+    return count, f"{len(view.gpus)} GPU(s)" + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "")
 
 
 @check("gpu.count", "GPUs vs --nproc-per-node")
 def count(ctx: DoctorContext) -> Finding:
-    view = ctx.nvml()
     nproc = ctx.nproc_per_node.strip().lower()
     if nproc == "cpu":
         return ok("--nproc-per-node cpu: workers do not use GPUs")
-    if not view.available or not view.gpus:
-        return _no_gpu(view)
+    if isinstance(view := _gpus(ctx), Finding):
+        return view
     n, saw = visible_count(view, ctx.env)
     if nproc in ("gpu", "auto"):
         if n == 0:
@@ -61,11 +55,8 @@ def count(ctx: DoctorContext) -> Finding:
     return ok(f"{saw}, one per worker")
 
 
-@check("gpu.memory", "GPU memory health: ECC errors, retired pages, row remapping")
-def memory(ctx: DoctorContext) -> Finding:
-    view = ctx.nvml()
-    if not view.available or not view.gpus:
-        return _no_gpu(view)
+@check_with(_gpus, "gpu.memory", "GPU memory health: ECC errors, retired pages, row remapping")
+def memory(view: NvmlView, ctx: DoctorContext) -> Finding:
     errors, warnings = [], []
     for g in view.gpus:
         tag = f"GPU{g.index} ({g.name})"
@@ -83,11 +74,8 @@ def memory(ctx: DoctorContext) -> Finding:
     return ok(f"{len(view.gpus)} GPU(s): no pending retirement/remapping, no uncorrectable ECC errors")
 
 
-@check("gpu.recovery", "GPU recovery action pending (NVML)")
-def recovery(ctx: DoctorContext) -> Finding:
-    view = ctx.nvml()
-    if not view.available or not view.gpus:
-        return _no_gpu(view)
+@check_with(_gpus, "gpu.recovery", "GPU recovery action pending (NVML)")
+def recovery(view: NvmlView, ctx: DoctorContext) -> Finding:
     pending = [(g.index, g.recovery_action) for g in view.gpus if g.recovery_action not in (None, "none")]
     known = [g for g in view.gpus if g.recovery_action is not None]
     if pending:
@@ -109,10 +97,9 @@ def strangers(ctx: DoctorContext) -> Finding:
         return ok("--nproc-per-node cpu: workers do not use GPUs")
     if nproc.isdigit():
         count = int(nproc)
+    elif isinstance(view := _gpus(ctx), Finding):
+        return view
     else:
-        view = ctx.nvml()
-        if not view.available or not view.gpus:
-            return _no_gpu(view)
         count = len(view.gpus)
     devices = gpumem.devices(ctx.env, count)
     if not devices:

@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
+from typing import Callable
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.launcher import is_local_host, split_endpoint
-from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
+from mbr_launch.doctor.launcher import is_local_host, store_endpoint
+from mbr_launch.doctor.registry import Finding, check, check_with, error, info, ok, skip, warn
 from mbr_launch.workers import flightrec, safefile
 
 GiB = 1 << 30
 MiB = 1 << 20
-C10D_DEFAULT_PORT = 29400  # torchrun's default for --rdzv-endpoint without a port
-STATIC_DEFAULT_PORT = 29500
 SHM_ERROR, SHM_WARN = 128 * MiB, 1 * GiB
 # Below NOFILE_ERROR workers run out of descriptors; below the need (NOFILE_BASE, plus about 4 per agent on the
 # store's host) a DataLoader sharing tensors may. NOFILE_WARN is what the fix asks for, and what a launch raises
@@ -28,25 +27,17 @@ NOFILE_ERROR, NOFILE_BASE, NOFILE_PER_AGENT, NOFILE_WARN = 1024, 16384, 4, 65536
 DISK_ERROR, DISK_WARN = 1 * GiB, 10 * GiB
 
 
-def _endpoint(ctx: DoctorContext) -> tuple[str, int] | None:
-    """(host, port) the rendezvous store listens on; None when standalone or not given. May raise."""
-    if ctx.standalone:
-        return None
-    if ctx.rdzv_endpoint:
-        default = STATIC_DEFAULT_PORT if ctx.rdzv_backend == "static" else C10D_DEFAULT_PORT
-        return split_endpoint(ctx.rdzv_endpoint, default)
-    if ctx.master_addr:
-        return ctx.master_addr, ctx.master_port or STATIC_DEFAULT_PORT
-    return None
+def _store(without: str) -> Callable[[DoctorContext], tuple[str, int] | Finding]:
+    """The gate of a check of the store's (host, port): skipped without one (``without`` says why) or a valid one."""
 
+    def gate(ctx: DoctorContext) -> tuple[str, int] | Finding:
+        try:
+            ep = store_endpoint(ctx)
+        except ValueError:
+            return skip("endpoint invalid (see rdzv.endpoint)")
+        return skip(without) if ep is None else ep
 
-def _endpoint_or_skip(ctx: DoctorContext, without: str) -> tuple[str, int] | Finding:
-    """The store's (host, port), or the skip of a check that needs one (``without``: when there is none)."""
-    try:
-        ep = _endpoint(ctx)
-    except ValueError:
-        return skip("endpoint invalid (see rdzv.endpoint)")
-    return skip(without) if ep is None else ep
+    return gate
 
 
 @check("rdzv.endpoint", "rendezvous endpoint resolvable and reachable")
@@ -54,7 +45,7 @@ def endpoint(ctx: DoctorContext) -> Finding:
     if ctx.standalone:
         return ok("--standalone: a free local port is chosen at start")
     try:
-        ep = _endpoint(ctx)
+        ep = store_endpoint(ctx)
     except ValueError as exc:
         return error(str(exc), "pass --rdzv-endpoint HOST:PORT, e.g. node001:29400")
     if ep is None:
@@ -75,11 +66,9 @@ def endpoint(ctx: DoctorContext) -> Finding:
                 f"start the launcher on {host} first, or check the address and that the firewall allows TCP {port}")
 
 
-@check("rdzv.port", "rendezvous port free on the hosting node")
-def port(ctx: DoctorContext) -> Finding:
-    ep = _endpoint_or_skip(ctx, "no fixed rendezvous port (standalone or single node)")
-    if isinstance(ep, Finding):
-        return ep
+@check_with(_store("no fixed rendezvous port (standalone or single node)"), "rdzv.port",
+            "rendezvous port free on the hosting node")
+def port(ep: tuple[str, int], ctx: DoctorContext) -> Finding:
     host, p = ep
     if not is_local_host(ctx, host):
         return skip(f"the store is hosted by {host}, not this node")
@@ -95,16 +84,14 @@ REVERSE_DNS_WARN = 0.5  # seconds; torch pays it for every new store connection,
 REVERSE_DNS_CAP = 2.0
 
 
-@check("rdzv.reverse_dns", "reverse DNS of the rendezvous addresses answers quickly", cheap=False)
-def reverse_dns(ctx: DoctorContext) -> Finding:
+@check_with(_store("single node: no store connections between nodes"), "rdzv.reverse_dns",
+            "reverse DNS of the rendezvous addresses answers quickly", cheap=False)
+def reverse_dns(ep: tuple[str, int], ctx: DoctorContext) -> Finding:
     """torch names the address every new c10d client connects to by reverse DNS, and a dual-stack store
     server names each client it accepts (pytorch#159007): where that lookup waits for a resolver timeout, each
     connection waits that long, and on such a server the whole store with it (seen here: 5 s stalls with 32
     agents on one host). mbr-launch's own stores listen on IPv4 for an IPv4 endpoint (``cluster.listen``),
     which takes the server's lookups off the mapped form; the clients' remain."""
-    ep = _endpoint_or_skip(ctx, "single node: no store connections between nodes")
-    if isinstance(ep, Finding):
-        return ep
     resolved = ctx.resolve(ep[0])
     # torch's client connects to an IPv4 address in its mapped form, ::ffff:a.b.c.d, and a dual-stack server sees
     # an IPv4 client so: a name /etc/hosts rarely has.

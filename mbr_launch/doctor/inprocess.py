@@ -7,10 +7,15 @@ hangs, and a watchdog shorter than ``hard_timeout`` kills the process before NVR
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from packaging.version import InvalidVersion, Version
 
 from mbr_launch.doctor.context import DoctorContext
-from mbr_launch.doctor.registry import Finding, check, error, ok, skip, warn
+from mbr_launch.doctor.registry import Finding, check, check_with, error, ok, skip, warn
+
+if TYPE_CHECKING:  # imported by the context only where in-process restart is configured
+    from mbr_launch.doctor.mbridge import InProcessRestart
 
 IPR_MIN_TORCH = Version("2.5.1")
 IPR_MIN_NCCL = Version("2.26.2")
@@ -21,9 +26,11 @@ NCCL_HEARTBEAT_DEFAULT_S = 480.0  # TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC default in 
 _NOT_ON = "in-process restart not enabled"
 
 
+def _ipr(ctx: DoctorContext) -> InProcessRestart | Finding:
+    return skip(_NOT_ON) if ctx.ipr is None else ctx.ipr
+
+
 def _env_check(ctx: DoctorContext, name: str, accepted: set[str], fix_value: str, broken: str) -> Finding:
-    if ctx.ipr is None:
-        return skip(_NOT_ON)
     value = ctx.effective_env.get(name)
     if value is not None and value.strip().lower() in accepted:
         return ok(f"{name}={value}")
@@ -31,35 +38,32 @@ def _env_check(ctx: DoctorContext, name: str, accepted: set[str], fix_value: str
     return error(f"{saw}: {broken}", f"export {name}={fix_value} (or set it in the config's env_vars)")
 
 
-@check("ipr.rethrow_cuda_errors", "in-process restart: TORCH_NCCL_RETHROW_CUDA_ERRORS=0")
-def rethrow(ctx: DoctorContext) -> Finding:
+@check_with(_ipr, "ipr.rethrow_cuda_errors", "in-process restart: TORCH_NCCL_RETHROW_CUDA_ERRORS=0")
+def rethrow(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     return _env_check(
         ctx, "TORCH_NCCL_RETHROW_CUDA_ERRORS", {"0"}, "0",
         "torch rethrows CUDA errors from the NCCL watchdog thread and the process dies before NVRx restarts it",
     )
 
 
-@check("ipr.nvls", "in-process restart: NCCL_NVLS_ENABLE=0")
-def nvls(ctx: DoctorContext) -> Finding:
+@check_with(_ipr, "ipr.nvls", "in-process restart: NCCL_NVLS_ENABLE=0")
+def nvls(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     return _env_check(
         ctx, "NCCL_NVLS_ENABLE", {"0"}, "0",
         "NVLink SHARP buffers are not released on abort, so the restarted communicator hangs or fails",
     )
 
 
-@check("ipr.log_level", "in-process restart: TORCH_CPP_LOG_LEVEL error|fatal")
-def log_level(ctx: DoctorContext) -> Finding:
+@check_with(_ipr, "ipr.log_level", "in-process restart: TORCH_CPP_LOG_LEVEL error|fatal")
+def log_level(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     found = _env_check(ctx, "TORCH_CPP_LOG_LEVEL", {"error", "fatal"}, "error",
                        "every restart floods the log with c10d warnings from aborted process groups")
     # Noise, not breakage: downgrade to a warning.
     return warn(found.saw, found.fix) if found.severity == "error" else found
 
 
-@check("ipr.timeouts", "in-process restart: soft_timeout < hard_timeout < barrier_timeout")
-def timeouts(ctx: DoctorContext) -> Finding:
-    ipr = ctx.ipr
-    if ipr is None:
-        return skip(_NOT_ON)
+@check_with(_ipr, "ipr.timeouts", "in-process restart: soft_timeout < hard_timeout < barrier_timeout")
+def timeouts(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     saw = f"soft_timeout={ipr.soft_timeout:g}s, hard_timeout={ipr.hard_timeout:g}s, barrier_timeout={ipr.barrier_timeout:g}s"
     if min(ipr.soft_timeout, ipr.hard_timeout, ipr.barrier_timeout) <= 0:
         return error(saw + ": timeouts must be positive", "set positive timeouts, e.g. 60 / 90 / 120 (the NVRx defaults)")
@@ -71,11 +75,8 @@ def timeouts(ctx: DoctorContext) -> Finding:
     return ok(saw)
 
 
-@check("ipr.heartbeat", "in-process restart: heartbeat_interval < heartbeat_timeout < barrier_timeout")
-def heartbeat(ctx: DoctorContext) -> Finding:
-    ipr = ctx.ipr
-    if ipr is None:
-        return skip(_NOT_ON)
+@check_with(_ipr, "ipr.heartbeat", "in-process restart: heartbeat_interval < heartbeat_timeout < barrier_timeout")
+def heartbeat(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     saw = (f"heartbeat_interval={ipr.heartbeat_interval:g}s, heartbeat_timeout={ipr.heartbeat_timeout:g}s, "
            f"barrier_timeout={ipr.barrier_timeout:g}s")
     if not 0 < ipr.heartbeat_interval < ipr.heartbeat_timeout:
@@ -87,11 +88,8 @@ def heartbeat(ctx: DoctorContext) -> Finding:
     return ok(saw)
 
 
-@check("ipr.watchdog", "NCCL watchdog (process-group timeout) exceeds hard_timeout")
-def watchdog(ctx: DoctorContext) -> Finding:
-    ipr = ctx.ipr
-    if ipr is None:
-        return skip(_NOT_ON)
+@check_with(_ipr, "ipr.watchdog", "NCCL watchdog (process-group timeout) exceeds hard_timeout")
+def watchdog(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     pg, source = ctx.pg_timeout
     saw = f"process-group timeout {pg:g}s ({source}), hard_timeout={ipr.hard_timeout:g}s"
     # The watchdog ends the process on a timed-out collective only when it tears down (1, the launchers'
@@ -110,11 +108,8 @@ def watchdog(ctx: DoctorContext) -> Finding:
     return ok(saw)
 
 
-@check("ipr.nccl_heartbeat", "NCCL heartbeat monitor (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) exceeds hard_timeout")
-def nccl_heartbeat(ctx: DoctorContext) -> Finding:
-    ipr = ctx.ipr
-    if ipr is None:
-        return skip(_NOT_ON)
+@check_with(_ipr, "ipr.nccl_heartbeat", "NCCL heartbeat monitor (TORCH_NCCL_HEARTBEAT_TIMEOUT_SEC) exceeds hard_timeout")
+def nccl_heartbeat(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     env = ctx.effective_env
     if env.get("TORCH_NCCL_ENABLE_MONITORING", "1").strip() == "0":
         return ok("TORCH_NCCL_ENABLE_MONITORING=0: the watchdog monitor is off")
@@ -134,7 +129,7 @@ def nccl_heartbeat(ctx: DoctorContext) -> Finding:
 # ---- versions --------------------------------------------------------------------------------------
 
 
-def _ver(text: str | None) -> Version | None:
+def version_or_none(text: str | None) -> Version | None:
     try:
         return Version(text) if text else None
     except InvalidVersion:
@@ -144,7 +139,7 @@ def _ver(text: str | None) -> Version | None:
 @check("versions.torch", "torch version")
 def torch_version(ctx: DoctorContext) -> Finding:
     v = ctx.versions()
-    tv = _ver(v.torch)
+    tv = version_or_none(v.torch)
     if tv is None:
         return error(f"torch cannot be imported ({v.torch_error or v.torch})",
                      f"pip install 'torch>={IPR_MIN_TORCH if ctx.ipr else MIN_TORCH}'")
@@ -159,7 +154,7 @@ def torch_version(ctx: DoctorContext) -> Finding:
 @check("versions.nccl", "NCCL version")
 def nccl_version(ctx: DoctorContext) -> Finding:
     v = ctx.versions()
-    nv = _ver(v.nccl)
+    nv = version_or_none(v.nccl)
     if nv is None:
         return skip(f"no NCCL in this torch build ({'torch missing' if not v.torch else 'CPU build' if not v.cuda else 'unknown'})")
     saw = f"NCCL {v.nccl}"

@@ -15,8 +15,9 @@ warn, since a launch that ignores them still runs, just with the wrong layer han
 from __future__ import annotations
 
 from mbr_launch.decide.policy import When
-from mbr_launch.doctor.context import DoctorContext, parse_nnodes
-from mbr_launch.doctor.host import STATIC_DEFAULT_PORT, C10D_DEFAULT_PORT
+from mbr_launch.config.build import C10D_PORT, STATIC_PORT
+from mbr_launch.config.parse import parse_nnodes
+from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.launcher import FT_LAUNCHERS, is_local_host, split_endpoint
 from mbr_launch.doctor.registry import Finding, check, info, ok, skip, warn
 
@@ -57,9 +58,9 @@ def _master_port(ctx: DoctorContext) -> tuple[str, int] | None:
     Static rendezvous hands the workers --master-port; torchrun's c10d backend hands them its own store's
     endpoint (the shared agent store). ft_launcher 0.4.1's c10d picks a random port at each start."""
     if ctx.rdzv_backend == "static" and not ctx.standalone:
-        return ctx.master_addr or "127.0.0.1", ctx.master_port or STATIC_DEFAULT_PORT
+        return ctx.master_addr or "127.0.0.1", ctx.master_port or STATIC_PORT
     if ctx.launcher == "torchrun" and ctx.rdzv_endpoint and not ctx.standalone:
-        return split_endpoint(ctx.rdzv_endpoint, C10D_DEFAULT_PORT)
+        return split_endpoint(ctx.rdzv_endpoint, C10D_PORT)
     return None
 
 

@@ -7,6 +7,7 @@ Slurm facts come straight from the step's environment (SLURM_STEP_ID, SLURM_STEP
 from __future__ import annotations
 
 
+from mbr_launch.config.build import C10D_PORT, STATIC_PORT
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.neighbours import conflicts, rendezvous_key, split_endpoint
 from mbr_launch.config.slurm import SlurmError, parse_tasks_per_node
@@ -144,18 +145,21 @@ def group_rank(ctx: DoctorContext) -> Finding:
     node_rank = env.get("NODE_RANK")
     if node_rank is not None and node_rank.strip() != raw.strip():
         return warn(f"GROUP_RANK={raw} but NODE_RANK={node_rank}: two different node indices", fix)
-    if rank == 0 and (host := rdzv_host(ctx)) and not is_local_host(ctx, host):
-        return warn(f"GROUP_RANK=0 on a node that does not host the rendezvous ({host}): is GROUP_RANK=0 set on "
+    if rank == 0 and (store := store_endpoint(ctx)) and not is_local_host(ctx, store[0]):
+        return warn(f"GROUP_RANK=0 on a node that does not host the rendezvous ({store[0]}): is GROUP_RANK=0 set on "
                     "every node? Duplicate infrastructure ranks make NVRx fail", fix)
     return ok(f"GROUP_RANK={rank} (unique across nodes is your scheduler's job; doctor sees one node)")
 
 
-def rdzv_host(ctx: DoctorContext) -> str | None:
+def store_endpoint(ctx: DoctorContext) -> tuple[str, int] | None:
+    """(host, port) the rendezvous store listens on; None when standalone or not given. May raise ValueError."""
     if ctx.standalone:
         return None
     if ctx.rdzv_endpoint:
-        return split_endpoint(ctx.rdzv_endpoint, 0)[0]
-    return ctx.master_addr
+        return split_endpoint(ctx.rdzv_endpoint, STATIC_PORT if ctx.rdzv_backend == "static" else C10D_PORT)
+    if ctx.master_addr:
+        return ctx.master_addr, ctx.master_port or STATIC_PORT
+    return None
 
 
 def is_local_host(ctx: DoctorContext, host: str) -> bool:

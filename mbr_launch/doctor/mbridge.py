@@ -158,7 +158,6 @@ assert frozenset(_STRICT) == BRIDGE_STRICT_SECTIONS and frozenset(_LOOSE) == BRI
 # Known, not about resiliency, so not inspected; plus mbr-launch's own sections of the same file (checked by
 # mbr_launch.config.files).
 _OTHER_SECTIONS = BRIDGE_OTHER_SECTIONS | OWN_SECTIONS
-_IGNORED_KEYS = BRIDGE_IGNORED_KEYS
 _TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),
     "int": (int,),
@@ -190,7 +189,7 @@ def parse(raw: Mapping[str, Any], *, path: str = "<config>") -> BridgeConfig:
     carried = find_fault_tolerance(raw) is not None
     for key, value in raw.items():
         key = str(key)
-        if key in _IGNORED_KEYS or key in _OTHER_SECTIONS:
+        if key in BRIDGE_IGNORED_KEYS or key in _OTHER_SECTIONS:
             continue
         if key not in known_top:
             if carried:
@@ -215,14 +214,10 @@ def parse(raw: Mapping[str, Any], *, path: str = "<config>") -> BridgeConfig:
         path=path,
         **sections,
         declared_dist_timeout=isinstance(dist_raw, Mapping) and "distributed_timeout_minutes" in dist_raw,
-        env_vars={str(k): _env_str(v) for k, v in env_vars.items()},
+        # Bridge applies env_vars with str(); YAML booleans would become "True", which is what torch sees.
+        env_vars={str(k): str(v) for k, v in env_vars.items()},
         problems=tuple(problems),
     )
-
-
-def _env_str(v: object) -> str:
-    # Bridge applies env_vars with str(); YAML booleans would become "True", which is what torch sees.
-    return str(v)
 
 
 def _build(cls: type, raw: Mapping[str, Any], section: str, *, strict: bool, problems: list[KeyProblem]) -> Any:
@@ -231,7 +226,7 @@ def _build(cls: type, raw: Mapping[str, Any], section: str, *, strict: bool, pro
     for key, value in raw.items():
         key = str(key)
         where = f"{section}.{key}"
-        if key in _IGNORED_KEYS:
+        if key in BRIDGE_IGNORED_KEYS:
             continue
         if key not in fields:
             close = difflib.get_close_matches(key, fields, n=1, cutoff=0.8)

@@ -10,32 +10,21 @@ from __future__ import annotations
 
 import dataclasses
 
-from packaging.version import InvalidVersion, Version
+from packaging.version import Version
 
 from mbr_launch.config.ftparse import unclear
-from mbr_launch.config.nvrx import (CLIENT_FIELDS_SINCE_06, GENERATIONS, NAMES, NEWEST, REMOVED_VALUES,
+from mbr_launch.config.nvrx import (CLIENT_FIELDS_SINCE_06, GENERATIONS, NAMES, NEWEST, REMOVED_VALUES, release,
                                    removed_spelling)
-from mbr_launch.config.settings import BY_NAME, SETTINGS, default_text
+from mbr_launch.config.settings import BY_FLAG, BY_NAME, SETTINGS, default_text
 from mbr_launch.doctor.context import DoctorContext
+from mbr_launch.doctor.inprocess import version_or_none
 from mbr_launch.doctor.registry import Finding, check, error, info, ok, skip, warn
 
 MIN_NVRX = Version("0.4.1")
 NVRX_IPR_DEPRECATED = Version("0.6.0")
-_FLAGS = {flag: setting for setting in SETTINGS for flag in setting.flags}
 # What mbr-launch does with a value that a newer ft_launcher refuses.
 _KEPT = {"restart_policy": "keeps it: a crashed rank is left to in-process restart until fewer than MIN nodes "
                            "are whole"}
-
-
-def _ver(text: str | None) -> Version | None:
-    try:
-        return Version(text) if text else None
-    except InvalidVersion:
-        return None
-
-
-def _release(line: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in line.split("."))
 
 
 def defaults_followed(line: str | None) -> str:
@@ -61,12 +50,12 @@ def nvrx_version(ctx: DoctorContext) -> Finding:
         if needed:
             return error(saw + " but fault tolerance or in-process restart is configured", fix)
         return warn(saw, fix)
-    nv, line = _ver(found.version), found.generation
+    nv, line = version_or_none(found.version), found.generation
     if nv is not None and nv < MIN_NVRX:
         return warn(f"nvidia-resiliency-ext {found.version} is older than tested ({MIN_NVRX}), in {found.where}",
                     f"pip install 'nvidia-resiliency-ext>={MIN_NVRX}'")
     name = NAMES.get(line or "", line)
-    newer = nv is not None and nv.release[:2] > _release(NEWEST)
+    newer = nv is not None and nv.release[:2] > release(NEWEST)
     saw = (f"{found.describe()}; for the options not given, mbr-launch follows ft_launcher {name}'s defaults"
            + (" (the newest line it knows)" if newer else "") + f": {defaults_followed(line)}")
     if ctx.ipr and nv is not None and nv >= NVRX_IPR_DEPRECATED:
@@ -94,17 +83,17 @@ def ft_options(ctx: DoctorContext) -> Finding:
     fixes: list[str] = []
 
     def spelled(name: str) -> str:  # the option as the user typed it, where the command line is known
-        return next((f for f in ctx.flags if _FLAGS.get(f) is BY_NAME[name]), BY_NAME[name].flag)
+        return next((f for f in ctx.flags if BY_FLAG.get(f) is BY_NAME[name]), BY_NAME[name].flag)
 
     for flag in dict.fromkeys(ctx.flags):
         gone = removed_spelling(flag)
-        if gone and _release(line) >= _release(gone) and flag in _FLAGS:
+        if gone and release(line) >= release(gone) and flag in BY_FLAG:
             notes.append(f"{flag}: ft_launcher {gone}+ refuses it (the workers have NVRx {version}); mbr-launch "
-                         f"accepts it as {_FLAGS[flag].flag}")
+                         f"accepts it as {BY_FLAG[flag].flag}")
     for name, raw in ctx.ft_given.items():
         setting = BY_NAME[name]
         gone = REMOVED_VALUES.get((name, str(raw).strip().lower()))
-        if gone and _release(line) >= _release(gone):
+        if gone and release(line) >= release(gone):
             notes.append(f"{spelled(name)} {raw}: ft_launcher {gone}+ refuses it; mbr-launch "
                          + _KEPT.get(name, "accepts it (no effect here)"))
         if line == GENERATIONS[0] and setting.ft_key in CLIENT_FIELDS_SINCE_06:

@@ -17,11 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Sequence
 
-from mbr_launch.cluster import torch_internals
-from mbr_launch.cluster.torch_internals import Patch
 # GpuInfo and NvmlView are named here too by the doctor's checks and their tests.
 from mbr_launch.health.nvml import GpuInfo, GpuMemory, NvmlView  # noqa: F401
-from mbr_launch.health.nvml import memories as nvml_memories, view as nvml_view
 from mbr_launch.health import gpuowners
 from mbr_launch.health.gpuowners import Job, Reading
 from mbr_launch.report.version import installed
@@ -54,37 +51,15 @@ def versions() -> Versions:
     if cuda is not None:
         try:
             raw = torch.cuda.nccl.version()
-            nccl = ".".join(str(p) for p in raw) if isinstance(raw, tuple) else _nccl_int(int(raw))
+            nccl = ".".join(str(p) for p in raw)  # (major, minor, patch[, suffix]) in every torch we support
         except Exception:  # CUDA build without NCCL (rare): leave it unknown
             nccl = None
     return Versions(torch=torch.__version__, nccl=nccl, nvrx=nvrx, cuda=cuda)
 
 
-def torch_patches() -> list[Patch]:
-    """Whether each patch of torch's private rendezvous parts installs on the torch in use
-    (``cluster.torch_internals.status``: a throwaway handler over an in-memory store, nothing patched; torch
-    is imported then)."""
-    return torch_internals.status()
-
-
-def _nccl_int(code: int) -> str:
-    # Old torch returned NCCL_VERSION_CODE: major*10000 + minor*100 + patch (>= 2.9).
-    return f"{code // 10000}.{code // 100 % 100}.{code % 100}"
-
-
-def nvml() -> NvmlView:
-    """Every GPU of this host with its health (``health.nvml``, where all NVML reading is)."""
-    return nvml_view()
-
-
 def gpu_owners(memories: Sequence[GpuMemory], job: Job) -> Reading:
     """Whose each process on the GPUs is, from this machine's /proc (``health.gpuowners``)."""
     return gpuowners.classify(memories, job, strays.process_table(), gpuowners.seen)
-
-
-def gpu_memory(devices: Sequence[str]) -> list[GpuMemory] | str:
-    """The memory of ``devices`` and the processes that hold it, or why NVML cannot say."""
-    return nvml_memories(devices)
 
 
 def ulimits() -> dict[str, Limit]:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 from mbr_launch.health.result import CheckResult, Severity
 
@@ -42,6 +42,8 @@ class Check:
 
 
 REGISTRY: dict[str, Check] = {}
+T = TypeVar("T")
+GatedFn = Callable[[T, "DoctorContext"], Finding]
 
 
 def check(id: str, title: str, *, cheap: bool = True, named: bool = False) -> Callable[[CheckFn], CheckFn]:
@@ -49,6 +51,22 @@ def check(id: str, title: str, *, cheap: bool = True, named: bool = False) -> Ca
         if id in REGISTRY:
             raise RuntimeError(f"check id {id!r} registered twice")
         REGISTRY[id] = Check(id=id, title=title, cheap=cheap, fn=fn, named=named)
+        return fn
+
+    return register
+
+
+def check_with(gate: Callable[["DoctorContext"], "T | Finding"], id: str, title: str, *,
+               cheap: bool = True) -> Callable[[GatedFn[T]], GatedFn[T]]:
+    """A check of what ``gate`` gives (the loaded config, the GPUs, ...): without it, the gate's finding (a skip)
+    is the result."""
+
+    def register(fn: GatedFn[T]) -> GatedFn[T]:
+        def run(ctx: DoctorContext) -> Finding:
+            got = gate(ctx)
+            return got if isinstance(got, Finding) else fn(got, ctx)
+
+        check(id, title, cheap=cheap)(run)
         return fn
 
     return register

@@ -57,21 +57,12 @@ def _versions() -> dict[str, str | None]:
     return versions()
 
 
-def area(result: CheckResult) -> str:
-    prefix = result.id.split(".", 1)[0]
-    return AREAS.get(prefix, prefix)
-
-
-def skip_reason(saw: str) -> str:
-    """The gist of a skip ("no GPU (NVML init failed ...)" -> "no GPU"), for the folded line."""
-    return saw.split(" (", 1)[0].strip() or saw
-
-
 def grouped(results: Sequence[CheckResult]) -> list[tuple[str, list[CheckResult]]]:
-    """Results by area, areas in the order their first check ran."""
+    """Results by area (the id's prefix), areas in the order their first check ran."""
     groups: dict[str, list[CheckResult]] = {}
     for r in results:
-        groups.setdefault(area(r), []).append(r)
+        prefix = r.id.split(".", 1)[0]
+        groups.setdefault(AREAS.get(prefix, prefix), []).append(r)
     return list(groups.items())
 
 
@@ -90,7 +81,8 @@ def render_lines(results: Sequence[CheckResult], *, width: int, verbose: bool) -
                 out += [("", line) for line in _wrap(f"        fix: {r.fix}", width, 13)]
         folded = [r for r in members if r not in shown]
         if folded:
-            reasons = "; ".join(dict.fromkeys(skip_reason(r.saw) for r in folded))
+            # the gist of each skip: "no GPU (NVML init failed ...)" -> "no GPU"
+            reasons = "; ".join(dict.fromkeys(r.saw.split(" (", 1)[0].strip() or r.saw for r in folded))
             out += [("dim", line) for line in _wrap(f"  {len(folded)} skipped ({reasons})", width, 4)]
     return out
 

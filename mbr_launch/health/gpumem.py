@@ -55,13 +55,9 @@ def _settled(memory: GpuMemory, reading: Reading, tolerance_mb: float) -> bool:
     return not any(h.device == memory.device for h in reading.of(Owner.ENDED))
 
 
-def settled(reading: Reading, tolerance_mb: float) -> bool:
-    return all(_settled(m, reading, tolerance_mb) for m in reading.memories)
-
-
 def wait_reclaimed(read: Callable[[], Reading], *, timeout: float, tolerance_mb: float, poll_interval: float,
                    clock: Callable[[], float], sleep: Callable[[float], bool]) -> Reclaim:
-    """Poll ``read`` until ``settled``, or ``timeout`` seconds passed (the last poll falls on the deadline).
+    """Poll ``read`` until every GPU is settled, or ``timeout`` seconds passed (the last poll falls on the deadline).
     ``sleep`` returns False when a signal cut it short."""
     start = clock()
     deadline = start + timeout
@@ -70,7 +66,7 @@ def wait_reclaimed(read: Callable[[], Reading], *, timeout: float, tolerance_mb:
     while True:
         reading = read()
         polls += 1
-        if settled(reading, tolerance_mb):
+        if all(_settled(m, reading, tolerance_mb) for m in reading.memories):
             return Reclaim(True, clock() - start, polls, reading, tolerance_mb)
         left = deadline - clock()
         if left <= 0:

@@ -109,25 +109,31 @@ def classify(memories: Sequence[GpuMemory], job: Job, table: Mapping[int, Proc],
     return Reading(tuple(memories), tuple(holders))
 
 
-def seen(pid: int) -> ProcInfo | None:
-    """The user, command line (secrets of its arguments hidden) and environment of ``pid``, or None when
-    ``/proc`` does not show it. The environment of another user's process cannot be read: it stays empty."""
+def command_of(pid: int) -> str | None:
+    """``pid``'s command line with the secrets of its arguments hidden (its name in brackets when it has none),
+    or None when ``/proc`` does not show it."""
     base = Path(f"/proc/{pid}")
     try:
-        uid = base.stat().st_uid
         raw = (base / "cmdline").read_bytes()[:64 * 1024]
+        text = shown_argv(raw.rstrip(b"\0").decode(errors="replace").split("\0")) if raw.strip(b"\0") else ""
+        return text or f"[{(base / 'comm').read_text().strip()}]"
     except OSError:
+        return None
+
+
+def seen(pid: int) -> ProcInfo | None:
+    """The user, command line and environment of ``pid``, or None when ``/proc`` does not show it. The
+    environment of another user's process cannot be read: it stays empty."""
+    try:
+        uid = Path(f"/proc/{pid}").stat().st_uid
+    except OSError:
+        return None
+    if (command := command_of(pid)) is None:
         return None
     try:
         user = pwd.getpwuid(uid).pw_name
     except KeyError:
         user = str(uid)
-    command = shown_argv(raw.rstrip(b"\0").decode(errors="replace").split("\0")) if raw.strip(b"\0") else ""
-    if not command:
-        try:
-            command = f"[{(base / 'comm').read_text().strip()}]"
-        except OSError:
-            command = "?"
     environ = tuple(procstat.environ(pid, _ENVIRON) or ())
     return ProcInfo(user, one_line(command, _COMMAND), environ)
 

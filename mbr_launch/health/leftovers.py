@@ -20,11 +20,10 @@ reader.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable, Collection, Mapping, Sequence
 
 from mbr_launch import procstat
-from mbr_launch.report.redact import shown_argv
+from mbr_launch.health.gpuowners import command_of
 from mbr_launch.workers.strays import Proc, descendants
 
 SHOWN = 20  # processes named in the line (NVRx logs as many); the event has up to EVENT_MAX
@@ -76,14 +75,7 @@ def environ_of(pid: int) -> list[bytes]:
 
 
 def cmdline_of(pid: int) -> str:
-    try:
-        raw = Path(f"/proc/{pid}/cmdline").read_bytes()
-        # Into events.jsonl and the console: without the secrets of its arguments, as the launcher's own argv.
-        text = shown_argv(raw.rstrip(b"\0").decode(errors="replace").split("\0"))
-        if not text:
-            text = f"[{Path(f'/proc/{pid}/comm').read_text().strip()}]"
-    except OSError:
-        return ""
+    text = command_of(pid) or ""
     return text if len(text) <= _CMDLINE else text[:_CMDLINE] + "..."
 
 

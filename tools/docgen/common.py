@@ -9,7 +9,7 @@ from typing import Sequence
 import mbr_launch.cli.app  # noqa: F401 - registers the subcommands (helptext.COMMANDS) that the completions list
 # What the completions need is in the package (``mbr-launch --print-completion`` prints them); re-exported here.
 from mbr_launch.cli.completion import (GENERATED, HELP_FLAGS, LAUNCH_ONLY, Option, Subcommand, completes,  # noqa: F401
-                                       metavar, offered, subcommands, takes_value, value_flags, visible)
+                                       subcommands, value_flags, visible)
 from mbr_launch.config.settings import PANELS, Setting, default_text
 
 # The doctor subcommand's own flags (mbr_launch/cli/doctor.py): this line is the one place to update when

@@ -8,8 +8,7 @@ from mbr_launch.cli.options import option_help
 from mbr_launch.config.settings import Setting
 from mbr_launch.report import exitcodes
 
-from .common import (DOCTOR_ABOUT, DOCTOR_USAGE, GENERATED, HELP_FLAGS, by_panel, long_flag, metavar, offered,
-                     subcommands, visible)
+from .common import DOCTOR_ABOUT, DOCTOR_USAGE, GENERATED, HELP_FLAGS, by_panel, long_flag, subcommands, visible
 
 
 def _roff(text: str) -> str:
@@ -29,8 +28,8 @@ def _roff_usage(usage: str) -> str:
 
 def _man_option(setting: Setting) -> list[str]:
     # Each spelling once: torchrun's underscore twins are accepted, and said so once in DESCRIPTION.
-    tag = ", ".join(_roff_flag(f) for f in offered(setting))
-    if meta := metavar(setting):
+    tag = ", ".join(_roff_flag(f) for f in setting.shown_flags)
+    if meta := setting.value_hint:
         tag += " \\fI" + _roff(meta) + "\\fR"
     return [".TP", tag, _roff(option_help(setting))]
 

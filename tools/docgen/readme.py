@@ -9,7 +9,7 @@ from mbr_launch.config.settings import Setting
 from mbr_launch.report import exitcodes
 from mbr_launch.report.events import EVENT_FIELDS
 
-from .common import GENERATED, by_panel, default_shown, metavar
+from .common import GENERATED, by_panel, default_shown
 
 
 def _md(text: str) -> str:
@@ -22,7 +22,7 @@ def options_table(settings: Sequence[Setting]) -> str:
     for panel, members in by_panel(settings):
         out += ["", f"### {panel}", "", "| Flag | Environment | Default | Description |", "|---|---|---|---|"]
         for setting in members:
-            meta = metavar(setting)
+            meta = setting.value_hint
             # The metavar once, on the canonical flag: the aliases take the same value.
             flags = ", ".join([f"`{setting.flag}{' ' + meta if meta else ''}`", *(f"`{f}`" for f in setting.flags[1:])])
             env = ", ".join(f"`{e}`" for e in setting.envvars)
