@@ -117,8 +117,3 @@ def take(data: bytes, start: int, n: int) -> bytes:
     if len(piece) != n:
         raise PickleBroken("cut short")
     return piece
-
-
-__all__ = ["BYTES_OPCODES", "DATA_OPCODES", "OBJECT_OPCODES", "SET_OPCODES", "STACK_OPCODES", "TEXT_OPCODES",
-           "PickleBroken", "PicklePolicy", "PickleRefused", "above", "bounded", "members", "pop_mark", "setitems",
-           "take", "target_of", "top"]
