@@ -30,7 +30,7 @@ unbuffered all the same), the hash seed is the launcher's unless ``PYTHONHASHSEE
 
 The end is the interpreter's as well: non-daemon threads joined, ``atexit`` handlers run, streams and the
 files the script left open flushed, the exit code of ``SystemExit``; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as Python's does.
-Imports only the standard library, ``mbr_launch.contract`` and the shim (``boot``, ``proctitle``, ``handover``) before
+Imports only the standard library, ``mbr_launch.contract`` and the shim (``boot``, ``proctitle``, ``envwatch``) before
 the script.
 """
 
@@ -50,7 +50,7 @@ import traceback
 from typing import Mapping, NoReturn, Sequence
 
 from mbr_launch.forking import close_from
-from mbr_launch.shim.handover import replace_environ
+from mbr_launch.shim.envwatch import replace_environ
 
 _PR_SET_PDEATHSIG = 1
 # torch's C++ logging levels by name (c10's TORCH_CPP_LOG_LEVEL): an unknown or empty value keeps WARNING.

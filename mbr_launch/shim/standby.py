@@ -71,7 +71,7 @@ from typing import Mapping, Sequence
 from mbr_launch.contract import (OPTIONAL_PRELOAD, STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment,
                                  StandbyChannel, preemption_signals)
 from mbr_launch.fdwait import ready
-from mbr_launch.shim import envwatch, handover
+from mbr_launch.shim import envwatch
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
 # per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
@@ -109,7 +109,7 @@ def serve() -> None:
     early = not background and delay > 0 and bool(ready([channel], delay))
     while not early and not background and _saturated():
         early = bool(ready([channel], SATURATION_RECHECK))
-    preloading, assigned, adoption = None, threading.Event(), handover.Adoption(reads, written)
+    preloading, assigned, adoption = None, threading.Event(), envwatch.Adoption(reads, written)
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
         # before the rest of the preload (which the script would do anyway) runs. The thread owns ``status``
@@ -133,7 +133,7 @@ def serve() -> None:
     assignment = Assignment.decode(message)
     for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
-    handover.replace_environ(assignment.env)
+    envwatch.replace_environ(assignment.env)
     if assignment.cwd != os.getcwd():
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
@@ -142,7 +142,7 @@ def serve() -> None:
         # torch (or imports it late) is not held up by an import it does not need (32 agents on 2 cores: 32
         # replacements importing torch at once kept every restarted script waiting 50 s); one that imports
         # it waits at that import for the rest of the preload (below), no longer than a fresh process would.
-        handover.finish_preload_when_needed(preloading)
+        envwatch.finish_preload_when_needed(preloading)
     else:
         adoption.preload_done()
     # Now that the environment is the rank's, the script's writes are watched (``envwatch``); with a preload
@@ -154,7 +154,7 @@ def serve() -> None:
 
 def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
              written: dict[str, str | None], assigned: threading.Event, background: bool,
-             adoption: handover.Adoption) -> None:
+             adoption: envwatch.Adoption) -> None:
     try:
         _preload(level)
         # The hold-off applies to the extra modules too (torch._dynamo is as much CPU again as torch): the host
