@@ -26,23 +26,9 @@ from mbr_launch.monitor import replies
 from mbr_launch.monitor.ancestry import descends_from, peer_of
 from mbr_launch.monitor.control import configured_timeouts
 from mbr_launch.monitor.deadlines import InvalidTransition, Phase, SectionError, next_deadline
-from mbr_launch.monitor.protocol import (
-    HEADER,
-    Authkey,
-    BadRequest,
-    Decoder,
-    Heartbeat,
-    Init,
-    Invalid,
-    ProtocolError,
-    SectionClose,
-    SectionCloseAll,
-    SectionOpen,
-    UpdateConfig,
-    V041,
-    decode_workload_request,
-    frame_length,
-)
+from mbr_launch.monitor.protocol import (HEADER, Authkey, BadRequest, Decoder, Heartbeat, Init, Invalid,
+                                         ProtocolError, SectionClose, SectionCloseAll, SectionOpen, UpdateConfig,
+                                         V041, decode_workload_request, frame_length)
 from mbr_launch.monitor.state import Conn, Shared, Slot, first_progress, timeouts_updated
 from mbr_launch.monitor.steps import HEARTBEAT, ITERATION, is_checkpoint_section
 from mbr_launch.monitor.wire import MonitorEvent

@@ -87,7 +87,6 @@ class Sockets:
         self.listeners.clear()
 
 
-
 def unlink(path: str) -> None:
     try:
         os.unlink(path)

@@ -11,7 +11,7 @@ import os
 import socket
 import threading
 import time
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from typing import Any, Callable, Optional
 
 from mbr_launch.monitor import replies
@@ -22,17 +22,15 @@ from mbr_launch.monitor.steps import StepWatch
 from mbr_launch.monitor.wire import STEP_KIND, MonitorEvent
 
 
+@dataclass(eq=False, slots=True)  # eq=False: a connection is itself, in sets and dicts
 class Conn:
-    __slots__ = ("sock", "slot", "dropped", "peer_pid", "quiet")
-
-    def __init__(self, sock: socket.socket, slot: Optional[Slot], peer_pid: int = 0) -> None:
-        self.sock = sock
-        self.slot = slot  # None: a launcher-socket (workload request) connection
-        self.dropped = False  # detached from its slot; the serving thread closes the socket
-        self.peer_pid = peer_pid  # the connecting process, as the kernel tells (SO_PEERCRED)
-        # An NVRx 0.6+ client with skip_section_response reads no reply to heartbeats and sections: writing
-        # one would fill the socket buffer and block both sides after a few hundred messages.
-        self.quiet = False
+    sock: socket.socket
+    slot: Optional[Slot]  # None: a launcher-socket (workload request) connection
+    peer_pid: int = 0  # the connecting process, as the kernel tells (SO_PEERCRED)
+    dropped: bool = False  # detached from its slot; the serving thread closes the socket
+    # An NVRx 0.6+ client with skip_section_response reads no reply to heartbeats and sections: writing
+    # one would fill the socket buffer and block both sides after a few hundred messages.
+    quiet: bool = False
 
 
 class Slot:
