@@ -36,7 +36,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 # variable -> (the value the preload saw first, None where it was unset; the module whose import read it)
 Reads = dict[str, "tuple[str | None, str]"]
@@ -171,7 +171,11 @@ def adopt(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str
     with _lock:
         Judged.reads, Judged.written, Judged.launch, Judged.environ = reads, written, dict(launch), environ
     atexit.register(settle)
-    _settle_at_first_use({module for _, module in reads.values()})
+    # the first import statement, outside mbr_launch, that names a preloaded module or one under it (the
+    # script's own, or a library's, as torch's DDP importing torch._dynamo): keys present then
+    modules = {module for _, module in reads.values()}
+    on_first_import(lambda name, fromlist, level: level == 0 and _preloaded(name, fromlist, modules),
+                    lambda: settle(present_only=True))
 
 
 def _preloaded(name: str, fromlist: object, modules: set[str]) -> bool:
@@ -181,22 +185,22 @@ def _preloaded(name: str, fromlist: object, modules: set[str]) -> bool:
     return any(n == m or n.startswith(m + ".") for n in names for m in modules)
 
 
-def _settle_at_first_use(modules: set[str]) -> None:
-    """``settle`` (keys present) at the first import statement, outside mbr_launch, that names a preloaded
-    module or one under it (the script's own, or a library's, as torch's DDP importing torch._dynamo); the hook
-    then takes itself out."""
+def on_first_import(wanted: Callable[[str, object, int], bool], act: Callable[[], None]) -> None:
+    """Run ``act`` once, just before the first import statement outside mbr_launch for which ``wanted(name,
+    fromlist, level)`` holds; the hook then takes itself out (a hook installed after it keeps it in the chain:
+    it acts once all the same)."""
     import builtins
 
     original = builtins.__import__
     fired = threading.Event()
 
     def hook(name, globals=None, locals=None, fromlist=(), level=0):  # type: ignore[no-untyped-def]
-        if (not fired.is_set() and level == 0 and _preloaded(name, fromlist, modules)
+        if (not fired.is_set() and wanted(name, fromlist, level)
                 and not str((globals or {}).get("__name__", "")).startswith("mbr_launch")):
             fired.set()
             if builtins.__import__ is hook:
                 builtins.__import__ = original
-            settle(present_only=True)
+            act()
         return original(name, globals, locals, fromlist, level)
 
     builtins.__import__ = hook

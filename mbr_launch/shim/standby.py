@@ -301,29 +301,20 @@ def _watch_torch_import(startup_env: Mapping[str, str], launch: Mapping[str, str
     from mbr_launch's own modules), wait for a preload still under way, then compare the environment with the
     one torch was imported with: repair OMP_NUM_THREADS, warn about the rest. The hook removes itself on first
     use."""
-    import builtins
+    def torch_import(name: str, fromlist: object, level_: int) -> bool:
+        # torch importing its own parts inside the preload still under way is not the script's import
+        return (name == "torch" or name.startswith("torch.")) and threading.current_thread() is not preloading
 
-    original = builtins.__import__
-    done = threading.Event()  # another hook installed after this one keeps it in the chain: act once
+    def repair() -> None:
+        if preloading is not None:
+            preloading.join()
+        if "torch" in sys.modules:
+            try:
+                _reconcile(startup_env, launch, written, level)
+            except Exception:
+                pass  # a repair that fails must not turn into the script's ImportError
 
-    def hook(name, globals=None, locals=None, fromlist=(), level_=0):  # type: ignore[no-untyped-def]
-        importer = str((globals or {}).get("__name__", ""))
-        if done.is_set() or (preloading is not None and threading.current_thread() is preloading):
-            pass  # torch importing its own parts inside the preload still under way: not the script's import
-        elif (name == "torch" or name.startswith("torch.")) and not importer.startswith("mbr_launch"):
-            done.set()
-            if builtins.__import__ is hook:
-                builtins.__import__ = original
-            if preloading is not None:
-                preloading.join()
-            if "torch" in sys.modules:
-                try:
-                    _reconcile(startup_env, launch, written, level)
-                except Exception:
-                    pass  # a repair that fails must not turn into the script's ImportError
-        return original(name, globals, locals, fromlist, level_)
-
-    builtins.__import__ = hook
+    envwatch.on_first_import(torch_import, repair)
 
 
 def _read_at_import(key: str, level: str) -> bool:
