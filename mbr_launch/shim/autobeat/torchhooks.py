@@ -66,7 +66,7 @@ def _wrap(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> A
     if original is None or not callable(original) or getattr(original, "__mbr_autobeat__", False):
         return None
     wrapper = functools.wraps(original)(make(original))
-    wrapper.__mbr_autobeat__ = True
+    wrapper.__mbr_autobeat__ = True  # type: ignore[attr-defined]
     setattr(owner, name, wrapper)
     return wrapper
 
