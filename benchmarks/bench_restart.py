@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
-from mbr_launch.report.events import first_event  # noqa: E402  (harness puts the repository on sys.path)
+from testkit.eventlog import first_event  # noqa: E402  (harness puts the repository on sys.path)
 
 SECTION = "bench_restart"
 CHOICES = ["mbr-launch", "torchrun", "torchrun-noshare", "ft_launcher"]

@@ -20,7 +20,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
-from mbr_launch.report.events import event_time, read_log_dir
+from mbr_launch.report.events import event_time
+from testkit.eventlog import read_log_dir
 
 from .helpers import REPO, SCRIPTS
 

@@ -25,7 +25,7 @@ DEFAULT_TORCH_PORT = 29500
 def run_events(log_dir: Path) -> list[dict]:
     """The event log of the one run under ``log_dir`` (``<log_dir>/<run>/events.jsonl``), every record checked
     against the documented schema: a test that reads events also checks what it read is well formed."""
-    from mbr_launch.report.events import read_events
+    from testkit.eventlog import read_events
 
     files = sorted(log_dir.glob("*/events.jsonl"))
     assert len(files) == 1, f"expected one run under {log_dir}, found {files}"

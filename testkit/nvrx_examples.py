@@ -26,7 +26,7 @@ import threading
 import time
 from pathlib import Path
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from .helpers import REPO, launcher_env, start_launcher
 from .nvrx_versions import nvrx_env

@@ -8,7 +8,7 @@ import shlex
 import sys
 from pathlib import Path
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 from testkit.slurm_cluster import REPO, SlurmCluster
 
 MBR_LAUNCH = str(Path(sys.executable).with_name("mbr-launch"))  # the repo venv's entry point

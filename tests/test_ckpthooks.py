@@ -1,4 +1,4 @@
-"""autobeat's hooks of NVRx's asynchronous and local checkpoints (shim/autobeat/ckpthooks.py), on stand-in classes
+"""autobeat's hooks of NVRx's asynchronous and local checkpoints (shim/autobeat/torchhooks.py), on stand-in classes
 of the same shape: what marks a checkpoint and what does not. The real libraries under a launch:
 tests/test_progress_signs.py."""
 
@@ -9,7 +9,7 @@ import types
 import pytest
 
 from mbr_launch.shim import autobeat
-from mbr_launch.shim.autobeat import ckpthooks
+from mbr_launch.shim.autobeat import torchhooks
 
 
 class Beater:
@@ -33,8 +33,8 @@ def queue_module(results: list) -> types.ModuleType:
 
 def test_a_finalized_asynchronous_call_marks_and_an_unfinished_one_does_not():
     beater, module = Beater(), queue_module([[], [1], [2, 3], OSError("writer died")])
-    ckpthooks.wrap_async_queue(module, beater)
-    ckpthooks.wrap_async_queue(module, beater)  # hooked once, however often the module is seen
+    torchhooks.wrap_async_queue(module, beater)
+    torchhooks.wrap_async_queue(module, beater)  # hooked once, however often the module is seen
     queue = module.AsyncCallsQueue()
     assert queue.maybe_finalize_async_calls() == [] and beater.marks == 0
     assert queue.maybe_finalize_async_calls(blocking=True) == [1] and beater.marks == 1
@@ -52,14 +52,14 @@ def test_a_synchronous_local_save_marks_and_an_asynchronous_one_waits_for_its_qu
             return request if is_async else None
 
     beater, module = Beater(), types.SimpleNamespace(BaseCheckpointManager=BaseCheckpointManager)
-    ckpthooks.wrap_local_manager(module, beater)
+    torchhooks.wrap_local_manager(module, beater)
     manager = BaseCheckpointManager()
     assert manager.save({}, 10) is None and beater.marks == 1
     assert manager.save({}, 20, is_async=True) is request and beater.marks == 1
 
 
 def test_a_module_of_another_shape_is_left_alone():
-    for hook in set(ckpthooks.HOOKS.values()):
+    for hook in set(torchhooks.CHECKPOINT_HOOKS.values()):
         hook(types.SimpleNamespace(), Beater())  # no such class: nothing to wrap, nothing raised
 
 
@@ -68,4 +68,4 @@ def test_a_failing_hook_costs_its_sign_not_the_import():
         raise AttributeError("a library changed shape")
 
     autobeat._hook_safely(broken, types.SimpleNamespace(), Beater())  # returns: the import goes on
-    assert set(ckpthooks.HOOKS) == set(autobeat.CHECKPOINTERS)
+    assert set(torchhooks.CHECKPOINT_HOOKS) == set(autobeat.CHECKPOINTERS)

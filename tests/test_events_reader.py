@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.report.events import EventLog, event_time, first_event, read_events, read_log_dir
+from mbr_launch.report.events import EventLog, event_time
+from testkit.eventlog import first_event, read_events, read_log_dir
 
 
 def test_reads_what_eventlog_wrote_and_skips_a_cut_last_line(tmp_path):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import REPO, run_launcher
 

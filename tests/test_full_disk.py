@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import run_launcher
 from .tinydisk import fill, tiny_disk, whole_lines  # noqa: F401 (tiny_disk: a fixture)

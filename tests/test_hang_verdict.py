@@ -22,7 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import event_time, read_log_dir
+from mbr_launch.report.events import event_time
+from testkit.eventlog import read_log_dir
 
 from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_launcher
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_log_dir
+from testkit.eventlog import read_log_dir
 
 from testkit.helpers import SCRIPTS, finish, free_port, launcher_env, run_events, run_launcher, start_launcher
 

@@ -16,7 +16,7 @@ import pytest
 from torch.distributed import TCPStore
 
 from mbr_launch.cluster import joinwake, storeclients
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import finish, free_port, launcher_env
 

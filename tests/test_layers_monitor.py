@@ -22,10 +22,9 @@ PACKAGE_ROOT = os.path.dirname(os.path.dirname(mbr_launch.__file__))
 # What ``import mbr_launch.monitor.server`` loaded in a fresh interpreter (2026-12-03): the monitor's own modules
 # but link and forked (the agent's side), and the two standard-library-only leaves.
 EXPECTED = {"mbr_launch", "mbr_launch.contract", "mbr_launch.procstat", "mbr_launch.monitor",
-            *(f"mbr_launch.monitor.{m}" for m in ("ancestry", "beats", "commands", "connections", "control",
-                                                  "deadlines", "frames", "protocol", "replies", "server",
-                                                  "sockets", "state", "status", "steps", "timers", "wire",
-                                                  "witness")),
+            *(f"mbr_launch.monitor.{m}" for m in ("ancestry", "commands", "connections", "control", "deadlines",
+                                                  "protocol", "replies", "server", "sockets", "state", "steps",
+                                                  "wire", "witness")),
             "mbr_launch.unpickle", *(f"mbr_launch.unpickle.{m}" for m in ("machine", "objects", "policy"))}
 
 # Without -S, so that torch, rich or anything else of the environment would load (and be named) if the monitor

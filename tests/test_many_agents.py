@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_log_dir
+from testkit.eventlog import read_log_dir
 from testkit.fault_runs import descendants
 from testkit.helpers import SCRIPTS, free_port, launcher_env
 

@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from mbr_launch.monitor.frames import CHUNK, frames
+from mbr_launch.monitor.connections import CHUNK, frames
 from mbr_launch.monitor.protocol import MAX_FRAME, ProtocolError
 
 pytestmark = pytest.mark.timeout(20)

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from mbr_launch.report.events import read_log_dir
+from testkit.eventlog import read_log_dir
 
 from testkit.helpers import SCRIPTS, finish, run_launcher, start_launcher
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 from mbr_launch.workers.flightrec import TORCH_ENV
 
 from testkit.helpers import SCRIPTS, finish, free_port, launcher_env

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import SCRIPTS, launcher_env, run_launcher
 from testkit.nvrx_versions import nvrx_env

@@ -11,7 +11,7 @@ import os
 
 import pytest
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import SCRIPTS, run_launcher
 

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import finish, launcher_env, run_launcher, start_launcher
 

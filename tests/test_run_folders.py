@@ -20,7 +20,7 @@ import pytest
 
 from mbr_launch.config import runhistory
 from mbr_launch.config.rundir import default_base, make_run_dir, run_folder_name
-from mbr_launch.report.events import read_events
+from testkit.eventlog import read_events
 
 from testkit.helpers import launcher_env, run_launcher
 

@@ -76,7 +76,7 @@ def test_importing_the_shim_loads_nothing_of_the_agent_nor_torch():
     loaded = json.loads(out.stdout)
     assert set(loaded) == {"mbr_launch", "mbr_launch.contract", "mbr_launch.fdwait", "mbr_launch.shim",
                            "mbr_launch.shim.boot", "mbr_launch.shim.standby", "mbr_launch.shim.envwatch",
-                           "mbr_launch.shim.handover", "mbr_launch.shim.autobeat", "mbr_launch.shim.flight"}, loaded
+                           "mbr_launch.shim.autobeat", "mbr_launch.shim.flight"}, loaded
 
 
 STUCK_AFTER_FAILURE = """

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_log_dir
+from testkit.eventlog import read_log_dir
 from testkit.helpers import SCRIPTS, free_port, launcher_env, listener
 
 pytestmark = [pytest.mark.processes, pytest.mark.timeout(420)]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.report.events import read_log_dir
+from testkit.eventlog import read_log_dir
 
 from testkit.helpers import SCRIPTS, run_launcher
 

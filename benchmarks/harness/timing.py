@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from mbr_launch.report import events as event_log
+from testkit import eventlog
 
 
 @dataclass(frozen=True)
@@ -66,4 +67,4 @@ def parse_ts(ts: str) -> float:
 def read_events(log_dir: Path) -> list[dict[str, Any]]:
     """The records of mbr-launch's events.jsonl under log_dir (one run per log_dir), read by the launcher's
     own reader (tolerant of a last line still being written)."""
-    return event_log.read_log_dir(log_dir)
+    return eventlog.read_log_dir(log_dir)

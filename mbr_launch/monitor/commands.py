@@ -10,7 +10,6 @@ import os
 from typing import Any, Callable
 
 from mbr_launch.monitor import replies
-from mbr_launch.monitor.beats import StepBeats
 from mbr_launch.monitor.connections import Connections
 from mbr_launch.monitor.control import (
     ControlError,
@@ -23,10 +22,8 @@ from mbr_launch.monitor.control import (
 )
 from mbr_launch.monitor.deadlines import RankWatch
 from mbr_launch.monitor.protocol import V06, V041
-from mbr_launch.monitor.sockets import Sockets
-from mbr_launch.monitor.state import Shared, Slot
-from mbr_launch.monitor.status import ranks_event
-from mbr_launch.monitor.timers import Timers
+from mbr_launch.monitor.sockets import Sockets, StepBeats, Timers
+from mbr_launch.monitor.state import Shared, Slot, ranks_event
 from mbr_launch.monitor.wire import MonitorEvent, Op
 
 Command = Callable[[dict[str, Any]], None]

@@ -7,6 +7,12 @@ and payload writes). Frames are decoded outside the lock (``protocol.py`` is pur
 client's heartbeats and sections with ``skip_section_response``; a refusal then reaches the agent only, as an
 ``error`` event it prints). A thread wakes the main thread only when it makes a deadline earlier than the
 planned wake-up (heartbeats only ever move deadlines later).
+
+Frames are read in chunks (``frames``): an NVRx 0.6+ client sends heartbeats and sections without waiting for a
+reply, so a burst of them queues up in the socket and one ``recv`` of up to ``CHUNK`` bytes takes many at once,
+where exact reads of each header and payload cost two system calls a message. A request-reply client (0.4.1)
+has one frame in flight. A frame's length is checked (``protocol.frame_length``) before its payload is waited
+for, so the buffer never holds more than one maximal frame beyond a chunk.
 """
 
 from __future__ import annotations
@@ -14,38 +20,27 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Iterator, Optional
 
 from mbr_launch.monitor import replies
 from mbr_launch.monitor.ancestry import descends_from, peer_of
 from mbr_launch.monitor.control import configured_timeouts
 from mbr_launch.monitor.deadlines import InvalidTransition, Phase, SectionError, next_deadline
-from mbr_launch.monitor.frames import frames
-from mbr_launch.monitor.protocol import (
-    Authkey,
-    BadRequest,
-    Decoder,
-    Heartbeat,
-    Init,
-    Invalid,
-    ProtocolError,
-    SectionClose,
-    SectionCloseAll,
-    SectionOpen,
-    UpdateConfig,
-    V041,
-    decode_workload_request,
-)
-from mbr_launch.monitor.state import Conn, Shared, Slot
-from mbr_launch.monitor.status import first_progress, timeouts_updated
+from mbr_launch.monitor.protocol import (HEADER, Authkey, BadRequest, Decoder, Heartbeat, Init, Invalid,
+                                         ProtocolError, SectionClose, SectionCloseAll, SectionOpen, UpdateConfig,
+                                         V041, decode_workload_request, frame_length)
+from mbr_launch.monitor.state import Conn, Shared, Slot, first_progress, timeouts_updated
 from mbr_launch.monitor.steps import HEARTBEAT, ITERATION, is_checkpoint_section
 from mbr_launch.monitor.wire import MonitorEvent
 
 # How long a connection that came before the agent named the worker's pid waits for it (the agent sends
 # it right after the spawn; a warm standby can connect within milliseconds of becoming the rank).
 PID_WAIT = 5.0
+CHUNK = 64 * 1024
 _NOT_INITIALISED = replies.frame(replies.error_msg("not initialised: send InitMsg first"))
 NO_REPLY = b""  # a handler's answer to a client that reads no reply
+_ONEWAY = (Heartbeat, SectionOpen, SectionClose, SectionCloseAll)  # a quiet client reads no reply to these
+_IN_SESSION = (*_ONEWAY, UpdateConfig)  # answered with _NOT_INITIALISED but from the client that sent InitMsg
 
 Handler = Callable[[Slot, Conn, Any], bytes]
 
@@ -200,11 +195,13 @@ class Connections:
         with shared.lock:
             if conn.dropped:
                 return None
-            try:
-                reply = handler(slot, conn, req)
-            except (SectionError, InvalidTransition) as exc:
-                oneway = isinstance(req, (Heartbeat, SectionOpen, SectionClose, SectionCloseAll))
-                reply = self._refuse(slot, conn, str(exc), oneway=oneway)
+            if isinstance(req, _IN_SESSION) and slot.active is not conn:
+                reply = _NOT_INITIALISED
+            else:
+                try:
+                    reply = handler(slot, conn, req)
+                except (SectionError, InvalidTransition) as exc:
+                    reply = self._refuse(slot, conn, str(exc), oneway=isinstance(req, _ONEWAY))
             wake = shared.check_by(next_deadline(slot.watch))
         if wake:
             shared.wake()
@@ -213,8 +210,6 @@ class Connections:
     # ---- requests (lock held): each returns the reply frame ------------------------------------------------
 
     def _on_heartbeat(self, slot: Slot, conn: Conn, req: Heartbeat) -> bytes:
-        if slot.active is not conn:
-            return _NOT_INITIALISED
         clock = self.shared.clock
         now = clock()
         if slot.watch.heartbeat(now):
@@ -224,8 +219,6 @@ class Connections:
         return _ok(conn)
 
     def _on_open(self, slot: Slot, conn: Conn, req: SectionOpen) -> bytes:
-        if slot.active is not conn:
-            return _NOT_INITIALISED
         now = self.shared.clock()
         slot.watch.open_section(req.name, now, req.iteration)
         if slot.steps.progress is None and req.iteration is not None:
@@ -233,8 +226,6 @@ class Connections:
         return _ok(conn)
 
     def _on_close(self, slot: Slot, conn: Conn, req: SectionClose) -> bytes:
-        if slot.active is not conn:
-            return _NOT_INITIALISED
         now = self.shared.clock()
         slot.watch.close_section(req.name, now, req.iteration)
         if is_checkpoint_section(req.name):
@@ -253,8 +244,6 @@ class Connections:
             self.shared.emit(first_progress(slot, ITERATION, now))
 
     def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
-        if slot.active is not conn:
-            return _NOT_INITIALISED
         slot.watch.close_all_sections(self.shared.clock())
         return _ok(conn)
 
@@ -267,7 +256,8 @@ class Connections:
             # A new client took over before the old one's EOF was seen: the newest owns the rank.
             self.drop(slot.active)
         version = req.version
-        base = self.shared.client_cfg(version)
+        assert self.shared.cfg is not None
+        base = replies.client_config(self.shared.cfg, version)
         newer = version != V041
         warmup = req.num_warmup_iters if req.num_warmup_iters is not None else base.get("num_warmup_iterations", 5)
         slot.watch.init(self.shared.clock(), newer=newer, warmup_iterations=int(warmup),
@@ -286,8 +276,6 @@ class Connections:
         return replies.frame(replies.ok_msg(cfg=cfg))
 
     def _on_update(self, slot: Slot, conn: Conn, req: UpdateConfig) -> bytes:
-        if slot.active is not conn:
-            return _NOT_INITIALISED
         hb, sec = req.hb, req.section
         slot.watch.update_timeouts(
             initial=hb.initial if hb else None,
@@ -311,3 +299,36 @@ class Connections:
         if oneway and conn.quiet:
             return NO_REPLY
         return replies.frame(replies.error_msg(cause))
+
+
+def frames(sock: socket.socket) -> Iterator[bytes]:
+    """Each frame's payload until the peer closes between frames; ``EOFError`` when it closes inside one,
+    ``protocol.ProtocolError`` on a bad length, ``OSError`` from the socket."""
+    buf = bytearray()
+    start = 0  # where the next frame begins in ``buf``
+    while True:
+        while len(buf) - start < HEADER.size:
+            if not _fill(sock, buf, at_boundary=len(buf) == start):
+                return
+        end = start + HEADER.size + frame_length(bytes(buf[start:start + HEADER.size]))
+        while len(buf) < end:
+            _fill(sock, buf, at_boundary=False)
+        yield bytes(buf[start + HEADER.size:end])
+        start = end
+        if start == len(buf):
+            buf.clear()
+            start = 0
+        elif start >= CHUNK:  # keep the unread tail only: the buffer stays about a chunk long
+            del buf[:start]
+            start = 0
+
+
+def _fill(sock: socket.socket, buf: bytearray, *, at_boundary: bool) -> bool:
+    """Append what the socket has (waiting for at least a byte); False at a clean end of the stream."""
+    data = sock.recv(CHUNK)
+    if not data:
+        if at_boundary:
+            return False
+        raise EOFError
+    buf += data
+    return True

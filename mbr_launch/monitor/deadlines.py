@@ -107,14 +107,6 @@ class Timeouts:
     def copy(self) -> "Timeouts":
         return Timeouts(self.initial, self.subsequent, dict(self.sections), self.out_of_section)
 
-    def as_dict(self) -> dict[str, object]:
-        return {
-            "initial": self.initial,
-            "subsequent": self.subsequent,
-            "sections": dict(self.sections),
-            "out_of_section": self.out_of_section,
-        }
-
 
 @dataclass(frozen=True)
 class Expiry:
@@ -203,8 +195,7 @@ class RankWatch:
 
     def heartbeat(self, now: float) -> bool:
         """Record a heartbeat; True if it was the first one of this session."""
-        self._go(Trigger.MESSAGE)
-        if self.phase is Phase.EXPIRED:
+        if not self._message():
             return False
         self.last_hb = now
         self.heartbeats += 1
@@ -213,8 +204,7 @@ class RankWatch:
         return self.heartbeats == 1
 
     def open_section(self, name: str, now: float, iteration: Optional[int] = None) -> None:
-        self._go(Trigger.MESSAGE)
-        if self.phase is Phase.EXPIRED:
+        if not self._message():
             return
         self._note_iteration(name, iteration)
         if name in self.open_sections:
@@ -226,8 +216,7 @@ class RankWatch:
         self._recompute_sections()
 
     def close_section(self, name: str, now: float, iteration: Optional[int] = None) -> None:
-        self._go(Trigger.MESSAGE)
-        if self.phase is Phase.EXPIRED:
+        if not self._message():
             return
         self._note_iteration(name, iteration)
         if name not in self.open_sections:
@@ -238,8 +227,7 @@ class RankWatch:
         self._recompute_sections()
 
     def close_all_sections(self, now: float) -> None:
-        self._go(Trigger.MESSAGE)
-        if self.phase is Phase.EXPIRED:
+        if not self._message():
             return
         self.open_sections.clear()
         self.oos_since = now
@@ -268,6 +256,11 @@ class RankWatch:
             self._recompute_sections()
 
     # ---- internals --------------------------------------------------------------------------------------
+
+    def _message(self) -> bool:
+        """A heartbeat or section message; False after an expiry (acknowledged, ignored until a re-init)."""
+        self._go(Trigger.MESSAGE)
+        return self.phase is not Phase.EXPIRED
 
     def _reset_session(self) -> None:
         self.init_at = self.last_hb = self.oos_since = None

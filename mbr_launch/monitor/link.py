@@ -20,7 +20,7 @@ from typing import Any, Callable
 from mbr_launch import procstat
 from mbr_launch.monitor import witness
 from mbr_launch.monitor.forked import Forked, fork_monitor
-from mbr_launch.monitor.wire import REPLIES, SERVER_MODULE, MonitorEvent, Op
+from mbr_launch.monitor.wire import SERVER_MODULE, MonitorEvent, Op
 
 
 class MonitorError(RuntimeError):
@@ -31,8 +31,9 @@ class MonitorError(RuntimeError):
 STARVED_WAIT_FACTOR = 12
 
 
-# A command that fails in the monitor answers with an ``error`` event instead of its reply: the waiter is
-# told at once, with the monitor's own reason (say, a socket path too long), rather than after a timeout.
+# The replies the agent waits for (``disarmed`` is not waited for). A command that fails in the monitor answers
+# with an ``error`` event instead: the waiter is told at once, with the monitor's own reason (say, a socket path
+# too long), rather than after a timeout.
 _REPLY_OF = {Op.CONFIGURE: MonitorEvent.READY, Op.ARM: MonitorEvent.ARMED, Op.SNAPSHOT: MonitorEvent.SNAPSHOT}
 _GONE = "_gone"  # put in every reply queue when the monitor's stdout ends: nothing will answer any more
 
@@ -53,7 +54,7 @@ class MonitorLink:
         self.on_event = on_event  # set before ``start`` (an early link gets it when the agent adopts it)
         self._env = env
         self._proc: subprocess.Popen | Forked | None = None
-        self._replies: dict[str, queue.SimpleQueue] = {name: queue.SimpleQueue() for name in REPLIES}
+        self._replies: dict[str, queue.SimpleQueue] = {name: queue.SimpleQueue() for name in _REPLY_OF.values()}
         self._write_lock = threading.Lock()
         self.pidfd: int | None = None
         self.launcher_socket: str | None = None

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import signal
 import struct
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from mbr_launch.monitor.protocol import HEADER, V041
@@ -25,22 +26,22 @@ _MARK, _SETITEMS, _APPENDS, _BUILD, _NEWOBJ, _REDUCE = b"(", b"u", b"e", b"b", b
 _EMPTY_TUPLE, _EMPTY_DICT, _EMPTY_LIST, _TUPLE1 = b")", b"}", b"]", b"\x85"
 
 
+@dataclass(frozen=True, slots=True)
 class Obj:
     """``module.name`` instance with ``state`` as its ``__dict__``."""
 
-    __slots__ = ("module", "name", "state")
+    module: str
+    name: str
+    state: Mapping[str, Any]
 
-    def __init__(self, module: str, name: str, state: Mapping[str, Any]) -> None:
-        self.module, self.name, self.state = module, name, state
 
-
+@dataclass(frozen=True, slots=True)
 class EnumMember:
     """``module.name(value)``, e.g. ``signal.Signals(9)``."""
 
-    __slots__ = ("module", "name", "value")
-
-    def __init__(self, module: str, name: str, value: int) -> None:
-        self.module, self.name, self.value = module, name, value
+    module: str
+    name: str
+    value: int
 
 
 def _global(module: str, name: str) -> bytes:

@@ -4,11 +4,11 @@ The agent drives it with JSON lines on stdin and reads events from stdout (``wir
 Workers' unchanged NVRx 0.4.1 ``RankMonitorClient`` connect to the per-rank sockets the agent arms.
 
 Threads: the main thread runs an ``epoll`` loop over stdin, the listening sockets, the step-beat sockets
-and a wake-up pipe; its timeout is the earliest timer (``timers.py``). Each client connection gets a thread
+and a wake-up pipe; its timeout is the earliest timer (``sockets.Timers``). Each client connection gets a thread
 (``connections.py``). One lock (``state.Shared.lock``) guards all rank state.
 
 The monitor never kills on expiry; it reports and the agent decides. The one exception is the agent's
-death (``kill_armed``): the monitor lives and dies with its agent.
+death (``agent_gone``): the monitor lives and dies with its agent.
 
 Must not import torch, NVRx, typer or rich: startup cost.
 """
@@ -16,39 +16,24 @@ Must not import torch, NVRx, typer or rich: startup cost.
 from __future__ import annotations
 
 import os
+import select
 import signal
 import sys
 import time
-from typing import Callable, Iterable
+from typing import Callable
 
-from mbr_launch.monitor.beats import StepBeats
 from mbr_launch.monitor.commands import Commands
 from mbr_launch.monitor.connections import Connections
 from mbr_launch.monitor.control import ControlError, Emit, Emitter, LineReader
 from mbr_launch.monitor.deadlines import InvalidTransition, Phase
-from mbr_launch.monitor.sockets import Sockets, drain, unlink
-from mbr_launch.monitor.state import Shared, Slot
-from mbr_launch.monitor.timers import Timers
+from mbr_launch.monitor.sockets import Sockets, StepBeats, Timers, drain, unlink
+from mbr_launch.monitor.state import Shared
 from mbr_launch.monitor.witness import hold_job_signals
 from mbr_launch.monitor.wire import MonitorEvent
 
 
 # epoll cannot wait longer than about 24 days: a far deadline is waited for in steps.
 MAX_WAIT = 3600.0
-
-def kill_armed(slots: Iterable[Slot]) -> None:
-    """SIGKILL the process group (else the process) of every rank still armed: when the agent dies (stdin
-    EOF, or a broken stdout), nobody else is left to clean up."""
-    for slot in slots:
-        if slot.watch.phase is Phase.DISARMED:
-            continue
-        try:
-            if slot.pgid is not None:
-                os.killpg(slot.pgid, signal.SIGKILL)
-            elif slot.pid is not None:
-                os.kill(slot.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass  # already gone
 
 
 class MonitorServer:
@@ -63,12 +48,12 @@ class MonitorServer:
     def run(self, stdin_fd: int) -> None:
         shared, sockets, clock = self.shared, self.sockets, self.shared.clock
         reader = LineReader()
-        sockets.watch(stdin_fd)
+        sockets.ep.register(stdin_fd, select.EPOLLIN)
         while shared.running:
             wake_at = self.timers.wake_at()
             timeout = -1.0 if wake_at is None else min(MAX_WAIT, max(0.0, wake_at - clock()))
             try:
-                events = sockets.poll(timeout)
+                events = sockets.ep.poll(timeout)
             except InterruptedError:
                 continue
             # Commands first: an 'arm' the agent sent before it started a worker is handled before that
@@ -91,7 +76,7 @@ class MonitorServer:
         data = os.read(fd, 1 << 16)
         with self.shared.lock:
             if not data:
-                self.sockets.unwatch(fd)
+                self.sockets.ep.unregister(fd)
                 self.agent_gone()
                 return
             for msg in reader.feed(data):
@@ -106,8 +91,18 @@ class MonitorServer:
                     return
 
     def agent_gone(self) -> None:
-        """The agent died (lock held): nothing else will stop the workers, so kill every armed group."""
-        kill_armed(self.shared.slots.values())
+        """The agent died (stdin EOF, or a broken stdout; lock held): nobody else is left to clean up, so SIGKILL
+        the process group (else the process) of every rank still armed."""
+        for slot in self.shared.slots.values():
+            if slot.watch.phase is Phase.DISARMED:
+                continue
+            try:
+                if slot.pgid is not None:
+                    os.killpg(slot.pgid, signal.SIGKILL)
+                elif slot.pid is not None:
+                    os.kill(slot.pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass  # already gone
         self.shared.running = False
 
     def close_all(self, join_timeout: float = 1.0) -> None:
@@ -122,7 +117,7 @@ class MonitorServer:
         deadline = time.monotonic() + join_timeout
         for thread in threads:
             thread.join(max(0.0, deadline - time.monotonic()))
-        self.sockets.close()
+        self.sockets.ep.close()
 
 
 def main() -> int:

@@ -1,8 +1,17 @@
-"""The main thread's ``epoll`` and the sockets it watches.
+"""The main thread's ``epoll``: the sockets it watches, the step beats it reads, and the timers its wait ends for.
 
 Stream listeners (one per armed rank, plus the launcher socket for workload requests) and the datagram
 sockets that receive automatic step beats. Every socket lives in the agent's private directory (checked at
 ``configure``) with mode 0600; a stale file of an earlier monitor there is replaced.
+
+``StepBeats`` feeds each rank's step clock (``steps.py``, pure) from its datagram socket and batches the step
+times for the agent, at most one ``steps`` event per ``report_interval``. A worker's first step is a
+``first_step`` event at once; its first checkpoint or collectives mark, when no step came before, a
+``first_progress`` event: either tells the agent that the worker is past start-up.
+
+``Timers``: the wait's timeout is the earliest of three times, so an expiry is reported about a millisecond
+after it happens instead of on a poll interval: the next rank deadline, the next ``steps`` report, the next
+``status`` event.
 """
 
 from __future__ import annotations
@@ -10,9 +19,13 @@ from __future__ import annotations
 import os
 import select
 import socket
-from typing import Optional
+from typing import Any, Optional
 
-from mbr_launch.monitor.state import Slot
+from mbr_launch.monitor.control import parse_socket_path
+from mbr_launch.monitor.deadlines import Phase, next_expiry
+from mbr_launch.monitor.state import Shared, Slot, expired, first_progress, ranks_event
+from mbr_launch.monitor.steps import BEAT, mark_sign
+from mbr_launch.monitor.wire import MonitorEvent
 
 
 class Sockets:
@@ -21,15 +34,6 @@ class Sockets:
         self.ep.register(wake_r, select.EPOLLIN)
         self.listeners: dict[int, tuple[socket.socket, Optional[Slot]]] = {}  # fd -> (socket, rank or launcher)
         self.step_socks: dict[int, Slot] = {}  # fd -> rank
-
-    def watch(self, fd: int) -> None:
-        self.ep.register(fd, select.EPOLLIN)
-
-    def unwatch(self, fd: int) -> None:
-        self.ep.unregister(fd)
-
-    def poll(self, timeout: float) -> list[tuple[int, int]]:
-        return self.ep.poll(timeout)
 
     def listen(self, path: str, slot: Optional[Slot]) -> socket.socket:
         unlink(path)  # a stale socket from an earlier monitor: the directory is private to the agent
@@ -82,9 +86,6 @@ class Sockets:
             sock.close()
         self.listeners.clear()
 
-    def close(self) -> None:
-        self.ep.close()
-
 
 def unlink(path: str) -> None:
     try:
@@ -100,3 +101,123 @@ def drain(fd: int) -> None:
             pass
     except BlockingIOError:
         pass
+
+
+class StepBeats:
+    """Lock held for every method: they run on the main thread and touch shared rank state."""
+
+    def __init__(self, shared: Shared, sockets: Sockets) -> None:
+        self.shared = shared
+        self.sockets = sockets
+        self.timeouts: tuple[Optional[float], Optional[float]] = (None, None)  # initial, subsequent
+        self.report_interval = 1.0
+        self.report_at: Optional[float] = None  # when pending step times go to the agent
+
+    def arm(self, slot: Slot, path: Any, now: float) -> None:
+        """Start the rank's step clock on the socket at ``path``; ``None``: no step beats for this worker."""
+        slot.steps.forget_progress()  # a new worker, with or without beats
+        if path is None:
+            slot.steps.disarm()
+            if slot.step_sock is not None:
+                self.sockets.close_steps(slot)
+            return
+        path = parse_socket_path(path, self.shared.dir)
+        if slot.step_sock is not None and slot.step_path != path:
+            self.sockets.close_steps(slot)
+        if slot.step_sock is None:
+            self.sockets.open_steps(slot, path)
+        else:
+            self.read(slot, now, discard=True)  # beats of the previous worker
+        slot.steps.initial, slot.steps.subsequent = self.timeouts
+        slot.steps.arm(now)
+        self.shared.check_by(slot.steps.deadline)
+
+    def read(self, slot: Slot, now: float, discard: bool = False) -> None:
+        sock = slot.step_sock
+        assert sock is not None
+        while True:
+            try:
+                data = sock.recv(64)
+            except OSError:  # BlockingIOError included: nothing more queued
+                return
+            if discard or len(data) != BEAT.size:
+                continue
+            index, period, cpu, flags = BEAT.unpack(data)
+            steps = slot.steps
+            if steps.beat(now, index, period, cpu, flags):
+                self.shared.emit({"ev": MonitorEvent.FIRST_STEP, "local_rank": slot.local_rank, "rank": slot.rank,
+                                  "t": round(now - steps.armed_at, 6), "monotonic": now})
+                # the first step replaces the initial timeout with the (usually much shorter) step timeout
+                self.shared.check_by(steps.deadline)
+            else:
+                sign = mark_sign(flags)
+                if sign is not None and steps.armed and steps.note_progress(sign, now):
+                    self.shared.emit(first_progress(slot, sign, now))
+            if self.report_at is None:
+                self.report_at = now + self.report_interval
+
+    def report(self) -> None:
+        ranks = []
+        for slot in self.shared.sorted_slots():
+            report = slot.steps.take_report()
+            if report is not None:
+                ranks.append({"local_rank": slot.local_rank, "rank": slot.rank,
+                              "nvrx_client": not slot.steps.enforced, **report})
+        self.report_at = None
+        if ranks:
+            self.shared.emit({"ev": MonitorEvent.STEPS, "ranks": ranks})
+
+
+class Timers:
+    """What the main thread does when its wait times out: deadline checks and periodic reports (lock held)."""
+
+    def __init__(self, shared: Shared, beats: StepBeats) -> None:
+        self.shared = shared
+        self.beats = beats
+        self.status_interval: Optional[float] = None  # periodic status events for the agent's display
+        self.status_at: Optional[float] = None
+
+    def set_status_interval(self, interval: Optional[float]) -> None:
+        self.status_interval = interval
+        if interval:
+            self.status_at = self.shared.clock() + interval
+
+    def wake_at(self) -> Optional[float]:
+        """The earliest timer; read without the lock: a stale value is fine, as writers that move the
+        deadline check earlier also wake the main thread."""
+        times = [t for t in (self.shared.next_check, self.beats.report_at, self.status_at) if t is not None]
+        return min(times, default=None)
+
+    def fire(self) -> None:
+        """Run every timer that is due."""
+        clock, check = self.shared.clock, self.shared.next_check
+        if check is not None and (now := clock()) >= check:
+            self.check_deadlines(now)
+        if self.beats.report_at is not None and clock() >= self.beats.report_at:
+            self.beats.report()
+        if self.status_at is not None and clock() >= self.status_at:
+            assert self.status_interval is not None
+            self.status_at = clock() + self.status_interval
+            if self.shared.slots:
+                self.shared.emit(ranks_event(MonitorEvent.STATUS, self.shared.sorted_slots(), clock()))
+
+    def check_deadlines(self, now: float) -> None:
+        """Report every rank whose deadline has passed (one expiry per arm), and plan the next check."""
+        earliest: Optional[float] = None
+        for slot in self.shared.slots.values():
+            w = slot.watch
+            expiry = next_expiry(w, now)
+            if expiry is not None:
+                self.shared.emit(expired(slot, now, expiry))
+                w.expire()
+                slot.steps.expire()  # one expiry per arm
+            step = slot.steps.expiry(now)
+            if step is not None:
+                self.shared.emit(expired(slot, now, step=step))
+                slot.steps.expire()
+                if w.phase is Phase.MONITORING:
+                    w.expire()
+            d = slot.deadline()
+            if d is not None and (earliest is None or d < earliest):
+                earliest = d
+        self.shared.next_check = earliest

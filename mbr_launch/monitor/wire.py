@@ -34,7 +34,7 @@ Automatic step beats (``steps.py``; a datagram socket per rank when ``arm`` name
   {"ev":"status","ranks":[..as in snapshot..]}                          every status_interval, when set
   (M: time.monotonic() of this host, the agent's clock too.)
 
-The fields of ``expired``, ``snapshot`` and ``status`` are built in ``status.py``.
+The fields of ``expired``, ``snapshot`` and ``status`` are built in ``state.py``.
 """
 
 from __future__ import annotations
@@ -81,9 +81,6 @@ class MonitorEvent(_Wire):
     STATUS = "status"
     ERROR = "error"
 
-
-# The replies the agent waits for after sending a command (``disarmed`` is not waited for).
-REPLIES = (MonitorEvent.READY, MonitorEvent.ARMED, MonitorEvent.SNAPSHOT)
 
 # ``kind`` of an ``expired`` event: a ``deadlines.Kind`` value, or this one for a missed step beat.
 STEP_KIND = "step"

@@ -95,6 +95,3 @@ def describe(error: OSError | None) -> str:
         return ""
     name = errno.errorcode.get(error.errno or 0)
     return f"{error.strerror or error}" + (f" ({name})" if name else "")
-
-
-__all__ = ["LineAppender", "describe"]

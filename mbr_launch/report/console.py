@@ -338,6 +338,3 @@ def process_console() -> Console:
                     pass
             _PROCESS = Console(1, 2, redirect=True)
         return _PROCESS
-
-
-__all__ = ["Console", "ConsoleSource", "process_console", "BUFFER", "LINE_CAP", "FRAME"]

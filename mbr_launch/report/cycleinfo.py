@@ -239,7 +239,3 @@ class Writer:
                 pass
             os.symlink(record.name, tmp_link)  # relative, as NVRx's: the folder can move
             os.replace(tmp_link, current)
-
-
-__all__ = ["ENV", "CycleInfo", "Reporter", "Writer", "active", "current_name", "current_path", "cycle_log_file",
-           "info_name", "namespace", "nodelist", "rank_ranges", "utc_now"]

@@ -99,7 +99,7 @@ import threading
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from mbr_launch.report.appender import LineAppender, Writer, describe
 from mbr_launch.report.private import make_dir
@@ -229,51 +229,9 @@ def _warn_stderr(message: str) -> None:
         pass
 
 
-# ---- reading a log back (tests, benchmarks, tools) ------------------------------------------------
-
-
-def read_events(path: Path | str) -> list[dict[str, Any]]:
-    """The records of one events.jsonl, in file order.
-
-    The agent may be appending while we read, so a last line without its newline that does not parse is
-    left out: it is still being written. Any other line that does not parse raises ValueError naming the
-    file and line, since only ``EventLog`` writes these files and a bad line there is a bug."""
-    lines = Path(path).read_text().split("\n")
-    tail = lines.pop()  # "" when the file ends with a newline
-    records = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(json.loads(line))
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}:{number}: not an event line ({exc})") from None
-    if tail.strip():
-        try:
-            records.append(json.loads(tail))
-        except json.JSONDecodeError:
-            pass  # cut short: the writer has not finished this line yet
-    return records
-
-
-def read_log_dir(log_dir: Path | str) -> list[dict[str, Any]]:
-    """Every record under ``--log-dir`` (one ``<run id>/events.jsonl`` per run), runs in path order."""
-    return [record for path in sorted(Path(log_dir).glob("*/events.jsonl")) for record in read_events(path)]
-
-
 def event_time(record: dict[str, Any]) -> float:
     """A record's ``ts`` as seconds since the epoch (comparable with ``time.time()``)."""
     return datetime.fromisoformat(record["ts"]).timestamp()
-
-
-def events_named(records: Iterable[dict[str, Any]], event: str, **match: Any) -> list[dict[str, Any]]:
-    """The records of one event whose fields equal ``match`` (a missing field counts as None)."""
-    return [r for r in records if r.get("event") == event and all(r.get(k) == v for k, v in match.items())]
-
-
-def first_event(records: Iterable[dict[str, Any]], event: str, **match: Any) -> dict[str, Any] | None:
-    found = events_named(records, event, **match)
-    return found[0] if found else None
 
 
 # ---- a record of a log that anyone may have written (``mbr-launch report``) --------------------------------

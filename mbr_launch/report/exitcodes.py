@@ -8,14 +8,10 @@ INTERNAL = 4  # a bug or an unexpected error in mbr-launch itself
 PREEMPTED = 5  # a preemption signal reached every node of the round: workers were asked to checkpoint, then stopped
 EXCLUDED = 6  # this node left the job (a stop signal reached it alone, it failed too often, a worker asked); the rest go on
 UNHEALTHY = 7  # this node failed a pre-rendezvous health check and did not join; the rest go on
-# ft_launcher 0.6+'s "do not requeue": the job stopped itself because restarting it would not help (no
-# progress across --ft-max-no-progress-cycles cycles); --ft-no-restart-exit-code changes it.
-NO_RESTART = 93
+NO_RESTART = 93  # ft_launcher 0.6+'s "do not requeue": no progress across --ft-max-no-progress-cycles cycles
 # ``mbr-launch doctor`` exits 0 all ok, 1 warnings, 2 errors found by its checks, and this when it could not
 # run them at all (a bad option or config file).
 DOCTOR_NOT_RUN = 3
-# 128 + N: the launcher was stopped by signal N (e.g. 130 for SIGINT, 129 for SIGHUP), after it forwarded
-# the signal to the workers and stopped them.
 
 TABLE = (
     (OK, "every worker of every node succeeded; or, for an agent still waiting to join a round (a spare), "

@@ -74,6 +74,3 @@ def write_private(path: Path, data: bytes) -> None:
             view = view[os.write(fd, view):]
     finally:
         os.close(fd)
-
-
-__all__ = ["DIR_MODE", "FILE_MODE", "check_dir", "make_dir", "open_private", "write_private"]

@@ -147,7 +147,3 @@ def shown_argv(argv: Sequence[str]) -> str:
     if len(argv) == 1 and " " in argv[0]:
         return redact_command_line(argv[0])
     return " ".join(redact_argv(argv))
-
-
-__all__ = ["REDACTED", "is_secret_flag", "is_secret_name", "redact_argv", "redact_command_line",
-           "redact_process_lines", "redact_text", "shown_argv"]

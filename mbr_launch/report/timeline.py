@@ -65,13 +65,6 @@ class Failure:
     detection: float | None  # last step -> detected, when its attempt made steps
     restart: float | None  # detected -> training again, when a step came after it
 
-    def what(self) -> str:
-        if self.detail:
-            return self.detail
-        if self.signal:
-            return f"killed by {self.signal}"
-        return f"exit code {self.exit_code}" if self.exit_code is not None else self.cause
-
 
 @dataclass(frozen=True)
 class RoundRow:

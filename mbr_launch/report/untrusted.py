@@ -148,7 +148,3 @@ def read_file(path: "str | os.PathLike[str]", policy: FilePolicy, limit: int) ->
     if len(data) > limit:
         raise UnsafeFile(FileRule.GREW, path, limit=limit)
     return data
-
-
-__all__ = ["LINKED", "OWNED", "REGULAR", "SECRET", "FilePolicy", "FileRule", "UnsafeFile", "check", "open_file",
-           "read_at", "read_file"]

@@ -25,9 +25,9 @@ DEPENDENCIES = ("torch", "nvidia-resiliency-ext")
 def installed(dist: str) -> str | None:
     """The installed version of distribution ``dist``; None when it is not installed (or unreadable)."""
     try:
-        found = _from_metadata_folder(dist)
-        if found is not None:
-            return found
+        found = metadata_folder(dist, sys.path)
+        if found is not None and found[0] is not None:
+            return found[0]
         import importlib.metadata  # noqa: PLC0415 - an egg, a zip, a custom finder: the full search
 
         return importlib.metadata.version(dist)
@@ -37,13 +37,6 @@ def installed(dist: str) -> str | None:
 
 def _normal(name: str) -> str:
     return re.sub(r"[-_.]+", "_", name).lower()
-
-
-def _from_metadata_folder(dist: str) -> str | None:
-    """The version in the first ``*.dist-info``/``*.egg-info`` folder of ``dist`` on ``sys.path``; None when
-    there is none (or it gives no version)."""
-    found = metadata_folder(dist, sys.path)
-    return found[0] if found else None
 
 
 def metadata_folder(dist: str, paths: Iterable[str]) -> tuple[str | None, str] | None:

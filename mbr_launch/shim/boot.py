@@ -126,14 +126,6 @@ def user_frames(exc: BaseException, tb: types.TracebackType | None) -> types.Tra
     return first if first is not None or isinstance(exc, SyntaxError) else tb
 
 
-def _trimming_hook(hook):  # type: ignore[no-untyped-def]
-    def excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
-        hook(exc_type, exc, _trimmed(exc, tb))
-
-    excepthook.mbr_launch_trims = True  # type: ignore[attr-defined]
-    return excepthook
-
-
 def unprefixed(hook):  # type: ignore[no-untyped-def]
     """The hook torch's ``init_process_group`` wrapped, when ``hook`` is torch's wrapper: the agent prefixes
     every line of the rank's console output with ``[rankN]:`` already, and torch's wrapper would add its own
@@ -149,8 +141,15 @@ def unprefixed(hook):  # type: ignore[no-untyped-def]
 
 def install_excepthook() -> None:
     """For exceptions that reach the interpreter itself (e.g. KeyboardInterrupt): the script's frames only."""
-    if not getattr(sys.excepthook, "mbr_launch_trims", False):
-        sys.excepthook = _trimming_hook(sys.excepthook)
+    hook = sys.excepthook
+    if getattr(hook, "mbr_launch_trims", False):
+        return
+
+    def excepthook(exc_type, exc, tb):  # type: ignore[no-untyped-def]
+        hook(exc_type, exc, _trimmed(exc, tb))
+
+    excepthook.mbr_launch_trims = True  # type: ignore[attr-defined]
+    sys.excepthook = excepthook
 
 
 def _trimmed(exc: BaseException, tb: types.TracebackType | None) -> types.TracebackType | None:

@@ -22,7 +22,11 @@ its first ``DistributedDataParallel``) would find it ignored. Nothing here chang
   environment; neither is the script's doing.
 
 Not seen: reads by C or C++ code (getenv(3)) and by code that copied the environment before the preload.
-Standard library only: ``shim.standby`` imports it before anything is preloaded.
+
+At the end, the hand-over of a standby to its rank while its preload may still be running in its own thread (a
+standby assigned mid-preload runs the script at once, ``shim.standby``): the environment replaced without an
+empty moment, the script's fork waiting for the preload, and ``adopt`` called only once the preload's imports
+no longer record. Standard library only: ``shim.standby`` imports it before anything is preloaded.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ import os
 import sys
 import threading
 from contextlib import contextmanager
-from typing import Iterator, Mapping
+from typing import Callable, Iterator, Mapping
 
 # variable -> (the value the preload saw first, None where it was unset; the module whose import read it)
 Reads = dict[str, "tuple[str | None, str]"]
@@ -167,7 +171,11 @@ def adopt(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str
     with _lock:
         Judged.reads, Judged.written, Judged.launch, Judged.environ = reads, written, dict(launch), environ
     atexit.register(settle)
-    _settle_at_first_use({module for _, module in reads.values()})
+    # the first import statement, outside mbr_launch, that names a preloaded module or one under it (the
+    # script's own, or a library's, as torch's DDP importing torch._dynamo): keys present then
+    modules = {module for _, module in reads.values()}
+    on_first_import(lambda name, fromlist, level: level == 0 and _preloaded(name, fromlist, modules),
+                    lambda: settle(present_only=True))
 
 
 def _preloaded(name: str, fromlist: object, modules: set[str]) -> bool:
@@ -177,22 +185,76 @@ def _preloaded(name: str, fromlist: object, modules: set[str]) -> bool:
     return any(n == m or n.startswith(m + ".") for n in names for m in modules)
 
 
-def _settle_at_first_use(modules: set[str]) -> None:
-    """``settle`` (keys present) at the first import statement, outside mbr_launch, that names a preloaded
-    module or one under it (the script's own, or a library's, as torch's DDP importing torch._dynamo); the hook
-    then takes itself out."""
+def on_first_import(wanted: Callable[[str, object, int], bool], act: Callable[[], None]) -> None:
+    """Run ``act`` once, just before the first import statement outside mbr_launch for which ``wanted(name,
+    fromlist, level)`` holds; the hook then takes itself out (a hook installed after it keeps it in the chain:
+    it acts once all the same)."""
     import builtins
 
     original = builtins.__import__
     fired = threading.Event()
 
     def hook(name, globals=None, locals=None, fromlist=(), level=0):  # type: ignore[no-untyped-def]
-        if (not fired.is_set() and level == 0 and _preloaded(name, fromlist, modules)
+        if (not fired.is_set() and wanted(name, fromlist, level)
                 and not str((globals or {}).get("__name__", "")).startswith("mbr_launch")):
             fired.set()
             if builtins.__import__ is hook:
                 builtins.__import__ = original
-            settle(present_only=True)
+            act()
         return original(name, globals, locals, fromlist, level)
 
     builtins.__import__ = hook
+
+
+# ---- the hand-over -------------------------------------------------------------------------------------------
+
+
+class Adoption:
+    """``adopt`` once both the preload is over (its imports no longer record) and the environment is
+    the rank's; whichever of the two comes second does it, on its own thread."""
+
+    def __init__(self, reads: Reads, written: dict[str, str | None]) -> None:
+        self._reads, self._written = reads, written
+        self._launch: Mapping[str, str] = {}
+        self._lock = threading.Lock()
+        self._done = self._ready = self._adopted = False
+
+    def preload_done(self) -> None:
+        with self._lock:
+            self._done = True
+        self._maybe()
+
+    def environment_ready(self, launch: Mapping[str, str]) -> None:
+        """``launch``: the environment the launch gave the rank (the assignment's)."""
+        with self._lock:
+            self._ready, self._launch = True, launch
+        self._maybe()
+
+    def _maybe(self) -> None:
+        with self._lock:
+            go = self._done and self._ready and not self._adopted
+            self._adopted = self._adopted or go
+        if go:
+            adopt(self._reads, self._written, self._launch)
+
+
+def replace_environ(env: Mapping[str, str]) -> None:
+    """``os.environ`` becomes ``env`` exactly. Changed and new keys first, then the removed ones: a preload
+    still running in its thread never sees an empty environment in between (``clear()`` then ``update()``
+    would show it one)."""
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+
+
+def finish_preload_when_needed(preloading: threading.Thread) -> None:
+    """The script runs while the preload finishes. It waits for the preload where sharing the process with it
+    would not be safe: before a fork (a child would inherit import locks held by the preload thread) and at
+    its first ``import torch`` (``_watch_torch_import``); an exit waits for the thread (not a daemon)."""
+    def before_fork() -> None:
+        if threading.current_thread() is not preloading:
+            preloading.join()
+
+    os.register_at_fork(before=before_fork)

@@ -30,7 +30,8 @@ unbuffered all the same), the hash seed is the launcher's unless ``PYTHONHASHSEE
 
 The end is the interpreter's as well: non-daemon threads joined, ``atexit`` handlers run, streams and the
 files the script left open flushed, the exit code of ``SystemExit``; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as Python's does.
-Imports only the standard library, ``mbr_launch.contract`` and the shim (``boot``, ``proctitle``) before the script.
+Imports only the standard library, ``mbr_launch.contract`` and the shim (``boot``, ``proctitle``, ``envwatch``) before
+the script.
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ import traceback
 from typing import Mapping, NoReturn, Sequence
 
 from mbr_launch.forking import close_from
+from mbr_launch.shim.envwatch import replace_environ
 
 _PR_SET_PDEATHSIG = 1
 # torch's C++ logging levels by name (c10's TORCH_CPP_LOG_LEVEL): an unknown or empty value keeps WARNING.
@@ -68,7 +70,7 @@ def become(*, argv: Sequence[str], env: Mapping[str, str], cwd: str, fds: Sequen
         _place(fds, targets)
         _reset_signals(ignore, inherited)
         os.chdir(cwd)
-        _replace_environ(env)
+        replace_environ(env)
         _reset_interpreter(argv, libc)
     except BaseException:  # noqa: BLE001 - a half-made worker must end here, never go back to the server's loop
         _last_words()
@@ -109,14 +111,6 @@ def _reset_signals(ignore: Sequence[int], inherited: Sequence[int]) -> None:
             pass
     for sig in ignore:
         signal.signal(sig, signal.SIG_IGN)
-
-
-def _replace_environ(env: Mapping[str, str]) -> None:
-    for key in [k for k in os.environ if k not in env]:
-        del os.environ[key]
-    for key, value in env.items():
-        if os.environ.get(key) != value:
-            os.environ[key] = value
 
 
 def _reset_interpreter(argv: Sequence[str], libc: ctypes.CDLL) -> None:

@@ -71,7 +71,7 @@ from typing import Mapping, Sequence
 from mbr_launch.contract import (OPTIONAL_PRELOAD, STANDBY_CHANNEL_ENV, STANDBY_PRELOAD_ENV, STANDBY_WARM, Assignment,
                                  StandbyChannel, preemption_signals)
 from mbr_launch.fdwait import ready
-from mbr_launch.shim import envwatch, handover
+from mbr_launch.shim import envwatch
 
 # A standby does not start preloading while the 1-minute load average is above this many runnable processes
 # per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
@@ -109,7 +109,7 @@ def serve() -> None:
     early = not background and delay > 0 and bool(ready([channel], delay))
     while not early and not background and _saturated():
         early = bool(ready([channel], SATURATION_RECHECK))
-    preloading, assigned, adoption = None, threading.Event(), handover.Adoption(reads, written)
+    preloading, assigned, adoption = None, threading.Event(), envwatch.Adoption(reads, written)
     if not early:
         # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
         # before the rest of the preload (which the script would do anyway) runs. The thread owns ``status``
@@ -133,7 +133,7 @@ def serve() -> None:
     assignment = Assignment.decode(message)
     for sig in preemption_signals(startup_env):  # boot re-applies what the worker's own environment asks for
         signal.signal(sig, signal.SIG_DFL)
-    handover.replace_environ(assignment.env)
+    envwatch.replace_environ(assignment.env)
     if assignment.cwd != os.getcwd():
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
@@ -142,7 +142,7 @@ def serve() -> None:
         # torch (or imports it late) is not held up by an import it does not need (32 agents on 2 cores: 32
         # replacements importing torch at once kept every restarted script waiting 50 s); one that imports
         # it waits at that import for the rest of the preload (below), no longer than a fresh process would.
-        handover.finish_preload_when_needed(preloading)
+        envwatch.finish_preload_when_needed(preloading)
     else:
         adoption.preload_done()
     # Now that the environment is the rank's, the script's writes are watched (``envwatch``); with a preload
@@ -154,7 +154,7 @@ def serve() -> None:
 
 def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Reads,
              written: dict[str, str | None], assigned: threading.Event, background: bool,
-             adoption: handover.Adoption) -> None:
+             adoption: envwatch.Adoption) -> None:
     try:
         _preload(level)
         # The hold-off applies to the extra modules too (torch._dynamo is as much CPU again as torch): the host
@@ -301,29 +301,20 @@ def _watch_torch_import(startup_env: Mapping[str, str], launch: Mapping[str, str
     from mbr_launch's own modules), wait for a preload still under way, then compare the environment with the
     one torch was imported with: repair OMP_NUM_THREADS, warn about the rest. The hook removes itself on first
     use."""
-    import builtins
+    def torch_import(name: str, fromlist: object, level_: int) -> bool:
+        # torch importing its own parts inside the preload still under way is not the script's import
+        return (name == "torch" or name.startswith("torch.")) and threading.current_thread() is not preloading
 
-    original = builtins.__import__
-    done = threading.Event()  # another hook installed after this one keeps it in the chain: act once
+    def repair() -> None:
+        if preloading is not None:
+            preloading.join()
+        if "torch" in sys.modules:
+            try:
+                _reconcile(startup_env, launch, written, level)
+            except Exception:
+                pass  # a repair that fails must not turn into the script's ImportError
 
-    def hook(name, globals=None, locals=None, fromlist=(), level_=0):  # type: ignore[no-untyped-def]
-        importer = str((globals or {}).get("__name__", ""))
-        if done.is_set() or (preloading is not None and threading.current_thread() is preloading):
-            pass  # torch importing its own parts inside the preload still under way: not the script's import
-        elif (name == "torch" or name.startswith("torch.")) and not importer.startswith("mbr_launch"):
-            done.set()
-            if builtins.__import__ is hook:
-                builtins.__import__ = original
-            if preloading is not None:
-                preloading.join()
-            if "torch" in sys.modules:
-                try:
-                    _reconcile(startup_env, launch, written, level)
-                except Exception:
-                    pass  # a repair that fails must not turn into the script's ImportError
-        return original(name, globals, locals, fromlist, level_)
-
-    builtins.__import__ = hook
+    envwatch.on_first_import(torch_import, repair)
 
 
 def _read_at_import(key: str, level: str) -> bool:

@@ -171,6 +171,3 @@ def _run(data: bytes, policy: PicklePolicy, max_ops: int, deadline: float | None
         else:
             i = more(op, data, i, stack, marks, memo, policy)
             floor = marks[-1] if marks else 0
-
-
-__all__ = ["load"]

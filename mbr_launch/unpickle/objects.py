@@ -156,6 +156,3 @@ def check_shape(root: Any, max_depth: int, max_values: int) -> None:
         if seen > max_values:
             raise PickleRefused(f"more than {max_values} values")
         todo.extend((child, depth + 1) for child in _children(value))
-
-
-__all__ = ["Global", "Record", "check_shape", "more"]

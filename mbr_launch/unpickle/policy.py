@@ -92,17 +92,14 @@ def setitems(target: dict[Any, Any], stack: list[Any], k: int, policy: PicklePol
     keys, values = stack[k::2], stack[k + 1::2]
     if len(keys) != len(values):
         raise PickleBroken("a key without its value")
-    kinds = set(map(type, keys))
-    if not kinds <= policy.keys:
-        raise PickleRefused(f"a dict key of type {next(t for t in kinds if t not in policy.keys).__name__} "
-                            f"({policy.keys_why})")
-    target.update(zip(keys, values))
+    target.update(zip(members(keys, policy, "a dict key", f" ({policy.keys_why})"), values))
 
 
-def members(items: list[Any], policy: PicklePolicy) -> list[Any]:
+def members(items: list[Any], policy: PicklePolicy, what: str = "a set member", why: str = "") -> list[Any]:
+    """``items``, each of a type the policy accepts as a dict key or set member (checked before any is hashed)."""
     kinds = set(map(type, items))
     if not kinds <= policy.keys:
-        raise PickleRefused(f"a set member of type {next(t for t in kinds if t not in policy.keys).__name__}")
+        raise PickleRefused(f"{what} of type {next(t for t in kinds if t not in policy.keys).__name__}{why}")
     return items
 
 
@@ -117,8 +114,3 @@ def take(data: bytes, start: int, n: int) -> bytes:
     if len(piece) != n:
         raise PickleBroken("cut short")
     return piece
-
-
-__all__ = ["BYTES_OPCODES", "DATA_OPCODES", "OBJECT_OPCODES", "SET_OPCODES", "STACK_OPCODES", "TEXT_OPCODES",
-           "PickleBroken", "PicklePolicy", "PickleRefused", "above", "bounded", "members", "pop_mark", "setitems",
-           "take", "target_of", "top"]

@@ -37,7 +37,7 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
            warn: Callable[[str], None] | None = None) -> list[RankEvidence]:
     """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
 
-    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.status.describe``), or how to get them: then
+    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.state.describe``), or how to get them: then
     they are read last, so a client that initialised again meanwhile (an in-process restart) is seen as
     watched. ``expired``: local rank -> the kind of deadline that passed. ``warn`` gets one line for each dump
     file that was there but could not be used, with the reason. Never raises for a rank.

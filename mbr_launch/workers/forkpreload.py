@@ -21,10 +21,10 @@ def import_once(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
     import importlib
     import warnings
 
-    from mbr_launch.shim import envwatch, handover
+    from mbr_launch.shim import envwatch
 
     if env is not None:
-        handover.replace_environ(env)  # the children replace it with their own; the imports read a standby's
+        envwatch.replace_environ(env)  # the children replace it with their own; the imports read a standby's
     for name in modules:
         reads: envwatch.Reads = {}
         written: dict[str, str | None] = {}

@@ -35,7 +35,7 @@ the module that defines them. Each sends the CHECKPOINT beat once its save has r
 its upload future has completed without an error); every rank saves its own shards, so every rank marks.
 ``torch.save`` calls made inside one of these (DCP writes some entries with it) mark nothing of their own.
 NVRx's asynchronous and local checkpoints, and Megatron-Core's asynchronous ones, mark when they are
-finalized (``ckpthooks``).
+finalized (``torchhooks``).
 
 Collectives: the Python-level c10d collectives (``torchhooks.COLLECTIVES``: all_reduce, all_gather, broadcast,
 barrier ...) are wrapped when ``torch.distributed.distributed_c10d`` is imported, before ``torch.distributed``
@@ -81,7 +81,7 @@ C10D = "torch.distributed.distributed_c10d"
 SERIALIZATION = "torch.serialization"
 DCP = "torch.distributed.checkpoint"
 FUNCTIONAL = "torch.distributed._functional_collectives"
-# NVRx's and Megatron-Core's checkpoint modules (ckpthooks: their asynchronous and local checkpoints)
+# NVRx's and Megatron-Core's checkpoint modules (torchhooks: their asynchronous and local checkpoints)
 CHECKPOINTERS = ("nvidia_resiliency_ext.checkpointing.async_ckpt.core",
                  "megatron.core.dist_checkpointing.strategies.async_utils",
                  "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager")

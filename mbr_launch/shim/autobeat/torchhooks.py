@@ -1,5 +1,17 @@
 """What autobeat does to torch's functions: the optimizer-step hook, and the wrappers of destroy_process_group,
-the c10d collectives, torch.save and torch.distributed.checkpoint's saves.
+the c10d collectives, torch.save and torch.distributed.checkpoint's saves; and of the checkpoints that
+``torch.save``'s own hook cannot see: NVRx's asynchronous and local checkpoints, and Megatron-Core's asynchronous
+ones (the same queue, vendored there).
+
+- Asynchronous (``AsyncCallsQueue``, NVRx's ``checkpointing.async_ckpt.core`` and Megatron-Core's
+  ``dist_checkpointing.strategies.async_utils``): the save runs in a forked or spawned process, which may not
+  carry our hooks at all, and the checkpoint counts only once the trainer has *finalized* it (its finalize
+  functions validated and published it). So the mark goes with ``maybe_finalize_async_calls`` returning a call
+  it finalized; ``close()`` finalizes through the same method.
+- Local (``BaseCheckpointManager.save``, NVRx's ``checkpointing.local``): it hands ``torch.save`` a
+  ``TensorAwareStateDict``, not a mapping, so the torch.save hook stays quiet; a synchronous save marks when it
+  returns (written, renamed, validated by its finalize function); an asynchronous one returns an
+  ``AsyncRequest`` whose finalization the queue's hook marks.
 
 Imported by the package (``mbr_launch.shim.autobeat``, whose docstring says what each wrapper sends and why)
 only once torch is being imported; it imports nothing of the package in turn. ``AT_EXEC``: what to do with a
@@ -13,9 +25,7 @@ from __future__ import annotations
 import functools
 import sys
 from collections.abc import Mapping
-from typing import Any
-
-from mbr_launch.shim.autobeat import ckpthooks
+from typing import Any, Callable
 
 # The modules hooked, by name: the package's finder waits for the same ones (``autobeat.HOOKED``; this module
 # does not import the package, which imports it).
@@ -24,6 +34,9 @@ C10D = "torch.distributed.distributed_c10d"
 SERIALIZATION = "torch.serialization"
 DCP = "torch.distributed.checkpoint"
 FUNCTIONAL = "torch.distributed._functional_collectives"
+NVRX_ASYNC = "nvidia_resiliency_ext.checkpointing.async_ckpt.core"
+MCORE_ASYNC = "megatron.core.dist_checkpointing.strategies.async_utils"
+NVRX_LOCAL = "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager"
 
 # The collectives counted towards the WORK mark, by their names in distributed_c10d (and torch.distributed).
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
@@ -46,6 +59,18 @@ collectives = 0  # collectives made by this process, counted up to WORK_COLLECTI
 _Beater = Any
 
 
+def _wrap(owner: Any, name: str, make: Callable[[Any], Callable[..., Any]]) -> Any:
+    """Replace ``owner.name`` by ``make(original)``, marked as ours; wrapped once, however often its module is
+    seen. The wrapper, or None where there is nothing (left) to wrap."""
+    original = getattr(owner, name, None)
+    if original is None or not callable(original) or getattr(original, "__mbr_autobeat__", False):
+        return None
+    wrapper = functools.wraps(original)(make(original))
+    wrapper.__mbr_autobeat__ = True  # type: ignore[attr-defined]
+    setattr(owner, name, wrapper)
+    return wrapper
+
+
 def register(module: Any, beater: _Beater) -> None:
     """torch.optim.optimizer: a beat after every optimizer step (the beater is the global post-step hook)."""
     add = getattr(module, "register_optimizer_step_post_hook", None)
@@ -59,23 +84,17 @@ def _hook_c10d(module: Any, beater: _Beater) -> None:
 
 
 def _wrap_destroy(module: Any, beater: _Beater) -> None:
-    original = getattr(module, "destroy_process_group", None)
-    if original is None or getattr(original, "__mbr_autobeat__", False):
-        return
+    def make(original: Any) -> Any:
+        def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+            beater.finished()
+            return original(*args, **kwargs)
+        return destroy_process_group
 
-    @functools.wraps(original)
-    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
-        beater.finished()
-        return original(*args, **kwargs)
-
-    destroy_process_group.__mbr_autobeat__ = True  # type: ignore[attr-defined]
-    module.destroy_process_group = destroy_process_group
+    _wrap(module, "destroy_process_group", make)
 
 
 def _count_collectives(original: Any, beater: _Beater) -> Any:
     """``original`` with the collective counter in front: a compare, and an add for the first calls only."""
-
-    @functools.wraps(original)
     def collective(*args: Any, **kwargs: Any) -> Any:
         global collectives
         if collectives < WORK_COLLECTIVES:
@@ -84,41 +103,29 @@ def _count_collectives(original: Any, beater: _Beater) -> Any:
                 beater.work()
         return original(*args, **kwargs)
 
-    collective.__mbr_autobeat__ = True  # type: ignore[attr-defined]
     return collective
 
 
-def _wrap_collectives(module: Any, beater: _Beater) -> dict[Any, Any]:
-    """Wrap ``COLLECTIVES`` in ``module`` (distributed_c10d); {original: wrapper} of those wrapped now."""
-    wrapped = {}
+def _wrap_collectives(module: Any, beater: _Beater) -> None:
+    """Wrap ``COLLECTIVES`` in ``module`` (distributed_c10d)."""
     for name in COLLECTIVES:
-        original = getattr(module, name, None)
-        if original is None or not callable(original) or getattr(original, "__mbr_autobeat__", False):
-            continue
-        wrapped[original] = wrapper = _count_collectives(original, beater)
-        setattr(module, name, wrapper)
-    return wrapped
+        _wrap(module, name, lambda original: _count_collectives(original, beater))
 
 
 def _wrap_save(module: Any, beater: _Beater) -> None:
-    original = getattr(module, "save", None)
-    if original is None or getattr(original, "__mbr_autobeat__", False):
-        return
+    def make(original: Any) -> Any:
+        def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
+            result = original(obj, *args, **kwargs)
+            # after the save returned: a save that raised is no checkpoint; one made by a DCP save is a part of it
+            if isinstance(obj, Mapping) and not beater.in_dcp_save():
+                beater.checkpoint()
+            return result
+        return save
 
-    @functools.wraps(original)
-    def save(obj: Any, *args: Any, **kwargs: Any) -> Any:
-        result = original(obj, *args, **kwargs)
-        # after the save returned: a save that raised is no checkpoint; one made by a DCP save is a part of it
-        if isinstance(obj, Mapping) and not beater.in_dcp_save():
-            beater.checkpoint()
-        return result
-
-    save.__mbr_autobeat__ = True  # type: ignore[attr-defined]
-    module.save = save
+    _wrap(module, "save", make)
 
 
 def _dcp_saver(original: Any, beater: _Beater, asynchronous: bool) -> Any:
-    @functools.wraps(original)
     def save(*args: Any, **kwargs: Any) -> Any:
         local = beater.saving
         local.depth = getattr(local, "depth", 0) + 1
@@ -132,7 +139,6 @@ def _dcp_saver(original: Any, beater: _Beater, asynchronous: bool) -> Any:
             beater.checkpoint()
         return result
 
-    save.__mbr_autobeat__ = True  # type: ignore[attr-defined]
     return save
 
 
@@ -162,11 +168,8 @@ def _wrap_dcp(package: Any, beater: _Beater) -> None:
     imports ``save`` from there)."""
     for names, asynchronous in ((DCP_SAVES, False), (DCP_ASYNC_SAVES, True)):
         for name in names:
-            original = getattr(package, name, None)
-            if original is None or not callable(original) or getattr(original, "__mbr_autobeat__", False):
-                continue
-            wrapper = _dcp_saver(original, beater, asynchronous)
-            setattr(package, name, wrapper)
+            wrapper = _wrap(package, name, lambda original: _dcp_saver(original, beater, asynchronous))
+            original = getattr(wrapper, "__wrapped__", None)
             home = sys.modules.get(getattr(original, "__module__", None) or "")
             if home is not None and home is not package and getattr(home, name, None) is original:
                 setattr(home, name, wrapper)
@@ -187,10 +190,37 @@ def _fix_remaps(functional: Any, beater: _Beater) -> None:
             remaps[wrapper] = remaps[original]
 
 
+def _mark_after(owner: Any, name: str, beater: _Beater, done: Callable[[Any], bool]) -> None:
+    """Wrap ``owner.name`` (a method) so that a call whose result ``done`` accepts marks a checkpoint; a call
+    that raises (a failed save) marks nothing."""
+    def make(original: Any) -> Any:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            result = original(*args, **kwargs)
+            if done(result):
+                beater.checkpoint()
+            return result
+        return wrapper
+
+    _wrap(owner, name, make)
+
+
+def wrap_async_queue(module: Any, beater: _Beater) -> None:
+    # the indices of the calls it finalized now: an empty list finalized nothing
+    _mark_after(getattr(module, "AsyncCallsQueue", None), "maybe_finalize_async_calls", beater, bool)
+
+
+def wrap_local_manager(module: Any, beater: _Beater) -> None:
+    # None: a synchronous save is done; an AsyncRequest is marked when the queue finalizes it
+    _mark_after(getattr(module, "BaseCheckpointManager", None), "save", beater, lambda request: request is None)
+
+
+# The checkpoint managers' hooks, the same whether their module executes now or was imported before us.
+CHECKPOINT_HOOKS = {NVRX_ASYNC: wrap_async_queue, MCORE_ASYNC: wrap_async_queue, NVRX_LOCAL: wrap_local_manager}
+
 # What the finder does once a module has executed (its names re-exported only later: ``torch.distributed``
 # star-imports c10d, ``torch`` imports ``save`` from torch.serialization, after these ran).
 AT_EXEC = {TARGET: register, C10D: _hook_c10d, SERIALIZATION: _wrap_save, DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps,
-           **ckpthooks.HOOKS}
+           **CHECKPOINT_HOOKS}
 
 
 def _reexport(module: Any, owner_name: str, names: tuple[str, ...], before: dict[str, Any]) -> None:
@@ -221,4 +251,4 @@ def _hook_imported_serialization(serialization: Any, beater: _Beater) -> None:
 
 # The same for a module that was imported before us, its re-exports included.
 IMPORTED = {TARGET: register, C10D: _hook_imported_c10d, SERIALIZATION: _hook_imported_serialization,
-            DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps, **ckpthooks.HOOKS}
+            DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps, **CHECKPOINT_HOOKS}
