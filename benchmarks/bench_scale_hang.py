@@ -142,6 +142,7 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
             rec["reason"] = h.first_failed(procs, f"round 0: {state}, {started} of {n} ranks started")
             return rec, hangs
         rec["started"] = max(t for t, _ in _ranks(ready, "ready", 0).values()) - t0
+        print(f"  launch {index + 1}: every rank started {rec['started']:.1f} s after the first agent", flush=True)
         for g, scenario in enumerate(plan):
             hang: dict = {"launch": index, "hang": g, "scenario": scenario, "agents": n, "ok": False, "reason": ""}
             hangs.append(hang)
