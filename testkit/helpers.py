@@ -75,21 +75,10 @@ def free_port() -> int:
 def listener(port: int, pids: list[int]) -> int | None:
     """Which of ``pids`` listens on TCP ``port`` on this machine (the agent hosting the rendezvous store, when
     agents start at once and any may); None: none of them, or /proc could not tell."""
-    inodes = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in list(f)[1:]]
-        except OSError:
-            continue
-        inodes |= {f"socket:[{r[9]}]" for r in rows if len(r) > 9 and r[3] == "0A" and r[1].endswith(f":{port:04X}")}
-    for pid in pids:
-        try:
-            if any(os.readlink(f"/proc/{pid}/fd/{fd}") in inodes for fd in os.listdir(f"/proc/{pid}/fd")):
-                return pid
-        except OSError:
-            continue
-    return None
+    from mbr_launch.cluster.listen import holds, listening_inodes
+
+    inodes = listening_inodes(port)
+    return next((pid for pid in pids if inodes and holds(pid, inodes)), None)
 
 
 def launcher_env(**extra: str) -> dict[str, str]:

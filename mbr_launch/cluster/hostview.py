@@ -8,14 +8,14 @@ the main loop's store silence and the store guard all read the same clock, so a 
 
 from __future__ import annotations
 
-import ipaddress
 import os
-import socket
 import threading
 import time
 from functools import lru_cache
 
 from mbr_launch import procstat
+from mbr_launch.cluster.listen import holds, listening_inodes
+from mbr_launch.cluster.torch_internals import matches_this_machine
 from mbr_launch.decide.liveness import Identity, OwnTime, Seen
 
 TICK = 0.25  # seconds between own-time ticks: small against any timeout, and 4 cheap wake-ups a second
@@ -58,56 +58,17 @@ def seen(identity: Identity | None, me: Identity | None) -> Seen:
     return Seen.ALIVE
 
 
-def _is_local(host: str) -> bool:
-    """Whether ``host`` names this machine: a loopback address, or one a socket here can bind to."""
-    try:
-        infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
-    except (OSError, UnicodeError):
-        return False
-    for family, _, _, _, addr in infos:
-        try:
-            if ipaddress.ip_address(addr[0]).is_loopback:
-                return True
-            with socket.socket(family, socket.SOCK_DGRAM) as probe:
-                probe.bind((addr[0], 0))
-            return True
-        except (OSError, ValueError):
-            continue
-    return False
-
-
-def _listening_inodes(port: int) -> set[str]:
-    inodes: set[str] = set()
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        try:
-            with open(table) as f:
-                rows = [line.split() for line in f.readlines()[1:]]
-        except OSError:
-            continue
-        # state 0A is LISTEN; the local address ends in the port, in hex
-        inodes |= {f"socket:[{r[9]}]" for r in rows if len(r) > 9 and r[3] == "0A" and r[1].endswith(f":{port:04X}")}
-    return inodes
-
-
 def listener(host: str, port: int) -> Identity | None:
     """The process of this machine that listens on ``host``:``port`` when ``host`` is this machine: the agent
     serving the rendezvous store, known here before the store could say who it is (256 agents starting on 16
     cores: a store starved for 17 s before its first answer was taken for lost). None where the address is
     another machine's or /proc does not tell. Reads every process's descriptors: called only once the store
     has been silent for its timeout."""
-    inodes = _listening_inodes(port) if port > 0 else set()
-    if not inodes or not _is_local(host):
+    inodes = listening_inodes(port) if port > 0 else set()
+    if not inodes or not matches_this_machine(host):
         return None
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
-            continue
-        try:
-            fds = os.listdir(f"/proc/{name}/fd")
-            if any(os.readlink(f"/proc/{name}/fd/{fd}") in inodes for fd in fds):
-                return _identity_of(int(name))
-        except OSError:
-            continue  # gone, or not ours to read
-    return None
+    return next((_identity_of(int(name)) for name in os.listdir("/proc") if name.isdigit() and holds(name, inodes)),
+                None)
 
 
 def _identity_of(pid: int) -> Identity | None:

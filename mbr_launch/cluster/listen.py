@@ -87,11 +87,11 @@ def close_fd(fd: int) -> None:
         pass
 
 
-def listens_here(port: int) -> bool:
-    """Whether this process holds a TCP socket listening on ``port`` (any address): the kernel's socket
-    tables (/proc/net/tcp, tcp6) give the listener's inode, this process's descriptors say whether it is
-    ours. Read directly: psutil's per-process connection list parses every socket of the host into objects,
-    which took an agent ~4% of its CPU at the end of a 32-agent run on 2 cores."""
+def listening_inodes(port: int) -> set[str]:
+    """The TCP sockets listening on ``port`` (any address) on this machine, as a descriptor's link names them
+    (``socket:[inode]``), from the kernel's socket tables (/proc/net/tcp, tcp6). Read directly: psutil's
+    per-process connection list parses every socket of the host into objects, which took an agent ~4% of its
+    CPU at the end of a 32-agent run on 2 cores."""
     wanted = f":{port:04X}"
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -105,16 +105,25 @@ def listens_here(port: int) -> bool:
                         inodes.add(f"socket:[{fields[9]}]")
         except OSError:
             continue
-    if not inodes:
-        return False
+    return inodes
+
+
+def holds(pid: int | str, inodes: set[str]) -> bool:
+    """Whether process ``pid`` ("self": this one) has one of ``inodes`` open (False where /proc does not tell)."""
     try:
-        fds = os.listdir("/proc/self/fd")
+        fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
         return False
     for fd in fds:
         try:
-            if os.readlink(f"/proc/self/fd/{fd}") in inodes:
+            if os.readlink(f"/proc/{pid}/fd/{fd}") in inodes:
                 return True
         except OSError:
             continue  # closed meanwhile (the listdir's own descriptor among them)
     return False
+
+
+def listens_here(port: int) -> bool:
+    """Whether this process holds a TCP socket listening on ``port`` (any address)."""
+    inodes = listening_inodes(port)
+    return bool(inodes) and holds("self", inodes)
