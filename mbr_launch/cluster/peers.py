@@ -33,23 +33,17 @@ from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grac
 
 # The store's host for the job (the same agent in every round of a c10d rendezvous): known from one round's
 # key, it is checked on this machine from the next round's first connection on.
-_STORE_HOSTS: dict[tuple[str, int], Identity] = {}
-
-
-_NOT_HERE: set[tuple[str, int]] = set()  # stores found served from another machine (not looked for again)
+# None: looked for on this machine and not found (not looked for again; the store's own key still names it).
+_STORE_HOSTS: dict[tuple[str, int], Identity | None] = {}
 
 
 def store_host(rnd: Round) -> Identity | None:
     """The agent serving ``rnd``'s store when it is known: named in the store by an earlier round's watch,
     else found listening on this machine (``hostview.listener``; once per store)."""
     key = (rnd.store_host, rnd.store_port)
-    if key not in _STORE_HOSTS and key not in _NOT_HERE:
-        found = hostview.listener(*key)
-        if found is None:
-            _NOT_HERE.add(key)
-        else:
-            _STORE_HOSTS[key] = found
-    return _STORE_HOSTS.get(key)
+    if key not in _STORE_HOSTS:
+        _STORE_HOSTS[key] = hostview.listener(*key)
+    return _STORE_HOSTS[key]
 
 
 def store_host_alive(rnd: Round) -> bool:
