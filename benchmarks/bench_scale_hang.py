@@ -103,6 +103,24 @@ def _events_between(d: Path, agent: int, start: float, end: float, limit: int = 
             if start <= h.parse_ts(e["ts"]) < end][:limit]
 
 
+def _phases(d: Path, n: int, t0: float) -> str:
+    """How far the launch got, from the agents' own events: per phase of round 0, how many agents reached it and
+    when the median and the last one did (seconds after the first agent was started)."""
+    seen: dict[str, list[float]] = {"start": [], "rendezvous": [], "worker_start": [], "first_step": []}
+    for i in range(n):
+        first: dict[str, float] = {}
+        for e in h.read_events(d / f"logs{i}"):
+            name = str(e.get("event"))
+            if name in seen and e.get("round", 0) == 0 and name not in first:
+                first[name] = h.parse_ts(e["ts"]) - t0
+        for name, t in first.items():
+            seen[name].append(t)
+    ready = sorted(t - t0 for t, _ in _ranks(d / "ready", "ready", 0).values())
+    parts = [f"{name} {len(ts)}/{n}" + (f" (median {sorted(ts)[len(ts) // 2]:.0f} s, last {max(ts):.0f} s)" if ts
+                                          else "") for name, ts in [*seen.items(), ("ready", ready)]]
+    return "; ".join(parts)
+
+
 def _num(value: float | None) -> str:
     return "-" if value is None else f"{value:.2f}"
 
@@ -124,14 +142,17 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
     try:
         t0 = time.time()
         for i in range(n):
-            head = [sys.executable, str(COUNTER), "mbr_launch"] if args.count_store else \
-                [sys.executable, "-m", "mbr_launch"] if args.mbr_path else [h.tool("mbr-launch")]
-            argv = [*head,
-                    "--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", str(k), "--rdzv-backend", "c10d",
-                    "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"h{port}", "--step-timeout",
-                    str(args.step_timeout), "--status", "off", "--standby", args.standby, "--skip-check", "all",
-                    "--log-dir", str(d / f"logs{i}"), str(WORKER), "--ready-file", str(ready),
-                    "--gen-file", str(gen_file), "--sleep-dir", str(sleep_dir), "--final", str(k)]
+            common = ["--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", str(k), "--rdzv-backend", "c10d",
+                      "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"h{port}"]
+            script = [str(WORKER), "--ready-file", str(ready), "--gen-file", str(gen_file), "--sleep-dir",
+                      str(sleep_dir), "--final", str(k)]
+            if args.launcher == "torchrun":  # the launch alone (--hangs 0): torchrun names no hang
+                argv = [sys.executable, "-m", "torch.distributed.run", *common, *script]
+            else:
+                head = [sys.executable, str(COUNTER), "mbr_launch"] if args.count_store else \
+                    [sys.executable, "-m", "mbr_launch"] if args.mbr_path else [h.tool("mbr-launch")]
+                argv = [*head, *common, "--step-timeout", str(args.step_timeout), "--status", "off", "--standby",
+                        args.standby, "--skip-check", "all", "--log-dir", str(d / f"logs{i}"), *script]
             agent_env = {**env, "MBR_STORECOUNT_DIR": str(d / "store" / f"agent{i}")} if args.count_store else env
             procs.append(h.Proc(argv, env=agent_env, out_dir=d, name=f"agent{i}"))
             if i == 0 and args.stagger:
@@ -140,9 +161,13 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
         if state != "ok":
             started = len(_ranks(ready, "ready", 0))
             rec["reason"] = h.first_failed(procs, f"round 0: {state}, {started} of {n} ranks started")
+            rec["phases"] = _phases(d, n, t0)
+            rec["reason"] += f"; phases: {rec['phases']}"
             return rec, hangs
         rec["started"] = max(t for t, _ in _ranks(ready, "ready", 0).values()) - t0
-        print(f"  launch {index + 1}: every rank started {rec['started']:.1f} s after the first agent", flush=True)
+        rec["phases"] = _phases(d, n, t0)
+        print(f"  launch {index + 1}: every rank started {rec['started']:.1f} s after the first agent; "
+              f"{rec['phases']}", flush=True)
         for g, scenario in enumerate(plan):
             hang: dict = {"launch": index, "hang": g, "scenario": scenario, "agents": n, "ok": False, "reason": ""}
             hangs.append(hang)
@@ -222,7 +247,7 @@ def render(launches: list[dict], hangs: list[dict], args: argparse.Namespace) ->
     started = h.summarize([r["started"] for r in launches if r.get("started") is not None])
     code = f"mbr_launch from {args.mbr_path}" if args.mbr_path else _code()
     start = "at once" if not args.stagger else f"agent 0 {args.stagger:g} s first"
-    lines = [f"## Issue #31: hangs among {args.agents} agents of one rank each", "",
+    lines = [f"## Issue #31: hangs among {args.agents} agents of one rank each ({args.launcher})", "",
              *h.machine_lines(gpu=False, mbr_code=code), f"- command: `{h.command_line()}`",
              f"- {len(launches)} launch(es) of {args.agents} agents (`--standby {args.standby}`, `--step-timeout "
              f"{args.step_timeout:g}`; started {start})"
@@ -259,6 +284,8 @@ def main() -> int:
     ap.add_argument("--deadline", type=float, default=240.0)
     ap.add_argument("--stagger", type=float, default=0.0, help="seconds between the first agent and the others "
                     "(0: all at once, as srun starts them)")
+    ap.add_argument("--launcher", default="mbr-launch", choices=("mbr-launch", "torchrun"),
+                    help="torchrun: the launch alone, to compare launch -> every rank started (needs --hangs 0)")
     ap.add_argument("--count-store", action="store_true")
     ap.add_argument("--mbr-path", type=Path, help="run mbr_launch from this directory (PYTHONPATH), e.g. a "
                     "`git archive REV mbr_launch` of the code before a change")
@@ -267,6 +294,8 @@ def main() -> int:
     ap.add_argument("--keep", action="store_true")
     args = ap.parse_args()
     scenarios = [s for s in args.scenarios.split(",") if s]
+    if args.launcher == "torchrun" and args.hangs:
+        ap.error("--launcher torchrun measures the launch alone: give --hangs 0")
     h.stop_on_sigterm()  # a killed bench still stops its agents (the finally below)
     root = work_dir("scale-hang")
     launches: list[dict] = []
