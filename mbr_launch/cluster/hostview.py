@@ -1,9 +1,7 @@
-"""What this machine tells of liveness (``decide.liveness`` judges it): this process's identity, whether a
-process another agent named is alive here, and this process's own time.
+"""What this machine tells of liveness (``decide.liveness`` judges it): identities, and own time.
 
-Own time is ticked by one daemon thread per process (``own_time`` starts it): the watchers of every round,
-the main loop's store silence and the store guard all read the same clock, so a process starved of CPU
-(or of the GIL) counts less silence everywhere at once.
+Own time is ticked by one daemon thread per process, read by every watcher, so a process starved of CPU
+counts less silence everywhere at once.
 """
 
 from __future__ import annotations
@@ -48,8 +46,7 @@ def _identity(pid: int) -> Identity | None:  # by pid: a forked child is another
 
 
 def seen(identity: Identity | None, me: Identity | None) -> Seen:
-    """ALIVE when ``identity`` is a process on this machine (same kernel and namespaces as ``me``) that is
-    running or sleeping; SILENT when it is stopped, gone, a zombie, another process with its pid, or not here."""
+    """ALIVE when ``identity`` is a running or sleeping process on this machine; else SILENT."""
     if identity is None or me is None or not me.same_machine(identity):
         return Seen.SILENT
     stat = procstat.read(identity.pid)
@@ -59,11 +56,8 @@ def seen(identity: Identity | None, me: Identity | None) -> Seen:
 
 
 def listener(host: str, port: int) -> Identity | None:
-    """The process of this machine that listens on ``host``:``port`` when ``host`` is this machine: the agent
-    serving the rendezvous store, known here before the store could say who it is (256 agents starting on 16
-    cores: a store starved for 17 s before its first answer was taken for lost). None where the address is
-    another machine's or /proc does not tell. Reads every process's descriptors: called only once the store
-    has been silent for its timeout."""
+    """The local process listening on ``host``:``port`` (the store's agent, known before the store answers);
+    None when not here. Reads every process's descriptors: call only after a silence."""
     inodes = listening_inodes(port) if port > 0 else set()
     if not inodes or not matches_this_machine(host):
         return None
@@ -102,7 +96,7 @@ _START = threading.Lock()
 
 
 def own_time() -> float:
-    """This process's own time (``decide.liveness.OwnTime``), on the ticking thread started at first use."""
+    """This process's own time (``decide.liveness.OwnTime``); starts the ticking thread at first use."""
     global _CLOCK
     if _CLOCK is None:
         with _START:

@@ -1,12 +1,7 @@
 """How far a rendezvous that this node waits in has come: how many nodes have joined so far.
 
-torch has no public call for this (``num_nodes_waiting`` counts only the nodes queued behind a running
-round). The c10d backend keeps the whole rendezvous state under one store key, ``torch.rendezvous.<run_id>``
-(unchanged since torch 1.9), and its ``get_state()`` hands back torch's pickled state, whose participants,
-wait list and completion are what torch itself reads to form a round (decoded in ``cluster.torch_internals``:
-the ``state_reads`` patch). We read it on our own client connection: the handler's belongs to the main thread,
-blocked inside torch's ``next_rendezvous`` while we count. Anything unexpected reads as "unknown", never as an
-error: this is a progress line.
+torch has no public call for this; we read its pickled state (``torch_internals.decode_state``). Anything
+unexpected reads as "unknown", never as an error: this is a progress line.
 """
 
 from __future__ import annotations
@@ -29,25 +24,20 @@ class JoinState:
 
     @property
     def outside(self) -> int:
-        """Nodes waiting outside the current round: the wait list and the spares."""
         return self.waiting + self.spares
 
 
 def join_state(view: torch_internals.StateView) -> JoinState:
-    """The counts of torch's state (as ``torch_internals`` reads it)."""
     return JoinState(joined=len(view.members), waiting=len(view.waiting), complete=view.complete,
                      spares=len(view.spares), members=view.members,
                      outsiders=tuple(sorted((*view.waiting, *view.spares))))
 
 
 class JoinCounter:
-    """Reads the join state of a c10d rendezvous; ``read()`` is None while unknown (not created yet, another
-    backend, the store not reachable). Call from one thread only (it holds one store connection).
+    """Reads the join state of a c10d rendezvous; ``read()`` is None while unknown. One thread only.
 
-    ``shared``: read through the handler's own store client instead of a connection of our own: for the agent's
-    main thread, whose reads sit on the restart's path, where a new connection to a store host under load can
-    cost seconds of torch's connect back-off (seen: 5 s with 32 agents on 2 cores). torch's client serialises
-    each operation, so a read between the keep-alive thread's writes is safe; it never takes the handler's lock.
+    ``shared``: read on the handler's own client (safe: torch's client serialises operations), sparing the
+    main thread a new connection and torch's connect back-off on the restart's path.
     """
 
     def __init__(self, handler: Callable[[], Any], sealer: Sealer, *, timeout: float = 2.0,

@@ -1,16 +1,8 @@
-"""A join that learns of its round's completion at once, not at its next poll.
+"""A join that learns of its round's completion at once, not at its next one-second poll.
 
-While an agent waits in torch's c10d join it re-reads the rendezvous state once a second (``_delay(seconds=1)``).
-The last agent to arrive completes the round; every other agent notices at its next read, and every agent but
-group rank 0 then waits for rank 0's master address, which rank 0 writes only once it has noticed too: a round
-formed up to a second after its last member arrived.
-
-Here the agent whose write of the completed state went through also sets a key for that round, and a waiting
-join's one-second pause is a ``wait`` for that key, on an idle connection of the agent's pool (never on the
-handler's own client: a blocking wait there would hold up torch's keep-alive). A woken pause also marks torch's
-state cache stale (it serves a read within a second of the last from it), and a round's key ends at most one
-pause. Where no key comes (an older mbr-launch, a torch without these internals) or no idle connection is
-there, the pause is torch's own second.
+The agent that completes the round sets a key for it; a waiting join's pause is a ``wait`` for that key on an
+idle pooled connection (never the handler's: that would hold up the keep-alive), and a woken pause marks
+torch's state cache stale. Without a key or an idle connection, the pause is torch's own second.
 """
 
 from __future__ import annotations
@@ -25,9 +17,8 @@ from mbr_launch.cluster import storeclients, torch_internals
 from mbr_launch.cluster.torch_internals import Patch
 
 PAUSE = 1.0  # torch's pause between two reads of the state while it waits in a join
-# A wait inside torch's C++ client holds off this thread's signal handlers until it returns: waits of at most
-# STEP keep a Ctrl-C in the join prompt (a whole second let the stuck-signal watchdog, agent/stuck.py, end the
-# agent too, and the signal and the end were recorded twice).
+# A wait inside torch's C++ client holds off this thread's signal handlers until it returns: short waits keep a
+# Ctrl-C prompt (a whole second let the stuck-signal watchdog end the agent too).
 STEP = 0.25
 _local = threading.local()
 _torch_delay: Callable[..., None] | None = None
@@ -96,8 +87,7 @@ def _delay(seconds: float | tuple[float, float]) -> None:
 
 
 def install(handler: Any, *, host: str, port: int, prefix: str) -> tuple[Patch, JoinWake | None]:
-    """Wake ``handler``'s joins at their round's completion. The record says whether it took; where torch's
-    internals are not as expected there is no wake (None) and the joins poll as torch's do."""
+    """Wake ``handler``'s joins at their round's completion; no wake (None) where the patch did not take."""
     global _torch_delay
     patch = torch_internals.JOIN_WAKE.check(handler)
     if not patch.installed:

@@ -1,19 +1,9 @@
 """Noticing peers that vanish, within a bounded window, instead of waiting for NCCL (pytorch#111646).
 
-Each agent writes a beat (``decide.liveness.Beat``: a count and its process identity) into the round's control
-keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's: O(N) store traffic
-per interval, not O(N^2). The agent that hosts the store also writes its identity under ``STORE_HOST_KEY``.
-Silence is judged by ``decide.liveness``: on this process's own time, never while the silent process is seen
-alive on this machine, with a grace that grows with the store's answer times.
-
-A store call on a connection whose packets are dropped never returns (torch's client does not time out), so
-a lost store cannot be judged from this thread: it records when the store last answered, and the agent's loop
-asks ``store_silence`` every turn. The same thread asks the rendezvous whether nodes wait to join
-(``membership``), so that no blocking store call happens in the agent's main loop.
-
-A node that leaves the round (``cluster.departures``) names itself in the round's ``left`` key, which every
-watch reads with its beats: it is not watched from then on, and when it was the watching node, the lowest
-group rank still in the round takes that part, the question of waiting nodes with it.
+Each agent beats into the round's control keys; the lowest group rank still in the round watches every peer,
+the others watch it (O(N) traffic). Silence is judged by ``decide.liveness``. A store call on a dropped
+connection never returns, so this thread only records when the store last answered and the agent's loop asks
+``store_silence``. The same thread asks whether nodes wait to join, keeping store calls off the main loop.
 """
 
 from __future__ import annotations
@@ -31,15 +21,13 @@ from mbr_launch.cluster.round import Round
 from mbr_launch.decide import liveness
 from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grace
 
-# The store's host for the job (the same agent in every round of a c10d rendezvous): known from one round's
-# key, it is checked on this machine from the next round's first connection on.
-# None: looked for on this machine and not found (not looked for again; the store's own key still names it).
+# The store's host for the job (the same agent in every round), kept across rounds. None: looked for on this
+# machine and not found (not looked for again; the store's own key still names it).
 _STORE_HOSTS: dict[tuple[str, int], Identity | None] = {}
 
 
 def store_host(rnd: Round) -> Identity | None:
-    """The agent serving ``rnd``'s store when it is known: named in the store by an earlier round's watch,
-    else found listening on this machine (``hostview.listener``; once per store)."""
+    """The agent serving ``rnd``'s store when known (from an earlier round's key, or found listening here)."""
     key = (rnd.store_host, rnd.store_port)
     if key not in _STORE_HOSTS:
         _STORE_HOSTS[key] = hostview.listener(*key)
@@ -47,8 +35,7 @@ def store_host(rnd: Round) -> Identity | None:
 
 
 def store_host_alive(rnd: Round) -> bool:
-    """Whether the agent serving ``rnd``'s store runs on this machine, neither stopped nor gone (a slow store
-    call there is starved, never cut off)."""
+    """Whether the agent serving ``rnd``'s store runs on this machine (then a slow call is starved, not cut off)."""
     return hostview.seen(store_host(rnd), hostview.my_identity()) is Seen.ALIVE
 
 
@@ -65,8 +52,7 @@ class PeerLost:
 
 @dataclass(frozen=True)
 class PeersLeft:
-    """Nodes of the round left it (stopped by a signal that did not reach the whole job): the round goes on
-    without them, as ``decide.leaving`` decided on the node that left."""
+    """Nodes left the round (a signal that did not reach the whole job); it goes on without them."""
 
     group_ranks: tuple[int, ...]
 
@@ -127,8 +113,7 @@ class PeerWatch:
         return silent if silent >= grace(self._timeout, self._slowest.at(self._clock())) else None
 
     def store_silence(self) -> float | None:
-        """For the agent's loop: the store's silence once it is a verdict (None while it is not, and when there
-        is nothing to watch)."""
+        """For the agent's loop: the store's silence once it is a verdict (None also when nothing is watched)."""
         return self._store_silence() if self._thread.is_alive() else None
 
     def cancel(self) -> None:
@@ -153,9 +138,8 @@ class PeerWatch:
                                 f"for {silent:.1f} s: {type(err).__name__}: {err}"))
 
     def _connect(self) -> Any:
-        """A control connection, retried until the store has been unreachable for its grace: a store host
-        that is slow to accept (many agents connecting at once on a loaded machine reset or time out some
-        connections) is not a lost store."""
+        """A control connection, retried until the store has been unreachable for its grace (a host slow to
+        accept is not a lost store)."""
         while not self._stop.is_set():
             try:
                 store = self._round.connect_control(timeout=max(1.0, self._timeout))
@@ -185,8 +169,8 @@ class PeerWatch:
         return result
 
     def _start(self, store: Any, keys: list[str]) -> bool:
-        """Name this agent (and the store's host) and make every key read later exist, so that multi_get never
-        blocks on a late peer. False when the store did not answer."""
+        """Name this agent (and the store's host) and create every key read later, so multi_get never blocks on
+        a late peer. False when the store did not answer."""
         try:
             self._call(lambda: store.set(beat_key(self._round.group_rank), Beat(0, self._me).encode()))
             if self._hosting and self._me is not None:

@@ -1,13 +1,7 @@
 """The fresh MASTER_PORT each round's workers get, with the two ports above it free as well.
 
-NVRx in-process restart derives two more stores from ``MASTER_PORT``: the application's TCPStore on
-``MASTER_PORT + 1`` and the ``inprocess.Wrapper``'s own on ``MASTER_PORT + 2``. The convention is the
-callers': NVRx 0.4.1's ``inprocess/store.py`` (``TCPStore.__init__``) reads ``MASTER_PORT`` as it is, and
-``examples/fault_tolerance/in_job_and_in_process_example.py`` passes ``store_kwargs={'port': MASTER_PORT + 2}``
-to the Wrapper (lines 196-206, with the comment naming all three ports) and opens the application store on
-``MASTER_PORT + 1`` (lines 348-352); Megatron-LM's ``megatron/training/inprocess_restart.py`` does the same.
-A port picked with only itself free can leave either of those taken, and the wrapped job then fails at
-start with EADDRINUSE on one rank. So a candidate counts only when all ``SPAN`` ports bind.
+NVRx in-process restart puts the application's store on ``MASTER_PORT + 1`` and its wrapper's on ``+ 2`` (NVRx's
+and Megatron-LM's examples), and a taken one fails the job at start (docs/in-process-restart.md).
 """
 
 from __future__ import annotations

@@ -1,12 +1,8 @@
-"""torch's c10d rendezvous handler over a TCPStore whose listening socket is ours.
+"""torch's c10d rendezvous handler over a TCPStore whose listening socket is ours (``cluster.listen``).
 
-torch's registry makes the store itself (``c10d_rendezvous_backend._create_tcp_store``): the first agent on
-the endpoint's machine tries to host it and becomes a client when the port is taken. The same rules here,
-with one difference: the host's listening socket comes from ``cluster.listen`` (IPv4 where the endpoint
-is IPv4 only), so the store's server thread does not stop for a DNS lookup of every agent that connects.
-The handler and backend are torch's own (``DynamicRendezvousHandler``, ``C10dRendezvousBackend``),
-unchanged. A ``store_type=file`` rendezvous, or a torch without ``master_listen_fd`` or torch's private
-hostname test (``cluster.torch_internals``: the ``store_socket`` patch), goes through torch's registry unchanged.
+The same hosting rules as torch's registry (the first agent on the endpoint's machine hosts, the others
+connect), and torch's own handler and backend. A file store, or a torch without ``master_listen_fd``, goes
+through torch's registry unchanged.
 """
 
 from __future__ import annotations
@@ -26,9 +22,8 @@ from mbr_launch.config.build import C10D_PORT
 
 def create_handler(params: RendezvousParameters,
                    sealer: Sealer | None = None) -> tuple[RendezvousHandler | None, Patch]:
-    """torch's c10d handler for ``params`` over our store, or None where torch's registry should make it; and
-    the ``store_socket`` record: whether our own socket serves the store. ``sealer``: the job's, which seals
-    torch's state (None: no secret)."""
+    """torch's c10d handler over our store, or None where torch's registry should make it; and the
+    ``store_socket`` record."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
         return None, torch_internals.STORE_SOCKET.refused("store_type is not tcp: torch's registry makes the store")
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
@@ -43,8 +38,8 @@ def create_handler(params: RendezvousParameters,
 
 
 def make_store(params: RendezvousParameters) -> TCPStore | None:
-    """The rendezvous store: served by this process when it is the endpoint's host and the port is free,
-    else a client of whoever serves it. None when this torch cannot take a listening socket."""
+    """The rendezvous store, served here when this is the endpoint's host and the port is free, else a client;
+    None when this torch cannot take a listening socket."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_PORT)

@@ -1,16 +1,8 @@
 """Rendezvous through torch's own elastic machinery, with fresh state every round.
 
-torchrun shares the rendezvous TCPStore with the workers and reuses its port across restart rounds, so a
-restarted round can read the previous round's keys and fail in ``init_process_group`` (pytorch#135712).
-Here every round gets:
-- torch's round-prefixed store (c10d) or an attempt-prefixed one (static) for agent coordination;
-- a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
-  with MASTER_PORT+1 and +2 free too for NVRx in-process restart (``cluster.ports``); static: the static store,
-  cleared of the previous round's worker keys, as torchrun's MASTER_PORT (``cluster.workerstore``);
-- a rank layout agreed through that round store (nodes may run different numbers of workers).
-
-The agent's cross-node control messages (``stop``, ``done``: ``cluster.stops``) live under keys of the round, so
-a late message from an old round can never be read by a new one.
+torchrun reuses the store and its port across rounds, so a restarted round can read the previous round's keys
+(pytorch#135712). Here every round gets a prefixed store for the agents, a fresh MASTER_PORT for the workers
+(static: the cleared static store, ``cluster.workerstore``), an agreed rank layout, and control keys of its own.
 """
 
 from __future__ import annotations
@@ -45,8 +37,7 @@ from mbr_launch.config.model import LaunchConfig
 
 
 # Connections opened for the pool while the agent joins: the join progress line's and the first round's stop
-# listener's (the one a restart waits on). Each new connection costs a reverse lookup in torch's client; more
-# of them in the launch's burst made the 32-agent launch slower (31.5-31.8 s without, 36.8 s with 5).
+# listener's. Each costs a reverse lookup in torch's client: more made the launch burst slower.
 WATCHER_CONNECTIONS = 2
 
 
@@ -121,9 +112,8 @@ class Rendezvous:
                 shrink.install(handler, active=lambda: self._joined > 0),  # a failure round: no last call for nobody
                 eventnames.install(),  # torch's event names without inspect.stack (most of a crowded join's CPU)
             ]
-            # torch's own immediate retry after a lost write of its state is kept: it retries with the state the
-            # lost compare-and-set brought back (a random pause there left that state stale, and a joiner lost
-            # to the others' keep-alives every time: 127 of 128 agents joined on 16 cores).
+            # torch's immediate retry after a lost write of its state is kept on purpose: a random pause there
+            # left the state stale, and a joiner lost to the others' keep-alives every time.
         return handler
 
     @property
@@ -146,22 +136,19 @@ class Rendezvous:
         return patch
 
     def existing_handler(self) -> RendezvousHandler | None:
-        """torch's handler once the first join has made it, else None (never makes one: for the join's
-        progress thread, while the joining thread may be making it)."""
+        """torch's handler once the first join has made it, else None (never makes one: for other threads)."""
         return self._handler
 
     @property
     def patches(self) -> tuple[Patch, ...]:
-        """The patches of torch's c10d handler (``cluster.torch_internals``), as each took: empty before the
-        first join and for the static backend."""
+        """The patches of torch's c10d handler, as each took (none before the first join, nor for static)."""
         return tuple(self._patches)
 
     # -- rounds -----------------------------------------------------------------------------------
 
     def next_round(self, previous: Round | None = None, skip_fast: str | None = None) -> Round:
-        """The next round. ``previous``: the round that just ended with a job-wide restart; its agents then
-        try the fast path first (``cluster.fastround``) unless ``skip_fast`` says why this agent cannot (every
-        agent of that round then falls back to the c10d join with it)."""
+        """The next round. After a job-wide restart of ``previous`` its agents try ``cluster.fastround`` first,
+        unless ``skip_fast`` says why this agent cannot (then all fall back to the c10d join)."""
         fallback = None
         if previous is not None and self._cfg.rendezvous.backend == "c10d":
             outcome = self._try_fast(previous, skip_fast)
@@ -274,11 +261,10 @@ class Rendezvous:
         return self._counts(rnd.store)
 
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
-        """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
-        this round spends it (several nodes may see the same failure). Returns the total restarts."""
+        """Spend one restart of the job-wide budget (``once_per_round``: only the round's first reporter does);
+        returns the total restarts."""
         if once_per_round:
-            # A value of this call's own: with the same value for every reporter (sealed alike with a secret)
-            # each would read its own write back as the first (128 agents on 16 cores: one hang spent 7 restarts).
+            # A value of this call's own: with one value for all, each would read its own write back as the first.
             mine = uuid.uuid4().hex
             first, _ = JobStore.of_round(rnd).claim(FAILED_KEY, mine)
             if not first:
@@ -290,11 +276,8 @@ class Rendezvous:
         return self._counters(rnd.store).add(node_failures_key(node), 1)
 
     def leave(self) -> str | None:
-        """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,
-        None when it left (or had not joined).
-
-        torch has no public call for this (``torch_internals.leave``: the exit operation ``next_rendezvous``
-        runs first). Where it fails, our keep-alive expires and the others drop us."""
+        """Leave the rendezvous without closing it for the others; returns why it could not, None when it left.
+        Where it fails, our keep-alive expires and the others drop us."""
         handler = self._handler
         if handler is None:
             return None
@@ -303,12 +286,8 @@ class Rendezvous:
         return why
 
     def spare_count(self) -> int:
-        """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX.
-
-        Read from torch's state key through the handler's store client (``cluster.joining``), not through the
-        handler's methods: they take its heartbeat lock, which torch's keep-alive thread holds through its whole
-        contended write (a failure's facts waited 5 s for it, 16 agents on 2 cores). Only when that read fails
-        does this fall back to the handler's own state."""
+        """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX. Read from
+        torch's state key, not the handler's methods: they take the lock its keep-alive holds through a write."""
         state = self.state()  # None also while there is no handler yet
         if state is not None:
             return state.outside
@@ -319,15 +298,13 @@ class Rendezvous:
             return self.num_nodes_waiting()
 
     def state(self) -> JoinState | None:
-        """torch's view of the rendezvous now (the round's members with their group ranks, the nodes waiting
-        outside it), read as ``spare_count`` reads it; None when unknown (another backend, no handler yet)."""
+        """torch's view of the rendezvous now; None when unknown (another backend, no handler yet)."""
         if self._state_reader is None:
             self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
         return self._state_reader.read()
 
     def job_get(self, key: str) -> bytes | None:
-        """A key of the job store read without a round (an agent that waited outside every round, after the
-        job closed); None when it is not there or the store cannot be reached."""
+        """A key of the job store read without a round (a spare, after the job closed); None when unknown."""
         store = torch_internals.handler_store(self._handler)
         if store is None:
             return None
@@ -344,9 +321,7 @@ class Rendezvous:
             return 0
 
     def waiting_counter(self) -> Callable[[], int]:
-        """``num_nodes_waiting`` for another thread (the peer watch): on a connection of its own, made once for
-        every round's peer watch, and without the handler's heartbeat lock (see ``spare_count``); the handler's
-        count when that read fails."""
+        """``num_nodes_waiting`` for the peer watch: on a connection of its own, without the handler's lock."""
         if self._waiting_reader is None:
             self._waiting_reader = JoinCounter(lambda: self._handler, self.sealer)
         reader = self._waiting_reader
@@ -358,9 +333,8 @@ class Rendezvous:
         return count
 
     def shutdown(self, *, linger: float = 0.0) -> None:
-        """Close the rendezvous for every node. ``linger`` (given by the store's host): when agents wait
-        outside the round, return only after that long, so that they read "closed" (they poll about once a
-        second) instead of finding the store gone with this process."""
+        """Close the rendezvous for every node. ``linger``: when agents wait outside, stay that long so they
+        read "closed" rather than find the store gone."""
         if self._handler is None:
             return
         waiting = self.spare_count() if linger > 0 else 0

@@ -1,14 +1,8 @@
 """torch's own rendezvous state, sealed with the job's secret before torch unpickles it.
 
-torch's c10d backend keeps the rendezvous state in the store as a base64 pickle that every agent loads: a
-process that can write the key can make every agent run code of its choice (shown under torchrun and under
-mbr-launch alike). This backend wraps torch's: what torch hands it to store is sealed (``cluster.storevalue``),
-what it reads back is verified before torch sees it, and a value without the job's seal never reaches
-``pickle.loads``. Without a secret it passes everything through.
-
-A forged state is not an error that ends the agent (one write would then stop the job): torch is handed the
-last authentic state this backend saw (or an empty one) with the forged value's token, so torch's next write,
-a keep-alive or a join, replaces the forgery through its own compare-and-set.
+torch keeps the state as a pickle every agent loads: whoever writes the key runs code on every agent. A forged
+state is not an error (one write would stop the job): torch gets the last authentic state with the forgery's
+token, so its next compare-and-set replaces the forgery. Without a secret everything passes through.
 """
 
 from __future__ import annotations
@@ -59,8 +53,7 @@ class SealedBackend(RendezvousBackend):
 
 
 def backend(store: Any, run_id: str, sealer: Sealer) -> RendezvousBackend:
-    """torch's c10d backend over ``store``, sealed when the job (``sealer``) has a secret (torch's own, unwrapped,
-    without)."""
+    """torch's c10d backend over ``store``, sealed when the job has a secret."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     inner = C10dRendezvousBackend(store, run_id)

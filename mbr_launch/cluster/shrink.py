@@ -1,17 +1,9 @@
-"""Closing a failure round as soon as every node that announced itself has joined (issue #18).
+"""Closing a failure round as soon as every node that announced itself has joined.
 
-torch's c10d rendezvous opens a round's "last call" when ``--nnodes MIN`` nodes have joined and then waits
-``last_call_timeout`` (30 s by default) for more. At launch that is useful: the job's nodes start at different
-times. In a round that follows a failure it is dead time: every node still alive is already in the rendezvous
-state (in the wait list, or as a spare), because the new round cannot begin before every participant of the
-failed one has left it (or was dropped for a missed keep-alive).
-
-``torch_internals.close_joins_early`` wraps the handler's operation executor so that, in a round this agent
-joins after its first, the join closes the round once (``may_close``): it is a participant, at least MIN nodes
-are in, nobody is in the wait list or the redundancy list (spares and announced joiners are still waited for),
-and ``SETTLE`` seconds have passed since MIN was reached (a spare moves from the redundancy list to the
-participants in two writes; the pause covers that gap). Everything else is torch's own join; without torch's
-private classes nothing is wrapped, torch's own last call applies, and the record says so.
+torch's last call (30 s for more nodes once MIN joined) is dead time after a failure: every live node is
+already in the rendezvous state. So a join after this agent's first closes the round once ``may_close``:
+it is a participant, MIN nodes are in, no one waits or spares, and ``SETTLE`` has passed (a spare's move to
+the participants takes two writes).
 """
 
 from __future__ import annotations
@@ -26,8 +18,7 @@ SETTLE = 1.0  # seconds after MIN nodes joined before a failure round may close 
 
 
 def install(handler: Any, *, active: Callable[[], bool]) -> Patch:
-    """Wrap ``handler``'s join so that failure rounds close early; ``active()`` is asked at each join (True
-    in rounds after this agent's first). The record says whether it took."""
+    """Wrap ``handler``'s join so that failure rounds close early (``active()``: asked at each join)."""
     return torch_internals.close_joins_early(handler, active=active, may_close=may_close)
 
 

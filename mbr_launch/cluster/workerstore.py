@@ -1,24 +1,12 @@
 """The workers' store of one round, served by group rank 0's agent on the round's fresh MASTER_PORT.
 
-When global rank 0 serves it itself (``TORCHELASTIC_USE_AGENT_STORE=False``), every other rank that starts
-first meets a closed port, and torch's store client then backs off for about a second before it tries again
-(0.75 s for a server 50 ms late; 2.4 s under load): most of a restart with warm standbys. torchrun hands the
-workers its own rendezvous store instead, which outlives rounds and breaks restarts (pytorch#135712). Here the
-agent starts a new, empty store for every round before it starts the workers (every rank is a client), and
-drops it when the next round begins: no key of an earlier round can be read. Its listening socket is ours,
-listening before torch's server gets it (``master_listen_fd``; ``cluster.listen``), and torch's constructor
-runs in a thread (``ServedStore``): ranks that connect early wait in the kernel's queue, not in a back-off.
+A new, empty store every round, listening (our socket) before the workers start: a rank served by global
+rank 0 itself meets a closed port and torch's client backs off about a second; torchrun's shared store
+breaks restarts (pytorch#135712).
 
-A static rendezvous (``--master-addr``/``--master-port``, or ``--rdzv-backend static`` with an endpoint) is
-different: torchrun gives its workers that endpoint as ``MASTER_ADDR:MASTER_PORT``, and torch 2.14 makes rank 0
-listen on a ``tcp://`` init at the static port with another ``MASTER_PORT`` (EADDRINUSE on the agent's port;
-``torch.distributed.rendezvous._agent_store_serves``). So there the static store is the workers' store, as
-under torchrun (``round_port``). torchrun leaves every attempt's worker keys in it, so a restarted attempt may
-read gloo's rank addresses of the dead one and retry them until its init times out (pytorch#135712; under
-torchrun 2.13, 5 of 6 runs with one failure did not restart cleanly). Here group rank 0's agent deletes every
-key the workers wrote before the next round's workers start: every node has stopped its workers by then, and
-none has started new ones (they wait for the layout group rank 0 publishes after this). The agents' own keys
-lie under ``mbr/``, torch's static handler's ``<run id>/`` and ``torch.rendezvous.<run id>``.
+A static rendezvous keeps the static store as the workers' store, as torchrun does (torch makes rank 0 listen
+on the static port otherwise), so group rank 0's agent deletes the workers' keys between rounds, while every
+node's workers are stopped (``round_port``): a restarted attempt would read the dead one's gloo addresses.
 """
 
 from __future__ import annotations
@@ -31,9 +19,8 @@ from mbr_launch.cluster import listen
 
 
 class ServedStore:
-    """The round's worker store, made in a thread of its own: torch's constructor (5 to 10 s for group rank 0's
-    agent of 32 on 2 cores) does not hold up the start of this node's ranks, which the kernel queues meanwhile.
-    Dropping the handle drops the store (one still being made, when its thread ends)."""
+    """The round's worker store, made in a thread so torch's slow constructor does not hold up this node's
+    ranks (the kernel queues them). Dropping the handle drops the store."""
 
     def __init__(self, host: str, port: int, fd: int, timeout: datetime.timedelta) -> None:
         self.store: Any = None
@@ -63,8 +50,7 @@ class ServedStore:
 
 
 def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore | None:
-    """A store for the round's workers on ``port``, served by this agent; None when the port cannot be bound
-    (the workers then make it themselves: global rank 0 serves it)."""
+    """A store for the round's workers on ``port``, served by this agent; None when the port cannot be bound."""
     try:
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:
@@ -86,22 +72,19 @@ class NotClearable(RuntimeError):
 
 
 def static_addr(endpoint: str) -> str:
-    """The workers' MASTER_ADDR for a static rendezvous: the endpoint's host as given, as torchrun passes it
-    (torch 2.14 compares it with the init method's host as text)."""
+    """The workers' MASTER_ADDR for a static rendezvous: the endpoint's host as given (torch compares text)."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     return parse_rendezvous_endpoint(endpoint, default_port=-1)[0]
 
 
 def agent_prefixes(run_id: str) -> tuple[str, ...]:
-    """Key prefixes of the agents on the static store: ours, torch's static handler's (its run id), and the
-    c10d state key that the agent's readers of torch's rendezvous state (``cluster.joining``) leave there."""
+    """Key prefixes of the agents on the static store: ours, torch's static handler's, torch's state key."""
     return AGENT_PREFIX, f"{run_id}/", f"torch.rendezvous.{run_id}"
 
 
 def clear_worker_keys(store: Any, keep: tuple[str, ...]) -> int:
-    """Delete every key of ``store`` (the raw TCPStore, no prefix) that starts with none of ``keep``; returns
-    how many were deleted."""
+    """Delete every key of the raw ``store`` that starts with none of ``keep``; returns how many."""
     try:
         keys = store.list_keys()
     except (AttributeError, RuntimeError) as err:  # RuntimeError: a store type that does not list (torch says so)
@@ -115,7 +98,6 @@ def clear_worker_keys(store: Any, keep: tuple[str, ...]) -> int:
 
 
 def round_port(store: Any, run_id: str) -> int:
-    """Group rank 0's MASTER_PORT for a round on the static store ``store`` (raw): its own port, once the
-    previous round's worker keys are gone."""
+    """Group rank 0's MASTER_PORT on the static store: its own port, once the previous workers' keys are gone."""
     clear_worker_keys(store, agent_prefixes(run_id))
     return int(store.port)
