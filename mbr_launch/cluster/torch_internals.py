@@ -1,22 +1,10 @@
 """The one place where mbr-launch touches torch's private rendezvous internals.
 
-torch's elastic rendezvous (``torch.distributed.elastic.rendezvous.dynamic_rendezvous``) has no public hook for
-what the restart speed-ups need: the handler's store, its state holder and operation executor, the module's
-pause and event-name helpers, the pickled state's fields. Every use of them is here, as a *patch*: a named
-speed-up that needs some private parts. A torch that renamed or dropped one of those parts does not break a
-launch: that patch does not install and torch's own behaviour stands. But only a benchmark would notice the
-restarts getting slower, so it is never hidden: every install returns a ``Patch`` record (whether it took, and
-why not); ``status()`` tells which patches install on the torch in use (on a throwaway handler over an
-in-memory store); the agent says one line at start-up when any does not (``lost_line``), and ``mbr-launch
-doctor`` checks it.
-
-The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their
-users: ``event_names``: ``cluster.eventnames``; ``join_wake``: ``cluster.joinwake``; ``early_close``:
-``cluster.shrink``; ``leave``: ``Rendezvous.leave``; ``state_reads``: ``cluster.joining``,
-``Rendezvous.spare_count``; ``store_address``: ``Rendezvous.handler``, ``job_get``; ``store_socket``:
-``cluster.rdzvstore``.
-
-torch is imported inside the functions only: the doctor imports this module without it.
+torch's dynamic rendezvous has no public hook for what the restart speed-ups need. Each use is a *patch*
+(``PATCHES``; ``_<name>_missing`` lists the private parts it reads). On a torch lacking a part, that patch
+does not install and torch's behaviour stands, never silently: each install returns a ``Patch`` record,
+``status()`` checks them on a throwaway handler, the agent says ``lost_line`` at start-up and the doctor
+checks. torch is imported inside the functions only: the doctor imports this module without it.
 """
 
 from __future__ import annotations
@@ -33,7 +21,7 @@ _MODULE = "dynamic_rendezvous"  # how the reasons name torch.distributed.elastic
 
 @dataclass(frozen=True)
 class Patch:
-    """Whether one use of torch's internals took, on one handler or (``status()``) on the torch in use."""
+    """Whether one patch took, on one handler or (``status()``) on the torch in use."""
 
     name: str
     buys: str  # what it gives when installed
@@ -72,14 +60,12 @@ class PatchKind:
 # ---- checks: what each patch needs ---------------------------------------------------------------------
 
 def _dynamic() -> ModuleType:
-    """torch's dynamic rendezvous module (ImportError where this torch has none)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     return dynamic_rendezvous
 
 
 def _lacks(obj: Any, owner: str, *names: str) -> str | None:
-    """'<owner> has no <name>' for the first of ``names`` that ``obj`` lacks; None when it has them all."""
     for name in names:
         if not hasattr(obj, name):
             return f"{owner} has no {name}"
@@ -87,7 +73,6 @@ def _lacks(obj: Any, owner: str, *names: str) -> str | None:
 
 
 def _state_lacks(dr: ModuleType, *fields: str) -> str | None:
-    """The first of ``fields`` that torch's rendezvous state (what its c10d backend pickles) lacks."""
     if not hasattr(dr, "_RendezvousState"):
         return f"{_MODULE} has no _RendezvousState"
     return _lacks(dr._RendezvousState(), "_RendezvousState", *fields)
@@ -196,7 +181,7 @@ PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, ST
 # ---- status for the torch in use -----------------------------------------------------------------------
 
 def status() -> list[Patch]:
-    """For the torch in use: whether each patch installs, checked on a throwaway handler (nothing patched)."""
+    """For the torch in use: whether each patch installs, checked on a throwaway handler."""
     try:
         handler, failed = _probe_handler(), ""
     except Exception as err:  # cannot even make a handler: every check on one says so
@@ -210,8 +195,7 @@ def _probe_handler() -> Any:
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     dr = _dynamic()
-    # Node ids of its own (where torch keeps a generator), so the agent's real handler still gets torch's
-    # first one (host_pid_0 in torch's logs); in a torch without it the probe takes id 0 (a cosmetic change).
+    # Node ids of its own, so the agent's real handler still gets torch's first one (host_pid_0 in its logs).
     generator = getattr(dr, "_NodeDescGenerator", None)
     probe = type("_ProbeHandler", (dr.DynamicRendezvousHandler,),
                  {"_node_desc_generator": generator()} if generator else {})
@@ -226,8 +210,7 @@ def not_installed(patches: Sequence[Patch]) -> dict[str, str]:
 
 
 def lost_line(patches: Sequence[Patch], version: str | None = None) -> str | None:
-    """One line naming the patches that do not install and what that loses; None when all do. ``version``:
-    torch's (the one imported here by default)."""
+    """One line naming the patches that do not install and what that loses; None when all do."""
     lost = [p for p in patches if not p.installed]
     if not lost:
         return None
@@ -256,25 +239,21 @@ def replace_event_names(replacement: Callable[..., str]) -> Patch:
 # ---- join_wake -----------------------------------------------------------------------------------------
 
 def state_holder(handler: Any) -> Any:
-    """The handler's state holder: ``sync()`` (True: our write went through) and ``state`` (torch's state).
-    Its executor calls ``holder.sync()``, so an instance attribute ``sync`` stands in for torch's."""
+    """The handler's state holder; its executor calls ``holder.sync()``, so an instance attribute replaces it."""
     return handler._state_holder
 
 
 def holder_store(holder: Any) -> Any:
-    """The store the state holder's c10d backend writes through (the handler's own client)."""
     return holder._backend._store
 
 
 def mark_state_stale(holder: Any) -> None:
-    """Make the holder's next ``sync()`` read the store: torch serves reads within a second of the last one
-    from its cache, which would still say "not complete" after a wake."""
+    """Make the holder's next ``sync()`` read the store: torch's one-second cache would say "not complete"."""
     holder._last_sync_time = -1
 
 
 def swap_join_pause(pause: Callable[..., None]) -> Callable[..., None] | None:
-    """Put ``pause`` where torch's executor pauses between two reads of the state (the module's ``_delay``);
-    returns torch's own, or None when ``pause`` is there already."""
+    """Put ``pause`` in torch's ``_delay``; returns torch's own, or None when ``pause`` is there already."""
     dr = _dynamic()
     current = dr._delay
     if current is pause:
@@ -327,8 +306,8 @@ class _EarlyClose:
 # ---- leave ---------------------------------------------------------------------------------------------
 
 def leave(handler: Any, *, timeout: float) -> str | None:
-    """Out of the rendezvous without closing it (no public call): torch's exit op, then out of the wait or spares'
-    list, which torch leaves to the keep-alive's expiry (holding up an early close). Why not; None: it left."""
+    """Out of the rendezvous without closing it: torch's exit op, also out of the wait or spares' list (torch
+    leaves that to the keep-alive's expiry, holding up an early close). Why not; None: it left."""
     patch = LEAVE.check(handler)
     if not patch.installed:
         return f"{patch.name} not installed: {patch.why_not}"
@@ -361,9 +340,7 @@ class StateView:
 
 
 def handler_store(handler: Any) -> Any | None:
-    """The store torch's handler joins through (c10d: its TCPStore, whose host and port our own connections
-    use); None without a handler, for the static handler, or where torch keeps it elsewhere (the last is
-    reported at start-up as ``store_address``)."""
+    """The store torch's handler joins through (c10d: its TCPStore); None without one."""
     return getattr(handler, "_store", None)
 
 
@@ -373,7 +350,7 @@ def decode_state(blob: bytes) -> StateView:
 
 
 def empty_state() -> bytes:
-    """A fresh rendezvous state, pickled as torch's c10d backend stores it (ours: safe to hand to torch)."""
+    """A fresh rendezvous state, pickled as torch's c10d backend stores it."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
     return pickle.dumps(_RendezvousState())
 
@@ -385,8 +362,7 @@ def joined_round(handler: Any) -> int | None:
 
 
 def read_state_locked(handler: Any) -> StateView:
-    """The handler's own fresh read of the state, under its heartbeat lock (which its keep-alive thread holds
-    through a whole contended write: the slow way, for when our own read failed)."""
+    """The handler's own fresh read of the state, under its heartbeat lock (slow: for when ours failed)."""
     with handler._heartbeat_lock:
         handler._state_holder.sync()
         return _view(handler._state_holder.state)
