@@ -17,6 +17,7 @@ from mbr_launch.health import checks, nodehealth, readers, suite
 from mbr_launch.health.checks import PathStatus, ProbeReport, SegmentArtifact
 from mbr_launch.health.nodehealth import Reply
 
+from testkit import nvhcd
 from testkit.nvrx_versions import nvrx_dir
 
 pytestmark = pytest.mark.timeout(60)
@@ -160,8 +161,8 @@ def test_endpoints_and_the_message_codec():
     assert nodehealth.socket_path("./nvhcd.sock") == "./nvhcd.sock"
     assert nodehealth.socket_path("localhost:50051") is None
     reply = Reply(True, -3, '{"fail_count": 1} é', "e")
-    assert nodehealth.decode_reply(nodehealth.encode_reply(reply)) == reply
-    assert nodehealth.decode_request(nodehealth.encode_request(nodehealth.DEFAULT_ARGS)) == list(nodehealth.DEFAULT_ARGS)
+    assert nodehealth.decode_reply(nvhcd.encode_reply(reply)) == reply
+    assert nvhcd.decode_request(nodehealth.encode_request(nodehealth.DEFAULT_ARGS)) == list(nodehealth.DEFAULT_ARGS)
     with pytest.raises(ValueError):
         nodehealth.decode_reply(b"\x1a\x05ab")  # truncated
 
@@ -195,7 +196,7 @@ def test_a_real_grpc_daemon_on_a_unix_socket(tmp_path):
 
     handler = grpc.method_handlers_generic_handler("nvhcd.HealthCheckService", {
         "RunHealthCheck": grpc.unary_unary_rpc_method_handler(
-            run, request_deserializer=nodehealth.decode_request, response_serializer=nodehealth.encode_reply)})
+            run, request_deserializer=nvhcd.decode_request, response_serializer=nvhcd.encode_reply)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix:{path}")
