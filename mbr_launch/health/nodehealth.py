@@ -1,14 +1,8 @@
 """The node-health daemon's one call, as ft_launcher 0.7 makes it (``--ft-node-health-check-endpoint``).
 
-NVRx asks a node-health daemon (nvhcd) over gRPC on a unix socket: ``nvhcd.HealthCheckService/RunHealthCheck``
-with ``HealthCheckRequest{repeated string args = 1}``, answered by ``HealthCheckResponse{bool success = 1;
-int32 exit_code = 2; string output = 3; string error = 4}``; the daemon runs its health-check script with the
-args (NVRx sends ``--no-slurm --group prolog epilog logs gpu``) and ``output`` is the script's JSON.
-
-The two messages are encoded and decoded here (four fields: no generated code, no protobuf package); the call
-itself goes through grpcio, imported only when a daemon's socket exists. Where grpcio is missing, the socket is
-not there, or the daemon does not answer, the check is skipped with the reason (NVRx skips these silently);
-an endpoint that is not a unix socket (``host:port``) is not supported, by NVRx either.
+``HealthCheckRequest{repeated string args = 1}`` -> ``HealthCheckResponse{bool success = 1; int32 exit_code = 2;
+string output = 3; string error = 4}``, encoded here (four fields: no protobuf package); the call goes through
+grpcio, imported only when the daemon's socket exists.
 """
 
 from __future__ import annotations
@@ -95,23 +89,6 @@ def _string(number: int, text: str) -> bytes:
 
 def encode_request(args: Sequence[str]) -> bytes:
     return b"".join(_string(1, a) for a in args)
-
-
-def decode_request(data: bytes) -> list[str]:
-    return [v.decode(errors="replace") for n, v in _fields(data) if n == 1 and isinstance(v, bytes)]
-
-
-def encode_reply(reply: Reply) -> bytes:
-    out = b""
-    if reply.success:
-        out += _varint(1 << 3) + _varint(1)
-    if reply.exit_code:
-        out += _varint(2 << 3) + _varint(reply.exit_code)
-    if reply.output:
-        out += _string(3, reply.output)
-    if reply.error:
-        out += _string(4, reply.error)
-    return out
 
 
 def decode_reply(data: bytes) -> Reply:

@@ -1,5 +1,4 @@
-"""What the pre-rendezvous checks read: sysfs, /proc, the scheduler's decision file, and storage paths
-through a probe process. The decisions are in ``checks``; nothing here decides."""
+"""What the pre-rendezvous checks read (sysfs, /proc, the decision file, a probe process); ``checks`` decides."""
 
 from __future__ import annotations
 
@@ -20,15 +19,12 @@ LINK_STATE_TEMPLATE = IB_DEVICES + "/{nic}/ports/1/state"  # NVRx's default; {ni
 LUSTRE_HEALTH = "/sys/fs/lustre/health_check"
 MOUNTINFO = "/proc/self/mountinfo"
 PROBE = str(Path(__file__).with_name("probe.py"))
-# Seconds a probe may take per path before its mount counts as hung (NVRx: 5 per storage path, and 15 for
-# each command it runs on a network mount).
-PER_PATH = {"read": 5.0, "list": 15.0}
+PER_PATH = {"read": 5.0, "list": 15.0}  # seconds per path before its mount counts as hung (NVRx's)
 _HEAD = 200  # bytes of a decision file shown in the line that says why
 
 
 def probe_paths(mode: str, paths: Sequence[str], timeout: float | None = None) -> ProbeReport:
-    """Each path's status from a probe process (``probe.py``); a path it was still on when ``timeout``
-    (default: ``PER_PATH`` seconds per path) passed is ``hung``, and the probe is killed."""
+    """Each path's status from a probe process; the path it is on when ``timeout`` passes is ``hung``."""
     if not paths:
         return ProbeReport(())
     timeout = PER_PATH[mode] * len(paths) if timeout is None else timeout
@@ -71,8 +67,7 @@ def probe_paths(mode: str, paths: Sequence[str], timeout: float | None = None) -
 
 
 def link_states(template: str | None = None, devices: str = IB_DEVICES) -> dict[str, str | None]:
-    """Each InfiniBand device's port state (``link_state``), None where its state file is missing or does
-    not read; no devices (no InfiniBand here): empty."""
+    """Each InfiniBand device's port state, None where its state file does not read (no InfiniBand: empty)."""
     template = template or LINK_STATE_TEMPLATE
     try:
         names = sorted(os.listdir(devices))

@@ -1,10 +1,5 @@
-"""What a check found: one type for the doctor's preflight checks and for the checks a node runs before it joins a round.
-
-The doctor reads a result as a table row (``id``, ``severity``, ``title``, what it ``saw``, the ``fix``); a
-node's own checks read the same result as passed or failed: ``ok`` (nothing failed), ``skipped`` (nothing
-to check here, never a failure), ``name`` and ``detail`` (the id and what was seen, the words of the node's
-``health_check`` event). A node check has no title: it is reported by its id.
-"""
+"""What a check found: one type for the doctor's preflight checks (a table row) and a node's own checks
+before it joins (passed or failed; ``name`` and ``detail`` are the ``health_check`` event's words)."""
 
 from __future__ import annotations
 

@@ -1,9 +1,5 @@
-"""The checks a node runs before it joins a round, in ft_launcher 0.7's order, with the reads injected.
-
-Order (NVRx's ``ensure_node_is_healthy``): the scheduler's segment decision, NIC links, network file
-systems, storage paths, the node-health daemon. The first failure ends the run of checks (NVRx raises at it).
-NVRx also asks NVML for each GPU's recovery action there, always; that check has no setting and is not done
-here (``mbr-launch doctor`` reports it as ``gpu.recovery``).
+"""The checks a node runs before it joins a round, in NVRx's order (``ensure_node_is_healthy``), up to the
+first failure, with the reads injected. NVRx's GPU recovery action check is the doctor's ``gpu.recovery``.
 """
 
 from __future__ import annotations
