@@ -25,8 +25,7 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, rdzvstore, shrink, storeclients,
-                                torch_internals, workerstore)
+from mbr_launch.cluster import fastround, joinwake, layout, rdzvstore, storeclients, torch_internals, workerstore
 from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
@@ -109,8 +108,9 @@ class Rendezvous:
         if own_socket is not None:  # c10d
             self._patches += [
                 own_socket,
-                shrink.install(handler, active=lambda: self._joined > 0),  # a failure round: no last call for nobody
-                eventnames.install(),  # torch's event names without inspect.stack (most of a crowded join's CPU)
+                # a failure round: no last call for nobody
+                torch_internals.close_joins_early(handler, active=lambda: self._joined > 0),
+                torch_internals.replace_event_names(),
             ]
             # torch's immediate retry after a lost write of its state is kept on purpose: a random pause there
             # left the state stale, and a joiner lost to the others' keep-alives every time.

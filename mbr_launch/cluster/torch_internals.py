@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import inspect
 import pickle
+import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
 _MODULE = "dynamic_rendezvous"  # how the reasons name torch.distributed.elastic.rendezvous.dynamic_rendezvous
+SETTLE = 1.0  # seconds after MIN nodes joined before a failure round may close without its last call
 
 
 @dataclass(frozen=True)
@@ -226,14 +229,23 @@ def torch_version() -> str:
 
 # ---- event_names ---------------------------------------------------------------------------------------
 
-def replace_event_names(replacement: Callable[..., str]) -> Patch:
-    """torch's ``get_method_name`` (names every rendezvous event) replaced by ``replacement``."""
+def replace_event_names() -> Patch:
+    """torch's ``get_method_name``, which names every rendezvous event from ``inspect.stack`` (reading source:
+    most of a crowded join's CPU), replaced by ours: the same answer from ``sys._getframe``."""
     patch = EVENT_NAMES.check(None)
     if patch.installed:
         dr = _dynamic()
-        if dr.get_method_name is not replacement:
-            dr.get_method_name = replacement
+        if dr.get_method_name is not get_method_name:
+            dr.get_method_name = get_method_name
     return patch
+
+
+def get_method_name(depth: int = 2) -> str:
+    # Frame 0 is this function, as inspect.stack()[0] is torch's own: the same frame ``depth`` up.
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # a stack shallower than depth
+        return "no_method_name"
 
 
 # ---- join_wake -----------------------------------------------------------------------------------------
@@ -264,10 +276,25 @@ def swap_join_pause(pause: Callable[..., None]) -> Callable[..., None] | None:
 
 # ---- early_close ---------------------------------------------------------------------------------------
 
+def may_close(state: Any, node: Any, settings: Any, *, now: datetime | None = None) -> bool:
+    """Whether a failure round may close without torch's last call (dead time after a failure: every live node
+    is in the state already): this node is in, MIN are, no one waits or spares, and ``SETTLE`` has passed
+    (a spare's move to the participants takes two writes)."""
+    if state.closed or state.complete or node not in state.participants or state.deadline is None:
+        return False
+    if not settings.min_nodes <= len(state.participants) <= settings.max_nodes:
+        return False
+    if state.wait_list or getattr(state, "redundancy_list", ()):
+        return False
+    now = now or datetime.now(timezone.utc)
+    min_reached = state.deadline - settings.timeout.last_call  # torch sets the deadline when MIN joined
+    return now >= min_reached + timedelta(seconds=SETTLE)
+
+
 def close_joins_early(handler: Any, *, active: Callable[[], bool],
-                      may_close: Callable[[Any, Any, Any], bool]) -> Patch:
-    """Wrap the handler's executor: while ``active()``, a join step that would only wait (sync, keep-alive)
-    marks the round complete instead when ``may_close(state, node, settings)``."""
+                      may_close: Callable[[Any, Any, Any], bool] = may_close) -> Patch:
+    """Wrap the handler's executor: while ``active()`` (rounds after this agent's first), a join step that
+    would only wait (sync, keep-alive) marks the round complete instead when ``may_close(state, node, settings)``."""
     patch = EARLY_CLOSE.check(handler)
     if patch.installed:
         handler._op_executor = _JoinExecutor(handler._op_executor, _dynamic(), active, may_close)
