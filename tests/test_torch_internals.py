@@ -19,7 +19,7 @@ from mbr_launch.agent.lifecycle import Agent
 from mbr_launch.agent.stuck import StuckSignals
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.api import build_launch_config
-from mbr_launch.cluster import joinwake, rdzvstore, torch_internals
+from mbr_launch.cluster import joining, rdzvstore, torch_internals
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.doctor import DoctorContext, check_ids, run_checks
@@ -88,7 +88,7 @@ def test_a_real_c10d_join_takes_every_patch_and_leaves(tmp_path):
         assert set(took) == {"store_socket", "early_close", "event_names", "join_wake"}
         assert all(p.installed for p in took.values()), [p for p in took.values() if not p.installed]
         assert dynamic_rendezvous.get_method_name is torch_internals.get_method_name
-        assert dynamic_rendezvous._delay is joinwake._delay
+        assert dynamic_rendezvous._delay is joining._delay
         assert torch_internals.handler_store(handler).port == rnd.store_port
         state = rendezvous.state()  # state_reads: our own read of torch's pickled state
         assert state is not None and state.joined == 1 and state.complete and state.outside == 0
@@ -150,7 +150,7 @@ def test_each_install_reports_a_missing_part_and_patches_nothing(monkeypatch):
     assert not hasattr(dynamic_rendezvous, "get_method_name")  # not put there by a half install
 
     monkeypatch.delattr(dynamic_rendezvous, "_delay")
-    patch, wake = joinwake.install(_handler(), host="127.0.0.1", port=1, prefix="p/")
+    patch, wake = joining.install_wake(_handler(), host="127.0.0.1", port=1, prefix="p/")
     assert wake is None and not patch.installed and patch.why_not == "dynamic_rendezvous has no _delay"
     assert not hasattr(dynamic_rendezvous, "_delay")
 
@@ -170,7 +170,7 @@ def test_each_install_reports_a_missing_part_and_patches_nothing(monkeypatch):
 def test_a_handler_without_its_parts_is_reported(monkeypatch):
     handler = _handler()
     monkeypatch.delattr(handler, "_store")
-    patch, wake = joinwake.install(handler, host="127.0.0.1", port=1, prefix="p/")
+    patch, wake = joining.install_wake(handler, host="127.0.0.1", port=1, prefix="p/")
     assert wake is None and patch.why_not == "the handler has no _store"
     assert torch_internals.STATE_READS.check(handler).why_not == "the handler has no _store"
     assert torch_internals.handler_store(handler) is None

@@ -25,13 +25,12 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import fastround, joinwake, layout, rdzvstore, storeclients, torch_internals, workerstore
+from mbr_launch.cluster import fastround, joining, layout, rdzvstore, storeclients, torch_internals, workerstore
 from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
-from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
 
@@ -65,7 +64,7 @@ class Rendezvous:
         self._waiting_reader: JoinCounter | None = None  # the peer watch's, on a connection of its own
         self._joined = 0
         self._control: TCPStore | None = None  # our own client, for job-level keys
-        self._wake: joinwake.JoinWake | None = None  # ends a join's pauses when its round completes
+        self._wake: joining.JoinWake | None = None  # ends a join's pauses when its round completes
         self._patches: list[Patch] = []  # what the c10d handler was patched with, as each took
         self._job = f"mbr/job/{cfg.rendezvous.run_id}"  # our keys that outlive a round, on the rendezvous store
 
@@ -131,7 +130,7 @@ class Rendezvous:
             why = torch_internals.STORE_ADDRESS.check(handler).why_not or "the rendezvous store is not a TCPStore"
             return torch_internals.JOIN_WAKE.refused(why)
         storeclients.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
-        patch, self._wake = joinwake.install(handler, host=store.host, port=int(store.port),
+        patch, self._wake = joining.install_wake(handler, host=store.host, port=int(store.port),
                                              prefix=f"{self._job}/complete/")
         return patch
 
@@ -166,7 +165,7 @@ class Rendezvous:
                                        scope=previous.control_prefix, sealer=self.sealer)
             port = restarts = 0
             if previous.group_rank == 0:
-                port, restarts = pick_master_port(), sum(self._counts(previous.store))
+                port, restarts = workerstore.pick_master_port(), sum(self._counts(previous.store))
             return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
                                    timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
                                    scope=previous.control_prefix, sealer=self.sealer)
@@ -228,7 +227,7 @@ class Rendezvous:
             lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
                                lambda: (uuid.uuid4().hex[:12], sum(self._counts(store)),
                                         workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
-                                        if shared else pick_master_port()),
+                                        if shared else workerstore.pick_master_port()),
                                scope=scope, sealer=self.sealer)
         except (layout.LayoutUnreadable, workerstore.NotClearable) as err:
             raise RendezvousFailed(f"rendezvous failed: {err}") from None

@@ -31,7 +31,7 @@ class Round:
     store_port: int
     fast: bool = False  # agreed through the fast path (``cluster.fastround``), not a c10d join
     fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
-    woken: bool = False  # the c10d join learnt of its round's completion from the completer (joinwake)
+    woken: bool = False  # the c10d join learnt of its round's completion from the completer (joining)
     shared_store: bool = False  # the workers' store is the static rendezvous store itself (cluster.workerstore)
     # The job's sealer (``cluster.jobstore``): the round's control keys are sealed and verified with it.
     sealer: Sealer = field(default_factory=Sealer, compare=False, repr=False)
