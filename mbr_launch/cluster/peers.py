@@ -4,22 +4,122 @@ Each agent beats into the round's control keys; the lowest group rank still in t
 the others watch it (O(N) traffic). Silence is judged by ``decide.liveness``. A store call on a dropped
 connection never returns, so this thread only records when the store last answered and the agent's loop asks
 ``store_silence``. The same thread asks whether nodes wait to join, keeping store calls off the main loop.
+
+What this machine tells of liveness: process identities, and own time, ticked by one daemon thread per
+process and read by every watcher, so a process starved of CPU counts less silence everywhere at once.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Union
 
-from mbr_launch.cluster import hostview
+from mbr_launch import procstat
 from mbr_launch.cluster.departures import LEFT_KEY, decode_left
 from mbr_launch.cluster.jobstore import STORE_HOST_KEY, JobStore, beat_key
+from mbr_launch.cluster.listen import holds, listening_inodes
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.torch_internals import matches_this_machine
 from mbr_launch.decide import liveness
-from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grace
+from mbr_launch.decide.liveness import Beat, Identity, OwnTime, Seen, SlowestAnswer, grace
+
+# ---- this machine's view: identities and own time -------------------------------------------------------
+
+TICK = 0.25  # seconds between own-time ticks: small against any timeout, and 4 cheap wake-ups a second
+
+
+@lru_cache(maxsize=1)
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip()
+    except OSError:
+        return ""
+
+
+def _namespace(name: str) -> int:
+    try:
+        return os.stat(f"/proc/self/ns/{name}").st_ino
+    except OSError:
+        return 0
+
+
+def my_identity() -> Identity | None:
+    """This process's identity, or None where /proc does not tell it (then nobody checks it locally)."""
+    return _identity(os.getpid())
+
+
+@lru_cache(maxsize=1)
+def _identity(pid: int) -> Identity | None:  # by pid: a forked child is another process
+    return _identity_of(pid)
+
+
+def seen(identity: Identity | None, me: Identity | None) -> Seen:
+    """ALIVE when ``identity`` is a running or sleeping process on this machine; else SILENT."""
+    if identity is None or me is None or not me.same_machine(identity):
+        return Seen.SILENT
+    stat = procstat.read(identity.pid)
+    if stat is None or stat.start_time != identity.start_time or stat.zombie or stat.state in ("T", "t"):
+        return Seen.SILENT
+    return Seen.ALIVE
+
+
+def listener(host: str, port: int) -> Identity | None:
+    """The local process listening on ``host``:``port`` (the store's agent, known before the store answers);
+    None when not here. Reads every process's descriptors: call only after a silence."""
+    inodes = listening_inodes(port) if port > 0 else set()
+    if not inodes or not matches_this_machine(host):
+        return None
+    return next((_identity_of(int(name)) for name in os.listdir("/proc") if name.isdigit() and holds(name, inodes)),
+                None)
+
+
+def _identity_of(pid: int) -> Identity | None:
+    stat = procstat.read(pid)
+    boot = _boot_id()
+    if stat is None or not boot:
+        return None
+    return Identity(boot, _namespace("pid"), _namespace("net"), pid, stat.start_time)
+
+
+class OwnClock:
+    def __init__(self, period: float = TICK) -> None:
+        self._own = OwnTime(time.monotonic(), period)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="own-time", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._own.period)
+            self.now()
+
+    def now(self) -> float:
+        """Own seconds so far (also ticks, so a reader never sees a stale value)."""
+        with self._lock:
+            return self._own.tick(time.monotonic())
+
+
+_CLOCK: OwnClock | None = None
+_START = threading.Lock()
+
+
+def own_time() -> float:
+    """This process's own time (``decide.liveness.OwnTime``); starts the ticking thread at first use."""
+    global _CLOCK
+    if _CLOCK is None:
+        with _START:
+            if _CLOCK is None:
+                _CLOCK = OwnClock()
+    return _CLOCK.now()
+
+
+# ---- the watch -------------------------------------------------------------------------------------------
 
 # The store's host for the job (the same agent in every round), kept across rounds. None: looked for on this
 # machine and not found (not looked for again; the store's own key still names it).
@@ -30,13 +130,13 @@ def store_host(rnd: Round) -> Identity | None:
     """The agent serving ``rnd``'s store when known (from an earlier round's key, or found listening here)."""
     key = (rnd.store_host, rnd.store_port)
     if key not in _STORE_HOSTS:
-        _STORE_HOSTS[key] = hostview.listener(*key)
+        _STORE_HOSTS[key] = listener(*key)
     return _STORE_HOSTS[key]
 
 
 def store_host_alive(rnd: Round) -> bool:
     """Whether the agent serving ``rnd``'s store runs on this machine (then a slow call is starved, not cut off)."""
-    return hostview.seen(store_host(rnd), hostview.my_identity()) is Seen.ALIVE
+    return seen(store_host(rnd), my_identity()) is Seen.ALIVE
 
 
 @dataclass(frozen=True)
@@ -74,8 +174,8 @@ class PeerWatch:
     def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[Silence], None],
                  waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
                  on_left: Callable[[PeersLeft], None] | None = None, hosting: bool = False,
-                 clock: Callable[[], float] = time.monotonic, own: Callable[[], float] = hostview.own_time,
-                 seen: Callable[[Identity | None, Identity | None], Seen] = hostview.seen,
+                 clock: Callable[[], float] = time.monotonic, own: Callable[[], float] = own_time,
+                 seen: Callable[[Identity | None, Identity | None], Seen] = seen,
                  me: Identity | None = None) -> None:
         self._round = rnd
         self._timeout = timeout
@@ -87,7 +187,7 @@ class PeerWatch:
         self._left: frozenset[int] = frozenset()  # group ranks that left the round
         self._hosting = hosting  # this agent serves the store: it names itself under STORE_HOST_KEY
         self._clock, self._own, self._seen = clock, own, seen
-        self._me = me if me is not None else hostview.my_identity()
+        self._me = me if me is not None else my_identity()
         self._slowest = SlowestAnswer(half_life=timeout)
         self._answered = own()  # own time at which the store last answered this thread (or its host was seen alive)
         self._stop = threading.Event()
