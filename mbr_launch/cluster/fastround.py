@@ -39,8 +39,6 @@ class FastStore(Protocol):
 
 @dataclass(frozen=True)
 class Agreement:
-    """The next round, agreed by every agent of the previous one."""
-
     token: str
     master_port: int
     restart_count: int
@@ -74,7 +72,6 @@ def next_token(token: str, nonce: str) -> str:
 
 
 def go(arrived: int) -> str:
-    """The decision to take the fast path: the packed sum, and a nonce drawn now."""
     return f"{GO}{arrived}:{secrets.token_hex(NONCE_BYTES)}"
 
 
@@ -108,7 +105,6 @@ def _keys(control: FastStore, scope: str, sealer: Sealer | None) -> JobStore:
 
 
 def _decide(keys: JobStore, decision: str, *, token: str, nodes: int) -> Outcome:
-    """The first authentic decision of the round (``JobStore.claim``), read."""
     _, stands = keys.claim(DECIDED_KEY, decision)
     if stands is None:
         return Fallback("fast-path decision refused: a value without the job's seal stood through every claim")

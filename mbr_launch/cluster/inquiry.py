@@ -22,8 +22,6 @@ from mbr_launch.cluster.round import Round
 
 @dataclass(frozen=True)
 class Opener:
-    """Who opened inquiry ``number`` and why."""
-
     number: int
     group_rank: int  # the node that decides
     rank: int | None  # the rank whose deadline passed first
@@ -50,7 +48,6 @@ MAX_NODES = 1 << 20
 
 
 def _open(keys: JobStore, key: str, raw: bytes) -> Any:
-    """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
     try:
         return keys.decode(key, raw)
     except storevalue.RefusedValue:

@@ -90,7 +90,6 @@ class JobStore:
         return self.sealer.seal(self.full(key), value)
 
     def open(self, key: str, raw: bytes | str) -> bytes:
-        """``raw`` read from ``key``, bounded and verified when the job has a secret; raises RefusedValue."""
         return self.sealer.open(self.full(key), bounded(raw))
 
     def decode(self, key: str, raw: bytes | str | None, depth: int = MAX_DEPTH) -> Any:
@@ -101,11 +100,9 @@ class JobStore:
         self.store.set(key, self.seal(key, value))
 
     def read(self, key: str) -> bytes:
-        """The value of ``key`` (set), opened; raises RefusedValue."""
         return self.open(key, self.store.get(key))
 
     def read_if_set(self, key: str) -> bytes | None:
-        """The value of ``key``, opened; None when it is not set or refused."""
         if not self.store.check([key]):
             return None
         try:

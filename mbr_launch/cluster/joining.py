@@ -115,7 +115,6 @@ class JoinWake:
         return has_set
 
     def pause(self, seconds: float) -> None:
-        """torch's pause between two reads of the state, ended early when the round completes."""
         state = self._holder.state
         client = None
         if not state.complete and state.round != self._woken_round:

@@ -68,7 +68,6 @@ def _bound(family: socket.AddressFamily, address: str, port: int) -> int | None:
 
 
 def close_fd(fd: int) -> None:
-    """Close a ``listening_fd`` descriptor that no store took over (the store closes the ones it owns)."""
     try:
         os.close(fd)
     except OSError:
@@ -95,7 +94,6 @@ def listening_inodes(port: int) -> set[str]:
 
 
 def holds(pid: int | str, inodes: set[str]) -> bool:
-    """Whether process ``pid`` ("self": this one) has one of ``inodes`` open (False where /proc does not tell)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -110,6 +108,5 @@ def holds(pid: int | str, inodes: set[str]) -> bool:
 
 
 def listens_here(port: int) -> bool:
-    """Whether this process holds a TCP socket listening on ``port`` (any address)."""
     inodes = listening_inodes(port)
     return bool(inodes) and holds("self", inodes)

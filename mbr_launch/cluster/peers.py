@@ -50,7 +50,6 @@ def _namespace(name: str) -> int:
 
 
 def my_identity() -> Identity | None:
-    """This process's identity, or None where /proc does not tell it (then nobody checks it locally)."""
     return _identity(os.getpid())
 
 
@@ -100,7 +99,6 @@ class OwnClock:
             self.now()
 
     def now(self) -> float:
-        """Own seconds so far (also ticks, so a reader never sees a stale value)."""
         with self._lock:
             return self._own.tick(time.monotonic())
 
@@ -141,8 +139,6 @@ def store_host_alive(rnd: Round) -> bool:
 
 @dataclass(frozen=True)
 class PeerLost:
-    """The agent of ``group_rank`` has been silent for ``silent_for`` seconds: dead or cut off."""
-
     group_rank: int
     silent_for: float
 
@@ -159,8 +155,6 @@ class PeersLeft:
 
 @dataclass(frozen=True)
 class StoreLost:
-    """The rendezvous store stopped answering this node: it may be cut off."""
-
     detail: str
 
     def describe(self) -> str:
@@ -202,7 +196,6 @@ class PeerWatch:
         return _STORE_HOSTS.get((self._round.store_host, self._round.store_port))
 
     def _store_silence(self) -> float | None:
-        """Own seconds the store has been silent, once that is a verdict; None while it is not."""
         now = self._own()
         silent = now - self._answered
         if silent < self._timeout:
@@ -260,7 +253,6 @@ class PeerWatch:
             release_control(store)  # stopped with the round, its last operation answered: the next round's
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        """One store call, its answer time kept (the grace grows with the store's slowest recent answers)."""
         began = self._clock()
         result = fn()
         now = self._clock()
@@ -319,7 +311,6 @@ class PeerWatch:
         return answered
 
     def _ask_waiting(self) -> None:
-        """The watching node asks whether nodes wait to join (one asker: each ask reads torch's whole state)."""
         if self._waiting is None or self._on_waiting is None or self._chief() != self._round.group_rank:
             return
         waiting = self._call(self._waiting)
@@ -327,7 +318,6 @@ class PeerWatch:
             self._on_waiting(waiting)
 
     def _departures(self, raw: bytes) -> bool:
-        """Read the round's departures; True when nodes left since the last look (reported)."""
         left = decode_left(raw, keys=JobStore.of_round(self._round), nodes=self._round.group_world_size)
         new = left - self._left - {self._round.group_rank}
         if not new:

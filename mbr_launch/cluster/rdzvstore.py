@@ -119,7 +119,6 @@ class SealedBackend(RendezvousBackend):
 
 
 def backend(store: Any, run_id: str, sealer: Sealer) -> RendezvousBackend:
-    """torch's c10d backend over ``store``, sealed when the job has a secret."""
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     inner = C10dRendezvousBackend(store, run_id)

@@ -53,8 +53,6 @@ def release_control(store: Store) -> None:
 
 
 class Rendezvous:
-    """Joins rounds of torch's c10d (or static) rendezvous and lays out ranks."""
-
     def __init__(self, cfg: LaunchConfig, sealer: Sealer | None = None) -> None:
         self._cfg = cfg
         # the job's secret (or none), for every round and reader made here: seals our values and torch's state
@@ -124,7 +122,6 @@ class Rendezvous:
         return self._handler
 
     def _install_wake(self, handler: RendezvousHandler) -> Patch:
-        """Open the watchers' connections while the join runs, and wake the join when its round completes."""
         store = torch_internals.handler_store(handler)  # the store the watchers connect to
         if not getattr(store, "port", 0):  # a file store (or no store found: the check says which part)
             why = torch_internals.STORE_ADDRESS.check(handler).why_not or "the rendezvous store is not a TCPStore"
@@ -173,7 +170,6 @@ class Rendezvous:
             return fastround.Fallback(f"fast path failed: {type(err).__name__}: {err}")
 
     def _fast_round(self, previous: Round, agreed: fastround.Agreement) -> Round:
-        """The previous round's members and layout, under a new token, master port and restart count."""
         base = _base_store(previous.store)
         job = self._job
         store = PrefixStore(f"{job}/fast/{agreed.token}", base)
@@ -256,7 +252,6 @@ class Rendezvous:
         return JobStore(PrefixStore(self._job, _base_store(round_store)), None, self.sealer)
 
     def counts(self, rnd: Round) -> tuple[int, int]:
-        """(restarts, startup restarts) used so far by the whole job."""
         return self._counts(rnd.store)
 
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
@@ -313,7 +308,6 @@ class Rendezvous:
             return None
 
     def num_nodes_waiting(self) -> int:
-        """torch's own count, from the handler made already (none before the first join, or after ``leave``)."""
         try:
             return self._handler.num_nodes_waiting() if self._handler is not None else 0
         except Exception:

@@ -81,7 +81,6 @@ def read_stop(rnd: Round) -> StopMessage | None:
 
 
 def mark_done(rnd: Round) -> bool:
-    """Mark this node's workers done; True when every node of the round is done (then all are told)."""
     keys = JobStore.of_round(rnd)
     if keys.count(DONE_COUNT_KEY, 1) >= rnd.group_world_size:
         keys.put(ALL_DONE_KEY, "1")
@@ -161,7 +160,6 @@ class StopListener:
             release_control(store)  # its last operation answered: the next round's watcher takes it
 
     def _watch(self, store: Any) -> bool:
-        """Wait for the key until cancelled; True when the connection's last operation answered."""
         answered = True
         while not self._cancelled.is_set():
             try:

@@ -22,10 +22,7 @@ class ClientPool:
         self._lock = threading.Lock()
 
     def acquire(self, host: str, port: int, timeout: float) -> Any:
-        """An idle client of the store at ``host:port``, or a new one; the caller owns it until ``release``."""
-        with self._lock:
-            idle = self._idle.get((host, port))
-            client = idle.pop() if idle else None
+        client = self.take_idle(host, port)
         if client is not None:
             client.set_timeout(datetime.timedelta(seconds=timeout))
             return client
@@ -46,7 +43,6 @@ class ClientPool:
                 idle.append(client)
 
     def prefill(self, host: str, port: int, count: int, timeout: float = 60.0) -> threading.Thread:
-        """Open connections in the background until ``count`` are idle for ``host:port``."""
         def fill() -> None:
             try:
                 while self.idle(host, port) < min(count, KEEP):

@@ -59,7 +59,6 @@ class StoreGuard:
             self._thread.join(self._tick * 4)
 
     def blocked_in(self) -> str | None:
-        """What the guarded call now running is (``what`` of the innermost ``around``); None outside one."""
         with self._lock:
             return self._what if self._deadline is not None else None
 

@@ -47,7 +47,6 @@ class Sealer:
         return _TAG + self._mac(key, data) + b"." + data
 
     def open(self, key: str, raw: bytes | str) -> bytes:
-        """The value written under ``key``, verified; raises RefusedValue for a value without a valid seal."""
         data = raw.encode() if isinstance(raw, str) else bytes(raw)
         if self._secret is None:
             return data
@@ -75,7 +74,6 @@ def bounded(raw: bytes | str) -> bytes | str:
 
 
 def decode_json(raw: bytes | str | None, *, depth: int = MAX_DEPTH) -> Any:
-    """A JSON value read from the store (opened already), bounded and parsed; raises RefusedValue."""
     if raw is None:
         raise RefusedValue("missing")
     return json_value(bounded(raw), max_bytes=_RAW_BOUND, depth=depth)

@@ -50,7 +50,7 @@ class PatchKind:
         return Patch(self.name, self.buys, self.without, installed=False, why_not=why)
 
     def check(self, handler: Any) -> Patch:
-        """Whether this patch installs on ``handler`` (torch's c10d handler); never raises."""
+        """Whether this patch installs on ``handler``; never raises."""
         try:
             why = self.missing(handler)
         except ImportError as err:
@@ -193,7 +193,6 @@ def status() -> list[Patch]:
 
 
 def _probe_handler() -> Any:
-    """torch's own c10d handler over an in-memory store: made as ``create_handler`` makes the agent's."""
     from torch.distributed import HashStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
@@ -208,7 +207,6 @@ def _probe_handler() -> Any:
 
 
 def not_installed(patches: Sequence[Patch]) -> dict[str, str]:
-    """{name: why not} of the patches that did not install (the start event's ``torch_internals``)."""
     return {p.name: p.why_not for p in patches if not p.installed}
 
 
@@ -302,8 +300,6 @@ def close_joins_early(handler: Any, *, active: Callable[[], bool],
 
 
 class _JoinExecutor:
-    """torch's executor, with the join operation swapped for ``_EarlyClose`` while ``active()``."""
-
     def __init__(self, inner: Any, dr: ModuleType, active: Callable[[], bool],
                  may_close: Callable[[Any, Any, Any], bool]) -> None:
         self._inner, self._dr, self._active, self._may_close = inner, dr, active, may_close
@@ -358,8 +354,6 @@ def leave(handler: Any, *, timeout: float) -> str | None:
 
 @dataclass(frozen=True)
 class StateView:
-    """The fields of torch's rendezvous state that we read."""
-
     members: tuple[tuple[str, int], ...]  # the round's nodes: (address, group rank), sorted
     waiting: tuple[str, ...]  # the wait list's addresses: nodes queued behind a complete round
     spares: tuple[str, ...]  # the redundancy list's: nodes beyond --nnodes MAX (empty where torch has none)
@@ -367,17 +361,14 @@ class StateView:
 
 
 def handler_store(handler: Any) -> Any | None:
-    """The store torch's handler joins through (c10d: its TCPStore); None without one."""
     return getattr(handler, "_store", None)
 
 
 def decode_state(blob: bytes) -> StateView:
-    """torch's state as its c10d backend stores it (``get_state()``: a pickled ``_RendezvousState``)."""
     return _view(pickle.loads(blob))
 
 
 def empty_state() -> bytes:
-    """A fresh rendezvous state, pickled as torch's c10d backend stores it."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
     return pickle.dumps(_RendezvousState())
 

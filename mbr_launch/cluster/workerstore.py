@@ -28,7 +28,6 @@ SPAN = 3  # MASTER_PORT, +1 (application store), +2 (in-process restart wrapper'
 
 
 def span_free(port: int, span: int = SPAN) -> bool:
-    """Whether ``port`` .. ``port + span - 1`` can all be bound on every interface right now."""
     if port + span - 1 > 65535:
         return False
     sockets: list[socket.socket] = []
@@ -103,7 +102,6 @@ class ServedStore:
             self.failed = f"{type(err).__name__}: {err}"
 
     def ready(self, timeout: float) -> bool:
-        """Whether the store was made within ``timeout`` seconds (for tests and diagnostics)."""
         self._thread.join(timeout)
         return self.store is not None
 
@@ -138,12 +136,10 @@ def static_addr(endpoint: str) -> str:
 
 
 def agent_prefixes(run_id: str) -> tuple[str, ...]:
-    """Key prefixes of the agents on the static store: ours, torch's static handler's, torch's state key."""
     return AGENT_PREFIX, f"{run_id}/", f"torch.rendezvous.{run_id}"
 
 
 def clear_worker_keys(store: Any, keep: tuple[str, ...]) -> int:
-    """Delete every key of the raw ``store`` that starts with none of ``keep``; returns how many."""
     try:
         keys = store.list_keys()
     except (AttributeError, RuntimeError) as err:  # RuntimeError: a store type that does not list (torch says so)
