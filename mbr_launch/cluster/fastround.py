@@ -61,7 +61,6 @@ def pack(count: int, master_port: int = 0, restarts: int = 0) -> int:
 
 
 def unpack(value: int) -> tuple[int, int, int]:
-    """(count, master port, restarts) of a packed sum."""
     return (value & ((1 << COUNT_BITS) - 1), (value >> COUNT_BITS) & ((1 << PORT_BITS) - 1),
             value >> (COUNT_BITS + PORT_BITS))
 

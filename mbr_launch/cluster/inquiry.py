@@ -1,10 +1,8 @@
 """The job-wide hang inquiry, over the round's control keys.
 
-The first expiry opens one, every node sends its evidence, the opener's node decides (keys:
-``jobstore.inquiry_key``). Decoding never raises.
-
-Why: in a synchronous job every rank stalls within the same step, so the rank whose deadline fired first is
-as often healthy as not.
+In a synchronous job every rank stalls within the same step, so the rank whose deadline fired first is as
+often healthy as not: the first expiry opens an inquiry, every node sends its evidence, the opener's node
+decides (keys: ``jobstore.inquiry_key``). Decoding never raises.
 """
 
 from __future__ import annotations

@@ -93,7 +93,6 @@ class JobStore:
         return self.sealer.open(self.full(key), bounded(raw))
 
     def decode(self, key: str, raw: bytes | str | None, depth: int = MAX_DEPTH) -> Any:
-        """The JSON value read from ``key``: verified, bounded, parsed; raises RefusedValue with the reason."""
         return decode_json(None if raw is None else self.open(key, raw), depth=depth)
 
     def put(self, key: str, value: str | bytes) -> None:
@@ -177,7 +176,6 @@ class JobStore:
         return self.store.get(key)
 
     def get_many(self, keys: list[str]) -> list[bytes]:
-        """One multi_get (torch's stores have it since 2.3; one get each before)."""
         if not keys:
             return []
         multi_get = getattr(self.store, "multi_get", None)

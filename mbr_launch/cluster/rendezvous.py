@@ -132,7 +132,6 @@ class Rendezvous:
         return patch
 
     def existing_handler(self) -> RendezvousHandler | None:
-        """torch's handler once the first join has made it, else None (never makes one: for other threads)."""
         return self._handler
 
     @property
@@ -238,7 +237,6 @@ class Rendezvous:
                      shared_store=shared, sealer=self.sealer)
 
     def _counters(self, store: Store) -> JobStore:
-        """The job's counters: among its keys, but sealed under the job's prefix."""
         return JobStore(PrefixStore(self._job, _base_store(store)), self._job, self.sealer)
 
     def _counts(self, store: Store) -> tuple[int, int]:
@@ -292,7 +290,6 @@ class Rendezvous:
             return self.num_nodes_waiting()
 
     def state(self) -> JoinState | None:
-        """torch's view of the rendezvous now; None when unknown (another backend, no handler yet)."""
         if self._state_reader is None:
             self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
         return self._state_reader.read()

@@ -58,7 +58,6 @@ class Sealer:
         return value
 
     def _forged(self, key: str, why: str) -> RefusedValue:
-        """The refusal of a value without a valid seal, said once per key on the agent's stderr."""
         if key not in self._warned and len(self._warned) < 100:
             self._warned.add(key)
             sys.stderr.write(f"mbr-launch: warning: refused the rendezvous store's value of {one_line(key, 200)}: "

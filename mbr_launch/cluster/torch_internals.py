@@ -374,7 +374,6 @@ def empty_state() -> bytes:
 
 
 def joined_round(handler: Any) -> int | None:
-    """torch's number of the round the handler last joined (its state's ``round``); None where unknown."""
     value = getattr(getattr(getattr(handler, "_state_holder", None), "state", None), "round", None)
     return value if isinstance(value, int) else None
 

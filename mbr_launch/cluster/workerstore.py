@@ -1,16 +1,11 @@
 """The workers' store of one round, served by group rank 0's agent on the round's fresh MASTER_PORT.
 
-The MASTER_PORT is picked with the two ports above it free as well (``pick_master_port``): NVRx in-process
-restart puts the application's store on ``MASTER_PORT + 1`` and its wrapper's on ``+ 2`` (NVRx's and
-Megatron-LM's examples), and a taken one fails the job at start (docs/in-process-restart.md).
+A new, empty store every round, listening (our socket) before the workers start: served by global rank 0,
+early ranks meet a closed port and back off; torchrun's shared store breaks restarts (pytorch#135712). The port
+is picked with ``+ 1`` and ``+ 2`` free for NVRx in-process restart (docs/in-process-restart.md).
 
-A new, empty store every round, listening (our socket) before the workers start: a rank served by global
-rank 0 itself meets a closed port and torch's client backs off about a second; torchrun's shared store
-breaks restarts (pytorch#135712).
-
-A static rendezvous keeps the static store as the workers' store, as torchrun does (torch makes rank 0 listen
-on the static port otherwise), so group rank 0's agent deletes the workers' keys between rounds, while every
-node's workers are stopped (``round_port``): a restarted attempt would read the dead one's gloo addresses.
+A static rendezvous keeps the static store as the workers' store, as torchrun does, so group rank 0's agent
+deletes the workers' keys between rounds (``round_port``): a restarted attempt would read the dead one's.
 """
 
 from __future__ import annotations
@@ -107,7 +102,6 @@ class ServedStore:
 
 
 def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore | None:
-    """A store for the round's workers on ``port``, served by this agent; None when the port cannot be bound."""
     try:
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:
