@@ -1,8 +1,9 @@
-"""The node-health daemon's side of its one call (``mbr_launch.health.nodehealth``), for a fake daemon."""
+"""The node-health daemon's side of its one call (``mbr_launch.health.suite``), for a fake daemon."""
 
 from __future__ import annotations
 
-from mbr_launch.health.nodehealth import Reply, _fields, _string, _varint
+from mbr_launch.health.checks import Reply
+from mbr_launch.health.suite import _fields, _string, _varint
 
 
 def decode_request(data: bytes) -> list[str]:

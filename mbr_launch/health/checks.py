@@ -1,7 +1,6 @@
 """The pre-rendezvous checks as pure decisions: what was read comes in, one ``CheckResult`` goes out.
 
-Each rule is ft_launcher 0.7's (``shared_utils/health_check.py``, ``storage_probe.py``,
-``segment_health_check.py``), as docs/node-checks.md states them; the segment check fails open, as NVRx's.
+Each rule is ft_launcher 0.7's, as docs/node-checks.md states them; the segment check fails open, as NVRx's.
 """
 
 from __future__ import annotations
@@ -11,7 +10,6 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from mbr_launch.health.nodehealth import Reply
 from mbr_launch.health.result import CheckResult
 
 STORAGE_PATHS, DIST_STORAGE, NIC_LINKS, SEGMENT, NODE_HEALTH = (
@@ -41,6 +39,14 @@ class ProbeReport:
 
 
 @dataclass(frozen=True)
+class Reply:
+    success: bool = False
+    exit_code: int = 0
+    output: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class SegmentArtifact:
     """The scheduler's decision file as read: missing, not_regular, empty, nonempty or error."""
 
@@ -67,7 +73,6 @@ def _probed(name: str, paths: Sequence[str], report: ProbeReport, what: str) -> 
 
 
 def storage_paths(paths: Sequence[str], report: ProbeReport) -> CheckResult:
-    """``--ft-storage-health-check-path``: each path exists and reads."""
     wanted = [p for p in paths if p]
     if not wanted:
         return CheckResult.passed(STORAGE_PATHS, "no paths given", skipped=True)
@@ -90,7 +95,6 @@ def network_mounts(mountinfo: str) -> list[str]:
 
 def dist_storage(lustre: str | None, lustre_error: str | None, mounts: Sequence[str],
                  report: ProbeReport | None) -> CheckResult:
-    """``--ft-enable-dist-storage-healthcheck``; ``lustre``: the health file's text, None when there is none."""
     if lustre_error:
         return CheckResult.failed(DIST_STORAGE, f"cannot read Lustre's health_check: {lustre_error}")
     if lustre is not None and lustre.strip() != "healthy":
@@ -144,7 +148,6 @@ def segment(artifact: SegmentArtifact | None) -> CheckResult:
 
 
 def node_health(reply: Reply) -> CheckResult:
-    """The node-health daemon's reply to RunHealthCheck."""
     if not reply.success:
         parts = [f"the node-health daemon reports failure (exit code {reply.exit_code})"]
         if reply.error:

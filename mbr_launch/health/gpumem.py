@@ -1,8 +1,7 @@
 """Between a round's stop and the next start: wait until this node's GPUs have this job's memory back.
 
-The wait is for the memory of the stopped round's own processes (``health.gpuowners``), not ft_launcher's
-total under a tolerance, which a stranger keeps up for the whole timeout (docs/node-checks.md).
-``wait_reclaimed`` is pure: the reading, the clock and the sleep come in.
+Only the stopped round's own processes are waited for, not ft_launcher's total under a tolerance, which a
+stranger keeps up for the whole timeout (docs/node-checks.md). Pure: the reading, clock and sleep come in.
 """
 
 from __future__ import annotations
@@ -26,11 +25,9 @@ class Reclaim:
     interrupted: bool = False  # a signal ended the wait
 
     def holding(self) -> list[Holder]:
-        """What the wait waited for at its last poll: the job's ended processes still holding memory."""
         return self.last.of(Owner.ENDED)
 
     def over(self) -> list[GpuMemory]:
-        """GPUs without a per-process view whose used memory is above the tolerance at the last poll."""
         return [m for m in self.last.memories if not _settled(m, self.last, self.tolerance_mb)
                 and m.processes is None]
 

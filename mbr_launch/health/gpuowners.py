@@ -1,7 +1,5 @@
 """Whose is the GPU memory: each process NVML names on the job's GPUs, as this job's (ended or running) or
-a stranger's (the rules: docs/node-checks.md).
-
-``classify`` is pure over NVML's answers, a process table and a reader of what ``/proc`` says of one pid.
+a stranger's (docs/node-checks.md). ``classify`` is pure over NVML's answers, a process table and ``/proc``.
 """
 
 from __future__ import annotations
@@ -30,8 +28,6 @@ class Owner(Enum):
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """What ``/proc`` says of one pid (None: it does not show it)."""
-
     user: str
     command: str
     environ: tuple[bytes, ...] = ()
@@ -69,8 +65,6 @@ class Job:
 
 @dataclass(frozen=True)
 class Reading:
-    """One look at the job's GPUs: each GPU's memory and who holds it."""
-
     memories: tuple[GpuMemory, ...]
     holders: tuple[Holder, ...] = field(default_factory=tuple)
 

@@ -1,8 +1,7 @@
 """``--ft-check-remaining-processes``: after a round's workers were stopped, what of theirs is still alive.
 
 The stop already killed what it could tell was a worker's (``workers.strays``), so this finds what got past
-it (``find``: the rules, pure over a process table). Reported, never killed, as NVRx does
-(docs/node-checks.md).
+it (``find``: pure over a process table). Reported, never killed, as NVRx does (docs/node-checks.md).
 """
 
 from __future__ import annotations
@@ -73,7 +72,6 @@ def with_cmdlines(found: Sequence[Leftover], read: Callable[[int], str] = cmdlin
 
 
 def line(found: Sequence[Leftover], round_index: int) -> str:
-    """The one line that says what survived the stop of round ``round_index``."""
     shown = "; ".join(f"pid {f.pid} `{f.cmdline or '?'}` ({f.why})" for f in found[:SHOWN])
     more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
     count = f"{len(found)} process{'es' if len(found) != 1 else ''}"

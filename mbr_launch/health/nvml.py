@@ -162,7 +162,6 @@ _RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 
 
 
 def once(query: Callable[[Nvml], _T]) -> _T | str:
-    """``query``'s answer on an NVML session opened and closed for it, or why NVML cannot be opened."""
     session = Nvml.open()
     if isinstance(session, str):
         return session
@@ -171,7 +170,6 @@ def once(query: Callable[[Nvml], _T]) -> _T | str:
 
 
 def view() -> NvmlView:
-    """Every GPU of this host with its health (the doctor's GPU checks)."""
     def read(session: Nvml) -> NvmlView:
         try:
             return NvmlView(available=True, driver=session.driver(),
@@ -184,7 +182,6 @@ def view() -> NvmlView:
 
 
 def memories(devices: Sequence[str]) -> list[GpuMemory] | str:
-    """The memory of ``devices`` and the processes that hold it, or why NVML cannot say."""
     return once(lambda session: [session.memory(d) for d in devices])
 
 

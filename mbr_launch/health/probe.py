@@ -1,8 +1,7 @@
 """Touch storage paths in a process of its own (``python -I -S probe.py read|list PATH...``): a hung mount
-blocks this process, not the launcher, which kills it after its timeout (``readers.probe_paths``).
+blocks this process, not the launcher, which kills it after its timeout (``suite.probe_paths``).
 
-One JSON line per path, flushed as each is done, so a caller that gives up knows which path hung. Standard
-library only: it starts in milliseconds.
+One JSON line per path, flushed as each is done, so a caller that gives up knows which path hung.
 """
 
 from __future__ import annotations

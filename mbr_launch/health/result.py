@@ -37,10 +37,8 @@ class CheckResult:
 
     @classmethod
     def passed(cls, id: str, saw: str, *, skipped: bool = False) -> CheckResult:
-        """A node check that found nothing wrong (``skipped``: found nothing to check)."""
         return cls(id, "skip" if skipped else "ok", "", saw)
 
     @classmethod
     def failed(cls, id: str, saw: str) -> CheckResult:
-        """A node check that failed: ``saw`` says why."""
         return cls(id, "error", "", saw)
