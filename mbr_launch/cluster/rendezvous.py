@@ -128,10 +128,11 @@ class Rendezvous:
             return torch_internals.JOIN_WAKE.refused(why)
         storeclients.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
         patch, self._wake = joining.install_wake(handler, host=store.host, port=int(store.port),
-                                             prefix=f"{self._job}/complete/")
+                                                 prefix=f"{self._job}/complete/")
         return patch
 
     def existing_handler(self) -> RendezvousHandler | None:
+        """torch's handler once made, else None: never makes one (for other threads than the joining one)."""
         return self._handler
 
     @property
