@@ -13,10 +13,10 @@ from dataclasses import replace
 import pytest
 
 from mbr_launch.config.model import NvrxLauncherSpec
-from mbr_launch.health import checks, nodehealth, readers, suite
-from mbr_launch.health.checks import PathStatus, ProbeReport, SegmentArtifact
-from mbr_launch.health.nodehealth import Reply
+from mbr_launch.health import checks, suite
+from mbr_launch.health.checks import PathStatus, ProbeReport, Reply, SegmentArtifact
 
+from testkit import nvhcd
 from testkit.nvrx_versions import nvrx_dir
 
 pytestmark = pytest.mark.timeout(60)
@@ -44,12 +44,12 @@ def test_the_probe_reads_real_paths_in_a_process_of_its_own(tmp_path):
     locked = tmp_path / "locked"
     locked.mkdir(mode=0)
     paths = [str(tmp_path / "file"), str(tmp_path / "dir"), str(tmp_path / "gone"), "relative/path", str(locked)]
-    report = readers.probe_paths("read", paths)
+    report = suite.probe_paths("read", paths)
     status = {s.path: s.status for s in report.statuses}
     expected_locked = "ok" if os.geteuid() == 0 else "unreadable"  # root reads a mode-0 folder
     assert status == {paths[0]: "ok", paths[1]: "ok", paths[2]: "missing", paths[3]: "invalid",
                       paths[4]: expected_locked}
-    assert {s.path: s.status for s in readers.probe_paths("list", paths[:2]).statuses} == \
+    assert {s.path: s.status for s in suite.probe_paths("list", paths[:2]).statuses} == \
         {paths[0]: "not a directory", paths[1]: "ok"}
     locked.chmod(0o700)
 
@@ -61,8 +61,8 @@ def test_a_probe_that_does_not_answer_names_the_path_it_hung_on(tmp_path, monkey
     stuck.write_text("import json, sys, time\n"
                      "print(json.dumps({'path': sys.argv[2], 'status': 'ok', 'detail': ''}), flush=True)\n"
                      "time.sleep(60)\n")
-    monkeypatch.setattr(readers, "PROBE", str(stuck))
-    report = readers.probe_paths("read", ["/a", "/b", "/c"], timeout=1.0)
+    monkeypatch.setattr(suite, "PROBE", str(stuck))
+    report = suite.probe_paths("read", ["/a", "/b", "/c"], timeout=1.0)
     assert [(s.path, s.status) for s in report.statuses] == [("/a", "ok"), ("/b", "hung")]
     assert checks.storage_paths(["/a", "/b", "/c"], report).detail == \
         "/b did not answer (no answer within 1 s); /c was not probed"
@@ -115,8 +115,8 @@ def test_link_states_read_through_the_template(tmp_path):
         (devices / nic / "ports" / "1" / "state").write_text(state + "\n")
     (devices / "mlx5_9").mkdir()  # no state file
     template = str(devices / "{nic}" / "ports" / "1" / "state")
-    assert readers.link_states(template, devices=str(devices)) == {"mlx5_0": "ACTIVE", "mlx5_1": "DOWN", "mlx5_9": None}
-    assert readers.link_states(template, devices=str(tmp_path / "none")) == {}
+    assert suite.link_states(template, devices=str(devices)) == {"mlx5_0": "ACTIVE", "mlx5_1": "DOWN", "mlx5_9": None}
+    assert suite.link_states(template, devices=str(tmp_path / "none")) == {}
 
 
 # ---- segment decision --------------------------------------------------------------------------------------
@@ -130,15 +130,15 @@ def test_segment_path_names_the_array_task():
 
 def test_only_a_non_empty_regular_decision_file_excludes(tmp_path):
     path = tmp_path / "segment_health_check.1.1"
-    assert checks.segment(readers.segment_artifact(str(path))).ok  # none yet
+    assert checks.segment(suite.segment_artifact(str(path))).ok  # none yet
     path.write_text("")
-    assert checks.segment(readers.segment_artifact(str(path))).ok
+    assert checks.segment(suite.segment_artifact(str(path))).ok
     path.write_text("rack r12 drained by the scheduler\n")
-    result = checks.segment(readers.segment_artifact(str(path)))
+    result = checks.segment(suite.segment_artifact(str(path)))
     assert not result.ok and "rack r12 drained" in result.detail and str(path) in result.detail
     path.unlink()
     path.mkdir()
-    assert checks.segment(readers.segment_artifact(str(path))).ok  # not a regular file: ignored (fails open)
+    assert checks.segment(suite.segment_artifact(str(path))).ok  # not a regular file: ignored (fails open)
     assert checks.segment(None).skipped
 
 
@@ -155,15 +155,15 @@ def test_node_health_reply_rules():
 
 
 def test_endpoints_and_the_message_codec():
-    assert nodehealth.socket_path("unix:///run/nvhcd.sock") == "/run/nvhcd.sock"
-    assert nodehealth.socket_path("/run/nvhcd.sock") == "/run/nvhcd.sock"
-    assert nodehealth.socket_path("./nvhcd.sock") == "./nvhcd.sock"
-    assert nodehealth.socket_path("localhost:50051") is None
+    assert suite.socket_path("unix:///run/nvhcd.sock") == "/run/nvhcd.sock"
+    assert suite.socket_path("/run/nvhcd.sock") == "/run/nvhcd.sock"
+    assert suite.socket_path("./nvhcd.sock") == "./nvhcd.sock"
+    assert suite.socket_path("localhost:50051") is None
     reply = Reply(True, -3, '{"fail_count": 1} é', "e")
-    assert nodehealth.decode_reply(nodehealth.encode_reply(reply)) == reply
-    assert nodehealth.decode_request(nodehealth.encode_request(nodehealth.DEFAULT_ARGS)) == list(nodehealth.DEFAULT_ARGS)
+    assert suite.decode_reply(nvhcd.encode_reply(reply)) == reply
+    assert nvhcd.decode_request(suite.encode_request(suite.DEFAULT_ARGS)) == list(suite.DEFAULT_ARGS)
     with pytest.raises(ValueError):
-        nodehealth.decode_reply(b"\x1a\x05ab")  # truncated
+        suite.decode_reply(b"\x1a\x05ab")  # truncated
 
 
 def _nvhcd_pb2():
@@ -178,8 +178,8 @@ def _nvhcd_pb2():
 def test_the_codec_speaks_nvrx_07s_messages():
     pb2 = _nvhcd_pb2()
     theirs = pb2.HealthCheckResponse(success=True, exit_code=-3, output='{"fail_count": 1}', error="x")
-    assert nodehealth.decode_reply(theirs.SerializeToString()) == Reply(True, -3, '{"fail_count": 1}', "x")
-    request = pb2.HealthCheckRequest.FromString(nodehealth.encode_request(["--group", "gpu"]))
+    assert suite.decode_reply(theirs.SerializeToString()) == Reply(True, -3, '{"fail_count": 1}', "x")
+    request = pb2.HealthCheckRequest.FromString(suite.encode_request(["--group", "gpu"]))
     assert list(request.args) == ["--group", "gpu"]
 
 
@@ -195,21 +195,21 @@ def test_a_real_grpc_daemon_on_a_unix_socket(tmp_path):
 
     handler = grpc.method_handlers_generic_handler("nvhcd.HealthCheckService", {
         "RunHealthCheck": grpc.unary_unary_rpc_method_handler(
-            run, request_deserializer=nodehealth.decode_request, response_serializer=nodehealth.encode_reply)})
+            run, request_deserializer=nvhcd.decode_request, response_serializer=nvhcd.encode_reply)})
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=1))
     server.add_generic_rpc_handlers((handler,))
     server.add_insecure_port(f"unix:{path}")
     server.start()
     try:
-        assert checks.node_health(nodehealth.query(path, timeout=10)).ok
-        second = checks.node_health(nodehealth.query(path, timeout=10))
+        assert checks.node_health(suite.query(path, timeout=10)).ok
+        second = checks.node_health(suite.query(path, timeout=10))
         assert not second.ok and "ib" in second.detail
-        assert seen == [list(nodehealth.DEFAULT_ARGS)] * 2
+        assert seen == [list(suite.DEFAULT_ARGS)] * 2
     finally:
         server.stop(0).wait(5)
     # the daemon gone: skipped with the reason, never a failure
-    assert isinstance(nodehealth.query(path, timeout=2), str)
-    assert "does not exist" in nodehealth.query(str(tmp_path / "none.sock"))
+    assert isinstance(suite.query(path, timeout=2), str)
+    assert "does not exist" in suite.query(str(tmp_path / "none.sock"))
 
 
 # ---- the suite ---------------------------------------------------------------------------------------------

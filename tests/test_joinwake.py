@@ -1,4 +1,4 @@
-"""A join's one-second pauses end when its round completes (``cluster.joinwake``): the agent whose write of
+"""A join's one-second pauses end when its round completes (``cluster.joining``): the agent whose write of
 the completed state went through sets a key that the waiting agents' pauses wait for."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from torch.distributed import TCPStore
 
-from mbr_launch.cluster import joinwake, storeclients
+from mbr_launch.cluster import joining, storeclients
 from testkit.eventlog import read_events
 
 from testkit.helpers import finish, free_port, launcher_env
@@ -56,8 +56,8 @@ def store():
 def test_a_pause_ends_when_another_agent_completes_the_round(store):
     server, port = store
     waiting, completing = _Holder(), _Holder()
-    wake = joinwake.JoinWake(waiting, server, "127.0.0.1", port, PREFIX)
-    completer = joinwake.JoinWake(completing, server, "127.0.0.1", port, PREFIX)
+    wake = joining.JoinWake(waiting, server, "127.0.0.1", port, PREFIX)
+    completer = joining.JoinWake(completing, server, "127.0.0.1", port, PREFIX)
     completing.sync()  # a write of a state that is not complete yet announces nothing
     assert not server.check(["mbr/job/job/complete/3"])
 
@@ -81,8 +81,8 @@ def test_a_rounds_key_ends_one_pause_only(store, monkeypatch):
     holder = _Holder()
     server.set("mbr/job/job/complete/3", b"1")  # say the read after the wake still showed round 3 open
     slept: list[float] = []
-    monkeypatch.setattr(joinwake, "_torch_delay", slept.append)
-    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, PREFIX)
+    monkeypatch.setattr(joining, "_torch_delay", slept.append)
+    wake = joining.JoinWake(holder, server, "127.0.0.1", port, PREFIX)
     wake.pause(1.0)
     assert wake.woken and slept == []
     wake.pause(1.0)  # the key exists for good: waiting on it again would spin
@@ -91,7 +91,7 @@ def test_a_rounds_key_ends_one_pause_only(store, monkeypatch):
 
 def test_without_a_completion_the_pause_is_torchs(store):
     server, port = store
-    wake = joinwake.JoinWake(_Holder(), server, "127.0.0.1", port, PREFIX)
+    wake = joining.JoinWake(_Holder(), server, "127.0.0.1", port, PREFIX)
     with wake.waiting():
         wake.pause(0.2)
     assert not wake.woken
@@ -104,8 +104,8 @@ def test_a_spare_of_a_complete_round_does_not_spin(store, monkeypatch):
     holder.state.complete = True  # the key of this round exists: waiting for it would return at once
     server.set("mbr/job/job/complete/3", b"1")
     slept: list[float] = []
-    monkeypatch.setattr(joinwake, "_torch_delay", slept.append)
-    wake = joinwake.JoinWake(holder, server, "127.0.0.1", port, PREFIX)
+    monkeypatch.setattr(joining, "_torch_delay", slept.append)
+    wake = joining.JoinWake(holder, server, "127.0.0.1", port, PREFIX)
     wake.pause(1.0)
     assert slept == [1.0] and not wake.woken
 

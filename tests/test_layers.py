@@ -23,10 +23,6 @@ LONGER: dict[str, tuple[int, str]] = {
              "generated from it), plus the pure resolution that walks it: ~120 declarations of three tools. "
              "Split by origin (torchrun's, ft_launcher 0.6/0.7's) it was three files that only made sense "
              "together, and a reader looking for one option had to know which tool it came from"),
-    "mbr_launch.cluster.torch_internals": (
-        450, "every reach into torch's private rendezvous parts in one module (STYLE.md 18: reviewed in one file "
-             "when torch changes, each patch with its check beside it); seven patches of 20-60 lines each do not "
-             "split into separate jobs, and at 400 its lines were being joined to fit"),
 }
 LOOP_LINES = 60
 

@@ -1,5 +1,5 @@
 """Silence judged by decide.liveness (issue #38), with injected clocks: a starved watcher, a starved peer on
-the same machine, a dead or stopped peer, a slow store and a cut one; and hostview's /proc view of real
+the same machine, a dead or stopped peer, a slow store and a cut one; and peers' /proc view of real
 processes (running, stopped, gone)."""
 
 from __future__ import annotations
@@ -12,14 +12,14 @@ import time
 
 import pytest
 
-from mbr_launch.cluster import hostview
+from mbr_launch.cluster import peers
 from mbr_launch.decide.liveness import (CREDIT_TICKS, SLOW_FACTOR, Beat, Identity, OwnTime, Seen, Silence,
                                         SlowestAnswer, grace)
 
 pytestmark = pytest.mark.timeout(60)
 
 TIMEOUT = 15.0
-PERIOD = 0.25  # hostview.TICK
+PERIOD = 0.25  # peers.TICK
 INTERVAL = TIMEOUT / 4  # PeerWatch's
 
 
@@ -121,40 +121,40 @@ def test_beats_decode_whatever_the_store_holds(raw, count, named):
 
 @pytest.mark.processes
 def test_this_machine_sees_a_process_running_stopped_and_gone():
-    me = hostview.my_identity()
+    me = peers.my_identity()
     assert me is not None and me.pid == os.getpid()
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
         deadline = time.monotonic() + 10
         stat = None
         while stat is None and time.monotonic() < deadline:
-            stat = hostview.procstat.read(proc.pid)
+            stat = peers.procstat.read(proc.pid)
         assert stat is not None
         child = Identity(me.boot_id, me.pid_ns, me.net_ns, proc.pid, stat.start_time)
-        assert hostview.seen(child, me) is Seen.ALIVE
-        assert hostview.seen(Identity(me.boot_id, me.pid_ns, me.net_ns, proc.pid, stat.start_time + 1), me) \
+        assert peers.seen(child, me) is Seen.ALIVE
+        assert peers.seen(Identity(me.boot_id, me.pid_ns, me.net_ns, proc.pid, stat.start_time + 1), me) \
             is Seen.SILENT  # the same pid, another process
-        assert hostview.seen(Identity("ffff", me.pid_ns, me.net_ns, proc.pid, stat.start_time), me) is Seen.SILENT
+        assert peers.seen(Identity("ffff", me.pid_ns, me.net_ns, proc.pid, stat.start_time), me) is Seen.SILENT
         os.kill(proc.pid, signal.SIGSTOP)
-        while hostview.seen(child, me) is Seen.ALIVE and time.monotonic() < deadline:
+        while peers.seen(child, me) is Seen.ALIVE and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert hostview.seen(child, me) is Seen.SILENT  # state T
+        assert peers.seen(child, me) is Seen.SILENT  # state T
         os.kill(proc.pid, signal.SIGCONT)
-        while hostview.seen(child, me) is not Seen.ALIVE and time.monotonic() < deadline:
+        while peers.seen(child, me) is not Seen.ALIVE and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert hostview.seen(child, me) is Seen.ALIVE
+        assert peers.seen(child, me) is Seen.ALIVE
         proc.kill()
         proc.wait(10)
-        assert hostview.seen(child, me) is Seen.SILENT
+        assert peers.seen(child, me) is Seen.SILENT
     finally:
         proc.kill()
         proc.wait(10)
 
 
 def test_own_time_runs_with_the_real_clock_when_this_process_is_served():
-    a, t = hostview.own_time(), time.monotonic()
+    a, t = peers.own_time(), time.monotonic()
     time.sleep(0.6)
-    credited, wall = hostview.own_time() - a, time.monotonic() - t
+    credited, wall = peers.own_time() - a, time.monotonic() - t
     assert 0.5 <= credited <= wall + 0.01
 
 

@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from mbr_launch.cluster.ports import SPAN, ephemeral_range, pick_master_port, span_free
+from mbr_launch.cluster.workerstore import SPAN, ephemeral_range, pick_master_port, span_free
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,4 +1,4 @@
-"""Unit tests of cluster.shrink.may_close: when a failure round may close without torch's last call."""
+"""Unit tests of cluster.torch_internals.may_close: when a failure round may close without torch's last call."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ from datetime import datetime, timedelta, timezone
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (RendezvousSettings, RendezvousTimeout, _NodeDesc,
                                                                      _RendezvousState)
 
-from mbr_launch.cluster.shrink import SETTLE, may_close
+from mbr_launch.cluster.torch_internals import SETTLE, may_close
 
 NOW = datetime(2026, 12, 1, tzinfo=timezone.utc)
 LAST_CALL = timedelta(seconds=30)

@@ -22,7 +22,7 @@ import psutil
 import pytest
 from torch.distributed import PrefixStore, TCPStore
 
-from mbr_launch.cluster import inquiry, listen, layout, sealedstate, storevalue
+from mbr_launch.cluster import inquiry, listen, layout, rdzvstore, storevalue
 from mbr_launch.cluster.jobstore import JobStore
 from mbr_launch.cluster.stops import StopMessage, publish_stop, read_stop
 from mbr_launch.config.secret import SecretFileError, read_secret
@@ -127,7 +127,7 @@ def test_torchs_pickled_state_is_verified_before_it_is_unpickled(store, tmp_path
         def __reduce__(self):
             return (os.system, (f"touch {marker}",))
 
-    backend = sealedstate.backend(store, "job1", storevalue.Sealer(SECRET))
+    backend = rdzvstore.backend(store, "job1", storevalue.Sealer(SECRET))
     state = pickle.dumps({"round": 1})
     stored, token, written = backend.set_state(state)
     assert written and stored == state

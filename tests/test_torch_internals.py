@@ -19,7 +19,7 @@ from mbr_launch.agent.lifecycle import Agent
 from mbr_launch.agent.stuck import StuckSignals
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.api import build_launch_config
-from mbr_launch.cluster import eventnames, joinwake, rdzvstore, shrink, torch_internals
+from mbr_launch.cluster import joining, rdzvstore, torch_internals
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.doctor import DoctorContext, check_ids, run_checks
@@ -87,8 +87,8 @@ def test_a_real_c10d_join_takes_every_patch_and_leaves(tmp_path):
         took = {p.name: p for p in rendezvous.patches}
         assert set(took) == {"store_socket", "early_close", "event_names", "join_wake"}
         assert all(p.installed for p in took.values()), [p for p in took.values() if not p.installed]
-        assert dynamic_rendezvous.get_method_name is eventnames.get_method_name
-        assert dynamic_rendezvous._delay is joinwake._delay
+        assert dynamic_rendezvous.get_method_name is torch_internals.get_method_name
+        assert dynamic_rendezvous._delay is joining._delay
         assert torch_internals.handler_store(handler).port == rnd.store_port
         state = rendezvous.state()  # state_reads: our own read of torch's pickled state
         assert state is not None and state.joined == 1 and state.complete and state.outside == 0
@@ -106,7 +106,7 @@ def test_a_real_c10d_join_takes_every_patch_and_leaves(tmp_path):
 def test_a_node_that_leaves_is_out_of_the_wait_list_and_the_spares_list_at_once(listed):
     """torch's exit operation takes a node out of the round's participants only: a spare (or a node queued for
     the next round) that leaves would stay listed until its keep-alive expires, and hold up the next round's
-    early close (cluster.shrink). ``leave`` takes it out of those lists too."""
+    early close (torch_internals.may_close). ``leave`` takes it out of those lists too."""
     store = HashStore()
     act = dynamic_rendezvous._Action
     handler = DynamicRendezvousHandler.from_backend("t", store, C10dRendezvousBackend(store, "t"), 1, 2,
@@ -145,19 +145,19 @@ def test_status_names_what_a_torch_without_a_part_loses(monkeypatch, owner, name
 
 def test_each_install_reports_a_missing_part_and_patches_nothing(monkeypatch):
     monkeypatch.delattr(dynamic_rendezvous, "get_method_name")
-    patch = eventnames.install()
+    patch = torch_internals.replace_event_names()
     assert not patch.installed and "get_method_name" in patch.why_not
     assert not hasattr(dynamic_rendezvous, "get_method_name")  # not put there by a half install
 
     monkeypatch.delattr(dynamic_rendezvous, "_delay")
-    patch, wake = joinwake.install(_handler(), host="127.0.0.1", port=1, prefix="p/")
+    patch, wake = joining.install_wake(_handler(), host="127.0.0.1", port=1, prefix="p/")
     assert wake is None and not patch.installed and patch.why_not == "dynamic_rendezvous has no _delay"
     assert not hasattr(dynamic_rendezvous, "_delay")
 
     handler = _handler()
     executor = handler._op_executor
     monkeypatch.delattr(dynamic_rendezvous, "_RendezvousJoinOp")
-    patch = shrink.install(handler, active=lambda: True)
+    patch = torch_internals.close_joins_early(handler, active=lambda: True)
     assert not patch.installed and "_RendezvousJoinOp" in patch.why_not
     assert handler._op_executor is executor  # torch's own executor, unwrapped
 
@@ -170,13 +170,13 @@ def test_each_install_reports_a_missing_part_and_patches_nothing(monkeypatch):
 def test_a_handler_without_its_parts_is_reported(monkeypatch):
     handler = _handler()
     monkeypatch.delattr(handler, "_store")
-    patch, wake = joinwake.install(handler, host="127.0.0.1", port=1, prefix="p/")
+    patch, wake = joining.install_wake(handler, host="127.0.0.1", port=1, prefix="p/")
     assert wake is None and patch.why_not == "the handler has no _store"
     assert torch_internals.STATE_READS.check(handler).why_not == "the handler has no _store"
     assert torch_internals.handler_store(handler) is None
     handler = _handler()
     monkeypatch.delattr(handler, "_op_executor")
-    assert shrink.install(handler, active=lambda: True).why_not == "the handler has no _op_executor"
+    assert torch_internals.close_joins_early(handler, active=lambda: True).why_not == "the handler has no _op_executor"
     # said, not swallowed: the caller learns why
     assert torch_internals.leave(handler, timeout=1) == "leave not installed: the handler has no _op_executor"
 

@@ -27,8 +27,7 @@ from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster import stops, torch_internals
-from mbr_launch.cluster.hostview import own_time
-from mbr_launch.cluster.peers import store_host_alive
+from mbr_launch.cluster.peers import own_time, store_host_alive
 from mbr_launch.cluster.storeguard import StoreGuard
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.config.model import LaunchConfig

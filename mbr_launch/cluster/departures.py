@@ -1,11 +1,8 @@
-"""Nodes stopped by a signal, and nodes that left a round: the round's keys that say so (``decide.leaving``).
+"""Nodes stopped by a signal, and nodes that left a round (``decide.leaving``).
 
-- ``signalled``: how many of the round's nodes a stop signal has reached (a sealed counter: one add per node).
-  The node whose add makes it the round's size has seen the job stopped, and leaves ``JOB_STOP_KEY`` in the
-  job's keys, where an agent waiting outside the round (a spare) that got the same signal reads it.
-- ``left``: the group ranks that left the round (a sealed JSON list, grown by compare-and-set). Every node's
-  peer watch reads it with its beats: a node that left is not watched for silence, and when the watching node
-  (group rank 0) leaves, the lowest rank still in the round takes its part.
+``signalled`` counts the nodes a stop signal reached; the one completing the count leaves ``JOB_STOP_KEY`` for
+the spares. ``left`` lists the group ranks that left: the peer watch skips them, and the lowest rank still in
+the round takes over the watch when group rank 0 leaves.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ TRIES = 50  # compare-and-set attempts on the list of departures (one per node t
 
 
 def record_signal(rnd: Round, job: JobStore, signal_name: str) -> int:
-    """Count this node as reached by a stop signal (once per round: the caller's duty); the count with it. The
-    node that completes the count tells the agents outside the round (``job``: the job's keys)."""
+    """Count this node as reached by a stop signal (once per round: the caller's duty); returns the count."""
     count = JobStore.of_round(rnd).add(SIGNALLED_KEY, 1)
     if count >= rnd.group_world_size:
         job.claim(JOB_STOP_KEY, signal_name)
@@ -34,15 +30,13 @@ def signalled(rnd: Round) -> int:
 
 
 def job_stopped(raw: bytes | None) -> str | None:
-    """The signal that stopped the whole job, from ``JOB_STOP_KEY`` as ``Rendezvous.job_get`` read it (opened);
-    None when there is none (or it is not a signal's name)."""
+    """The signal that stopped the whole job, from ``JOB_STOP_KEY`` (opened); None when there is none."""
     name = outside.text(raw.decode("ascii", errors="replace") if raw else None, "", 16)
     return name if name.startswith("SIG") and name[3:].isalnum() else None
 
 
 def decode_left(raw: bytes | str | None, *, keys: JobStore, nodes: int) -> frozenset[int]:
-    """The group ranks in a ``left`` value read from the round's ``keys``, each in ``[0, nodes)``; an empty,
-    missing or refused value is none."""
+    """The group ranks in a ``left`` value, each in ``[0, nodes)``; a missing or refused value is none."""
     try:
         value = keys.decode(LEFT_KEY, raw, depth=1) if raw else []
     except storevalue.RefusedValue:
@@ -53,8 +47,7 @@ def decode_left(raw: bytes | str | None, *, keys: JobStore, nodes: int) -> froze
 
 
 def mark_left(rnd: Round, group_rank: int) -> frozenset[int]:
-    """Add ``group_rank`` to the round's departures; all of them, this one included. A value that is not ours
-    (no valid seal) is replaced, as ``JobStore.claim`` does."""
+    """Add ``group_rank`` to the round's departures; returns all of them. A forged value is replaced."""
     keys = JobStore.of_round(rnd)
     current = keys.compare_set(LEFT_KEY, "", keys.seal(LEFT_KEY, "[]"))
     for _ in range(TRIES):

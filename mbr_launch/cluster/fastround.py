@@ -1,23 +1,11 @@
 """The fast path between rounds: the same agents agree on the next round in one store round trip.
 
-A job-wide restart after a rank failure keeps every node: the next round has the same members, group ranks and
-rank layout, and needs only a token for its control keys, a fresh MASTER_PORT and the restart count, where a
-full c10d join costs torch's compare-and-set loops over the whole rendezvous state and our layout exchange. So
-every agent of such a round does ONE ``add`` on a counter under the failed round's control keys:
-
-- every agent adds 1; group rank 0 also packs the master port it picked and the job's restart count into its
-  addition (``pack``), so the sum carries them once group rank 0 has arrived;
-- the agent whose ``add`` brings the count to the round's number of nodes publishes the sum as the decision,
-  with a fresh random nonce (``compare_set``: "go:<sum>:<nonce>"); the others wait for that key. The next
-  round's token derives from the failed round's and the nonce, so nothing can compute it before the decision
-  exists (a token derived from the previous one alone let values be planted ahead under the next round's keys).
-
-Any agent may instead decide to fall back (a node was lost, spares or joiners wait, or it waited ``timeout``
-for the others): it writes "abort:<why>" with the same ``compare_set``. Exactly one value is ever stored under
-the decision key, so every agent of the round takes the same path: the fast round, or the full c10d join.
-
-Pure logic over a store with ``add``, ``compare_set``, ``check``, ``wait`` and ``get`` (tests inject one, and a
-clock); the caller builds the ``Round`` from the ``Agreement``.
+A job-wide restart keeps every node, so the next round needs only a token, a MASTER_PORT and the restart
+count. Every agent adds 1 to a counter under the failed round's keys; group rank 0 packs its port and the
+restart count into its addition (``pack``). The agent completing the count claims the decision
+"go:<sum>:<nonce>"; the next token derives from the nonce, so no one can plant values under it beforehand.
+Any agent may claim "abort:<why>" instead; exactly one decision stands, so all take the same path: the fast
+round, or the full c10d join. Pure logic over an injected store and clock.
 """
 
 from __future__ import annotations
@@ -51,8 +39,6 @@ class FastStore(Protocol):
 
 @dataclass(frozen=True)
 class Agreement:
-    """The next round, agreed by every agent of the previous one."""
-
     token: str
     master_port: int
     restart_count: int
@@ -75,20 +61,16 @@ def pack(count: int, master_port: int = 0, restarts: int = 0) -> int:
 
 
 def unpack(value: int) -> tuple[int, int, int]:
-    """(count, master port, restarts) of a packed sum."""
     return (value & ((1 << COUNT_BITS) - 1), (value >> COUNT_BITS) & ((1 << PORT_BITS) - 1),
             value >> (COUNT_BITS + PORT_BITS))
 
 
 def next_token(token: str, nonce: str) -> str:
-    """The fast round's token: from the failed round's (unique) and the decision's nonce (random), so every
-    agent computes the same one from the decision, it differs from every earlier token, and no one knows it
-    before the decision is taken."""
+    """The fast round's token: the same for every agent, new, and unknown before the decision."""
     return hashlib.sha1(f"{token}/fast/{nonce}".encode()).hexdigest()[:12]
 
 
 def go(arrived: int) -> str:
-    """The decision to take the fast path: the packed sum, and a nonce drawn now."""
     return f"{GO}{arrived}:{secrets.token_hex(NONCE_BYTES)}"
 
 
@@ -113,10 +95,7 @@ def read_decision(raw: bytes | str, *, token: str, nodes: int) -> Outcome:
 
 def abort(control: FastStore, reason: str, *, token: str, nodes: int, scope: str = "",
           sealer: Sealer | None = None) -> Outcome:
-    """Send every agent of the round to the full join; returns what was decided (a decision taken before
-    this call stands: then it may still be an ``Agreement``). ``scope``: the round's control prefix, which the
-    decision's seal names; ``sealer``: the job's (None: no secret; with one, a forged decision is replaced and
-    ignored)."""
+    """Send every agent of the round to the full join; returns what stands (an earlier decision wins)."""
     return _decide(_keys(control, scope, sealer), ABORT + reason, token=token, nodes=nodes)
 
 
@@ -125,7 +104,6 @@ def _keys(control: FastStore, scope: str, sealer: Sealer | None) -> JobStore:
 
 
 def _decide(keys: JobStore, decision: str, *, token: str, nodes: int) -> Outcome:
-    """The first authentic decision of the round (``JobStore.claim``), read."""
     _, stands = keys.claim(DECIDED_KEY, decision)
     if stands is None:
         return Fallback("fast-path decision refused: a value without the job's seal stood through every claim")
@@ -135,13 +113,9 @@ def _decide(keys: JobStore, decision: str, *, token: str, nodes: int) -> Outcome
 def agree(control: FastStore, *, group_rank: int, nodes: int, token: str, timeout: float,
           master_port: int = 0, restarts: int = 0, clock: Callable[[], float] = time.monotonic,
           scope: str = "", sealer: Sealer | None = None) -> Outcome:
-    """Arrive at the fast round of the failed round whose control keys are ``control``. Group rank 0 passes
-    the master port it picked and the job's restart count; the others' are ignored.
-
-    The others then wait for the decision in the store, on the same connection, in slices (``WAIT_SLICE``):
-    torch's client serialises its operations, so one long wait would hold up the rendezvous keep-alive that
-    shares it, and a connection of its own, opened by every agent at the same moment, met torch's connect
-    back-off on a loaded store host (seconds; seen: 5 and 15 s with 32 agents on 2 cores)."""
+    """Arrive at the fast round of the failed round whose control keys are ``control``; group rank 0 passes the
+    master port and restart count. Waits in slices on the shared connection, so the keep-alive gets its turn
+    (a connection per agent met torch's connect back-off)."""
     keys = _keys(control, scope, sealer)
     contribution = pack(1, master_port, restarts) if group_rank == 0 else 1
     arrived = keys.count(ARRIVED_KEY, contribution)

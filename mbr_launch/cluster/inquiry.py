@@ -1,15 +1,8 @@
 """The job-wide hang inquiry, over the round's control keys.
 
-When a rank's deadline passes on any node, every rank of a synchronous job has usually stalled within the
-same step, and each node's monitor fires at about the same moment. Killing the rank whose deadline fired
-first kills a healthy rank as often as not. So the first expiry opens an inquiry instead:
-
-    inquiry/<n>/open            the opener (first writer wins: every node joins the same inquiry)
-    inquiry/<n>/evidence/<g>    node g's per-rank evidence, gathered within a bound
-    inquiry/<n>/verdict         the decider's verdict (the opener's node decides; first writer wins)
-
-``n`` counts the inquiries of the round (a node- or rank-scope restart keeps the round going, and a later
-hang in it needs fresh keys). Values are JSON; decoding never raises on what another node wrote.
+In a synchronous job every rank stalls within the same step, so the rank whose deadline fired first is as
+often healthy as not: the first expiry opens an inquiry, every node sends its evidence, the opener's node
+decides (keys: ``jobstore.inquiry_key``). Decoding never raises.
 """
 
 from __future__ import annotations
@@ -27,8 +20,6 @@ from mbr_launch.cluster.round import Round
 
 @dataclass(frozen=True)
 class Opener:
-    """Who opened inquiry ``number`` and why."""
-
     number: int
     group_rank: int  # the node that decides
     rank: int | None  # the rank whose deadline passed first
@@ -55,7 +46,6 @@ MAX_NODES = 1 << 20
 
 
 def _open(keys: JobStore, key: str, raw: bytes) -> Any:
-    """The JSON value of one of our keys; None when refused (unsealed, unreadable, too large, too deep)."""
     try:
         return keys.decode(key, raw)
     except storevalue.RefusedValue:
@@ -76,13 +66,8 @@ def publish_evidence(rnd: Round, number: int, group_rank: int, evidence: list[di
 
 def collect_evidence(rnd: Round, number: int, *, nodes: int, deadline: float, gone: frozenset[int] = frozenset(),
                      clock: Callable[[], float] = time.monotonic) -> dict[int, list[dict[str, Any]]]:
-    """Every node's evidence that arrived before ``deadline``; a node that sent none is missing from the result
-    (its silence is evidence too: the verdict says so).
-
-    One blocking wait for every node's key (the store answers when the last one is set), then one read of them
-    all: two store operations whatever the job's size, where polling each missing key cost the store's host
-    O(nodes) operations every poll. Only when the bound passes first is each key checked once. The nodes that
-    left the round (``gone``) are not waited for."""
+    """Every node's evidence that arrived before ``deadline`` (a silent node is missing; ``gone`` is not
+    waited for). One wait and one multi-get, not a poll per key: two store operations whatever the size."""
     store = JobStore.of_round(rnd)
     keys = {g: inquiry_key(number, "evidence", str(g)) for g in range(nodes) if g not in gone}
     if store.wait_until(list(keys.values()), deadline, clock):

@@ -1,9 +1,7 @@
-"""The job's own keys on the rendezvous store, behind one facade: every read and write of them goes through a
-``JobStore``, which holds the job's sealer (``storevalue.Sealer``, one per job).
+"""The job's own keys on the rendezvous store, behind one facade.
 
-A ``JobStore`` is one key space: a round's control keys (sealed under the round's prefix, so that a value
-copied from another round is refused) or the job's keys that outlive rounds (``Rendezvous.job_store``). What
-it reads is bounded and verified here, then decoded by the key's own module through ``outside``'s readers.
+Every read and write goes through a ``JobStore`` (one key space, sealed under its scope, so a value copied from
+another round is refused), which bounds and verifies values.
 """
 
 from __future__ import annotations
@@ -15,9 +13,8 @@ from typing import Any, Callable
 from mbr_launch.cluster.storeguard import wait_timed_out
 from mbr_launch.cluster.storevalue import MAX_DEPTH, RefusedValue, Sealer, bounded, decode_json
 
-# The longest single blocking wait: the connection may be torch's keep-alive's too, which gets its turn between
-# two slices, and the main thread answers a signal within one; a wait of T seconds costs about T / WAIT_SLICE
-# store operations (it returns the moment the keys are set), not the 20 reads a second of polling (#41).
+# The longest single blocking wait: torch's keep-alive may share the connection and gets its turn between
+# slices, and the main thread answers a signal within one.
 WAIT_SLICE = 0.5
 
 # ---- every key of ours: its name, how it is written, who decodes it ----------------------------------------
@@ -84,7 +81,6 @@ class JobStore:
 
     @classmethod
     def of_round(cls, rnd: Any) -> JobStore:
-        """A round's control keys (``Round.control``), sealed under the round's prefix."""
         return cls(rnd.control, rnd.control_prefix or None, rnd.sealer)
 
     def full(self, key: str) -> str:
@@ -94,22 +90,18 @@ class JobStore:
         return self.sealer.seal(self.full(key), value)
 
     def open(self, key: str, raw: bytes | str) -> bytes:
-        """``raw`` read from ``key``, bounded and verified when the job has a secret; raises RefusedValue."""
         return self.sealer.open(self.full(key), bounded(raw))
 
     def decode(self, key: str, raw: bytes | str | None, depth: int = MAX_DEPTH) -> Any:
-        """The JSON value read from ``key``: verified, bounded, parsed; raises RefusedValue with the reason."""
         return decode_json(None if raw is None else self.open(key, raw), depth=depth)
 
     def put(self, key: str, value: str | bytes) -> None:
         self.store.set(key, self.seal(key, value))
 
     def read(self, key: str) -> bytes:
-        """The value of ``key`` (set), opened; raises RefusedValue."""
         return self.open(key, self.store.get(key))
 
     def read_if_set(self, key: str) -> bytes | None:
-        """The value of ``key``, opened; None when it is not set or refused."""
         if not self.store.check([key]):
             return None
         try:
@@ -118,10 +110,8 @@ class JobStore:
             return None
 
     def claim(self, key: str, value: str | bytes, tries: int = 4) -> tuple[bool, bytes | None]:
-        """``compare_set(key, "", value)`` (sealed) where the first *authentic* writer wins: a value that fails its
-        seal (a neighbour's, written first to block ours) is replaced by ours. Returns whether ``value`` is what
-        stands, and what stands, opened (None when a forgery stood through every try). Without a secret every
-        value is authentic: the first writer wins, as with a plain ``compare_set``."""
+        """``compare_set(key, "", value)`` (sealed) where the first *authentic* writer wins (a forgery is
+        replaced). Returns whether ``value`` stands, and what stands, opened (None: a forgery outlasted us)."""
         mine = self.seal(key, value)
         stored = self.store.compare_set(key, "", mine)
         for attempt in range(tries + 1):
@@ -133,11 +123,9 @@ class JobStore:
         return False, None
 
     def add(self, key: str, amount: int, tries: int = 200) -> int:
-        """``store.add(key, amount)`` for a counter that steers the job (the restart budget, a node's failures,
-        the unhealthy nodes): with a secret, a sealed value changed by compare-and-set, so a neighbour's ``add``
-        of a thousand cannot spend the budget or exclude a node. A forged value is replaced, counted from the
-        highest value this agent saw (it can neither raise the count nor lower it below that). Without a
-        secret, torch's atomic add. Returns the new value, as ``add`` does."""
+        """``store.add`` for a counter that steers the job; with a secret, a sealed value changed by
+        compare-and-set, so a neighbour cannot spend the budget. A forgery is replaced, counted from the highest
+        value seen here."""
         if not self.sealer.enabled:
             return int(self.store.add(key, amount))
         full, seen = self.full(key), self.sealer.seen
@@ -171,9 +159,8 @@ class JobStore:
         self.store.wait(keys, timeout)
 
     def wait_until(self, keys: list[str], deadline: float, clock: Callable[[], float] = time.monotonic) -> bool:
-        """Whether every key was set before ``deadline``: the store's own wait, in slices of ``WAIT_SLICE``. A
-        slice that times out raises torch's DistStoreError, which is no lost store; any other error is raised
-        (the caller's guard turns it into StoreUnreachable)."""
+        """Whether every key was set before ``deadline``: the store's wait in slices of ``WAIT_SLICE``; errors
+        other than a slice's timeout are raised."""
         timed_out = wait_timed_out()
         while True:
             left = deadline - clock()
@@ -189,7 +176,6 @@ class JobStore:
         return self.store.get(key)
 
     def get_many(self, keys: list[str]) -> list[bytes]:
-        """One multi_get (torch's stores have it since 2.3; one get each before)."""
         if not keys:
             return []
         multi_get = getattr(self.store, "multi_get", None)

@@ -1,11 +1,7 @@
-"""A round's rank layout in O(1) store operations per agent (issue #18).
+"""A round's rank layout in O(1) store operations per agent.
 
-Every node announces its number of workers under its group rank; group rank 0 reads them all in one
-``multi_get`` (it waits for the late ones) and publishes one key with what every node needs: the round's token,
-the job-wide restart count, the workers' master port and the node sizes, run-length encoded (``8x4096``: the
-usual case of equal nodes costs a few bytes, not one number per node). Every other node then makes one blocking
-``get``: 2 operations per agent and O(1) bytes for equal nodes, where reading every node's size took N+4
-operations per agent and O(N^2) on the store's host per round.
+Every node announces its number of workers; group rank 0 reads them in one ``multi_get`` and publishes one key
+(token, restart count, master port, run-length encoded sizes: ``8x4096``) that the others ``get``.
 """
 
 from __future__ import annotations
@@ -72,11 +68,9 @@ def _digits(text: str) -> int | None:
 
 def agree(store: Store, group_rank: int, group_world_size: int, nproc: int,
           make: Callable[[], tuple[str, int, int]], scope: str = "", sealer: Sealer | None = None) -> Layout:
-    """Announce this node's size; group rank 0 also gathers every size and publishes the layout with
-    ``make()`` = (token, restarts, master port). Blocking gets wait up to the store's timeout. ``scope`` names
-    the round (torch's round number) in the values' seals, so a sealed layout of an earlier round replayed into
-    this one is refused. ``sealer``: the job's (None: no secret). Raises LayoutUnreadable for a value no agent
-    of this job wrote."""
+    """Announce this node's size; group rank 0 also publishes the layout with ``make()`` = (token, restarts,
+    master port). ``scope`` (the round) is sealed in, so an earlier round's layout is refused. Raises
+    LayoutUnreadable for a value no agent of this job wrote."""
     own = JobStore(store, scope, sealer or Sealer())
     own.put(size_key(group_rank), str(nproc))
     if group_rank == 0:

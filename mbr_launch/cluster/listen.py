@@ -1,15 +1,8 @@
 """Listening sockets for the stores this launcher serves (the rendezvous store, the workers' store).
 
-torch's own store server listens on an IPv6 socket with IPv4 mapped into it, so an IPv4 client appears to it
-as ``::ffff:a.b.c.d``; torch names every accepted peer with a reverse DNS lookup (``formatSockAddr``, done
-in the store's one server thread whatever the log level), and a mapped address never matches /etc/hosts,
-so every accepted connection asks the DNS server. Where that server is slow the whole store stops
-answering: 5 s per connection on this project's 2-core sandbox during a burst of 32 agents (strace: the
-server thread's PTR query for each accepted ``::ffff:127.0.0.1``), which is what made every agent of a
-``--standby off`` 32-agent run give the store up as lost. When the store's host name resolves to IPv4
-addresses only, every client reaches it over IPv4 anyway, so the socket here is a plain IPv4 one: peers then
-appear as ``a.b.c.d``, which /etc/hosts answers at once (``127.0.0.1`` always; cluster nodes where
-/etc/hosts lists them). A name with any IPv6 address keeps torch's dual-stack socket.
+Why not torch's: its dual-stack socket shows IPv4 peers as ``::ffff:a.b.c.d``, which /etc/hosts never
+answers, and its one server thread reverse-resolves each peer, so a slow DNS server stalls the whole store.
+Where the host name resolves to IPv4 only, we listen on plain IPv4; otherwise dual-stack, as torch does.
 """
 
 from __future__ import annotations
@@ -22,8 +15,7 @@ import socket
 
 @functools.lru_cache(maxsize=16)  # group rank 0 asks again for every round's worker store, on the restart's path
 def family_for(host: str) -> socket.AddressFamily:
-    """The family to listen with for clients that connect to ``host``: IPv4 when every address the name has
-    here is IPv4, else IPv6 with IPv4 mapped (as torch listens). An unresolvable name: dual-stack."""
+    """IPv4 when every address ``host`` has here is IPv4, else IPv6 with IPv4 mapped (as torch listens)."""
     try:
         infos = socket.getaddrinfo(host or "localhost", None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
@@ -34,9 +26,8 @@ def family_for(host: str) -> socket.AddressFamily:
 
 @functools.lru_cache(maxsize=16)  # asked for every round's worker store, on the restart's path: one lookup
 def is_loopback(host: str) -> bool:
-    """Whether every address ``host`` has here is an IPv4 loopback one (``localhost`` on most machines,
-    127.0.0.1): a store for it can listen on 127.0.0.1 alone. A name with ::1 among its addresses is not: its
-    clients may come over IPv6, and one socket cannot listen on both loopbacks."""
+    """Whether every address ``host`` has here is an IPv4 loopback one (with ::1 among them its clients may
+    come over IPv6, and one socket cannot listen on both loopbacks)."""
     try:
         infos = socket.getaddrinfo(host, None, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError):
@@ -46,10 +37,8 @@ def is_loopback(host: str) -> bool:
 
 
 def listening_fd(port: int, host: str, *, loopback: bool = False) -> int | None:
-    """A socket listening on ``port`` on every local address of ``family_for(host)`` (falling back to IPv4
-    where the machine has no IPv6), handed over as a bare descriptor for torch's ``master_listen_fd``: the
-    store owns and closes it from then on. None when the port cannot be bound (someone else listens).
-    ``loopback``: on 127.0.0.1 only (a single-node job: no other machine has any business with its store)."""
+    """A descriptor listening on ``port`` for torch's ``master_listen_fd`` (the store then owns it); None when
+    the port is taken. ``loopback``: on 127.0.0.1 only (a single-node job)."""
     if loopback:
         return _bound(socket.AF_INET, "127.0.0.1", port)
     order = [socket.AF_INET] if family_for(host) == socket.AF_INET else [socket.AF_INET6, socket.AF_INET]
@@ -61,7 +50,6 @@ def listening_fd(port: int, host: str, *, loopback: bool = False) -> int | None:
 
 
 def _bound(family: socket.AddressFamily, address: str, port: int) -> int | None:
-    """A listening socket of ``family`` bound to ``address``, as a bare descriptor; None when it cannot be."""
     try:
         sock = socket.socket(family, socket.SOCK_STREAM)
     except OSError:
@@ -80,7 +68,6 @@ def _bound(family: socket.AddressFamily, address: str, port: int) -> int | None:
 
 
 def close_fd(fd: int) -> None:
-    """Close a ``listening_fd`` descriptor that no store took over (the store closes the ones it owns)."""
     try:
         os.close(fd)
     except OSError:
@@ -88,10 +75,8 @@ def close_fd(fd: int) -> None:
 
 
 def listening_inodes(port: int) -> set[str]:
-    """The TCP sockets listening on ``port`` (any address) on this machine, as a descriptor's link names them
-    (``socket:[inode]``), from the kernel's socket tables (/proc/net/tcp, tcp6). Read directly: psutil's
-    per-process connection list parses every socket of the host into objects, which took an agent ~4% of its
-    CPU at the end of a 32-agent run on 2 cores."""
+    """The TCP sockets listening on ``port`` here, as ``socket:[inode]``, from /proc/net/tcp{,6} (psutil
+    parses every socket of the host: too costly)."""
     wanted = f":{port:04X}"
     inodes = set()
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
@@ -109,7 +94,6 @@ def listening_inodes(port: int) -> set[str]:
 
 
 def holds(pid: int | str, inodes: set[str]) -> bool:
-    """Whether process ``pid`` ("self": this one) has one of ``inodes`` open (False where /proc does not tell)."""
     try:
         fds = os.listdir(f"/proc/{pid}/fd")
     except OSError:
@@ -124,6 +108,5 @@ def holds(pid: int | str, inodes: set[str]) -> bool:
 
 
 def listens_here(port: int) -> bool:
-    """Whether this process holds a TCP socket listening on ``port`` (any address)."""
     inodes = listening_inodes(port)
     return bool(inodes) and holds("self", inodes)

@@ -1,61 +1,144 @@
 """Noticing peers that vanish, within a bounded window, instead of waiting for NCCL (pytorch#111646).
 
-Each agent writes a beat (``decide.liveness.Beat``: a count and its process identity) into the round's control
-keys every ``interval``. Group rank 0 watches every peer's beat; the others watch rank 0's: O(N) store traffic
-per interval, not O(N^2). The agent that hosts the store also writes its identity under ``STORE_HOST_KEY``.
-Silence is judged by ``decide.liveness``: on this process's own time, never while the silent process is seen
-alive on this machine, with a grace that grows with the store's answer times.
+Each agent beats into the round's control keys; the lowest group rank still in the round watches every peer,
+the others watch it (O(N) traffic). Silence is judged by ``decide.liveness``. A store call on a dropped
+connection never returns, so this thread only records when the store last answered and the agent's loop asks
+``store_silence``. The same thread asks whether nodes wait to join, keeping store calls off the main loop.
 
-A store call on a connection whose packets are dropped never returns (torch's client does not time out), so
-a lost store cannot be judged from this thread: it records when the store last answered, and the agent's loop
-asks ``store_silence`` every turn. The same thread asks the rendezvous whether nodes wait to join
-(``membership``), so that no blocking store call happens in the agent's main loop.
-
-A node that leaves the round (``cluster.departures``) names itself in the round's ``left`` key, which every
-watch reads with its beats: it is not watched from then on, and when it was the watching node, the lowest
-group rank still in the round takes that part, the question of waiting nodes with it.
+What this machine tells of liveness: process identities, and own time, ticked by one daemon thread per
+process and read by every watcher, so a process starved of CPU counts less silence everywhere at once.
 """
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Callable, Union
 
-from mbr_launch.cluster import hostview
+from mbr_launch import procstat
 from mbr_launch.cluster.departures import LEFT_KEY, decode_left
 from mbr_launch.cluster.jobstore import STORE_HOST_KEY, JobStore, beat_key
+from mbr_launch.cluster.listen import holds, listening_inodes
 from mbr_launch.cluster.rendezvous import release_control
 from mbr_launch.cluster.round import Round
+from mbr_launch.cluster.torch_internals import matches_this_machine
 from mbr_launch.decide import liveness
-from mbr_launch.decide.liveness import Beat, Identity, Seen, SlowestAnswer, grace
+from mbr_launch.decide.liveness import Beat, Identity, OwnTime, Seen, SlowestAnswer, grace
 
-# The store's host for the job (the same agent in every round of a c10d rendezvous): known from one round's
-# key, it is checked on this machine from the next round's first connection on.
-# None: looked for on this machine and not found (not looked for again; the store's own key still names it).
+# ---- this machine's view: identities and own time -------------------------------------------------------
+
+TICK = 0.25  # seconds between own-time ticks: small against any timeout, and 4 cheap wake-ups a second
+
+
+@lru_cache(maxsize=1)
+def _boot_id() -> str:
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read(64).strip()
+    except OSError:
+        return ""
+
+
+def _namespace(name: str) -> int:
+    try:
+        return os.stat(f"/proc/self/ns/{name}").st_ino
+    except OSError:
+        return 0
+
+
+def my_identity() -> Identity | None:
+    return _identity(os.getpid())
+
+
+@lru_cache(maxsize=1)
+def _identity(pid: int) -> Identity | None:  # by pid: a forked child is another process
+    return _identity_of(pid)
+
+
+def seen(identity: Identity | None, me: Identity | None) -> Seen:
+    """ALIVE when ``identity`` is a running or sleeping process on this machine; else SILENT."""
+    if identity is None or me is None or not me.same_machine(identity):
+        return Seen.SILENT
+    stat = procstat.read(identity.pid)
+    if stat is None or stat.start_time != identity.start_time or stat.zombie or stat.state in ("T", "t"):
+        return Seen.SILENT
+    return Seen.ALIVE
+
+
+def listener(host: str, port: int) -> Identity | None:
+    """The local process listening on ``host``:``port`` (the store's agent, known before the store answers);
+    None when not here. Reads every process's descriptors: call only after a silence."""
+    inodes = listening_inodes(port) if port > 0 else set()
+    if not inodes or not matches_this_machine(host):
+        return None
+    return next((_identity_of(int(name)) for name in os.listdir("/proc") if name.isdigit() and holds(name, inodes)),
+                None)
+
+
+def _identity_of(pid: int) -> Identity | None:
+    stat = procstat.read(pid)
+    boot = _boot_id()
+    if stat is None or not boot:
+        return None
+    return Identity(boot, _namespace("pid"), _namespace("net"), pid, stat.start_time)
+
+
+class OwnClock:
+    def __init__(self, period: float = TICK) -> None:
+        self._own = OwnTime(time.monotonic(), period)
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="own-time", daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self._own.period)
+            self.now()
+
+    def now(self) -> float:
+        with self._lock:
+            return self._own.tick(time.monotonic())
+
+
+_CLOCK: OwnClock | None = None
+_START = threading.Lock()
+
+
+def own_time() -> float:
+    """This process's own time (``decide.liveness.OwnTime``); starts the ticking thread at first use."""
+    global _CLOCK
+    if _CLOCK is None:
+        with _START:
+            if _CLOCK is None:
+                _CLOCK = OwnClock()
+    return _CLOCK.now()
+
+
+# ---- the watch -------------------------------------------------------------------------------------------
+
+# The store's host for the job (the same agent in every round), kept across rounds. None: looked for on this
+# machine and not found (not looked for again; the store's own key still names it).
 _STORE_HOSTS: dict[tuple[str, int], Identity | None] = {}
 
 
 def store_host(rnd: Round) -> Identity | None:
-    """The agent serving ``rnd``'s store when it is known: named in the store by an earlier round's watch,
-    else found listening on this machine (``hostview.listener``; once per store)."""
+    """The agent serving ``rnd``'s store when known (from an earlier round's key, or found listening here)."""
     key = (rnd.store_host, rnd.store_port)
     if key not in _STORE_HOSTS:
-        _STORE_HOSTS[key] = hostview.listener(*key)
+        _STORE_HOSTS[key] = listener(*key)
     return _STORE_HOSTS[key]
 
 
 def store_host_alive(rnd: Round) -> bool:
-    """Whether the agent serving ``rnd``'s store runs on this machine, neither stopped nor gone (a slow store
-    call there is starved, never cut off)."""
-    return hostview.seen(store_host(rnd), hostview.my_identity()) is Seen.ALIVE
+    """Whether the agent serving ``rnd``'s store runs on this machine (then a slow call is starved, not cut off)."""
+    return seen(store_host(rnd), my_identity()) is Seen.ALIVE
 
 
 @dataclass(frozen=True)
 class PeerLost:
-    """The agent of ``group_rank`` has been silent for ``silent_for`` seconds: dead or cut off."""
-
     group_rank: int
     silent_for: float
 
@@ -65,16 +148,13 @@ class PeerLost:
 
 @dataclass(frozen=True)
 class PeersLeft:
-    """Nodes of the round left it (stopped by a signal that did not reach the whole job): the round goes on
-    without them, as ``decide.leaving`` decided on the node that left."""
+    """Nodes left the round (a signal that did not reach the whole job); it goes on without them."""
 
     group_ranks: tuple[int, ...]
 
 
 @dataclass(frozen=True)
 class StoreLost:
-    """The rendezvous store stopped answering this node: it may be cut off."""
-
     detail: str
 
     def describe(self) -> str:
@@ -88,8 +168,8 @@ class PeerWatch:
     def __init__(self, rnd: Round, *, timeout: float, on_lost: Callable[[Silence], None],
                  waiting: Callable[[], int] | None = None, on_waiting: Callable[[int], None] | None = None,
                  on_left: Callable[[PeersLeft], None] | None = None, hosting: bool = False,
-                 clock: Callable[[], float] = time.monotonic, own: Callable[[], float] = hostview.own_time,
-                 seen: Callable[[Identity | None, Identity | None], Seen] = hostview.seen,
+                 clock: Callable[[], float] = time.monotonic, own: Callable[[], float] = own_time,
+                 seen: Callable[[Identity | None, Identity | None], Seen] = seen,
                  me: Identity | None = None) -> None:
         self._round = rnd
         self._timeout = timeout
@@ -101,7 +181,7 @@ class PeerWatch:
         self._left: frozenset[int] = frozenset()  # group ranks that left the round
         self._hosting = hosting  # this agent serves the store: it names itself under STORE_HOST_KEY
         self._clock, self._own, self._seen = clock, own, seen
-        self._me = me if me is not None else hostview.my_identity()
+        self._me = me if me is not None else my_identity()
         self._slowest = SlowestAnswer(half_life=timeout)
         self._answered = own()  # own time at which the store last answered this thread (or its host was seen alive)
         self._stop = threading.Event()
@@ -116,7 +196,6 @@ class PeerWatch:
         return _STORE_HOSTS.get((self._round.store_host, self._round.store_port))
 
     def _store_silence(self) -> float | None:
-        """Own seconds the store has been silent, once that is a verdict; None while it is not."""
         now = self._own()
         silent = now - self._answered
         if silent < self._timeout:
@@ -127,8 +206,7 @@ class PeerWatch:
         return silent if silent >= grace(self._timeout, self._slowest.at(self._clock())) else None
 
     def store_silence(self) -> float | None:
-        """For the agent's loop: the store's silence once it is a verdict (None while it is not, and when there
-        is nothing to watch)."""
+        """For the agent's loop: the store's silence once it is a verdict (None also when nothing is watched)."""
         return self._store_silence() if self._thread.is_alive() else None
 
     def cancel(self) -> None:
@@ -153,9 +231,8 @@ class PeerWatch:
                                 f"for {silent:.1f} s: {type(err).__name__}: {err}"))
 
     def _connect(self) -> Any:
-        """A control connection, retried until the store has been unreachable for its grace: a store host
-        that is slow to accept (many agents connecting at once on a loaded machine reset or time out some
-        connections) is not a lost store."""
+        """A control connection, retried until the store has been unreachable for its grace (a host slow to
+        accept is not a lost store)."""
         while not self._stop.is_set():
             try:
                 store = self._round.connect_control(timeout=max(1.0, self._timeout))
@@ -176,7 +253,6 @@ class PeerWatch:
             release_control(store)  # stopped with the round, its last operation answered: the next round's
 
     def _call(self, fn: Callable[[], Any]) -> Any:
-        """One store call, its answer time kept (the grace grows with the store's slowest recent answers)."""
         began = self._clock()
         result = fn()
         now = self._clock()
@@ -185,8 +261,8 @@ class PeerWatch:
         return result
 
     def _start(self, store: Any, keys: list[str]) -> bool:
-        """Name this agent (and the store's host) and make every key read later exist, so that multi_get never
-        blocks on a late peer. False when the store did not answer."""
+        """Name this agent (and the store's host) and create every key read later, so multi_get never blocks on
+        a late peer. False when the store did not answer."""
         try:
             self._call(lambda: store.set(beat_key(self._round.group_rank), Beat(0, self._me).encode()))
             if self._hosting and self._me is not None:
@@ -235,7 +311,6 @@ class PeerWatch:
         return answered
 
     def _ask_waiting(self) -> None:
-        """The watching node asks whether nodes wait to join (one asker: each ask reads torch's whole state)."""
         if self._waiting is None or self._on_waiting is None or self._chief() != self._round.group_rank:
             return
         waiting = self._call(self._waiting)
@@ -243,7 +318,6 @@ class PeerWatch:
             self._on_waiting(waiting)
 
     def _departures(self, raw: bytes) -> bool:
-        """Read the round's departures; True when nodes left since the last look (reported)."""
         left = decode_left(raw, keys=JobStore.of_round(self._round), nodes=self._round.group_world_size)
         new = left - self._left - {self._round.group_rank}
         if not new:

@@ -1,12 +1,12 @@
-"""torch's c10d rendezvous handler over a TCPStore whose listening socket is ours.
+"""torch's c10d rendezvous handler over a TCPStore whose listening socket is ours (``cluster.listen``).
 
-torch's registry makes the store itself (``c10d_rendezvous_backend._create_tcp_store``): the first agent on
-the endpoint's machine tries to host it and becomes a client when the port is taken. The same rules here,
-with one difference: the host's listening socket comes from ``cluster.listen`` (IPv4 where the endpoint
-is IPv4 only), so the store's server thread does not stop for a DNS lookup of every agent that connects.
-The handler and backend are torch's own (``DynamicRendezvousHandler``, ``C10dRendezvousBackend``),
-unchanged. A ``store_type=file`` rendezvous, or a torch without ``master_listen_fd`` or torch's private
-hostname test (``cluster.torch_internals``: the ``store_socket`` patch), goes through torch's registry unchanged.
+The same hosting rules as torch's registry (the first agent on the endpoint's machine hosts, the others
+connect), and torch's own handler and backend. A file store, or a torch without ``master_listen_fd``, goes
+through torch's registry unchanged.
+
+torch's state is sealed with the job's secret before torch unpickles it (``SealedBackend``): whoever writes the
+key would otherwise run code on every agent. A forged state is not an error (one write would stop the job):
+torch gets the last authentic state with the forgery's token, so its next compare-and-set replaces it.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from typing import Any
 from torch.distributed import TCPStore
 from torch.distributed.elastic.rendezvous import RendezvousConnectionError, RendezvousParameters
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
+from torch.distributed.elastic.rendezvous.dynamic_rendezvous import RendezvousBackend
 
-from mbr_launch.cluster import listen, sealedstate, torch_internals
+from mbr_launch.cluster import listen, storevalue, torch_internals
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.torch_internals import Patch
 from mbr_launch.config.build import C10D_PORT
@@ -26,9 +27,8 @@ from mbr_launch.config.build import C10D_PORT
 
 def create_handler(params: RendezvousParameters,
                    sealer: Sealer | None = None) -> tuple[RendezvousHandler | None, Patch]:
-    """torch's c10d handler for ``params`` over our store, or None where torch's registry should make it; and
-    the ``store_socket`` record: whether our own socket serves the store. ``sealer``: the job's, which seals
-    torch's state (None: no secret)."""
+    """torch's c10d handler over our store, or None where torch's registry should make it; and the
+    ``store_socket`` record."""
     if params.get("store_type", "tcp").strip().lower() != "tcp":
         return None, torch_internals.STORE_SOCKET.refused("store_type is not tcp: torch's registry makes the store")
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import create_handler as torch_handler
@@ -39,12 +39,12 @@ def create_handler(params: RendezvousParameters,
     store = make_store(params)
     if store is None:
         return None, torch_internals.STORE_SOCKET.refused("this torch's TCPStore takes no master_listen_fd")
-    return torch_handler(store, sealedstate.backend(store, params.run_id, sealer or Sealer()), params), patch
+    return torch_handler(store, backend(store, params.run_id, sealer or Sealer()), params), patch
 
 
 def make_store(params: RendezvousParameters) -> TCPStore | None:
-    """The rendezvous store: served by this process when it is the endpoint's host and the port is free,
-    else a client of whoever serves it. None when this torch cannot take a listening socket."""
+    """The rendezvous store, served here when this is the endpoint's host and the port is free, else a client;
+    None when this torch cannot take a listening socket."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     host, port = parse_rendezvous_endpoint(params.endpoint, default_port=C10D_PORT)
@@ -79,4 +79,48 @@ def _read_timeout(params: RendezvousParameters) -> int:
     if value is None or value <= 0:
         raise ValueError("The read timeout must be a positive integer.")
     return int(value)
+
+
+class SealedBackend(RendezvousBackend):
+    """torch's ``C10dRendezvousBackend`` with every state sealed on the way in and verified on the way out."""
+
+    def __init__(self, inner: Any, run_id: str, sealer: Sealer) -> None:
+        self._inner = inner
+        self._sealer = sealer  # the job's
+        self._key = f"torch.rendezvous.{run_id}"  # the key torch's backend keeps its state under
+        self._last: bytes | None = None  # the last authentic state read or written
+        self.refused = 0  # forged states seen (for tests and the record)
+
+    @property
+    def name(self) -> str:
+        return str(self._inner.name)
+
+    def get_state(self) -> tuple[bytes, Any] | None:
+        got = self._inner.get_state()
+        if got is None:
+            return None
+        state, token = got
+        return self._open(state), token
+
+    def set_state(self, state: bytes, token: Any | None = None) -> tuple[bytes, Any, bool] | None:
+        got = self._inner.set_state(self._sealer.seal(self._key, state), token)
+        if got is None:
+            return None
+        stored, new_token, written = got
+        return self._open(stored), new_token, written
+
+    def _open(self, blob: bytes) -> bytes:
+        try:
+            self._last = self._sealer.open(self._key, blob)
+            return self._last
+        except storevalue.RefusedValue:
+            self.refused += 1
+            return self._last if self._last is not None else torch_internals.empty_state()
+
+
+def backend(store: Any, run_id: str, sealer: Sealer) -> RendezvousBackend:
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
+
+    inner = C10dRendezvousBackend(store, run_id)
+    return SealedBackend(inner, run_id, sealer) if sealer.enabled else inner
 

@@ -1,16 +1,8 @@
 """Rendezvous through torch's own elastic machinery, with fresh state every round.
 
-torchrun shares the rendezvous TCPStore with the workers and reuses its port across restart rounds, so a
-restarted round can read the previous round's keys and fail in ``init_process_group`` (pytorch#135712).
-Here every round gets:
-- torch's round-prefixed store (c10d) or an attempt-prefixed one (static) for agent coordination;
-- a fresh MASTER_PORT picked by group rank 0 for the workers' own store (``TORCH_DISABLE_SHARE_RDZV_TCP_STORE``),
-  with MASTER_PORT+1 and +2 free too for NVRx in-process restart (``cluster.ports``); static: the static store,
-  cleared of the previous round's worker keys, as torchrun's MASTER_PORT (``cluster.workerstore``);
-- a rank layout agreed through that round store (nodes may run different numbers of workers).
-
-The agent's cross-node control messages (``stop``, ``done``: ``cluster.stops``) live under keys of the round, so
-a late message from an old round can never be read by a new one.
+torchrun reuses the store and its port across rounds, so a restarted round can read the previous round's keys
+(pytorch#135712). Here every round gets a prefixed store for the agents, a fresh MASTER_PORT for the workers
+(static: the cleared static store, ``cluster.workerstore``), an agreed rank layout, and control keys of its own.
 """
 
 from __future__ import annotations
@@ -33,20 +25,17 @@ except ImportError:  # pragma: no cover - older torch raises RendezvousClosedErr
 from torch.distributed.elastic.rendezvous.api import RendezvousHandler
 from torch.distributed.elastic.rendezvous.registry import get_rendezvous_handler
 
-from mbr_launch.cluster import (eventnames, fastround, joinwake, layout, rdzvstore, shrink, storeclients,
-                                torch_internals, workerstore)
+from mbr_launch.cluster import fastround, joining, layout, rdzvstore, storeclients, torch_internals, workerstore
 from mbr_launch.cluster.jobstore import FAILED_KEY, RESTARTS_KEY, STARTUP_RESTARTS_KEY, JobStore, node_failures_key
 from mbr_launch.cluster.storevalue import Sealer
 from mbr_launch.cluster.joining import JoinCounter, JoinState, join_state
 from mbr_launch.cluster.round import Round
 from mbr_launch.cluster.torch_internals import Patch
-from mbr_launch.cluster.ports import pick_master_port
 from mbr_launch.config.model import LaunchConfig
 
 
 # Connections opened for the pool while the agent joins: the join progress line's and the first round's stop
-# listener's (the one a restart waits on). Each new connection costs a reverse lookup in torch's client; more
-# of them in the launch's burst made the 32-agent launch slower (31.5-31.8 s without, 36.8 s with 5).
+# listener's. Each costs a reverse lookup in torch's client: more made the launch burst slower.
 WATCHER_CONNECTIONS = 2
 
 
@@ -64,8 +53,6 @@ def release_control(store: Store) -> None:
 
 
 class Rendezvous:
-    """Joins rounds of torch's c10d (or static) rendezvous and lays out ranks."""
-
     def __init__(self, cfg: LaunchConfig, sealer: Sealer | None = None) -> None:
         self._cfg = cfg
         # the job's secret (or none), for every round and reader made here: seals our values and torch's state
@@ -75,7 +62,7 @@ class Rendezvous:
         self._waiting_reader: JoinCounter | None = None  # the peer watch's, on a connection of its own
         self._joined = 0
         self._control: TCPStore | None = None  # our own client, for job-level keys
-        self._wake: joinwake.JoinWake | None = None  # ends a join's pauses when its round completes
+        self._wake: joining.JoinWake | None = None  # ends a join's pauses when its round completes
         self._patches: list[Patch] = []  # what the c10d handler was patched with, as each took
         self._job = f"mbr/job/{cfg.rendezvous.run_id}"  # our keys that outlive a round, on the rendezvous store
 
@@ -118,12 +105,12 @@ class Rendezvous:
         if own_socket is not None:  # c10d
             self._patches += [
                 own_socket,
-                shrink.install(handler, active=lambda: self._joined > 0),  # a failure round: no last call for nobody
-                eventnames.install(),  # torch's event names without inspect.stack (most of a crowded join's CPU)
+                # a failure round: no last call for nobody
+                torch_internals.close_joins_early(handler, active=lambda: self._joined > 0),
+                torch_internals.replace_event_names(),
             ]
-            # torch's own immediate retry after a lost write of its state is kept: it retries with the state the
-            # lost compare-and-set brought back (a random pause there left that state stale, and a joiner lost
-            # to the others' keep-alives every time: 127 of 128 agents joined on 16 cores).
+            # torch's immediate retry after a lost write of its state is kept on purpose: a random pause there
+            # left the state stale, and a joiner lost to the others' keep-alives every time.
         return handler
 
     @property
@@ -135,33 +122,29 @@ class Rendezvous:
         return self._handler
 
     def _install_wake(self, handler: RendezvousHandler) -> Patch:
-        """Open the watchers' connections while the join runs, and wake the join when its round completes."""
         store = torch_internals.handler_store(handler)  # the store the watchers connect to
         if not getattr(store, "port", 0):  # a file store (or no store found: the check says which part)
             why = torch_internals.STORE_ADDRESS.check(handler).why_not or "the rendezvous store is not a TCPStore"
             return torch_internals.JOIN_WAKE.refused(why)
         storeclients.POOL.prefill(store.host, int(store.port), WATCHER_CONNECTIONS)
-        patch, self._wake = joinwake.install(handler, host=store.host, port=int(store.port),
-                                             prefix=f"{self._job}/complete/")
+        patch, self._wake = joining.install_wake(handler, host=store.host, port=int(store.port),
+                                                 prefix=f"{self._job}/complete/")
         return patch
 
     def existing_handler(self) -> RendezvousHandler | None:
-        """torch's handler once the first join has made it, else None (never makes one: for the join's
-        progress thread, while the joining thread may be making it)."""
+        """torch's handler once made, else None: never makes one (for other threads than the joining one)."""
         return self._handler
 
     @property
     def patches(self) -> tuple[Patch, ...]:
-        """The patches of torch's c10d handler (``cluster.torch_internals``), as each took: empty before the
-        first join and for the static backend."""
+        """The patches of torch's c10d handler, as each took (none before the first join, nor for static)."""
         return tuple(self._patches)
 
     # -- rounds -----------------------------------------------------------------------------------
 
     def next_round(self, previous: Round | None = None, skip_fast: str | None = None) -> Round:
-        """The next round. ``previous``: the round that just ended with a job-wide restart; its agents then
-        try the fast path first (``cluster.fastround``) unless ``skip_fast`` says why this agent cannot (every
-        agent of that round then falls back to the c10d join with it)."""
+        """The next round. After a job-wide restart of ``previous`` its agents try ``cluster.fastround`` first,
+        unless ``skip_fast`` says why this agent cannot (then all fall back to the c10d join)."""
         fallback = None
         if previous is not None and self._cfg.rendezvous.backend == "c10d":
             outcome = self._try_fast(previous, skip_fast)
@@ -179,7 +162,7 @@ class Rendezvous:
                                        scope=previous.control_prefix, sealer=self.sealer)
             port = restarts = 0
             if previous.group_rank == 0:
-                port, restarts = pick_master_port(), sum(self._counts(previous.store))
+                port, restarts = workerstore.pick_master_port(), sum(self._counts(previous.store))
             return fastround.agree(previous.control, group_rank=previous.group_rank, nodes=nodes, token=token,
                                    timeout=self._cfg.rendezvous.peer_timeout, master_port=port, restarts=restarts,
                                    scope=previous.control_prefix, sealer=self.sealer)
@@ -187,7 +170,6 @@ class Rendezvous:
             return fastround.Fallback(f"fast path failed: {type(err).__name__}: {err}")
 
     def _fast_round(self, previous: Round, agreed: fastround.Agreement) -> Round:
-        """The previous round's members and layout, under a new token, master port and restart count."""
         base = _base_store(previous.store)
         job = self._job
         store = PrefixStore(f"{job}/fast/{agreed.token}", base)
@@ -241,7 +223,7 @@ class Rendezvous:
             lay = layout.agree(store, group_rank, group_world_size, self._cfg.workers.nproc_per_node,
                                lambda: (uuid.uuid4().hex[:12], sum(self._counts(store)),
                                         workerstore.round_port(_base_store(store), self._cfg.rendezvous.run_id)
-                                        if shared else pick_master_port()),
+                                        if shared else workerstore.pick_master_port()),
                                scope=scope, sealer=self.sealer)
         except (layout.LayoutUnreadable, workerstore.NotClearable) as err:
             raise RendezvousFailed(f"rendezvous failed: {err}") from None
@@ -256,7 +238,6 @@ class Rendezvous:
                      shared_store=shared, sealer=self.sealer)
 
     def _counters(self, store: Store) -> JobStore:
-        """The job's counters: among its keys, but sealed under the job's prefix."""
         return JobStore(PrefixStore(self._job, _base_store(store)), self._job, self.sealer)
 
     def _counts(self, store: Store) -> tuple[int, int]:
@@ -270,15 +251,13 @@ class Rendezvous:
         return JobStore(PrefixStore(self._job, _base_store(round_store)), None, self.sealer)
 
     def counts(self, rnd: Round) -> tuple[int, int]:
-        """(restarts, startup restarts) used so far by the whole job."""
         return self._counts(rnd.store)
 
     def count_restart(self, rnd: Round, *, startup: bool, once_per_round: bool) -> int:
-        """Spend one restart of the job-wide budget; with ``once_per_round`` only the first reporter of
-        this round spends it (several nodes may see the same failure). Returns the total restarts."""
+        """Spend one restart of the job-wide budget (``once_per_round``: only the round's first reporter does);
+        returns the total restarts."""
         if once_per_round:
-            # A value of this call's own: with the same value for every reporter (sealed alike with a secret)
-            # each would read its own write back as the first (128 agents on 16 cores: one hang spent 7 restarts).
+            # A value of this call's own: with one value for all, each would read its own write back as the first.
             mine = uuid.uuid4().hex
             first, _ = JobStore.of_round(rnd).claim(FAILED_KEY, mine)
             if not first:
@@ -290,11 +269,8 @@ class Rendezvous:
         return self._counters(rnd.store).add(node_failures_key(node), 1)
 
     def leave(self) -> str | None:
-        """Leave the rendezvous without closing it for the others (an excluded node); returns why it could not,
-        None when it left (or had not joined).
-
-        torch has no public call for this (``torch_internals.leave``: the exit operation ``next_rendezvous``
-        runs first). Where it fails, our keep-alive expires and the others drop us."""
+        """Leave the rendezvous without closing it for the others; returns why it could not, None when it left.
+        Where it fails, our keep-alive expires and the others drop us."""
         handler = self._handler
         if handler is None:
             return None
@@ -303,12 +279,8 @@ class Rendezvous:
         return why
 
     def spare_count(self) -> int:
-        """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX.
-
-        Read from torch's state key through the handler's store client (``cluster.joining``), not through the
-        handler's methods: they take its heartbeat lock, which torch's keep-alive thread holds through its whole
-        contended write (a failure's facts waited 5 s for it, 16 agents on 2 cores). Only when that read fails
-        does this fall back to the handler's own state."""
+        """Agents waiting outside the current round: the wait list plus spares beyond --nnodes MAX. Read from
+        torch's state key, not the handler's methods: they take the lock its keep-alive holds through a write."""
         state = self.state()  # None also while there is no handler yet
         if state is not None:
             return state.outside
@@ -319,15 +291,12 @@ class Rendezvous:
             return self.num_nodes_waiting()
 
     def state(self) -> JoinState | None:
-        """torch's view of the rendezvous now (the round's members with their group ranks, the nodes waiting
-        outside it), read as ``spare_count`` reads it; None when unknown (another backend, no handler yet)."""
         if self._state_reader is None:
             self._state_reader = JoinCounter(lambda: self._handler, self.sealer, shared=True)
         return self._state_reader.read()
 
     def job_get(self, key: str) -> bytes | None:
-        """A key of the job store read without a round (an agent that waited outside every round, after the
-        job closed); None when it is not there or the store cannot be reached."""
+        """A key of the job store read without a round (a spare, after the job closed); None when unknown."""
         store = torch_internals.handler_store(self._handler)
         if store is None:
             return None
@@ -337,16 +306,13 @@ class Rendezvous:
             return None
 
     def num_nodes_waiting(self) -> int:
-        """torch's own count, from the handler made already (none before the first join, or after ``leave``)."""
         try:
             return self._handler.num_nodes_waiting() if self._handler is not None else 0
         except Exception:
             return 0
 
     def waiting_counter(self) -> Callable[[], int]:
-        """``num_nodes_waiting`` for another thread (the peer watch): on a connection of its own, made once for
-        every round's peer watch, and without the handler's heartbeat lock (see ``spare_count``); the handler's
-        count when that read fails."""
+        """``num_nodes_waiting`` for the peer watch: on a connection of its own, without the handler's lock."""
         if self._waiting_reader is None:
             self._waiting_reader = JoinCounter(lambda: self._handler, self.sealer)
         reader = self._waiting_reader
@@ -358,9 +324,8 @@ class Rendezvous:
         return count
 
     def shutdown(self, *, linger: float = 0.0) -> None:
-        """Close the rendezvous for every node. ``linger`` (given by the store's host): when agents wait
-        outside the round, return only after that long, so that they read "closed" (they poll about once a
-        second) instead of finding the store gone with this process."""
+        """Close the rendezvous for every node. ``linger``: when agents wait outside, stay that long so they
+        read "closed" rather than find the store gone."""
         if self._handler is None:
             return
         waiting = self.spare_count() if linger > 0 else 0

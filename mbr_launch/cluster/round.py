@@ -1,8 +1,5 @@
-"""One admitted membership of the rendezvous: what a node needs to start its workers (``Round``).
-
-Torch-free at import, so that the modules that only pass a round along (the worker group, the workers'
-environment, which the early standby pool builds before torch is loaded) can name its type; ``rendezvous``
-makes the rounds."""
+"""One admitted membership of the rendezvous (``Round``); torch-free at import, so modules loaded before torch
+(the standby pool) can name its type."""
 
 from __future__ import annotations
 
@@ -18,8 +15,6 @@ if TYPE_CHECKING:  # torch's store types, for annotations only: importing torch 
 
 @dataclass(frozen=True)
 class Round:
-    """One admitted membership: what a node needs to start its workers."""
-
     index: int  # this agent's count of rounds joined (0, 1, ...)
     group_rank: int
     group_world_size: int
@@ -36,14 +31,14 @@ class Round:
     store_port: int
     fast: bool = False  # agreed through the fast path (``cluster.fastround``), not a c10d join
     fallback: str | None = None  # why a fast path that was tried (or skipped) gave way to the c10d join
-    woken: bool = False  # the c10d join learnt of its round's completion from the completer (joinwake)
+    woken: bool = False  # the c10d join learnt of its round's completion from the completer (joining)
     shared_store: bool = False  # the workers' store is the static rendezvous store itself (cluster.workerstore)
     # The job's sealer (``cluster.jobstore``): the round's control keys are sealed and verified with it.
     sealer: Sealer = field(default_factory=Sealer, compare=False, repr=False)
 
     def connect_control(self, timeout: float = 30.0) -> Store:
-        """A client connection of the calling thread's own to this round's control keys, from the pool of
-        earlier rounds' (``cluster.storeclients``) or new; ``rendezvous.release_control`` gives it back."""
+        """A connection of the calling thread's own to this round's control keys, pooled or new
+        (``rendezvous.release_control`` gives it back)."""
         from torch.distributed import PrefixStore  # a round exists only once torch has made its stores
 
         return PrefixStore(self.control_prefix, storeclients.POOL.acquire(self.store_host, self.store_port, timeout))

@@ -47,8 +47,7 @@ class StopMessage:
     @staticmethod
     def decode(raw: bytes | str) -> "StopMessage":
         """Never raises: a message we cannot read still stops the round (as a failure, never as the job's end).
-        ``raw`` was opened already (its seal verified: ``read_stop``, ``StopListener``); every field is checked
-        (a NaN backoff, a 7 MB reason or a reason full of escape sequences reaches no agent's loop or screen)."""
+        ``raw`` is opened already; every field is bounded and checked."""
         try:
             data = storevalue.decode_json(raw)
         except storevalue.RefusedValue:
@@ -82,7 +81,6 @@ def read_stop(rnd: Round) -> StopMessage | None:
 
 
 def mark_done(rnd: Round) -> bool:
-    """Mark this node's workers done; True when every node of the round is done (then all are told)."""
     keys = JobStore.of_round(rnd)
     if keys.count(DONE_COUNT_KEY, 1) >= rnd.group_world_size:
         keys.put(ALL_DONE_KEY, "1")
@@ -98,11 +96,9 @@ def farewell(rnd: Round) -> None:
 
 
 def await_farewells(rnd: Round, quiet: float, cap: float, clock: Callable[[], float] = time.monotonic) -> bool:
-    """The store's host, after a successful job: wait until every node of the round has said farewell, while
-    farewells keep coming (else a slower node that had not read "all done" found the store gone and exited 3;
-    a fixed 2 s wait failed a third of 256 agents on 16 cores). Gives up when no farewell has come for
-    ``quiet`` seconds (a node that died never says it) or after ``cap`` seconds in all. False when it gave up;
-    raises when the store itself fails (the caller leaves then)."""
+    """The store's host, after a successful job: wait for every node's farewell (else a slower node finds the
+    store gone and exits 3). Gives up (False) after ``quiet`` seconds without a new one or ``cap`` in all;
+    raises when the store itself fails."""
     start, keys = clock(), JobStore.of_round(rnd)
     seen, last_new = -1, start
     while True:
@@ -130,12 +126,8 @@ def count_unhealthy(rnd: Round, *, add: bool) -> int:
 
 
 class StopListener:
-    """Waits in a thread for a key of one round (a peer's stop message, or "all done"); wakes the agent
-    through a callback that gets the key's value.
-
-    A blocking ``store.wait`` on its own client connection (torch store clients serialise their
-    operations, so sharing one with the agent's main thread would stall the agent).
-    """
+    """Waits in a thread, on a connection of its own, for a key of one round (a peer's stop message, or "all
+    done"); hands its value to ``on_value``."""
 
     # How long one blocking wait lasts: bounds how long a cancelled watcher lingers (joined at exit).
     POLL = 1.0
@@ -168,8 +160,6 @@ class StopListener:
             release_control(store)  # its last operation answered: the next round's watcher takes it
 
     def _watch(self, store: Any) -> bool:
-        """Wait for the key until cancelled; True when the connection's last operation answered (a wait that
-        timed out answered too: torch's timeout message says so)."""
         answered = True
         while not self._cancelled.is_set():
             try:
@@ -183,8 +173,7 @@ class StopListener:
             try:
                 value = JobStore(store, self._scope, self._sealer).read(self._key)
             except storevalue.RefusedValue:
-                # Not written by an agent of this job (no valid seal): wait for the real one, which replaces it
-                # (``JobStore.claim``); the key exists, so look again after a pause instead of a wait.
+                # A forgery: the real value replaces it; the key exists, so pause instead of waiting.
                 self._cancelled.wait(self.POLL)
                 continue
             except Exception:

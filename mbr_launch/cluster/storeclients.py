@@ -1,12 +1,8 @@
 """Client connections to the rendezvous store for the watcher threads, kept from one round to the next.
 
-Every round starts a stop listener, an inquiry watcher and a peer watch per agent, each on a client connection
-of its own (a blocking ``wait`` must not stall the agent's shared client). Each new connection costs a reverse
-DNS lookup on both sides (torch's ``getnameinfo``; ``cluster.listen`` says why), and opened anew every round, by
-every agent at once, they stalled the whole store where the resolver is slow (5 s timeouts during a burst of
-96 connections of 32 agents). A released connection serves the next round's watcher instead, so after the
-first rounds a restart opens none; the first round's are opened while the agent waits to join (``prefill``):
-one agent whose stop listener took 4.4 s to connect learned of the first failure 4.4 s after the others.
+Each new connection costs a reverse DNS lookup on both sides (``cluster.listen``), and every agent opening
+them at once stalled the store; so a released one serves the next round's watcher, and the first round's
+are opened while the agent waits to join (``prefill``).
 """
 
 from __future__ import annotations
@@ -26,10 +22,7 @@ class ClientPool:
         self._lock = threading.Lock()
 
     def acquire(self, host: str, port: int, timeout: float) -> Any:
-        """An idle client of the store at ``host:port``, or a new one; the caller owns it until ``release``."""
-        with self._lock:
-            idle = self._idle.get((host, port))
-            client = idle.pop() if idle else None
+        client = self.take_idle(host, port)
         if client is not None:
             client.set_timeout(datetime.timedelta(seconds=timeout))
             return client
@@ -50,8 +43,6 @@ class ClientPool:
                 idle.append(client)
 
     def prefill(self, host: str, port: int, count: int, timeout: float = 60.0) -> threading.Thread:
-        """Open connections in the background until ``count`` are idle for ``host:port``, for the first
-        round's watchers to take; a failure leaves the rest to ``acquire``."""
         def fill() -> None:
             try:
                 while self.idle(host, port) < min(count, KEEP):

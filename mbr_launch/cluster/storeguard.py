@@ -1,14 +1,8 @@
 """A last-resort bound on store calls that can block forever.
 
-torch's TCPStore client does not time out on a connection whose packets are silently dropped (a node cut
-off from the network): a blocking call in the agent's main thread would then hang the agent, and its
-workers with it. The agent wraps its store calls in ``guard.around(...)``; if one takes longer than its
-bound, a watchdog thread runs ``on_expire`` (which stops the workers and ends the process): nothing can
-unblock the stuck thread, but nothing of ours outlives it either.
-
-Bounds run on the agent's own time (``cluster.hostview.own_time``: a process starved of CPU counts less of
-it), and a bound that passes while ``alive()`` says the store's host runs on this machine is given again: the
-call is slow there, and loopback cannot be cut (issue #38).
+torch's client never times out on a dropped connection. A call in ``guard.around(...)`` that outlasts its
+bound makes a watchdog run ``on_expire``, which ends the process. A bound passing while ``alive()`` (the
+store's host runs here) is given again: loopback cannot be cut.
 """
 
 from __future__ import annotations
@@ -20,16 +14,14 @@ from typing import Callable, Iterator
 
 
 def wait_timed_out() -> type[BaseException]:
-    """The error of a store ``wait`` that timed out, which is no lost store (imported late: the modules that
-    use it load before torch)."""
+    """The error of a store ``wait`` that timed out (no lost store); imported late, as torch is."""
     from torch.distributed import DistStoreError
 
     return DistStoreError
 
 
 class StoreUnreachable(Exception):
-    """A store call failed because the store is gone (its host's agent died, its link broke): what the call
-    was for and torch's error. The supervisor ends the run with exit 3 and one line, never "internal error"."""
+    """A store call failed because the store is gone; the supervisor ends the run with exit 3 and one line."""
 
     def __init__(self, what: str, error: BaseException) -> None:
         super().__init__(f"{what}: {type(error).__name__}: {error}")
@@ -37,9 +29,7 @@ class StoreUnreachable(Exception):
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
-    """What torch raises when the store cannot be reached: its DistError family (DistNetworkError "Broken
-    pipe", "Failed to recv", DistStoreError timeouts), the elastic rendezvous' connection and state errors,
-    and the socket errors under them. Imported late: this module loads before torch."""
+    """What torch raises when the store cannot be reached (imported late: this module loads before torch)."""
     from torch.distributed import DistError
     from torch.distributed.elastic.rendezvous.api import RendezvousConnectionError, RendezvousStateError
 
@@ -69,7 +59,6 @@ class StoreGuard:
             self._thread.join(self._tick * 4)
 
     def blocked_in(self) -> str | None:
-        """What the guarded call now running is (``what`` of the innermost ``around``); None outside one."""
         with self._lock:
             return self._what if self._deadline is not None else None
 

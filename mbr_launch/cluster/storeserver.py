@@ -1,12 +1,7 @@
 """A rendezvous store that trains nothing: ``mbr-launch store`` serves torch's c10d store from a host of its own.
 
-torch's c10d rendezvous serves its store from the first agent on the endpoint's machine, so losing that
-training node loses the store, and every survivor has to end (exit 3) however many nodes are left. Served
-apart (the login or batch host of a Slurm job, as NVRx 0.7's ``nvrx-control`` does), the store outlives any
-training node: agents given ``--rdzv-backend c10d --rdzv-endpoint HOST:PORT`` for this host find the port
-taken on their own machine (or are on another machine) and connect as clients, and a lost node is one more
-membership change. The server is torch's ``TCPStore`` (multi-tenant: several jobs may share it under their
-own ``--rdzv-id``), on a socket from ``cluster.listen`` like the agents' own store.
+Served apart, the store outlives any training node (docs/slurm.md). Multi-tenant, on a socket from
+``cluster.listen``.
 """
 
 from __future__ import annotations

@@ -1,16 +1,8 @@
 """Every value an agent reads from the rendezvous store, verified and decoded in one place.
 
-The store is a TCP port that anyone who can reach it can write (PyTorch's SECURITY.md: it must be reachable
-by the job only), so a value read back is untrusted input, whoever we expect wrote it:
-
-- with a job secret (``--rdzv-secret-file``), every value we write carries an HMAC-SHA256 of the key and the
-  value, and a value whose MAC does not verify is refused before it is parsed (or, for torch's state, before
-  it is unpickled: ``cluster.sealedstate``);
-- every JSON value is bounded in size and depth, NaN and infinities refused, any exception of the parser a
-  refusal with a reason (``outside.json_value``); the typed decoders (stops, inquiry, layout, ...) take
-  numbers in range and strings through ``outside``'s readers.
-
-A refused value is never an error of the agent: the caller treats it as absent, says so, and goes on.
+Anyone who reaches the store's port can write it, so a value read back is untrusted: with a job secret every
+value we write carries an HMAC-SHA256 of key and value, verified before parsing (or unpickling); every JSON
+value is bounded in size and depth. A refused value is treated as absent, never as the agent's error.
 """
 
 from __future__ import annotations
@@ -23,9 +15,7 @@ from typing import Any
 from mbr_launch.outside import RefusedValue, json_value
 from mbr_launch.visible import one_line
 
-# A stop message, an opener or a verdict is under 2 kB; a node's evidence is about 0.5 kB per rank (with Flight
-# Recorder groups a few kB): 4 MiB is a node of hundreds of ranks, and a bound on what one read can cost.
-MAX_BYTES = 4 << 20
+MAX_BYTES = 4 << 20  # the largest value we write is a node's evidence: hundreds of ranks of a few kB
 # The deepest value we write is a node's evidence: list > rank > progress list > group > ranks list.
 MAX_DEPTH = 8
 _TAG = b"mbr1."  # a sealed value: _TAG + 64 hex digits of HMAC-SHA256 + "." + the value
@@ -34,8 +24,7 @@ _RAW_BOUND = MAX_BYTES + len(_TAG) + _MAC_LEN + 1  # a value of MAX_BYTES, seale
 
 
 class Sealer:
-    """The job's secret, or none: seals what we write, opens what we read. One per job, made at start-up
-    (``api.launch``) and shared by every ``JobStore`` on every thread."""
+    """The job's secret, or none: seals what we write, opens what we read. One per job, shared by all threads."""
 
     def __init__(self, secret: bytes | None = None) -> None:
         self._secret = secret or None
@@ -58,7 +47,6 @@ class Sealer:
         return _TAG + self._mac(key, data) + b"." + data
 
     def open(self, key: str, raw: bytes | str) -> bytes:
-        """The value written under ``key``, verified; raises RefusedValue for a value without a valid seal."""
         data = raw.encode() if isinstance(raw, str) else bytes(raw)
         if self._secret is None:
             return data
@@ -70,8 +58,6 @@ class Sealer:
         return value
 
     def _forged(self, key: str, why: str) -> RefusedValue:
-        """The refusal of a value without a valid seal, said once per key on the agent's stderr: something that
-        can reach the store's port but lacks the secret (or another job sharing it by mistake) is writing."""
         if key not in self._warned and len(self._warned) < 100:
             self._warned.add(key)
             sys.stderr.write(f"mbr-launch: warning: refused the rendezvous store's value of {one_line(key, 200)}: "
@@ -87,8 +73,6 @@ def bounded(raw: bytes | str) -> bytes | str:
 
 
 def decode_json(raw: bytes | str | None, *, depth: int = MAX_DEPTH) -> Any:
-    """A JSON value read from the store (opened already: ``JobStore.decode`` verifies and decodes), bounded and
-    parsed (``outside.json_value``); raises RefusedValue with the reason."""
     if raw is None:
         raise RefusedValue("missing")
     return json_value(bounded(raw), max_bytes=_RAW_BOUND, depth=depth)

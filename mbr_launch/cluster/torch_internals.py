@@ -1,39 +1,30 @@
 """The one place where mbr-launch touches torch's private rendezvous internals.
 
-torch's elastic rendezvous (``torch.distributed.elastic.rendezvous.dynamic_rendezvous``) has no public hook for
-what the restart speed-ups need: the handler's store, its state holder and operation executor, the module's
-pause and event-name helpers, the pickled state's fields. Every use of them is here, as a *patch*: a named
-speed-up that needs some private parts. A torch that renamed or dropped one of those parts does not break a
-launch: that patch does not install and torch's own behaviour stands. But only a benchmark would notice the
-restarts getting slower, so it is never hidden: every install returns a ``Patch`` record (whether it took, and
-why not); ``status()`` tells which patches install on the torch in use (on a throwaway handler over an
-in-memory store); the agent says one line at start-up when any does not (``lost_line``), and ``mbr-launch
-doctor`` checks it.
-
-The patches (``PATCHES``; each one's check, ``_<name>_missing``, lists the private parts it reads) and their
-users: ``event_names``: ``cluster.eventnames``; ``join_wake``: ``cluster.joinwake``; ``early_close``:
-``cluster.shrink``; ``leave``: ``Rendezvous.leave``; ``state_reads``: ``cluster.joining``,
-``Rendezvous.spare_count``; ``store_address``: ``Rendezvous.handler``, ``job_get``; ``store_socket``:
-``cluster.rdzvstore``.
-
-torch is imported inside the functions only: the doctor imports this module without it.
+torch's dynamic rendezvous has no public hook for what the restart speed-ups need. Each use is a *patch*
+(``PATCHES``; ``_<name>_missing`` lists the private parts it reads). On a torch lacking a part, that patch
+does not install and torch's behaviour stands, never silently: each install returns a ``Patch`` record,
+``status()`` checks them on a throwaway handler, the agent says ``lost_line`` at start-up and the doctor
+checks. torch is imported inside the functions only: the doctor imports this module without it.
 """
 
 from __future__ import annotations
 
 import inspect
 import pickle
+import sys
 import time
 from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
 from types import ModuleType
 from typing import Any, Callable, Sequence
 
 _MODULE = "dynamic_rendezvous"  # how the reasons name torch.distributed.elastic.rendezvous.dynamic_rendezvous
+SETTLE = 1.0  # seconds after MIN nodes joined before a failure round may close without its last call
 
 
 @dataclass(frozen=True)
 class Patch:
-    """Whether one use of torch's internals took, on one handler or (``status()``) on the torch in use."""
+    """Whether one patch took, on one handler or (``status()``) on the torch in use."""
 
     name: str
     buys: str  # what it gives when installed
@@ -59,7 +50,7 @@ class PatchKind:
         return Patch(self.name, self.buys, self.without, installed=False, why_not=why)
 
     def check(self, handler: Any) -> Patch:
-        """Whether this patch installs on ``handler`` (torch's c10d handler); never raises."""
+        """Whether this patch installs on ``handler``; never raises."""
         try:
             why = self.missing(handler)
         except ImportError as err:
@@ -72,14 +63,12 @@ class PatchKind:
 # ---- checks: what each patch needs ---------------------------------------------------------------------
 
 def _dynamic() -> ModuleType:
-    """torch's dynamic rendezvous module (ImportError where this torch has none)."""
     from torch.distributed.elastic.rendezvous import dynamic_rendezvous
 
     return dynamic_rendezvous
 
 
 def _lacks(obj: Any, owner: str, *names: str) -> str | None:
-    """'<owner> has no <name>' for the first of ``names`` that ``obj`` lacks; None when it has them all."""
     for name in names:
         if not hasattr(obj, name):
             return f"{owner} has no {name}"
@@ -87,7 +76,6 @@ def _lacks(obj: Any, owner: str, *names: str) -> str | None:
 
 
 def _state_lacks(dr: ModuleType, *fields: str) -> str | None:
-    """The first of ``fields`` that torch's rendezvous state (what its c10d backend pickles) lacks."""
     if not hasattr(dr, "_RendezvousState"):
         return f"{_MODULE} has no _RendezvousState"
     return _lacks(dr._RendezvousState(), "_RendezvousState", *fields)
@@ -196,7 +184,7 @@ PATCHES: tuple[PatchKind, ...] = (EVENT_NAMES, JOIN_WAKE, EARLY_CLOSE, LEAVE, ST
 # ---- status for the torch in use -----------------------------------------------------------------------
 
 def status() -> list[Patch]:
-    """For the torch in use: whether each patch installs, checked on a throwaway handler (nothing patched)."""
+    """For the torch in use: whether each patch installs, checked on a throwaway handler."""
     try:
         handler, failed = _probe_handler(), ""
     except Exception as err:  # cannot even make a handler: every check on one says so
@@ -205,13 +193,11 @@ def status() -> list[Patch]:
 
 
 def _probe_handler() -> Any:
-    """torch's own c10d handler over an in-memory store: made as ``create_handler`` makes the agent's."""
     from torch.distributed import HashStore
     from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRendezvousBackend
 
     dr = _dynamic()
-    # Node ids of its own (where torch keeps a generator), so the agent's real handler still gets torch's
-    # first one (host_pid_0 in torch's logs); in a torch without it the probe takes id 0 (a cosmetic change).
+    # Node ids of its own, so the agent's real handler still gets torch's first one (host_pid_0 in its logs).
     generator = getattr(dr, "_NodeDescGenerator", None)
     probe = type("_ProbeHandler", (dr.DynamicRendezvousHandler,),
                  {"_node_desc_generator": generator()} if generator else {})
@@ -221,13 +207,11 @@ def _probe_handler() -> Any:
 
 
 def not_installed(patches: Sequence[Patch]) -> dict[str, str]:
-    """{name: why not} of the patches that did not install (the start event's ``torch_internals``)."""
     return {p.name: p.why_not for p in patches if not p.installed}
 
 
 def lost_line(patches: Sequence[Patch], version: str | None = None) -> str | None:
-    """One line naming the patches that do not install and what that loses; None when all do. ``version``:
-    torch's (the one imported here by default)."""
+    """One line naming the patches that do not install and what that loses; None when all do."""
     lost = [p for p in patches if not p.installed]
     if not lost:
         return None
@@ -243,38 +227,43 @@ def torch_version() -> str:
 
 # ---- event_names ---------------------------------------------------------------------------------------
 
-def replace_event_names(replacement: Callable[..., str]) -> Patch:
-    """torch's ``get_method_name`` (names every rendezvous event) replaced by ``replacement``."""
+def replace_event_names() -> Patch:
+    """torch's ``get_method_name``, which names every rendezvous event from ``inspect.stack`` (reading source:
+    most of a crowded join's CPU), replaced by ours: the same answer from ``sys._getframe``."""
     patch = EVENT_NAMES.check(None)
     if patch.installed:
         dr = _dynamic()
-        if dr.get_method_name is not replacement:
-            dr.get_method_name = replacement
+        if dr.get_method_name is not get_method_name:
+            dr.get_method_name = get_method_name
     return patch
+
+
+def get_method_name(depth: int = 2) -> str:
+    # Frame 0 is this function, as inspect.stack()[0] is torch's own: the same frame ``depth`` up.
+    try:
+        return sys._getframe(depth).f_code.co_name
+    except ValueError:  # a stack shallower than depth
+        return "no_method_name"
 
 
 # ---- join_wake -----------------------------------------------------------------------------------------
 
 def state_holder(handler: Any) -> Any:
-    """The handler's state holder: ``sync()`` (True: our write went through) and ``state`` (torch's state).
-    Its executor calls ``holder.sync()``, so an instance attribute ``sync`` stands in for torch's."""
+    """The handler's state holder; its executor calls ``holder.sync()``, so an instance attribute replaces it."""
     return handler._state_holder
 
 
 def holder_store(holder: Any) -> Any:
-    """The store the state holder's c10d backend writes through (the handler's own client)."""
     return holder._backend._store
 
 
 def mark_state_stale(holder: Any) -> None:
-    """Make the holder's next ``sync()`` read the store: torch serves reads within a second of the last one
-    from its cache, which would still say "not complete" after a wake."""
+    """Make the holder's next ``sync()`` read the store: torch's one-second cache would say "not complete"."""
     holder._last_sync_time = -1
 
 
 def swap_join_pause(pause: Callable[..., None]) -> Callable[..., None] | None:
-    """Put ``pause`` where torch's executor pauses between two reads of the state (the module's ``_delay``);
-    returns torch's own, or None when ``pause`` is there already."""
+    """Put ``pause`` in torch's ``_delay``; returns torch's own, or None when ``pause`` is there already."""
     dr = _dynamic()
     current = dr._delay
     if current is pause:
@@ -285,10 +274,25 @@ def swap_join_pause(pause: Callable[..., None]) -> Callable[..., None] | None:
 
 # ---- early_close ---------------------------------------------------------------------------------------
 
+def may_close(state: Any, node: Any, settings: Any, *, now: datetime | None = None) -> bool:
+    """Whether a failure round may close without torch's last call (dead time after a failure: every live node
+    is in the state already): this node is in, MIN are, no one waits or spares, and ``SETTLE`` has passed
+    (a spare's move to the participants takes two writes)."""
+    if state.closed or state.complete or node not in state.participants or state.deadline is None:
+        return False
+    if not settings.min_nodes <= len(state.participants) <= settings.max_nodes:
+        return False
+    if state.wait_list or getattr(state, "redundancy_list", ()):
+        return False
+    now = now or datetime.now(timezone.utc)
+    min_reached = state.deadline - settings.timeout.last_call  # torch sets the deadline when MIN joined
+    return now >= min_reached + timedelta(seconds=SETTLE)
+
+
 def close_joins_early(handler: Any, *, active: Callable[[], bool],
-                      may_close: Callable[[Any, Any, Any], bool]) -> Patch:
-    """Wrap the handler's executor: while ``active()``, a join step that would only wait (sync, keep-alive)
-    marks the round complete instead when ``may_close(state, node, settings)``."""
+                      may_close: Callable[[Any, Any, Any], bool] = may_close) -> Patch:
+    """Wrap the handler's executor: while ``active()`` (rounds after this agent's first), a join step that
+    would only wait (sync, keep-alive) marks the round complete instead when ``may_close(state, node, settings)``."""
     patch = EARLY_CLOSE.check(handler)
     if patch.installed:
         handler._op_executor = _JoinExecutor(handler._op_executor, _dynamic(), active, may_close)
@@ -296,8 +300,6 @@ def close_joins_early(handler: Any, *, active: Callable[[], bool],
 
 
 class _JoinExecutor:
-    """torch's executor, with the join operation swapped for ``_EarlyClose`` while ``active()``."""
-
     def __init__(self, inner: Any, dr: ModuleType, active: Callable[[], bool],
                  may_close: Callable[[Any, Any, Any], bool]) -> None:
         self._inner, self._dr, self._active, self._may_close = inner, dr, active, may_close
@@ -327,8 +329,8 @@ class _EarlyClose:
 # ---- leave ---------------------------------------------------------------------------------------------
 
 def leave(handler: Any, *, timeout: float) -> str | None:
-    """Out of the rendezvous without closing it (no public call): torch's exit op, then out of the wait or spares'
-    list, which torch leaves to the keep-alive's expiry (holding up an early close). Why not; None: it left."""
+    """Out of the rendezvous without closing it: torch's exit op, also out of the wait or spares' list (torch
+    leaves that to the keep-alive's expiry, holding up an early close). Why not; None: it left."""
     patch = LEAVE.check(handler)
     if not patch.installed:
         return f"{patch.name} not installed: {patch.why_not}"
@@ -352,8 +354,6 @@ def leave(handler: Any, *, timeout: float) -> str | None:
 
 @dataclass(frozen=True)
 class StateView:
-    """The fields of torch's rendezvous state that we read."""
-
     members: tuple[tuple[str, int], ...]  # the round's nodes: (address, group rank), sorted
     waiting: tuple[str, ...]  # the wait list's addresses: nodes queued behind a complete round
     spares: tuple[str, ...]  # the redundancy list's: nodes beyond --nnodes MAX (empty where torch has none)
@@ -361,32 +361,25 @@ class StateView:
 
 
 def handler_store(handler: Any) -> Any | None:
-    """The store torch's handler joins through (c10d: its TCPStore, whose host and port our own connections
-    use); None without a handler, for the static handler, or where torch keeps it elsewhere (the last is
-    reported at start-up as ``store_address``)."""
     return getattr(handler, "_store", None)
 
 
 def decode_state(blob: bytes) -> StateView:
-    """torch's state as its c10d backend stores it (``get_state()``: a pickled ``_RendezvousState``)."""
     return _view(pickle.loads(blob))
 
 
 def empty_state() -> bytes:
-    """A fresh rendezvous state, pickled as torch's c10d backend stores it (ours: safe to hand to torch)."""
     from torch.distributed.elastic.rendezvous.dynamic_rendezvous import _RendezvousState
     return pickle.dumps(_RendezvousState())
 
 
 def joined_round(handler: Any) -> int | None:
-    """torch's number of the round the handler last joined (its state's ``round``); None where unknown."""
     value = getattr(getattr(getattr(handler, "_state_holder", None), "state", None), "round", None)
     return value if isinstance(value, int) else None
 
 
 def read_state_locked(handler: Any) -> StateView:
-    """The handler's own fresh read of the state, under its heartbeat lock (which its keep-alive thread holds
-    through a whole contended write: the slow way, for when our own read failed)."""
+    """The handler's own fresh read of the state, under its heartbeat lock (slow: for when ours failed)."""
     with handler._heartbeat_lock:
         handler._state_holder.sync()
         return _view(handler._state_holder.state)

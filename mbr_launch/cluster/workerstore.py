@@ -1,39 +1,79 @@
 """The workers' store of one round, served by group rank 0's agent on the round's fresh MASTER_PORT.
 
-When global rank 0 serves it itself (``TORCHELASTIC_USE_AGENT_STORE=False``), every other rank that starts
-first meets a closed port, and torch's store client then backs off for about a second before it tries again
-(0.75 s for a server 50 ms late; 2.4 s under load): most of a restart with warm standbys. torchrun hands the
-workers its own rendezvous store instead, which outlives rounds and breaks restarts (pytorch#135712). Here the
-agent starts a new, empty store for every round before it starts the workers (every rank is a client), and
-drops it when the next round begins: no key of an earlier round can be read. Its listening socket is ours,
-listening before torch's server gets it (``master_listen_fd``; ``cluster.listen``), and torch's constructor
-runs in a thread (``ServedStore``): ranks that connect early wait in the kernel's queue, not in a back-off.
+A new, empty store every round, listening (our socket) before the workers start: served by global rank 0,
+early ranks meet a closed port and back off; torchrun's shared store breaks restarts (pytorch#135712). The port
+is picked with ``+ 1`` and ``+ 2`` free for NVRx in-process restart (docs/in-process-restart.md).
 
-A static rendezvous (``--master-addr``/``--master-port``, or ``--rdzv-backend static`` with an endpoint) is
-different: torchrun gives its workers that endpoint as ``MASTER_ADDR:MASTER_PORT``, and torch 2.14 makes rank 0
-listen on a ``tcp://`` init at the static port with another ``MASTER_PORT`` (EADDRINUSE on the agent's port;
-``torch.distributed.rendezvous._agent_store_serves``). So there the static store is the workers' store, as
-under torchrun (``round_port``). torchrun leaves every attempt's worker keys in it, so a restarted attempt may
-read gloo's rank addresses of the dead one and retry them until its init times out (pytorch#135712; under
-torchrun 2.13, 5 of 6 runs with one failure did not restart cleanly). Here group rank 0's agent deletes every
-key the workers wrote before the next round's workers start: every node has stopped its workers by then, and
-none has started new ones (they wait for the layout group rank 0 publishes after this). The agents' own keys
-lie under ``mbr/``, torch's static handler's ``<run id>/`` and ``torch.rendezvous.<run id>``.
+A static rendezvous keeps the static store as the workers' store, as torchrun does, so group rank 0's agent
+deletes the workers' keys between rounds (``round_port``): a restarted attempt would read the dead one's.
 """
 
 from __future__ import annotations
 
 import datetime
+import random
+import socket
 import threading
-from typing import Any
+from typing import Any, Callable, Iterable
 
 from mbr_launch.cluster import listen
 
 
+SPAN = 3  # MASTER_PORT, +1 (application store), +2 (in-process restart wrapper's store)
+
+
+def span_free(port: int, span: int = SPAN) -> bool:
+    if port + span - 1 > 65535:
+        return False
+    sockets: list[socket.socket] = []
+    try:
+        for p in range(port, port + span):
+            sock = socket.socket()
+            sockets.append(sock)
+            sock.bind(("", p))
+        return True
+    except OSError:
+        return False
+    finally:
+        for sock in sockets:
+            sock.close()
+
+
+def ephemeral_range() -> tuple[int, int]:
+    try:
+        low, high = (int(x) for x in open("/proc/sys/net/ipv4/ip_local_port_range").read().split())
+        return low, high
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
+def _candidates() -> range:
+    # Outside the kernel's ephemeral range, so no outgoing connection (NCCL opens many) takes a port between
+    # the pick and rank 0's bind; the last SPAN - 1 ports below the range are left out so the span stays below.
+    low, high = ephemeral_range()
+    below = range(10000, low - (SPAN - 1))
+    return below if low > 11000 else range(high + 1, 65536 - (SPAN - 1)) or range(20000, 30000)
+
+
+def pick_master_port(attempts: int = 64, *, candidates: Iterable[int] | None = None,
+                     free: Callable[[int], bool] = span_free) -> int:
+    """A port ``p`` with ``p``, ``p + 1`` and ``p + 2`` free, outside the ephemeral range when possible."""
+    pool = list(_candidates() if candidates is None else candidates)
+    for port in random.sample(pool, min(attempts, len(pool))):
+        if free(port):
+            return port
+    for _ in range(attempts):  # everything sampled was taken: ask the kernel, then check the two above
+        with socket.socket() as sock:
+            sock.bind(("", 0))
+            port = sock.getsockname()[1]
+        if free(port):
+            return port
+    raise OSError(f"no {SPAN} consecutive free ports found for MASTER_PORT after {2 * attempts} tries")
+
+
 class ServedStore:
-    """The round's worker store, made in a thread of its own: torch's constructor (5 to 10 s for group rank 0's
-    agent of 32 on 2 cores) does not hold up the start of this node's ranks, which the kernel queues meanwhile.
-    Dropping the handle drops the store (one still being made, when its thread ends)."""
+    """The round's worker store, made in a thread so torch's slow constructor does not hold up this node's
+    ranks (the kernel queues them). Dropping the handle drops the store."""
 
     def __init__(self, host: str, port: int, fd: int, timeout: datetime.timedelta) -> None:
         self.store: Any = None
@@ -57,14 +97,11 @@ class ServedStore:
             self.failed = f"{type(err).__name__}: {err}"
 
     def ready(self, timeout: float) -> bool:
-        """Whether the store was made within ``timeout`` seconds (for tests and diagnostics)."""
         self._thread.join(timeout)
         return self.store is not None
 
 
 def serve(master_addr: str, port: int, *, timeout: float = 300.0) -> ServedStore | None:
-    """A store for the round's workers on ``port``, served by this agent; None when the port cannot be bound
-    (the workers then make it themselves: global rank 0 serves it)."""
     try:
         import torch.distributed  # noqa: F401 - only check that the store can be made here at all
     except Exception:
@@ -86,22 +123,17 @@ class NotClearable(RuntimeError):
 
 
 def static_addr(endpoint: str) -> str:
-    """The workers' MASTER_ADDR for a static rendezvous: the endpoint's host as given, as torchrun passes it
-    (torch 2.14 compares it with the init method's host as text)."""
+    """The workers' MASTER_ADDR for a static rendezvous: the endpoint's host as given (torch compares text)."""
     from torch.distributed.elastic.rendezvous.utils import parse_rendezvous_endpoint
 
     return parse_rendezvous_endpoint(endpoint, default_port=-1)[0]
 
 
 def agent_prefixes(run_id: str) -> tuple[str, ...]:
-    """Key prefixes of the agents on the static store: ours, torch's static handler's (its run id), and the
-    c10d state key that the agent's readers of torch's rendezvous state (``cluster.joining``) leave there."""
     return AGENT_PREFIX, f"{run_id}/", f"torch.rendezvous.{run_id}"
 
 
 def clear_worker_keys(store: Any, keep: tuple[str, ...]) -> int:
-    """Delete every key of ``store`` (the raw TCPStore, no prefix) that starts with none of ``keep``; returns
-    how many were deleted."""
     try:
         keys = store.list_keys()
     except (AttributeError, RuntimeError) as err:  # RuntimeError: a store type that does not list (torch says so)
@@ -115,7 +147,6 @@ def clear_worker_keys(store: Any, keep: tuple[str, ...]) -> int:
 
 
 def round_port(store: Any, run_id: str) -> int:
-    """Group rank 0's MASTER_PORT for a round on the static store ``store`` (raw): its own port, once the
-    previous round's worker keys are gone."""
+    """Group rank 0's MASTER_PORT on the static store: its own port, once the previous workers' keys are gone."""
     clear_worker_keys(store, agent_prefixes(run_id))
     return int(store.port)

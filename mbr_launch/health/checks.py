@@ -1,20 +1,6 @@
 """The pre-rendezvous checks as pure decisions: what was read comes in, one ``CheckResult`` goes out.
 
-Each rule is ft_launcher 0.7's (``shared_utils/health_check.py``, ``storage_probe.py``,
-``fault_tolerance/segment_health_check.py``), read and restated:
-
-- storage paths: every path must be absolute and exist; a file must give its first bytes, a folder its
-  listing. A probe that does not answer in time fails the check (a hung mount).
-- network file systems (``--ft-enable-dist-storage-healthcheck``): Lustre's ``health_check`` file, where
-  there is one, must say ``healthy``; every mounted lustre, nfs and nfs4 file system must list.
-- NIC links: each InfiniBand port's state is read when the agent starts (the baseline); a port that was
-  ACTIVE then and is not ACTIVE now fails. A port that was down from the start is no failure (an unused
-  port), and a host without InfiniBand has nothing to check.
-- segment: the scheduler's decision file for this Slurm array task; a non-empty regular file excludes the
-  segment. Anything else (no file, an empty one, one that cannot be read) lets the node join: the check
-  fails open, as NVRx's does.
-- node health: the node-health daemon's reply; ``success: false``, or a JSON ``output`` whose ``fail_count``
-  is above 0, fails. A daemon that is not there or does not answer is no failure (NVRx's rule).
+Each rule is ft_launcher 0.7's, as docs/node-checks.md states them; the segment check fails open, as NVRx's.
 """
 
 from __future__ import annotations
@@ -24,7 +10,6 @@ import re
 from dataclasses import dataclass
 from typing import Mapping, Sequence
 
-from mbr_launch.health.nodehealth import Reply
 from mbr_launch.health.result import CheckResult
 
 STORAGE_PATHS, DIST_STORAGE, NIC_LINKS, SEGMENT, NODE_HEALTH = (
@@ -54,6 +39,14 @@ class ProbeReport:
 
 
 @dataclass(frozen=True)
+class Reply:
+    success: bool = False
+    exit_code: int = 0
+    output: str = ""
+    error: str = ""
+
+
+@dataclass(frozen=True)
 class SegmentArtifact:
     """The scheduler's decision file as read: missing, not_regular, empty, nonempty or error."""
 
@@ -80,7 +73,6 @@ def _probed(name: str, paths: Sequence[str], report: ProbeReport, what: str) -> 
 
 
 def storage_paths(paths: Sequence[str], report: ProbeReport) -> CheckResult:
-    """``--ft-storage-health-check-path``: each path exists and reads."""
     wanted = [p for p in paths if p]
     if not wanted:
         return CheckResult.passed(STORAGE_PATHS, "no paths given", skipped=True)
@@ -88,8 +80,7 @@ def storage_paths(paths: Sequence[str], report: ProbeReport) -> CheckResult:
 
 
 def network_mounts(mountinfo: str) -> list[str]:
-    """Mount points of lustre, nfs and nfs4 file systems in a /proc/self/mountinfo text (this mount
-    namespace's, as ``findmnt`` reads it), in order, each once."""
+    """Mount points of lustre, nfs and nfs4 file systems in a /proc/self/mountinfo text, in order, each once."""
     found: list[str] = []
     for line in mountinfo.splitlines():
         head, sep, tail = line.partition(" - ")
@@ -104,8 +95,6 @@ def network_mounts(mountinfo: str) -> list[str]:
 
 def dist_storage(lustre: str | None, lustre_error: str | None, mounts: Sequence[str],
                  report: ProbeReport | None) -> CheckResult:
-    """``--ft-enable-dist-storage-healthcheck``: Lustre says healthy (where it says anything), and every
-    network file system mounted here lists. ``lustre``: the health file's text, None when there is none."""
     if lustre_error:
         return CheckResult.failed(DIST_STORAGE, f"cannot read Lustre's health_check: {lustre_error}")
     if lustre is not None and lustre.strip() != "healthy":
@@ -124,8 +113,7 @@ def link_state(text: str) -> str:
 
 
 def nic_links(baseline: Mapping[str, str], current: Mapping[str, str | None]) -> CheckResult:
-    """Ports ACTIVE at the agent's start must still be ACTIVE. ``current``: None where the state file is
-    gone (a device removed: NVRx skips it too)."""
+    """Ports ACTIVE at the agent's start must still be ACTIVE (a port whose state file is gone: skipped)."""
     if not baseline:
         return CheckResult.passed(NIC_LINKS, "no InfiniBand ports", skipped=True)
     down = [f"{nic} is {current.get(nic)} (was {state})" for nic, state in sorted(baseline.items())
@@ -136,12 +124,8 @@ def nic_links(baseline: Mapping[str, str], current: Mapping[str, str | None]) ->
 
 
 def segment_path(directory: str | None, environ: Mapping[str, str]) -> str | None:
-    """This Slurm array task's decision file, ``<dir>/segment_health_check.<job>.<task>`` (task: the array
-    task id, or the job id outside an array); None without a directory or outside a Slurm job.
-
-    NVRx reads it on the segment's first task only (SLURM_PROCID 0) and drops the segment's other nodes
-    through its barrier rendezvous; here every node of the task reads the same file, with the same effect:
-    none of them joins."""
+    """This Slurm array task's decision file, ``<dir>/segment_health_check.<job>.<task>`` (task: the job id
+    outside an array); None without a directory or outside a Slurm job."""
     if not directory:
         return None
     job = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID")
@@ -164,7 +148,6 @@ def segment(artifact: SegmentArtifact | None) -> CheckResult:
 
 
 def node_health(reply: Reply) -> CheckResult:
-    """The node-health daemon's reply to RunHealthCheck."""
     if not reply.success:
         parts = [f"the node-health daemon reports failure (exit code {reply.exit_code})"]
         if reply.error:

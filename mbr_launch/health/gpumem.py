@@ -1,20 +1,7 @@
 """Between a round's stop and the next start: wait until this node's GPUs have this job's memory back.
 
-ft_launcher 0.6/0.7 (``--ft-gpu-memory-reclaim-timeout``, ``-tolerance-mb``, ``-poll-interval``; NVRx's
-defaults 50 s, 512 MB, 2 s) polls NVML after stopping the workers until the memory used on each GPU is at
-most the tolerance, or the timeout passes; then it warns and goes on. A process that is not the job's (a
-worker an earlier run left behind) keeps that total up, and the wait lasts its whole timeout every round.
-
-Here the wait is for what the job itself must get back: the memory NVML still counts to the stopped round's
-processes (``health.gpuowners``: this job's, ended). It ends the moment none is listed on any of the
-workers' GPUs; memory of running processes, the job's (a standby) or a stranger's, does not hold it. A GPU
-without NVML's per-process view falls back to ft_launcher's rule (used memory at most the tolerance), and one
-that cannot be read does not hold the wait. The polls come at most ``poll_interval`` apart, the first ones
-sooner (50 ms, doubling): a killed process's memory usually comes back within a fraction of a second.
-The GPUs are those the workers see (the first ``--nproc-per-node`` of ``CUDA_VISIBLE_DEVICES``, by index or
-UUID; indices 0..N-1 when it is unset, as NVRx), and a signal ends the wait at once.
-
-``wait_reclaimed`` is pure: the reading (NVML's answers, classified), the clock and the sleep come in.
+Only the stopped round's own processes are waited for, not ft_launcher's total under a tolerance, which a
+stranger keeps up for the whole timeout (docs/node-checks.md). Pure: the reading, clock and sleep come in.
 """
 
 from __future__ import annotations
@@ -38,11 +25,9 @@ class Reclaim:
     interrupted: bool = False  # a signal ended the wait
 
     def holding(self) -> list[Holder]:
-        """What the wait waited for at its last poll: the job's ended processes still holding memory."""
         return self.last.of(Owner.ENDED)
 
     def over(self) -> list[GpuMemory]:
-        """GPUs without a per-process view whose used memory is above the tolerance at the last poll."""
         return [m for m in self.last.memories if not _settled(m, self.last, self.tolerance_mb)
                 and m.processes is None]
 
@@ -57,8 +42,7 @@ def _settled(memory: GpuMemory, reading: Reading, tolerance_mb: float) -> bool:
 
 def wait_reclaimed(read: Callable[[], Reading], *, timeout: float, tolerance_mb: float, poll_interval: float,
                    clock: Callable[[], float], sleep: Callable[[float], bool]) -> Reclaim:
-    """Poll ``read`` until every GPU is settled, or ``timeout`` seconds passed (the last poll falls on the deadline).
-    ``sleep`` returns False when a signal cut it short."""
+    """Poll ``read`` until every GPU is settled or ``timeout`` passed; ``sleep`` returns False on a signal."""
     start = clock()
     deadline = start + timeout
     polls = 0
@@ -106,9 +90,8 @@ def held_by_job(reading: Reading, pids: Sequence[int]) -> dict[str, float]:
 
 
 def short_of(reading: Reading, needed: Mapping[str, float]) -> list[tuple[GpuMemory, float, float]]:
-    """GPUs where strangers hold memory and what is free once the job's ended processes are gone is less than
-    the job's workers used there in the last round (``needed``; a GPU not in it: the most any GPU needed).
-    Each: (the GPU, free MB, needed MB)."""
+    """(GPU, free MB, needed MB) where strangers leave less free than the job's workers used there last round
+    (``needed``; a GPU not in it: the most any GPU needed)."""
     if not needed:
         return []
     most = max(needed.values())

@@ -1,14 +1,5 @@
 """Whose is the GPU memory: each process NVML names on the job's GPUs, as this job's (ended or running) or
-a stranger's, with its pid, user, command and memory.
-
-A process is this job's when it is the launcher or descends from it (workers, their children, standbys, the
-rank monitor), when its environment carries this run's ``TORCHELASTIC_RUN_ID`` (a worker of another agent of
-the job on this host, or one that left the launcher's tree), or when it is one of the stopped round's
-workers. A pid that this machine's ``/proc`` does not show has exited, or lives in another PID namespace (NVML
-names host pids inside many containers): it counts as this job's ended process unless it was already on the
-GPU before the round began (``present_before``), when it is a stranger's that cannot be seen from here.
-
-``classify`` is pure over NVML's answers, a process table and a reader of what ``/proc`` says of one pid.
+a stranger's (docs/node-checks.md). ``classify`` is pure over NVML's answers, a process table and ``/proc``.
 """
 
 from __future__ import annotations
@@ -37,8 +28,6 @@ class Owner(Enum):
 
 @dataclass(frozen=True)
 class ProcInfo:
-    """What ``/proc`` says of one pid (None: it does not show it)."""
-
     user: str
     command: str
     environ: tuple[bytes, ...] = ()
@@ -76,8 +65,6 @@ class Job:
 
 @dataclass(frozen=True)
 class Reading:
-    """One look at the job's GPUs: each GPU's memory and who holds it."""
-
     memories: tuple[GpuMemory, ...]
     holders: tuple[Holder, ...] = field(default_factory=tuple)
 
@@ -110,8 +97,7 @@ def classify(memories: Sequence[GpuMemory], job: Job, table: Mapping[int, Proc],
 
 
 def command_of(pid: int) -> str | None:
-    """``pid``'s command line with the secrets of its arguments hidden (its name in brackets when it has none),
-    or None when ``/proc`` does not show it."""
+    """``pid``'s command line with secrets hidden (``[comm]`` when empty); None when ``/proc`` does not show it."""
     base = Path(f"/proc/{pid}")
     try:
         raw = (base / "cmdline").read_bytes()[:64 * 1024]
@@ -122,8 +108,7 @@ def command_of(pid: int) -> str | None:
 
 
 def seen(pid: int) -> ProcInfo | None:
-    """The user, command line and environment of ``pid``, or None when ``/proc`` does not show it. The
-    environment of another user's process cannot be read: it stays empty."""
+    """The user, command line and environment (empty for another user's) of ``pid``; None when not shown."""
     try:
         uid = Path(f"/proc/{pid}").stat().st_uid
     except OSError:

@@ -1,20 +1,7 @@
 """``--ft-check-remaining-processes``: after a round's workers were stopped, what of theirs is still alive.
 
-ft_launcher 0.6/0.7 lists, after its stop, the processes still in the stopped workers' process groups and
-logs them (pid, ppid, pgid, name, status, cmdline; 20 at most); it kills nothing more. The stop here
-already kills what it can tell is a worker's (``workers.strays``: the group, descendants that left it, orphans
-carrying the run's environment), so what this finds is what got past it:
-
-1. a process still in a stopped worker's process group (stuck in the kernel past SIGKILL);
-2. a child of the launcher it did not start: an orphan of a worker's tree, handed to the launcher as the
-   subreaper, whose environment no longer names the run (it cleared or replaced it);
-3. a process anywhere that carries this round's worker environment (run id, MASTER_PORT and GROUP_RANK of
-   the round): one that escaped to another subreaper, or a launcher that could not be one;
-4. the descendants of those.
-
-They are reported (one line, and a ``leftovers`` event), not killed: like NVRx, the check tells what a stop
-missed; the processes are the user's to look at. ``find`` is pure over a process table and an environment
-reader.
+The stop already killed what it could tell was a worker's (``workers.strays``), so this finds what got past
+it (``find``: pure over a process table). Reported, never killed, as NVRx does (docs/node-checks.md).
 """
 
 from __future__ import annotations
@@ -51,8 +38,9 @@ def markers(run_id: str, master_port: int, group_rank: int) -> tuple[bytes, ...]
 
 def find(table: Mapping[int, Proc], *, me: int, workers: Collection[int], keep: Collection[int],
          environ_of: Callable[[int], Sequence[bytes]], marks: Collection[bytes]) -> list[Leftover]:
-    """The stopped round's processes still alive in ``table``. ``workers``: the stopped workers' pids (each
-    led its own process group); ``keep``: what the launcher started and holds (standbys, the rank monitor)."""
+    """The stopped round's processes still alive in ``table``: in a stopped worker's group (stuck past
+    SIGKILL), orphans adopted by the launcher, carriers of the round's worker environment, and their
+    descendants. ``keep``: what the launcher holds (standbys, the rank monitor)."""
     skip = {me, *keep}
     live = {pid: proc for pid, proc in table.items() if not proc.zombie and pid not in skip}
     groups = set(workers)
@@ -84,7 +72,6 @@ def with_cmdlines(found: Sequence[Leftover], read: Callable[[int], str] = cmdlin
 
 
 def line(found: Sequence[Leftover], round_index: int) -> str:
-    """The one line that says what survived the stop of round ``round_index``."""
     shown = "; ".join(f"pid {f.pid} `{f.cmdline or '?'}` ({f.why})" for f in found[:SHOWN])
     more = f"; and {len(found) - SHOWN} more" if len(found) > SHOWN else ""
     count = f"{len(found)} process{'es' if len(found) != 1 else ''}"

@@ -1,15 +1,7 @@
 """NVML, read in one place: this host's GPUs, their health, their memory and the processes that hold it.
 
-Every NVML reader in mbr-launch goes through here: ``mbr-launch doctor``'s GPU checks (``view``, ``memories``:
-NVML opened for one question, by ``once``), the stranger check at launch and the GPU memory reclaim wait
-between rounds (``Nvml.memory``, on the agent's one session). What comes out is plain
-frozen values, so a test fakes NVML at this boundary (an object with ``memory`` and ``close``, the
-``Session`` protocol) and everything above it runs for real.
-
-nvidia-ml-py (``import pynvml``) is optional: without it, or without a driver, ``Nvml.open`` returns why.
-NVML reports the processes of a GPU by the pid of the PID namespace the driver sees, which inside a container
-is often the host's: a pid here may name a process that this machine's ``/proc`` does not show
-(``health.gpuowners`` deals with that).
+Plain frozen values come out, so tests fake NVML at the ``Session`` protocol. nvidia-ml-py is optional:
+without it, or without a driver, ``Nvml.open`` returns why.
 """
 
 from __future__ import annotations
@@ -46,7 +38,7 @@ class NvmlView:
 
 @dataclass(frozen=True)
 class GpuProcess:
-    pid: int  # as NVML gives it: this PID namespace's, or the host's (see the module's docstring)
+    pid: int  # as NVML gives it: in a container often the host's, which /proc here may not show
     used_mb: float | None  # None: NVML does not say (some drivers and virtual GPUs)
 
 
@@ -65,15 +57,12 @@ class GpuMemory:
 
 
 class Session(Protocol):
-    """What the reclaim wait and the stranger check need of NVML (``Nvml``, or a test's fake)."""
-
     def memory(self, device: str) -> GpuMemory: ...
     def close(self) -> None: ...
 
 
 class Nvml:
-    """One NVML session (``nvmlInit`` .. ``nvmlShutdown``). Every query answers rather than raises: a GPU that
-    cannot be read is a value (``used_mb`` None), since a broken GPU must not stop the launcher."""
+    """One NVML session. Every query answers rather than raises: a broken GPU must not stop the launcher."""
 
     def __init__(self, nv: Any) -> None:
         self._nv = nv
@@ -173,7 +162,6 @@ _RECOVERY_NAMES = {0: "none", 1: "gpu_reset", 2: "node_reboot", 3: "drain_p2p", 
 
 
 def once(query: Callable[[Nvml], _T]) -> _T | str:
-    """``query``'s answer on an NVML session opened and closed for it, or why NVML cannot be opened."""
     session = Nvml.open()
     if isinstance(session, str):
         return session
@@ -182,7 +170,6 @@ def once(query: Callable[[Nvml], _T]) -> _T | str:
 
 
 def view() -> NvmlView:
-    """Every GPU of this host with its health (the doctor's GPU checks)."""
     def read(session: Nvml) -> NvmlView:
         try:
             return NvmlView(available=True, driver=session.driver(),
@@ -195,7 +182,6 @@ def view() -> NvmlView:
 
 
 def memories(devices: Sequence[str]) -> list[GpuMemory] | str:
-    """The memory of ``devices`` and the processes that hold it, or why NVML cannot say."""
     return once(lambda session: [session.memory(d) for d in devices])
 
 

@@ -1,12 +1,7 @@
-"""Touch storage paths in a process of its own: a hung NFS or Lustre mount blocks this process, not the
-launcher, which kills it after its timeout (``readers.probe_paths``).
+"""Touch storage paths in a process of its own (``python -I -S probe.py read|list PATH...``): a hung mount
+blocks this process, not the launcher, which kills it after its timeout (``suite.probe_paths``).
 
-    python -I -S probe.py read|list PATH...
-
-``read`` (storage paths): the path is absolute and exists; a file gives its first 4 KiB, a folder its
-listing, anything else a stat. ``list`` (network mounts): the path is a folder and lists. One JSON line
-per path on stdout, written as soon as that path is done, so a caller that gives up knows which path hung.
-Standard library only, run with -S: it starts in milliseconds and imports nothing of the launcher.
+One JSON line per path, flushed as each is done, so a caller that gives up knows which path hung.
 """
 
 from __future__ import annotations
@@ -18,7 +13,8 @@ import sys
 
 
 def probe(path: str, mode: str) -> tuple[str, str]:
-    """(status, detail) for one path: ok, invalid, missing, unreadable or not a directory."""
+    """(status, detail) for one path: ok, invalid, missing, unreadable or not a directory. ``read``: a file
+    gives its first 4 KiB, a folder its listing; ``list``: the path is a folder and lists."""
     if not path.startswith("/"):
         return "invalid", ""
     path = os.path.normpath(path)

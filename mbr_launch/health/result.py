@@ -1,10 +1,5 @@
-"""What a check found: one type for the doctor's preflight checks and for the checks a node runs before it joins a round.
-
-The doctor reads a result as a table row (``id``, ``severity``, ``title``, what it ``saw``, the ``fix``); a
-node's own checks read the same result as passed or failed: ``ok`` (nothing failed), ``skipped`` (nothing
-to check here, never a failure), ``name`` and ``detail`` (the id and what was seen, the words of the node's
-``health_check`` event). A node check has no title: it is reported by its id.
-"""
+"""What a check found: one type for the doctor's preflight checks (a table row) and a node's own checks
+before it joins (passed or failed; ``name`` and ``detail`` are the ``health_check`` event's words)."""
 
 from __future__ import annotations
 
@@ -42,10 +37,8 @@ class CheckResult:
 
     @classmethod
     def passed(cls, id: str, saw: str, *, skipped: bool = False) -> CheckResult:
-        """A node check that found nothing wrong (``skipped``: found nothing to check)."""
         return cls(id, "skip" if skipped else "ok", "", saw)
 
     @classmethod
     def failed(cls, id: str, saw: str) -> CheckResult:
-        """A node check that failed: ``saw`` says why."""
         return cls(id, "error", "", saw)
