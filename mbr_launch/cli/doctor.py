@@ -23,8 +23,8 @@ _VALUE_FLAGS = frozenset(f for s in SETTINGS if s.takes_value for f in s.flags)
 
 
 def option_strings(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The option strings of a command line before its script (``--ft-param-safety_factor=3`` gives
-    ``--ft-param-safety_factor``), so the checks can tell which of ft_launcher's spellings were used."""
+    """The option strings before the script (``--ft-param-safety_factor=3`` gives ``--ft-param-safety_factor``), so
+    the checks can tell which of ft_launcher's spellings were used."""
     found, i = [], 0
     while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
         name, equals, _ = argv[i].partition("=")

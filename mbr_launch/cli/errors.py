@@ -10,8 +10,7 @@ PROG = "mbr-launch"
 
 
 class CommandError(Exception):
-    """A failure the user can fix (bad option, bad config file, unknown check): ``app`` prints the message
-    as one line and exits with ``code``."""
+    """A failure the user can fix: printed as one line, exit ``code``."""
 
     def __init__(self, message: str, code: int = exitcodes.USAGE) -> None:
         super().__init__(message)

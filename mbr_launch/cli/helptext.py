@@ -1,11 +1,8 @@
-"""``--help`` and ``--help-all`` as plain text that fits the terminal (80 columns and up), from the settings
-table and the command's own options.
+"""``--help`` and ``--help-all`` as plain text that fits the terminal, from the settings table and the command's
+own options.
 
-Each option takes two or more lines: the flag with its value (``{live,plain,off,auto}``, ``N [0..]``) on
-one, the help wrapped beneath it, so no flag, default or environment name is ever cut off. Plain
-``--help`` shows the settings marked ``common``; ``--help-all`` shows every setting by panel with its
-environment variables and other spellings. torchrun's underscore spellings are accepted but not listed.
-"""
+Each option's flag and value hint on one line, its help wrapped beneath, so nothing is ever cut off. Plain
+``--help`` shows the ``common`` settings; ``--help-all`` every setting by panel, with its environment variables."""
 
 from __future__ import annotations
 
@@ -50,7 +47,7 @@ def setting_head(setting: Setting, *, aliases: bool) -> str:
 
 
 def _own_options(command: typer.core.TyperCommand, ctx: typer.Context) -> list[Any]:
-    """The command's options that are not settings (--json, --deep, --version ...), --help last."""
+    """The command's options that are not settings (--json, --version ...), --help last."""
     own = [p for p in command.get_params(ctx)
            if p.param_type_name == "option" and p.name not in BY_NAME and not getattr(p, "hidden", False)]
     return sorted(own, key=lambda p: "--help" in p.opts)
@@ -64,7 +61,6 @@ def _option_lines(option: Any, ctx: typer.Context, cols: int) -> list[str]:
 
 
 def usage_lines(ctx: typer.Context, command: typer.core.TyperCommand) -> list[str]:
-    """``Usage: mbr-launch [OPTIONS] SCRIPT [ARGS]...`` and, for the launch, one line per subcommand."""
     lines = [f"{ctx.command_path} {usage_args(command, ctx)}"]
     if not getattr(command, "is_subcommand", False):
         lines += [f"{PROG} {name} {usage_args(sub, ctx)}" for name, sub in COMMANDS.items()]
@@ -147,7 +143,6 @@ class HelpCommand(typer.core.TyperCommand):
 
 
 def show_help_all(ctx: typer.Context, value: bool) -> None:
-    """The eager ``--help-all`` option: every setting, then exit."""
     if not value or ctx.resilient_parsing:
         return
     ctx.meta[HELP_ALL] = True

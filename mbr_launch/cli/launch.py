@@ -1,7 +1,4 @@
-"""``mbr-launch [OPTIONS] SCRIPT [ARGS...]``: build one config from the options, then run this node's agent.
-
-Everything after SCRIPT belongs to the script, as with torchrun.
-"""
+"""``mbr-launch [OPTIONS] SCRIPT [ARGS...]``: build one config from the options, then run this node's agent."""
 
 from __future__ import annotations
 

@@ -1,6 +1,4 @@
-"""Command-line options generated from the settings table (``config.settings.SETTINGS``), so the CLI, the
-config file, the man page and the completions cannot drift apart; and the environment they are read from.
-"""
+"""Command-line options generated from the settings table (``config.settings.SETTINGS``)."""
 
 from __future__ import annotations
 
@@ -24,10 +22,8 @@ def option_help(setting: Setting, *, env: bool = True) -> str:
 
 
 def setting_parameter(setting: Setting) -> inspect.Parameter:
-    """A keyword-only parameter whose annotation makes typer accept every flag spelling of ``setting``.
-
-    The default is ``None`` (``Optional``) so the settings resolver can tell "not given" from a value
-    and fall back to the config file, the environment and the declared default, in that order."""
+    """A keyword-only parameter that accepts every flag spelling of ``setting``. Its default is None, so that the
+    resolver can tell "not given" and fall back to the environment, the config file and the declared default."""
     # escape: rich would read "[default: 1:1]" as a style tag and drop it
     option = typer.Option(*setting.flags, help=escape(option_help(setting)), rich_help_panel=setting.panel,
                           show_default=False, metavar=setting.metavar or None, hidden=setting.hidden)
@@ -41,10 +37,8 @@ def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
 
 
 def with_settings(command: Callable[..., None], *extra: inspect.Parameter) -> Callable[..., None]:
-    """Give ``command(**values)`` one option per setting, in help-panel order, then ``extra``.
-
-    typer reads a command's parameters from its signature; the settings table is data, so the signature
-    is built here instead of being written out."""
+    """Give ``command(**values)`` one option per setting, in help-panel order, then ``extra``: typer reads a
+    command's parameters from its signature, and the settings table is data."""
     command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [*(setting_parameter(s) for s in in_panel_order(SETTINGS)), *extra])
     return command

@@ -1,6 +1,5 @@
-"""The launcher process's own set-up and last-resort error handling, shared by every command and by the plain
-launch (``cli.plainline``), which runs without typer. Imports nothing heavy: the plain launch's start-up pays for
-every module imported here."""
+"""The launcher process's own set-up and last-resort error handling, shared by every command and the plain
+launch. Imports nothing heavy: the plain launch's start-up pays for every module imported here."""
 
 from __future__ import annotations
 
@@ -32,8 +31,8 @@ def prepare() -> None:
 
 
 def guarded(run: Callable[[], int]) -> int:
-    """``run()``'s exit code; a mistake the user can fix (``CommandError``) is its message and code, Ctrl-C is
-    130, and a bug of ours one line (the traceback with MBR_DEBUG=1)."""
+    """``run()``'s exit code; a ``CommandError`` is its message and code, Ctrl-C 130, and a bug of ours one line
+    (the traceback with MBR_DEBUG=1)."""
     try:
         return run()
     except CommandError as err:

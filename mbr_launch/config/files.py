@@ -1,9 +1,6 @@
-"""The YAML config file (``--config``): mbr-launch's own section, ft_launcher's, and the Megatron-Bridge
-sections the same file may carry.
+"""The YAML config file (``--config``): mbr-launch's own section, ft_launcher's, and Megatron-Bridge's.
 
-The Bridge section names live here, the lowest layer that needs them: the loader must accept them, and
-``doctor.mbridge`` (which checks their contents) imports them from here rather than config reaching up.
-"""
+The Bridge section names live here, the lowest layer that needs them (``doctor.mbridge`` imports them)."""
 
 from __future__ import annotations
 
@@ -32,9 +29,8 @@ BRIDGE_KEYS = BRIDGE_STRICT_SECTIONS | BRIDGE_LOOSE_SECTIONS | BRIDGE_OTHER_SECT
 
 
 def load_config_file(path: str) -> dict[str, Any]:
-    """Read our YAML file: an ``mbr_launch:`` section of settings and/or ``fault_tolerance:`` as ft_launcher
-    writes it, at the top or, as NVRx finds it, inside another section (a training config that carries it). Unknown
-    keys are errors that name the key and say what to do."""
+    """Read our YAML file: an ``mbr_launch:`` section and/or ft_launcher's ``fault_tolerance:``, at the top or, as
+    NVRx finds it, inside another section. Unknown keys are errors that name the key and say what to do."""
     data = read_yaml(path)
     if data is None:
         return {}
@@ -84,9 +80,8 @@ def find_fault_tolerance(data: Any, where: str = "") -> tuple[str, Any] | None:
 
 
 def _check_top_level(key: Any, path: str, *, carried: bool) -> None:
-    """A top-level key that is none of our sections: the rest of a training config that carries ft_launcher's
-    section (left alone, as NVRx does) unless it looks like a misspelt name of ours; in a file without that
-    section, an error."""
+    """A top-level key that is none of ours: left alone beside a carried ft_launcher section (as NVRx does) unless
+    it looks like a misspelt name of ours; an error in a file without that section."""
     known = sorted(OWN_SECTIONS if carried else OWN_SECTIONS | BRIDGE_KEYS)
     guess = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
     if carried and not guess:
@@ -97,8 +92,8 @@ def _check_top_level(key: Any, path: str, *, carried: bool) -> None:
 
 
 def _setting(where: str, name: Any, path: str) -> Setting:
-    """The setting that ``name`` of section ``where`` sets; an unknown key is an error that says what to do:
-    NVRx ignores unknown keys, and a misspelt one would quietly leave a timeout at its default."""
+    """The setting that ``name`` of section ``where`` sets. NVRx ignores unknown keys; here they are errors, so that
+    a misspelt one cannot leave a timeout at its default."""
     key = str(name).replace("-", "_")
     ft = where != "mbr_launch"
     setting = (BY_FT_KEY if ft else BY_NAME).get(key)
@@ -123,9 +118,8 @@ _SCALARS = (str, int, float, bool)
 
 
 def _value_problem(value: Any, *, list_ok: bool, mapping_ok: bool) -> str | None:
-    """Why a config value is not plain data this setting can take, or None: text or a number; a list of
-    them for list settings; a mapping for section timeouts. Anything else would be turned into its repr
-    (an id "{'a': 1}"), and aliases to nested lists would multiply into gigabytes of text."""
+    """Why a config value is not plain data this setting can take, or None. Anything else would become its repr,
+    and YAML aliases to nested lists would multiply into gigabytes of text."""
     if value is None or isinstance(value, _SCALARS):
         return "holds a NUL character" if isinstance(value, str) and "\0" in value else None
     if list_ok and isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value):

@@ -1,14 +1,8 @@
-"""Parsers for values as ft_launcher (NVRx 0.4.1, 0.6, 0.7) reads them: text (or a YAML value) in, a typed value
-or a ``SettingError`` that names the flag out. ``parse`` has the shared ones (numbers, choices, timeouts).
+"""Parsers for values as ft_launcher (NVRx 0.4.1, 0.6, 0.7) reads them; ``parse`` has the shared ones.
 
-ft_launcher's booleans are not one rule but three (``RULES``: true only for true/1/yes, false only for
-false/0/no, true only for the word true), and ``--ft-enable-nic-monitor``'s changed between versions
-(``versioned_bool``); the settings table says which flag reads which way.
-
-Every value ft_launcher takes is taken here with its meaning, except that ``on`` and ``off`` (mbr-launch's own
-words) mean what they say: ft_launcher 0.6+ would read ``off`` as true. ``unclear`` tells a caller that a word
-is in no version's vocabulary (``maybe``), so it can say how it was read.
-"""
+ft_launcher's booleans follow three rules (``RULES``), and ``--ft-enable-nic-monitor``'s changed between
+versions (``versioned_bool``). mbr-launch's own words ``on`` and ``off`` mean what they say, where ft_launcher
+0.6+ would read ``off`` as true; ``unclear`` tells a caller that a word is in no version's vocabulary."""
 
 from __future__ import annotations
 
@@ -32,7 +26,6 @@ LEVELS = {"DEBUG": "DEBUG", "DBG": "DEBUG", "INFO": "INFO", "WARNING": "WARNING"
 
 
 def unclear(value: Any) -> bool:
-    """True for a boolean's word that no version of ft_launcher lists (its meaning depends on the rule)."""
     if isinstance(value, bool):
         return False
     word = str(value).strip().lower()
@@ -40,7 +33,6 @@ def unclear(value: Any) -> bool:
 
 
 def ft_bool(name: str, rule: str) -> Parser:
-    """A value-taking boolean read by ft_launcher's ``rule`` (see the module docstring)."""
     reads = RULES[rule]
 
     def parse(value: Any) -> bool:
@@ -56,9 +48,8 @@ def ft_bool(name: str, rule: str) -> Parser:
 
 
 def versioned_bool(name: str, rules: Mapping[str, str]) -> Parser:
-    """A boolean whose rule depends on the workers' NVRx generation (``rules``: generation -> rule, oldest
-    first). Called plainly it reads by the newest rule; ``parse.for_generation(g)`` is the one of ``g`` (None or
-    an unknown generation: the newest)."""
+    """A boolean whose rule depends on the workers' NVRx line (``rules``: line -> rule, oldest first): the newest
+    rule plainly, ``parse.for_generation(g)`` for line ``g``."""
     parsers = {generation: ft_bool(name, rule) for generation, rule in rules.items()}
     newest = list(parsers.values())[-1]
 
@@ -74,8 +65,8 @@ def versioned_bool(name: str, rules: Mapping[str, str]) -> Parser:
 
 
 def log_level(name: str) -> Parser:
-    """A log level as NVRx takes it: a name in any case (DBG and WARN too), or a number from a YAML file
-    (10 to 50). Returns the level's name, or the number as text for a level between the named ones."""
+    """A log level as NVRx takes it: a name in any case (DBG and WARN too), or a number 10 to 50 from a YAML file
+    (kept as text when it lies between the named levels)."""
 
     def parse(value: Any) -> str:
         if isinstance(value, bool):
@@ -97,8 +88,7 @@ def log_level(name: str) -> Parser:
 
 def folded_choice(name: str, options: tuple[str, ...], fold: Callable[[str], str], *,
                   none_ok: bool = False) -> Parser:
-    """One of ``options`` after ``fold`` (str.lower, str.upper), as ft_launcher's ``type=str.lower`` choices.
-    ``none_ok``: a YAML null is None (a FaultToleranceConfig field whose NVRx default is None)."""
+    """One of ``options`` after ``fold``, as ft_launcher's ``type=str.lower`` choices; ``none_ok``: YAML null is None."""
 
     def parse(value: Any) -> str | None:
         if value is None and none_ok:
@@ -128,8 +118,7 @@ def integer(name: str, *, least: int = -LARGEST, most: int = LARGEST) -> Parser:
 
 
 def optional_number(name: str, kind: type = float, *, positive: bool = False) -> Parser:
-    """A number, or null/none/'' (ft_launcher 0.6+ reads those as None for its interval and GPU-memory
-    flags); None means "the default" to whoever reads the value."""
+    """A number, or null/none/'' (ft_launcher 0.6+'s None), which means "the default" to whoever reads it."""
 
     def parse(value: Any) -> Any:
         if value is None or (isinstance(value, str) and value.strip().lower() in NONE_WORDS):
@@ -145,7 +134,7 @@ def optional_number(name: str, kind: type = float, *, positive: bool = False) ->
 
 
 def absolute_path(name: str) -> Parser:
-    """A path that must be absolute, as ft_launcher requires (it refuses a relative one at start-up)."""
+    """An absolute path, as ft_launcher requires."""
 
     def parse(value: Any) -> str:
         text = str(value).strip()
@@ -158,7 +147,6 @@ def absolute_path(name: str) -> Parser:
 
 
 def absolute_paths(name: str) -> Parser:
-    """Comma-separated absolute paths (or a YAML list of them), as ``--ft-storage-health-check-path``."""
 
     def parse(value: Any) -> tuple[str, ...]:
         parts = [str(v).strip() for v in value if v is not None] if isinstance(value, (list, tuple)) \

@@ -1,9 +1,7 @@
 """The validated launch configuration: one frozen value of nested typed specs, built by ``config.build``.
 
-Each spec groups what one part of the agent reads (the rendezvous, the workers, their output, the rank
-monitor, ...), so a module takes the part it needs and nothing reads raw settings. Values here are
-already checked; code past ``build_config`` never re-validates them.
-"""
+Each spec is what one part of the agent reads; values are checked once, and code past ``build_config`` never
+re-validates them."""
 
 from __future__ import annotations
 
@@ -33,12 +31,9 @@ class StdSpec:
 
 @dataclass(frozen=True)
 class FaultToleranceSpec:
-    """What the rank monitor enforces and what NVRx clients read from the config it returns, in NVRx 0.7's
-    FaultToleranceConfig field names (0.4.1 and 0.6 have a subset). The fields past ``link_down_path_template``
-    are 0.6/0.7's; their defaults here are NVRx 0.7's.
-
-    ``user_set``: the fields whose value the user gave (command line, environment or config file). The
-    monitor gives a client its own version's default for the others (NVRx 0.6+: no heartbeat timeouts)."""
+    """What the rank monitor enforces and NVRx clients read, in NVRx 0.7's FaultToleranceConfig field names (the
+    defaults past ``link_down_path_template`` are 0.7's). ``user_set``: the fields the user gave; a client gets
+    its own version's default for the others."""
 
     initial_rank_heartbeat_timeout: float | None
     rank_heartbeat_timeout: float | None
@@ -77,8 +72,7 @@ class FaultToleranceSpec:
     user_set: tuple[str, ...] = ()
 
     def as_nvrx_dict(self) -> dict[str, Any]:
-        """Every FaultToleranceConfig field of NVRx 0.7, with the types NVRx holds (an int log level), and
-        ``"user_set"``: the sorted names of the fields the user gave."""
+        """Every field with the types NVRx holds (an int log level); ``user_set`` sorted."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "user_set"}
         data["rank_section_timeouts"] = dict(self.rank_section_timeouts)
         data["log_level"] = int(self.log_level) if self.log_level.isdigit() else logging.getLevelName(self.log_level)
@@ -88,7 +82,7 @@ class FaultToleranceSpec:
 
 @dataclass(frozen=True)
 class RendezvousSpec:
-    """How this node finds the others: torchrun's rdzv flags after the standalone and Slurm rules."""
+    """torchrun's rdzv flags after the standalone and Slurm rules."""
 
     backend: RdzvBackend
     endpoint: str  # HOST:PORT; "localhost:0" for a standalone job (a free port is picked)
@@ -105,14 +99,12 @@ class RendezvousSpec:
 
     @property
     def elastic(self) -> bool:
-        """Nodes may join a formed job (MIN < MAX): the round re-forms without a failure."""
+        """Nodes may join a formed job: the round re-forms without a failure."""
         return self.min_nodes < self.max_nodes
 
 
 @dataclass(frozen=True)
 class WorkersSpec:
-    """This node's workers: what each one runs, its environment's knobs, and how it is stopped."""
-
     nproc_per_node: int
     entrypoint: tuple[str, ...]  # argv of one worker, before per-rank env
     script_args: tuple[str, ...]
@@ -124,14 +116,12 @@ class WorkersSpec:
     shutdown_timeout: float  # seconds between SIGTERM and SIGKILL for a stopped worker
 
     def argv(self, local_rank: int) -> list[str]:
-        """One worker's command line (torchrun substitutes ``${local_rank}`` in it)."""
+        """One worker's command line, ``${local_rank}`` substituted as torchrun does."""
         return [a.replace("${local_rank}", str(local_rank)) for a in (*self.entrypoint, *self.script_args)]
 
 
 @dataclass(frozen=True)
 class MonitorSpec:
-    """The rank monitor and what happens to a rank it calls hung."""
-
     enabled: bool  # --rank-monitor on
     stack_dump: StackDump
     hang_kill_grace: float  # seconds between SIGTERM and SIGKILL for a hung worker
@@ -140,8 +130,6 @@ class MonitorSpec:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Where worker output and the launcher's own lines go."""
-
     log_dir: str | None
     redirects: StdSpec
     tee: StdSpec
@@ -189,8 +177,7 @@ class StandbySpec:
 
 @dataclass(frozen=True)
 class PreflightSpec:
-    """The doctor's view of a launch: the settings as declared (before Slurm and standalone derivations,
-    which the checks judge for themselves) and the checks to skip."""
+    """The doctor's view: the settings as declared, before the Slurm and standalone derivations it judges itself."""
 
     skip_checks: tuple[str, ...]
     nproc_per_node: str
@@ -216,10 +203,7 @@ class PreflightSpec:
 
 @dataclass(frozen=True)
 class NvrxLauncherSpec:
-    """ft_launcher 0.6/0.7's launcher features, each given its meaning in this launcher.
-
-    Defaults are "off": ``config.build`` fills them from the settings (and, where NVRx versions disagree,
-    from the NVRx version installed in the workers' environment, ``workers_nvrx``)."""
+    """ft_launcher 0.6/0.7's launcher features, each given its meaning here; off by default (``config.build`` fills them)."""
 
     # The NVRx the workers import ("0.7.0"; None: none), whose defaults the values here follow.
     workers_nvrx: str | None = None

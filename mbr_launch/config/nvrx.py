@@ -1,12 +1,7 @@
 """What mbr-launch knows about the NVRx versions it follows: 0.4.1, 0.6.0 and 0.7.0.
 
-Where ft_launcher's versions disagree (defaults such as the heartbeat timeouts, how ``--ft-enable-nic-monitor``
-reads a word, which options and values exist), mbr-launch follows the NVRx installed in the workers' environment:
-``config.host.workers_nvrx`` finds it on disk, ``generation`` names its line, and the settings table says per
-setting what each line changes (``Setting.nvrx_defaults``, ``ftparse.versioned_bool``). Pure: no IO.
-
-The tables here are checked against the real packages by ``tests/test_ft_flag_parity.py``.
-"""
+Where ft_launcher's versions disagree, mbr-launch follows the NVRx in the workers' environment
+(``config.host.workers_nvrx``); ``tests/test_ft_flag_parity.py`` checks these tables against the real packages."""
 
 from __future__ import annotations
 
@@ -53,8 +48,7 @@ REMOVED_VALUES: dict[tuple[str, str], str] = {
 
 
 def generation(version: str | None) -> str | None:
-    """The line of an NVRx ``version`` ("0.7.0rc1" -> "0.7"); None when there is none (not installed) or it
-    cannot be read."""
+    """The line of an NVRx ``version`` ("0.7.0rc1" -> "0.7"); None when there is none or it cannot be read."""
     if not version:
         return None
     match = re.match(r"(\d+)\.(\d+)", version.strip())
@@ -69,12 +63,11 @@ def generation(version: str | None) -> str | None:
 
 
 def release(line: str) -> tuple[int, ...]:
-    """A line as numbers: "0.6" -> (0, 6)."""
     return tuple(int(part) for part in line.split("."))
 
 
 def removed_spelling(flag: str) -> str | None:
-    """The ft_launcher line that no longer has ``flag`` (a spelling mbr-launch still takes), or None."""
+    """The ft_launcher line that no longer has ``flag``, or None."""
     if flag.startswith(("--ft-param-", "--ft_param_")) or flag in REMOVED_IN_06:
         return "0.6"
     return "0.7" if flag in REMOVED_IN_07 else None
@@ -82,8 +75,7 @@ def removed_spelling(flag: str) -> str | None:
 
 @dataclass(frozen=True)
 class NvrxFound:
-    """The NVRx a worker would import: its version (None: not installed), the metadata folder it was read from,
-    and how that folder is on the workers' path ("PYTHONPATH" or "the launcher's sys.path")."""
+    """The NVRx a worker would import (None: not installed), where its metadata is, and how that is on the path."""
 
     version: str | None
     where: str = ""

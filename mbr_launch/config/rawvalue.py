@@ -1,14 +1,8 @@
 """Checks on a setting's raw value before its parser sees it: where it came from can make it unusable.
 
-- An empty environment variable: unset where the setting's default is empty too, an error elsewhere. torchrun
-  fails on ``PET_NPROC_PER_NODE=''`` (``int('')``); quietly running 1 worker instead would hide the mistake.
-- Bytes that are not UTF-8 (argv and the environment carry them as surrogate escapes): fine in a file name,
-  but an id, a host or a role must be text (torch's store refuses them deep inside the rendezvous).
-- A YAML null: unset for an optional setting, 'none' where the parser gives none a meaning (an NVRx
-  timeout: ``takes_none``), and an error elsewhere rather than a None that breaks the launch later.
-
-``setting`` is a ``settings.Setting``; ``default`` its default as people type it (``default_text``).
-"""
+An empty environment variable is an error unless the default is empty too (torchrun fails on
+``PET_NPROC_PER_NODE=''``); bytes that are not UTF-8 are refused except in file names (torch's store refuses
+them deep inside the rendezvous); a YAML null is unset, 'none' or an error, per setting."""
 
 from __future__ import annotations
 
@@ -24,7 +18,6 @@ PATH_SETTINGS = frozenset({"log_dir", "config", "pci_topo_file", "link_down_path
 
 
 def env_name(setting: Any, default: str, environ: Mapping[str, str]) -> str | None:
-    """The first of the setting's environment variables that is set to a value, or None."""
     for name in setting.envvars:
         value = environ.get(name)
         if value is None or (value == "" and default == ""):
@@ -37,8 +30,8 @@ def env_name(setting: Any, default: str, environ: Mapping[str, str]) -> str | No
 
 
 def pet_switch(setting: Any, name: str, raw: str) -> str:
-    """torchrun reads a switch's ``PET_`` variable as ``bool(int(value))``: any whole number, 2 and -1 true as 1 is
-    (``PET_STANDALONE=2`` runs standalone); other words are left to the switch's own reading (true, off...)."""
+    """torchrun reads a switch's ``PET_`` variable as ``bool(int(value))`` (``PET_STANDALONE=2`` runs standalone);
+    other words are left to the switch's own reading."""
     if not (name.startswith("PET_") and setting.kind is bool and not setting.valued):
         return raw
     try:
@@ -56,7 +49,6 @@ def check_text(setting: Any, raw: Any) -> None:
 
 
 def null_value(setting: Any, default: str) -> Any:
-    """What a YAML null means for this setting."""
     if setting.default is None:
         return None
     if setting.parse is not None and getattr(setting.parse, "takes_none", False):

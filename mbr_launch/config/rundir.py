@@ -1,15 +1,6 @@
 """Where one run's files go: its run folder (under ``--log-dir``, else a private base folder of this user's)
 and the folder of the rank monitor's sockets. Each failure is a ``ConfigError`` (exit 2) that says what
-to do.
-
-The default base ``<tmp>/mbr-launch-<uid>`` sits in a directory everyone can write. Another user may have
-created it first, or planted a symlink there, to read our logs or to have us append worker output to a file
-of their choice: so it must be a real folder of ours that nobody else can write, or we refuse. Run folders
-are created fresh (never reused) with mode 0700, and their names come from ids we do not control (the
-rendezvous id, ``SLURM_JOB_ID``, the host name), so each id is made into one harmless path component.
-Their names start with the start time, so the newest sorts last; in the default base ``latest`` links to the
-newest and only the last ``--keep-runs`` are kept (``runhistory``).
-"""
+to do; why the default base is checked so closely: docs/security.md, "Log folders"."""
 
 from __future__ import annotations
 
@@ -32,8 +23,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def safe_component(text: str, limit: int = 80) -> str:
-    """``text`` as one path component: no separator, no leading dot, printable ASCII, at most ``limit``
-    characters. The real id is kept where it matters (the rendezvous, the ``start`` event)."""
+    """``text`` (an id we do not control) as one harmless path component of at most ``limit`` characters."""
     cleaned = _UNSAFE.sub("_", text)[:limit]
     if cleaned.startswith("."):
         cleaned = "_" + cleaned[1:]  # never "." or "..", never hidden
@@ -41,7 +31,6 @@ def safe_component(text: str, limit: int = 80) -> str:
 
 
 def default_base(tmp: str | None = None) -> Path:
-    """This user's base folder for runs without ``--log-dir``."""
     return Path(tmp or tempfile.gettempdir()) / f"mbr-launch-{os.geteuid()}"
 
 
@@ -70,8 +59,8 @@ def private_base(path: Path) -> Path:
 
 
 def checked_log_dir(path: Path) -> Path:
-    """``--log-dir`` (created if missing): a folder the user chose, which may be shared with their team,
-    but not one where anybody can replace our run folder (writable by all, without the sticky bit)."""
+    """``--log-dir`` (created if missing): the user's folder, maybe shared with their team, but not one where anybody
+    can replace our run folder (writable by all, without the sticky bit)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         st = os.stat(path)
@@ -86,20 +75,16 @@ def checked_log_dir(path: Path) -> Path:
 
 
 def run_folder_name(run_id: str, node: str, *, now: float | None = None) -> str:
-    """``<start time>_<run id>_<6 hex>_<node>``: sorted by name is sorted by start (local time, to the
-    second); the random part keeps two agents of one host that share a log folder apart."""
+    """``<start time>_<run id>_<6 hex>_<node>``: sorted by name is sorted by start; the random part keeps two agents
+    of one host that share a log folder apart."""
     started = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
     return f"{started}_{safe_component(run_id)}_{uuid.uuid4().hex[:6]}_{safe_component(node)}"
 
 
 def make_run_dir(log_dir: str | None, run_id: str, node: str, *, keep_runs: int = 0,
                  now: float | None = None) -> Path:
-    """A fresh run folder (0700) for this node (``run_folder_name``), always inside the base folder.
-
-    Under the default base (no ``--log-dir``) the run also holds its folder (``runhistory.hold``) while this
-    process lives, points ``<base>/latest`` at it and removes the runs beyond the ``keep_runs`` newest
-    (0 keeps all). A ``--log-dir`` is the user's folder, maybe shared by nodes and read by their own tools
-    (a ``*/events.jsonl`` glob there would find a ``latest`` link twice): only the run folder goes there."""
+    """A fresh run folder (0700) for this node, inside the base folder. Under the default base the run also holds it,
+    points ``<base>/latest`` at it and prunes old runs (``runhistory``); a ``--log-dir`` gets the run folder only."""
     base = checked_log_dir(Path(log_dir)) if log_dir else private_base(default_base())
     run_dir = base / run_folder_name(run_id, node, now=now)
     try:
@@ -115,10 +100,8 @@ def make_run_dir(log_dir: str | None, run_id: str, node: str, *, keep_runs: int 
 
 
 def make_socket_dir(longest_name: str) -> Path:
-    """A private folder (0700) for the rank monitor's sockets, whose paths must fit in a socket address.
-
-    It goes in the temp dir; a ``TMPDIR`` too long for that falls back to /tmp (a fresh ``mkdtemp``
-    folder is private wherever it is)."""
+    """A private folder (0700) for the rank monitor's sockets, in the temp dir, or in /tmp when ``TMPDIR`` is too
+    long for a socket address."""
     tmp = tempfile.gettempdir()
     tried = []
     for parent in dict.fromkeys((tmp, "/tmp")):

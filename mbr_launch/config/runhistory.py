@@ -1,14 +1,10 @@
 """The runs kept in this user's default base folder (``<tmp>/mbr-launch-<uid>``): a ``latest`` link to the
 newest, and retention of the last N (``--keep-runs``).
 
-Several runs of one user may start and end at once on one host, so a run folder is removed only when all of
-these hold: its name has the shape ``rundir.run_folder_name`` gives (nothing else in the base is touched, not
-even run folders of older versions), it is a real folder of ours (not a link), nothing in it changed for
-``QUIET_AGE`` seconds, and no live launcher holds it: each run holds an ``flock`` on its own folder for the
-life of its agent (``hold``), which the kernel lets go of however the agent ends, SIGKILL included. The base
-itself has been checked private (ours, 0700) before any of this runs, so no other user can plant a link or a
-folder for us to follow or remove; ``shutil.rmtree`` does not follow links inside a folder either.
-"""
+Runs of one user may start and end at once, so a folder is removed only when its name has
+``rundir.run_folder_name``'s shape, it is a real folder of ours, nothing in it changed for ``QUIET_AGE``
+seconds, and no live launcher holds its ``flock`` (``hold``; the kernel drops it however the agent ends).
+The base was checked private before, so nobody else can plant a link for us to follow."""
 
 from __future__ import annotations
 
@@ -45,7 +41,6 @@ def hold(run_dir: Path) -> None:
 
 
 def in_use(run_dir: Path) -> bool:
-    """Some live launcher holds ``run_dir`` (see ``hold``)."""
     try:
         fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
@@ -60,9 +55,8 @@ def in_use(run_dir: Path) -> bool:
 
 
 def point_latest(base: Path, run_dir: Path) -> None:
-    """``<base>/latest`` -> ``run_dir`` (relative), replaced atomically: a new link under a temporary name,
-    renamed over the old one (a rename replaces the link itself and never follows it). A ``latest`` that is
-    no link (a folder someone made) is left alone."""
+    """``<base>/latest`` -> ``run_dir``, replaced atomically (a rename never follows the old link); a ``latest``
+    that is no link is left alone."""
     temporary = base / f".{LATEST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
     try:
         os.symlink(run_dir.name, temporary)
@@ -79,7 +73,7 @@ def point_latest(base: Path, run_dir: Path) -> None:
 
 
 def runs(base: Path) -> list[Path]:
-    """The run folders of ours in ``base``, oldest first (the name starts with the start time)."""
+    """The run folders of ours in ``base``, oldest first."""
     found = []
     uid = os.geteuid()
     for entry in os.scandir(base):
@@ -95,8 +89,7 @@ def runs(base: Path) -> list[Path]:
 
 
 def prune(base: Path, *, keep: int, now: float | None = None) -> list[Path]:
-    """Remove the run folders of ``base`` older than the ``keep`` newest that no run uses; 0 keeps all.
-    Returns the folders removed."""
+    """Remove the run folders older than the ``keep`` newest that no run uses (0 keeps all); returns those removed."""
     if keep <= 0:
         return []
     now = time.time() if now is None else now

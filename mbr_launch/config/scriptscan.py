@@ -1,17 +1,9 @@
 """Whether a training script can need torch at all, read from its source without running it.
 
-A warm standby (``--standby torch``, the default) imports torch ahead of time: seconds of CPU per rank, done
-again for every replacement. For a script that imports only the standard library that work is never used,
-and on a small machine it is what the ranks wait for: 32 agents on 2 cores, where 32 replacement standbys
-were still importing torch when a restart handed them their ranks, started those ranks 3 to 10 s later than
-fresh processes did (and torchrun's). Such a script gets the ``interpreter`` level instead: a standby that
-has only started Python.
-
-The test is conservative: anything that can import a module this scan cannot see (an import of a package
-outside the standard library, a relative import, ``importlib``, ``__import__``, ``exec``/``eval``,
-``runpy``, a module run with ``-m``, a source that does not parse) counts as "may need torch", which keeps
-the level asked for. Guessing wrong the other way only costs what a fresh process costs.
-"""
+Such a script gets the ``interpreter`` standby level instead of preloading torch (why: docs/performance.md).
+The test is conservative: anything that can import a module this scan cannot see (a package outside the
+standard library, a relative import, ``importlib``, ``__import__``, ``exec``, a source that does not parse)
+counts as "may need torch", which keeps the level asked for."""
 
 from __future__ import annotations
 
@@ -26,8 +18,7 @@ _MAX_BYTES = 4 * 1024 * 1024  # a larger entry script is not read (it keeps the 
 
 
 def imports_only_stdlib(script: str | None) -> bool:
-    """True when ``script`` (a file path; the caller never asks about a ``-m`` module) provably imports nothing
-    beyond the standard library."""
+    """True when ``script`` (a file path, never a ``-m`` module) provably imports only the standard library."""
     if not script:
         return False
     path = Path(script)

@@ -1,22 +1,13 @@
 """Every launcher setting, declared once.
 
-The CLI options, the environment variables, the config-file keys, the man page, the shell completions
-and the options page (docs/options.md) are all generated from ``SETTINGS``. Precedence when resolving a value:
-command line > environment (``MBR_*`` first, then torchrun's ``PET_*``) > config file > default.
+The CLI options, environment variables, config-file keys, man page, completions and docs/options.md are all
+generated from ``SETTINGS``. Precedence: command line > environment (``MBR_*``, then torchrun's ``PET_*``) >
+config file > default. ``resolve`` is pure (plain mappings in); ``for_workers_nvrx`` then reads the values as
+the workers' NVRx does where ft_launcher's versions disagree.
 
-Resolution is pure: ``resolve(cli, environ, config_file)`` takes plain mappings, so tests need no
-process state. Values are parsed and validated by each setting's ``parse`` function, which raises
-``SettingError`` with a message that names the flag and the bad value. ``for_workers_nvrx`` then reads them as
-the workers' NVRx version does where ft_launcher's versions disagree (defaults, a boolean's words).
-
-The table in three parts, in the order of the help: torchrun's options (every option of
-``torch.distributed.run.get_args_parser()`` in torch 2.13 to 2.15, with its names, default and ``PET_*`` variable;
-``tests/test_flag_parity`` compares them with the installed torch's parser), mbr-launch's own with ft_launcher
-0.4.1's, then ft_launcher 0.6 and 0.7's. Each of ft_launcher's options takes NVRx's spellings and values
-(``declare.ft_setting``, ``declare.nvrx_setting``): those with a meaning here feed ``LaunchConfig.ft`` and
-``LaunchConfig.nvrx``; those without one are in the ``COMPAT`` panel and their help says, in one line, what
-mbr-launch does instead.
-"""
+The table in the order of the help: torchrun's options (``tests/test_flag_parity`` compares them with the
+installed torch's parser), mbr-launch's own with ft_launcher 0.4.1's, then ft_launcher 0.6 and 0.7's. Those of
+ft_launcher's without a meaning here are in the ``COMPAT`` panel, and their help says what happens instead."""
 
 from __future__ import annotations
 
@@ -523,7 +514,6 @@ def parse_value(setting: Setting, raw: Any) -> Any:
 
 
 def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Mapping[str, Any]) -> Resolved:
-    """Pick each setting's value by precedence and parse it."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     given: dict[str, Any] = {}
@@ -547,9 +537,8 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
 
 
 def for_workers_nvrx(resolved: Resolved, generation: str | None) -> Resolved:
-    """``resolved`` as the workers' NVRx line ``generation`` reads it (None: no NVRx): that line's defaults for
-    the settings left at their default (``Setting.nvrx_defaults``), and its reading of a value whose meaning
-    changed between lines (``ftparse.versioned_bool``)."""
+    """``resolved`` as the workers' NVRx line ``generation`` reads it (None: no NVRx): that line's defaults for the
+    settings left at their default, and its reading of a value whose meaning changed between lines."""
     values = dict(resolved.values)
     for setting in SETTINGS:
         if not resolved.given(setting.name):

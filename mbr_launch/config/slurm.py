@@ -1,21 +1,8 @@
 """The Slurm environment as a typed adapter over a table of variables.
 
-Pure: reads a mapping (normally ``os.environ``), never the process environment itself, and runs no
-commands, so every behaviour is testable from a dict. The launcher asks :class:`SlurmEnv` only for the
-values the user left at their defaults; explicit CLI flags always win.
-
-Facts this module relies on, checked on Slurm 22.05 (see tests/test_slurm_cluster.py):
-
-- An srun task sees ``SLURM_STEP_ID``/``SLURM_STEPID`` and the step's own ``SLURM_STEP_NODELIST``,
-  ``SLURM_STEP_NUM_NODES``, ``SLURM_STEP_TASKS_PER_NODE``; the batch script (step "batch") sees neither
-  ``SLURM_STEP_ID`` nor any ``SLURM_STEP_*``, only the job's values.
-- ``SLURM_RESTART_COUNT`` is absent until the job is requeued, then counts requeues (1, 2, ...);
-  the job id stays the same across a requeue.
-- srun exports nothing that reflects ``--kill-on-bad-exit``/``-K``. ``SLURM_KILL_BAD_EXIT`` is an
-  *input* variable of srun: when the user exported it, srun obeys it and the tasks inherit it, so it is
-  the only hint visible from inside a task. Otherwise the setting is unknown (slurm.conf's
-  ``KillOnBadExit`` default 0 applies unless the srun command line said otherwise).
-"""
+Pure: reads a mapping, runs no commands, so every behaviour is testable from a dict. The launcher asks
+``SlurmEnv`` only for the values the user left at their defaults. The Slurm facts it relies on are listed in
+docs/slurm.md, "What mbr-launch reads from Slurm"."""
 
 from __future__ import annotations
 
@@ -40,7 +27,7 @@ class SlurmError(Exception):
 
 
 def _split_top_level(s: str) -> list[str]:
-    """Split on commas and whitespace that are outside brackets (Slurm's token separators)."""
+    """Split on commas and whitespace outside brackets (Slurm's token separators)."""
     tokens: list[str] = []
     depth = 0
     cur: list[str] = []
@@ -112,11 +99,8 @@ def _expand_token(tok: str, whole: str) -> list[str]:
 
 
 def parse_nodelist(s: str) -> list[str]:
-    """Expand a Slurm node list (``gpu-a[01-03,07],gpu-b12``) into host names, in Slurm's order.
-
-    Agrees with ``scontrol show hostnames`` on well-formed input; where scontrol guesses at malformed
-    input (``gpu[01-``, ``n[[1-2]``, ``n[1-]``) this raises :class:`SlurmError` quoting the input.
-    """
+    """Expand a Slurm node list (``gpu-a[01-03,07],gpu-b12``) into host names, in Slurm's order: as
+    ``scontrol show hostnames`` on well-formed input; malformed input, which scontrol guesses at, raises."""
     if not s or not s.strip():
         raise SlurmError(f"empty node list {s!r}: expected something like 'n[1-4]' or 'gpu01,gpu02'")
     if s.count("[") != s.count("]"):
@@ -199,7 +183,7 @@ def _flag(value: str) -> bool:
 
 @dataclass(frozen=True)
 class SlurmEnv:
-    """What Slurm tells this process about its job and step. Build it with :meth:`from_environ`."""
+    """What Slurm tells this process about its job and step."""
 
     job_id: str
     step_id: str | None  # None in the batch script and in an salloc shell: not inside an srun step
@@ -216,12 +200,12 @@ class SlurmEnv:
 
     @property
     def in_step(self) -> bool:
-        """True inside an srun step, where exactly one process per task runs."""
+        """Inside an srun step, where exactly one process per task runs."""
         return self.step_id is not None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> SlurmEnv | None:
-        """Read ``env``; None when this process is not part of a Slurm job (no job id)."""
+        """None when this process is not part of a Slurm job (no job id)."""
         found = _lookup(env, "job_id")
         if found is None:
             return None
@@ -258,34 +242,28 @@ class SlurmEnv:
         return self.num_nodes
 
     def node_rank(self) -> int:
-        """SLURM_NODEID: 0..nnodes-1 within the step; fixed for the life of the step."""
         if self.node_id is None:
             raise SlurmError("SLURM_NODEID is not set: run mbr-launch under srun, or pass --node-rank")
         return self.node_id
 
     def rdzv_endpoint(self, port: int) -> str:
-        """The first node of the step hosts the rendezvous store: every node computes the same name."""
+        """The step's first node hosts the rendezvous store: every node computes the same name."""
         if not 0 < port < 65536:
             raise SlurmError(f"rendezvous port {port} is outside 1..65535")
         return f"{self.nodelist[0]}:{port}"
 
     def rdzv_port(self) -> int:
-        """A port every node computes alike, different for other jobs, steps and requeues (which may share
-        the first node), in 20000..39999."""
+        """A port in 20000..39999 every node computes alike, different for other jobs, steps and requeues."""
         key = f"{self.job_id}.{self.step_id}.{self.restart_count}".encode()
         return 20000 + zlib.crc32(key) % 20000
 
     def run_id(self) -> str:
-        """Unique per job, step and requeue, and equal on every node of one step.
-
-        The step id separates two sruns in one job; the restart count separates requeues, which keep
-        the job id, so a requeued job never joins rendezvous state left by its previous life.
-        """
+        """Unique per job, step and requeue (a requeue keeps the job id), and equal on every node of one step, so a
+        requeued job never joins rendezvous state left by its previous life."""
         step = self.step_id if self.step_id is not None else "batch"
         return f"slurm-{self.job_id}-{step}-r{self.restart_count}"
 
     def tasks_on_this_node(self) -> int | None:
-        """How many tasks of this step run on this node; None when Slurm did not say."""
         if not self.tasks_per_node or self.node_id is None:
             return None
         return self.tasks_per_node[self.node_id]
@@ -298,7 +276,6 @@ class SlurmEnv:
         return "this node"
 
     def check_one_launcher_per_node(self) -> str | None:
-        """An error message when this step does not run exactly one mbr-launch on every node."""
         if not self.in_step:
             if self.num_nodes > 1:
                 # A batch script (or salloc shell) runs once: the other nodes would never join.
@@ -319,7 +296,6 @@ class SlurmEnv:
         return None
 
     def kill_on_bad_exit_warning(self) -> str | None:
-        """A warning when srun will kill every node's launcher as soon as one exits non-zero."""
         if self.kill_on_bad_exit:
             return (
                 "SLURM_KILL_BAD_EXIT=1: when mbr-launch on one node exits with an error (for example after "

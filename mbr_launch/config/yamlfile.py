@@ -1,16 +1,8 @@
 """Read a YAML file a person handed us, safely: a regular file of bounded size, UTF-8 text, plain data.
 
-Every way it can be wrong becomes one ``ConfigError`` line that names the file (and line:column for a
-syntax error). What is refused, and why:
-
-- anything but a regular file: a FIFO blocks ``open`` until a writer comes, ``/dev/zero`` never ends, a
-  directory is a typo. The file is read by ``report.untrusted``'s rules (``LINKED``: a symlink the person
-  made is followed, what it leads to must be a regular file, looked at before it is opened, opened with
-  ``O_NONBLOCK`` and checked again with ``fstat``), so a FIFO swapped in after a check still cannot block us;
-- more than ``MAX_BYTES``: a config is a few kilobytes;
-- a duplicate key: YAML would keep the last one silently, and a setting the user wrote would not apply;
-- nesting deeper than the parser's recursion: one line instead of a ``RecursionError``.
-"""
+Every way it can be wrong is one ``ConfigError`` line that names the file (and line:column for a syntax error).
+The file is opened by ``report.untrusted``'s ``LINKED`` rules, so a FIFO or device, even one swapped in after a
+check, cannot block or flood us; a duplicate key is an error, as YAML would silently keep the last one."""
 
 from __future__ import annotations
 
@@ -32,8 +24,8 @@ _KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
 
 @functools.lru_cache(maxsize=None)
 def _loader() -> type:
-    """PyYAML's safe loader, except that a key given twice in one mapping is an error. Made on first use:
-    PyYAML costs every launch 10-15 ms of start-up, and most launches read no config file."""
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error. Made on first use: most
+    launches read no config file, and importing PyYAML costs start-up time."""
     import yaml
 
     class UniqueKeyLoader(yaml.SafeLoader):
@@ -73,7 +65,7 @@ def _read_bytes(path: str, what: str) -> bytes:
 
 
 def _syntax_error(path: str, what: str, err: yaml.YAMLError) -> ConfigError:
-    """``FILE:LINE:COL: problem`` on one line (PyYAML's own message spans several, with context)."""
+    """``FILE:LINE:COL: problem`` on one line (PyYAML's own message spans several)."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
