@@ -13,12 +13,11 @@ import typer.core
 
 from mbr_launch.cli.abbrev import ALWAYS, HELP, LAUNCH_EXTRAS, AmbiguousOption, Spelling, expand
 from mbr_launch.cli.doctor import ARGV, DOCTOR_NOT_RUN, doctor_command, print_json_error
-from mbr_launch.cli.errors import PROG, error
 from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
 from mbr_launch.cli.store import store_command
-from mbr_launch.cli.process import guarded, prepare
+from mbr_launch.cli.process import PROG, error, guarded, prepare
 from mbr_launch.cli.plainline import DOCTOR, REPORT, STORE
 from mbr_launch.config.host import torch_version
 from mbr_launch.config.settings import BY_NAME
@@ -55,7 +54,7 @@ app.command(name=PROG, cls=HelpCommand)(launch_command)
 
 
 def spellings(cli: typer.core.TyperCommand) -> dict[str, Spelling]:
-    """Every option string of a command, for ``cli.abbrev``; torchrun's own marked with the torch release that has them."""
+    """Every option string of a command, for ``cli.abbrev``, torchrun's marked with the release that has them."""
     table = dict(HELP)
     for param in cli.params:
         if param.param_type_name != "option":

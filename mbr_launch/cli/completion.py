@@ -10,8 +10,8 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
-from mbr_launch.cli.errors import CommandError
 from mbr_launch.cli.helptext import COMMANDS, summary
+from mbr_launch.cli.process import CommandError
 from mbr_launch.config.settings import BY_NAME, SETTINGS, Setting
 
 SHELLS = ("bash", "zsh", "fish")

@@ -9,10 +9,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from mbr_launch.api import doctor_context, resolve_settings
-from mbr_launch.cli.errors import CommandError
-from mbr_launch.cli.helptext import help_all_option
-from mbr_launch.cli.options import keyword, with_settings
-from mbr_launch.cli.process import USER_ENV
+from mbr_launch.cli.helptext import help_all_option, keyword, with_settings
+from mbr_launch.cli.process import USER_ENV, CommandError
 from mbr_launch.config.build import preflight_spec
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.settings import SETTINGS

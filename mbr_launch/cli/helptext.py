@@ -1,5 +1,5 @@
-"""``--help`` and ``--help-all`` as plain text that fits the terminal, from the settings table and the command's
-own options.
+"""The command-line options, generated from the settings table (``config.settings.SETTINGS``), and ``--help``
+and ``--help-all`` as plain text that fits the terminal.
 
 Each option's flag and value hint on one line, its help wrapped beneath, so nothing is ever cut off. Plain
 ``--help`` shows the ``common`` settings; ``--help-all`` every setting by panel, with its environment variables."""
@@ -9,19 +9,52 @@ from __future__ import annotations
 import inspect
 import shutil
 import textwrap
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 import typer.core
+from rich.markup import escape
 
-from mbr_launch.cli.options import option_help
-from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, in_panel_order
+from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, default_text, in_panel_order
 from mbr_launch.report.version import PROG, version_line
 
 INDENT, WIDEST = 6, 100  # help text beneath its flag; past 100 columns lines only get harder to read
 HELP_ALL = "help_all"  # ctx.meta key: render every setting
 # Subcommand name -> its click command, in the order they are listed; ``cli.app`` fills it.
 COMMANDS: dict[str, typer.core.TyperCommand] = {}
+
+
+def option_help(setting: Setting, *, env: bool = True) -> str:
+    """The help text with the default and (``env``) the environment variables, as --help and the man page show it."""
+    parts = [setting.help]
+    if setting.takes_value and (default := default_text(setting)):
+        parts.append(f"[default: {default}]")
+    if env:
+        parts.append(f"[env: {', '.join(setting.envvars)}]")
+    return " ".join(parts)
+
+
+def setting_parameter(setting: Setting) -> inspect.Parameter:
+    """A keyword-only parameter that accepts every flag spelling of ``setting``. Its default is None, so that the
+    resolver can tell "not given" and fall back to the environment, the config file and the declared default."""
+    # escape: rich would read "[default: 1:1]" as a style tag and drop it
+    option = typer.Option(*setting.flags, help=escape(option_help(setting)), rich_help_panel=setting.panel,
+                          show_default=False, metavar=setting.metavar or None, hidden=setting.hidden)
+    kind = Optional[str] if setting.takes_value else Optional[bool]
+    return inspect.Parameter(setting.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind, option])
+
+
+def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_settings(command: Callable[..., None], *extra: inspect.Parameter) -> Callable[..., None]:
+    """Give ``command(**values)`` one option per setting, in help-panel order, then ``extra``: typer reads a
+    command's parameters from its signature, and the settings table is data."""
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*(setting_parameter(s) for s in in_panel_order(SETTINGS)), *extra])
+    return command
 
 
 def width() -> int:

@@ -10,8 +10,7 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from mbr_launch.cli.abbrev import HELP, LAUNCH_EXTRAS, AmbiguousOption, expand, setting_spellings
-from mbr_launch.cli.errors import PROG, CommandError, error
-from mbr_launch.cli.process import USER_ENV, guarded, prepare
+from mbr_launch.cli.process import PROG, USER_ENV, CommandError, error, guarded, prepare
 from mbr_launch.config.host import torch_version
 from mbr_launch.config.settings import BY_FLAG, SETTINGS
 from mbr_launch.report import exitcodes

@@ -1,16 +1,36 @@
-"""The launcher process's own set-up and last-resort error handling, shared by every command and the plain
-launch. Imports nothing heavy: the plain launch's start-up pays for every module imported here."""
+"""The launcher process's own set-up and how a command fails in front of a person: one line on stderr and an
+exit code, never a traceback. Shared by every command and the plain launch, so it imports nothing heavy."""
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Callable
 
 from mbr_launch import nofile
-from mbr_launch.cli.errors import CommandError, error
 from mbr_launch.cluster import resolver
 from mbr_launch.report import exitcodes
+
+PROG = "mbr-launch"
+
+
+class CommandError(Exception):
+    """A failure the user can fix: printed as one line, exit ``code``."""
+
+    def __init__(self, message: str, code: int = exitcodes.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error(message: str) -> None:
+    if sys.stderr is None:  # started with stderr closed; print(file=None) would write to stdout instead
+        return
+    try:
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    except OSError:  # stderr is a pipe nobody reads any more: the exit code still says it
+        pass
+
 
 # The environment as the user gave it, before the launcher adjusts its own: settings' env vars are read
 # from it and workers inherit it. ``prepare`` takes it again at each call.
