@@ -13,12 +13,11 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch.config.errors import ConfigError
-from mbr_launch.config.ftparse import unclear
 from mbr_launch.config.host import HostProbes
 from mbr_launch.config.model import (FaultToleranceSpec, LaunchConfig, MonitorSpec, NvrxLauncherSpec, OutputSpec,
                                      PreemptionSpec, PreflightSpec, RendezvousSpec, StandbySpec, TelemetrySpec,
                                      WorkersSpec)
-from mbr_launch.config.nvrx import ALL_FT_FIELDS, NvrxFound
+from mbr_launch.config.nvrx import ALL_FT_FIELDS, NvrxFound, unclear
 from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_seconds_env,
                                      parse_std)
 from mbr_launch.config.rdzvconf import check_rdzv_conf, parse_rdzv_conf
@@ -34,8 +33,7 @@ STATIC_PORT = 29500  # torchrun's default --master-port
 # Fault-tolerance panel settings that are mbr-launch's own switches, not a declaration of NVRx timeouts.
 _NOT_FT_DECLARATIONS = frozenset({"config", "rank_monitor", "stack_dump", "hang_kill_grace", "hang_inquiry_timeout"})
 _FT_PANELS = (FAULT, COMPAT)  # a setting given here declares fault tolerance (the doctor then wants NVRx)
-# ft_launcher's own options (an --ft-* spelling), which the doctor compares with the workers' NVRx
-# (``PreflightSpec.ft_given``); the torchrun options ft_launcher shares mean the same in every version.
+# ft_launcher's own options (an --ft-* spelling), which the doctor compares with the workers' NVRx.
 _FT_OPTIONS = frozenset(s.name for s in SETTINGS
                         if any(f.startswith(("--ft-", "--ft_")) or f == "--ignore-missing-fault-tol-cfg"
                                for f in s.flags))
@@ -210,7 +208,7 @@ def _fresh_run_id() -> str:
 def _standby(resolved: Resolved, preload: Sequence[str] | None, script: str | None,
              probes: HostProbes) -> StandbySpec:
     """The standby level asked for, except that the default level does not preload torch for a script that
-    imports only the standard library (``config.scriptscan``)."""
+    imports only the standard library (``host.imports_only_stdlib``)."""
     v = resolved.values
     level = v["standby"]
     if (level == "torch" and preload is None and resolved.sources.get("standby") == "default"

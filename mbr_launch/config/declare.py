@@ -32,21 +32,18 @@ class Setting:
     env: tuple[str, ...] = ()  # extra environment names besides MBR_<NAME>
     ft_key: str | None = None  # key in ft_launcher's YAML `fault_tolerance:` section
     torchrun_dest: str | None = None  # dest in torch.distributed.run.get_args_parser()
-    # torchrun's own option strings of the setting (its ``flags`` less ft_launcher's aliases), and the torch
-    # release whose torchrun added them: ``cli.abbrev`` reads prefixes of these as that torchrun does.
+    # torchrun's own option strings (no ft_launcher alias) and the torch release that added them (``cli.abbrev``).
     torchrun_flags: tuple[str, ...] = ()
     torchrun_since: tuple[int, ...] = ()
     choices: tuple[str, ...] = ()
     metavar: str = ""
     hidden: bool = False  # accepted for compatibility, not shown in help
-    # A bool that takes a value on the command line (``--ft-enable-nic-monitor=False``), as ft_launcher's
-    # do: a switch there would read the value as the training script.
+    # A bool that takes a value (``--ft-enable-nic-monitor=False``), as ft_launcher's do.
     valued: bool = False
     common: bool = False  # shown by plain --help (the torchrun basics and the few fault-tolerance flags most need)
     # Values to suggest (completions, --help) for a setting that also takes others, e.g. a number or a word.
     values: tuple[str, ...] = ()
-    # Where NVRx versions disagree on the default: (line, default) pairs, oldest first, each applying from that
-    # line of the workers' NVRx on (config.nvrx); ``default`` holds for older lines and for no NVRx at all.
+    # (NVRx line, default) pairs, oldest first, each applying from that line of the workers' NVRx on.
     nvrx_defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:

@@ -169,8 +169,7 @@ class PreemptionSpec:
 class StandbySpec:
     level: StandbyLevel
     preload: tuple[str, ...]  # modules each standby imports ahead of time
-    # ``preload`` is the level's default list (contract.DEFAULT_PRELOAD), not the user's: a module that cannot
-    # be imported there (no torch._dynamo in an old torch) is skipped without a word.
+    # The level's default list, not the user's: a module that cannot be imported there is skipped without a word.
     preload_default: bool = False
     why: str | None = None  # why the level is not the one asked for (None: it is)
 
@@ -194,36 +193,25 @@ class PreflightSpec:
     restart_policy: When = When.ANY_FAILED  # ft_launcher's --ft-restart-policy
     script: str | None = None  # the training script's path, for the in-process-restart checks (None with -m)
     script_args: tuple[str, ...] = ()
-    # ft_launcher's options as given, for the checks against the workers' NVRx (doctor ``launcher.ft_options``):
-    # setting name -> the value as typed (settings of the fault-tolerance, node-health and compatibility panels and
-    # the restart policy's), and the option strings of the command line when known (``--ft-param-...``).
+    # ft_launcher's options as typed (setting name -> value) and the command line's option strings, for the
+    # checks against the workers' NVRx (doctor ``launcher.ft_options``).
     ft_given: Mapping[str, Any] = field(default_factory=dict)
     flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class NvrxLauncherSpec:
-    """ft_launcher 0.6/0.7's launcher features, each given its meaning here; off by default (``config.build`` fills them)."""
+    """ft_launcher 0.6/0.7's launcher features, each given its meaning here; off unless ``config.build`` fills them."""
 
-    # The NVRx the workers import ("0.7.0"; None: none), whose defaults the values here follow.
-    workers_nvrx: str | None = None
-    # What a failure that restarting cannot fix does (ft_launcher's --ft-attribution-stop-action): "log" records
-    # the decision in events.jsonl and the job ends with its usual exit code; "no-restart" makes every launcher
-    # exit with ``no_restart_exit_code`` (no requeue on preemption either).
-    attribution_stop_action: Literal["log", "no-restart"] = "log"
-
-    # Progress tracking across restarts: stop with ``no_restart_exit_code`` after this many cycles in a row
-    # that did not advance the iteration by ``min_progress_iterations`` (0 or less: off).
+    workers_nvrx: str | None = None  # the NVRx the workers import ("0.7.0"), whose defaults the values follow
+    attribution_stop_action: Literal["log", "no-restart"] = "log"  # (no-restart: no requeue on preemption either)
     max_no_progress_cycles: int = 0
     min_progress_iterations: int = 1
-    checkpoint_iteration_file: str | None = None  # a file holding the last checkpoint's iteration
-    no_restart_exit_code: int = 93  # what the launcher exits with when it decides not to restart
-    # Per-cycle records: cycle-info JSON files (+ ``.current`` link, NVRX_CURRENT_CYCLE_INFO in workers)
-    # and per-cycle application logs ``<prefix>_cycle<N>.log``.
+    checkpoint_iteration_file: str | None = None
+    no_restart_exit_code: int = 93
     cycle_info_dir: str | None = None
     cycle_info_job_id: str | None = None
     per_cycle_applog_prefix: str | None = None
-    # Pre-rendezvous health checks: a node that fails one does not join and says why.
     enable_nic_healthcheck: bool = False
     link_state_path_template: str | None = None
     enable_dist_storage_healthcheck: bool = False
@@ -231,13 +219,11 @@ class NvrxLauncherSpec:
     node_health_check_endpoint: str | None = None
     segment_health_check_dir: str | None = None
     segment: int | None = None
-    # Between a stop and the next start: wait for GPU memory to come back (NVML), look for leftovers.
     gpu_memory_reclaim_timeout: float = 0.0  # seconds; 0: do not wait
     gpu_memory_tolerance_mb: float = 512.0
     gpu_memory_poll_interval: float = 2.0  # seconds, > 0
     check_remaining_processes: bool = False
-    # With NVRX_GPUS_PER_NUMA in the workers' environment: bind each worker to its GPU's NUMA node, memory too
-    # (True: numactl --cpunodebind=N --membind=N) or CPUs only (False: --localalloc).
+    # With NVRX_GPUS_PER_NUMA: numactl --cpunodebind=N --membind=N (True), or --localalloc (False).
     numa_bind_strict: bool = True
 
 

@@ -279,27 +279,21 @@ class SlurmEnv:
         if not self.in_step:
             if self.num_nodes > 1:
                 # A batch script (or salloc shell) runs once: the other nodes would never join.
-                return (
-                    f"mbr-launch is running outside an srun step (in the batch script or salloc shell) of a "
-                    f"{self.num_nodes}-node job, so only {self._this_node()} runs it; start it on every node with "
-                    "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...`"
-                )
+                return (f"mbr-launch is running outside an srun step (in the batch script or salloc shell) of a "
+                        f"{self.num_nodes}-node job, so only {self._this_node()} runs it; start it on every node "
+                        "with `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...`")
             return None
         n = self.tasks_on_this_node()
         if n is not None and n > 1:
-            return (
-                f"mbr-launch must run once per node: this step runs {n} tasks on node {self._this_node()}; "
-                "use `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...` (inside an sbatch job "
-                "with --ntasks-per-node>1, srun inherits SLURM_NTASKS and ignores --ntasks-per-node=1 "
-                "unless --ntasks is given too); mbr-launch starts one worker per GPU itself (--nproc-per-node)"
-            )
+            return (f"mbr-launch must run once per node: this step runs {n} tasks on node {self._this_node()}; "
+                    "use `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...` (inside an sbatch job "
+                    "with --ntasks-per-node>1, srun inherits SLURM_NTASKS and ignores --ntasks-per-node=1 "
+                    "unless --ntasks is given too); mbr-launch starts one worker per GPU itself (--nproc-per-node)")
         return None
 
     def kill_on_bad_exit_warning(self) -> str | None:
         if self.kill_on_bad_exit:
-            return (
-                "SLURM_KILL_BAD_EXIT=1: when mbr-launch on one node exits with an error (for example after "
-                "its node is excluded), srun kills the launchers on all other nodes, so the job cannot carry "
-                "on without that node; use `srun --kill-on-bad-exit=0` to let mbr-launch decide"
-            )
+            return ("SLURM_KILL_BAD_EXIT=1: when mbr-launch on one node exits with an error (for example after "
+                    "its node is excluded), srun kills the launchers on all other nodes, so the job cannot carry "
+                    "on without that node; use `srun --kill-on-bad-exit=0` to let mbr-launch decide")
         return None
