@@ -35,7 +35,6 @@ class AmbiguousOption(Exception):
 
 
 def _by_owner(names: Iterable[str], spellings: Mapping[str, Spelling]) -> list[str]:
-    """One spelling per option, dashes preferred (``--max-restarts``, not also ``--max_restarts``)."""
     chosen: dict[str, str] = {}
     for name in sorted(names, key=lambda n: ("_" in n, n)):
         chosen.setdefault(spellings[name].owner, name)

@@ -56,7 +56,6 @@ class Subcommand:
 
 
 def subcommands() -> list[Subcommand]:
-    """Every subcommand the CLI registers, read from its parser, so a new one is completed too."""
     found = []
     for name, command in COMMANDS.items():
         own = [Option(tuple(p.opts), p.help or "", not p.is_flag, p.metavar or "") for p in command.params

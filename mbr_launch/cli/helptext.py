@@ -80,7 +80,6 @@ def setting_head(setting: Setting, *, aliases: bool) -> str:
 
 
 def _own_options(command: typer.core.TyperCommand, ctx: typer.Context) -> list[Any]:
-    """The command's options that are not settings (--json, --version ...), --help last."""
     own = [p for p in command.get_params(ctx)
            if p.param_type_name == "option" and p.name not in BY_NAME and not getattr(p, "hidden", False)]
     return sorted(own, key=lambda p: "--help" in p.opts)
@@ -106,7 +105,6 @@ def usage_args(command: typer.core.TyperCommand, ctx: typer.Context) -> str:
 
 
 def summary(command: typer.core.TyperCommand) -> str:
-    """The first sentence of the command's help (up to a '.' or ':'), for the list of commands."""
     first = " ".join((command.help or "").strip().split("\n\n")[0].split())
     cut = min((i for i in (first.find(". "), first.find(": ")) if i >= 0), default=len(first))
     return first[:cut].rstrip(".") + "."
@@ -166,8 +164,6 @@ def _footer(everything: bool, total: int) -> str:
 
 
 class HelpCommand(typer.core.TyperCommand):
-    """A typer command whose help is ``render``'s plain text instead of rich panels."""
-
     usage_args: str | None = None
     is_subcommand = False
 
@@ -205,7 +201,6 @@ def _eager(name: str, flag: str, callback: Any, help: str) -> inspect.Parameter:
 
 
 def configure(application: Any, name: str, *, usage: str, subcommand: bool) -> typer.core.TyperCommand:
-    """The click command of a one-command typer app, set up for this help."""
     command = typer.main.get_command(application)
     if not isinstance(command, HelpCommand):
         raise TypeError(f"register {name!r} with cls=HelpCommand")

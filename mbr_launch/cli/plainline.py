@@ -59,7 +59,6 @@ def read(argv: Sequence[str]) -> dict[str, Any] | None:
 
 
 def launch(values: dict[str, Any]) -> int:
-    """Build the config from ``launch_command``'s values and run this node's agent."""
     from mbr_launch.api import build_launch_config, launch as run_agent
     from mbr_launch.config.errors import ConfigError
 

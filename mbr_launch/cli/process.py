@@ -38,7 +38,6 @@ USER_ENV: dict[str, str] = dict(os.environ)
 
 
 def prepare() -> None:
-    """Keep the user's environment for the workers, then adjust this process's own."""
     USER_ENV.clear()
     USER_ENV.update(os.environ)
     # The agent's own store clients time out on purpose (watchers); keep torch's C++ warnings about it

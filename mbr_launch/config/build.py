@@ -50,7 +50,6 @@ class _Rendezvous:
 
 def _slurm_defaults(resolved: Resolved, environ: Mapping[str, str]) -> tuple[_Rendezvous, SlurmEnv | None,
                                                                             list[str]]:
-    """The rendezvous settings, with Slurm's values for those the user left at their defaults."""
     v = resolved.values
     declared = _Rendezvous(v["nnodes"], v["rdzv_backend"], v["rdzv_endpoint"], v["rdzv_id"], v["node_rank"])
     if v["slurm"] == "off" or v["standalone"]:
@@ -157,7 +156,6 @@ def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, i
 
 def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],
                 probes: HostProbes) -> tuple[tuple[str, ...], bool]:
-    """A worker's argv before its arguments, and whether it runs through the boot shim."""
     python = environ.get("PYTHON_EXEC", sys.executable)
     if "PYTHON_EXEC" in environ and not v["no_python"] and not probes.program_exists(python):
         raise ConfigError(f"PYTHON_EXEC={python!r} is not a program on this machine; unset it or point it at "
@@ -241,7 +239,6 @@ def user_set(resolved: Resolved) -> tuple[str, ...]:
 
 
 def ft_spec(resolved: Resolved) -> FaultToleranceSpec:
-    """Each FaultToleranceConfig field is the value of the setting with that ``ft_key``."""
     v = resolved.values
     data = {f.name: v[BY_FT_KEY[f.name].name] for f in fields(FaultToleranceSpec) if f.name != "user_set"}
     paths = v["storage_health_check_path"]

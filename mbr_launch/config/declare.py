@@ -84,7 +84,6 @@ class Setting:
 
     @property
     def bounds(self) -> str:
-        """The range a number must lie in, as --help shows it ("[0..]", "(0..] or none"), or ""."""
         return str(getattr(self.parse, "bounds", ""))
 
     @property
@@ -148,7 +147,6 @@ def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str 
 
 
 def default_text(setting: Setting) -> str:
-    """The default as people type it (--help, the man page and docs/options.md)."""
     default = setting.default
     if setting.kind is bool:
         return ("true" if default else "false") if setting.valued else ("on" if default else "off")

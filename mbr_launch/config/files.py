@@ -190,7 +190,6 @@ def _read_bytes(path: str, what: str) -> bytes:
 
 
 def _syntax_error(path: str, what: str, err: yaml.YAMLError) -> ConfigError:
-    """``FILE:LINE:COL: problem`` on one line (PyYAML's own message spans several)."""
     mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
     problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
     where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
@@ -198,7 +197,6 @@ def _syntax_error(path: str, what: str, err: yaml.YAMLError) -> ConfigError:
 
 
 def read_yaml(path: str, *, what: str = "--config") -> Any:
-    """The data in the YAML file at ``path``; ``what`` (the flag) starts every error message."""
     raw = _read_bytes(path, what)
     try:
         text = raw.decode("utf-8-sig")

@@ -82,8 +82,6 @@ class FaultToleranceSpec:
 
 @dataclass(frozen=True)
 class RendezvousSpec:
-    """torchrun's rdzv flags after the standalone and Slurm rules."""
-
     backend: RdzvBackend
     endpoint: str  # HOST:PORT; "localhost:0" for a standalone job (a free port is picked)
     run_id: str
@@ -99,7 +97,6 @@ class RendezvousSpec:
 
     @property
     def elastic(self) -> bool:
-        """Nodes may join a formed job: the round re-forms without a failure."""
         return self.min_nodes < self.max_nodes
 
 
@@ -146,8 +143,6 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class TelemetrySpec:
-    """Automatic step heartbeats and what is derived from steps (step deadlines, stragglers)."""
-
     autobeat: bool
     initial_step_timeout: float | None
     step_timeout: float | None

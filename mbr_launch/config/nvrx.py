@@ -73,7 +73,6 @@ def release(line: str) -> tuple[int, ...]:
 
 
 def removed_spelling(flag: str) -> str | None:
-    """The ft_launcher line that no longer has ``flag``, or None."""
     if flag.startswith(("--ft-param-", "--ft_param_")) or flag in REMOVED_IN_06:
         return "0.6"
     return "0.7" if flag in REMOVED_IN_07 else None
@@ -221,7 +220,6 @@ def optional_number(name: str, kind: type = float, *, positive: bool = False) ->
 
 
 def absolute_path(name: str) -> Parser:
-    """An absolute path, as ft_launcher requires."""
 
     def parse(value: Any) -> str:
         text = str(value).strip()

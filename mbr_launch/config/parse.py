@@ -195,7 +195,6 @@ def comma_list(value: Any) -> tuple[str, ...]:
 
 
 def module_list(name: str) -> Parser:
-    """Comma-separated dotted module names; ``none`` or nothing: none."""
 
     def parse(value: Any) -> tuple[str, ...]:
         parts = [str(v).strip() for v in value] if isinstance(value, (list, tuple)) \
@@ -280,7 +279,6 @@ def parse_nproc(text: str, device_count: Callable[[str], int]) -> int:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int | None]:
-    """``HOST[:PORT]`` -> (host without IPv6 brackets, port or None)."""
     host, sep, port = endpoint.rpartition(":")
     if not sep:
         return endpoint, None

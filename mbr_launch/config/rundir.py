@@ -178,7 +178,6 @@ def point_latest(base: Path, run_dir: Path) -> None:
 
 
 def runs(base: Path) -> list[Path]:
-    """The run folders of ours in ``base``, oldest first."""
     found = []
     uid = os.geteuid()
     for entry in os.scandir(base):
@@ -194,7 +193,6 @@ def runs(base: Path) -> list[Path]:
 
 
 def prune(base: Path, *, keep: int, now: float | None = None) -> list[Path]:
-    """Remove the run folders older than the ``keep`` newest that no run uses (0 keeps all); returns those removed."""
     if keep <= 0:
         return []
     now = time.time() if now is None else now

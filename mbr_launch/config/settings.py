@@ -489,7 +489,6 @@ class Resolved:
         return self.values[name]
 
     def given(self, name: str) -> bool:
-        """Whether the user gave this setting (command line, environment or config file)."""
         return self.sources.get(name, "default") != "default"
 
 
@@ -544,7 +543,6 @@ def _null_value(setting: Setting, default: str) -> Any:
 
 
 def _source_hint(source: str) -> str:
-    """Where a bad value came from, for the end of its error message (nothing for the command line)."""
     if source.startswith("env:"):
         return f" (from the environment variable {source[4:]})"
     return " (from the config file)" if source == "config" else ""

@@ -27,7 +27,6 @@ class SlurmError(Exception):
 
 
 def _split_top_level(s: str) -> list[str]:
-    """Split on commas and whitespace outside brackets (Slurm's token separators)."""
     tokens: list[str] = []
     depth = 0
     cur: list[str] = []
@@ -200,12 +199,10 @@ class SlurmEnv:
 
     @property
     def in_step(self) -> bool:
-        """Inside an srun step, where exactly one process per task runs."""
         return self.step_id is not None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> SlurmEnv | None:
-        """None when this process is not part of a Slurm job (no job id)."""
         found = _lookup(env, "job_id")
         if found is None:
             return None
