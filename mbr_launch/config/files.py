@@ -10,15 +10,12 @@ from __future__ import annotations
 import difflib
 import functools
 import stat
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.parse import comma_list
 from mbr_launch.config.settings import BY_FT_KEY, BY_NAME, Setting
 from mbr_launch.report.untrusted import LINKED, FileRule, UnsafeFile, read_file
-
-if TYPE_CHECKING:
-    import yaml
 
 # Megatron-Bridge ConfigContainer sections with resiliency meaning, checked key by key by the doctor.
 BRIDGE_STRICT_SECTIONS = frozenset({"ft", "nvrx_straggler", "straggler", "inprocess_restart", "rerun_state_machine"})
@@ -189,13 +186,6 @@ def _read_bytes(path: str, what: str) -> bytes:
         raise ConfigError(f"{what}: cannot read {path}: {err.strerror or err}") from None
 
 
-def _syntax_error(path: str, what: str, err: yaml.YAMLError) -> ConfigError:
-    mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
-    problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
-    where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
-    return ConfigError(f"{what}: {where}: {' '.join(str(problem).split())} (YAML error)")
-
-
 def read_yaml(path: str, *, what: str = "--config") -> Any:
     raw = _read_bytes(path, what)
     try:
@@ -209,7 +199,10 @@ def read_yaml(path: str, *, what: str = "--config") -> Any:
 
     try:
         return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as err:
-        raise _syntax_error(path, what, err) from None
+    except yaml.YAMLError as err:  # FILE:LINE:COL: problem, on one line (PyYAML's own spans several)
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        raise ConfigError(f"{what}: {where}: {' '.join(str(problem).split())} (YAML error)") from None
     except RecursionError:
         raise ConfigError(f"{what}: {path} is nested too deeply to be a config") from None

@@ -61,28 +61,22 @@ def _number(name: str, kind: type, value: Any, most: float = LARGEST) -> Any:
     return number
 
 
-def non_negative(name: str, kind: type, *, most: float = LARGEST) -> Parser:
+def non_negative(name: str, kind: type, *, most: float = LARGEST, zero: bool = True) -> Parser:
+    """``zero=False`` (``positive``) where zero has no sensible meaning (a silence bound of 0 s would call every
+    peer lost)."""
+
     def parse(value: Any) -> Any:
         number = _number(name, kind, value, most)
-        if number < 0:
-            raise _fail(name, value, "must be zero or positive")
+        if number < 0 or (number == 0 and not zero):
+            raise _fail(name, value, "must be zero or positive" if zero else "must be positive")
         return number
 
-    parse.bounds = f"[0..{'' if most == LARGEST else most}]"  # type: ignore[attr-defined]  # shown by --help
+    parse.bounds = f"{'[' if zero else '('}0..{'' if most == LARGEST else most}]"  # type: ignore[attr-defined]
     return parse
 
 
 def positive(name: str, kind: type) -> Parser:
-    """For values where zero has no sensible meaning (a silence bound of 0 s would call every peer lost)."""
-
-    def parse(value: Any) -> Any:
-        number = _number(name, kind, value)
-        if not number > 0:
-            raise _fail(name, value, "must be positive")
-        return number
-
-    parse.bounds = "(0..]"  # type: ignore[attr-defined]
-    return parse
+    return non_negative(name, kind, zero=False)
 
 
 NONE_WORDS = ("none", "null", "")  # what ft_launcher 0.6+ reads as None (any case); 'off' is ours

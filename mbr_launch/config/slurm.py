@@ -6,6 +6,8 @@ docs/slurm.md, "What mbr-launch reads from Slurm"."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -73,28 +75,14 @@ def _expand_token(tok: str, whole: str) -> list[str]:
     if not groups:
         return [tok]
     values = [_expand_ranges(g, whole) for g in groups]
-    total = 1
-    for v in values:
-        total *= len(v)
-    if total > _MAX_HOSTS:
+    if math.prod(len(v) for v in values) > _MAX_HOSTS:
         raise SlurmError(f"node list {whole!r} expands to more than {_MAX_HOSTS} hosts")
     # Slurm's order (hostlist.c _push_range_list): the last group varies fastest; the other groups
     # nest from the second-to-last (outermost) down to the first. For two groups that is plain
     # row-major order; for a[1-2]b[1-2]c[1-2] it is a1b1c1 a1b1c2 a2b1c1 a2b1c2 a1b2c1 ...
-    order = list(range(len(groups) - 2, -1, -1)) + [len(groups) - 1]
-    names: list[str] = []
-
-    def build(level: int, chosen: dict[int, str]) -> None:
-        if level == len(order):
-            names.append("".join(lit + chosen.get(i, "") for i, lit in enumerate(literals)))
-            return
-        g = order[level]
-        for v in values[g]:
-            chosen[g] = v
-            build(level + 1, chosen)
-
-    build(0, {})
-    return names
+    order = [*range(len(groups) - 2, -1, -1), len(groups) - 1]
+    chosen = (dict(zip(order, combo)) for combo in itertools.product(*(values[g] for g in order)))
+    return ["".join(lit + picked.get(i, "") for i, lit in enumerate(literals)) for picked in chosen]
 
 
 def parse_nodelist(s: str) -> list[str]:
@@ -175,11 +163,6 @@ def _nonneg_int(value: str) -> int:
     return n
 
 
-def _flag(value: str) -> bool:
-    # srun reads this variable as an integer, any non-zero value meaning "kill".
-    return int(value) != 0
-
-
 @dataclass(frozen=True)
 class SlurmEnv:
     """What Slurm tells this process about its job and step."""
@@ -230,7 +213,7 @@ class SlurmEnv:
             nodelist=tuple(nodes), num_nodes=num_nodes, node_id=node_id, proc_id=_read(env, "proc_id", _nonneg_int),
             tasks_per_node=tasks, ntasks=_read(env, "ntasks", _nonneg_int),
             restart_count=_read(env, "restart_count", _nonneg_int) or 0, hostname=_read(env, "hostname", str),
-            kill_on_bad_exit=_read(env, "kill_on_bad_exit", _flag),
+            kill_on_bad_exit=_read(env, "kill_on_bad_exit", lambda value: int(value) != 0),  # srun's reading
         )
 
     # ---- derivations the launcher uses for values the user left at default -------------------------
