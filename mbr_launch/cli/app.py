@@ -13,7 +13,7 @@ import typer.core
 
 from mbr_launch.cli.abbrev import ALWAYS, HELP, LAUNCH_EXTRAS, AmbiguousOption, Spelling, expand
 from mbr_launch.cli.doctor import ARGV, DOCTOR_NOT_RUN, doctor_command, print_json_error
-from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
+from mbr_launch.cli.helptext import COMMANDS, HelpCommand
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
 from mbr_launch.cli.store import store_command
@@ -39,7 +39,13 @@ def command(name: str, function: Callable[..., None], *, usage: str, subcommand:
     command name. Registering a subcommand here lists it in --help and the completions."""
     application = _typer(context)
     application.command(name=name, cls=HelpCommand)(function)
-    return configure(application, name, usage=usage, subcommand=subcommand)
+    cli = typer.main.get_command(application)
+    if not isinstance(cli, HelpCommand):
+        raise TypeError(f"register {name!r} with cls=HelpCommand")
+    cli.usage_args, cli.is_subcommand = usage, subcommand
+    if subcommand:
+        COMMANDS[name] = cli
+    return cli
 
 
 launch_cli = command(PROG, launch_command, usage="[OPTIONS] SCRIPT [ARGS]...", subcommand=False)

@@ -171,40 +171,27 @@ class HelpCommand(typer.core.TyperCommand):
         formatter.write(render(ctx, self))
 
 
-def show_help_all(ctx: typer.Context, value: bool) -> None:
-    if not value or ctx.resilient_parsing:
-        return
+def _every_option(ctx: typer.Context) -> str:
     ctx.meta[HELP_ALL] = True
-    typer.echo(ctx.get_help(), color=ctx.color)
-    ctx.exit()
-
-
-def show_version(ctx: typer.Context, value: bool) -> None:
-    if not value or ctx.resilient_parsing:
-        return
-    typer.echo(version_line())
-    ctx.exit()
+    return ctx.get_help()
 
 
 def help_all_option() -> inspect.Parameter:
-    return _eager("help_all", "--help-all", show_help_all, "Show every option, with environment variables, and exit.")
+    return _eager("help_all", "--help-all", _every_option, "Show every option, with environment variables, and exit.")
 
 
 def version_option() -> inspect.Parameter:
-    return _eager("version", "--version", show_version,
+    return _eager("version", "--version", lambda ctx: version_line(),
                   "Print the versions of mbr-launch, torch, nvidia-resiliency-ext and Python, and exit.")
 
 
-def _eager(name: str, flag: str, callback: Any, help: str) -> inspect.Parameter:
-    option = typer.Option(flag, is_eager=True, expose_value=False, callback=callback, help=help)
+def _eager(name: str, flag: str, text: Callable[[typer.Context], str], help: str) -> inspect.Parameter:
+    """A switch that prints ``text(ctx)`` and exits before the rest of the line is read."""
+
+    def show(ctx: typer.Context, value: bool) -> None:
+        if value and not ctx.resilient_parsing:
+            typer.echo(text(ctx), color=ctx.color)
+            ctx.exit()
+
+    option = typer.Option(flag, is_eager=True, expose_value=False, callback=show, help=help)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, option])
-
-
-def configure(application: Any, name: str, *, usage: str, subcommand: bool) -> typer.core.TyperCommand:
-    command = typer.main.get_command(application)
-    if not isinstance(command, HelpCommand):
-        raise TypeError(f"register {name!r} with cls=HelpCommand")
-    command.usage_args, command.is_subcommand = usage, subcommand
-    if subcommand:
-        COMMANDS[name] = command
-    return command
