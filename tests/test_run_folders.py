@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from mbr_launch.config import runhistory
+from mbr_launch.config import rundir
 from mbr_launch.config.rundir import default_base, make_run_dir, run_folder_name
 from testkit.eventlog import read_events
 
@@ -39,8 +39,8 @@ def base(tmp_path, monkeypatch):
 
 def _end_runs() -> None:
     """Let go of the locks this process took on the runs it made, as their launchers do when they end."""
-    while runhistory._held:
-        os.close(runhistory._held.pop())
+    while rundir._held:
+        os.close(rundir._held.pop())
 
 
 def _age(path: Path, seconds: float) -> None:
@@ -54,7 +54,7 @@ def _age(path: Path, seconds: float) -> None:
 def test_names_start_with_the_start_time_and_sort_by_it(tmp_path):
     name = run_folder_name("../job 7", "node/1", now=NOW)
     assert re.fullmatch(r"20261201-001502__\._job_7_[0-9a-f]{6}_node_1", name), name
-    assert runhistory.RUN_FOLDER.match(name)
+    assert rundir.RUN_FOLDER.match(name)
     later = [run_folder_name("zzz", "a", now=NOW + 1), run_folder_name("aaa", "a", now=NOW + 3600)]
     assert sorted([later[1], name, later[0]]) == [name, *later]
     assert run_folder_name("j", "n", now=NOW) != run_folder_name("j", "n", now=NOW)  # two agents of one host
@@ -77,7 +77,7 @@ def test_latest_points_at_the_newest_and_old_runs_are_pruned(base):
     assert not runs[0].exists() and runs[1].exists() and runs[2].exists() and newest.exists() and foreign.exists()
     assert os.readlink(base / "latest") == newest.name
     assert not [p for p in base.iterdir() if p.name.startswith(".latest")]  # no temporary link left
-    assert runhistory.prune(base, keep=0) == []  # 0 keeps all
+    assert rundir.prune(base, keep=0) == []  # 0 keeps all
 
 
 @pytest.mark.processes
@@ -96,13 +96,13 @@ def test_retention_spares_runs_in_use_recent_links_and_others(base, tmp_path):
         outside.mkdir()
         planted = base / "20000101-000000_x_abcdef_y"  # our pattern, but a link: never followed
         planted.symlink_to(outside)
-        removed = runhistory.prune(base, keep=1)
+        removed = rundir.prune(base, keep=1)
         assert removed == [old[1], old[2]], removed
         assert old[0].exists() and old[3].exists() and outside.exists() and planted.is_symlink()
     finally:
         holder.kill()
         holder.wait()
-    assert runhistory.prune(base, keep=1) == [old[0]]  # its launcher is gone now
+    assert rundir.prune(base, keep=1) == [old[0]]  # its launcher is gone now
 
 
 def test_latest_replaces_only_a_link(base, tmp_path):
@@ -163,7 +163,7 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
     latest = base / "latest"
     assert latest.is_symlink(), list(base.iterdir())
     run_dir = base / os.readlink(latest)
-    assert runhistory.RUN_FOLDER.match(run_dir.name) and (run_dir / "events.jsonl").exists()
+    assert rundir.RUN_FOLDER.match(run_dir.name) and (run_dir / "events.jsonl").exists()
     events = read_events(run_dir / "events.jsonl")
     assert [e["standby"] for e in events if e["event"] == "worker_start"] == [True]  # the rank was a standby
     # A standby-born rank's /proc/<pid>/environ has no RANK (it was exec'd before its rank was known): the run

@@ -1,4 +1,4 @@
-"""Which entry scripts provably import only the standard library (config.scriptscan): real files."""
+"""Which entry scripts provably import only the standard library (config.host): real files."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from mbr_launch.config.scriptscan import imports_only_stdlib
+from mbr_launch.config.host import imports_only_stdlib
 from testkit.helpers import run_launcher
 
 pytestmark = pytest.mark.timeout(300)

@@ -252,7 +252,7 @@ def test_config_file_lists_where_a_setting_takes_a_list(tmp_path):
 def test_config_paths_that_are_not_files(tmp_path, monkeypatch):
     import os
 
-    from mbr_launch.config import yamlfile
+    from mbr_launch.config import files
 
     os.mkfifo(tmp_path / "fifo")
     for path, needle in [(str(tmp_path / "fifo"), "is a FIFO"), ("/dev/zero", "is a device"),
@@ -261,7 +261,7 @@ def test_config_paths_that_are_not_files(tmp_path, monkeypatch):
             load_config_file(path)
     big = tmp_path / "big.yaml"
     big.write_text("# a comment\n" * 10)
-    monkeypatch.setattr(yamlfile, "MAX_BYTES", 64)
+    monkeypatch.setattr(files, "MAX_BYTES", 64)
     with pytest.raises(ConfigError, match="is larger than"):
         load_config_file(str(big))
 

@@ -13,7 +13,7 @@ import pytest
 
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.secret import SecretFileError, read_secret
-from mbr_launch.config.yamlfile import read_yaml
+from mbr_launch.config.files import read_yaml
 from mbr_launch.report.untrusted import (LINKED, OWNED, REGULAR, SECRET, FilePolicy, FileRule, UnsafeFile,
                                          open_file, read_file)
 from mbr_launch.workers import safefile

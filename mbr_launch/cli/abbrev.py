@@ -1,25 +1,10 @@
 """Abbreviated long options, read as torchrun reads them.
 
-torchrun's parser is argparse with ``allow_abbrev``: a long option may be cut to any prefix that only one of its
-option strings starts with (``--redirect=3``, ``--max_restart 1``, ``--standal``), and scripts written for it
-contain such lines. click has no prefixes, so ``expand`` rewrites the options before SCRIPT into their full
-spellings first; the parsers (``plainline``, typer) then read whole option strings only. argparse's rules, kept:
-
-- an exact option string wins (``--tee`` is never a prefix of anything else);
-- ``--opt=value`` is cut at the first ``=``, and the prefix before it is matched; ``--opt value`` takes the
-  next word as the value, whatever it looks like, and that word is never matched;
-- only long options (``--``) are abbreviated; a short one keeps argparse's ``-r3`` and ``-r=3`` (value 3);
-- the first word that is not an option (SCRIPT), ``--`` and everything after them are left as they are: the
-  script's own arguments are never read, even when they look like ours.
-
-mbr-launch has options of its own beside torchrun's, and more of them would make prefixes that torchrun takes
-ambiguous here (``--h`` is torchrun's ``--help``, and also our ``--hang-kill-grace``). So a prefix is matched
-against torchrun's option strings first, those of the torch installed (``--log-`` is ``--log-dir`` for torch
-2.13, ambiguous from 2.14 on, which adds ``--log-line-prefix-template``); only a prefix that matches none of
-them is matched against every option. One difference from argparse, on purpose: a prefix whose candidates are
-all spellings of one option (``--nproc``: ``--nproc-per-node`` and ``--nproc_per_node``) is that option, where
-argparse calls it ambiguous. Anything else that matches several options is refused, naming them.
-"""
+torchrun's argparse takes any unique prefix of a long option; click takes none, so ``expand`` writes the
+options before SCRIPT out in full before a parser reads them (what the user sees: docs/torchrun.md). A prefix
+is matched against the installed torch's torchrun options first, so that mbr-launch's extra options never make
+a torchrun prefix ambiguous (``--h``: torchrun's ``--help``, also our ``--hang-kill-grace``); candidates that
+all spell one option are that option, where argparse would call them ambiguous."""
 
 from __future__ import annotations
 
@@ -35,16 +20,12 @@ _SHOWN = 12  # candidates named in the error; the rest are counted
 
 @dataclass(frozen=True)
 class Spelling:
-    """One option string: what it belongs to, whether it takes a value, and since which torch torchrun has it."""
-
     owner: str  # the option it spells (a setting's name): candidates of one owner are one option
     takes_value: bool
     torchrun_since: Version | None = None  # None: not one of torchrun's option strings
 
 
 class AmbiguousOption(Exception):
-    """A prefix that more than one option starts with."""
-
     def __init__(self, word: str, candidates: Sequence[str]) -> None:
         shown = ", ".join(candidates[:_SHOWN])
         more = f" and {len(candidates) - _SHOWN} more" if len(candidates) > _SHOWN else ""
@@ -54,7 +35,6 @@ class AmbiguousOption(Exception):
 
 
 def _by_owner(names: Iterable[str], spellings: Mapping[str, Spelling]) -> list[str]:
-    """One spelling per option, dashes preferred (``--max-restarts``, not also ``--max_restarts``)."""
     chosen: dict[str, str] = {}
     for name in sorted(names, key=lambda n: ("_" in n, n)):
         chosen.setdefault(spellings[name].owner, name)
@@ -63,8 +43,8 @@ def _by_owner(names: Iterable[str], spellings: Mapping[str, Spelling]) -> list[s
 
 def resolve(prefix: str, spellings: Mapping[str, Spelling], torch: Callable[[], Version], *,
             word: str | None = None) -> str | None:
-    """The option string ``prefix`` stands for, or None when no option starts with it (an unknown option: the
-    parser says so). ``torch`` gives the installed torch's version (asked only for a real prefix)."""
+    """The option string ``prefix`` stands for, or None when no option starts with it (the parser reports it).
+    ``torch`` is asked only for a real prefix."""
     if prefix in spellings:
         return prefix
     if not prefix.startswith("--") or len(prefix) < 3:
@@ -84,8 +64,7 @@ def resolve(prefix: str, spellings: Mapping[str, Spelling], torch: Callable[[], 
 
 
 def expand(argv: Sequence[str], spellings: Mapping[str, Spelling], torch: Callable[[], Version]) -> list[str]:
-    """``argv`` with each abbreviated long option before SCRIPT written out in full; raises ``AmbiguousOption``.
-    Nothing else changes: an unknown option stays for the parser to report."""
+    """``argv`` with each abbreviated long option before SCRIPT written out in full; raises ``AmbiguousOption``."""
     out: list[str] = []
     i = 0
     while i < len(argv):
@@ -119,7 +98,6 @@ def expand(argv: Sequence[str], spellings: Mapping[str, Spelling], torch: Callab
 
 
 def setting_spellings(settings: Iterable[Setting]) -> dict[str, Spelling]:
-    """Every flag of ``settings``; torchrun's own option strings marked with the release that has them."""
     table = {}
     for setting in settings:
         for flag in setting.flags:

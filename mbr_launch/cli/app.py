@@ -1,9 +1,7 @@
 """The command line: a thin typer layer over ``mbr_launch.api``.
 
-Each command (the launch, ``doctor``, ``report``, ``store``) is a module of its own; here: one typer app per
-command, the subcommand table, abbreviated options written out before typer reads them (``cli.abbrev``, as
-torchrun's argparse takes them), and how every outcome becomes one exit code and at most one line of error.
-"""
+One typer app per command (each command a module of its own), the subcommand table, and every outcome made one
+exit code and at most one line of error."""
 
 from __future__ import annotations
 
@@ -15,12 +13,11 @@ import typer.core
 
 from mbr_launch.cli.abbrev import ALWAYS, HELP, LAUNCH_EXTRAS, AmbiguousOption, Spelling, expand
 from mbr_launch.cli.doctor import ARGV, DOCTOR_NOT_RUN, doctor_command, print_json_error
-from mbr_launch.cli.errors import PROG, error
-from mbr_launch.cli.helptext import COMMANDS, HelpCommand, configure
+from mbr_launch.cli.helptext import COMMANDS, HelpCommand
 from mbr_launch.cli.launch import launch_command
 from mbr_launch.cli.report import report_command
 from mbr_launch.cli.store import store_command
-from mbr_launch.cli.process import guarded, prepare
+from mbr_launch.cli.process import PROG, error, guarded, prepare
 from mbr_launch.cli.plainline import DOCTOR, REPORT, STORE
 from mbr_launch.config.host import torch_version
 from mbr_launch.config.settings import BY_NAME
@@ -38,12 +35,17 @@ def _typer(context: dict | None = None) -> typer.Typer:
 
 def command(name: str, function: Callable[..., None], *, usage: str, subcommand: bool = True,
             context: dict | None = None) -> typer.core.TyperCommand:
-    """One typer app per command, not one app with subcommands: ``mbr-launch SCRIPT`` must not read SCRIPT
-    as a command name. A subcommand (``mbr-launch NAME ...``) is dispatched by ``main``, listed in the
-    launch's --help and completed by the shells (``helptext.COMMANDS``, docgen) by registering it here."""
+    """One typer app per command, not one app with subcommands: ``mbr-launch SCRIPT`` must not read SCRIPT as a
+    command name. Registering a subcommand here lists it in --help and the completions."""
     application = _typer(context)
     application.command(name=name, cls=HelpCommand)(function)
-    return configure(application, name, usage=usage, subcommand=subcommand)
+    cli = typer.main.get_command(application)
+    if not isinstance(cli, HelpCommand):
+        raise TypeError(f"register {name!r} with cls=HelpCommand")
+    cli.usage_args, cli.is_subcommand = usage, subcommand
+    if subcommand:
+        COMMANDS[name] = cli
+    return cli
 
 
 launch_cli = command(PROG, launch_command, usage="[OPTIONS] SCRIPT [ARGS]...", subcommand=False)
@@ -58,8 +60,7 @@ app.command(name=PROG, cls=HelpCommand)(launch_command)
 
 
 def spellings(cli: typer.core.TyperCommand) -> dict[str, Spelling]:
-    """Every option string of a command, for abbreviated options (``cli.abbrev``): torchrun's own marked with
-    the torch release that has them (a setting's ``torchrun_flags``, -h/--help, --print-completion)."""
+    """Every option string of a command, for ``cli.abbrev``, torchrun's marked with the release that has them."""
     table = dict(HELP)
     for param in cli.params:
         if param.param_type_name != "option":
@@ -76,9 +77,8 @@ def spellings(cli: typer.core.TyperCommand) -> dict[str, Spelling]:
 
 def _run_app(cli: typer.core.TyperCommand, argv: list[str], prog: str, *, usage_code: int = exitcodes.USAGE,
              on_usage: Callable[[str], None] | None = None) -> int:
-    """``usage_code`` and ``on_usage`` (given the message) are for the parser's own errors (unknown option,
-    missing value, an ambiguous abbreviation): the doctor has its own code for "could not run", and prints JSON
-    with --json."""
+    """``usage_code`` and ``on_usage`` (given the message) handle the parser's own errors: the doctor has its own
+    code for "could not run", and prints JSON with --json."""
     def usage(problem: str) -> int:
         message = f"{problem} (see {prog} --help)"
         if on_usage is not None:

@@ -1,8 +1,6 @@
-"""Shell completions for bash, zsh and fish: flags, their choices, files and directories where the metavar says
-so, and nothing but files once SCRIPT is on the line (the rest belongs to the script). ``mbr-launch
---print-completion SHELL`` prints one (torchrun 2.14's option, which prints its own); ``tools.docgen`` writes the
-same text to completions/.
-"""
+"""Shell completions for bash, zsh and fish: flags, their choices, paths where the metavar says so, and only files
+once SCRIPT is on the line. ``--print-completion SHELL`` prints one (torchrun 2.14's option); ``tools.docgen``
+writes the same text to completions/."""
 
 from __future__ import annotations
 
@@ -12,8 +10,8 @@ from typing import Annotated, Optional, Sequence
 
 import typer
 
-from mbr_launch.cli.errors import CommandError
 from mbr_launch.cli.helptext import COMMANDS, summary
+from mbr_launch.cli.process import CommandError
 from mbr_launch.config.settings import BY_NAME, SETTINGS, Setting
 
 SHELLS = ("bash", "zsh", "fish")
@@ -29,7 +27,7 @@ def visible(settings: Sequence[Setting]) -> list[Setting]:
 
 
 def completes(metavar: str) -> str:
-    """'file', 'dir' or '': derived from the declared metavar, so there is no list of names to keep."""
+    """'file', 'dir' or '', from the declared metavar: no list of names to keep."""
     return {"FILE": "file", "DIR": "dir"}.get(metavar, "")
 
 
@@ -58,8 +56,6 @@ class Subcommand:
 
 
 def subcommands() -> list[Subcommand]:
-    """Every subcommand the CLI registers (``cli.app.command``), read from its parser, so a new one is
-    completed too."""
     found = []
     for name, command in COMMANDS.items():
         own = [Option(tuple(p.opts), p.help or "", not p.is_flag, p.metavar or "") for p in command.params
@@ -71,8 +67,7 @@ def subcommands() -> list[Subcommand]:
 
 
 def value_flags(settings: Sequence[Setting]) -> list[str]:
-    """Every flag that takes a value, every spelling. Hidden flags too: their values must not be mistaken
-    for SCRIPT."""
+    """Every flag that takes a value, every spelling, hidden ones too: their values must not be mistaken for SCRIPT."""
     flags = [f for s in settings if s.takes_value for f in s.flags]
     return flags + sorted({f for sub in subcommands() for f in sub.value_flags} - set(flags))
 
@@ -321,8 +316,7 @@ def render_fish(settings: Sequence[Setting]) -> str:
 
 
 def print_completion(ctx: typer.Context, shell: str | None) -> None:
-    """The eager ``--print-completion SHELL``: the completion script on stdout, then exit. torchrun offers tcsh
-    too (through shtab): there is none here."""
+    """The eager ``--print-completion SHELL``: the script on stdout, then exit (no tcsh, which torchrun has)."""
     if shell is None or ctx.resilient_parsing:
         return
     renderers = {"bash": render_bash, "zsh": render_zsh, "fish": render_fish}

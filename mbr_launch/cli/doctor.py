@@ -9,10 +9,8 @@ from typing import Annotated, Any, Optional
 import typer
 
 from mbr_launch.api import doctor_context, resolve_settings
-from mbr_launch.cli.errors import CommandError
-from mbr_launch.cli.helptext import help_all_option
-from mbr_launch.cli.options import keyword, with_settings
-from mbr_launch.cli.process import USER_ENV
+from mbr_launch.cli.helptext import help_all_option, keyword, with_settings
+from mbr_launch.cli.process import USER_ENV, CommandError
 from mbr_launch.config.build import preflight_spec
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.settings import SETTINGS
@@ -23,8 +21,8 @@ _VALUE_FLAGS = frozenset(f for s in SETTINGS if s.takes_value for f in s.flags)
 
 
 def option_strings(argv: tuple[str, ...]) -> tuple[str, ...]:
-    """The option strings of a command line before its script (``--ft-param-safety_factor=3`` gives
-    ``--ft-param-safety_factor``), so the checks can tell which of ft_launcher's spellings were used."""
+    """The option strings before the script (``--ft-param-safety_factor=3`` gives ``--ft-param-safety_factor``), so
+    the checks can tell which of ft_launcher's spellings were used."""
     found, i = [], 0
     while i < len(argv) and argv[i].startswith("-") and argv[i] != "--":
         name, equals, _ = argv[i].partition("=")

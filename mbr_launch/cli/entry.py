@@ -1,9 +1,7 @@
 """The console script ``mbr-launch`` (and ``python -m mbr_launch``).
 
-The collector is paused first (``mbr_launch.gcpause``), before typer, rich and torch are imported; a plain
-launch line then runs without typer at all (``cli.plainline``), anything else through ``cli.app``. Kept apart
-from ``app`` so that tests can import ``app`` in their own process and keep their collector.
-"""
+Pauses the collector before typer, rich and torch are imported, and runs a plain launch line without typer
+(``cli.plainline``). Kept apart from ``app`` so that tests can import ``app`` and keep their collector."""
 
 from __future__ import annotations
 

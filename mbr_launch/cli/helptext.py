@@ -1,30 +1,60 @@
-"""``--help`` and ``--help-all`` as plain text that fits the terminal (80 columns and up), from the settings
-table and the command's own options.
+"""The command-line options, generated from the settings table (``config.settings.SETTINGS``), and ``--help``
+and ``--help-all`` as plain text that fits the terminal.
 
-Each option takes two or more lines: the flag with its value (``{live,plain,off,auto}``, ``N [0..]``) on
-one, the help wrapped beneath it, so no flag, default or environment name is ever cut off. Plain
-``--help`` shows the settings marked ``common``; ``--help-all`` shows every setting by panel with its
-environment variables and other spellings. torchrun's underscore spellings are accepted but not listed.
-"""
+Each option's flag and value hint on one line, its help wrapped beneath, so nothing is ever cut off. Plain
+``--help`` shows the ``common`` settings; ``--help-all`` every setting by panel, with its environment variables."""
 
 from __future__ import annotations
 
 import inspect
 import shutil
 import textwrap
-from typing import Annotated, Any
+from typing import Annotated, Any, Callable, Optional
 
 import typer
 import typer.core
+from rich.markup import escape
 
-from mbr_launch.cli.options import option_help
-from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, in_panel_order
+from mbr_launch.config.settings import BY_NAME, PANELS, SETTINGS, Setting, default_text, in_panel_order
 from mbr_launch.report.version import PROG, version_line
 
 INDENT, WIDEST = 6, 100  # help text beneath its flag; past 100 columns lines only get harder to read
 HELP_ALL = "help_all"  # ctx.meta key: render every setting
 # Subcommand name -> its click command, in the order they are listed; ``cli.app`` fills it.
 COMMANDS: dict[str, typer.core.TyperCommand] = {}
+
+
+def option_help(setting: Setting, *, env: bool = True) -> str:
+    """The help text with the default and (``env``) the environment variables, as --help and the man page show it."""
+    parts = [setting.help]
+    if setting.takes_value and (default := default_text(setting)):
+        parts.append(f"[default: {default}]")
+    if env:
+        parts.append(f"[env: {', '.join(setting.envvars)}]")
+    return " ".join(parts)
+
+
+def setting_parameter(setting: Setting) -> inspect.Parameter:
+    """A keyword-only parameter that accepts every flag spelling of ``setting``. Its default is None, so that the
+    resolver can tell "not given" and fall back to the environment, the config file and the declared default."""
+    # escape: rich would read "[default: 1:1]" as a style tag and drop it
+    option = typer.Option(*setting.flags, help=escape(option_help(setting)), rich_help_panel=setting.panel,
+                          show_default=False, metavar=setting.metavar or None, hidden=setting.hidden)
+    kind = Optional[str] if setting.takes_value else Optional[bool]
+    return inspect.Parameter(setting.name, inspect.Parameter.KEYWORD_ONLY, default=None,
+                             annotation=Annotated[kind, option])
+
+
+def keyword(name: str, default: Any, annotation: Any) -> inspect.Parameter:
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation)
+
+
+def with_settings(command: Callable[..., None], *extra: inspect.Parameter) -> Callable[..., None]:
+    """Give ``command(**values)`` one option per setting, in help-panel order, then ``extra``: typer reads a
+    command's parameters from its signature, and the settings table is data."""
+    command.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [*(setting_parameter(s) for s in in_panel_order(SETTINGS)), *extra])
+    return command
 
 
 def width() -> int:
@@ -50,7 +80,6 @@ def setting_head(setting: Setting, *, aliases: bool) -> str:
 
 
 def _own_options(command: typer.core.TyperCommand, ctx: typer.Context) -> list[Any]:
-    """The command's options that are not settings (--json, --deep, --version ...), --help last."""
     own = [p for p in command.get_params(ctx)
            if p.param_type_name == "option" and p.name not in BY_NAME and not getattr(p, "hidden", False)]
     return sorted(own, key=lambda p: "--help" in p.opts)
@@ -64,7 +93,6 @@ def _option_lines(option: Any, ctx: typer.Context, cols: int) -> list[str]:
 
 
 def usage_lines(ctx: typer.Context, command: typer.core.TyperCommand) -> list[str]:
-    """``Usage: mbr-launch [OPTIONS] SCRIPT [ARGS]...`` and, for the launch, one line per subcommand."""
     lines = [f"{ctx.command_path} {usage_args(command, ctx)}"]
     if not getattr(command, "is_subcommand", False):
         lines += [f"{PROG} {name} {usage_args(sub, ctx)}" for name, sub in COMMANDS.items()]
@@ -77,7 +105,6 @@ def usage_args(command: typer.core.TyperCommand, ctx: typer.Context) -> str:
 
 
 def summary(command: typer.core.TyperCommand) -> str:
-    """The first sentence of the command's help (up to a '.' or ':'), for the list of commands."""
     first = " ".join((command.help or "").strip().split("\n\n")[0].split())
     cut = min((i for i in (first.find(". "), first.find(": ")) if i >= 0), default=len(first))
     return first[:cut].rstrip(".") + "."
@@ -137,8 +164,6 @@ def _footer(everything: bool, total: int) -> str:
 
 
 class HelpCommand(typer.core.TyperCommand):
-    """A typer command whose help is ``render``'s plain text instead of rich panels."""
-
     usage_args: str | None = None
     is_subcommand = False
 
@@ -146,42 +171,27 @@ class HelpCommand(typer.core.TyperCommand):
         formatter.write(render(ctx, self))
 
 
-def show_help_all(ctx: typer.Context, value: bool) -> None:
-    """The eager ``--help-all`` option: every setting, then exit."""
-    if not value or ctx.resilient_parsing:
-        return
+def _every_option(ctx: typer.Context) -> str:
     ctx.meta[HELP_ALL] = True
-    typer.echo(ctx.get_help(), color=ctx.color)
-    ctx.exit()
-
-
-def show_version(ctx: typer.Context, value: bool) -> None:
-    if not value or ctx.resilient_parsing:
-        return
-    typer.echo(version_line())
-    ctx.exit()
+    return ctx.get_help()
 
 
 def help_all_option() -> inspect.Parameter:
-    return _eager("help_all", "--help-all", show_help_all, "Show every option, with environment variables, and exit.")
+    return _eager("help_all", "--help-all", _every_option, "Show every option, with environment variables, and exit.")
 
 
 def version_option() -> inspect.Parameter:
-    return _eager("version", "--version", show_version,
+    return _eager("version", "--version", lambda ctx: version_line(),
                   "Print the versions of mbr-launch, torch, nvidia-resiliency-ext and Python, and exit.")
 
 
-def _eager(name: str, flag: str, callback: Any, help: str) -> inspect.Parameter:
-    option = typer.Option(flag, is_eager=True, expose_value=False, callback=callback, help=help)
+def _eager(name: str, flag: str, text: Callable[[typer.Context], str], help: str) -> inspect.Parameter:
+    """A switch that prints ``text(ctx)`` and exits before the rest of the line is read."""
+
+    def show(ctx: typer.Context, value: bool) -> None:
+        if value and not ctx.resilient_parsing:
+            typer.echo(text(ctx), color=ctx.color)
+            ctx.exit()
+
+    option = typer.Option(flag, is_eager=True, expose_value=False, callback=show, help=help)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=False, annotation=Annotated[bool, option])
-
-
-def configure(application: Any, name: str, *, usage: str, subcommand: bool) -> typer.core.TyperCommand:
-    """The click command of a one-command typer app, set up for this help."""
-    command = typer.main.get_command(application)
-    if not isinstance(command, HelpCommand):
-        raise TypeError(f"register {name!r} with cls=HelpCommand")
-    command.usage_args, command.is_subcommand = usage, subcommand
-    if subcommand:
-        COMMANDS[name] = command
-    return command

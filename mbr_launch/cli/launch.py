@@ -1,7 +1,4 @@
-"""``mbr-launch [OPTIONS] SCRIPT [ARGS...]``: build one config from the options, then run this node's agent.
-
-Everything after SCRIPT belongs to the script, as with torchrun.
-"""
+"""``mbr-launch [OPTIONS] SCRIPT [ARGS...]``: build one config from the options, then run this node's agent."""
 
 from __future__ import annotations
 
@@ -11,8 +8,7 @@ import typer
 
 from mbr_launch.cli import plainline
 from mbr_launch.cli.completion import completion_option
-from mbr_launch.cli.helptext import help_all_option, version_option
-from mbr_launch.cli.options import keyword, with_settings
+from mbr_launch.cli.helptext import help_all_option, keyword, version_option, with_settings
 
 
 def launch_command(**values: Any) -> None:

@@ -1,22 +1,16 @@
 """The launch from a plain command line, without typer.
 
-typer (with click, rich and, since typer 0.2x, pydantic, whose adapters it builds for each of the launch's 80
-options) costs an agent about 0.12 s of CPU before its rank can start; 32 agents on 2 cores pay it 32 times
-(launch 1.17x torchrun's there). Most launch lines are plain: settings' flags, each once, then SCRIPT and its
-arguments. ``read`` reads exactly those into the values typer would pass to ``launch_command`` (``test_plainline``
-compares the two on every flag of the settings table) and returns None for anything else: --help, --version,
-``--``, ``-`` , an unknown or repeated option, a flag with ``=``, a value that starts with ``-``, combined short
-flags, no script. typer then parses the line as always and gives its own message for a mistake. Abbreviated
-options are written out in full before either reads the line (``cli.abbrev``).
-"""
+typer (with click, rich and pydantic) costs every agent CPU before its rank can start. Most launch lines are
+plain: settings' flags, each once, then SCRIPT and its arguments. ``read`` reads exactly those into the values
+typer would pass to ``launch_command`` (``test_plainline`` compares the two) and returns None for anything
+else, which typer then parses as always and reports on."""
 
 from __future__ import annotations
 
 from typing import Any, Sequence
 
 from mbr_launch.cli.abbrev import HELP, LAUNCH_EXTRAS, AmbiguousOption, expand, setting_spellings
-from mbr_launch.cli.errors import PROG, CommandError, error
-from mbr_launch.cli.process import USER_ENV, guarded, prepare
+from mbr_launch.cli.process import PROG, USER_ENV, CommandError, error, guarded, prepare
 from mbr_launch.config.host import torch_version
 from mbr_launch.config.settings import BY_FLAG, SETTINGS
 from mbr_launch.report import exitcodes
@@ -65,8 +59,6 @@ def read(argv: Sequence[str]) -> dict[str, Any] | None:
 
 
 def launch(values: dict[str, Any]) -> int:
-    """Build the config from ``launch_command``'s values and run this node's agent; a config the user can
-    fix raises ``CommandError``."""
     from mbr_launch.api import build_launch_config, launch as run_agent
     from mbr_launch.config.errors import ConfigError
 

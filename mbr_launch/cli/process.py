@@ -1,17 +1,36 @@
-"""The launcher process's own set-up and last-resort error handling, shared by every command and by the plain
-launch (``cli.plainline``), which runs without typer. Imports nothing heavy: the plain launch's start-up pays for
-every module imported here."""
+"""The launcher process's own set-up and how a command fails in front of a person: one line on stderr and an
+exit code, never a traceback. Shared by every command and the plain launch, so it imports nothing heavy."""
 
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from typing import Callable
 
 from mbr_launch import nofile
-from mbr_launch.cli.errors import CommandError, error
 from mbr_launch.cluster import resolver
 from mbr_launch.report import exitcodes
+
+PROG = "mbr-launch"
+
+
+class CommandError(Exception):
+    """A failure the user can fix: printed as one line, exit ``code``."""
+
+    def __init__(self, message: str, code: int = exitcodes.USAGE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def error(message: str) -> None:
+    if sys.stderr is None:  # started with stderr closed; print(file=None) would write to stdout instead
+        return
+    try:
+        print(f"{PROG}: error: {message}", file=sys.stderr, flush=True)
+    except OSError:  # stderr is a pipe nobody reads any more: the exit code still says it
+        pass
+
 
 # The environment as the user gave it, before the launcher adjusts its own: settings' env vars are read
 # from it and workers inherit it. ``prepare`` takes it again at each call.
@@ -19,7 +38,6 @@ USER_ENV: dict[str, str] = dict(os.environ)
 
 
 def prepare() -> None:
-    """Keep the user's environment for the workers, then adjust this process's own."""
     USER_ENV.clear()
     USER_ENV.update(os.environ)
     # The agent's own store clients time out on purpose (watchers); keep torch's C++ warnings about it
@@ -32,8 +50,8 @@ def prepare() -> None:
 
 
 def guarded(run: Callable[[], int]) -> int:
-    """``run()``'s exit code; a mistake the user can fix (``CommandError``) is its message and code, Ctrl-C is
-    130, and a bug of ours one line (the traceback with MBR_DEBUG=1)."""
+    """``run()``'s exit code; a ``CommandError`` is its message and code, Ctrl-C 130, and a bug of ours one line
+    (the traceback with MBR_DEBUG=1)."""
     try:
         return run()
     except CommandError as err:

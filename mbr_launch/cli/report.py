@@ -8,7 +8,7 @@ from typing import Annotated, Optional
 import typer
 
 from mbr_launch.api import run_report
-from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli.process import CommandError
 from mbr_launch.visible import one_line
 
 

@@ -7,7 +7,7 @@ from typing import Annotated, Optional
 import typer
 
 from mbr_launch.api import serve_store
-from mbr_launch.cli.errors import CommandError
+from mbr_launch.cli.process import CommandError
 
 
 def store_command(

@@ -1,16 +1,9 @@
 """The validated launch configuration, built once from resolved settings.
 
-``build_config`` is where bad input becomes one clear ``ConfigError`` (exit code 2): every check that can
-be made before a single process starts is made here. What it must ask the machine (device counts, whether
-a port is taken, whether a host is this one, whether the script exists) goes through an injected
-``HostProbes``, so the whole of it runs in unit tests with fakes.
-
-ft_launcher's settings become two specs here: what NVRx clients read (``FaultToleranceSpec``) and what ft_launcher
-0.6/0.7's launcher features mean here (``NvrxLauncherSpec``), from values already read as the workers' NVRx reads
-them (``settings.for_workers_nvrx``). What can be wrong across settings (a segment that does not divide MIN nodes)
-is one ``ConfigError``; what is odd but workable (an exit code a shell sees modulo 256, a boolean word no version
-lists) is a warning the agent prints at start.
-"""
+``build_config`` is where bad input becomes one ``ConfigError`` (exit 2): every check that can be made before
+a process starts is made here. What it must ask the machine goes through an injected ``HostProbes``, so all
+of it runs in unit tests with fakes. Values arrive already read as the workers' NVRx reads them
+(``settings.for_workers_nvrx``); what is odd but workable becomes a warning the agent prints at start."""
 
 from __future__ import annotations
 
@@ -20,12 +13,11 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable, Mapping, Sequence
 
 from mbr_launch.config.errors import ConfigError
-from mbr_launch.config.ftparse import unclear
 from mbr_launch.config.host import HostProbes
 from mbr_launch.config.model import (FaultToleranceSpec, LaunchConfig, MonitorSpec, NvrxLauncherSpec, OutputSpec,
                                      PreemptionSpec, PreflightSpec, RendezvousSpec, StandbySpec, TelemetrySpec,
                                      WorkersSpec)
-from mbr_launch.config.nvrx import ALL_FT_FIELDS, NvrxFound
+from mbr_launch.config.nvrx import ALL_FT_FIELDS, NvrxFound, unclear
 from mbr_launch.config.parse import (parse_endpoint, parse_nnodes, parse_nproc, parse_ranks_filter, parse_seconds_env,
                                      parse_std)
 from mbr_launch.config.rdzvconf import check_rdzv_conf, parse_rdzv_conf
@@ -41,8 +33,7 @@ STATIC_PORT = 29500  # torchrun's default --master-port
 # Fault-tolerance panel settings that are mbr-launch's own switches, not a declaration of NVRx timeouts.
 _NOT_FT_DECLARATIONS = frozenset({"config", "rank_monitor", "stack_dump", "hang_kill_grace", "hang_inquiry_timeout"})
 _FT_PANELS = (FAULT, COMPAT)  # a setting given here declares fault tolerance (the doctor then wants NVRx)
-# ft_launcher's own options (an --ft-* spelling), which the doctor compares with the workers' NVRx
-# (``PreflightSpec.ft_given``); the torchrun options ft_launcher shares mean the same in every version.
+# ft_launcher's own options (an --ft-* spelling), which the doctor compares with the workers' NVRx.
 _FT_OPTIONS = frozenset(s.name for s in SETTINGS
                         if any(f.startswith(("--ft-", "--ft_")) or f == "--ignore-missing-fault-tol-cfg"
                                for f in s.flags))
@@ -50,8 +41,6 @@ _FT_OPTIONS = frozenset(s.name for s in SETTINGS
 
 @dataclass(frozen=True)
 class _Rendezvous:
-    """The rendezvous settings after the Slurm defaults and before the standalone/static rules."""
-
     nnodes: str
     backend: str
     endpoint: str
@@ -61,7 +50,6 @@ class _Rendezvous:
 
 def _slurm_defaults(resolved: Resolved, environ: Mapping[str, str]) -> tuple[_Rendezvous, SlurmEnv | None,
                                                                             list[str]]:
-    """Values derived from the Slurm step for the settings the user left at their defaults."""
     v = resolved.values
     declared = _Rendezvous(v["nnodes"], v["rdzv_backend"], v["rdzv_endpoint"], v["rdzv_id"], v["node_rank"])
     if v["slurm"] == "off" or v["standalone"]:
@@ -95,9 +83,8 @@ def _slurm_defaults(resolved: Resolved, environ: Mapping[str, str]) -> tuple[_Re
 
 
 def picks_free_port(backend: str, endpoint: str) -> bool:
-    """A c10d endpoint with port 0 (``localhost:0``, what NeMo-Run writes for one node): torch's c10d binds
-    a free port, as ``torchrun --standalone`` does internally. Only one node can use it: no other could
-    find the port."""
+    """A c10d endpoint with port 0 (NeMo-Run's ``localhost:0`` for one node): torch binds a free port, which no
+    other node could find."""
     if backend != "c10d" or not endpoint:
         return False
     try:
@@ -108,8 +95,7 @@ def picks_free_port(backend: str, endpoint: str) -> bool:
 
 def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, int], slurm: SlurmEnv | None,
                 probes: HostProbes, new_run_id: Callable[[], str]) -> tuple[RendezvousSpec, list[str]]:
-    """torchrun's rendezvous rules (standalone, static defaults, endpoint ports), then the port checks; and the
-    warning about --rdzv-conf keys the backend does not read, if any."""
+    """torchrun's rendezvous rules, then the port checks; and the warning about unread --rdzv-conf keys, if any."""
     min_nodes, max_nodes = nodes
     conf = parse_rdzv_conf(v["rdzv_conf"])
     backend, endpoint, run_id, node_rank = declared.backend, declared.endpoint, declared.run_id, declared.node_rank
@@ -170,7 +156,6 @@ def _rendezvous(v: Mapping[str, Any], declared: _Rendezvous, nodes: tuple[int, i
 
 def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],
                 probes: HostProbes) -> tuple[tuple[str, ...], bool]:
-    """A worker's argv before its arguments, and whether it runs through the boot shim."""
     python = environ.get("PYTHON_EXEC", sys.executable)
     if "PYTHON_EXEC" in environ and not v["no_python"] and not probes.program_exists(python):
         raise ConfigError(f"PYTHON_EXEC={python!r} is not a program on this machine; unset it or point it at "
@@ -195,9 +180,8 @@ def _entrypoint(script: str, v: Mapping[str, Any], environ: Mapping[str, str],
 
 def preflight_spec(resolved: Resolved, *, script: str | None = None, script_args: tuple[str, ...] = (),
                    flags: tuple[str, ...] = ()) -> PreflightSpec:
-    """What the doctor checks, from the settings as declared (``mbr-launch doctor`` and the preflight), and
-    the training script (a path; None for ``-m`` and ``--no-python``), where in-process restart may show.
-    ``flags``: the option strings of the command line, where the caller has it."""
+    """What the doctor checks: the settings as declared, the training script (None for ``-m`` and
+    ``--no-python``) and the command line's option strings where the caller has them."""
     v = resolved.values
     ft_declared = any(s.panel in _FT_PANELS and resolved.given(s.name)
                       for s in SETTINGS if s.name not in _NOT_FT_DECLARATIONS)
@@ -222,7 +206,7 @@ def _fresh_run_id() -> str:
 def _standby(resolved: Resolved, preload: Sequence[str] | None, script: str | None,
              probes: HostProbes) -> StandbySpec:
     """The standby level asked for, except that the default level does not preload torch for a script that
-    imports only the standard library (``config.scriptscan``): that work would never be used."""
+    imports only the standard library (``host.imports_only_stdlib``)."""
     v = resolved.values
     level = v["standby"]
     if (level == "torch" and preload is None and resolved.sources.get("standby") == "default"
@@ -240,7 +224,6 @@ _OWN_CODES = {code: text for code, text in exitcodes.TABLE if isinstance(code, i
 
 
 def _or_default(v: Mapping[str, Any], name: str) -> Any:
-    """A value that ft_launcher 0.6+ lets be none ('none' keeps the default here)."""
     value = v[name]
     return BY_NAME[name].default if value is None else value
 
@@ -251,13 +234,11 @@ _NONE_IS_DEFAULT = ("workload_check_interval", "safety_factor", "node_health_che
 
 
 def user_set(resolved: Resolved) -> tuple[str, ...]:
-    """The FaultToleranceConfig fields whose value the user gave, sorted."""
     return tuple(sorted(s.ft_key for s in SETTINGS
                         if s.ft_key in ALL_FT_FIELDS and resolved.given(s.name)))  # type: ignore[misc]
 
 
 def ft_spec(resolved: Resolved) -> FaultToleranceSpec:
-    """Each FaultToleranceConfig field is the value of the setting with that ``ft_key``."""
     v = resolved.values
     data = {f.name: v[BY_FT_KEY[f.name].name] for f in fields(FaultToleranceSpec) if f.name != "user_set"}
     paths = v["storage_health_check_path"]
@@ -316,9 +297,8 @@ def nvrx_warnings(resolved: Resolved, found: NvrxFound) -> list[str]:
 def build_config(resolved: Resolved, *, script: str | None, script_args: tuple[str, ...] = (),
                  environ: Mapping[str, str], probes: HostProbes = HostProbes(),
                  new_run_id: Callable[[], str] = _fresh_run_id, flags: tuple[str, ...] = ()) -> LaunchConfig:
-    """Validate and assemble. ``environ`` is the user's environment (read, never the process's own);
-    ``probes`` answers the questions about this machine; ``new_run_id`` names a standalone job. Where NVRx
-    versions disagree, the values follow the NVRx the workers import (``probes.workers_nvrx``)."""
+    """Validate and assemble. ``environ`` is the user's environment, never the process's own; where NVRx versions
+    disagree, the values follow the NVRx the workers import (``probes.workers_nvrx``)."""
     found = probes.workers_nvrx(environ)
     resolved = for_workers_nvrx(resolved, found.generation)
     declared, slurm, warnings = _slurm_defaults(resolved, environ)

@@ -32,21 +32,18 @@ class Setting:
     env: tuple[str, ...] = ()  # extra environment names besides MBR_<NAME>
     ft_key: str | None = None  # key in ft_launcher's YAML `fault_tolerance:` section
     torchrun_dest: str | None = None  # dest in torch.distributed.run.get_args_parser()
-    # torchrun's own option strings of the setting (its ``flags`` less ft_launcher's aliases), and the torch
-    # release whose torchrun added them: ``cli.abbrev`` reads prefixes of these as that torchrun does.
+    # torchrun's own option strings (no ft_launcher alias) and the torch release that added them (``cli.abbrev``).
     torchrun_flags: tuple[str, ...] = ()
     torchrun_since: tuple[int, ...] = ()
     choices: tuple[str, ...] = ()
     metavar: str = ""
     hidden: bool = False  # accepted for compatibility, not shown in help
-    # A bool that takes a value on the command line (``--ft-enable-nic-monitor=False``), as ft_launcher's
-    # do: a switch there would read the value as the training script.
+    # A bool that takes a value (``--ft-enable-nic-monitor=False``), as ft_launcher's do.
     valued: bool = False
     common: bool = False  # shown by plain --help (the torchrun basics and the few fault-tolerance flags most need)
     # Values to suggest (completions, --help) for a setting that also takes others, e.g. a number or a word.
     values: tuple[str, ...] = ()
-    # Where NVRx versions disagree on the default: (line, default) pairs, oldest first, each applying from that
-    # line of the workers' NVRx on (config.nvrx); ``default`` holds for older lines and for no NVRx at all.
+    # (NVRx line, default) pairs, oldest first, each applying from that line of the workers' NVRx on.
     nvrx_defaults: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
@@ -55,7 +52,6 @@ class Setting:
             object.__setattr__(self, "choices", tuple(self.parse.choices))  # type: ignore[union-attr]
 
     def default_for(self, generation: str | None) -> Any:
-        """The default under the workers' NVRx line ``generation`` (None: no NVRx)."""
         chosen = self.default
         for line, value in self.nvrx_defaults:
             if generation is not None and release(generation) >= release(line):
@@ -76,26 +72,22 @@ class Setting:
 
     @property
     def shown_flags(self) -> tuple[str, ...]:
-        """The spellings offered in --help and completions: torchrun's underscore aliases (``--max_restarts``)
-        and ft_launcher's (``--ft-param-rank_heartbeat_timeout``) are accepted but not offered twice."""
+        """The spellings offered in --help and completions: underscore aliases are accepted but not offered twice."""
         plain = tuple(f for f in self.flags if "_" not in f)
         return plain or self.flags[:1]
 
     @property
     def suggestions(self) -> tuple[str, ...]:
-        """Values a completion offers: the choices, else the declared suggestions, else true/false."""
         if self.choices or self.values:
             return self.choices or self.values
         return ("true", "false") if self.kind is bool and self.valued else ()
 
     @property
     def bounds(self) -> str:
-        """The range a number must lie in, as --help shows it ("[0..]", "(0..] or none"), or ""."""
         return str(getattr(self.parse, "bounds", ""))
 
     @property
     def value_hint(self) -> str:
-        """What follows the flag in --help: "{a,b,c}" for choices, the metavar, "" for a switch."""
         if not self.takes_value:
             return ""
         if self.choices:
@@ -108,8 +100,7 @@ def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: s
                      metavar: str = "", panel: str = TORCHRUN, aliases: tuple[str, ...] = (),
                      common: bool = False, values: tuple[str, ...] = (), env: tuple[str, ...] = (),
                      since: tuple[int, ...] = ()) -> Setting:
-    """One of torchrun's options; ``since``: the torch release whose torchrun added it (none: 2.13 has it),
-    ``env``: environment names read after ``PET_<NAME>``."""
+    """One of torchrun's options; ``since``: the torch release whose torchrun added it (none: 2.13 has it)."""
     dashed = "--" + name.replace("_", "-")
     own = ([short] if short else []) + [dashed] + ([f"--{name}"] if "_" in name else [])
     envvars = ((f"PET_{name.upper()}",) if pet else ()) + env
@@ -120,7 +111,6 @@ def torchrun_setting(name: str, kind: type, default: Any, help: str, *, short: s
 
 def own_setting(name: str, kind: type, default: Any, *, help: str, panel: str, aliases: tuple[str, ...] = (),
                 **details: Any) -> Setting:
-    """One of mbr-launch's own options: ``--<name>`` with dashes, then ``aliases``; ``details``: ``Setting``'s."""
     return Setting(name=name, flags=("--" + name.replace("_", "-"), *aliases), kind=kind, default=default, help=help,
                    panel=panel, **details)
 
@@ -129,10 +119,8 @@ def ft_setting(name: str, ft_name: str, kind: type, default: Any, help: str, *, 
                parse: Parser | None = None, panel: str = FAULT, metavar: str = "",
                deprecated_dashed: bool = False, valued: bool = False, common: bool = False,
                nvrx_defaults: tuple[tuple[str, Any], ...] = ()) -> Setting:
-    """A setting that ft_launcher also has: accept its spellings exactly.
-
-    ``deprecated_dashed``: ft_launcher 0.4.1 also spells its NIC-monitor flags ``--ft-param-a-b`` and
-    ``--ft_param_a_b`` (deprecated there, still in NVRx's own scripts)."""
+    """A setting that ft_launcher also has, with its spellings. ``deprecated_dashed``: 0.4.1's ``--ft-param-a-b``
+    and ``--ft_param_a_b`` spellings too (deprecated there, still in NVRx's own scripts)."""
     flags = []
     if native:
         flags.append(native)
@@ -150,10 +138,8 @@ def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str 
                  field: str | None = None, twin: str = "--ft_", panel: str = FAULT, parse: Parser | None = None,
                  metavar: str = "", valued: bool = False, env: tuple[str, ...] = (),
                  nvrx_defaults: tuple[tuple[str, Any], ...] = ()) -> Setting:
-    """An option ft_launcher 0.6 or 0.7 added: ``--ft-<option>`` and its twin, which NVRx spells either
-    ``--ft_<option>`` (``twin="--ft_"``) or ``--ft-<option>`` with underscores (``twin="--ft-"``); no
-    ``--ft-param-`` spelling (0.6 removed those). ``option`` defaults to ``name``; ``field`` is its
-    FaultToleranceConfig field (the YAML ``fault_tolerance:`` key), None for an option of the launcher alone."""
+    """An option ft_launcher 0.6 or 0.7 added: ``--ft-<option>`` and its ``twin`` spelling (``--ft_<option>`` or
+    ``--ft-<option>`` with underscores); ``field`` is its FaultToleranceConfig field, None for a launcher option."""
     under = option or name
     flags = (f"--ft-{under.replace('_', '-')}", f"{twin}{under}")
     return Setting(name=name, flags=flags, kind=kind, default=default, help=help, panel=panel, parse=parse, env=env,
@@ -161,7 +147,6 @@ def nvrx_setting(name: str, kind: type, default: Any, help: str, *, option: str 
 
 
 def default_text(setting: Setting) -> str:
-    """The default as people type it (shared by --help, the man page and docs/options.md)."""
     default = setting.default
     if setting.kind is bool:
         return ("true" if default else "false") if setting.valued else ("on" if default else "off")

@@ -1,19 +1,21 @@
-"""The YAML config file (``--config``): mbr-launch's own section, ft_launcher's, and the Megatron-Bridge
-sections the same file may carry.
+"""The YAML config file (``--config``): mbr-launch's own section, ft_launcher's, and Megatron-Bridge's.
 
-The Bridge section names live here, the lowest layer that needs them: the loader must accept them, and
-``doctor.mbridge`` (which checks their contents) imports them from here rather than config reaching up.
-"""
+The Bridge section names live here, the lowest layer that needs them (``doctor.mbridge`` imports them).
+``read_yaml`` reads any YAML file a person hands us; every way it can be wrong is one ``ConfigError`` line
+that names the file. It is opened by ``report.untrusted``'s ``LINKED`` rules, so a FIFO or device, even one
+swapped in after a check, cannot block or flood us; a duplicate key, which YAML would silently drop, is an error."""
 
 from __future__ import annotations
 
 import difflib
+import functools
+import stat
 from typing import Any
 
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.parse import comma_list
 from mbr_launch.config.settings import BY_FT_KEY, BY_NAME, Setting
-from mbr_launch.config.yamlfile import read_yaml
+from mbr_launch.report.untrusted import LINKED, FileRule, UnsafeFile, read_file
 
 # Megatron-Bridge ConfigContainer sections with resiliency meaning, checked key by key by the doctor.
 BRIDGE_STRICT_SECTIONS = frozenset({"ft", "nvrx_straggler", "straggler", "inprocess_restart", "rerun_state_machine"})
@@ -32,9 +34,8 @@ BRIDGE_KEYS = BRIDGE_STRICT_SECTIONS | BRIDGE_LOOSE_SECTIONS | BRIDGE_OTHER_SECT
 
 
 def load_config_file(path: str) -> dict[str, Any]:
-    """Read our YAML file: an ``mbr_launch:`` section of settings and/or ``fault_tolerance:`` as ft_launcher
-    writes it, at the top or, as NVRx finds it, inside another section (a training config that carries it). Unknown
-    keys are errors that name the key and say what to do."""
+    """Read our YAML file: an ``mbr_launch:`` section and/or ft_launcher's ``fault_tolerance:``, at the top or, as
+    NVRx finds it, inside another section. Unknown keys are errors that name the key and say what to do."""
     data = read_yaml(path)
     if data is None:
         return {}
@@ -84,9 +85,8 @@ def find_fault_tolerance(data: Any, where: str = "") -> tuple[str, Any] | None:
 
 
 def _check_top_level(key: Any, path: str, *, carried: bool) -> None:
-    """A top-level key that is none of our sections: the rest of a training config that carries ft_launcher's
-    section (left alone, as NVRx does) unless it looks like a misspelt name of ours; in a file without that
-    section, an error."""
+    """A top-level key that is none of ours: left alone beside a carried ft_launcher section (as NVRx does) unless
+    it looks like a misspelt name of ours; an error in a file without that section."""
     known = sorted(OWN_SECTIONS if carried else OWN_SECTIONS | BRIDGE_KEYS)
     guess = difflib.get_close_matches(str(key), known, n=1, cutoff=0.8)
     if carried and not guess:
@@ -97,8 +97,8 @@ def _check_top_level(key: Any, path: str, *, carried: bool) -> None:
 
 
 def _setting(where: str, name: Any, path: str) -> Setting:
-    """The setting that ``name`` of section ``where`` sets; an unknown key is an error that says what to do:
-    NVRx ignores unknown keys, and a misspelt one would quietly leave a timeout at its default."""
+    """The setting that ``name`` of section ``where`` sets. NVRx ignores unknown keys; here they are errors, so that
+    a misspelt one cannot leave a timeout at its default."""
     key = str(name).replace("-", "_")
     ft = where != "mbr_launch"
     setting = (BY_FT_KEY if ft else BY_NAME).get(key)
@@ -123,9 +123,8 @@ _SCALARS = (str, int, float, bool)
 
 
 def _value_problem(value: Any, *, list_ok: bool, mapping_ok: bool) -> str | None:
-    """Why a config value is not plain data this setting can take, or None: text or a number; a list of
-    them for list settings; a mapping for section timeouts. Anything else would be turned into its repr
-    (an id "{'a': 1}"), and aliases to nested lists would multiply into gigabytes of text."""
+    """Why a config value is not plain data this setting can take, or None. Anything else would become its repr,
+    and YAML aliases to nested lists would multiply into gigabytes of text."""
     if value is None or isinstance(value, _SCALARS):
         return "holds a NUL character" if isinstance(value, str) and "\0" in value else None
     if list_ok and isinstance(value, list) and all(isinstance(v, _SCALARS) for v in value):
@@ -135,3 +134,75 @@ def _value_problem(value: Any, *, list_ok: bool, mapping_ok: bool) -> str | None
         return None
     shape = ["text or a number"] + ["a list of them"] * list_ok + ["a mapping of section: seconds"] * mapping_ok
     return f"must be {' or '.join(shape)}, not {type(value).__name__} (quote a value to make it text)"
+
+
+# ---- reading a YAML file a person handed us: a regular file of bounded size, UTF-8 text, plain data ----
+
+MAX_BYTES = 16 * 1024 * 1024
+
+_KINDS = ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"), (stat.S_ISCHR, "a device"),
+          (stat.S_ISBLK, "a device"), (stat.S_ISSOCK, "a socket"))
+
+
+@functools.lru_cache(maxsize=None)
+def _loader() -> type:
+    """PyYAML's safe loader, except that a key given twice in one mapping is an error. Made on first use: most
+    launches read no config file, and importing PyYAML costs start-up time."""
+    import yaml
+
+    class UniqueKeyLoader(yaml.SafeLoader):
+        def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+            seen: set[Any] = set()
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)  # type: ignore[no-untyped-call]
+                try:
+                    duplicate = key in seen
+                    seen.add(key)
+                except TypeError:  # an unhashable key: the base class reports it
+                    break
+                if duplicate:
+                    raise yaml.constructor.ConstructorError(
+                        None, None, f"key {key!r} is given twice", key_node.start_mark)
+            return super().construct_mapping(node, deep=deep)
+
+    return UniqueKeyLoader
+
+
+def _read_bytes(path: str, what: str) -> bytes:
+    try:
+        return read_file(path, LINKED, MAX_BYTES)
+    except FileNotFoundError:
+        raise ConfigError(f"{what}: file {path} does not exist") from None
+    except UnsafeFile as err:
+        if err.rule in (FileRule.SIZE, FileRule.GREW):
+            raise ConfigError(f"{what}: {path} is larger than {MAX_BYTES // (1024 * 1024)} MiB; "
+                              "is it really the YAML config?") from None
+        mode = err.st.st_mode if err.st is not None else 0
+        kind = next((kind for test, kind in _KINDS if test(mode)), None)
+        if kind:
+            raise ConfigError(f"{what}: {path} is {kind}, not a file; give the path of a YAML file") from None
+        raise ConfigError(f"{what}: {path} is not a regular file; give the path of a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"{what}: cannot read {path}: {err.strerror or err}") from None
+
+
+def read_yaml(path: str, *, what: str = "--config") -> Any:
+    raw = _read_bytes(path, what)
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{what}: {path} is not UTF-8 text (byte {raw[err.start]:#04x} at offset {err.start}); "
+                          "give the path of a YAML file") from None
+    if "\0" in text:
+        raise ConfigError(f"{what}: {path} holds a NUL byte, so it is not a text file; give the path of a YAML file")
+    import yaml
+
+    try:
+        return yaml.load(text, Loader=_loader())  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as err:  # FILE:LINE:COL: problem, on one line (PyYAML's own spans several)
+        mark = getattr(err, "problem_mark", None) or getattr(err, "context_mark", None)
+        problem = getattr(err, "problem", None) or getattr(err, "context", None) or str(err)
+        where = f"{path}:{mark.line + 1}:{mark.column + 1}" if mark is not None else path
+        raise ConfigError(f"{what}: {where}: {' '.join(str(problem).split())} (YAML error)") from None
+    except RecursionError:
+        raise ConfigError(f"{what}: {path} is nested too deeply to be a config") from None

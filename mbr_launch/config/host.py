@@ -1,12 +1,11 @@
 """What ``build_config`` asks of the machine it runs on, as one injectable value.
 
-Validation needs a few facts only the host knows: how many devices ``--nproc-per-node gpu`` means, whether
-the rendezvous host is this machine, whether its port is taken and by whom. ``HostProbes()`` asks the
-real host; tests pass fakes, so building a config needs no sockets, DNS or torch.
-"""
+``HostProbes()`` asks the real host (device counts, whether a host is this one, who holds a port); tests
+pass fakes, so building a config needs no sockets, DNS or torch."""
 
 from __future__ import annotations
 
+import ast
 import os
 import re
 import shutil
@@ -18,12 +17,10 @@ from pathlib import Path
 from typing import Callable, Mapping
 
 from mbr_launch.config.nvrx import NvrxFound
-from mbr_launch.config.scriptscan import imports_only_stdlib
 from mbr_launch.report.version import metadata_folder
 
 
 def device_count(kind: str) -> int:
-    """Workers that ``--nproc-per-node KIND`` means on this machine (auto: GPUs if any, else CPUs)."""
     if kind == "cpu":
         return os.cpu_count() or 1
     import torch  # late: only these spellings need it, and it costs seconds of start-up
@@ -38,7 +35,6 @@ def device_count(kind: str) -> int:
 
 
 def port_taken(host: str, port: int) -> bool:
-    """True when nothing of ours could bind the port on this host (someone else listens on it)."""
     with socket.socket() as sock:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -58,7 +54,6 @@ def is_local_host(host: str) -> bool:
 
 
 def listener_is_launcher(port: int) -> bool:
-    """Whether the process listening on ``port`` is another mbr-launch agent (a legitimate peer)."""
     try:
         import psutil  # late: only a taken port needs it
 
@@ -72,12 +67,9 @@ def listener_is_launcher(port: int) -> bool:
 
 
 def log_dir_problem(path: str) -> str | None:
-    """Why the launcher could not make its run folders under ``--log-dir path``, or None when it can.
-
-    Asked before anything starts, so a bad path fails at once instead of after the rendezvous. Only a
-    probe: it creates (and removes) one private folder in the deepest part of ``path`` that exists, which
-    also catches what permission bits cannot show (a read-only mount, /proc, a full inode table). Making
-    the run folder itself is the agent's job."""
+    """Why the launcher could not make its run folders under ``--log-dir path``, or None. A probe made before
+    anything starts: one private folder created and removed in the deepest existing part of ``path`` also
+    catches what permission bits cannot show (a read-only mount, a full inode table)."""
     target = Path(path).absolute()
     existing = target
     while not exists(str(existing)) and existing != existing.parent:
@@ -103,8 +95,8 @@ def log_dir_problem(path: str) -> str | None:
 
 
 def _asks(test: Callable[[Path], bool]) -> Callable[[str], bool]:
-    """``test`` on a path, False where the path cannot even be looked at (a name too long, a loop, EACCES):
-    pathlib raises for some of those, and a question about the user's input must not crash the launch."""
+    """``test`` on a path, False where pathlib raises (a name too long, a loop, EACCES): a question about the
+    user's input must not crash the launch."""
 
     def ask(path: str) -> bool:
         try:
@@ -119,7 +111,6 @@ is_file, is_dir, exists = _asks(Path.is_file), _asks(Path.is_dir), _asks(Path.ex
 
 
 def program_exists(program: str) -> bool:
-    """A --no-python program: on PATH, or a file."""
     try:
         return shutil.which(program) is not None or is_file(program)
     except (OSError, ValueError):
@@ -127,9 +118,8 @@ def program_exists(program: str) -> bool:
 
 
 def workers_nvrx(environ: Mapping[str, str]) -> NvrxFound:
-    """The NVRx a worker started with ``environ`` would import, found without importing it: the first
-    ``nvidia_resiliency_ext`` metadata folder on the workers' path, which is ``environ``'s PYTHONPATH entries, then
-    this launcher's own ``sys.path`` (the same interpreter and site-packages run the workers)."""
+    """The NVRx a worker started with ``environ`` would import, found without importing it: the first metadata
+    folder on ``environ``'s PYTHONPATH, then on this launcher's ``sys.path`` (the workers' interpreter)."""
     entries = [p for p in environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     for paths, via in ((entries, "PYTHONPATH"), (sys.path, "the launcher's sys.path")):
         found = metadata_folder("nvidia-resiliency-ext", paths)
@@ -143,7 +133,6 @@ NEWEST = (9999,)  # a torch whose version cannot be read: taken to have every op
 
 
 def release(text: str) -> tuple[int, ...]:
-    """``2.14.1+cu130`` -> (2, 14, 1), ``2.15.0a0`` -> (2, 15, 0); ``NEWEST`` when it cannot be read."""
     found = _RELEASE.match(text)
     return tuple(int(part) for part in found.groups() if part is not None) if found else NEWEST
 
@@ -156,6 +145,43 @@ def torch_version() -> tuple[int, ...]:
         return release(metadata.version("torch"))
     except (metadata.PackageNotFoundError, ValueError):
         return NEWEST
+
+
+# Standard-library ways of importing a module by a name computed at run time.
+_DYNAMIC_MODULES = frozenset({"importlib", "runpy", "imp", "pkgutil", "zipimport"})
+_DYNAMIC_CALLS = frozenset({"__import__", "exec", "eval", "compile"})
+_MAX_BYTES = 4 * 1024 * 1024  # a larger entry script is not read (it keeps the asked-for level)
+
+
+def imports_only_stdlib(script: str | None) -> bool:
+    """True when ``script`` (a file path, never a ``-m`` module) provably imports only the standard library, so its
+    standbys need not preload torch (docs/performance.md). Conservative: anything that can import a module this
+    scan cannot see (a relative import, ``importlib``, ``__import__``, ``exec``, a source that does not parse)
+    counts as "may need torch"."""
+    if not script:
+        return False
+    path = Path(script)
+    try:
+        if not path.is_file() or path.stat().st_size > _MAX_BYTES:
+            return False
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError, RecursionError):
+        return False
+    stdlib = set(sys.stdlib_module_names) | {"__future__"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots = [alias.name.split(".")[0] for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:  # relative: the script belongs to a package of its own
+                return False
+            roots = [(node.module or "").split(".")[0]]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in _DYNAMIC_CALLS:
+            return False
+        else:
+            continue
+        if any(root not in stdlib or root in _DYNAMIC_MODULES for root in roots):
+            return False
+    return True
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,7 @@
 """The validated launch configuration: one frozen value of nested typed specs, built by ``config.build``.
 
-Each spec groups what one part of the agent reads (the rendezvous, the workers, their output, the rank
-monitor, ...), so a module takes the part it needs and nothing reads raw settings. Values here are
-already checked; code past ``build_config`` never re-validates them.
-"""
+Each spec is what one part of the agent reads; values are checked once, and code past ``build_config`` never
+re-validates them."""
 
 from __future__ import annotations
 
@@ -33,12 +31,9 @@ class StdSpec:
 
 @dataclass(frozen=True)
 class FaultToleranceSpec:
-    """What the rank monitor enforces and what NVRx clients read from the config it returns, in NVRx 0.7's
-    FaultToleranceConfig field names (0.4.1 and 0.6 have a subset). The fields past ``link_down_path_template``
-    are 0.6/0.7's; their defaults here are NVRx 0.7's.
-
-    ``user_set``: the fields whose value the user gave (command line, environment or config file). The
-    monitor gives a client its own version's default for the others (NVRx 0.6+: no heartbeat timeouts)."""
+    """What the rank monitor enforces and NVRx clients read, in NVRx 0.7's FaultToleranceConfig field names (the
+    defaults past ``link_down_path_template`` are 0.7's). ``user_set``: the fields the user gave; a client gets
+    its own version's default for the others."""
 
     initial_rank_heartbeat_timeout: float | None
     rank_heartbeat_timeout: float | None
@@ -77,8 +72,7 @@ class FaultToleranceSpec:
     user_set: tuple[str, ...] = ()
 
     def as_nvrx_dict(self) -> dict[str, Any]:
-        """Every FaultToleranceConfig field of NVRx 0.7, with the types NVRx holds (an int log level), and
-        ``"user_set"``: the sorted names of the fields the user gave."""
+        """Every field with the types NVRx holds (an int log level); ``user_set`` sorted."""
         data = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "user_set"}
         data["rank_section_timeouts"] = dict(self.rank_section_timeouts)
         data["log_level"] = int(self.log_level) if self.log_level.isdigit() else logging.getLevelName(self.log_level)
@@ -88,8 +82,6 @@ class FaultToleranceSpec:
 
 @dataclass(frozen=True)
 class RendezvousSpec:
-    """How this node finds the others: torchrun's rdzv flags after the standalone and Slurm rules."""
-
     backend: RdzvBackend
     endpoint: str  # HOST:PORT; "localhost:0" for a standalone job (a free port is picked)
     run_id: str
@@ -105,14 +97,11 @@ class RendezvousSpec:
 
     @property
     def elastic(self) -> bool:
-        """Nodes may join a formed job (MIN < MAX): the round re-forms without a failure."""
         return self.min_nodes < self.max_nodes
 
 
 @dataclass(frozen=True)
 class WorkersSpec:
-    """This node's workers: what each one runs, its environment's knobs, and how it is stopped."""
-
     nproc_per_node: int
     entrypoint: tuple[str, ...]  # argv of one worker, before per-rank env
     script_args: tuple[str, ...]
@@ -124,14 +113,12 @@ class WorkersSpec:
     shutdown_timeout: float  # seconds between SIGTERM and SIGKILL for a stopped worker
 
     def argv(self, local_rank: int) -> list[str]:
-        """One worker's command line (torchrun substitutes ``${local_rank}`` in it)."""
+        """One worker's command line, ``${local_rank}`` substituted as torchrun does."""
         return [a.replace("${local_rank}", str(local_rank)) for a in (*self.entrypoint, *self.script_args)]
 
 
 @dataclass(frozen=True)
 class MonitorSpec:
-    """The rank monitor and what happens to a rank it calls hung."""
-
     enabled: bool  # --rank-monitor on
     stack_dump: StackDump
     hang_kill_grace: float  # seconds between SIGTERM and SIGKILL for a hung worker
@@ -140,8 +127,6 @@ class MonitorSpec:
 
 @dataclass(frozen=True)
 class OutputSpec:
-    """Where worker output and the launcher's own lines go."""
-
     log_dir: str | None
     redirects: StdSpec
     tee: StdSpec
@@ -158,8 +143,6 @@ class OutputSpec:
 
 @dataclass(frozen=True)
 class TelemetrySpec:
-    """Automatic step heartbeats and what is derived from steps (step deadlines, stragglers)."""
-
     autobeat: bool
     initial_step_timeout: float | None
     step_timeout: float | None
@@ -181,16 +164,14 @@ class PreemptionSpec:
 class StandbySpec:
     level: StandbyLevel
     preload: tuple[str, ...]  # modules each standby imports ahead of time
-    # ``preload`` is the level's default list (contract.DEFAULT_PRELOAD), not the user's: a module that cannot
-    # be imported there (no torch._dynamo in an old torch) is skipped without a word.
+    # The level's default list, not the user's: a module that cannot be imported there is skipped without a word.
     preload_default: bool = False
     why: str | None = None  # why the level is not the one asked for (None: it is)
 
 
 @dataclass(frozen=True)
 class PreflightSpec:
-    """The doctor's view of a launch: the settings as declared (before Slurm and standalone derivations,
-    which the checks judge for themselves) and the checks to skip."""
+    """The doctor's view: the settings as declared, before the Slurm and standalone derivations it judges itself."""
 
     skip_checks: tuple[str, ...]
     nproc_per_node: str
@@ -207,39 +188,25 @@ class PreflightSpec:
     restart_policy: When = When.ANY_FAILED  # ft_launcher's --ft-restart-policy
     script: str | None = None  # the training script's path, for the in-process-restart checks (None with -m)
     script_args: tuple[str, ...] = ()
-    # ft_launcher's options as given, for the checks against the workers' NVRx (doctor ``launcher.ft_options``):
-    # setting name -> the value as typed (settings of the fault-tolerance, node-health and compatibility panels and
-    # the restart policy's), and the option strings of the command line when known (``--ft-param-...``).
+    # ft_launcher's options as typed (setting name -> value) and the command line's option strings, for the
+    # checks against the workers' NVRx (doctor ``launcher.ft_options``).
     ft_given: Mapping[str, Any] = field(default_factory=dict)
     flags: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
 class NvrxLauncherSpec:
-    """ft_launcher 0.6/0.7's launcher features, each given its meaning in this launcher.
+    """ft_launcher 0.6/0.7's launcher features, each given its meaning here; off unless ``config.build`` fills them."""
 
-    Defaults are "off": ``config.build`` fills them from the settings (and, where NVRx versions disagree,
-    from the NVRx version installed in the workers' environment, ``workers_nvrx``)."""
-
-    # The NVRx the workers import ("0.7.0"; None: none), whose defaults the values here follow.
-    workers_nvrx: str | None = None
-    # What a failure that restarting cannot fix does (ft_launcher's --ft-attribution-stop-action): "log" records
-    # the decision in events.jsonl and the job ends with its usual exit code; "no-restart" makes every launcher
-    # exit with ``no_restart_exit_code`` (no requeue on preemption either).
-    attribution_stop_action: Literal["log", "no-restart"] = "log"
-
-    # Progress tracking across restarts: stop with ``no_restart_exit_code`` after this many cycles in a row
-    # that did not advance the iteration by ``min_progress_iterations`` (0 or less: off).
+    workers_nvrx: str | None = None  # the NVRx the workers import ("0.7.0"), whose defaults the values follow
+    attribution_stop_action: Literal["log", "no-restart"] = "log"  # (no-restart: no requeue on preemption either)
     max_no_progress_cycles: int = 0
     min_progress_iterations: int = 1
-    checkpoint_iteration_file: str | None = None  # a file holding the last checkpoint's iteration
-    no_restart_exit_code: int = 93  # what the launcher exits with when it decides not to restart
-    # Per-cycle records: cycle-info JSON files (+ ``.current`` link, NVRX_CURRENT_CYCLE_INFO in workers)
-    # and per-cycle application logs ``<prefix>_cycle<N>.log``.
+    checkpoint_iteration_file: str | None = None
+    no_restart_exit_code: int = 93
     cycle_info_dir: str | None = None
     cycle_info_job_id: str | None = None
     per_cycle_applog_prefix: str | None = None
-    # Pre-rendezvous health checks: a node that fails one does not join and says why.
     enable_nic_healthcheck: bool = False
     link_state_path_template: str | None = None
     enable_dist_storage_healthcheck: bool = False
@@ -247,13 +214,11 @@ class NvrxLauncherSpec:
     node_health_check_endpoint: str | None = None
     segment_health_check_dir: str | None = None
     segment: int | None = None
-    # Between a stop and the next start: wait for GPU memory to come back (NVML), look for leftovers.
     gpu_memory_reclaim_timeout: float = 0.0  # seconds; 0: do not wait
     gpu_memory_tolerance_mb: float = 512.0
     gpu_memory_poll_interval: float = 2.0  # seconds, > 0
     check_remaining_processes: bool = False
-    # With NVRX_GPUS_PER_NUMA in the workers' environment: bind each worker to its GPU's NUMA node, memory too
-    # (True: numactl --cpunodebind=N --membind=N) or CPUs only (False: --localalloc).
+    # With NVRX_GPUS_PER_NUMA: numactl --cpunodebind=N --membind=N (True), or --localalloc (False).
     numa_bind_strict: bool = True
 
 

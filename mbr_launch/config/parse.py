@@ -1,11 +1,7 @@
 """Pure parsers and validators: text (or a config-file value) in, a typed value or a named error out.
 
-The setting parsers (``non_negative``, ``choice``, ...) are factories that close over the flag they
-report, so ``settings.SETTINGS`` can declare each setting's validator beside its flag; they raise
-``SettingError``. The launch-shape parsers (``parse_nnodes``, ``parse_nproc``, ...) raise ``ConfigError``
-and get what they need as arguments (``parse_nproc`` is handed the device counter), so nothing here
-touches the host.
-"""
+The setting parsers are factories that close over the flag they report and raise ``SettingError``; the
+launch-shape parsers (``parse_nnodes``, ...) raise ``ConfigError`` and are handed what they need to ask the host."""
 
 from __future__ import annotations
 
@@ -30,8 +26,7 @@ def _fail(setting: str, value: Any, why: str) -> SettingError:
 
 
 def whole(text: str) -> int | None:
-    """``text`` as a non-negative integer when it is plain ASCII digits, else None. ``str.isdigit`` alone
-    also passes '²' (which ``int`` refuses) and 5,000-digit strings (which ``int`` refuses too)."""
+    """``text`` as a non-negative integer when it is plain ASCII digits, else None (``str.isdigit`` passes '²')."""
     return int(text) if text.isascii() and text.isdigit() and len(text) <= 18 else None
 
 
@@ -66,28 +61,22 @@ def _number(name: str, kind: type, value: Any, most: float = LARGEST) -> Any:
     return number
 
 
-def non_negative(name: str, kind: type, *, most: float = LARGEST) -> Parser:
+def non_negative(name: str, kind: type, *, most: float = LARGEST, zero: bool = True) -> Parser:
+    """``zero=False`` (``positive``) where zero has no sensible meaning (a silence bound of 0 s would call every
+    peer lost)."""
+
     def parse(value: Any) -> Any:
         number = _number(name, kind, value, most)
-        if number < 0:
-            raise _fail(name, value, "must be zero or positive")
+        if number < 0 or (number == 0 and not zero):
+            raise _fail(name, value, "must be zero or positive" if zero else "must be positive")
         return number
 
-    parse.bounds = f"[0..{'' if most == LARGEST else most}]"  # type: ignore[attr-defined]  # shown by --help
+    parse.bounds = f"{'[' if zero else '('}0..{'' if most == LARGEST else most}]"  # type: ignore[attr-defined]
     return parse
 
 
 def positive(name: str, kind: type) -> Parser:
-    """For values where zero has no sensible meaning (a silence bound of 0 s would call every peer lost)."""
-
-    def parse(value: Any) -> Any:
-        number = _number(name, kind, value)
-        if not number > 0:
-            raise _fail(name, value, "must be positive")
-        return number
-
-    parse.bounds = "(0..]"  # type: ignore[attr-defined]
-    return parse
+    return non_negative(name, kind, zero=False)
 
 
 NONE_WORDS = ("none", "null", "")  # what ft_launcher 0.6+ reads as None (any case); 'off' is ours
@@ -98,9 +87,7 @@ def _is_none(value: Any) -> bool:
 
 
 def optional_timeout(name: str) -> Parser:
-    """Seconds > 0, or none/null/off/'' to disable the timeout (NVRx treats None as infinite). ft_launcher
-    0.6+ reads ``null``, ``none`` and an empty value as None, in any case; an empty environment variable is
-    still refused before this (``rawvalue``): an unset ``$VAR`` is no choice."""
+    """Seconds > 0, or none/null/off/'' to disable the timeout (NVRx treats None as infinite)."""
 
     def parse(value: Any) -> float | None:
         if _is_none(value):
@@ -121,7 +108,6 @@ def optional_timeout(name: str) -> Parser:
 
 
 def section_timeouts(value: Any) -> dict[str, float | None]:
-    """``setup:600,step:180,checkpointing:420`` (or a mapping from a config file)."""
     flag = "--ft-rank-section-timeouts"
     if isinstance(value, Mapping):
         items = [(str(k), v) for k, v in value.items()]
@@ -203,7 +189,6 @@ def comma_list(value: Any) -> tuple[str, ...]:
 
 
 def module_list(name: str) -> Parser:
-    """Comma-separated dotted module names (``torch._dynamo,megatron.core``); ``none`` or nothing: none."""
 
     def parse(value: Any) -> tuple[str, ...]:
         parts = [str(v).strip() for v in value] if isinstance(value, (list, tuple)) \
@@ -237,7 +222,6 @@ def exit_code_list(name: str) -> Parser:
 
 
 def fraction(name: str) -> Parser:
-    """A number between 0 and 1 (a score threshold)."""
 
     def parse(value: Any) -> float:
         try:
@@ -274,7 +258,6 @@ def parse_nnodes(text: str) -> tuple[int, int]:
 
 
 def parse_nproc(text: str, device_count: Callable[[str], int]) -> int:
-    """An integer, or a device kind whose count ``device_count`` gives (auto, cpu, gpu, xpu)."""
     text = text.strip()
     count = whole(text)
     if count is not None and count > MAX_NPROC:
@@ -290,7 +273,6 @@ def parse_nproc(text: str, device_count: Callable[[str], int]) -> int:
 
 
 def parse_endpoint(endpoint: str) -> tuple[str, int | None]:
-    """``HOST[:PORT]`` -> (host without IPv6 brackets, port or None)."""
     host, sep, port = endpoint.rpartition(":")
     if not sep:
         return endpoint, None
@@ -300,7 +282,6 @@ def parse_endpoint(endpoint: str) -> tuple[str, int | None]:
 
 
 def parse_std(flag: str, text: str) -> StdSpec:
-    """torchrun's -r/-t value: 0-3 for every local rank, or LOCAL_RANK:0-3,..."""
     text = text.strip()
     try:
         if ":" not in text:
@@ -320,7 +301,6 @@ def parse_std(flag: str, text: str) -> StdSpec:
 
 
 def parse_ranks_filter(text: str) -> frozenset[int] | None:
-    """--local-ranks-filter: None (show every rank) when empty."""
     if not text:
         return None
     ranks = [whole(r.strip()) for r in text.split(",")]
@@ -330,7 +310,6 @@ def parse_ranks_filter(text: str) -> frozenset[int] | None:
 
 
 def parse_seconds_env(name: str, raw: str) -> float:
-    """A number of seconds read from an environment variable (TORCH_ELASTIC_SHUTDOWN_TIMEOUT)."""
     try:
         seconds = float(raw)
     except ValueError:

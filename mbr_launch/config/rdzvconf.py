@@ -1,22 +1,9 @@
 """``--rdzv-conf KEY=VALUE,...``, read as torchrun reads it, and checked as torch's rendezvous reads each key.
 
-torchrun splits the text at every comma, each part at its first ``=``, and strips the spaces around keys and
-values; nothing else: quotes are part of the text (``'join_timeout=5,timeout=5'`` with the quotes inside, as a
-shell script or a YAML list may pass it, gives the keys ``'join_timeout`` and ``timeout``, the last value
-``5'``). A part with no key, or a key with no value, is an error there and here. torchrun then hands every key
-to the backend, which reads the few it knows and never looks at the others. So here:
-
-- a key the backend reads is checked as torch reads it (an integer where torch calls ``int``, a boolean word,
-  a store type), before anything starts, where torch would fail once the rendezvous starts;
-- a key it never reads is passed on all the same, and named in one warning line (with a word on quotes when
-  the text has them): it changes nothing, under torchrun either, which a user who meant it should know.
-
-Which keys each backend reads: ``dynamic_rendezvous.create_handler`` (join/last_call/close/heartbeat
-timeouts, the keep-alive pair) and ``c10d_rendezvous_backend`` (is_host, read_timeout, store_type) for c10d;
-``static_tcp_rendezvous`` (timeout; rank is the launcher's own) for static. ``cas_backoff_max_seconds``, a
-random pause of up to that many seconds after a lost write of the rendezvous state, is torch 2.15's; an
-older torch ignores it, and the warning says so.
-"""
+The text is split exactly as torchrun splits it (quotes stay part of keys and values). A key the backend
+reads (``READ``, from torch's ``dynamic_rendezvous``, ``c10d_rendezvous_backend`` and
+``static_tcp_rendezvous``) is checked before anything starts; one it never reads is passed on all the same,
+and named in one warning line. What the user sees: docs/torchrun.md."""
 
 from __future__ import annotations
 

@@ -1,28 +1,26 @@
 """Where one run's files go: its run folder (under ``--log-dir``, else a private base folder of this user's)
 and the folder of the rank monitor's sockets. Each failure is a ``ConfigError`` (exit 2) that says what
-to do.
+to do; why the default base is checked so closely: docs/security.md, "Log folders".
 
-The default base ``<tmp>/mbr-launch-<uid>`` sits in a directory everyone can write. Another user may have
-created it first, or planted a symlink there, to read our logs or to have us append worker output to a file
-of their choice: so it must be a real folder of ours that nobody else can write, or we refuse. Run folders
-are created fresh (never reused) with mode 0700, and their names come from ids we do not control (the
-rendezvous id, ``SLURM_JOB_ID``, the host name), so each id is made into one harmless path component.
-Their names start with the start time, so the newest sorts last; in the default base ``latest`` links to the
-newest and only the last ``--keep-runs`` are kept (``runhistory``).
-"""
+In the default base, ``latest`` links to the newest run and only the last ``--keep-runs`` are kept. Runs of one
+user may start and end at once, so a folder is removed only when its name has ``run_folder_name``'s shape, it
+is a real folder of ours, nothing in it changed for ``QUIET_AGE`` seconds, and no live launcher holds its
+``flock`` (``hold``; the kernel drops it however the agent ends)."""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
+import shutil
 import stat
 import tempfile
 import time
 import uuid
 from pathlib import Path
 
-from mbr_launch.config import runhistory
 from mbr_launch.config.errors import ConfigError
+from mbr_launch.report.runs import LATEST  # the name `mbr-launch report` looks for
 
 DIR_MODE = 0o700
 SOCKET_PATH_MAX = 107  # sun_path holds 108 bytes, the last one the terminating NUL
@@ -32,8 +30,7 @@ _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
 def safe_component(text: str, limit: int = 80) -> str:
-    """``text`` as one path component: no separator, no leading dot, printable ASCII, at most ``limit``
-    characters. The real id is kept where it matters (the rendezvous, the ``start`` event)."""
+    """``text`` (an id we do not control) as one harmless path component of at most ``limit`` characters."""
     cleaned = _UNSAFE.sub("_", text)[:limit]
     if cleaned.startswith("."):
         cleaned = "_" + cleaned[1:]  # never "." or "..", never hidden
@@ -41,7 +38,6 @@ def safe_component(text: str, limit: int = 80) -> str:
 
 
 def default_base(tmp: str | None = None) -> Path:
-    """This user's base folder for runs without ``--log-dir``."""
     return Path(tmp or tempfile.gettempdir()) / f"mbr-launch-{os.geteuid()}"
 
 
@@ -70,8 +66,8 @@ def private_base(path: Path) -> Path:
 
 
 def checked_log_dir(path: Path) -> Path:
-    """``--log-dir`` (created if missing): a folder the user chose, which may be shared with their team,
-    but not one where anybody can replace our run folder (writable by all, without the sticky bit)."""
+    """``--log-dir`` (created if missing): the user's folder, maybe shared with their team, but not one where anybody
+    can replace our run folder (writable by all, without the sticky bit)."""
     try:
         path.mkdir(parents=True, exist_ok=True)
         st = os.stat(path)
@@ -86,20 +82,16 @@ def checked_log_dir(path: Path) -> Path:
 
 
 def run_folder_name(run_id: str, node: str, *, now: float | None = None) -> str:
-    """``<start time>_<run id>_<6 hex>_<node>``: sorted by name is sorted by start (local time, to the
-    second); the random part keeps two agents of one host that share a log folder apart."""
+    """``<start time>_<run id>_<6 hex>_<node>``: sorted by name is sorted by start; the random part keeps two agents
+    of one host that share a log folder apart."""
     started = time.strftime("%Y%m%d-%H%M%S", time.localtime(time.time() if now is None else now))
     return f"{started}_{safe_component(run_id)}_{uuid.uuid4().hex[:6]}_{safe_component(node)}"
 
 
 def make_run_dir(log_dir: str | None, run_id: str, node: str, *, keep_runs: int = 0,
                  now: float | None = None) -> Path:
-    """A fresh run folder (0700) for this node (``run_folder_name``), always inside the base folder.
-
-    Under the default base (no ``--log-dir``) the run also holds its folder (``runhistory.hold``) while this
-    process lives, points ``<base>/latest`` at it and removes the runs beyond the ``keep_runs`` newest
-    (0 keeps all). A ``--log-dir`` is the user's folder, maybe shared by nodes and read by their own tools
-    (a ``*/events.jsonl`` glob there would find a ``latest`` link twice): only the run folder goes there."""
+    """A fresh run folder (0700) for this node, inside the base folder. Under the default base the run also holds it,
+    points ``<base>/latest`` at it and prunes old runs; a ``--log-dir`` gets the run folder only."""
     base = checked_log_dir(Path(log_dir)) if log_dir else private_base(default_base())
     run_dir = base / run_folder_name(run_id, node, now=now)
     try:
@@ -108,17 +100,15 @@ def make_run_dir(log_dir: str | None, run_id: str, node: str, *, keep_runs: int 
     except OSError as exc:
         raise ConfigError(f"cannot create the run folder {run_dir}: {exc.strerror}") from None
     if not log_dir:
-        runhistory.hold(run_dir)
-        runhistory.point_latest(base, run_dir)
-        runhistory.prune(base, keep=keep_runs, now=now)
+        hold(run_dir)
+        point_latest(base, run_dir)
+        prune(base, keep=keep_runs, now=now)
     return run_dir
 
 
 def make_socket_dir(longest_name: str) -> Path:
-    """A private folder (0700) for the rank monitor's sockets, whose paths must fit in a socket address.
-
-    It goes in the temp dir; a ``TMPDIR`` too long for that falls back to /tmp (a fresh ``mkdtemp``
-    folder is private wherever it is)."""
+    """A private folder (0700) for the rank monitor's sockets, in the temp dir, or in /tmp when ``TMPDIR`` is too
+    long for a socket address."""
     tmp = tempfile.gettempdir()
     tried = []
     for parent in dict.fromkeys((tmp, "/tmp")):
@@ -132,3 +122,92 @@ def make_socket_dir(longest_name: str) -> Path:
             tried.append(f"{parent}: {exc.strerror}")
     raise ConfigError(f"no folder for the rank monitor's sockets (a socket path may have at most "
                       f"{SOCKET_PATH_MAX} bytes): {'; '.join(tried)}; set TMPDIR to a short, writable folder")
+
+
+# A folder with a change more recent than this may belong to a run that has just made it and not yet locked it.
+QUIET_AGE = 300.0
+RUN_FOLDER = re.compile(r"^\d{8}-\d{6}_[A-Za-z0-9._-]*_[0-9a-f]{6}_[A-Za-z0-9._-]+$")
+
+_held: list[int] = []  # the open folders whose locks this process holds until it exits
+
+
+def hold(run_dir: Path) -> None:
+    """Lock ``run_dir`` for as long as this process lives, so that no other run's retention removes it."""
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    except OSError:
+        return  # without the lock the folder is still protected by its recent changes for QUIET_AGE
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return
+    _held.append(fd)
+
+
+def in_use(run_dir: Path) -> bool:
+    try:
+        fd = os.open(run_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return True  # cannot tell: leave it
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True
+    finally:
+        os.close(fd)  # also lets go of the lock just taken
+    return False
+
+
+def point_latest(base: Path, run_dir: Path) -> None:
+    """``<base>/latest`` -> ``run_dir``, replaced atomically (a rename never follows the old link); a ``latest``
+    that is no link is left alone."""
+    temporary = base / f".{LATEST}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        os.symlink(run_dir.name, temporary)
+        current = os.lstat(base / LATEST) if os.path.lexists(base / LATEST) else None
+        if current is None or stat.S_ISLNK(current.st_mode):
+            os.replace(temporary, base / LATEST)
+    except OSError:
+        pass  # a convenience: the run goes on without it
+    finally:
+        try:
+            os.unlink(temporary)
+        except OSError:
+            pass  # renamed: nothing left under the temporary name
+
+
+def runs(base: Path) -> list[Path]:
+    found = []
+    uid = os.geteuid()
+    for entry in os.scandir(base):
+        if not RUN_FOLDER.match(entry.name):
+            continue
+        try:
+            st = entry.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == uid:
+            found.append(Path(entry.path))
+    return sorted(found, key=lambda p: p.name)
+
+
+def prune(base: Path, *, keep: int, now: float | None = None) -> list[Path]:
+    if keep <= 0:
+        return []
+    now = time.time() if now is None else now
+    removed = []
+    try:
+        old = runs(base)[:-keep]
+    except OSError:
+        return []
+    for run_dir in old:
+        try:
+            if now - os.lstat(run_dir).st_mtime < QUIET_AGE or in_use(run_dir):
+                continue
+        except OSError:
+            continue
+        shutil.rmtree(run_dir, ignore_errors=True)
+        if not os.path.lexists(run_dir):
+            removed.append(run_dir)
+    return removed

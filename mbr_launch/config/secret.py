@@ -1,8 +1,7 @@
 """The job's rendezvous secret (``--rdzv-secret-file``): read and checked here, used by ``cluster.storevalue``.
 
-Only the path lives in the launch configuration (which is recorded in run folders); the bytes are read at
-build time to refuse a bad file before anything starts, and once more when the agent starts.
-"""
+Only the path lives in the (recorded) launch configuration; the bytes are read at build time, to refuse a bad
+file before anything starts, and again when the agent starts."""
 
 from __future__ import annotations
 
@@ -20,9 +19,8 @@ class SecretFileError(ValueError):
 
 
 def read_secret(path: str) -> bytes:
-    """The secret in ``path`` (surrounding whitespace dropped). Raises SecretFileError when the file is missing,
-    a link, not a regular file of this user, readable or writable by others (a secret others can read protects
-    nothing), or too short."""
+    """The secret in ``path``, surrounding whitespace dropped; ``SecretFileError`` unless it is a regular file of
+    this user that others cannot read or write, long enough to resist guessing."""
     try:
         fd = open_file(path, SECRET)  # no link followed, no FIFO waited on, a regular file of ours, mode 600
     except OSError as err:
@@ -40,7 +38,6 @@ def read_secret(path: str) -> bytes:
 
 
 def _unusable(path: str, err: OSError) -> SecretFileError:
-    """What to tell of a secret file the open refused (an ``UnsafeFile``) or could not open."""
     rule, st = (err.rule, err.st) if isinstance(err, UnsafeFile) else (None, None)
     if rule is FileRule.OWNER and st is not None:
         return SecretFileError(f"{path} belongs to uid {st.st_uid}, not to this user (uid {os.geteuid()})")

@@ -1,29 +1,19 @@
 """Every launcher setting, declared once.
 
-The CLI options, the environment variables, the config-file keys, the man page, the shell completions
-and the options page (docs/options.md) are all generated from ``SETTINGS``. Precedence when resolving a value:
-command line > environment (``MBR_*`` first, then torchrun's ``PET_*``) > config file > default.
+The CLI options, environment variables, config-file keys, man page, completions and docs/options.md are all
+generated from ``SETTINGS``. Precedence: command line > environment (``MBR_*``, then torchrun's ``PET_*``) >
+config file > default. ``resolve`` is pure (plain mappings in); ``for_workers_nvrx`` then reads the values as
+the workers' NVRx does where ft_launcher's versions disagree.
 
-Resolution is pure: ``resolve(cli, environ, config_file)`` takes plain mappings, so tests need no
-process state. Values are parsed and validated by each setting's ``parse`` function, which raises
-``SettingError`` with a message that names the flag and the bad value. ``for_workers_nvrx`` then reads them as
-the workers' NVRx version does where ft_launcher's versions disagree (defaults, a boolean's words).
-
-The table in three parts, in the order of the help: torchrun's options (every option of
-``torch.distributed.run.get_args_parser()`` in torch 2.13 to 2.15, with its names, default and ``PET_*`` variable;
-``tests/test_flag_parity`` compares them with the installed torch's parser), mbr-launch's own with ft_launcher
-0.4.1's, then ft_launcher 0.6 and 0.7's. Each of ft_launcher's options takes NVRx's spellings and values
-(``declare.ft_setting``, ``declare.nvrx_setting``): those with a meaning here feed ``LaunchConfig.ft`` and
-``LaunchConfig.nvrx``; those without one are in the ``COMPAT`` panel and their help says, in one line, what
-mbr-launch does instead.
-"""
+The table in the order of the help: torchrun's options (``tests/test_flag_parity`` compares them with the
+installed torch's parser), mbr-launch's own with ft_launcher 0.4.1's, then ft_launcher 0.6 and 0.7's. Those of
+ft_launcher's without a meaning here are in the ``COMPAT`` panel, and their help says what happens instead."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from mbr_launch.config import rawvalue
 # The declaration's vocabulary, re-exported: callers import it from here with the table.
 from mbr_launch.config.declare import (CHECKS, COMPAT, FAULT, HEALTH, LOGGING, PANELS, POLICY, SLURM, TORCHRUN,
                                        Setting, default_text, in_panel_order)
@@ -31,8 +21,8 @@ from mbr_launch.config.declare import (CHECKS, COMPAT, FAULT, HEALTH, LOGGING, P
 from mbr_launch.config.declare import (ft_setting as _ft, nvrx_setting as _nvrx, own_setting as _own,
                                        torchrun_setting as _torchrun)
 from mbr_launch.config.errors import SettingError
-from mbr_launch.config.ftparse import (absolute_path, absolute_paths, folded_choice, ft_bool, integer, log_level,
-                                       optional_number, versioned_bool)
+from mbr_launch.config.nvrx import (absolute_path, absolute_paths, folded_choice, ft_bool, integer, log_level,
+                                    optional_number, versioned_bool)
 from mbr_launch.config.parse import (as_bool, choice, comma_list, exit_code_list, fraction, module_list,
                                      non_negative, optional_timeout, positive, section_timeouts, signal_list,
                                      signal_name)
@@ -499,14 +489,69 @@ class Resolved:
         return self.values[name]
 
     def given(self, name: str) -> bool:
-        """Whether the user gave this setting (command line, environment or config file)."""
         return self.sources.get(name, "default") != "default"
+
+
+# ---- a raw value's checks before its parser sees it: where it came from can make it unusable (an empty
+# environment variable, bytes that are not UTF-8 outside file names, a YAML null) ----
+
+# Settings whose values are file names: those may hold any bytes the file system allows.
+_PATH_SETTINGS = frozenset({"log_dir", "config", "pci_topo_file", "link_down_path_template", "link_state_path_template",
+                            "storage_health_check_path", "segment_health_check_dir", "checkpoint_iteration_file",
+                            "per_cycle_applog_prefix", "cycle_info_dir", "nvrx_logfile", "log_server_log_prefix",
+                            "attribution_llm_api_key_file"})
+
+
+def _env_name(setting: Setting, default: str, environ: Mapping[str, str]) -> str | None:
+    for name in setting.envvars:
+        value = environ.get(name)
+        if value is None or (value == "" and default == ""):
+            continue
+        if value == "":
+            raise SettingError(f"{name} is set but empty; unset it or give it a value for {setting.flag} "
+                               f"(default: {default})")
+        return name
+    return None
+
+
+def _pet_switch(setting: Setting, name: str, raw: str) -> str:
+    """torchrun reads a switch's ``PET_`` variable as ``bool(int(value))`` (``PET_STANDALONE=2`` runs standalone);
+    other words are left to the switch's own reading."""
+    if not (name.startswith("PET_") and setting.kind is bool and not setting.valued):
+        return raw
+    try:
+        return "true" if int(raw) else "false"
+    except ValueError:
+        return raw
+
+
+def _check_text(setting: Setting, raw: Any) -> None:
+    """An id, a host or a role must be text: torch's store refuses other bytes deep inside the rendezvous."""
+    if isinstance(raw, str) and setting.name not in _PATH_SETTINGS:
+        try:
+            raw.encode("utf-8")
+        except UnicodeEncodeError:
+            raise SettingError(f"{setting.flag}: the value is not valid UTF-8 text (got {raw!r})") from None
+
+
+def _null_value(setting: Setting, default: str) -> Any:
+    if setting.default is None:
+        return None
+    if setting.parse is not None and getattr(setting.parse, "takes_none", False):
+        return setting.parse(None)
+    raise SettingError(f"{setting.flag}: needs a value, not null (leave the key out for the default, {default!r})")
+
+
+def _source_hint(source: str) -> str:
+    if source.startswith("env:"):
+        return f" (from the environment variable {source[4:]})"
+    return " (from the config file)" if source == "config" else ""
 
 
 def parse_value(setting: Setting, raw: Any) -> Any:
     if raw is None:
-        return rawvalue.null_value(setting, default_text(setting))
-    rawvalue.check_text(setting, raw)
+        return _null_value(setting, default_text(setting))
+    _check_text(setting, raw)
     if setting.kind is bool:
         try:
             return setting.parse(raw) if setting.parse else as_bool(raw)
@@ -523,7 +568,6 @@ def parse_value(setting: Setting, raw: Any) -> Any:
 
 
 def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Mapping[str, Any]) -> Resolved:
-    """Pick each setting's value by precedence and parse it."""
     values: dict[str, Any] = {}
     sources: dict[str, str] = {}
     given: dict[str, Any] = {}
@@ -531,15 +575,15 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
         raw, source = setting.default, "default"
         if cli.get(setting.name) is not None:
             raw, source = cli[setting.name], "cli"
-        elif (env_name := rawvalue.env_name(setting, default_text(setting), environ)):
-            raw, source = rawvalue.pet_switch(setting, env_name, environ[env_name]), f"env:{env_name}"
+        elif (env_name := _env_name(setting, default_text(setting), environ)):
+            raw, source = _pet_switch(setting, env_name, environ[env_name]), f"env:{env_name}"
         elif setting.name in config_file:
             raw, source = config_file[setting.name], "config"
         try:
             values[setting.name] = raw if source == "default" and not isinstance(raw, str) \
                 else parse_value(setting, raw)
         except SettingError as err:
-            raise SettingError(f"{err}{rawvalue.source_hint(source)}") from None
+            raise SettingError(f"{err}{_source_hint(source)}") from None
         sources[setting.name] = source
         if source != "default":
             given[setting.name] = raw
@@ -547,9 +591,8 @@ def resolve(cli: Mapping[str, Any], environ: Mapping[str, str], config_file: Map
 
 
 def for_workers_nvrx(resolved: Resolved, generation: str | None) -> Resolved:
-    """``resolved`` as the workers' NVRx line ``generation`` reads it (None: no NVRx): that line's defaults for
-    the settings left at their default (``Setting.nvrx_defaults``), and its reading of a value whose meaning
-    changed between lines (``ftparse.versioned_bool``)."""
+    """``resolved`` as the workers' NVRx line ``generation`` reads it (None: no NVRx): that line's defaults for the
+    settings left at their default, and its reading of a value whose meaning changed between lines."""
     values = dict(resolved.values)
     for setting in SETTINGS:
         if not resolved.given(setting.name):

@@ -1,24 +1,13 @@
 """The Slurm environment as a typed adapter over a table of variables.
 
-Pure: reads a mapping (normally ``os.environ``), never the process environment itself, and runs no
-commands, so every behaviour is testable from a dict. The launcher asks :class:`SlurmEnv` only for the
-values the user left at their defaults; explicit CLI flags always win.
-
-Facts this module relies on, checked on Slurm 22.05 (see tests/test_slurm_cluster.py):
-
-- An srun task sees ``SLURM_STEP_ID``/``SLURM_STEPID`` and the step's own ``SLURM_STEP_NODELIST``,
-  ``SLURM_STEP_NUM_NODES``, ``SLURM_STEP_TASKS_PER_NODE``; the batch script (step "batch") sees neither
-  ``SLURM_STEP_ID`` nor any ``SLURM_STEP_*``, only the job's values.
-- ``SLURM_RESTART_COUNT`` is absent until the job is requeued, then counts requeues (1, 2, ...);
-  the job id stays the same across a requeue.
-- srun exports nothing that reflects ``--kill-on-bad-exit``/``-K``. ``SLURM_KILL_BAD_EXIT`` is an
-  *input* variable of srun: when the user exported it, srun obeys it and the tasks inherit it, so it is
-  the only hint visible from inside a task. Otherwise the setting is unknown (slurm.conf's
-  ``KillOnBadExit`` default 0 applies unless the srun command line said otherwise).
-"""
+Pure: reads a mapping, runs no commands, so every behaviour is testable from a dict. The launcher asks
+``SlurmEnv`` only for the values the user left at their defaults. The Slurm facts it relies on are listed in
+docs/slurm.md, "What mbr-launch reads from Slurm"."""
 
 from __future__ import annotations
 
+import itertools
+import math
 import re
 import zlib
 from collections.abc import Callable, Mapping
@@ -40,7 +29,6 @@ class SlurmError(Exception):
 
 
 def _split_top_level(s: str) -> list[str]:
-    """Split on commas and whitespace that are outside brackets (Slurm's token separators)."""
     tokens: list[str] = []
     depth = 0
     cur: list[str] = []
@@ -87,36 +75,19 @@ def _expand_token(tok: str, whole: str) -> list[str]:
     if not groups:
         return [tok]
     values = [_expand_ranges(g, whole) for g in groups]
-    total = 1
-    for v in values:
-        total *= len(v)
-    if total > _MAX_HOSTS:
+    if math.prod(len(v) for v in values) > _MAX_HOSTS:
         raise SlurmError(f"node list {whole!r} expands to more than {_MAX_HOSTS} hosts")
     # Slurm's order (hostlist.c _push_range_list): the last group varies fastest; the other groups
     # nest from the second-to-last (outermost) down to the first. For two groups that is plain
     # row-major order; for a[1-2]b[1-2]c[1-2] it is a1b1c1 a1b1c2 a2b1c1 a2b1c2 a1b2c1 ...
-    order = list(range(len(groups) - 2, -1, -1)) + [len(groups) - 1]
-    names: list[str] = []
-
-    def build(level: int, chosen: dict[int, str]) -> None:
-        if level == len(order):
-            names.append("".join(lit + chosen.get(i, "") for i, lit in enumerate(literals)))
-            return
-        g = order[level]
-        for v in values[g]:
-            chosen[g] = v
-            build(level + 1, chosen)
-
-    build(0, {})
-    return names
+    order = [*range(len(groups) - 2, -1, -1), len(groups) - 1]
+    chosen = (dict(zip(order, combo)) for combo in itertools.product(*(values[g] for g in order)))
+    return ["".join(lit + picked.get(i, "") for i, lit in enumerate(literals)) for picked in chosen]
 
 
 def parse_nodelist(s: str) -> list[str]:
-    """Expand a Slurm node list (``gpu-a[01-03,07],gpu-b12``) into host names, in Slurm's order.
-
-    Agrees with ``scontrol show hostnames`` on well-formed input; where scontrol guesses at malformed
-    input (``gpu[01-``, ``n[[1-2]``, ``n[1-]``) this raises :class:`SlurmError` quoting the input.
-    """
+    """Expand a Slurm node list (``gpu-a[01-03,07],gpu-b12``) into host names, in Slurm's order: as
+    ``scontrol show hostnames`` on well-formed input; malformed input, which scontrol guesses at, raises."""
     if not s or not s.strip():
         raise SlurmError(f"empty node list {s!r}: expected something like 'n[1-4]' or 'gpu01,gpu02'")
     if s.count("[") != s.count("]"):
@@ -192,14 +163,9 @@ def _nonneg_int(value: str) -> int:
     return n
 
 
-def _flag(value: str) -> bool:
-    # srun reads this variable as an integer, any non-zero value meaning "kill".
-    return int(value) != 0
-
-
 @dataclass(frozen=True)
 class SlurmEnv:
-    """What Slurm tells this process about its job and step. Build it with :meth:`from_environ`."""
+    """What Slurm tells this process about its job and step."""
 
     job_id: str
     step_id: str | None  # None in the batch script and in an salloc shell: not inside an srun step
@@ -216,12 +182,10 @@ class SlurmEnv:
 
     @property
     def in_step(self) -> bool:
-        """True inside an srun step, where exactly one process per task runs."""
         return self.step_id is not None
 
     @classmethod
     def from_environ(cls, env: Mapping[str, str]) -> SlurmEnv | None:
-        """Read ``env``; None when this process is not part of a Slurm job (no job id)."""
         found = _lookup(env, "job_id")
         if found is None:
             return None
@@ -249,7 +213,7 @@ class SlurmEnv:
             nodelist=tuple(nodes), num_nodes=num_nodes, node_id=node_id, proc_id=_read(env, "proc_id", _nonneg_int),
             tasks_per_node=tasks, ntasks=_read(env, "ntasks", _nonneg_int),
             restart_count=_read(env, "restart_count", _nonneg_int) or 0, hostname=_read(env, "hostname", str),
-            kill_on_bad_exit=_read(env, "kill_on_bad_exit", _flag),
+            kill_on_bad_exit=_read(env, "kill_on_bad_exit", lambda value: int(value) != 0),  # srun's reading
         )
 
     # ---- derivations the launcher uses for values the user left at default -------------------------
@@ -258,34 +222,28 @@ class SlurmEnv:
         return self.num_nodes
 
     def node_rank(self) -> int:
-        """SLURM_NODEID: 0..nnodes-1 within the step; fixed for the life of the step."""
         if self.node_id is None:
             raise SlurmError("SLURM_NODEID is not set: run mbr-launch under srun, or pass --node-rank")
         return self.node_id
 
     def rdzv_endpoint(self, port: int) -> str:
-        """The first node of the step hosts the rendezvous store: every node computes the same name."""
+        """The step's first node hosts the rendezvous store: every node computes the same name."""
         if not 0 < port < 65536:
             raise SlurmError(f"rendezvous port {port} is outside 1..65535")
         return f"{self.nodelist[0]}:{port}"
 
     def rdzv_port(self) -> int:
-        """A port every node computes alike, different for other jobs, steps and requeues (which may share
-        the first node), in 20000..39999."""
+        """A port in 20000..39999 every node computes alike, different for other jobs, steps and requeues."""
         key = f"{self.job_id}.{self.step_id}.{self.restart_count}".encode()
         return 20000 + zlib.crc32(key) % 20000
 
     def run_id(self) -> str:
-        """Unique per job, step and requeue, and equal on every node of one step.
-
-        The step id separates two sruns in one job; the restart count separates requeues, which keep
-        the job id, so a requeued job never joins rendezvous state left by its previous life.
-        """
+        """Unique per job, step and requeue (a requeue keeps the job id), and equal on every node of one step, so a
+        requeued job never joins rendezvous state left by its previous life."""
         step = self.step_id if self.step_id is not None else "batch"
         return f"slurm-{self.job_id}-{step}-r{self.restart_count}"
 
     def tasks_on_this_node(self) -> int | None:
-        """How many tasks of this step run on this node; None when Slurm did not say."""
         if not self.tasks_per_node or self.node_id is None:
             return None
         return self.tasks_per_node[self.node_id]
@@ -298,32 +256,24 @@ class SlurmEnv:
         return "this node"
 
     def check_one_launcher_per_node(self) -> str | None:
-        """An error message when this step does not run exactly one mbr-launch on every node."""
         if not self.in_step:
             if self.num_nodes > 1:
                 # A batch script (or salloc shell) runs once: the other nodes would never join.
-                return (
-                    f"mbr-launch is running outside an srun step (in the batch script or salloc shell) of a "
-                    f"{self.num_nodes}-node job, so only {self._this_node()} runs it; start it on every node with "
-                    "`srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...`"
-                )
+                return (f"mbr-launch is running outside an srun step (in the batch script or salloc shell) of a "
+                        f"{self.num_nodes}-node job, so only {self._this_node()} runs it; start it on every node "
+                        "with `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...`")
             return None
         n = self.tasks_on_this_node()
         if n is not None and n > 1:
-            return (
-                f"mbr-launch must run once per node: this step runs {n} tasks on node {self._this_node()}; "
-                "use `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...` (inside an sbatch job "
-                "with --ntasks-per-node>1, srun inherits SLURM_NTASKS and ignores --ntasks-per-node=1 "
-                "unless --ntasks is given too); mbr-launch starts one worker per GPU itself (--nproc-per-node)"
-            )
+            return (f"mbr-launch must run once per node: this step runs {n} tasks on node {self._this_node()}; "
+                    "use `srun --ntasks-per-node=1 --ntasks=$SLURM_NNODES mbr-launch ...` (inside an sbatch job "
+                    "with --ntasks-per-node>1, srun inherits SLURM_NTASKS and ignores --ntasks-per-node=1 "
+                    "unless --ntasks is given too); mbr-launch starts one worker per GPU itself (--nproc-per-node)")
         return None
 
     def kill_on_bad_exit_warning(self) -> str | None:
-        """A warning when srun will kill every node's launcher as soon as one exits non-zero."""
         if self.kill_on_bad_exit:
-            return (
-                "SLURM_KILL_BAD_EXIT=1: when mbr-launch on one node exits with an error (for example after "
-                "its node is excluded), srun kills the launchers on all other nodes, so the job cannot carry "
-                "on without that node; use `srun --kill-on-bad-exit=0` to let mbr-launch decide"
-            )
+            return ("SLURM_KILL_BAD_EXIT=1: when mbr-launch on one node exits with an error (for example after "
+                    "its node is excluded), srun kills the launchers on all other nodes, so the job cannot carry "
+                    "on without that node; use `srun --kill-on-bad-exit=0` to let mbr-launch decide")
         return None

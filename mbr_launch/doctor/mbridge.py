@@ -22,8 +22,7 @@ from typing import Any, Literal
 
 from mbr_launch.config.errors import ConfigError
 from mbr_launch.config.files import (BRIDGE_IGNORED_KEYS, BRIDGE_LOOSE_SECTIONS, BRIDGE_OTHER_SECTIONS,
-                                     BRIDGE_STRICT_SECTIONS, OWN_SECTIONS, find_fault_tolerance)
-from mbr_launch.config.yamlfile import read_yaml
+                                     BRIDGE_STRICT_SECTIONS, OWN_SECTIONS, find_fault_tolerance, read_yaml)
 
 
 class BridgeConfigError(Exception):

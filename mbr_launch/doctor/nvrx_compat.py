@@ -12,9 +12,8 @@ import dataclasses
 
 from packaging.version import Version
 
-from mbr_launch.config.ftparse import unclear
 from mbr_launch.config.nvrx import (CLIENT_FIELDS_SINCE_06, GENERATIONS, NAMES, NEWEST, REMOVED_VALUES, release,
-                                   removed_spelling)
+                                   removed_spelling, unclear)
 from mbr_launch.config.settings import BY_FLAG, BY_NAME, SETTINGS, default_text
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.inprocess import version_or_none

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from mbr_launch.cli.options import option_help
+from mbr_launch.cli.helptext import option_help
 from mbr_launch.config.settings import Setting
 from mbr_launch.report import exitcodes
 
