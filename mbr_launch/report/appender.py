@@ -1,9 +1,7 @@
 """Whole lines appended to a log file that may fill up or fail: never a half line, never an exception.
 
-A full disk (ENOSPC, EDQUOT), an I/O error (EIO) or any other write failure must not stop a job or
-its supervisor: the appender rolls the file back to the end of its last complete line, gives the file up
-and from then on counts what it could not write. The caller decides what else to do with the lines (the
-console) and reports the loss once.
+On a full disk or an I/O error the appender rolls the file back to the end of its last complete line, gives
+the file up and from then on counts what it could not write; the caller reports the loss once.
 """
 
 from __future__ import annotations
@@ -19,11 +17,8 @@ Writer = Callable[[int, memoryview], int]
 
 
 class LineAppender:
-    """Appends chunks of whole lines to ``path``; ``append`` returns False once the file is given up.
-
-    Only this object writes the file (``O_APPEND``, one process), so the size after each complete write is
-    the rollback point of the next. ``fresh``: the file must not exist yet (in a folder just made, one that
-    does was planted). ``write`` is injectable to test failures that a real file system gives rarely (EIO)."""
+    """Appends chunks of whole lines to ``path``; ``append`` returns False once the file is given up. Only
+    this object writes the file, so the size after each complete write is the rollback point of the next."""
 
     def __init__(self, path: Path, *, fresh: bool = False, write: Writer = os.write) -> None:
         self.path = path

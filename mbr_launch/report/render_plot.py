@@ -1,15 +1,9 @@
 """The run's timeline as a standalone SVG or HTML file, drawn with matplotlib (the optional ``report`` extra).
 
-The same model and the same colours as the terminal: one bar per node, a segment per span (each an SVG
-element with the id ``segment-<kind>-<node>-<n>``, so tools and tests can find them), a line per failure
-(``failure-<n>``) and per round. The HTML page is the SVG inline plus the report's text: one file, nothing
-fetched from elsewhere. matplotlib is imported only here, and only when a file is asked for.
-
-Every text that comes from the run (node names, a failure's cause, the run id) is drawn with
-``parse_math=False`` and with ``text.usetex`` off whatever the user's matplotlibrc says: a ``$`` in a name
-would otherwise be math mode (an unmatched one raises, a matched one draws something else than the log
-says), and usetex would hand the text to LaTeX. XML escaping is matplotlib's (``svg.fonttype: none`` keeps
-text as text).
+The same model and colours as the terminal; each segment an SVG element with the id
+``segment-<kind>-<node>-<n>`` (and ``failure-<n>``, ``round-<n>``) so tools and tests can find them. Text from
+the run is drawn with ``parse_math=False`` and ``text.usetex`` off: a ``$`` in a name would be math mode (an
+unmatched one raises), and usetex would hand it to LaTeX.
 """
 
 from __future__ import annotations

@@ -1,12 +1,9 @@
 """The run report in the terminal: what happened per round and per failure, then the timeline (one row per
-node, one character cell per slice of time, as wide as the terminal), its legend, and each node's goodput.
+node, one character cell per slice of time), its legend, and each node's goodput.
 
-Each kind of segment has its own character as well as its own colour, so the drawing still reads where
-colour is off (a pipe, ``NO_COLOR``, a log file).
-
-Text from the run (names, reasons, details) arrives visible already (``events.report_record``); the paths of
-the logs, which are file names anyone sharing the log folder chose, are made visible here. Nothing is read as
-markup or emoji codes: a ``[bold]`` or ``:smile:`` in a reason is printed as written.
+Each kind of segment has its own character as well as colour, so the drawing reads without colour. Text from
+the run arrives visible (``events.report_record``), log paths are made visible here, and nothing is read as
+markup or emoji codes.
 """
 
 from __future__ import annotations
@@ -111,10 +108,8 @@ def timeline_rows(run: RunTimeline, width: int) -> list[Text]:
 
 
 def _kind_at(lane: Lane, ends: list[float], start: float, end: float) -> str | None:
-    """The kind that covers most of [start, end); a failure's short detection or lost work wins a tie.
-
-    A lane's segments lie end to end in time order (``ends``: theirs), so only those within the cell are
-    looked at: a log of many attempts costs its segments once, not once per cell."""
+    """The kind that covers most of [start, end); the segments lie end to end, so only those in the cell are
+    looked at."""
     best, best_overlap = None, 0.0
     segments, i = lane.segments, bisect_right(ends, start)
     while i < len(segments) and segments[i].start < end:
@@ -126,7 +121,6 @@ def _kind_at(lane: Lane, ends: list[float], start: float, end: float) -> str | N
 
 
 def _marks(run: RunTimeline, cells: int, step: float) -> Text:
-    """A row of failure numbers under the lanes, each at the time its failure was recorded."""
     row = [" "] * cells
     for f in run.failures:
         mark = f"^{f.number}"

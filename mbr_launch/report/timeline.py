@@ -1,11 +1,8 @@
 """The run report's model: one run, per node and per round, on one time axis. Pure: records in, values out.
 
-Each node's log counts ``t`` from its own launch; the nodes are put on one axis by their ``start`` events'
-wall-clock ``ts`` (seconds since the earliest node's launch). A node's lane is goodput's spans (start-up,
-training, lost work, detection, restart, other), so the drawing and the summary's numbers are the same
-accounting. A node that never saw an optimizer step has no training to tell apart: its attempts are drawn
-as ``running`` (workers alive, no step seen), from the ``progress`` records or, without those (no rank
-monitor), from its workers' start and exit.
+Nodes are put on one axis by their ``start`` events' wall-clock ``ts``. A node's lane is goodput's spans, so
+the drawing and the summary are the same accounting; a node that never saw an optimizer step has its attempts
+drawn as ``running``, from the ``progress`` records or else from its workers' start and exit.
 """
 
 from __future__ import annotations
@@ -181,14 +178,12 @@ def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[
 
 
 def _take(costs: dict[Any, list[FailureCost]], rnd: Any) -> FailureCost | None:
-    """The goodput record of a failure in round ``rnd`` (each used once: several ranks may fail in one)."""
     left = costs.get(rnd)
     return left.pop() if left else None
 
 
 def _rounds(seen: dict[Any, list[tuple[float, dict[str, Any]]]], failures: list[Failure],
             records: list[dict[str, Any]], worst: Lane | None) -> list[RoundRow]:
-    # by round, once (a log of many rounds must not be read once per round)
     restarts: dict[Any, dict[str, Any]] = {}
     for r in records:
         if r["event"] == "restart":

@@ -1,11 +1,10 @@
 """Which mbr-launch this is, and on which torch, NVRx and Python: for ``--version``, the doctor and the
 ``start`` event, so a bug report (exit code 4) says what ran.
 
-Read from the installed packages' metadata, never by importing them: ``--version`` must stay instant and
-must work when torch itself is broken. The metadata folder pip writes (``NAME-VERSION.dist-info``) is read
-directly, as ``importlib.metadata`` would find it (the first on ``sys.path``): 0.4 ms a lookup where
-``importlib.metadata.version`` takes 2 ms, and an agent looks up torch and NVRx before its ranks start (the
-preflight, the start event). Anything else (an egg, a zip, a custom finder) goes through importlib.metadata.
+Read from the installed packages' metadata, never by importing them: ``--version`` must stay instant and work
+when torch itself is broken. pip's ``*.dist-info`` folder is read directly, as ``importlib.metadata`` would
+find it but faster (an agent looks up torch and NVRx before its ranks start); anything else goes through
+importlib.metadata.
 """
 
 from __future__ import annotations
