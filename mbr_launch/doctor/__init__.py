@@ -30,10 +30,7 @@ def run_doctor(
     ctx: DoctorContext, *, deep: bool, as_json: bool, skip: Iterable[str] = frozenset(), console: Console | None = None,
     verbose: bool = False,
 ) -> int:
-    """Run the checks (all of them with ``deep``, else the cheap ones), print, return the exit code.
-
-    The text report groups the checks by area and folds the skipped ones into a line per area unless
-    ``verbose``; it starts with the versions, as the JSON holds them, for bug reports."""
+    """Run the checks (all with ``deep``, else the cheap ones), print them, return the exit code."""
     from mbr_launch.report.version import version_line  # noqa: PLC0415
 
     results = run_checks(ctx, only_cheap=not deep, skip=set(skip))
@@ -46,8 +43,7 @@ def run_doctor(
 
 def preflight(ctx: DoctorContext, *, skip: Iterable[str] = frozenset(), console: Console | None = None,
               quiet: bool = False) -> bool:
-    """The launcher's gate: run the cheap checks, print each error with its fix and the warnings as one
-    line (`mbr-launch doctor` has the details), True to go on."""
+    """The launcher's gate: run the cheap checks, print the problems, True to go on."""
     results = run_checks(ctx, only_cheap=True, skip=set(skip))
     render_problems(results, console, quiet=quiet)
     return exit_code(results) < 2

@@ -1,12 +1,8 @@
 """``--deep`` without a GPU: a real gloo all-reduce across a few local processes, so a CPU machine (or a
-login node) still proves that torch.distributed can form a group over TCP and sum correctly, and says how
-long that took.
+login node) still proves that torch.distributed can form a group over TCP and sum correctly.
 
-Each rank is a fresh ``python -m mbr_launch.doctor.deep_cpu --rank R ...`` subprocess (not
-multiprocessing: the parent may be ``python -m mbr_launch``, whose ``__main__`` a spawned child would run
-again). Each prints one JSON line; the parent waits up to the timeout and kills what is left.
-
-Run alone: ``python -m mbr_launch.doctor.deep_cpu`` prints the JSON report.
+Each rank is a fresh ``python -m mbr_launch.doctor.deep_cpu --rank R`` subprocess, not multiprocessing: the
+parent may be ``python -m mbr_launch``, whose ``__main__`` a spawned child would run again.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
 """GPUs through NVML: how many the job may use vs --nproc-per-node, memory health, recovery actions, and
-processes of others on the job's GPUs (named at launch too).
-
-NVML sees every GPU on the host regardless of CUDA_VISIBLE_DEVICES, so the count honours that variable.
+processes of others on the job's GPUs. NVML ignores CUDA_VISIBLE_DEVICES: the count honours it.
 """
 
 from __future__ import annotations
@@ -89,9 +87,8 @@ def recovery(view: NvmlView, ctx: DoctorContext) -> Finding:
 
 @check("gpu.strangers", "Processes of others on the job's GPUs", named=True)
 def strangers(ctx: DoctorContext) -> Finding:
-    """Another job's process (a worker an earlier run left behind, still spinning) takes memory and compute
-    from this one, and ft_launcher's reclaim wait waits for it in vain: name it (pid, user, command, memory)
-    before the launch. The workers' GPUs: the first --nproc-per-node of CUDA_VISIBLE_DEVICES."""
+    """Name another job's processes on the workers' GPUs (a worker an earlier run left spinning) before the
+    launch: they take memory and compute, and a reclaim wait waits for them in vain."""
     nproc = ctx.nproc_per_node.strip().lower()
     if nproc == "cpu":
         return ok("--nproc-per-node cpu: workers do not use GPUs")

@@ -1,7 +1,5 @@
 """Who launches the job, and how: torchrun vs a fault-tolerant launcher, srun's kill-on-bad-exit,
 launchers per node, and the ``GROUP_RANK`` NVRx uses as the infrastructure (node) rank off Slurm.
-
-Slurm facts come straight from the step's environment (SLURM_STEP_ID, SLURM_STEP_TASKS_PER_NODE, ...).
 """
 
 from __future__ import annotations
@@ -103,8 +101,7 @@ def _neighbours(ctx: DoctorContext) -> Finding:
     if not found:
         scope = "these GPUs or this rendezvous" if has_gpus else "this rendezvous"
         return ok(f"no other launch of yours on this host uses {scope}{aside}")
-    # Another launch's command line, as its /proc says: without its secrets (doctor's output gets pasted into
-    # issues) and without control characters (the process chose its own title).
+    # Without secrets (doctor's output gets pasted into issues) or control characters (the process chose them).
     listed = "; ".join(f"pid {c.process.pid} {c.why}: {one_line(shown_argv(c.process.argv)[:100])}" for c in found[:3])
     pids = " ".join(str(c.process.pid) for c in found)
     gpu_fix = "give each job its own GPUs (CUDA_VISIBLE_DEVICES=...) or " if any("GPU" in c.why for c in found) else ""

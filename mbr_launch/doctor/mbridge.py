@@ -1,14 +1,9 @@
 """Strict loader for the resiliency settings of a Megatron-Bridge style YAML config.
 
-Field names, types and defaults follow ``megatron/bridge/training/config.py`` (``FaultToleranceConfig``,
-``NVRxStragglerDetectionConfig``, ``StragglerDetectionConfig``, ``InProcessRestartConfig``,
-``RerunStateMachineConfig``) and the resiliency fields of its ``checkpoint``, ``train`` and ``dist``
-sections. A misspelt key is the classic silent failure (``ft.enable_ft_pakage: true`` leaves fault
-tolerance off), so every key we do not know is named with its path, and a near miss gets a suggestion.
-
-The resiliency sections are checked strictly (an unknown key is an error). ``train``, ``checkpoint`` and
-``dist`` carry dozens of unrelated training fields, so there an unknown key is an error only when it is
-a near miss of a resiliency field, and otherwise named at info level as "not checked".
+Field names, types and defaults follow ``megatron/bridge/training/config.py``. A misspelt key is the classic
+silent failure (``ft.enable_ft_pakage: true`` leaves fault tolerance off): in the resiliency sections an
+unknown key is an error; in ``train``, ``checkpoint`` and ``dist``, which carry dozens of unrelated fields,
+only a near miss of a resiliency field is, and other keys are named at info level as "not checked".
 """
 
 from __future__ import annotations
@@ -155,8 +150,7 @@ _STRICT: dict[str, type] = {
 _LOOSE: dict[str, type] = {"checkpoint": Checkpoint, "train": Train, "dist": Dist}
 # The section names are declared in config.files (its loader must accept them); the types above must match.
 assert frozenset(_STRICT) == BRIDGE_STRICT_SECTIONS and frozenset(_LOOSE) == BRIDGE_LOOSE_SECTIONS
-# Known, not about resiliency, so not inspected; plus mbr-launch's own sections of the same file (checked by
-# mbr_launch.config.files).
+# Not about resiliency, so not inspected; plus our own sections of the file (checked by config.files).
 _OTHER_SECTIONS = BRIDGE_OTHER_SECTIONS | OWN_SECTIONS
 _TYPES: dict[str, tuple[type, ...]] = {
     "bool": (bool,),

@@ -1,11 +1,7 @@
 """Which other launcher processes on this host can get in this job's way (``launcher.per_node``).
 
-Only this user's real launches count: another user's job has its GPUs from the scheduler and is none of
-this launch's business, and a ``ft_launcher --help`` or an ``mbr-launch doctor`` starts nothing. Of
-those, a launcher conflicts when it uses the same rendezvous endpoint (a second agent of the same job on
-this node, or a port clash), or, on a host with GPUs, when it can use the same GPUs (overlapping
-CUDA_VISIBLE_DEVICES; unset means all of them). Without GPUs, processes share CPUs as they always do:
-only the rendezvous matters.
+Only this user's real launches count (not another user's job, nor a ``--help`` or ``doctor``); one conflicts
+when it uses the same rendezvous endpoint, or, on a host with GPUs, GPUs that overlap.
 """
 
 from __future__ import annotations

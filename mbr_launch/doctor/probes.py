@@ -1,8 +1,7 @@
 """Real probes of the machine, each a plain function the context holds as an injectable callable.
 
-Checks never call these directly: they read ``ctx.<probe>()`` so tests can substitute the machine's view
-(a GPU that reports a pending reset, a 64 MiB /dev/shm) while the defaults exercise the real host.
-Every probe is cheap, bounded in time, and returns data rather than raising where it can.
+Checks read ``ctx.<probe>()`` so tests can substitute the machine's view. Every probe is cheap, bounded in
+time, and returns data rather than raising where it can.
 """
 
 from __future__ import annotations
@@ -125,9 +124,8 @@ def resolve(host: str) -> list[str]:
 
 
 def reverse_lookup_seconds(address: str, cap: float) -> float | None:
-    """Seconds a reverse DNS lookup of ``address`` takes (what torch's c10d sockets do for every new store
-    connection, on the store host's server thread too; pytorch#159007), up to ``cap``: None when it had not
-    returned by then (it is left to finish in a daemon thread)."""
+    """Seconds a reverse DNS lookup of ``address`` takes, up to ``cap``: None when it had not returned by then
+    (it is left to finish in a daemon thread)."""
     import threading  # noqa: PLC0415
 
     done = threading.Event()
@@ -145,10 +143,8 @@ def reverse_lookup_seconds(address: str, cap: float) -> float | None:
 
 
 def local_addresses() -> set[str]:
-    """This host's addresses (in this network namespace): the kernel's local IPv4 addresses (``/32 host
-    LOCAL`` in /proc/net/fib_trie) and its IPv6 ones (/proc/net/if_inet6), read directly: every agent asks
-    before its ranks start, and importing psutil for it cost each one ~8 ms of CPU. Through psutil where
-    /proc/net does not say."""
+    """This host's addresses, from /proc/net (cheaper than importing psutil, which every agent would pay before
+    its ranks start); through psutil where /proc/net does not say."""
     addrs = {"127.0.0.1", "::1"}
     try:
         with open("/proc/net/fib_trie") as f:

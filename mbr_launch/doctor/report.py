@@ -67,8 +67,7 @@ def grouped(results: Sequence[CheckResult]) -> list[tuple[str, list[CheckResult]
 
 
 def render_lines(results: Sequence[CheckResult], *, width: int, verbose: bool) -> list[tuple[str, str]]:
-    """(style, text) lines of the doctor's report: grouped by area, each check's finding and fix wrapped
-    to ``width``; the skipped checks of an area folded into one line unless ``verbose``."""
+    """(style, text) lines of the report by area, wrapped to ``width``; skips folded into a line unless ``verbose``."""
     out: list[tuple[str, str]] = []
     for name, members in grouped(results):
         out.append(("bold", name))
@@ -94,7 +93,6 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
 
 def render_table(results: Sequence[CheckResult], console: Console, *, verbose: bool = False,
                  title: str = "") -> None:
-    """The doctor's report for people (the name is kept for callers): see ``render_lines``."""
     from rich.markup import escape  # noqa: PLC0415
 
     width = min(console.width, 120)
@@ -109,8 +107,7 @@ def render_table(results: Sequence[CheckResult], console: Console, *, verbose: b
 
 
 def preflight_line(results: Sequence[CheckResult]) -> str | None:
-    """The launcher's lines for warnings, or None when there are none: one for each warning of a check that
-    asks to be named at launch (``check(..., named=True)``), then one that counts the rest."""
+    """The launcher's lines for warnings, or None: each warning of a ``named`` check, then a count of the rest."""
     warned = [r for r in results if r.severity == "warn" and not r.named]
     named = [f"WARNING: {r.id}: {r.saw}" + (f" (fix: {r.fix})" if r.fix else "")
              for r in results if r.severity == "warn" and r.named]
@@ -121,10 +118,8 @@ def preflight_line(results: Sequence[CheckResult]) -> str | None:
 
 
 def render_problems(results: Sequence[CheckResult], console: Console | None = None, *, quiet: bool = False) -> None:
-    """What the launcher prints before starting: every error in full, with its fix (they stop the launch);
-    warnings as one line pointing at the doctor (none with ``quiet``). ``console`` defaults to stderr; rich
-    is imported only for errors: a warnings-only line is plain text, written as it is. Importing rich costs
-    an agent about 20 ms of CPU before its ranks start, which 32 agents on a 2-core machine pay 32 times."""
+    """What the launcher prints before starting: every error in full with its fix, warnings as one line (none
+    with ``quiet``). rich is imported only for errors: every agent would pay for it before its ranks start."""
     errors = [r for r in results if r.severity == "error"]
     line = None if quiet else preflight_line(results)
     if not errors and not line:
