@@ -1,7 +1,7 @@
 """Run the registered checks: ``run_checks(ctx, only_cheap=..., skip=...)``.
 
-Importing the check modules fills the registry; their import order is the report order. A check that
-raises becomes an ``error`` result naming the exception: the doctor must report, never crash.
+Importing the check modules fills the registry in report order. A check that raises becomes an ``error``
+result naming the exception: the doctor must report, never crash.
 """
 
 from __future__ import annotations
@@ -9,8 +9,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable
 
-from mbr_launch.doctor import (bridge_checks, gpu, host, inprocess, internals, ipr_launcher, launcher,  # noqa: F401
-                               nvrx_compat, torch_range)
+from mbr_launch.doctor import bridge_checks, gpu, host, inprocess, ipr_launcher, launcher, nvrx_compat  # noqa: F401
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import REGISTRY, CheckResult, DoctorError, Finding, check
 
@@ -39,8 +38,7 @@ def check_skip(skip: Iterable[str]) -> None:
 
 
 def run_checks(ctx: DoctorContext, *, only_cheap: bool = True, skip: Iterable[str] = frozenset()) -> list[CheckResult]:
-    """The cheap checks, and with ``only_cheap=False`` the deep ones too (they start processes and take
-    seconds, so only when asked for: ``doctor --deep``)."""
+    """The cheap checks, and with ``only_cheap=False`` the deep ones too (they start processes)."""
     skip = set(skip)
     check_skip(skip)
     results: list[CheckResult] = []

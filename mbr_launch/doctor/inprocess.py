@@ -1,5 +1,6 @@
-"""In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, and the
-torch / NCCL versions these features need (the NVRx version: ``nvrx_compat``).
+"""In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, the
+torch / NCCL versions these features need (the NVRx version: ``nvrx_compat``), and the torch internals that
+the restart speed-ups patch (without them a launch works, only restarts slower: ``cluster.torch_internals``).
 
 Each of these fails silently at run time: without ``NCCL_NVLS_ENABLE=0`` the restarted communicator
 hangs, and a watchdog shorter than ``hard_timeout`` kills the process before NVRx can recover it.
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
+from mbr_launch.cluster.torch_internals import lost_line
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import Finding, check, check_with, error, ok, skip, warn
 
@@ -167,3 +169,18 @@ def nccl_version(ctx: DoctorContext) -> Finding:
         return error(f"{saw}: NCCL {IPR_BAD_NCCL[0]} to {IPR_BAD_NCCL[1]} segfault during in-process restart",
                      "pip install 'nvidia-nccl-cu12>=2.28.9' (or a 2.27.x), or turn in-process restart off")
     return ok(saw + " (meets in-process restart requirements)")
+
+
+@check("versions.torch_internals", "torch's private rendezvous parts that the restart speed-ups patch")
+def torch_internals(ctx: DoctorContext) -> Finding:
+    if ctx.rdzv_backend != "c10d":
+        return skip(f"the {ctx.rdzv_backend} rendezvous patches none of them")
+    version = ctx.versions().torch
+    if version is None:
+        return skip("torch cannot be imported (see versions.torch)")
+    patches = ctx.torch_patches()
+    lost = lost_line(patches, version)
+    if lost is None:
+        return ok(f"torch {version}: all {len(patches)} install ({', '.join(p.name for p in patches)})")
+    return warn(lost, "the launch works without them, only slower to restart: use a torch whose internals "
+                      "mbr-launch knows (the one it was tested with), or report this torch to its maintainers")
