@@ -13,10 +13,10 @@ import os
 import queue
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from mbr_launch.decide.verdict_text import consecutive_runs
 from mbr_launch.report.private import write_private
@@ -137,14 +137,7 @@ class CycleInfo:
 
     def to_json(self) -> str:
         """As NVRx's ``json_format.MessageToJson(indent=2, ...)``: uint64 values are strings in protobuf's JSON."""
-        fields: dict[str, Any] = {
-            "job_id": self.job_id, "attempt_index": self.attempt_index, "cycle_number": self.cycle_number,
-            "cycle_start_time": self.cycle_start_time, "cycle_end_time": self.cycle_end_time,
-            "cycle_log_file": self.cycle_log_file, "active_nodes": self.active_nodes,
-            "standby_nodes": self.standby_nodes, "generation": str(self.generation),
-            "active_ranks": self.active_ranks,
-        }
-        return json.dumps(fields, indent=2)
+        return json.dumps({**asdict(self), "generation": str(self.generation)}, indent=2)
 
 
 class Reporter:

@@ -213,21 +213,17 @@ def report_record(line: bytes) -> dict[str, Any]:
     return out
 
 
-def _text(value: str) -> str:
-    return one_line(value, MAX_TEXT)
-
-
 def _checked(name: str, kind: str, value: Any) -> Any:
     if kind == TEXT and isinstance(value, str):
-        return _text(value)
+        return one_line(value, MAX_TEXT)
     if kind == INT and type(value) is int and -MAX_INT <= value <= MAX_INT:  # not bool: true is no rank
         return value
     if kind == TIME and type(value) in (int, float) and 0 <= value <= MAX_SECONDS:  # inf fails; NaN never came
         return float(value)
     if kind == TEXTS and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return [_text(v) for v in value]
+        return [one_line(v, MAX_TEXT) for v in value]
     if kind == NNODES and isinstance(value, str):
-        return _text(value)
+        return one_line(value, MAX_TEXT)
     if kind == NNODES and type(value) is int and -MAX_INT <= value <= MAX_INT:
         return value
     what = {TEXT: "a string", INT: f"an integer (at most {MAX_INT})", TIME: f"seconds (0 to {MAX_SECONDS:g})",

@@ -44,12 +44,6 @@ def is_secret_name(name: str) -> bool:
     return bool(words) and (words[-1] in _WORDS or words[-1].endswith(_ENDINGS))
 
 
-def is_secret_flag(arg: str) -> bool:
-    if not arg.startswith("-") or arg in ("-", "--"):
-        return False
-    return is_secret_name(arg)
-
-
 def redact_text(text: str) -> str:
     """``text`` with URL passwords and an ``Authorization:`` header's value hidden."""
     if "://" in text:
@@ -61,7 +55,7 @@ def _redact_word(arg: str) -> tuple[str, bool]:
     """(``arg`` without its secrets, whether the next word is a secret flag's value)."""
     if arg.startswith("-") and arg not in ("-", "--"):
         name, eq, value = arg.partition("=")
-        if is_secret_flag(name):
+        if is_secret_name(name):
             return (f"{name}={REDACTED}", False) if eq else (arg, True)
         return name + eq + redact_text(value) if eq else arg, False
     assign = _ASSIGN.fullmatch(arg)
