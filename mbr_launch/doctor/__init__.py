@@ -1,9 +1,5 @@
-"""``mbr-launch doctor``: named preflight checks (ok / warn / error, what was seen, the fix).
-
-Public API (the CLI and the launcher call these; nothing here imports typer):
-- ``DoctorContext.from_values(...)``: the declared settings plus injectable probes.
-- ``run_checks(ctx, only_cheap=..., skip=...)``: the results; the launcher runs the cheap ones.
-- ``run_doctor(ctx, deep=..., as_json=..., skip=...)``: print a table or JSON, return 0 / 1 / 2.
+"""``mbr-launch doctor``: named preflight checks (ok / warn / error, what was seen, the fix). The CLI and the
+launcher call ``DoctorContext.from_values``, ``run_checks``, ``run_doctor`` and ``preflight``; no typer here.
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Run the registered checks: ``run_checks(ctx, only_cheap=..., skip=...)``.
-
-Importing the check modules fills the registry in report order. A check that raises becomes an ``error``
-result naming the exception: the doctor must report, never crash.
+"""Run the registered checks (importing the check modules fills the registry in report order). A check that
+raises becomes an ``error`` result naming the exception: the doctor must report, never crash.
 """
 
 from __future__ import annotations

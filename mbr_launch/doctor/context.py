@@ -1,7 +1,5 @@
-"""Everything a check may read, in one frozen object: declared settings plus injected probes.
-
-Checks read nothing global; tests build a context from values and fakes. Derived views are computed once per
-context and cached, so each check sees the same answer.
+"""Everything a check may read, in one frozen object: declared settings plus injected probes (tests build one
+from values and fakes). Derived views are cached, so each check sees the same answer.
 """
 
 from __future__ import annotations
@@ -29,8 +27,7 @@ if TYPE_CHECKING:  # imported where used: a launch without a Megatron-Bridge con
 
 # torch's default for NCCL process groups (ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout).
 TORCH_NCCL_DEFAULT_PG_TIMEOUT_S = 600.0
-# A script that imports NVRx's in-process restart package (``import nvidia_resiliency_ext.inprocess as ...``,
-# ``from nvidia_resiliency_ext import inprocess``, ``from nvidia_resiliency_ext.inprocess import Wrapper``).
+# A script that imports NVRx's in-process restart package, in any of the ways Python allows.
 _USES_INPROCESS = re.compile(r"nvidia_resiliency_ext\.inprocess\b"
                              r"|from\s+nvidia_resiliency_ext\s+import\s[^\n]*\binprocess\b")
 

@@ -1,9 +1,6 @@
 """``--deep``: a short GEMM and NCCL all-reduce test on every local GPU, to find a bad GPU or link before
-training does.
-
-One spawned process per GPU (the parent never touches CUDA) times a bf16 GEMM, then an all-reduce on every
-GPU pair and on all of them, checking the sums. A GPU or pair well below the median is a warning; a failure,
-a hang past the deadline or a wrong sum an error. Without CUDA: ``deep_cpu``.
+training does. One spawned process per GPU (the parent never touches CUDA); a GPU or pair well below the
+median is a warning, a failure, a hang or a wrong sum an error. Without CUDA: ``deep_cpu``.
 """
 
 from __future__ import annotations

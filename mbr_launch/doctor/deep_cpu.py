@@ -1,5 +1,4 @@
-"""``--deep`` without a GPU: a real gloo all-reduce across a few local processes, so a CPU machine (or a
-login node) still proves that torch.distributed can form a group over TCP and sum correctly.
+"""``--deep`` without a GPU: a real gloo all-reduce across a few local processes.
 
 Each rank is a fresh ``python -m mbr_launch.doctor.deep_cpu --rank R`` subprocess, not multiprocessing: the
 parent may be ``python -m mbr_launch``, whose ``__main__`` a spawned child would run again.
@@ -24,7 +23,6 @@ ITERS = 10
 
 
 def run_gloo(*, world: int = 2, timeout_s: float = 60.0, mib: int = 4) -> list[CheckResult]:
-    """Start ``world`` ranks, all-reduce ``mib`` MiB ``ITERS`` times, check the sums: one ok or error."""
     port = free_port()
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "mbr_launch.doctor.deep_cpu", "--rank", str(r),

@@ -17,9 +17,8 @@ from mbr_launch.workers import flightrec, safefile
 GiB = 1 << 30
 MiB = 1 << 20
 SHM_ERROR, SHM_WARN = 128 * MiB, 1 * GiB
-# Below NOFILE_ERROR workers run out of descriptors; below the need (NOFILE_BASE, plus about 4 per agent on the
-# store's host) a DataLoader sharing tensors may. NOFILE_WARN is what the fix asks for, and what a launch raises
-# its own soft limit to where the hard one allows (mbr_launch.nofile).
+# Below NOFILE_ERROR workers run out of descriptors; below NOFILE_BASE (+4 per agent on the store's host) a
+# DataLoader sharing tensors may. A launch raises its soft limit to NOFILE_WARN where it can (mbr_launch.nofile).
 NOFILE_ERROR, NOFILE_BASE, NOFILE_PER_AGENT, NOFILE_WARN = 1024, 16384, 4, 65536
 DISK_ERROR, DISK_WARN = 1 * GiB, 10 * GiB
 
@@ -86,8 +85,7 @@ REVERSE_DNS_CAP = 2.0
 def reverse_dns(ep: tuple[str, int], ctx: DoctorContext) -> Finding:
     """A slow reverse lookup stalls every new store connection (pytorch#159007; docs/doctor.md)."""
     resolved = ctx.resolve(ep[0])
-    # torch's client connects to an IPv4 address in its mapped form, ::ffff:a.b.c.d, and a dual-stack server sees
-    # an IPv4 client so: a name /etc/hosts rarely has.
+    # torch connects to an IPv4 address in its mapped form, ::ffff:a.b.c.d: a name /etc/hosts rarely has.
     candidates = [form for a in resolved for form in ((a, f"::ffff:{a}") if ":" not in a else (a,))]
     for address in candidates:
         took = ctx.reverse_lookup(address, REVERSE_DNS_CAP)

@@ -1,9 +1,6 @@
-"""In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, the
-torch / NCCL versions these features need (the NVRx version: ``nvrx_compat``), and the torch internals that
-the restart speed-ups patch (without them a launch works, only restarts slower: ``cluster.torch_internals``).
-
-Each of these fails silently at run time: without ``NCCL_NVLS_ENABLE=0`` the restarted communicator
-hangs, and a watchdog shorter than ``hard_timeout`` kills the process before NVRx can recover it.
+"""In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, the torch /
+NCCL versions these need, and the torch internals the restart speed-ups patch. Each fails silently at run time
+(without ``NCCL_NVLS_ENABLE=0`` the restarted communicator hangs, ...): these say so before.
 """
 
 from __future__ import annotations
@@ -94,9 +91,8 @@ def heartbeat(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
 def watchdog(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     pg, source = ctx.pg_timeout
     saw = f"process-group timeout {pg:g}s ({source}), hard_timeout={ipr.hard_timeout:g}s"
-    # The watchdog ends the process on a timed-out collective only when it tears down (1, the launchers'
-    # default, or 3); with 0 it leaves the collective alone, with 2 it aborts the communicator and raises in
-    # the rank, where the Wrapper catches it.
+    # The watchdog ends the process only with 1 (the default) or 3; with 2 it raises in the rank, where the
+    # Wrapper catches it, with 0 it does nothing.
     handling = ctx.effective_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1").strip()
     if handling in ("0", "2"):
         return ok(f"{saw}; TORCH_NCCL_ASYNC_ERROR_HANDLING={handling}: the watchdog does not end the process")

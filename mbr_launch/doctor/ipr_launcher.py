@@ -1,8 +1,6 @@
-"""In-process restart against the launcher around it: who restarts what, and the ports the Wrapper needs.
-
-With ``any-failed`` one dead process restarts every rank, which NVRx calls unsupported; the Wrapper's store
-listens on ``MASTER_PORT + 2`` and the application's on ``+ 1``. These run when ``ctx.ipr_signal`` says
-in-process restart is on, at warn at most: a launch that ignores them still runs (docs/in-process-restart.md).
+"""In-process restart against the launcher around it: who restarts what (``any-failed`` restarts every rank for
+one dead process), and the ports the Wrapper needs (``MASTER_PORT`` +1 and +2). At warn at most: a launch that
+ignores them still runs (docs/in-process-restart.md).
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""Strict loader for the resiliency settings of a Megatron-Bridge style YAML config.
-
-Field names, types and defaults follow ``megatron/bridge/training/config.py``. A misspelt key is the classic
-silent failure (``ft.enable_ft_pakage: true`` leaves fault tolerance off): in the resiliency sections an
-unknown key is an error; in ``train``, ``checkpoint`` and ``dist``, which carry dozens of unrelated fields,
-only a near miss of a resiliency field is, and other keys are named at info level as "not checked".
+"""Strict loader for the resiliency settings of a Megatron-Bridge style YAML config (``megatron/bridge/
+training/config.py``). A misspelt key is the classic silent failure: unknown keys are errors in the resiliency
+sections; in ``train``, ``checkpoint`` and ``dist`` only near misses are, other keys are "not checked" infos.
 """
 
 from __future__ import annotations
@@ -178,8 +175,7 @@ def parse(raw: Mapping[str, Any], *, path: str = "<config>") -> BridgeConfig:
     problems: list[KeyProblem] = []
     sections: dict[str, Any] = {}
     known_top = set(_STRICT) | set(_LOOSE) | _OTHER_SECTIONS
-    # A training config that carries ft_launcher's section somewhere inside (NVRx finds it at any depth) has
-    # sections of its own; config.files already refuses a misspelt name of ours there.
+    # A training config carrying ft_launcher's section (at any depth) has sections of its own: infos, not errors.
     carried = find_fault_tolerance(raw) is not None
     for key, value in raw.items():
         key = str(key)

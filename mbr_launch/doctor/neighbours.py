@@ -1,7 +1,5 @@
-"""Which other launcher processes on this host can get in this job's way (``launcher.per_node``).
-
-Only this user's real launches count (not another user's job, nor a ``--help`` or ``doctor``); one conflicts
-when it uses the same rendezvous endpoint, or, on a host with GPUs, GPUs that overlap.
+"""Which other launcher processes on this host get in this job's way (``launcher.per_node``): this user's real
+launches (not ``--help`` or ``doctor``) on the same rendezvous endpoint or, on a GPU host, overlapping GPUs.
 """
 
 from __future__ import annotations
@@ -92,7 +90,6 @@ def rendezvous_key(*, standalone: bool, endpoint: str | None, master_addr: str |
 
 
 def rendezvous_of(args: Sequence[str]) -> tuple[str, int] | None:
-    """Where another launcher's rendezvous listens, read from its flags."""
     port = _flag_value(args, "master_port")
     return rendezvous_key(standalone="--standalone" in args, endpoint=_flag_value(args, "rdzv_endpoint"),
                           master_addr=_flag_value(args, "master_addr"),

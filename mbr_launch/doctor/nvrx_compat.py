@@ -1,10 +1,6 @@
-"""The NVRx the workers will import, ft_launcher's options against it, and the torch release against the
-tested range (pyproject's torch requirement; tests/test_doctor_torch_range.py holds the two to each other).
-
-mbr-launch takes every option of ft_launcher 0.4.1, 0.6 and 0.7, and where the versions disagree it follows the
-NVRx in the workers' environment (``config.nvrx``). These checks say which version that is, where it comes from
-and whose defaults apply; and which of the options given that version's ft_launcher would refuse (mbr-launch
-accepts them: an info) or whose clients ignore them (a warning: the option has no effect).
+"""The NVRx the workers will import (whose ft_launcher defaults mbr-launch follows, ``config.nvrx``), the
+ft_launcher options given against it (refused by that version: info; ignored by its clients: warn), and the
+torch release against the tested range (pyproject's; tests/test_doctor_torch_range.py holds the two together).
 """
 
 from __future__ import annotations

@@ -1,7 +1,5 @@
-"""Real probes of the machine, each a plain function the context holds as an injectable callable.
-
-Checks read ``ctx.<probe>()`` so tests can substitute the machine's view. Every probe is cheap, bounded in
-time, and returns data rather than raising where it can.
+"""Real probes of the machine, each a plain function the context holds as an injectable callable: cheap,
+bounded in time, returning data rather than raising where it can.
 """
 
 from __future__ import annotations
@@ -96,8 +94,7 @@ def script_head(path: str, limit: int = 1 << 20) -> str | None:
 
 
 def port_free(host: str, port: int) -> bool:
-    # SO_REUSEADDR so a port in TIME_WAIT reads as free (TCPStore binds the same way); a LISTEN socket
-    # on any local address still makes the bind fail. Bind the wildcard: TCPStore listens on all.
+    # As TCPStore binds: the wildcard, SO_REUSEADDR (TIME_WAIT is free; a LISTEN socket anywhere still fails).
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:

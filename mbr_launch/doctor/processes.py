@@ -1,6 +1,5 @@
-"""Launcher processes on this host, read from /proc: which other launchers run (``launcher.per_node``) and
-who started this process (``detect_launcher``). /proc directly, not psutil: every agent scans the host before
-its ranks start.
+"""Launcher processes on this host, read from /proc (not psutil: every agent scans before its ranks start):
+other launchers (``launcher.per_node``) and who started this process (``detect_launcher``).
 """
 
 from __future__ import annotations
@@ -74,10 +73,8 @@ class LauncherProcess:
     pid: int
     uid: int | None  # None: unknown (the process went away while being read)
     argv: tuple[str, ...]
-    # Its CUDA_VISIBLE_DEVICES; None when unset (every GPU) or when its environment cannot be read
-    # (another user's process), ``env_read`` says which.
-    visible_devices: str | None = None
-    env_read: bool = False
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES; None: unset (every GPU), or not env_read
+    env_read: bool = False  # its environment could be read (not another user's process)
 
 
 def other_launchers() -> list[LauncherProcess]:

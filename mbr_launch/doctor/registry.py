@@ -1,5 +1,5 @@
-"""The check table: what a check returns, how one is registered (``@check``, in registration order: the
-report order), and the error for a bad check id.
+"""The check table: what a check returns, ``@check`` registration (its order is the report order), and the
+error for a bad check id.
 """
 
 from __future__ import annotations
