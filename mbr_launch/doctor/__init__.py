@@ -11,14 +11,14 @@ from mbr_launch.doctor.checks import check_ids, check_skip, run_checks
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.processes import detect_launcher
 from mbr_launch.doctor.registry import CheckResult, DoctorError
-from mbr_launch.doctor.report import NOT_RUN, exit_code, render_problems, render_table, to_json, to_json_error
+from mbr_launch.doctor.report import NOT_RUN, exit_code, render_problems, render_table, to_json
 
 if TYPE_CHECKING:
     from rich.console import Console
 
 __all__ = [
     "CheckResult", "DoctorContext", "DoctorError", "check_ids", "check_skip", "detect_launcher", "exit_code",
-    "NOT_RUN", "preflight", "render_table", "run_checks", "run_doctor", "to_json", "to_json_error",
+    "NOT_RUN", "preflight", "render_table", "run_checks", "run_doctor", "to_json",
 ]
 
 

@@ -32,29 +32,19 @@ def exit_code(results: Sequence[CheckResult]) -> int:
     return 2 if counts["error"] else 1 if counts["warn"] else 0
 
 
-def to_json(results: Sequence[CheckResult], versions: Mapping[str, str | None] | None = None) -> str:
-    return json.dumps(
-        {
-            "version": SCHEMA_VERSION,
-            "versions": dict(versions) if versions is not None else _versions(),
-            "checks": [{"id": r.id, "severity": r.severity, "title": r.title, "saw": r.saw, "fix": r.fix}
-                       for r in results],
-            "summary": summary(results),
-        },
-        indent=2,
-    )
+def to_json(results: Sequence[CheckResult], versions: Mapping[str, str | None] | None = None, *,
+            error: str | None = None) -> str:
+    """The JSON document; ``error``: why no check could run (then ``results`` is empty)."""
+    from mbr_launch.report.version import versions as installed  # noqa: PLC0415
 
-
-def to_json_error(message: str) -> str:
-    """The JSON document when no check could run: the same schema, no checks, and the reason."""
-    return json.dumps({"version": SCHEMA_VERSION, "versions": _versions(), "error": message, "checks": [],
-                       "summary": summary([])}, indent=2)
-
-
-def _versions() -> dict[str, str | None]:
-    from mbr_launch.report.version import versions  # noqa: PLC0415
-
-    return versions()
+    doc: dict[str, object] = {"version": SCHEMA_VERSION,
+                              "versions": dict(versions) if versions is not None else installed()}
+    if error is not None:
+        doc["error"] = error
+    doc["checks"] = [{"id": r.id, "severity": r.severity, "title": r.title, "saw": r.saw, "fix": r.fix}
+                     for r in results]
+    doc["summary"] = summary(results)
+    return json.dumps(doc, indent=2)
 
 
 def grouped(results: Sequence[CheckResult]) -> list[tuple[str, list[CheckResult]]]:
