@@ -73,7 +73,6 @@ def _assess(world: int, mib: int, outputs: list[tuple[str, str, int | None]], to
 
 
 def free_port() -> int:
-    """A port free on this host now, for the ranks' store (both deep checks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

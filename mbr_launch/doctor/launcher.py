@@ -111,7 +111,6 @@ def _neighbours(ctx: DoctorContext) -> Finding:
 
 
 def own_rendezvous(ctx: DoctorContext) -> tuple[str, int] | None:
-    """Where this launch's rendezvous listens; None when it picks a free port (--standalone)."""
     return rendezvous_key(standalone=ctx.standalone, endpoint=ctx.rdzv_endpoint, master_addr=ctx.master_addr,
                           master_port=ctx.master_port)
 

@@ -85,7 +85,6 @@ def disk_free(path: str) -> int:
 
 
 def script_head(path: str, limit: int = 1 << 20) -> str | None:
-    """The first ``limit`` bytes of a training script as text, or None when it cannot be read."""
     try:
         with open(path, "rb") as f:
             return f.read(limit).decode("utf-8", errors="replace")
@@ -113,7 +112,6 @@ def reachable(host: str, port: int, timeout: float) -> bool:
 
 
 def resolve(host: str) -> list[str]:
-    """Addresses ``host`` resolves to; empty when it does not resolve."""
     try:
         return sorted({ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
     except (OSError, UnicodeError):

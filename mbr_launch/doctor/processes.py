@@ -36,7 +36,6 @@ def launcher_of(cmdline: Sequence[str]) -> str | None:
 
 
 def parent_cmdlines(limit: int = 8) -> list[list[str]]:
-    """The command lines of the processes above this one, nearest first."""
     out: list[list[str]] = []
     pid = parent_of(os.getpid())
     while pid is not None and pid > 0 and len(out) < limit:
@@ -68,8 +67,6 @@ def detect_launcher(env: Mapping[str, str], parents: Sequence[Sequence[str]] | N
 
 @dataclass(frozen=True)
 class LauncherProcess:
-    """Another launcher process on this host, as ``launcher.per_node`` judges it."""
-
     pid: int
     uid: int | None  # None: unknown (the process went away while being read)
     argv: tuple[str, ...]

@@ -53,7 +53,6 @@ def namespace(job_id: str | None, environ: Mapping[str, str]) -> tuple[str, int]
 
 
 def current_path(info_dir: str, job_id: str | None, environ: Mapping[str, str]) -> str:
-    """What ``NVRX_CURRENT_CYCLE_INFO`` holds."""
     return os.path.join(os.path.abspath(info_dir.rstrip("/") or "/"), current_name(namespace(job_id, environ)[0]))
 
 

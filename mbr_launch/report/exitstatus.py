@@ -1,7 +1,5 @@
 """How a process ended: exit code or signal; for a signal, who sent it as far as the node could tell
 (``workers.killcause``), else a hint where the signal itself says something (SIGSEGV: a crash in native code).
-
-In report/, the lower layer, because failure records and the summary describe exits too.
 """
 
 from __future__ import annotations

@@ -58,7 +58,6 @@ def open_private(path: Path, *, append: bool = True, fresh: bool = False) -> int
 
 
 def write_private(path: Path, data: bytes) -> None:
-    """Write ``data`` as the whole content of ``path`` (0600, no symlink followed)."""
     fd = open_private(path, append=False)
     try:
         view = memoryview(data)

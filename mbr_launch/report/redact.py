@@ -1,9 +1,6 @@
-"""Secrets kept out of what we write: the value of any flag whose name says it holds one.
-
-Command lines reach ``events.jsonl``, stack files, the leftover-process warning and ``mbr-launch doctor``, all
-kept longer and shown to more people than the process. Hidden: the value of a flag, Hydra override or
-environment assignment whose name says it holds a secret, URL passwords (and an http(s) URL's user part, a
-token in practice), and ``Authorization:``/``Cookie:`` header values (docs/events.md lists the rules).
+"""Secrets kept out of what we write (``events.jsonl``, stack files, the leftover-process warning, ``mbr-launch
+doctor``): the value of a flag, Hydra override or environment assignment whose name says it holds a secret,
+URL credentials and ``Authorization:``/``Cookie:`` header values (docs/events.md lists the rules).
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """The run's timeline as a standalone SVG or HTML file, drawn with matplotlib (the optional ``report`` extra).
 
-The same model and colours as the terminal; each segment an SVG element with the id
-``segment-<kind>-<node>-<n>`` (and ``failure-<n>``, ``round-<n>``) so tools and tests can find them. Text from
-the run is drawn with ``parse_math=False`` and ``text.usetex`` off: a ``$`` in a name would be math mode (an
-unmatched one raises), and usetex would hand it to LaTeX.
+Same model and colours as the terminal; ids ``segment-<kind>-<node>-<n>``, ``failure-<n>``, ``round-<n>`` let
+tools find the elements. Run text is drawn with ``parse_math=False`` and ``text.usetex`` off (a ``$`` in a
+name would be math mode; usetex would hand it to LaTeX).
 """
 
 from __future__ import annotations

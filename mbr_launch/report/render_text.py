@@ -1,9 +1,6 @@
-"""The run report in the terminal: what happened per round and per failure, then the timeline (one row per
-node, one character cell per slice of time), its legend, and each node's goodput.
-
-Each kind of segment has its own character as well as colour, so the drawing reads without colour. Text from
-the run arrives visible (``events.report_record``), log paths are made visible here, and nothing is read as
-markup or emoji codes.
+"""The run report in the terminal: per round and per failure what happened, then the timeline (one character
+cell per slice of time, a glyph as well as a colour per kind), its legend, and each node's goodput. Log paths
+are made visible here (the rest arrives visible), and nothing is read as markup or emoji codes.
 """
 
 from __future__ import annotations

@@ -30,9 +30,7 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Lane:
-    """One node's run."""
-
+class Lane:  # one node's run
     label: str
     node: str
     group_rank: int | None

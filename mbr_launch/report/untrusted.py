@@ -34,8 +34,6 @@ SECRET = FilePolicy(ours=True, private=True)  # a secret of this user's, which n
 
 
 class FileRule(enum.Enum):
-    """Which rule refused a file."""
-
     SYMLINK = "symlink"  # the open met a symlink (O_NOFOLLOW); a symlink seen before the open is a KIND
     KIND = "kind"  # not a regular file: a FIFO, a device, a socket, a folder, a symlink
     OWNER = "owner"
@@ -107,7 +105,6 @@ def open_file(path: "str | os.PathLike[str]", policy: FilePolicy = REGULAR) -> i
 
 
 def read_at(fd: int, offset: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``offset`` (fewer at the end of the file)."""
     chunks, size = [], 0
     while size < limit:
         chunk = os.pread(fd, min(limit - size, 1 << 20), offset + size)

@@ -1,10 +1,8 @@
 """Which mbr-launch this is, and on which torch, NVRx and Python: for ``--version``, the doctor and the
 ``start`` event, so a bug report (exit code 4) says what ran.
 
-Read from the installed packages' metadata, never by importing them: ``--version`` must stay instant and work
-when torch itself is broken. pip's ``*.dist-info`` folder is read directly, as ``importlib.metadata`` would
-find it but faster (an agent looks up torch and NVRx before its ranks start); anything else goes through
-importlib.metadata.
+Read from the packages' metadata, never by importing them (``--version`` must work when torch is broken);
+pip's ``*.dist-info`` folder directly, as ``importlib.metadata`` would find it, only faster.
 """
 
 from __future__ import annotations
