@@ -95,8 +95,10 @@ def per_node(ctx: DoctorContext) -> Finding:
 def _neighbours(ctx: DoctorContext) -> Finding:
     view = ctx.nvml()
     has_gpus = bool(view.available and view.gpus)
+    rendezvous = rendezvous_key(standalone=ctx.standalone, endpoint=ctx.rdzv_endpoint,
+                                master_addr=ctx.master_addr, master_port=ctx.master_port)
     found, ignored = conflicts(ctx.other_launchers(), uid=ctx.uid, env=ctx.env, has_gpus=has_gpus,
-                               rendezvous=own_rendezvous(ctx))
+                               rendezvous=rendezvous)
     aside = f" ({ignored} other launcher process(es) ignored: other users' jobs, --help, doctor)" if ignored else ""
     if not found:
         scope = "these GPUs or this rendezvous" if has_gpus else "this rendezvous"
@@ -108,11 +110,6 @@ def _neighbours(ctx: DoctorContext) -> Finding:
     port_fix = "use another --rdzv-endpoint port, or " if any("rendezvous" in c.why for c in found) else ""
     return warn(f"{len(found)} other launch(es) of yours on this host: {listed}",
                 f"{gpu_fix}{port_fix}stop the other launch (kill {pids}) if it is left over")
-
-
-def own_rendezvous(ctx: DoctorContext) -> tuple[str, int] | None:
-    return rendezvous_key(standalone=ctx.standalone, endpoint=ctx.rdzv_endpoint, master_addr=ctx.master_addr,
-                          master_port=ctx.master_port)
 
 
 @check("launcher.group_rank", "GROUP_RANK present and unique off Slurm (NVRx infrastructure rank)")

@@ -137,25 +137,15 @@ class BridgeConfig:
     problems: tuple[KeyProblem, ...] = ()
 
 
-_STRICT: dict[str, type] = {
-    "ft": FaultTolerance,
-    "nvrx_straggler": NvrxStraggler,
-    "straggler": LegacyStraggler,
-    "inprocess_restart": InProcessRestart,
-    "rerun_state_machine": RerunStateMachine,
-}
+_STRICT: dict[str, type] = {"ft": FaultTolerance, "nvrx_straggler": NvrxStraggler, "straggler": LegacyStraggler,
+                            "inprocess_restart": InProcessRestart, "rerun_state_machine": RerunStateMachine}
 _LOOSE: dict[str, type] = {"checkpoint": Checkpoint, "train": Train, "dist": Dist}
 # The section names are declared in config.files (its loader must accept them); the types above must match.
 assert frozenset(_STRICT) == BRIDGE_STRICT_SECTIONS and frozenset(_LOOSE) == BRIDGE_LOOSE_SECTIONS
 # Not about resiliency, so not inspected; plus our own sections of the file (checked by config.files).
 _OTHER_SECTIONS = BRIDGE_OTHER_SECTIONS | OWN_SECTIONS
-_TYPES: dict[str, tuple[type, ...]] = {
-    "bool": (bool,),
-    "int": (int,),
-    "float": (int, float),
-    "str": (str,),
-    "None": (type(None),),
-}
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,),
+                                       "None": (type(None),)}
 
 
 def load(path: str | Path) -> BridgeConfig:

@@ -103,10 +103,6 @@ def devices(text: str | None) -> set[str] | None:
     return {d.strip() for d in text.split(",") if d.strip()}
 
 
-def share_gpus(mine: set[str] | None, theirs: set[str] | None) -> bool:
-    return mine is None or theirs is None or bool(mine & theirs)
-
-
 def conflicts(others: Sequence[LauncherProcess], *, uid: int, env: Mapping[str, str], has_gpus: bool,
               rendezvous: tuple[str, int] | None) -> tuple[list[Conflict], int]:
     """(the launchers that get in the way, how many other launcher processes were left aside)."""
@@ -114,9 +110,9 @@ def conflicts(others: Sequence[LauncherProcess], *, uid: int, env: Mapping[str, 
     relevant = [p for p in others if p.uid == uid and is_launch(p.argv)]
     mine = devices(env.get("CUDA_VISIBLE_DEVICES"))
     for proc in relevant:
+        theirs = devices(proc.visible_devices) if proc.env_read else None  # unreadable: it may hold any GPU
         if rendezvous is not None and rendezvous_of(launch_args(proc.argv) or []) == rendezvous:
             found.append(Conflict(proc, f"uses the same rendezvous endpoint ({rendezvous[0]}:{rendezvous[1]})"))
-        # An environment we could not read may hold any devices: assume all of them.
-        elif has_gpus and share_gpus(mine, devices(proc.visible_devices) if proc.env_read else None):
+        elif has_gpus and (mine is None or theirs is None or bool(mine & theirs)):  # None: every GPU
             found.append(Conflict(proc, "can use the same GPUs (CUDA_VISIBLE_DEVICES overlaps or is unset)"))
     return found, len(others) - len(relevant)

@@ -11,14 +11,10 @@ from dataclasses import dataclass
 from mbr_launch import procstat
 from mbr_launch.monitor.ancestry import MAX_HOPS, parent_of
 
-_LAUNCHER_MARKERS = (
-    ("ft_launcher", "ft_launcher"),
-    ("mbr-launch", "mbr-launch"),
-    ("mbr_launch", "mbr-launch"),
-    ("torchrun", "torchrun"),
-    ("torch.distributed.run", "torchrun"),
-    ("torch.distributed.launch", "torchrun"),
-)
+# (a word of the command line, the launcher it names)
+_LAUNCHER_MARKERS = (("ft_launcher", "ft_launcher"), ("mbr-launch", "mbr-launch"), ("mbr_launch", "mbr-launch"),
+                     ("torchrun", "torchrun"), ("torch.distributed.run", "torchrun"),
+                     ("torch.distributed.launch", "torchrun"))
 
 
 # Thread names of a launcher's helper processes (a waiting standby, the rank monitor): not launchers.
