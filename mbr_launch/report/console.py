@@ -220,7 +220,7 @@ class Console:
     def flush(self, *, soon: bool = False) -> None:
         """Write what is buffered; ``soon``: with a live area up, within ``FRAME`` (redraws are coalesced)."""
         with self._lock:
-            for dev in self._unique():
+            for dev in {id(d): d for d in self._devices.values()}.values():  # stdout and stderr may be one
                 if soon and dev.live:
                     self._wake.notify()
                 else:
@@ -240,9 +240,6 @@ class Console:
         dev.buf[:0] = erase
         dev.write_out(b"".join(row.encode(errors="replace") + b"\n" for row in rows))
         dev.drawn, dev.dirty = len(rows), False
-
-    def _unique(self) -> list[Device]:
-        return list({id(d): d for d in self._devices.values()}.values())
 
     # ---- the live area --------------------------------------------------------------------------
 
@@ -340,12 +337,6 @@ class _TextStream:
 
     def flush(self) -> None:
         self._source.console.flush()
-
-    def isatty(self) -> bool:
-        return self._original.isatty()
-
-    def fileno(self) -> int:
-        return self._original.fileno()
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._original, name)
