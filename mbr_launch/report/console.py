@@ -1,11 +1,9 @@
 """The launcher's terminal: worker output, the agent's messages and the live status area go through one owner,
 so that nothing written is lost, glued or drawn over.
 
-Each ``ConsoleSource`` adds its prefix at every line start (after ``\\n``, and after a ``\\r`` that redraws
-the line). Two sources never share a line: one's unfinished line is ended before another writes to the same
-device. With a live area up, complete lines go above it and each unfinished line (a progress bar) is shown
-inside it; the area is redrawn under one lock at most every ``FRAME`` seconds, and the cursor is left below it
-so that a stray write by another process lands on a line of its own.
+Each source's prefix goes at every line start; two sources never share a line. With a live area up, complete
+lines go above it and unfinished ones (a progress bar) inside it; it is redrawn under one lock at most every
+``FRAME`` seconds, the cursor left below it, so a stray write by another process lands on a line of its own.
 """
 
 from __future__ import annotations

@@ -1,9 +1,8 @@
 """NVRx cycle-info files (``--ft-cycle-info-dir``) and the names ft_launcher 0.6/0.7 gives per-cycle files.
 
-Records are in NVRx's schema (its ``NVRxCycleInfo`` message as protobuf prints it: every field present, the
-uint64 ``generation`` as a string), written when a cycle starts and again when it ends, each write atomic (a
-temporary file, then a rename, the link too) and on a thread of its own: a hung shared file system never
-holds up a restart. Node and rank lists are in Slurm's range notation, sorted as NVRx sorts them.
+Records are in NVRx's schema (protobuf's JSON of ``NVRxCycleInfo``), written when a cycle starts and ends,
+atomically (a temporary file, then a rename) and on a thread of their own: a hung shared file system never
+holds up a restart.
 """
 
 from __future__ import annotations

@@ -1,8 +1,5 @@
-"""Files and folders only their owner can read, created without following a symlink someone planted.
-
-Run folders are ours alone (0700 folders, 0600 files): worker output and events can hold secrets, and another
-user must not swap a folder or file for a symlink and have us append to a file of their choice. Files are
-opened with ``O_NOFOLLOW`` and checked as ``untrusted.check`` checks; folders must be real folders of ours.
+"""Files and folders only their owner can read (0700, 0600), created without following a symlink someone
+planted: worker output and events can hold secrets, and nobody may redirect our appends to a file of theirs.
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """Finding one run's event logs for ``mbr-launch report``: the folder a person names, or the latest run.
 
-Nodes sharing a ``--log-dir`` write side by side: the other nodes of a run are the sibling folders whose
-``start`` has the same run id, whose owner is the named log's and whose time overlaps. A shared folder holds
-other users' files too, so a log is read only as a regular file reached without a symlink
-(``untrusted.open_file``), within the bounds below, one checked record at a time (``events.report_record``);
-a ``latest`` link is followed only when it is ours. Every problem is a ``ReportError``: one line."""
+The other nodes of a run are the sibling folders (a shared ``--log-dir``) whose ``start`` has the same run id,
+whose owner is the named log's and whose time overlaps. Others' files may be planted there: logs are read as
+``untrusted.open_file`` allows, within the bounds below, one checked record at a time, and a ``latest`` link is
+followed only when it is ours. Every problem is a ``ReportError``: one line."""
 
 from __future__ import annotations
 

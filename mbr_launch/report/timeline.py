@@ -1,8 +1,7 @@
 """The run report's model: one run, per node and per round, on one time axis. Pure: records in, values out.
 
-Nodes are put on one axis by their ``start`` events' wall-clock ``ts``. A node's lane is goodput's spans, so
-the drawing and the summary are the same accounting; a node that never saw an optimizer step has its attempts
-drawn as ``running``, from the ``progress`` records or else from its workers' start and exit.
+A node's lane is goodput's spans (the drawing and the summary are one accounting); a node that never saw an
+optimizer step has its attempts drawn as ``running``, from ``progress`` records or its workers' lifetimes.
 """
 
 from __future__ import annotations

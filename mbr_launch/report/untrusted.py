@@ -1,11 +1,9 @@
 """Opening a file someone else may have planted: only a regular file, never through a symlink a caller does not
 accept, never blocked on by a FIFO, and only as the caller's ``FilePolicy`` allows (ours, one link, private).
 
-Against a FIFO, a symlink to /dev/zero or to a file of ours, a huge or a foreign file (issue #29), each file is
-looked at with ``lstat`` before the open (a device is never opened: that can act), opened with ``O_NOFOLLOW |
-O_NONBLOCK | O_NOCTTY``, checked again with ``fstat`` (the name may have been swapped), and read no further
-than the caller's bound plus one byte. A refusal is an ``UnsafeFile`` (an ``OSError``) naming its ``rule``;
-other trouble stays the system's ``OSError``. The writing side is ``report.private``.
+Each file is looked at with ``lstat`` before the open (a device is never opened: that can act), opened with
+``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY``, checked again with ``fstat`` (the name may have been swapped), and read
+no further than the caller's bound plus one byte. A refusal is an ``UnsafeFile`` (an ``OSError``).
 """
 
 from __future__ import annotations
