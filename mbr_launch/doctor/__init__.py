@@ -86,7 +86,7 @@ def run_doctor(
     if as_json:
         print(to_json(results), flush=True)  # plain stdout: rich would wrap and colour the JSON
     else:
-        render_table(results, console or _console(), verbose=verbose, title=version_line())
+        render_table(results, console, verbose=verbose, title=version_line())
     return exit_code(results)
 
 
@@ -96,9 +96,3 @@ def preflight(ctx: DoctorContext, *, skip: Iterable[str] = frozenset(), console:
     results = run_checks(ctx, only_cheap=True, skip=set(skip))
     render_problems(results, console, quiet=quiet)
     return exit_code(results) < 2
-
-
-def _console() -> Console:
-    from rich.console import Console  # noqa: PLC0415
-
-    return Console()

@@ -81,10 +81,12 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
                          break_long_words=True) or [text]
 
 
-def render_table(results: Sequence[CheckResult], console: Console, *, verbose: bool = False,
+def render_table(results: Sequence[CheckResult], console: Console | None = None, *, verbose: bool = False,
                  title: str = "") -> None:
+    from rich.console import Console  # noqa: PLC0415
     from rich.markup import escape  # noqa: PLC0415
 
+    console = console or Console()
     width = min(console.width, 120)
     for line in _wrap(title, width, 2) if title else []:
         console.print(f"[bold]{escape(line)}[/]", highlight=False, soft_wrap=True)
