@@ -1,8 +1,6 @@
-"""The JSON-lines event log: one object per line, written as things happen and never rewritten.
-
-Common fields of every line: ``v``, ``ts`` (ISO-8601 UTC), ``t`` (seconds since launch), ``event``, ``node``,
-``group_rank``. ``EVENT_FIELDS`` lists each event's own fields; docs/events.md says what they mean, and a test
-validates logs against this table.
+"""The JSON-lines event log: one object per line, written as things happen and never rewritten. Common fields:
+``v``, ``ts`` (ISO-8601 UTC), ``t`` (seconds since launch), ``event``, ``node``, ``group_rank``; each event's
+own in ``EVENT_FIELDS`` (their meanings: docs/events.md).
 """
 
 from __future__ import annotations
@@ -184,8 +182,7 @@ def _no_constant(name: str) -> Any:
 
 
 def report_record(line: bytes) -> dict[str, Any]:
-    """One event line as the report reads it: the fields of ``REPORT_FIELDS``, checked, text on one visible
-    line. Raises ``BadRecord``."""
+    """One event line as the report reads it: the fields of ``REPORT_FIELDS``, checked. Raises ``BadRecord``."""
     try:
         record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError:

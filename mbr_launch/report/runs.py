@@ -82,8 +82,7 @@ class BoundedLines:
 
 
 def find_run(target: Path | None, base: Path) -> list[NodeLog]:
-    """The node logs of the run at ``target`` (a run folder, its events.jsonl, or a folder of runs: its
-    latest), or of the latest run under ``base``."""
+    """The node logs of the run at ``target`` (a run, its log, a folder of runs), else the latest in ``base``."""
     try:
         if target is None:
             if not base.is_dir():

@@ -1,7 +1,5 @@
-"""Which mbr-launch this is, and on which torch, NVRx and Python: for ``--version``, the doctor and the
-``start`` event, so a bug report (exit code 4) says what ran.
-
-Read from the packages' metadata, never by importing them (``--version`` must work when torch is broken);
+"""Which mbr-launch this is, and on which torch, NVRx and Python (``--version``, the doctor, the ``start``
+event). Read from the packages' metadata, never by importing them: ``--version`` must work with a broken torch;
 pip's ``*.dist-info`` folder directly, as ``importlib.metadata`` would find it, only faster.
 """
 
@@ -37,8 +35,7 @@ def _normal(name: str) -> str:
 
 
 def metadata_folder(dist: str, paths: Iterable[str]) -> tuple[str | None, str] | None:
-    """(version, folder) of the first ``*.dist-info``/``*.egg-info`` folder of ``dist`` in ``paths`` (an import
-    path: a worker's, which is not necessarily this process's); None when there is none."""
+    """(version, folder) of the first ``*.dist-info``/``*.egg-info`` of ``dist`` in ``paths`` (a worker's), or None."""
     want = _normal(dist)
     for entry in paths:
         try:
