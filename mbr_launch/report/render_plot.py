@@ -60,8 +60,8 @@ def svg(run: RunTimeline) -> str:
         ax.set_ylim(len(run.lanes) - 0.3, -0.7)
         ax.set_xlim(0, max(run.wall, 1e-3))
         ax.set_xlabel("seconds since launch")
-        shown = [k for k in KINDS if any(s.kind == k for lane in run.lanes for s in lane.segments)]
-        fig.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {_seconds(run, k):.1f} s") for k in shown],
+        shown = run.seconds_by_kind()
+        fig.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {s:.1f} s") for k, s in shown.items()],
                    loc="outside lower center", ncols=min(len(shown), 7), frameon=False, fontsize=8)
         result = "exit code {}".format(run.exit_code) if run.exit_code is not None else "no end event"
         ax.set_title(f"mbr-launch run {run.run_id}: {len(run.failures)} failure(s), {result}", fontsize=10,
@@ -69,10 +69,6 @@ def svg(run: RunTimeline) -> str:
         out = io.StringIO()
         fig.savefig(out, format="svg")
     return out.getvalue()
-
-
-def _seconds(run: RunTimeline, kind: str) -> float:
-    return sum(s.end - s.start for lane in run.lanes for s in lane.segments if s.kind == kind)
 
 
 def html_page(run: RunTimeline) -> str:

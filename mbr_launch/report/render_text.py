@@ -94,9 +94,7 @@ def timeline_rows(run: RunTimeline, width: int) -> list[Text]:
     rows.append(Text(" " * (label_width + 2)) + _marks(run, cells, step))
     right = f"{run.wall:.1f} s"
     rows.append(Text(" " * (label_width + 2) + "0 s" + right.rjust(cells - 3)))
-    shown = [k for k in GLYPH if any(s.kind == k for lane in run.lanes for s in lane.segments)]
-    for kind in shown:
-        seconds = sum(s.end - s.start for lane in run.lanes for s in lane.segments if s.kind == kind)
+    for kind, seconds in run.seconds_by_kind().items():
         words = f" {NAME[kind]:<10}{seconds:7.1f} s  {WHAT[kind]}"
         if len(words) > width - 4:
             words = words[:width - 5] + "…"

@@ -85,6 +85,12 @@ class RunTimeline:
     reason: str
     argv: tuple[str, ...]
 
+    def seconds_by_kind(self) -> dict[str, float]:
+        """Seconds of each kind drawn, summed over the lanes, in ``KINDS`` order (kinds not drawn left out)."""
+        segments = [s for lane in self.lanes for s in lane.segments]
+        return {k: sum(s.end - s.start for s in segments if s.kind == k) for k in KINDS
+                if any(s.kind == k for s in segments)}
+
 
 def build(logs: Iterable[NodeLog]) -> RunTimeline:
     logs = list(logs)
@@ -163,7 +169,8 @@ def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[
     for r in records:
         if r["event"] != "failure":
             continue
-        cost = _take(costs, r.get("round"))
+        left = costs.get(r.get("round"))  # each cost used once: several ranks may fail in one round
+        cost = left.pop() if left else None
         out.append(Failure(
             number=0, t=float(r["t"]) + offset, round=r.get("round"), rank=r.get("rank"),
             local_rank=r.get("local_rank"), node=str(r.get("node") or lane.node), cause=str(r.get("cause")),
@@ -172,11 +179,6 @@ def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[
             detection=cost.detection if cost and cost.stepped else None,
             restart=cost.restart if cost and cost.resumed else None))
     return out
-
-
-def _take(costs: dict[Any, list[FailureCost]], rnd: Any) -> FailureCost | None:
-    left = costs.get(rnd)
-    return left.pop() if left else None
 
 
 def _rounds(seen: dict[Any, list[tuple[float, dict[str, Any]]]], failures: list[Failure],
