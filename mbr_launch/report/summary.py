@@ -102,11 +102,9 @@ class RunSummary:
         return self.failures[0] if self.failures else None
 
     def render(self) -> str:
-        lines = []
         if not self.failures:
             return "\n".join([*([self.goodput] if self.goodput else []), *self.losses])
-        lines.append("=" * 72)
-        lines.append(f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))")
+        lines = ["=" * 72, f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))"]
         for record in self.failures:
             lines.append(f"  round {record.round}: {record.describe()}")
             if record.stacks:
