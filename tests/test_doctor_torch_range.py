@@ -10,7 +10,7 @@ import pytest
 
 from mbr_launch.doctor import DoctorContext, run_checks, to_json
 from mbr_launch.doctor.probes import Versions
-from mbr_launch.doctor.torch_range import REQUIREMENT, in_tested_range
+from mbr_launch.doctor.nvrx_compat import REQUIREMENT, in_tested_range
 from testkit.helpers import REPO
 
 pytestmark = pytest.mark.timeout(30)

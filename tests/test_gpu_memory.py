@@ -14,7 +14,7 @@ from dataclasses import replace
 
 import pytest
 
-from mbr_launch.doctor.checks import run_checks
+from mbr_launch.doctor import run_checks
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.probes import NvmlView
 from mbr_launch.doctor.report import preflight_line

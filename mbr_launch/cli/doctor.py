@@ -63,12 +63,12 @@ def doctor_command(**values: Any) -> None:
 
 def print_json_error(message: str) -> None:
     """``doctor --json`` prints JSON whatever happens: a script reading it gets the reason, not nothing."""
-    from mbr_launch.doctor import to_json_error
+    from mbr_launch.doctor import to_json
 
     if sys.stdout is None:  # started with stdout closed
         return
     try:
-        print(to_json_error(message), flush=True)
+        print(to_json([], error=message), flush=True)
     except OSError:  # nobody reads it any more (`| head`): the exit code still says it
         pass
 

@@ -1,7 +1,5 @@
-"""The Megatron-Bridge config (``--config FILE``) against the resiliency pitfalls of its documentation.
-
-The watchdog-vs-hard_timeout and fault-tolerance-vs-torchrun pitfalls are covered by ``ipr.watchdog`` and
-``launcher.torchrun``, which read the config through the context.
+"""The Megatron-Bridge config (``--config FILE``) against the resiliency pitfalls of its documentation (the
+watchdog and torchrun pitfalls: ``ipr.watchdog``, ``launcher.torchrun``).
 """
 
 from __future__ import annotations

@@ -1,9 +1,5 @@
-"""Everything a check may read, in one frozen object: declared settings plus injected probes.
-
-Checks read nothing global (no ``os.environ``, no sockets of their own): the launcher builds one
-``DoctorContext`` from its flags and the real probes, tests build one from a matrix of values and fakes.
-Derived views (the effective in-process-restart settings, the loaded Megatron-Bridge config) are
-computed once per context and cached, so each check sees the same answer.
+"""Everything a check may read, in one frozen object: declared settings plus injected probes (tests build one
+from values and fakes). Derived views are cached, so each check sees the same answer.
 """
 
 from __future__ import annotations
@@ -31,8 +27,7 @@ if TYPE_CHECKING:  # imported where used: a launch without a Megatron-Bridge con
 
 # torch's default for NCCL process groups (ProcessGroupNCCL's kProcessGroupNCCLDefaultTimeout).
 TORCH_NCCL_DEFAULT_PG_TIMEOUT_S = 600.0
-# A script that imports NVRx's in-process restart package (``import nvidia_resiliency_ext.inprocess as ...``,
-# ``from nvidia_resiliency_ext import inprocess``, ``from nvidia_resiliency_ext.inprocess import Wrapper``).
+# A script that imports NVRx's in-process restart package, in any of the ways Python allows.
 _USES_INPROCESS = re.compile(r"nvidia_resiliency_ext\.inprocess\b"
                              r"|from\s+nvidia_resiliency_ext\s+import\s[^\n]*\binprocess\b")
 
@@ -85,11 +80,7 @@ class DoctorContext:
 
     @classmethod
     def from_values(cls, **kwargs: Any) -> DoctorContext:
-        """Build a context; unspecified values take defaults, ``env`` defaults to ``os.environ``.
-
-        Accepts ``disk_paths`` as any iterable and ``master_port``/``pg_timeout_s`` as strings, the
-        way a CLI hands them over.
-        """
+        """A context from values as a CLI hands them over (strings, iterables); ``env`` defaults to ``os.environ``."""
         names = {f.name for f in dataclasses.fields(cls)}
         unknown = set(kwargs) - names
         if unknown:
@@ -138,11 +129,8 @@ class DoctorContext:
 
     @cached_property
     def ipr(self) -> InProcessRestart | None:
-        """Effective in-process-restart settings when enabled or declared, else None.
-
-        Layers: Bridge defaults < config ``inprocess_restart`` < declared ``inprocess``. Declaring
-        settings without ``enabled`` counts as enabling it: why else declare them.
-        """
+        """Bridge defaults < config ``inprocess_restart`` < declared ``inprocess`` (declared counts as enabled),
+        or None when not enabled."""
         cfg = self.bridge_ok.inprocess_restart if self.bridge_ok else None
         values = dataclasses.asdict(cfg) if cfg else {}
         if self.inprocess is not None:
@@ -158,9 +146,8 @@ class DoctorContext:
 
     @cached_property
     def ipr_signal(self) -> str | None:
-        """Why in-process restart is taken to be on, or None: declared settings or a Bridge config (``ipr``),
-        Megatron-LM's ``--inprocess-restart`` among the script's arguments, or a script that uses NVRx's
-        ``inprocess`` package itself (NVRx's examples wrap their own function)."""
+        """Why in-process restart is taken to be on (settings, ``--inprocess-restart``, a script importing NVRx's
+        ``inprocess``), or None."""
         if self.ipr is not None:
             return "in-process restart is enabled in the configuration"
         if "--inprocess-restart" in self.script_args:

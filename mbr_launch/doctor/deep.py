@@ -1,13 +1,6 @@
 """``--deep``: a short GEMM and NCCL all-reduce test on every local GPU, to find a bad GPU or link before
-training does.
-
-One process per GPU (spawned, so the parent never touches CUDA); each measures bf16 GEMM TFLOP/s on its
-GPU, then all processes join one NCCL group and time an all-reduce on every GPU pair (and, with more
-than two GPUs, on all of them), checking the summed values too. A GPU or pair well below the median is a
-warning; a worker that fails, hangs past the deadline or returns wrong sums is an error. Without CUDA it
-runs a gloo all-reduce across local processes instead (``deep_cpu``).
-
-Run alone: ``python -m mbr_launch.doctor.deep [--timeout S]`` prints the JSON report.
+training does. One spawned process per GPU (the parent never touches CUDA); a GPU or pair well below the
+median is a warning, a failure, a hang or a wrong sum an error. Without CUDA: ``deep_cpu``.
 """
 
 from __future__ import annotations

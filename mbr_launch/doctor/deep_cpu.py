@@ -1,12 +1,7 @@
-"""``--deep`` without a GPU: a real gloo all-reduce across a few local processes, so a CPU machine (or a
-login node) still proves that torch.distributed can form a group over TCP and sum correctly, and says how
-long that took.
+"""``--deep`` without a GPU: a real gloo all-reduce across a few local processes.
 
-Each rank is a fresh ``python -m mbr_launch.doctor.deep_cpu --rank R ...`` subprocess (not
-multiprocessing: the parent may be ``python -m mbr_launch``, whose ``__main__`` a spawned child would run
-again). Each prints one JSON line; the parent waits up to the timeout and kills what is left.
-
-Run alone: ``python -m mbr_launch.doctor.deep_cpu`` prints the JSON report.
+Each rank is a fresh ``python -m mbr_launch.doctor.deep_cpu --rank R`` subprocess, not multiprocessing: the
+parent may be ``python -m mbr_launch``, whose ``__main__`` a spawned child would run again.
 """
 
 from __future__ import annotations
@@ -28,7 +23,6 @@ ITERS = 10
 
 
 def run_gloo(*, world: int = 2, timeout_s: float = 60.0, mib: int = 4) -> list[CheckResult]:
-    """Start ``world`` ranks, all-reduce ``mib`` MiB ``ITERS`` times, check the sums: one ok or error."""
     port = free_port()
     start = time.monotonic()
     procs = [subprocess.Popen([sys.executable, "-m", "mbr_launch.doctor.deep_cpu", "--rank", str(r),
@@ -79,7 +73,6 @@ def _assess(world: int, mib: int, outputs: list[tuple[str, str, int | None]], to
 
 
 def free_port() -> int:
-    """A port free on this host now, for the ranks' store (both deep checks)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])

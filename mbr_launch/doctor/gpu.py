@@ -1,13 +1,10 @@
 """GPUs through NVML: how many the job may use vs --nproc-per-node, memory health, recovery actions, and
-processes of others on the job's GPUs (named at launch too).
-
-NVML sees every GPU on the host regardless of CUDA_VISIBLE_DEVICES, so the count honours that variable.
+processes of others on the job's GPUs. NVML ignores CUDA_VISIBLE_DEVICES: the count honours it.
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
 
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.probes import NvmlView
@@ -22,13 +19,6 @@ def _gpus(ctx: DoctorContext) -> NvmlView | Finding:
     return view if view.available and view.gpus else skip(f"no GPU ({view.reason or 'NVML reports none'})")
 
 
-def visible_count(view: NvmlView, env: Mapping[str, str]) -> tuple[int, str]:
-    """The GPUs CUDA_VISIBLE_DEVICES leaves to the job (``gpumem.devices``' reading of it), and how to say so."""
-    count = len(gpumem.devices(env, len(view.gpus)))
-    cvd = env.get("CUDA_VISIBLE_DEVICES")
-    return count, f"{len(view.gpus)} GPU(s)" + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "")
-
-
 @check("gpu.count", "GPUs vs --nproc-per-node")
 def count(ctx: DoctorContext) -> Finding:
     nproc = ctx.nproc_per_node.strip().lower()
@@ -36,7 +26,9 @@ def count(ctx: DoctorContext) -> Finding:
         return ok("--nproc-per-node cpu: workers do not use GPUs")
     if isinstance(view := _gpus(ctx), Finding):
         return view
-    n, saw = visible_count(view, ctx.env)
+    n = len(gpumem.devices(ctx.env, len(view.gpus)))  # the GPUs CUDA_VISIBLE_DEVICES leaves to the job
+    cvd = ctx.env.get("CUDA_VISIBLE_DEVICES")
+    saw = f"{len(view.gpus)} GPU(s)" + (f", CUDA_VISIBLE_DEVICES={cvd!r}" if cvd is not None else "")
     if nproc in ("gpu", "auto"):
         if n == 0:
             return error(f"{saw}: none visible for --nproc-per-node {nproc}", "fix CUDA_VISIBLE_DEVICES")
@@ -89,9 +81,8 @@ def recovery(view: NvmlView, ctx: DoctorContext) -> Finding:
 
 @check("gpu.strangers", "Processes of others on the job's GPUs", named=True)
 def strangers(ctx: DoctorContext) -> Finding:
-    """Another job's process (a worker an earlier run left behind, still spinning) takes memory and compute
-    from this one, and ft_launcher's reclaim wait waits for it in vain: name it (pid, user, command, memory)
-    before the launch. The workers' GPUs: the first --nproc-per-node of CUDA_VISIBLE_DEVICES."""
+    """Name another job's processes on the workers' GPUs (a worker an earlier run left spinning) before the
+    launch: they take memory and compute, and a reclaim wait waits for them in vain."""
     nproc = ctx.nproc_per_node.strip().lower()
     if nproc == "cpu":
         return ok("--nproc-per-node cpu: workers do not use GPUs")

@@ -1,8 +1,5 @@
 """This host: rendezvous endpoint and port, log directory, Flight Recorder directory, /dev/shm, open-file and
-memlock limits, disk.
-
-Probes come from the context; the IO here is the log-dir write test, which must be a real write
-(permission bits lie for root and on read-only mounts), and the Flight Recorder directory's modes and owners.
+memlock limits, disk. The log-dir test is a real write: permission bits lie for root and on read-only mounts.
 """
 
 from __future__ import annotations
@@ -20,9 +17,8 @@ from mbr_launch.workers import flightrec, safefile
 GiB = 1 << 30
 MiB = 1 << 20
 SHM_ERROR, SHM_WARN = 128 * MiB, 1 * GiB
-# Below NOFILE_ERROR workers run out of descriptors; below the need (NOFILE_BASE, plus about 4 per agent on the
-# store's host) a DataLoader sharing tensors may. NOFILE_WARN is what the fix asks for, and what a launch raises
-# its own soft limit to where the hard one allows (mbr_launch.nofile).
+# Below NOFILE_ERROR workers run out of descriptors; below NOFILE_BASE (+4 per agent on the store's host) a
+# DataLoader sharing tensors may. A launch raises its soft limit to NOFILE_WARN where it can (mbr_launch.nofile).
 NOFILE_ERROR, NOFILE_BASE, NOFILE_PER_AGENT, NOFILE_WARN = 1024, 16384, 4, 65536
 DISK_ERROR, DISK_WARN = 1 * GiB, 10 * GiB
 
@@ -87,14 +83,9 @@ REVERSE_DNS_CAP = 2.0
 @check_with(_store("single node: no store connections between nodes"), "rdzv.reverse_dns",
             "reverse DNS of the rendezvous addresses answers quickly", cheap=False)
 def reverse_dns(ep: tuple[str, int], ctx: DoctorContext) -> Finding:
-    """torch names the address every new c10d client connects to by reverse DNS, and a dual-stack store
-    server names each client it accepts (pytorch#159007): where that lookup waits for a resolver timeout, each
-    connection waits that long, and on such a server the whole store with it (seen here: 5 s stalls with 32
-    agents on one host). mbr-launch's own stores listen on IPv4 for an IPv4 endpoint (``cluster.listen``),
-    which takes the server's lookups off the mapped form; the clients' remain."""
+    """A slow reverse lookup stalls every new store connection (pytorch#159007; docs/doctor.md)."""
     resolved = ctx.resolve(ep[0])
-    # torch's client connects to an IPv4 address in its mapped form, ::ffff:a.b.c.d, and a dual-stack server sees
-    # an IPv4 client so: a name /etc/hosts rarely has.
+    # torch connects to an IPv4 address in its mapped form, ::ffff:a.b.c.d: a name /etc/hosts rarely has.
     candidates = [form for a in resolved for form in ((a, f"::ffff:{a}") if ":" not in a else (a,))]
     for address in candidates:
         took = ctx.reverse_lookup(address, REVERSE_DNS_CAP)
@@ -140,11 +131,8 @@ def log_dir(ctx: DoctorContext) -> Finding:
 
 @check("fs.flight_recorder", "Flight Recorder files in a directory only you can write")
 def flight_recorder(ctx: DoctorContext) -> Finding:
-    """torch writes a rank's dump to ``<TORCH_FR_DUMP_TEMP_FILE><rank>`` and polls NCCL's pipe at
-    ``<TORCH_NCCL_DEBUG_INFO_PIPE_FILE><rank>.pipe``; the agent reads the dump for the hang verdict. Where
-    others can create names, they can put a FIFO, a symlink or a file of theirs there before the job does
-    (issue #29: a FIFO froze both agents, a symlink to /dev/zero ate their memory; torch follows a symlink
-    when it writes). The agent refuses such files when it reads them; this refuses the setting up front."""
+    """Where others can create names, they can plant a FIFO or a symlink where torch writes a rank's dump
+    (issue #29); the agent refuses such files when it reads them, this refuses the setting up front."""
     given = [(name, ctx.env[name]) for name in (*flightrec.DUMP_PREFIX, flightrec.PIPE_PREFIX) if ctx.env.get(name)]
     if not given:
         return ok("TORCH_FR_DUMP_TEMP_FILE not set: the dumps go to the run folder (yours alone, mode 0700)")

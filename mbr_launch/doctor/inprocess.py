@@ -1,8 +1,6 @@
-"""In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, and the
-torch / NCCL versions these features need (the NVRx version: ``nvrx_compat``).
-
-Each of these fails silently at run time: without ``NCCL_NVLS_ENABLE=0`` the restarted communicator
-hangs, and a watchdog shorter than ``hard_timeout`` kills the process before NVRx can recover it.
+"""In-process restart (NVRx ``inprocess``) settings, the NCCL watchdogs against ``hard_timeout``, the torch /
+NCCL versions these need, and the torch internals the restart speed-ups patch. Each fails silently at run time
+(without ``NCCL_NVLS_ENABLE=0`` the restarted communicator hangs, ...): these say so before.
 """
 
 from __future__ import annotations
@@ -11,6 +9,7 @@ from typing import TYPE_CHECKING
 
 from packaging.version import InvalidVersion, Version
 
+from mbr_launch.cluster.torch_internals import lost_line
 from mbr_launch.doctor.context import DoctorContext
 from mbr_launch.doctor.registry import Finding, check, check_with, error, ok, skip, warn
 
@@ -92,9 +91,8 @@ def heartbeat(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
 def watchdog(ipr: InProcessRestart, ctx: DoctorContext) -> Finding:
     pg, source = ctx.pg_timeout
     saw = f"process-group timeout {pg:g}s ({source}), hard_timeout={ipr.hard_timeout:g}s"
-    # The watchdog ends the process on a timed-out collective only when it tears down (1, the launchers'
-    # default, or 3); with 0 it leaves the collective alone, with 2 it aborts the communicator and raises in
-    # the rank, where the Wrapper catches it.
+    # The watchdog ends the process only with 1 (the default) or 3; with 2 it raises in the rank, where the
+    # Wrapper catches it, with 0 it does nothing.
     handling = ctx.effective_env.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1").strip()
     if handling in ("0", "2"):
         return ok(f"{saw}; TORCH_NCCL_ASYNC_ERROR_HANDLING={handling}: the watchdog does not end the process")
@@ -167,3 +165,18 @@ def nccl_version(ctx: DoctorContext) -> Finding:
         return error(f"{saw}: NCCL {IPR_BAD_NCCL[0]} to {IPR_BAD_NCCL[1]} segfault during in-process restart",
                      "pip install 'nvidia-nccl-cu12>=2.28.9' (or a 2.27.x), or turn in-process restart off")
     return ok(saw + " (meets in-process restart requirements)")
+
+
+@check("versions.torch_internals", "torch's private rendezvous parts that the restart speed-ups patch")
+def torch_internals(ctx: DoctorContext) -> Finding:
+    if ctx.rdzv_backend != "c10d":
+        return skip(f"the {ctx.rdzv_backend} rendezvous patches none of them")
+    version = ctx.versions().torch
+    if version is None:
+        return skip("torch cannot be imported (see versions.torch)")
+    patches = ctx.torch_patches()
+    lost = lost_line(patches, version)
+    if lost is None:
+        return ok(f"torch {version}: all {len(patches)} install ({', '.join(p.name for p in patches)})")
+    return warn(lost, "the launch works without them, only slower to restart: use a torch whose internals "
+                      "mbr-launch knows (the one it was tested with), or report this torch to its maintainers")

@@ -1,15 +1,6 @@
-"""In-process restart against the launcher around it: who restarts what, and the ports the Wrapper needs.
-
-NVRx's ``inprocess.Wrapper`` restarts the training function inside the surviving processes and carries on
-without a rank whose process died. The launcher must let it: with ``any-failed`` (torchrun's way) a single
-dead process restarts every rank, and NVRx calls that combination unsupported (v0.4.1
-``docs/source/fault_tolerance/integration/inprocess.rst``); ``min-healthy`` restarts only when fewer than
-MIN nodes still have all their ranks. The Wrapper's store listens on ``MASTER_PORT + 2`` and the
-application's on ``MASTER_PORT + 1`` (NVRx's in-job + in-process example, Megatron-LM's
-``inprocess_restart.py``), so both must be free wherever rank 0 runs.
-
-These checks run when ``DoctorContext.ipr_signal`` says in-process restart is on; their severity stays at
-warn, since a launch that ignores them still runs, just with the wrong layer handling faults.
+"""In-process restart against the launcher around it: who restarts what (``any-failed`` restarts every rank for
+one dead process), and the ports the Wrapper needs (``MASTER_PORT`` +1 and +2). At warn at most: a launch that
+ignores them still runs (docs/in-process-restart.md).
 """
 
 from __future__ import annotations
@@ -53,10 +44,8 @@ def restart_policy(ctx: DoctorContext) -> Finding:
 
 
 def _master_port(ctx: DoctorContext) -> tuple[str, int] | None:
-    """(host, port) the workers' MASTER_PORT is on when the launcher fixes it in advance, else None.
-
-    Static rendezvous hands the workers --master-port; torchrun's c10d backend hands them its own store's
-    endpoint (the shared agent store). ft_launcher 0.4.1's c10d picks a random port at each start."""
+    """(host, port) the workers' MASTER_PORT is on when the launcher fixes it in advance (static: --master-port;
+    torchrun's c10d: its store's endpoint), else None."""
     if ctx.rdzv_backend == "static" and not ctx.standalone:
         return ctx.master_addr or "127.0.0.1", ctx.master_port or STATIC_PORT
     if ctx.launcher == "torchrun" and ctx.rdzv_endpoint and not ctx.standalone:

@@ -1,7 +1,5 @@
 """Who launches the job, and how: torchrun vs a fault-tolerant launcher, srun's kill-on-bad-exit,
 launchers per node, and the ``GROUP_RANK`` NVRx uses as the infrastructure (node) rank off Slurm.
-
-Slurm facts come straight from the step's environment (SLURM_STEP_ID, SLURM_STEP_TASKS_PER_NODE, ...).
 """
 
 from __future__ import annotations
@@ -97,26 +95,21 @@ def per_node(ctx: DoctorContext) -> Finding:
 def _neighbours(ctx: DoctorContext) -> Finding:
     view = ctx.nvml()
     has_gpus = bool(view.available and view.gpus)
+    rendezvous = rendezvous_key(standalone=ctx.standalone, endpoint=ctx.rdzv_endpoint,
+                                master_addr=ctx.master_addr, master_port=ctx.master_port)
     found, ignored = conflicts(ctx.other_launchers(), uid=ctx.uid, env=ctx.env, has_gpus=has_gpus,
-                               rendezvous=own_rendezvous(ctx))
+                               rendezvous=rendezvous)
     aside = f" ({ignored} other launcher process(es) ignored: other users' jobs, --help, doctor)" if ignored else ""
     if not found:
         scope = "these GPUs or this rendezvous" if has_gpus else "this rendezvous"
         return ok(f"no other launch of yours on this host uses {scope}{aside}")
-    # Another launch's command line, as its /proc says: without its secrets (doctor's output gets pasted into
-    # issues) and without control characters (the process chose its own title).
+    # Without secrets (doctor's output gets pasted into issues) or control characters (the process chose them).
     listed = "; ".join(f"pid {c.process.pid} {c.why}: {one_line(shown_argv(c.process.argv)[:100])}" for c in found[:3])
     pids = " ".join(str(c.process.pid) for c in found)
     gpu_fix = "give each job its own GPUs (CUDA_VISIBLE_DEVICES=...) or " if any("GPU" in c.why for c in found) else ""
     port_fix = "use another --rdzv-endpoint port, or " if any("rendezvous" in c.why for c in found) else ""
     return warn(f"{len(found)} other launch(es) of yours on this host: {listed}",
                 f"{gpu_fix}{port_fix}stop the other launch (kill {pids}) if it is left over")
-
-
-def own_rendezvous(ctx: DoctorContext) -> tuple[str, int] | None:
-    """Where this launch's rendezvous listens; None when it picks a free port (--standalone)."""
-    return rendezvous_key(standalone=ctx.standalone, endpoint=ctx.rdzv_endpoint, master_addr=ctx.master_addr,
-                          master_port=ctx.master_port)
 
 
 @check("launcher.group_rank", "GROUP_RANK present and unique off Slurm (NVRx infrastructure rank)")

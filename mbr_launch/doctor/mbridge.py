@@ -1,14 +1,6 @@
-"""Strict loader for the resiliency settings of a Megatron-Bridge style YAML config.
-
-Field names, types and defaults follow ``megatron/bridge/training/config.py`` (``FaultToleranceConfig``,
-``NVRxStragglerDetectionConfig``, ``StragglerDetectionConfig``, ``InProcessRestartConfig``,
-``RerunStateMachineConfig``) and the resiliency fields of its ``checkpoint``, ``train`` and ``dist``
-sections. A misspelt key is the classic silent failure (``ft.enable_ft_pakage: true`` leaves fault
-tolerance off), so every key we do not know is named with its path, and a near miss gets a suggestion.
-
-The resiliency sections are checked strictly (an unknown key is an error). ``train``, ``checkpoint`` and
-``dist`` carry dozens of unrelated training fields, so there an unknown key is an error only when it is
-a near miss of a resiliency field, and otherwise named at info level as "not checked".
+"""Strict loader for the resiliency settings of a Megatron-Bridge style YAML config (``megatron/bridge/
+training/config.py``). A misspelt key is the classic silent failure: unknown keys are errors in the resiliency
+sections; in ``train``, ``checkpoint`` and ``dist`` only near misses are, other keys are "not checked" infos.
 """
 
 from __future__ import annotations
@@ -144,26 +136,15 @@ class BridgeConfig:
     problems: tuple[KeyProblem, ...] = ()
 
 
-_STRICT: dict[str, type] = {
-    "ft": FaultTolerance,
-    "nvrx_straggler": NvrxStraggler,
-    "straggler": LegacyStraggler,
-    "inprocess_restart": InProcessRestart,
-    "rerun_state_machine": RerunStateMachine,
-}
+_STRICT: dict[str, type] = {"ft": FaultTolerance, "nvrx_straggler": NvrxStraggler, "straggler": LegacyStraggler,
+                            "inprocess_restart": InProcessRestart, "rerun_state_machine": RerunStateMachine}
 _LOOSE: dict[str, type] = {"checkpoint": Checkpoint, "train": Train, "dist": Dist}
 # The section names are declared in config.files (its loader must accept them); the types above must match.
 assert frozenset(_STRICT) == BRIDGE_STRICT_SECTIONS and frozenset(_LOOSE) == BRIDGE_LOOSE_SECTIONS
-# Known, not about resiliency, so not inspected; plus mbr-launch's own sections of the same file (checked by
-# mbr_launch.config.files).
+# Not about resiliency, so not inspected; plus our own sections of the file (checked by config.files).
 _OTHER_SECTIONS = BRIDGE_OTHER_SECTIONS | OWN_SECTIONS
-_TYPES: dict[str, tuple[type, ...]] = {
-    "bool": (bool,),
-    "int": (int,),
-    "float": (int, float),
-    "str": (str,),
-    "None": (type(None),),
-}
+_TYPES: dict[str, tuple[type, ...]] = {"bool": (bool,), "int": (int,), "float": (int, float), "str": (str,),
+                                       "None": (type(None),)}
 
 
 def load(path: str | Path) -> BridgeConfig:
@@ -183,8 +164,7 @@ def parse(raw: Mapping[str, Any], *, path: str = "<config>") -> BridgeConfig:
     problems: list[KeyProblem] = []
     sections: dict[str, Any] = {}
     known_top = set(_STRICT) | set(_LOOSE) | _OTHER_SECTIONS
-    # A training config that carries ft_launcher's section somewhere inside (NVRx finds it at any depth) has
-    # sections of its own; config.files already refuses a misspelt name of ours there.
+    # A training config carrying ft_launcher's section (at any depth) has sections of its own: infos, not errors.
     carried = find_fault_tolerance(raw) is not None
     for key, value in raw.items():
         key = str(key)

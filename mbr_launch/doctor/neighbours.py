@@ -1,11 +1,5 @@
-"""Which other launcher processes on this host can get in this job's way (``launcher.per_node``).
-
-Only this user's real launches count: another user's job has its GPUs from the scheduler and is none of
-this launch's business, and a ``ft_launcher --help`` or an ``mbr-launch doctor`` starts nothing. Of
-those, a launcher conflicts when it uses the same rendezvous endpoint (a second agent of the same job on
-this node, or a port clash), or, on a host with GPUs, when it can use the same GPUs (overlapping
-CUDA_VISIBLE_DEVICES; unset means all of them). Without GPUs, processes share CPUs as they always do:
-only the rendezvous matters.
+"""Which other launcher processes on this host get in this job's way (``launcher.per_node``): this user's real
+launches (not ``--help`` or ``doctor``) on the same rendezvous endpoint or, on a GPU host, overlapping GPUs.
 """
 
 from __future__ import annotations
@@ -96,7 +90,6 @@ def rendezvous_key(*, standalone: bool, endpoint: str | None, master_addr: str |
 
 
 def rendezvous_of(args: Sequence[str]) -> tuple[str, int] | None:
-    """Where another launcher's rendezvous listens, read from its flags."""
     port = _flag_value(args, "master_port")
     return rendezvous_key(standalone="--standalone" in args, endpoint=_flag_value(args, "rdzv_endpoint"),
                           master_addr=_flag_value(args, "master_addr"),
@@ -110,10 +103,6 @@ def devices(text: str | None) -> set[str] | None:
     return {d.strip() for d in text.split(",") if d.strip()}
 
 
-def share_gpus(mine: set[str] | None, theirs: set[str] | None) -> bool:
-    return mine is None or theirs is None or bool(mine & theirs)
-
-
 def conflicts(others: Sequence[LauncherProcess], *, uid: int, env: Mapping[str, str], has_gpus: bool,
               rendezvous: tuple[str, int] | None) -> tuple[list[Conflict], int]:
     """(the launchers that get in the way, how many other launcher processes were left aside)."""
@@ -121,9 +110,9 @@ def conflicts(others: Sequence[LauncherProcess], *, uid: int, env: Mapping[str, 
     relevant = [p for p in others if p.uid == uid and is_launch(p.argv)]
     mine = devices(env.get("CUDA_VISIBLE_DEVICES"))
     for proc in relevant:
+        theirs = devices(proc.visible_devices) if proc.env_read else None  # unreadable: it may hold any GPU
         if rendezvous is not None and rendezvous_of(launch_args(proc.argv) or []) == rendezvous:
             found.append(Conflict(proc, f"uses the same rendezvous endpoint ({rendezvous[0]}:{rendezvous[1]})"))
-        # An environment we could not read may hold any devices: assume all of them.
-        elif has_gpus and share_gpus(mine, devices(proc.visible_devices) if proc.env_read else None):
+        elif has_gpus and (mine is None or theirs is None or bool(mine & theirs)):  # None: every GPU
             found.append(Conflict(proc, "can use the same GPUs (CUDA_VISIBLE_DEVICES overlaps or is unset)"))
     return found, len(others) - len(relevant)

@@ -1,16 +1,13 @@
-"""The NVRx the workers will import, and ft_launcher's options against it.
-
-mbr-launch takes every option of ft_launcher 0.4.1, 0.6 and 0.7, and where the versions disagree it follows the
-NVRx in the workers' environment (``config.nvrx``). These checks say which version that is, where it comes from
-and whose defaults apply; and which of the options given that version's ft_launcher would refuse (mbr-launch
-accepts them: an info) or whose clients ignore them (a warning: the option has no effect).
+"""The NVRx the workers will import (whose ft_launcher defaults mbr-launch follows, ``config.nvrx``), the
+ft_launcher options given against it (refused by that version: info; ignored by its clients: warn), and the
+torch release against the tested range (pyproject's; tests/test_doctor_torch_range.py holds the two together).
 """
 
 from __future__ import annotations
 
 import dataclasses
 
-from packaging.version import Version
+from packaging.version import InvalidVersion, Version
 
 from mbr_launch.config.nvrx import (CLIENT_FIELDS_SINCE_06, GENERATIONS, NAMES, NEWEST, REMOVED_VALUES, release,
                                    removed_spelling, unclear)
@@ -108,3 +105,35 @@ def ft_options(ctx: DoctorContext) -> Finding:
     if notes:
         return info("; ".join(notes))
     return ok(f"every ft_launcher option given means the same to NVRx {version}'s ft_launcher")
+
+
+# (major, minor) releases the torch-touching tests ran on (benchmarks/RESULTS.md, "Issue #38: torch versions").
+TORCH_OLDEST: tuple[int, int] = (2, 13)
+TORCH_NEWEST: tuple[int, int] = (2, 14)
+# as pyproject declares it
+REQUIREMENT = f"torch>={TORCH_OLDEST[0]}.{TORCH_OLDEST[1]},<{TORCH_NEWEST[0]}.{TORCH_NEWEST[1] + 1}"
+
+
+def in_tested_range(version: str) -> bool | None:
+    """Whether torch's ``__version__`` is in the tested range; None when it is not a version at all."""
+    try:
+        parts = Version(version).release
+    except InvalidVersion:
+        return None
+    return TORCH_OLDEST <= (parts + (0, 0))[:2] <= TORCH_NEWEST
+
+
+@check("versions.torch_tested", "torch release against the versions mbr-launch was tested with")
+def torch_tested(ctx: DoctorContext) -> Finding:
+    version = ctx.versions().torch
+    if version is None:
+        return skip("torch cannot be imported (see versions.torch)")
+    span = f"{TORCH_OLDEST[0]}.{TORCH_OLDEST[1]} to {TORCH_NEWEST[0]}.{TORCH_NEWEST[1]}"
+    verdict = in_tested_range(version)
+    if verdict:
+        return ok(f"torch {version}: within the tested {span}")
+    saw = (f"torch {version} is not a version mbr-launch can place" if verdict is None else
+           f"torch {version} is outside the versions mbr-launch was tested with ({span})")
+    return warn(saw, "it may well work; to be sure, run the torch-touching tests on it from a checkout of "
+                     f"mbr-launch (scripts/torch-compat {version.split('+')[0]}), or use a tested torch: "
+                     f"pip install '{REQUIREMENT}'")

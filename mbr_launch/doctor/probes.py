@@ -1,8 +1,5 @@
-"""Real probes of the machine, each a plain function the context holds as an injectable callable.
-
-Checks never call these directly: they read ``ctx.<probe>()`` so tests can substitute the machine's view
-(a GPU that reports a pending reset, a 64 MiB /dev/shm) while the defaults exercise the real host.
-Every probe is cheap, bounded in time, and returns data rather than raising where it can.
+"""Real probes of the machine, each a plain function the context holds as an injectable callable: cheap,
+bounded in time, returning data rather than raising where it can.
 """
 
 from __future__ import annotations
@@ -88,7 +85,6 @@ def disk_free(path: str) -> int:
 
 
 def script_head(path: str, limit: int = 1 << 20) -> str | None:
-    """The first ``limit`` bytes of a training script as text, or None when it cannot be read."""
     try:
         with open(path, "rb") as f:
             return f.read(limit).decode("utf-8", errors="replace")
@@ -97,8 +93,7 @@ def script_head(path: str, limit: int = 1 << 20) -> str | None:
 
 
 def port_free(host: str, port: int) -> bool:
-    # SO_REUSEADDR so a port in TIME_WAIT reads as free (TCPStore binds the same way); a LISTEN socket
-    # on any local address still makes the bind fail. Bind the wildcard: TCPStore listens on all.
+    # As TCPStore binds: the wildcard, SO_REUSEADDR (TIME_WAIT is free; a LISTEN socket anywhere still fails).
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
@@ -117,7 +112,6 @@ def reachable(host: str, port: int, timeout: float) -> bool:
 
 
 def resolve(host: str) -> list[str]:
-    """Addresses ``host`` resolves to; empty when it does not resolve."""
     try:
         return sorted({ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)})
     except (OSError, UnicodeError):
@@ -125,9 +119,8 @@ def resolve(host: str) -> list[str]:
 
 
 def reverse_lookup_seconds(address: str, cap: float) -> float | None:
-    """Seconds a reverse DNS lookup of ``address`` takes (what torch's c10d sockets do for every new store
-    connection, on the store host's server thread too; pytorch#159007), up to ``cap``: None when it had not
-    returned by then (it is left to finish in a daemon thread)."""
+    """Seconds a reverse DNS lookup of ``address`` takes, up to ``cap``: None when it had not returned by then
+    (it is left to finish in a daemon thread)."""
     import threading  # noqa: PLC0415
 
     done = threading.Event()
@@ -145,10 +138,8 @@ def reverse_lookup_seconds(address: str, cap: float) -> float | None:
 
 
 def local_addresses() -> set[str]:
-    """This host's addresses (in this network namespace): the kernel's local IPv4 addresses (``/32 host
-    LOCAL`` in /proc/net/fib_trie) and its IPv6 ones (/proc/net/if_inet6), read directly: every agent asks
-    before its ranks start, and importing psutil for it cost each one ~8 ms of CPU. Through psutil where
-    /proc/net does not say."""
+    """This host's addresses, from /proc/net (cheaper than importing psutil, which every agent would pay before
+    its ranks start); through psutil where /proc/net does not say."""
     addrs = {"127.0.0.1", "::1"}
     try:
         with open("/proc/net/fib_trie") as f:

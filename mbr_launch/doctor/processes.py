@@ -1,10 +1,5 @@
-"""Launcher processes on this host, read from /proc: which other launchers run (``launcher.per_node``) and
-who started this process (``detect_launcher``).
-
-/proc is read directly rather than through psutil: every agent scans the host before its ranks start, and
-psutil (an object and three files per process, a second pass for our children, and its import) took about
-3% of an agent's CPU when 32 agents started together on 2 cores. One ``cmdline`` is read per process; the
-rest only for the few that are launchers.
+"""Launcher processes on this host, read from /proc (not psutil: every agent scans before its ranks start):
+other launchers (``launcher.per_node``) and who started this process (``detect_launcher``).
 """
 
 from __future__ import annotations
@@ -16,14 +11,10 @@ from dataclasses import dataclass
 from mbr_launch import procstat
 from mbr_launch.monitor.ancestry import MAX_HOPS, parent_of
 
-_LAUNCHER_MARKERS = (
-    ("ft_launcher", "ft_launcher"),
-    ("mbr-launch", "mbr-launch"),
-    ("mbr_launch", "mbr-launch"),
-    ("torchrun", "torchrun"),
-    ("torch.distributed.run", "torchrun"),
-    ("torch.distributed.launch", "torchrun"),
-)
+# (a word of the command line, the launcher it names)
+_LAUNCHER_MARKERS = (("ft_launcher", "ft_launcher"), ("mbr-launch", "mbr-launch"), ("mbr_launch", "mbr-launch"),
+                     ("torchrun", "torchrun"), ("torch.distributed.run", "torchrun"),
+                     ("torch.distributed.launch", "torchrun"))
 
 
 # Thread names of a launcher's helper processes (a waiting standby, the rank monitor): not launchers.
@@ -41,7 +32,6 @@ def launcher_of(cmdline: Sequence[str]) -> str | None:
 
 
 def parent_cmdlines(limit: int = 8) -> list[list[str]]:
-    """The command lines of the processes above this one, nearest first."""
     out: list[list[str]] = []
     pid = parent_of(os.getpid())
     while pid is not None and pid > 0 and len(out) < limit:
@@ -54,12 +44,8 @@ def parent_cmdlines(limit: int = 8) -> list[list[str]]:
 
 
 def detect_launcher(env: Mapping[str, str], parents: Sequence[Sequence[str]] | None = None) -> str:
-    """Who started this process: mbr-launch, ft_launcher, torchrun, srun, or "none".
-
-    Env first (it survives wrapper scripts): our agent exports MBR_* and ft_launcher exports
-    FT_RANK_MONITOR_IPC_SOCKET; TORCHELASTIC_RUN_ID without either means plain torchrun. Then the
-    parents' command lines, for a torchrun that has not exported anything recognisable.
-    """
+    """Who started this process: mbr-launch, ft_launcher, torchrun, srun, or "none". The environment first
+    (it survives wrapper scripts), then the parents' command lines."""
     if any(k.startswith("MBR_") and k != "MBR_TEST_SESSION" for k in env):
         return "mbr-launch"
     if "FT_RANK_MONITOR_IPC_SOCKET" in env or "FT_LAUNCHER_IPC_SOCKET" in env:
@@ -77,20 +63,15 @@ def detect_launcher(env: Mapping[str, str], parents: Sequence[Sequence[str]] | N
 
 @dataclass(frozen=True)
 class LauncherProcess:
-    """Another launcher process on this host, as ``launcher.per_node`` judges it."""
-
     pid: int
     uid: int | None  # None: unknown (the process went away while being read)
     argv: tuple[str, ...]
-    # Its CUDA_VISIBLE_DEVICES; None when unset (every GPU) or when its environment cannot be read
-    # (another user's process), ``env_read`` says which.
-    visible_devices: str | None = None
-    env_read: bool = False
+    visible_devices: str | None = None  # CUDA_VISIBLE_DEVICES; None: unset (every GPU), or not env_read
+    env_read: bool = False  # its environment could be read (not another user's process)
 
 
 def other_launchers() -> list[LauncherProcess]:
-    """Launcher agents on this host outside our own process tree, whoever runs them and whatever they do
-    (``launcher.per_node`` decides which ones matter)."""
+    """Launcher agents on this host outside our own process tree (``neighbours`` decides which matter)."""
     me = os.getpid()
     mine = _ancestors(me)
     seen: dict[int, bool] = {}  # pid -> descends from us: the launchers of one job share their parents
@@ -103,10 +84,7 @@ def other_launchers() -> list[LauncherProcess]:
         if pid in mine or not raw or not any(marker in raw for marker in _MARKER_BYTES):
             continue
         cmd = _split_cmdline(raw)
-        # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
-        # standby shows as "mbr-launch standby ..." (shim.proctitle), a launcher's rank monitor and fork server,
-        # forked from it, by their thread names (monitor.forked, workers.forkserver) even where their titles
-        # could not be written.
+        # Only agents count: not a worker (shim.boot), a standby (its title) nor a helper (its thread name).
         if (launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]
                 or (_read_proc(pid, "comm") or b"").strip().decode(errors="replace") in _HELPER_NAMES
                 or _descends(pid, me, seen)):
@@ -132,8 +110,7 @@ def _read_proc(pid: int, name: str) -> bytes | None:
 
 
 def _split_cmdline(raw: bytes) -> list[str]:
-    """A process's argv as ``ps`` shows it: NUL-separated, or split at spaces where the process rewrote its
-    title as one string (``mbr-launch standby for local rank 0``, setproctitle)."""
+    """A process's argv as ``ps`` shows it, split at spaces where it rewrote its title as one string."""
     text = raw.decode(errors="replace")
     sep = "\0" if text.endswith("\0") else " "
     words = text.rstrip(sep).split(sep)
@@ -141,7 +118,6 @@ def _split_cmdline(raw: bytes) -> list[str]:
 
 
 def _descends(pid: int, root: int, seen: dict[int, bool]) -> bool:
-    """``pid`` is ``root`` or below it; every process walked through is remembered in ``seen``."""
     chain = []
     answer = False
     for _ in range(MAX_HOPS):
@@ -161,7 +137,6 @@ def _descends(pid: int, root: int, seen: dict[int, bool]) -> bool:
 
 
 def _ancestors(pid: int) -> set[int]:
-    """``pid`` and every process above it."""
     found = {pid}
     for _ in range(MAX_HOPS):
         parent = parent_of(pid)

@@ -1,7 +1,5 @@
-"""The check table: what a check returns, how one is registered, and the error for a bad check id.
-
-Check modules register themselves with ``@check(id, title, cheap=...)``; ``checks.run_checks`` imports
-them all and walks the table in registration order, so the report order is stable.
+"""The check table: what a check returns, ``@check`` registration (its order is the report order), and the
+error for a bad check id.
 """
 
 from __future__ import annotations
@@ -58,8 +56,7 @@ def check(id: str, title: str, *, cheap: bool = True, named: bool = False) -> Ca
 
 def check_with(gate: Callable[["DoctorContext"], "T | Finding"], id: str, title: str, *,
                cheap: bool = True) -> Callable[[GatedFn[T]], GatedFn[T]]:
-    """A check of what ``gate`` gives (the loaded config, the GPUs, ...): without it, the gate's finding (a skip)
-    is the result."""
+    """A check of what ``gate`` gives (the loaded config, the GPUs, ...), else the gate's finding (a skip)."""
 
     def register(fn: GatedFn[T]) -> GatedFn[T]:
         def run(ctx: DoctorContext) -> Finding:

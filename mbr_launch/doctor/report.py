@@ -32,29 +32,19 @@ def exit_code(results: Sequence[CheckResult]) -> int:
     return 2 if counts["error"] else 1 if counts["warn"] else 0
 
 
-def to_json(results: Sequence[CheckResult], versions: Mapping[str, str | None] | None = None) -> str:
-    return json.dumps(
-        {
-            "version": SCHEMA_VERSION,
-            "versions": dict(versions) if versions is not None else _versions(),
-            "checks": [{"id": r.id, "severity": r.severity, "title": r.title, "saw": r.saw, "fix": r.fix}
-                       for r in results],
-            "summary": summary(results),
-        },
-        indent=2,
-    )
+def to_json(results: Sequence[CheckResult], versions: Mapping[str, str | None] | None = None, *,
+            error: str | None = None) -> str:
+    """The JSON document; ``error``: why no check could run (then ``results`` is empty)."""
+    from mbr_launch.report.version import versions as installed  # noqa: PLC0415
 
-
-def to_json_error(message: str) -> str:
-    """The JSON document when no check could run: the same schema, no checks, and the reason."""
-    return json.dumps({"version": SCHEMA_VERSION, "versions": _versions(), "error": message, "checks": [],
-                       "summary": summary([])}, indent=2)
-
-
-def _versions() -> dict[str, str | None]:
-    from mbr_launch.report.version import versions  # noqa: PLC0415
-
-    return versions()
+    doc: dict[str, object] = {"version": SCHEMA_VERSION,
+                              "versions": dict(versions) if versions is not None else installed()}
+    if error is not None:
+        doc["error"] = error
+    doc["checks"] = [{"id": r.id, "severity": r.severity, "title": r.title, "saw": r.saw, "fix": r.fix}
+                     for r in results]
+    doc["summary"] = summary(results)
+    return json.dumps(doc, indent=2)
 
 
 def grouped(results: Sequence[CheckResult]) -> list[tuple[str, list[CheckResult]]]:
@@ -67,8 +57,7 @@ def grouped(results: Sequence[CheckResult]) -> list[tuple[str, list[CheckResult]
 
 
 def render_lines(results: Sequence[CheckResult], *, width: int, verbose: bool) -> list[tuple[str, str]]:
-    """(style, text) lines of the doctor's report: grouped by area, each check's finding and fix wrapped
-    to ``width``; the skipped checks of an area folded into one line unless ``verbose``."""
+    """(style, text) lines of the report by area, wrapped to ``width``; skips folded into a line unless ``verbose``."""
     out: list[tuple[str, str]] = []
     for name, members in grouped(results):
         out.append(("bold", name))
@@ -92,11 +81,12 @@ def _wrap(text: str, width: int, indent: int) -> list[str]:
                          break_long_words=True) or [text]
 
 
-def render_table(results: Sequence[CheckResult], console: Console, *, verbose: bool = False,
+def render_table(results: Sequence[CheckResult], console: Console | None = None, *, verbose: bool = False,
                  title: str = "") -> None:
-    """The doctor's report for people (the name is kept for callers): see ``render_lines``."""
+    from rich.console import Console  # noqa: PLC0415
     from rich.markup import escape  # noqa: PLC0415
 
+    console = console or Console()
     width = min(console.width, 120)
     for line in _wrap(title, width, 2) if title else []:
         console.print(f"[bold]{escape(line)}[/]", highlight=False, soft_wrap=True)
@@ -109,8 +99,7 @@ def render_table(results: Sequence[CheckResult], console: Console, *, verbose: b
 
 
 def preflight_line(results: Sequence[CheckResult]) -> str | None:
-    """The launcher's lines for warnings, or None when there are none: one for each warning of a check that
-    asks to be named at launch (``check(..., named=True)``), then one that counts the rest."""
+    """The launcher's lines for warnings, or None: each warning of a ``named`` check, then a count of the rest."""
     warned = [r for r in results if r.severity == "warn" and not r.named]
     named = [f"WARNING: {r.id}: {r.saw}" + (f" (fix: {r.fix})" if r.fix else "")
              for r in results if r.severity == "warn" and r.named]
@@ -121,10 +110,8 @@ def preflight_line(results: Sequence[CheckResult]) -> str | None:
 
 
 def render_problems(results: Sequence[CheckResult], console: Console | None = None, *, quiet: bool = False) -> None:
-    """What the launcher prints before starting: every error in full, with its fix (they stop the launch);
-    warnings as one line pointing at the doctor (none with ``quiet``). ``console`` defaults to stderr; rich
-    is imported only for errors: a warnings-only line is plain text, written as it is. Importing rich costs
-    an agent about 20 ms of CPU before its ranks start, which 32 agents on a 2-core machine pay 32 times."""
+    """What the launcher prints before starting: every error in full with its fix, warnings as one line (none
+    with ``quiet``). rich is imported only for errors: every agent would pay for it before its ranks start."""
     errors = [r for r in results if r.severity == "error"]
     line = None if quiet else preflight_line(results)
     if not errors and not line:

@@ -1,9 +1,5 @@
-"""Whole lines appended to a log file that may fill up or fail: never a half line, never an exception.
-
-A full disk (ENOSPC, EDQUOT), an I/O error (EIO) or any other write failure must not stop a job or
-its supervisor: the appender rolls the file back to the end of its last complete line, gives the file up
-and from then on counts what it could not write. The caller decides what else to do with the lines (the
-console) and reports the loss once.
+"""Whole lines appended to a log file that may fill up or fail: never a half line, never an exception. On an
+I/O error the file is rolled back to its last complete line and given up; what it misses is counted.
 """
 
 from __future__ import annotations
@@ -19,11 +15,7 @@ Writer = Callable[[int, memoryview], int]
 
 
 class LineAppender:
-    """Appends chunks of whole lines to ``path``; ``append`` returns False once the file is given up.
-
-    Only this object writes the file (``O_APPEND``, one process), so the size after each complete write is
-    the rollback point of the next. ``fresh``: the file must not exist yet (in a folder just made, one that
-    does was planted). ``write`` is injectable to test failures that a real file system gives rarely (EIO)."""
+    """Appends whole lines to ``path``; only it writes there, so each complete write's end is the rollback point."""
 
     def __init__(self, path: Path, *, fresh: bool = False, write: Writer = os.write) -> None:
         self.path = path
@@ -73,7 +65,6 @@ class LineAppender:
                 pass  # nothing is buffered here: a failing close loses nothing more
 
     def _roll_back(self) -> None:
-        """Cut the part of a line that got written: a reader must never see half a line."""
         try:
             os.ftruncate(self._fd, self._end)  # type: ignore[arg-type]
         except OSError:

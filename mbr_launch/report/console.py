@@ -1,37 +1,22 @@
 """The launcher's terminal: worker output, the agent's messages and the live status area go through one owner,
 so that nothing written is lost, glued or drawn over.
 
-Everything meant for the launcher's stdout or stderr is written through a ``Console``:
-
-- A ``ConsoleSource`` (a worker's stdout or stderr, or the agent's own messages) passes bytes through as they come,
-  partial lines and ``\\r`` included, and adds its rank prefix at each line start: after ``\\n``, and after a
-  ``\\r`` that redraws the line, so that a progress bar keeps its prefix. Writes are buffered; the pumps
-  flush when their pipe has nothing more ready, the agent's messages flush at once.
-- Two sources never share a line: when one writes while another's line is unfinished on the same device
-  (stdout and stderr on one terminal are one device), that line is ended first, and its continuation gets
-  its prefix again.
-- With a live area (the status table pinned at the bottom of a terminal), complete lines are printed above
-  it and each source's unfinished line (a progress bar) is shown inside it, cropped to the width, until its
-  end comes; then it scrolls up as an ordinary line. The area is erased and redrawn around each write under
-  one lock, at most every ``FRAME`` seconds, and the cursor is always left at the start of the line below it
-  (a stray write by another process then lands on a line of its own instead of on the table's border).
-  Python-level writes to ``sys.stdout``/``sys.stderr`` (warnings, logging) are routed through the console
-  while the area is up.
-- The agent's messages are one line each, with no control character in them, whatever they quote; a worker's
-  bytes reach a terminal only as ``workers.output.ForTerminal`` passes them (colours, and every other control
-  shown escaped).
+Each source's prefix goes at every line start; two sources never share a line. With a live area up, complete
+lines go above it and unfinished ones (a progress bar) inside it; it is redrawn under one lock at most every
+``FRAME`` seconds, the cursor left below it, so a stray write by another process lands on a line of its own.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
 import re
 import sys
 import threading
 import unicodedata
 from typing import Any, Callable, Sequence, TextIO
 
-from mbr_launch.report.tty import Device, isatty, same_device, size
+from mbr_launch.fdwait import ready
 from mbr_launch.visible import one_line
 
 BUFFER = 64 * 1024  # bytes held for one device before they are written, whatever else is ready
@@ -46,6 +31,67 @@ _STARTS = re.compile(rb"(?:(?<=\n)|(?<=\r)(?!\n))(?=[^\r])")
 _ESCAPES = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b[@-Z\\-_]")
 
 
+class Device:
+    """One output device behind one or two fds (stdout and stderr on one terminal share it)."""
+
+    def __init__(self, fd: int, tty: bool) -> None:
+        self.fd, self.tty = fd, tty
+        self.buf = bytearray()
+        self.buf_fd = fd
+        self.owner: ConsoleSource | None = None  # the source whose unfinished line the cursor stands after
+        self.alive = True
+        self.live = False  # a status area is pinned at the bottom
+        self.drawn = 0  # rows of the area on the screen now (the cursor is at the start of the row below)
+        self.dirty = False  # the area must be redrawn
+
+    def put(self, fd: int, data: bytes) -> None:
+        if not self.tty and fd != self.buf_fd:
+            self.write_out()  # a file shared by stdout and stderr: keep the order, each through its fd
+            self.buf_fd = fd
+        self.buf += data
+
+    def write_out(self, extra: bytes = b"") -> None:
+        data, self.buf = bytes(self.buf) + extra, bytearray()
+        if not self.alive or not data:
+            return
+        try:
+            write_all(self.fd if self.tty else self.buf_fd, data)
+        except OSError:
+            self.alive = False  # a closed terminal or pipe: keep draining the workers, show nothing more
+
+
+def write_all(fd: int, data: bytes) -> None:
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:  # someone made the terminal non-blocking: wait until it takes more
+            ready([fd], 1.0, write=True)
+
+
+def size(fd: int) -> tuple[int, int]:
+    try:
+        cols, rows = os.get_terminal_size(fd)
+    except OSError:
+        cols, rows = 0, 0
+    return cols or 80, rows or 24
+
+
+def isatty(fd: int) -> bool:
+    try:
+        return os.isatty(fd)
+    except OSError:
+        return False
+
+
+def same_device(a: int, b: int) -> bool:
+    try:
+        sa, sb = os.fstat(a), os.fstat(b)
+    except OSError:
+        return False
+    return (sa.st_dev, sa.st_ino, sa.st_rdev) == (sb.st_dev, sb.st_ino, sb.st_rdev)
+
+
 class ConsoleSource:
     """One stream written through the console with its own prefix and line state."""
 
@@ -57,14 +103,13 @@ class ConsoleSource:
         self.pending = bytearray()  # live area: this source's unfinished line, prefixed
 
     def write(self, data: bytes) -> bool:
-        """Pass ``data`` on; False once the device is gone (a closed terminal): stop writing, keep draining."""
+        """False once the device is gone (a closed terminal): stop writing, keep draining."""
         return self.console.write(self, data)
 
     def flush(self) -> None:
         self.console.flush(soon=True)
 
     def end(self) -> None:
-        """The stream ended: its unfinished line, if any, is ended so that nothing else is glued to it."""
         self.console.end(self)
 
     def prefixed(self, data: bytes) -> bytes:
@@ -112,8 +157,7 @@ class Console:
         return self._devices[stream].tty
 
     def say(self, text: str, stream: str = "stderr") -> None:
-        """One message line of the agent's own, shown at once. It may quote a worker or a peer (a reason, an
-        exception's text): one line, whatever they hold, with no control character in it."""
+        """One line of the agent's own, shown at once, with no control character whatever it quotes."""
         self._own[stream].write(one_line(text).encode(errors="replace") + b"\n")
         self.flush()
 
@@ -138,7 +182,6 @@ class Console:
             return dev.alive
 
     def _above(self, dev: Device, src: ConsoleSource, text: bytes) -> None:
-        """Live area up: complete lines go above it, the unfinished one into it."""
         cut = text.rfind(b"\n") + 1
         if cut:
             dev.put(dev.fd, bytes(src.pending) + text[:cut])
@@ -155,7 +198,6 @@ class Console:
         dev.dirty = True
 
     def _break(self, dev: Device) -> None:
-        """End the unfinished line of ``dev.owner`` before someone else writes."""
         owner, dev.owner = dev.owner, None
         if owner is not None:
             dev.put(self._fds[owner.stream], b"\n")
@@ -176,7 +218,7 @@ class Console:
     def flush(self, *, soon: bool = False) -> None:
         """Write what is buffered; ``soon``: with a live area up, within ``FRAME`` (redraws are coalesced)."""
         with self._lock:
-            for dev in self._unique():
+            for dev in {id(d): d for d in self._devices.values()}.values():  # stdout and stderr may be one
                 if soon and dev.live:
                     self._wake.notify()
                 else:
@@ -197,13 +239,10 @@ class Console:
         dev.write_out(b"".join(row.encode(errors="replace") + b"\n" for row in rows))
         dev.drawn, dev.dirty = len(rows), False
 
-    def _unique(self) -> list[Device]:
-        return list({id(d): d for d in self._devices.values()}.values())
-
     # ---- the live area --------------------------------------------------------------------------
 
     def set_status(self, render: Render | None) -> bool:
-        """Pin (or update) the status area, drawn by ``render``; None takes it away. False: no terminal."""
+        """Pin or update the status area; None takes it away. False: no terminal."""
         with self._lock:
             dev = self._devices["stderr"]
             if render is None:
@@ -278,7 +317,7 @@ class Console:
 
 
 class _TextStream:
-    """``sys.stdout``/``sys.stderr`` while the live area is up: Python-level text lands above the area."""
+    """``sys.stdout``/``sys.stderr`` while the live area is up: Python-level text lands above it."""
 
     def __init__(self, source: ConsoleSource, original: TextIO) -> None:
         self._source, self._original = source, original
@@ -297,18 +336,11 @@ class _TextStream:
     def flush(self) -> None:
         self._source.console.flush()
 
-    def isatty(self) -> bool:
-        return self._original.isatty()
-
-    def fileno(self) -> int:
-        return self._original.fileno()
-
     def __getattr__(self, name: str) -> Any:
         return getattr(self._original, name)
 
 
 def _visible(line: bytearray, width: int) -> str:
-    """An unfinished line as one row of the live area: what follows its last \\r, no escapes, cropped."""
     text = _ESCAPES.sub("", bytes(line).rstrip(b"\r").decode(errors="replace"))
     out, used = [], 0
     for ch in text.replace("\t", " "):
@@ -327,7 +359,7 @@ _PROCESS_LOCK = threading.Lock()
 
 
 def process_console() -> Console:
-    """The console of this process's stdout and stderr: the one every writer of the launcher shares."""
+    """The console of this process's stdout and stderr, shared by every writer of the launcher."""
     global _PROCESS
     with _PROCESS_LOCK:
         if _PROCESS is None:

@@ -1,17 +1,8 @@
 """NVRx cycle-info files (``--ft-cycle-info-dir``) and the names ft_launcher 0.6/0.7 gives per-cycle files.
 
-The node that hosts the rendezvous store writes, for each cycle (a job-wide round of workers), the JSON file
-``<dir>/cycle_info.<job_id>.<attempt>.<cycle>`` in NVRx's schema (its ``NVRxCycleInfo`` message as protobuf
-prints it: field names as written, every field present, the uint64 ``generation`` as a string), and points
-the link ``<dir>/cycle_info.<job_id>.current`` at it. Every worker finds that link in
-``NVRX_CURRENT_CYCLE_INFO``. The file is written when the cycle starts (generation 0, no end time) and again
-when it ends (the end time, generation + 1). Every write is atomic (a temporary file, then a rename, the link
-too), so a reader never sees half a file, and happens on a thread of its own: a slow or hung shared file
-system never holds up a restart.
-
-Job id and attempt as ft_launcher takes them: ``SLURM_ARRAY_JOB_ID`` or ``SLURM_JOB_ID`` (empty outside
-Slurm; ``--ft-cycle-info-job-id`` replaces it) and ``SLURM_RESTART_COUNT``. Node lists and rank lists are in
-Slurm's range notation (``node[001-004,007]``, ``0-3,6``), short host names, sorted as NVRx sorts them.
+Records are in NVRx's schema (protobuf's JSON of ``NVRxCycleInfo``), written when a cycle starts and ends,
+atomically (a temporary file, then a rename) and on a thread of their own: a hung shared file system never
+holds up a restart.
 """
 
 from __future__ import annotations
@@ -21,10 +12,10 @@ import os
 import queue
 import re
 import threading
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from mbr_launch.decide.verdict_text import consecutive_runs
 from mbr_launch.report.private import write_private
@@ -50,9 +41,8 @@ def cycle_log_file(prefix: str, cycle: int) -> str:
 
 
 def namespace(job_id: str | None, environ: Mapping[str, str]) -> tuple[str, int]:
-    """(job id, attempt index) of the files: ``job_id`` (``--ft-cycle-info-job-id``) or Slurm's job id, and
-    Slurm's restart count. (NVRx's nvrx-control, which runs outside the job, writes attempt 0 under an id it
-    is given; a launcher inside a requeued job knows its attempt, and keeps the attempts' files apart.)"""
+    """(job id, attempt index) of the files: ``job_id`` or Slurm's job id, and Slurm's restart count (a
+    requeued job keeps its attempts' files apart)."""
     env_job = environ.get("SLURM_ARRAY_JOB_ID") or environ.get("SLURM_JOB_ID") or ""
     try:
         attempt = int(environ.get("SLURM_RESTART_COUNT", "0"))
@@ -62,7 +52,6 @@ def namespace(job_id: str | None, environ: Mapping[str, str]) -> tuple[str, int]
 
 
 def current_path(info_dir: str, job_id: str | None, environ: Mapping[str, str]) -> str:
-    """What ``NVRX_CURRENT_CYCLE_INFO`` holds: the link to the current cycle's file."""
     return os.path.join(os.path.abspath(info_dir.rstrip("/") or "/"), current_name(namespace(job_id, environ)[0]))
 
 
@@ -145,16 +134,8 @@ class CycleInfo:
         return info_name(self.job_id, self.attempt_index, self.cycle_number)
 
     def to_json(self) -> str:
-        """As NVRx's ``json_format.MessageToJson(indent=2, preserving_proto_field_name=True,
-        always_print_fields_with_no_presence=True)``: uint64 values are strings in protobuf's JSON."""
-        fields: dict[str, Any] = {
-            "job_id": self.job_id, "attempt_index": self.attempt_index, "cycle_number": self.cycle_number,
-            "cycle_start_time": self.cycle_start_time, "cycle_end_time": self.cycle_end_time,
-            "cycle_log_file": self.cycle_log_file, "active_nodes": self.active_nodes,
-            "standby_nodes": self.standby_nodes, "generation": str(self.generation),
-            "active_ranks": self.active_ranks,
-        }
-        return json.dumps(fields, indent=2)
+        """As NVRx's ``json_format.MessageToJson(indent=2, ...)``: uint64 values are strings in protobuf's JSON."""
+        return json.dumps({**asdict(self), "generation": str(self.generation)}, indent=2)
 
 
 class Reporter:
@@ -167,8 +148,7 @@ class Reporter:
         self.current: CycleInfo | None = None  # the open cycle's record, as last written
 
     def start(self, cycle: int, members: Sequence[tuple[str, int]], standby: Sequence[str] = ()) -> None:
-        """A round started. One that goes on with the open cycle's number (the round re-formed to admit
-        nodes) rewrites that cycle's file with the new members instead of starting another."""
+        """A round started; one with the open cycle's number (re-formed to admit nodes) rewrites its file."""
         nodes, ranks = active(members)
         if self.current is not None and self.current.cycle_number == cycle:
             self.current = replace(self.current, active_nodes=nodes, active_ranks=ranks,
@@ -184,7 +164,6 @@ class Reporter:
         self._write(self.current, True)
 
     def end(self) -> None:
-        """The open cycle ended (its workers stopped, or the job ended)."""
         if self.current is None:
             return
         ended = replace(self.current, cycle_end_time=self._now(), generation=self.current.generation + 1)

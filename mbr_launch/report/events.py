@@ -1,93 +1,6 @@
-"""The JSON-lines event log: one object per line, written as things happen and never rewritten.
-
-Schema (every line): ``{"v": 1, "ts": ISO-8601 UTC, "t": seconds since launch, "event": NAME, "node":
-hostname, "group_rank": int|null, ...event fields}``. Event names and their fields are listed in
-``EVENT_FIELDS``; docs/events.md documents them and a test validates logs against this table.
-
-==================  =========================================================================================
-event               fields (besides the common ones; any may be null where it does not apply)
-==================  =========================================================================================
-start               argv, run_id, nproc_per_node, nnodes ("MIN:MAX"), max_restarts, log_dir (this run's dir),
-                    version ({mbr-launch, torch, nvidia-resiliency-ext, python}: what ran, for bug reports)
-rendezvous          round, group_world_size, world_size, rank_offset, master_addr, master_port, restart_count,
-                    seconds (to join), fast (agreed in one store round trip by the same agents, not a c10d
-                    join), fallback (after a job-wide restart: why the c10d join was used)
-worker_start        rank, local_rank, pid, round, standby, standby_age, standby_state (warm|warming|starting)
-                    or standby_miss
-worker_exit         rank, local_rank, pid, round, exit_code, signal (name), seconds (lifetime), killed_by (who
-                    sent the signal: oom|launcher|unknown; null: an exit code, or a signal of its own fault),
-                    kill_detail (what was seen: the kernel's log line, the cgroup's OOM count, ...)
-hang                rank, local_rank, pid, round, kind (initial_heartbeat|heartbeat|section|out_of_section|
-                    step), section, timeout, elapsed, last_heartbeat_age, open_sections
-stacks              round, method (list), paths (stack dump files, one per local rank)
-verdict             round, inquiry (its number in the round), culprits (global ranks; empty: undetermined),
-                    nodes (the culprits' nodes), group_ranks (theirs), basis (stopped|progress|stacks|
-                    only_expired|undetermined|withdrawn: no hang, the expired ranks restart in process),
-                    reason, waiting (ranks seen waiting for the culprits), decider (group rank), seconds (from
-                    the inquiry's start), evidence (this node's ranks: state, cpu, stack, where, collective,
-                    progress per process group, expired, watched, kind, section, last_heartbeat_age,
-                    stacks_path)
-failure             round, rank, local_rank, cause (crash|hang|monitor|peer|request|straggler), exit_code,
-                    signal, section, detail, killed_by, kill_detail (as in worker_exit)
-rank_lost           round, ranks, local_ranks, healthy_nodes, nodes, min_nodes, alive (--restart-policy
-                    min-healthy: crashed ranks left lost, the rest goes on; the failure event says how they died)
-stop                round, reason, origin (node that asked)
-restart             round, restart_count, max_restarts, scope (job|node|rank), backoff
-exclude             round, reason
-leave_failed        round, reason (why): the excluded node could not leave the rendezvous at its exit (torch's
-                    exit operation failed); the other nodes drop it once its keep-alive expires
-peer_lost           round, kind, detail
-workload_request    rank, action, description
-monitor_lost        round, exit_code
-monitor_warning     round, local_rank, pid (the peer, from the kernel), message: a connection or request the rank
-                    monitor refused, or a client connection that broke (the first 200 of a run)
-signal              signal
-preemption          signal, forward, grace
-signal_reach        round, reach (job: every node of the round got a stop signal, the job stops; node: not every
-                    node, those it reached leave), by (step: Slurm signalled every process of this node's step;
-                    count: every node recorded one; window: half --peer-timeout passed without that; second
-                    signal; store: it did not answer), signalled (nodes reached; null: the store did not answer),
-                    nodes
-node_left           round (null: outside a round), signal, next (go on|re-form|restart|stop: what the round does
-                    without this node), reason: this node leaves the job, stopped by a signal that did not reach
-                    every node (exit 6)
-peer_left           round, group_ranks: nodes of the round left it, stopped by a signal that did not reach every node
-requeue             job, ok
-first_step          round, rank, local_rank, seconds (from the worker's start to its first optimizer step)
-first_progress      round, rank, local_rank, kind (checkpoint|collectives|iteration), seconds (from the worker's
-                    start): a worker's first sign of training other than an optimizer step or an NVRx heartbeat
-                    (a checkpoint saved, 20 collectives made, the NVRx iteration advancing); from then on a
-                    failure of the round is no start-up failure (no crash-loop back-off)
-progress            round, started, first_step, last_step, checkpoint, detected, ended (all log ``t`` values),
-                    cause (failure|stop|end), steps: one attempt of this node's workers, for goodput (``detected``:
-                    when its failure was seen, before the stop; ``ended`` on a run without a failure)
-straggler           round, interval, threshold, stragglers (ranks), ranks (list of {rank, relative,
-                    individual, median, best, samples})
-cycle_progress      round, cycle (the job's restart count when the cycle started), source (checkpoint_file|
-                    iteration|steps; null: not scored), start, end (the iteration it advanced from and to; steps:
-                    null and the steps made), progress (null: not scored, ``note`` says why),
-                    no_progress_cycles (in a row, this one included), max_no_progress_cycles, stop (the job ends
-                    with --ft-no-restart-exit-code), note, claimed (this node scored it; else it took the verdict
-                    another node had claimed): progress across restarts (--ft-max-no-progress-cycles), written
-                    by the node whose failure ended the cycle
-goodput             wall, goodput (fraction; null when no optimizer step was seen), seconds ({startup,
-                    productive, lost, detection, restart, other}), failures (list of {round, cause, lost,
-                    detection, restart, resumed (a step came after it: restart is the time until then)})
-output_lost         rank, local_rank, stream (stdout|stderr|filtered_stdout|filtered_stderr), path, error,
-                    lost_bytes, lost_lines: a log file that could not be written (disk full, I/O error); its
-                    complete lines are kept, the rest went to the console only
-health_check        round (the round about to be joined), ok, failed (the check's name: segment|nic_links|
-                    dist_storage|storage_paths|node_health), detail (why), seconds, checks (list of {name, ok,
-                    skipped, detail}, up to the first failure): before a join, when a check was asked for
-leftovers           round (the stopped one), count, processes (list of {pid, ppid, pgid, why, cmdline}): what
-                    survived a stop (--ft-check-remaining-processes); left running
-gpu_memory          round (the next), reclaimed (null: skipped), seconds, polls, used_mb ({GPU: MB} at the last
-                    poll), tolerance_mb, timeout, skipped (why no wait: no NVML, ...), held_by (the last poll's
-                    processes on the GPUs, up to 20: {gpu, pid, mb, owner: ended|job|stranger, user, command}),
-                    short (GPUs strangers leave with less free than the job used last round: {gpu, free_mb,
-                    needed_mb}; the node stays out)
-end                 exit_code, reason, seconds
-==================  =========================================================================================
+"""The JSON-lines event log: one object per line, written as things happen and never rewritten. Common fields:
+``v``, ``ts`` (ISO-8601 UTC), ``t`` (seconds since launch), ``event``, ``node``, ``group_rank``; each event's
+own in ``EVENT_FIELDS`` (their meanings: docs/events.md).
 """
 
 from __future__ import annotations
@@ -154,11 +67,8 @@ EVENT_FIELDS: dict[str, tuple[str, ...]] = {
 
 
 class EventLog:
-    """Appends events to ``path`` (and keeps them in memory for the end-of-run summary).
-
-    Writing never fails the run: on a full disk or an I/O error the file keeps its complete lines, one
-    warning goes through ``warn``, and the events that could not be written are counted (``lost``) while
-    the records stay in memory for the summary. ``write`` is injectable to test an I/O error (EIO)."""
+    """Appends events to ``path`` and keeps them in memory for the summary. Writing never fails the run: on
+    an I/O error the file keeps its complete lines, ``warn`` is called once and unwritten events are counted."""
 
     def __init__(self, path: Path | None, *, node: str, clock=time.monotonic,
                  warn: Callable[[str], None] | None = None,
@@ -183,7 +93,6 @@ class EventLog:
 
     @property
     def lost(self) -> int:
-        """How many events could not be written to the file."""
         return self._out.lost_lines if self._out else 0
 
     @property
@@ -236,22 +145,17 @@ def event_time(record: dict[str, Any]) -> float:
 
 # ---- a record of a log that anyone may have written (``mbr-launch report``) --------------------------------
 #
-# A run folder may be a neighbour's (a shared --log-dir), so nothing in it is trusted: ``report.runs`` reads
-# the file within bounds, and each record is checked once, here, against the types of the fields the report
-# reads. Past this edge the report code meets no NaN, no nested dict where a name belongs, no escape sequence.
+# A run folder may be a neighbour's (a shared --log-dir): each record is checked once, here, so past this edge
+# the report meets no NaN, no nested dict where a name belongs, no escape sequence.
 
-# Text the report prints from a record (a failure's detail, a node's name): one line, this long at most.
-MAX_TEXT = 2000
-# Times (t and the progress record's) are seconds since launch: a run of 30 years is not one. Beyond 2**53
-# an integer is no longer exact in JSON tools, and no rank, round or exit code comes near it.
-MAX_SECONDS = 1e9
+MAX_TEXT = 2000  # characters of one text field the report prints
+MAX_SECONDS = 1e9  # seconds since launch (30 years); beyond 2**53 JSON tools lose integers
 MAX_INT = 1 << 53
 
 TIME, INT, TEXT, TEXTS, NNODES = "time", "int", "text", "texts", "nnodes"
 REQUIRED = {"ts", "t", "event"}  # every record; progress records also need started and ended
-# The fields ``mbr-launch report`` reads (runs, timeline, goodput), by event, and what each must be. A
-# record keeps only these: the rest (a verdict's evidence, a start's versions) is never shown, and dropping it
-# bounds what a record can cost. Null means absent (``record.get`` reads both the same).
+# The fields ``mbr-launch report`` reads, by event, and what each must be. A record keeps only these, which
+# bounds what it can cost. Null means absent.
 COMMON_FIELDS = {"ts": TEXT, "t": TIME, "event": TEXT, "node": TEXT, "group_rank": INT}
 REPORT_FIELDS: dict[str, dict[str, str]] = {
     "start": {"run_id": TEXT, "nnodes": NNODES, "argv": TEXTS},
@@ -270,7 +174,7 @@ _REQUIRED_BY_EVENT: dict[str, set[str]] = {"progress": {"started", "ended"}}
 
 
 class BadRecord(ValueError):
-    """One line of a log is not an event the report can use; the message says why, in a few words."""
+    """One line of a log is not an event the report can use; the message says why."""
 
 
 def _no_constant(name: str) -> Any:
@@ -278,8 +182,7 @@ def _no_constant(name: str) -> Any:
 
 
 def report_record(line: bytes) -> dict[str, Any]:
-    """One event line as the report reads it: the fields of ``REPORT_FIELDS`` with the types given there,
-    text made visible on one line (``visible.one_line``). Raises ``BadRecord``."""
+    """One event line as the report reads it: the fields of ``REPORT_FIELDS``, checked. Raises ``BadRecord``."""
     try:
         record = json.loads(line.decode("utf-8"), parse_constant=_no_constant)
     except UnicodeDecodeError:
@@ -307,21 +210,17 @@ def report_record(line: bytes) -> dict[str, Any]:
     return out
 
 
-def _text(value: str) -> str:
-    return one_line(value, MAX_TEXT)
-
-
 def _checked(name: str, kind: str, value: Any) -> Any:
     if kind == TEXT and isinstance(value, str):
-        return _text(value)
+        return one_line(value, MAX_TEXT)
     if kind == INT and type(value) is int and -MAX_INT <= value <= MAX_INT:  # not bool: true is no rank
         return value
     if kind == TIME and type(value) in (int, float) and 0 <= value <= MAX_SECONDS:  # inf fails; NaN never came
         return float(value)
     if kind == TEXTS and isinstance(value, list) and all(isinstance(v, str) for v in value):
-        return [_text(v) for v in value]
+        return [one_line(v, MAX_TEXT) for v in value]
     if kind == NNODES and isinstance(value, str):
-        return _text(value)
+        return one_line(value, MAX_TEXT)
     if kind == NNODES and type(value) is int and -MAX_INT <= value <= MAX_INT:
         return value
     what = {TEXT: "a string", INT: f"an integer (at most {MAX_INT})", TIME: f"seconds (0 to {MAX_SECONDS:g})",

@@ -9,9 +9,7 @@ PREEMPTED = 5  # a preemption signal reached every node of the round: workers we
 EXCLUDED = 6  # this node left the job (a stop signal reached it alone, it failed too often, a worker asked); the rest go on
 UNHEALTHY = 7  # this node failed a pre-rendezvous health check and did not join; the rest go on
 NO_RESTART = 93  # ft_launcher 0.6+'s "do not requeue": no progress across --ft-max-no-progress-cycles cycles
-# ``mbr-launch doctor`` exits 0 all ok, 1 warnings, 2 errors found by its checks, and this when it could not
-# run them at all (a bad option or config file).
-DOCTOR_NOT_RUN = 3
+DOCTOR_NOT_RUN = 3  # ``mbr-launch doctor`` could not run its checks (0 ok, 1 warnings, 2 errors)
 
 TABLE = (
     (OK, "every worker of every node succeeded; or, for an agent still waiting to join a round (a spare), "

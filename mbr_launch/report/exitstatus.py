@@ -1,9 +1,5 @@
 """How a process ended: exit code or signal; for a signal, who sent it as far as the node could tell
-(``workers.killcause``), else a hint a person can act on where the signal itself says something (SIGSEGV: a
-crash in native code). A signal that any process could have sent (SIGKILL, SIGTERM...) gets no guessed sender.
-
-Lives in report/ (not workers/) because failure records and the summary describe exits too, and report is
-the lower layer: workers import it, never the reverse.
+(``workers.killcause``), else a hint where the signal itself says something (SIGSEGV: a crash in native code).
 """
 
 from __future__ import annotations

@@ -1,15 +1,8 @@
 """The run's timeline as a standalone SVG or HTML file, drawn with matplotlib (the optional ``report`` extra).
 
-The same model and the same colours as the terminal: one bar per node, a segment per span (each an SVG
-element with the id ``segment-<kind>-<node>-<n>``, so tools and tests can find them), a line per failure
-(``failure-<n>``) and per round. The HTML page is the SVG inline plus the report's text: one file, nothing
-fetched from elsewhere. matplotlib is imported only here, and only when a file is asked for.
-
-Every text that comes from the run (node names, a failure's cause, the run id) is drawn with
-``parse_math=False`` and with ``text.usetex`` off whatever the user's matplotlibrc says: a ``$`` in a name
-would otherwise be math mode (an unmatched one raises, a matched one draws something else than the log
-says), and usetex would hand the text to LaTeX. XML escaping is matplotlib's (``svg.fonttype: none`` keeps
-text as text).
+Same model and colours as the terminal; ids ``segment-<kind>-<node>-<n>``, ``failure-<n>``, ``round-<n>`` let
+tools find the elements. Run text is drawn with ``parse_math=False`` and ``text.usetex`` off (a ``$`` in a
+name would be math mode; usetex would hand it to LaTeX).
 """
 
 from __future__ import annotations
@@ -67,8 +60,8 @@ def svg(run: RunTimeline) -> str:
         ax.set_ylim(len(run.lanes) - 0.3, -0.7)
         ax.set_xlim(0, max(run.wall, 1e-3))
         ax.set_xlabel("seconds since launch")
-        shown = [k for k in KINDS if any(s.kind == k for lane in run.lanes for s in lane.segments)]
-        fig.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {_seconds(run, k):.1f} s") for k in shown],
+        shown = run.seconds_by_kind()
+        fig.legend(handles=[Patch(color=COLOR[k], label=f"{NAME[k]} {s:.1f} s") for k, s in shown.items()],
                    loc="outside lower center", ncols=min(len(shown), 7), frameon=False, fontsize=8)
         result = "exit code {}".format(run.exit_code) if run.exit_code is not None else "no end event"
         ax.set_title(f"mbr-launch run {run.run_id}: {len(run.failures)} failure(s), {result}", fontsize=10,
@@ -76,10 +69,6 @@ def svg(run: RunTimeline) -> str:
         out = io.StringIO()
         fig.savefig(out, format="svg")
     return out.getvalue()
-
-
-def _seconds(run: RunTimeline, kind: str) -> float:
-    return sum(s.end - s.start for lane in run.lanes for s in lane.segments if s.kind == kind)
 
 
 def html_page(run: RunTimeline) -> str:

@@ -1,12 +1,6 @@
-"""The run report in the terminal: what happened per round and per failure, then the timeline (one row per
-node, one character cell per slice of time, as wide as the terminal), its legend, and each node's goodput.
-
-Each kind of segment has its own character as well as its own colour, so the drawing still reads where
-colour is off (a pipe, ``NO_COLOR``, a log file).
-
-Text from the run (names, reasons, details) arrives visible already (``events.report_record``); the paths of
-the logs, which are file names anyone sharing the log folder chose, are made visible here. Nothing is read as
-markup or emoji codes: a ``[bold]`` or ``:smile:`` in a reason is printed as written.
+"""The run report in the terminal: per round and per failure what happened, then the timeline (one character
+cell per slice of time, a glyph as well as a colour per kind), its legend, and each node's goodput. Log paths
+are made visible here (the rest arrives visible), and nothing is read as markup or emoji codes.
 """
 
 from __future__ import annotations
@@ -100,9 +94,7 @@ def timeline_rows(run: RunTimeline, width: int) -> list[Text]:
     rows.append(Text(" " * (label_width + 2)) + _marks(run, cells, step))
     right = f"{run.wall:.1f} s"
     rows.append(Text(" " * (label_width + 2) + "0 s" + right.rjust(cells - 3)))
-    shown = [k for k in GLYPH if any(s.kind == k for lane in run.lanes for s in lane.segments)]
-    for kind in shown:
-        seconds = sum(s.end - s.start for lane in run.lanes for s in lane.segments if s.kind == kind)
+    for kind, seconds in run.seconds_by_kind().items():
         words = f" {NAME[kind]:<10}{seconds:7.1f} s  {WHAT[kind]}"
         if len(words) > width - 4:
             words = words[:width - 5] + "…"
@@ -111,10 +103,8 @@ def timeline_rows(run: RunTimeline, width: int) -> list[Text]:
 
 
 def _kind_at(lane: Lane, ends: list[float], start: float, end: float) -> str | None:
-    """The kind that covers most of [start, end); a failure's short detection or lost work wins a tie.
-
-    A lane's segments lie end to end in time order (``ends``: theirs), so only those within the cell are
-    looked at: a log of many attempts costs its segments once, not once per cell."""
+    """The kind that covers most of [start, end); the segments lie end to end, so only those in the cell are
+    looked at."""
     best, best_overlap = None, 0.0
     segments, i = lane.segments, bisect_right(ends, start)
     while i < len(segments) and segments[i].start < end:
@@ -126,7 +116,6 @@ def _kind_at(lane: Lane, ends: list[float], start: float, end: float) -> str | N
 
 
 def _marks(run: RunTimeline, cells: int, step: float) -> Text:
-    """A row of failure numbers under the lanes, each at the time its failure was recorded."""
     row = [" "] * cells
     for f in run.failures:
         mark = f"^{f.number}"

@@ -1,18 +1,9 @@
 """Finding one run's event logs for ``mbr-launch report``: the folder a person names, or the latest run.
 
-A node's run folder holds its ``events.jsonl``. Nodes that share a ``--log-dir`` write their folders side by
-side, so the other nodes of a run are the sibling folders whose ``start`` event has the same run id and whose
-time overlaps this node's. The latest run under a base folder is its ``latest`` link when there is one (it may
-name a node's folder or a folder of node folders), else the run folder whose log changed last.
-Every problem is a ``ReportError``: one line that says what to pass instead.
-
-A shared ``--log-dir`` holds other users' folders too, so what is found there is read with care: a log is
-read only as a regular file reached without a symlink at its last component (``untrusted.open_file``),
-within the bounds below, one record at a time (``events.report_record``: a bad record is skipped and
-counted, and the report says so); a sibling folder that is a symlink, or whose log belongs to another user
-than the named log, is no node of this run; a ``latest`` link is followed only when it is ours; and the
-other nodes' logs are read until the run's bounds below are spent.
-"""
+The other nodes of a run are the sibling folders (a shared ``--log-dir``) whose ``start`` has the same run id,
+whose owner is the named log's and whose time overlaps. Others' files may be planted there: logs are read as
+``untrusted.open_file`` allows, within the bounds below, one checked record at a time, and a ``latest`` link is
+followed only when it is ours. Every problem is a ``ReportError``: one line."""
 
 from __future__ import annotations
 
@@ -28,20 +19,12 @@ from mbr_launch.visible import one_line
 
 LOG = "events.jsonl"
 LATEST = "latest"
-# One node's log. A busy one writes about 3 KB per round of 8 ranks plus a straggler line per interval: a
-# thousand restarts and a week of straggler reports stay under 30 MB. The report keeps each record it reads
-# (a parsed record costs several times its line), so this bounds its memory too.
+# Bounds on what one report reads, and so on its memory (a parsed record costs several times its line): a
+# busy node's log of a thousand restarts stays under 30 MB; a line of a verdict over 100,000 ranks under 1 MiB.
 MAX_LOG_BYTES = 64 << 20
-# Records kept per log: an event is rarely under 150 bytes, but a file of tiny lines would cost ten times
-# its size in parsed objects; 200,000 is ten times the busy log above.
-MAX_RECORDS = 200_000
-# The longest line: a verdict lists the culprits and waiting ranks of the whole job (100,000 ranks are under
-# 1 MiB) and the start event the command line. A longer line is skipped without ever being held whole.
-MAX_LINE_BYTES = 4 << 20
+MAX_RECORDS = 200_000  # a file of tiny lines would cost ten times its size in parsed objects
+MAX_LINE_BYTES = 4 << 20  # a longer line is skipped without ever being held whole
 READ_CHUNK = 1 << 16
-# All node logs of one run together: four busy logs (MAX_LOG_BYTES says what busy is), or many quieter ones,
-# fit; more than that, or a neighbour's folders made to look like this run's nodes, cannot make one report
-# read without end.
 MAX_RUN_BYTES = 4 * MAX_LOG_BYTES
 MAX_RUN_RECORDS = 4 * MAX_RECORDS
 MiB = 1 << 20
@@ -61,10 +44,8 @@ class NodeLog:
 
 
 class BoundedLines:
-    """The lines of an open regular file, read in chunks: at most ``max_bytes`` of the file, and a line
-    longer than ``max_line`` is skipped (``too_long``) as it streams by, never held whole. Iterating yields
-    (line number, bytes without the newline, whether a newline ended it); the last line may lack one while
-    its writer is still at it."""
+    """The lines of an open file, at most ``max_bytes`` of it; a line longer than ``max_line`` is skipped
+    (``too_long``) as it streams by. Yields (line number, bytes, whether a newline ended it)."""
 
     def __init__(self, fd: int, *, max_bytes: int = MAX_LOG_BYTES, max_line: int = MAX_LINE_BYTES) -> None:
         self._fd, self._max_bytes, self._max_line = fd, max_bytes, max_line
@@ -101,8 +82,7 @@ class BoundedLines:
 
 
 def find_run(target: Path | None, base: Path) -> list[NodeLog]:
-    """The node logs of the run at ``target`` (a run folder, its events.jsonl, or a folder of runs: its
-    latest), or of the latest run under ``base`` when no target is given."""
+    """The node logs of the run at ``target`` (a run, its log, a folder of runs), else the latest in ``base``."""
     try:
         if target is None:
             if not base.is_dir():
@@ -153,8 +133,7 @@ def _plain_file(path: Path) -> bool:
 
 
 def _regular(path: Path, base: Path) -> bool:
-    """A regular file in folders under ``base`` that are no symlinks: what a launcher writes there (a glob
-    follows links, to anywhere)."""
+    """A regular file in folders under ``base`` that are no symlinks (a glob follows links, to anywhere)."""
     try:
         folders = list(path.relative_to(base).parents)[:-1]  # "a/b", "a": not "." (base itself)
         return _plain_file(path) and not any(stat.S_ISLNK(os.lstat(base / f).st_mode) for f in folders)
@@ -223,13 +202,11 @@ def _load(path: Path, *, max_records: int = MAX_RECORDS) -> NodeLog:
 
 
 def _span(records: list[dict[str, Any]]) -> tuple[float, float]:
-    """A log's first and last moments, in seconds since the epoch."""
     start = event_time(records[0])
     return start, start + max(float(r["t"]) for r in records)
 
 
 def _with_siblings(node: NodeLog) -> list[NodeLog]:
-    """This node's log and those of its run's other nodes in the same folder (a shared --log-dir)."""
     start = node.records[0]
     if _max_nodes(start.get("nnodes")) <= 1 or start.get("run_id") is None:
         return [node]

@@ -1,7 +1,5 @@
-"""Failure records and the end-of-run summary.
-
-Nothing is lost: each failure is a typed record (which rank, which node, cause, exit code or signal, last
-open section, stack dump), kept for the summary and written to the event log.
+"""Failure records and the end-of-run summary: each failure a typed record, kept for the summary and written
+to the event log.
 """
 
 from __future__ import annotations
@@ -16,9 +14,7 @@ from mbr_launch.report.exitstatus import ExitStatus
 from mbr_launch.report.untrusted import REGULAR, read_file
 from mbr_launch.visible import one_line, visible
 
-# A worker's error file holds one message and one traceback, a few KB (Python collapses a deep recursion's
-# repeated frames). A larger file is not read: it is read whole, and the agent must not run out of memory.
-MAX_ERROR_FILE = 4 << 20
+MAX_ERROR_FILE = 4 << 20  # read whole: a larger one (a few KB is usual) is not read at all
 MAX_TRACEBACK = 64 * 1024  # characters of the message and of the traceback kept for the summary
 
 
@@ -32,9 +28,8 @@ class ErrorFile:
 
     @staticmethod
     def read(path: Path) -> "ErrorFile | None":
-        """The worker's record, or None when there is none to use. The worker wrote the file, so it is read
-        as untrusted input: a regular file of bounded size (not a FIFO that would block the agent), any JSON
-        shape, its text made visible (it goes to the terminal in the summary)."""
+        """The worker's record, or None. Untrusted input: a bounded regular file, any JSON shape, text made
+        visible (it goes to the terminal)."""
         try:
             raw = read_file(path, REGULAR, MAX_ERROR_FILE)
             data = json.loads(raw)  # too big: UnsafeFile, an OSError
@@ -107,11 +102,9 @@ class RunSummary:
         return self.failures[0] if self.failures else None
 
     def render(self) -> str:
-        lines = []
         if not self.failures:
             return "\n".join([*([self.goodput] if self.goodput else []), *self.losses])
-        lines.append("=" * 72)
-        lines.append(f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))")
+        lines = ["=" * 72, f"mbr-launch failure summary ({len(self.failures)} failure(s), {self.restarts} restart(s))"]
         for record in self.failures:
             lines.append(f"  round {record.round}: {record.describe()}")
             if record.stacks:
@@ -130,8 +123,7 @@ class RunSummary:
 
 
 def loss_lines(records: list[dict[str, Any]], events_lost: int, events_error: str) -> list[str]:
-    """The summary's lines about log files that could not be written (``output_lost`` events, and the
-    event log's own count, which it cannot record in itself)."""
+    """The summary's lines about log files that could not be written, the event log's own included."""
     lines = []
     for r in records:
         if r.get("event") == "output_lost":

@@ -1,11 +1,7 @@
 """The run report's model: one run, per node and per round, on one time axis. Pure: records in, values out.
 
-Each node's log counts ``t`` from its own launch; the nodes are put on one axis by their ``start`` events'
-wall-clock ``ts`` (seconds since the earliest node's launch). A node's lane is goodput's spans (start-up,
-training, lost work, detection, restart, other), so the drawing and the summary's numbers are the same
-accounting. A node that never saw an optimizer step has no training to tell apart: its attempts are drawn
-as ``running`` (workers alive, no step seen), from the ``progress`` records or, without those (no rank
-monitor), from its workers' start and exit.
+A node's lane is goodput's spans (the drawing and the summary are one accounting); a node that never saw an
+optimizer step has its attempts drawn as ``running``, from ``progress`` records or its workers' lifetimes.
 """
 
 from __future__ import annotations
@@ -33,9 +29,7 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Lane:
-    """One node's run."""
-
+class Lane:  # one node's run
     label: str
     node: str
     group_rank: int | None
@@ -90,6 +84,12 @@ class RunTimeline:
     exit_code: int | None
     reason: str
     argv: tuple[str, ...]
+
+    def seconds_by_kind(self) -> dict[str, float]:
+        """Seconds of each kind drawn, summed over the lanes, in ``KINDS`` order (kinds not drawn left out)."""
+        segments = [s for lane in self.lanes for s in lane.segments]
+        return {k: sum(s.end - s.start for s in segments if s.kind == k) for k in KINDS
+                if any(s.kind == k for s in segments)}
 
 
 def build(logs: Iterable[NodeLog]) -> RunTimeline:
@@ -169,7 +169,8 @@ def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[
     for r in records:
         if r["event"] != "failure":
             continue
-        cost = _take(costs, r.get("round"))
+        left = costs.get(r.get("round"))  # each cost used once: several ranks may fail in one round
+        cost = left.pop() if left else None
         out.append(Failure(
             number=0, t=float(r["t"]) + offset, round=r.get("round"), rank=r.get("rank"),
             local_rank=r.get("local_rank"), node=str(r.get("node") or lane.node), cause=str(r.get("cause")),
@@ -180,15 +181,8 @@ def _failures(records: list[dict[str, Any]], lane: Lane, offset: float) -> list[
     return out
 
 
-def _take(costs: dict[Any, list[FailureCost]], rnd: Any) -> FailureCost | None:
-    """The goodput record of a failure in round ``rnd`` (each used once: several ranks may fail in one)."""
-    left = costs.get(rnd)
-    return left.pop() if left else None
-
-
 def _rounds(seen: dict[Any, list[tuple[float, dict[str, Any]]]], failures: list[Failure],
             records: list[dict[str, Any]], worst: Lane | None) -> list[RoundRow]:
-    # by round, once (a log of many rounds must not be read once per round)
     restarts: dict[Any, dict[str, Any]] = {}
     for r in records:
         if r["event"] == "restart":

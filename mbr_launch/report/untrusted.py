@@ -1,24 +1,9 @@
 """Opening a file someone else may have planted: only a regular file, never through a symlink a caller does not
 accept, never blocked on by a FIFO, and only as the caller's ``FilePolicy`` allows (ours, one link, private).
 
-A neighbour who can write a directory we read from can leave anything under the expected name (issue #29):
-a FIFO (a plain ``open`` blocks until a writer comes, for ever), a symlink to /dev/zero (``stat`` says 0
-bytes, a read never ends) or to a file of ours (our own data fed to a parser), a huge file, a file of theirs,
-a hard link to a file of ours. So every such file is:
-
-- looked at with ``lstat`` (``stat`` where the policy follows links) before it is opened: a FIFO or a device
-  is refused without being opened at all (opening a device can act);
-- opened with ``O_NOFOLLOW`` (a symlink is refused, not followed), ``O_NONBLOCK`` (a FIFO swapped in after
-  the look opens at once) and ``O_NOCTTY`` (a terminal does not become ours);
-- checked again with ``fstat`` on the open file (the name may have been swapped since the look), by the
-  same rules;
-- read no further than the caller's bound, itself checked twice: the size before reading, then one byte
-  past the bound, so a file that grows while we read is refused and memory never holds more than it.
-
-A refusal is an ``UnsafeFile`` (an ``OSError``: a caller that handles unreadable files handles these too)
-that says which rule refused it (``rule``) and what the file was (``st``), so each caller words it its own
-way; its ``strerror`` is a plain default. Trouble that is no refusal (no such file, no permission, an I/O
-error) stays the ``OSError`` the system raised. The writing side of the same care is ``report.private``.
+Each file is looked at with ``lstat`` before the open (a device is never opened: that can act), opened with
+``O_NOFOLLOW | O_NONBLOCK | O_NOCTTY``, checked again with ``fstat`` (the name may have been swapped), and read
+no further than the caller's bound plus one byte. A refusal is an ``UnsafeFile`` (an ``OSError``).
 """
 
 from __future__ import annotations
@@ -47,8 +32,6 @@ SECRET = FilePolicy(ours=True, private=True)  # a secret of this user's, which n
 
 
 class FileRule(enum.Enum):
-    """Which rule refused a file."""
-
     SYMLINK = "symlink"  # the open met a symlink (O_NOFOLLOW); a symlink seen before the open is a KIND
     KIND = "kind"  # not a regular file: a FIFO, a device, a socket, a folder, a symlink
     OWNER = "owner"
@@ -59,8 +42,7 @@ class FileRule(enum.Enum):
 
 
 class UnsafeFile(OSError):
-    """A file that is there but refused by a ``FilePolicy`` or a size bound; ``rule`` says which rule, ``st`` (when
-    known) what the file was, ``limit`` the bound a SIZE or GREW refusal broke."""
+    """A file refused by a ``FilePolicy`` or a size bound; ``st`` (when known) is what the file was."""
 
     def __init__(self, rule: FileRule, path: "str | os.PathLike[str]", *, st: os.stat_result | None = None,
                  limit: int = 0, reason: str | None = None) -> None:
@@ -70,7 +52,6 @@ class UnsafeFile(OSError):
         self.rule, self.st, self.limit = rule, st, limit
 
     def reworded(self, reason: str) -> UnsafeFile:
-        """The same refusal with a caller's own words."""
         return UnsafeFile(self.rule, self.filename, st=self.st, limit=self.limit, reason=reason)
 
 
@@ -91,7 +72,7 @@ def _default_reason(rule: FileRule, st: os.stat_result | None, limit: int) -> st
 
 
 def check(st: os.stat_result, policy: FilePolicy, path: "str | os.PathLike[str]") -> None:
-    """Raise ``UnsafeFile`` unless ``st`` is a regular file as ``policy`` wants it; the rules in this order."""
+    """Raise ``UnsafeFile`` unless ``st`` is a regular file as ``policy`` wants it."""
     if not stat.S_ISREG(st.st_mode):
         raise UnsafeFile(FileRule.KIND, path, st=st)
     if policy.ours and st.st_uid != os.geteuid():
@@ -103,8 +84,7 @@ def check(st: os.stat_result, policy: FilePolicy, path: "str | os.PathLike[str]"
 
 
 def open_file(path: "str | os.PathLike[str]", policy: FilePolicy = REGULAR) -> int:
-    """A read-only fd on ``path`` if it passes ``policy``; the caller closes it. Never blocks, never follows a
-    symlink unless ``policy.follow``. ``UnsafeFile`` for a refusal, the system's ``OSError`` otherwise."""
+    """A read-only fd on ``path`` if it passes ``policy``; the caller closes it. Never blocks."""
     check((os.stat if policy.follow else os.lstat)(path), policy, path)
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC | (0 if policy.follow else os.O_NOFOLLOW)
     try:
@@ -123,7 +103,6 @@ def open_file(path: "str | os.PathLike[str]", policy: FilePolicy = REGULAR) -> i
 
 
 def read_at(fd: int, offset: int, limit: int) -> bytes:
-    """Up to ``limit`` bytes from ``offset`` (fewer at the end of the file); a regular file never blocks."""
     chunks, size = [], 0
     while size < limit:
         chunk = os.pread(fd, min(limit - size, 1 << 20), offset + size)
@@ -135,8 +114,7 @@ def read_at(fd: int, offset: int, limit: int) -> bytes:
 
 
 def read_file(path: "str | os.PathLike[str]", policy: FilePolicy, limit: int) -> bytes:
-    """The whole of ``path`` (``open_file``'s rules), refused (SIZE or GREW) when it holds more than ``limit``
-    bytes; memory never holds more than ``limit + 1`` bytes of it."""
+    """The whole of ``path``, refused (SIZE or GREW) beyond ``limit`` bytes; memory holds at most ``limit + 1``."""
     fd = open_file(path, policy)
     try:
         st = os.fstat(fd)

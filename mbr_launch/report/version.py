@@ -1,11 +1,6 @@
-"""Which mbr-launch this is, and on which torch, NVRx and Python: for ``--version``, the doctor and the
-``start`` event, so a bug report (exit code 4) says what ran.
-
-Read from the installed packages' metadata, never by importing them: ``--version`` must stay instant and
-must work when torch itself is broken. The metadata folder pip writes (``NAME-VERSION.dist-info``) is read
-directly, as ``importlib.metadata`` would find it (the first on ``sys.path``): 0.4 ms a lookup where
-``importlib.metadata.version`` takes 2 ms, and an agent looks up torch and NVRx before its ranks start (the
-preflight, the start event). Anything else (an egg, a zip, a custom finder) goes through importlib.metadata.
+"""Which mbr-launch this is, and on which torch, NVRx and Python (``--version``, the doctor, the ``start``
+event). Read from the packages' metadata, never by importing them: ``--version`` must work with a broken torch;
+pip's ``*.dist-info`` folder directly, as ``importlib.metadata`` would find it, only faster.
 """
 
 from __future__ import annotations
@@ -40,8 +35,7 @@ def _normal(name: str) -> str:
 
 
 def metadata_folder(dist: str, paths: Iterable[str]) -> tuple[str | None, str] | None:
-    """(version, folder) of the first ``*.dist-info``/``*.egg-info`` folder of ``dist`` in ``paths`` (an import
-    path: a worker's, which is not necessarily this process's); None when there is none."""
+    """(version, folder) of the first ``*.dist-info``/``*.egg-info`` of ``dist`` in ``paths`` (a worker's), or None."""
     want = _normal(dist)
     for entry in paths:
         try:

@@ -47,7 +47,7 @@ def exit_codes() -> str:
 
 
 def events_table() -> str:
-    out = [f"<!-- {GENERATED} (events.EVENT_FIELDS; field meanings in mbr_launch/report/events.py) -->", "",
+    out = [f"<!-- {GENERATED} (events.EVENT_FIELDS; field meanings below) -->", "",
            "| event | fields besides the common ones |", "|---|---|"]
     out += [f"| `{name}` | {', '.join(f'`{f}`' for f in fields)} |" for name, fields in EVENT_FIELDS.items()]
     return "\n".join(out) + "\n"
