@@ -1,25 +1,13 @@
 """Heartbeat and section deadlines of one rank: pure state, no IO, the clock passed in as ``now``.
 
-Semantics follow NVRx 0.4.1 ``RankMonitorServer``, but as deadlines instead of a periodic poll, so the
-server can sleep exactly until the next one:
-
-- the initial heartbeat timeout runs from client init until the first heartbeat, the subsequent one
-  from the last heartbeat;
-- each open section runs its own timeout from its open; the out-of-section timeout runs while no
-  section is open, from init or from the close that left none open;
-- ``None`` disables a timeout; an update replaces the effective timeouts at once, open sections
-  included (NVRx re-reads ``cfg`` on every check);
-- a section name without a configured timeout can still be opened (the 0.4.1 server accepts it; its
-  client raises afterwards) and never expires. NVRx would crash its checker on the KeyError instead.
-
-A session of an NVRx 0.6+ client (``init(newer=True)``) follows that version's server instead:
-
-- when sections are configured and "warmup" is not one of them, the out-of-section timeout does not run
-  before the session's first open of "step" (NVRx PR #299: start-up outside any section is not a hang);
-- with a "warmup" section timeout, an open "step" is timed by it instead of by "step"'s own for the first
-  ``warmup_iterations`` iterations the client reports in "step" messages, counted from the first one;
-- the client's timeouts start from that version's defaults (the caller passes them to ``init``), unless an
-  update since the arm already replaced them.
+Semantics follow NVRx 0.4.1 ``RankMonitorServer``, as deadlines instead of a periodic poll (the server sleeps
+until the next one): the initial heartbeat timeout runs from client init to the first heartbeat, the
+subsequent one from the last heartbeat; each open section runs its own timeout from its open, the
+out-of-section one while none is open; ``None`` disables; an update replaces the timeouts at once, open
+sections included; a section without a timeout can be opened and never expires. An NVRx 0.6+ session
+(``init(newer=True)``) follows that version: no out-of-section timeout before the first "step" when sections
+are configured without "warmup"; a "warmup" timeout times "step" for the first ``warmup_iterations`` reported
+iterations; its version's default timeouts unless an update since the arm replaced them.
 
 Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state starts over)::
 
@@ -30,9 +18,8 @@ Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state star
                                              +--------- re-init --------+
     any state --disarm--> DISARMED
 
-Each client session produces at most one expiry: after EXPIRED nothing expires again until the next arm
-or until the client initialises again. A re-init starts a new session (NVRx's server resets its timers on
-InitMsg too): that is how an NVRx in-process restart reconnects, and its ranks are watched again.
+At most one expiry per client session; a re-init starts a new session (as NVRx's server resets its timers on
+InitMsg): an NVRx in-process restart's ranks are watched again.
 """
 
 from __future__ import annotations

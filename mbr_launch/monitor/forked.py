@@ -1,17 +1,9 @@
 """The rank monitor's process forked from the launcher, instead of started as a new interpreter.
 
-A new ``python -S -m mbr_launch.monitor.server`` spends 40-60 ms of CPU before it serves: the interpreter, then
-typing, dataclasses, re, json and socket, which the launcher has imported already. 32 agents starting on a
-2-core machine pay that 32 times while their rendezvous waits for the CPU (about 3% of an agent's start-up,
-the gap between our launch and torchrun's there). A fork shares what the launcher has imported and only
-imports the monitor's own modules.
-
-A fork is taken only while the launcher runs a single thread (``api.launch`` forks before the warm standbys
-and their output pumps start): in a threaded process the child could inherit a lock another thread held.
-Elsewhere ``MonitorLink`` starts a new interpreter: slower, but safe at any time.
-
-The child shows as ``mbr_launch.monitor.server: rank monitor of mbr-launch PID`` (``ps``, psutil) with the
-thread name ``mbr-monitor`` (``top``, ``pgrep``), so nobody takes it for a second launcher.
+A fork shares what the launcher has imported, where a new interpreter pays its start-up again (felt when many
+agents share few cores). Taken only while the launcher runs a single thread (``api.launch`` forks before its
+threads start); elsewhere ``MonitorLink`` starts a new interpreter. The child shows as
+``mbr_launch.monitor.server: rank monitor of mbr-launch PID``, thread name ``mbr-monitor``.
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The agent's end of the rank monitor process (forked from the launcher, ``monitor.forked``, where that is
-safe; else ``python -S -m mbr_launch.monitor.server``).
-
-Commands go down the monitor's stdin as JSON lines; events come back on its stdout and are handed to the
-agent through ``on_event`` (from a reader thread: the callback must only enqueue). Replies to commands
-(``ready``, ``armed``, ``snapshot``) are waited for here, with timeouts.
+"""The agent's end of the rank monitor process (forked, ``monitor.forked``, where safe; else
+``python -S -m mbr_launch.monitor.server``): commands down its stdin, replies waited for here, other events
+handed to ``on_event`` from a reader thread (the callback must only enqueue).
 """
 
 from __future__ import annotations
@@ -31,17 +28,15 @@ class MonitorError(RuntimeError):
 STARVED_WAIT_FACTOR = 12
 
 
-# The replies the agent waits for (``disarmed`` is not waited for). A command that fails in the monitor answers
-# with an ``error`` event instead: the waiter is told at once, with the monitor's own reason (say, a socket path
-# too long), rather than after a timeout.
+# The replies the agent waits for. A command that fails answers with an ``error`` event instead, which the
+# waiter gets at once, with the monitor's reason.
 _REPLY_OF = {Op.CONFIGURE: MonitorEvent.READY, Op.ARM: MonitorEvent.ARMED, Op.SNAPSHOT: MonitorEvent.SNAPSHOT}
 _GONE = "_gone"  # put in every reply queue when the monitor's stdout ends: nothing will answer any more
 
 
 def _without_site(env: dict[str, str] | None) -> dict[str, str]:
-    """The monitor's environment for ``python -S``: it imports only the standard library and this package,
-    so the site initialisation (every ``.pth`` file of the environment: 30-50 ms of CPU where one of them
-    imports a module, as NVRx's pynvml redirector does) is skipped, and this package's folder is named."""
+    """The environment for ``python -S`` (no site initialisation: ``.pth`` files that import cost CPU), with
+    this package's folder on ``PYTHONPATH``."""
     env = dict(os.environ if env is None else env)
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
@@ -62,16 +57,11 @@ class MonitorLink:
         self._unconfirmed: list[float] = []  # the timeouts of the 'armed' replies ``arm`` left unread
 
     def spawn(self, *, fork: bool = False) -> "MonitorLink":
-        """Start the monitor's process, which waits for ``start``'s configuration. Done early by the launcher
-        (``api.launch``), so that the process's own start-up overlaps the agent's: on a machine where many
-        agents start at once, a process the agent waits for gets only its share of the CPUs (32 agents on 2
-        cores: 0.9-1.0 s from the agent's start event to its join, most of it this wait). ``fork``: fork this
-        process where that is safe (``monitor.forked``: the launcher, before its threads start), which costs a
-        fraction of a new interpreter's CPU."""
+        """Start the monitor's process, which waits for ``start``'s configuration; early (``api.launch``), so its
+        start-up overlaps the agent's. ``fork``: fork this process where safe (``monitor.forked``)."""
         if self._proc is not None:
             return self
-        # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills every
-        # armed worker's process group (grandchildren included) before it exits.
+        # No parent-death signal: on stdin EOF the monitor kills every armed worker's process group first.
         self._proc = (fork_monitor() if fork else None) or subprocess.Popen(
             [sys.executable, "-S", "-m", SERVER_MODULE],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_without_site(self._env), start_new_session=True,
@@ -100,12 +90,9 @@ class MonitorLink:
 
     def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
             step_socket: str | None = None) -> None:
-        """Arm a rank before its worker starts. On a socket this monitor already listens on (an earlier round's
-        worker of this local rank), the reply is left for ``confirm_armed``: the worker may start at once,
-        since the monitor reads its commands before it accepts connections (``server.Monitor.run``), so the
-        worker's connection meets the armed rank. Among 128 agents on 16 cores, each reply took a share of a
-        starved CPU between the round's start and the worker's. A new socket is waited for: it must listen
-        before the worker connects."""
+        """Arm a rank before its worker starts. A new socket is waited for (it must listen before the worker
+        connects); on one already listened on, the reply is left for ``confirm_armed``: the monitor reads
+        commands before it accepts connections (``server.MonitorServer.run``)."""
         self._send({"op": Op.ARM, "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
                     "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
         if socket in self._listening:
@@ -158,10 +145,8 @@ class MonitorLink:
                 raise MonitorError(f"rank monitor is gone: {err}") from None
 
     def _wait(self, name: str, timeout: float) -> dict[str, Any]:
-        """The monitor's reply ``name``. ``timeout`` is how long it may sit idle without answering: a monitor
-        that is starved of CPU (runnable, or using CPU since the last look) is waited for, up to
-        ``STARVED_WAIT_FACTOR`` times as long (256 agents on 16 cores, load 460: 'armed' took over 10 s and
-        the launch failed), where a dead one is known at once (its stdout ends)."""
+        """The monitor's reply ``name``, waited for ``timeout`` while it is idle; a monitor starved of CPU
+        (runnable, or using CPU since the last look) up to ``STARVED_WAIT_FACTOR`` times as long."""
         stat = self._stat()
         for _ in range(STARVED_WAIT_FACTOR):
             try:

@@ -1,19 +1,11 @@
 """The NVRx rank-monitor wire protocol (0.4.1, and 0.6 / 0.7), decoded without NVRx and without trusting the peer.
 
-Frames are a 4-byte big-endian length followed by a pickle made by ``ForkingPickler``. NVRx unpickles
-whatever arrives, which makes its socket a code-execution door for anyone who can connect. Here a frame is
-read by ``mbr_launch.unpickle`` under the ``FRAMES`` policy into inert records (class names, arguments and
-state; no class is ever called or touched) accepting only the exact (module, name) pairs the clients send.
-The records are then validated, types and ranges checked, into small frozen request values, which is all
-the server ever sees: a malformed frame is a ``ProtocolError`` (drop the connection), a well-formed one
-with a bad value an ``Invalid`` request or a ``BadRequest`` (refuse it, answer, keep going).
-
-Importing NVRx is not an option anyway: it imports torch, and the monitor must start in milliseconds.
-
-Clients of NVRx 0.6 and later (0.7's data module is byte-identical to 0.6's) pickle the same classes with a few
-more attributes: ``InitMsg.iteration`` / ``num_warmup_iters``, ``SectionMsg.iteration``,
-``UpdateConfigMsg.current_cycle``. Their ``InitMsg`` always carries both new attributes (``None`` when unset),
-which is how a 0.6+ client is told from a 0.4.1 one (``Init.version``).
+Frames are a 4-byte big-endian length and a pickle. NVRx unpickles whatever arrives (a code-execution door);
+here ``mbr_launch.unpickle`` reads a frame under the ``FRAMES`` policy into inert records, only of the exact
+classes clients send, then validates them into small frozen requests: a malformed frame is a
+``ProtocolError`` (drop the connection), a bad value an ``Invalid`` request or a ``BadRequest`` (answer, go on).
+NVRx 0.6+ clients pickle a few more attributes; their ``InitMsg`` always carries ``iteration`` and
+``num_warmup_iters``, which tells them from 0.4.1 (``Init.version``).
 """
 
 from __future__ import annotations
@@ -54,18 +46,15 @@ class WorkloadAction(enum.Enum):
     ShutdownWorkload = 2
 
 
-# Exactly what the 0.4.1 and 0.6+ clients pickle (checked with pickletools): dataclasses and enums of its data module.
-# Protocol 4 encodes sets with EMPTY_SET/ADDITEMS; ``set``/``frozenset`` are for peers using protocol 2 or 3.
+# Exactly what the clients pickle: dataclasses and enums of NVRx's data module (``set``/``frozenset``: how
+# pickle protocols 2 and 3 encode sets).
 ALLOWED: frozenset[tuple[str, str]] = frozenset({
     *((_DATA, name) for name in ("AuthkeyMsg", "InitMsg", "RankInfo", "HeartbeatMsg", "SectionMsg", "SectionAction",
                                  "UpdateConfigMsg", "HeartbeatTimeouts", "SectionTimeouts", "WorkloadControlRequest",
                                  "WorkloadAction")),
     ("builtins", "set"), ("builtins", "frozenset"),
 })
-# What a client frame may hold: data, the allowed classes as records, sets, bytes, protocols 0 to 5. The bounds:
-# a real message has under 100 opcodes (a state_dict-sized UpdateConfigMsg a few thousand) and nests 4 deep
-# (UpdateConfigMsg -> SectionTimeouts -> dict -> value); larger integers are refused (the validator bounds them
-# much tighter).
+# What a client frame may hold, bounded far above a real message (under 100 opcodes, 4 levels deep).
 FRAMES = PicklePolicy(
     what="pickle frame", opcodes=DATA_OPCODES | OBJECT_OPCODES | SET_OPCODES | BYTES_OPCODES | TEXT_OPCODES,
     unaccepted="is not accepted in a client frame",
@@ -172,8 +161,8 @@ class UpdateConfig:
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """Decodes fine but cannot be honoured; the reply is ``ErrorMsg(cause)``, except to a client that reads
-    no reply to this kind of message (``oneway``: a heartbeat or section of a 0.6+ client)."""
+    """Decodes fine but cannot be honoured: answered ``ErrorMsg(cause)`` unless the client reads no reply
+    (``oneway``)."""
 
     cause: str
     oneway: bool = False
@@ -193,8 +182,7 @@ Request = Union[Authkey, Init, Heartbeat, SectionOpen, SectionClose, SectionClos
 
 
 def _integer(value: Any, what: str, low: int, high: int) -> int:
-    """An int in [low, high). The client sends RANK from the environment as a str when torch.distributed
-    is not initialised, so a decimal string counts too."""
+    """An int in [low, high); a decimal string counts (a client without torch.distributed sends RANK as one)."""
     if isinstance(value, str) and len(value) <= 12:
         try:
             value = int(value)
@@ -346,13 +334,8 @@ def _interpret(obj: Any) -> Request:
 
 
 class Decoder:
-    """Frame payload -> validated request, memoized by the exact payload bytes.
-
-    A rank's heartbeat frame, and its open/close frame for a given section, are byte-identical every
-    time, so after the first one each message costs a dict lookup instead of an unpickle. (A 0.6+ client
-    that reports Megatron's iteration makes each section frame new: those are decoded every time.) Requests
-    are frozen, so sharing them is safe. Refused payloads are never cached.
-    """
+    """Frame payload -> validated request, memoized by the exact payload bytes (a rank's heartbeat and section
+    frames repeat byte for byte); requests are frozen, refused payloads never cached."""
 
     def __init__(self, capacity: int = 512) -> None:
         self._cache: dict[bytes, Request] = {}
@@ -369,8 +352,8 @@ class Decoder:
 
 
 def decode_workload_request(payload: bytes) -> WorkloadControlRequest:
-    """Decode the launcher-socket message: ``(global_rank, WorkloadControlRequest)``. ``BadRequest`` when
-    it is well formed but its values are not (a rank that is not an integer, say)."""
+    """Decode the launcher-socket message ``(global_rank, WorkloadControlRequest)``; ``BadRequest`` for bad
+    values."""
     obj = unpickle(payload)
     if not (isinstance(obj, tuple) and len(obj) == 2):
         raise ProtocolError("expected (rank, WorkloadControlRequest)")

@@ -1,11 +1,8 @@
 """Reply frames for the NVRx clients (0.4.1, 0.6, 0.7), written as raw pickle opcodes.
 
-The client unpickles replies into real NVRx objects (``OkMsg``, ``ErrorMsg``, ``FaultToleranceConfig``),
-but the monitor cannot import those classes (NVRx imports torch). So we emit the pickle ourselves:
-``GLOBAL module\\nname`` + ``EMPTY_TUPLE NEWOBJ`` (``cls.__new__(cls)``, as pickle does for these classes)
-+ the instance dict + ``BUILD``; ``signal.Signals`` goes through ``REDUCE`` like any Enum. Only the value
-types used below are supported. The result is what ``ForkingPickler.dumps`` would produce, give or take
-memo opcodes.
+The client unpickles replies into NVRx objects (``OkMsg``, ``ErrorMsg``, ``FaultToleranceConfig``), which the
+monitor cannot import (NVRx imports torch), so the pickle is written here: what ``ForkingPickler.dumps`` would
+produce, give or take memo opcodes, for the value types used below only.
 """
 
 from __future__ import annotations

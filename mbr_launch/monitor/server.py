@@ -1,16 +1,10 @@
 """The per-node rank monitor process: ``python -m mbr_launch.monitor.server``.
 
-The agent drives it with JSON lines on stdin and reads events from stdout (``wire.py`` lists them).
-Workers' unchanged NVRx 0.4.1 ``RankMonitorClient`` connect to the per-rank sockets the agent arms.
-
-Threads: the main thread runs an ``epoll`` loop over stdin, the listening sockets, the step-beat sockets
-and a wake-up pipe; its timeout is the earliest timer (``sockets.Timers``). Each client connection gets a thread
-(``connections.py``). One lock (``state.Shared.lock``) guards all rank state.
-
-The monitor never kills on expiry; it reports and the agent decides. The one exception is the agent's
-death (``agent_gone``): the monitor lives and dies with its agent.
-
-Must not import torch, NVRx, typer or rich: startup cost.
+The agent drives it with JSON lines on stdin and reads events from stdout (``wire.py``); workers' unchanged
+NVRx ``RankMonitorClient`` connect to the per-rank sockets the agent arms. The main thread runs an ``epoll``
+loop over stdin, the sockets and a wake-up pipe, with the earliest timer as its timeout; each client
+connection gets a thread; ``state.Shared.lock`` guards all rank state. The monitor reports expiries and the
+agent decides; it kills only when its agent is gone (``agent_gone``). Never imports torch, NVRx, typer or rich.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """The main thread's ``epoll``: the sockets it watches, the step beats it reads, and the timers its wait ends for.
 
-Stream listeners (one per armed rank, plus the launcher socket for workload requests) and the datagram
-sockets that receive automatic step beats. Every socket lives in the agent's private directory (checked at
-``configure``) with mode 0600; a stale file of an earlier monitor there is replaced.
-
-``StepBeats`` feeds each rank's step clock (``steps.py``, pure) from its datagram socket and batches the step
-times for the agent, at most one ``steps`` event per ``report_interval``. A worker's first step is a
-``first_step`` event at once; its first checkpoint or collectives mark, when no step came before, a
-``first_progress`` event: either tells the agent that the worker is past start-up.
-
-``Timers``: the wait's timeout is the earliest of three times, so an expiry is reported about a millisecond
-after it happens instead of on a poll interval: the next rank deadline, the next ``steps`` report, the next
-``status`` event.
+Stream listeners (one per armed rank, plus the launcher socket for workload requests) and step-beat datagram
+sockets, all mode 0600 in the agent's private directory. ``StepBeats`` feeds each rank's step clock
+(``steps.py``) and batches step times into ``steps`` events; ``Timers`` makes the wait end at the earliest of
+the next deadline, ``steps`` report and ``status`` event, so an expiry is reported as it happens.
 """
 
 from __future__ import annotations
