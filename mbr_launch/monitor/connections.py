@@ -52,10 +52,11 @@ class Connections:
             SectionOpen: self._on_open,
             SectionClose: self._on_close,
             SectionCloseAll: self._on_close_all,
-            Authkey: self._on_authkey,
+            # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
+            Authkey: lambda slot, conn, req: replies.OK_FRAME,
             Init: self._on_init,
             UpdateConfig: self._on_update,
-            Invalid: self._on_invalid,
+            Invalid: lambda slot, conn, req: self._refuse(slot, conn, req.cause, oneway=req.oneway),
         }
 
     # ---- main thread, lock held ----------------------------------------------------------------------------
@@ -238,10 +239,6 @@ class Connections:
         slot.watch.close_all_sections(self.shared.clock())
         return _ok(conn)
 
-    def _on_authkey(self, slot: Slot, conn: Conn, req: Authkey) -> bytes:
-        # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
-        return replies.OK_FRAME
-
     def _on_init(self, slot: Slot, conn: Conn, req: Init) -> bytes:
         if slot.active is not None and slot.active is not conn:
             # A new client took over before the old one's EOF was seen: the newest owns the rank.
@@ -278,9 +275,6 @@ class Connections:
         )
         self.shared.emit(timeouts_updated(slot, req))
         return replies.OK_FRAME
-
-    def _on_invalid(self, slot: Slot, conn: Conn, req: Invalid) -> bytes:
-        return self._refuse(slot, conn, req.cause, oneway=req.oneway)
 
     def _refuse(self, slot: Slot, conn: Conn, cause: str, *, oneway: bool = False) -> bytes:
         """Report ``cause`` to the agent and answer ``ErrorMsg(cause)``, unless ``oneway`` on a quiet

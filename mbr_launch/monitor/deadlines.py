@@ -255,12 +255,10 @@ class RankWatch:
         self.open_sections.clear()
         self.hb_deadline = self.sec_deadline = self.sec_deadline_name = self.sec_timeout = None
         self.step_seen = False
-        # The iterations outlive a disconnect and a disarm (the agent reads them after a rank's crash or its
-        # end); a new session or a new arm starts them over.
+        # The iterations outlive a disconnect and a disarm: the agent reads them after a rank's crash or end.
 
     def _note_iteration(self, name: str, iteration: Optional[int]) -> None:
-        # As NVRx 0.6+: only "step" messages carry a trustworthy iteration (a "setup" may precede the
-        # checkpoint load). A step that goes back is taken as it is (NVRx warns; a reload does that).
+        # As NVRx 0.6+: only "step" messages carry a trustworthy iteration; one that goes back is taken as is.
         if name == STEP and iteration is not None:
             if self.first_iteration is None:
                 self.first_iteration = iteration
@@ -308,12 +306,7 @@ def next_deadline(w: RankWatch) -> Optional[float]:
     """The earliest monotonic time at which ``w`` could expire, or None if nothing is timed."""
     if w.phase is not Phase.MONITORING:
         return None
-    hb, sec = w.hb_deadline, w.sec_deadline
-    if hb is None:
-        return sec
-    if sec is None:
-        return hb
-    return hb if hb <= sec else sec
+    return min((d for d in (w.hb_deadline, w.sec_deadline) if d is not None), default=None)
 
 
 def next_expiry(w: RankWatch, now: float) -> Optional[Expiry]:

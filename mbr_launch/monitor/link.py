@@ -1,6 +1,7 @@
-"""The agent's end of the rank monitor process (forked, ``monitor.forked``, where safe; else
-``python -S -m mbr_launch.monitor.server``): commands down its stdin, replies waited for here, other events
-handed to ``on_event`` from a reader thread (the callback must only enqueue).
+"""The agent's end of the rank monitor process (forked, ``monitor.forked``, where safe; else a new interpreter).
+
+Commands go down its stdin; replies are waited for here; other events go to ``on_event`` from a reader thread
+(the callback must only enqueue).
 """
 
 from __future__ import annotations

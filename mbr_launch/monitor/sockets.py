@@ -27,43 +27,42 @@ class Sockets:
         self.listeners: dict[int, tuple[socket.socket, Optional[Slot]]] = {}  # fd -> (socket, rank or launcher)
         self.step_socks: dict[int, Slot] = {}  # fd -> rank
 
-    def listen(self, path: str, slot: Optional[Slot]) -> socket.socket:
+    def _bind(self, path: str, kind: int) -> socket.socket:
         unlink(path)  # a stale socket from an earlier monitor: the directory is private to the agent
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         sock.bind(path)
         os.chmod(path, 0o600)
-        sock.listen(64)
-        sock.setblocking(False)
-        self.listeners[sock.fileno()] = (sock, slot)
         self.ep.register(sock.fileno(), select.EPOLLIN)
+        return sock
+
+    def _unbind(self, sock: socket.socket, path: str) -> None:
+        try:
+            self.ep.unregister(sock.fileno())
+        except (OSError, ValueError):
+            pass
+        sock.close()
+        unlink(path)
+
+    def listen(self, path: str, slot: Optional[Slot]) -> socket.socket:
+        sock = self._bind(path, socket.SOCK_STREAM)
+        sock.listen(64)
+        self.listeners[sock.fileno()] = (sock, slot)
         return sock
 
     def unlisten(self, slot: Slot) -> None:
         assert slot.listener is not None
         self.listeners.pop(slot.listener.fileno(), None)
-        self.ep.unregister(slot.listener.fileno())
-        slot.listener.close()
-        unlink(slot.path)
+        self._unbind(slot.listener, slot.path)
         slot.listener = None
 
     def open_steps(self, slot: Slot, path: str) -> None:
-        unlink(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-        sock.bind(path)
-        os.chmod(path, 0o600)
-        slot.step_sock, slot.step_path = sock, path
-        self.step_socks[sock.fileno()] = slot
-        self.ep.register(sock.fileno(), select.EPOLLIN)
+        slot.step_sock, slot.step_path = self._bind(path, socket.SOCK_DGRAM), path
+        self.step_socks[slot.step_sock.fileno()] = slot
 
     def close_steps(self, slot: Slot) -> None:
         assert slot.step_sock is not None
         self.step_socks.pop(slot.step_sock.fileno(), None)
-        try:
-            self.ep.unregister(slot.step_sock.fileno())
-        except (OSError, ValueError):
-            pass
-        slot.step_sock.close()
-        unlink(slot.step_path)
+        self._unbind(slot.step_sock, slot.step_path)
         slot.step_sock, slot.step_path = None, ""
 
     def close_slot(self, slot: Slot) -> None:
@@ -181,7 +180,6 @@ class Timers:
         return min(times, default=None)
 
     def fire(self) -> None:
-        """Run every timer that is due."""
         clock, check = self.shared.clock, self.shared.next_check
         if check is not None and (now := clock()) >= check:
             self.check_deadlines(now)
@@ -195,7 +193,6 @@ class Timers:
 
     def check_deadlines(self, now: float) -> None:
         """Report every rank whose deadline has passed (one expiry per arm), and plan the next check."""
-        earliest: Optional[float] = None
         for slot in self.shared.slots.values():
             w = slot.watch
             expiry = next_expiry(w, now)
@@ -209,7 +206,5 @@ class Timers:
                 slot.steps.expire()
                 if w.phase is Phase.MONITORING:
                     w.expire()
-            d = slot.deadline()
-            if d is not None and (earliest is None or d < earliest):
-                earliest = d
-        self.shared.next_check = earliest
+        deadlines = [d for slot in self.shared.slots.values() if (d := slot.deadline()) is not None]
+        self.shared.next_check = min(deadlines, default=None)

@@ -174,15 +174,5 @@ def expired(slot: Slot, now: float, expiry: Optional[Expiry] = None, *,
 def timeouts_updated(slot: Slot, req: UpdateConfig) -> dict[str, Any]:
     """The client changed its timeouts (NVRx's calculated timeouts, or the script's own)."""
     hb, sec = req.hb, req.section
-    return {
-        "ev": MonitorEvent.TIMEOUTS_UPDATED,
-        "local_rank": slot.local_rank,
-        "hb": None if hb is None else {"initial": hb.initial, "subsequent": hb.subsequent,
-                                       "were_calculated": hb.were_calculated},
-        "section": None if sec is None else {
-            "section": dict(sec.section),
-            "out_of_section": sec.out_of_section,
-            "calculated_sections": list(sec.calculated_sections),
-            "is_out_of_section_calculated": sec.is_out_of_section_calculated,
-        },
-    }
+    return {"ev": MonitorEvent.TIMEOUTS_UPDATED, "local_rank": slot.local_rank,
+            "hb": None if hb is None else asdict(hb), "section": None if sec is None else asdict(sec)}

@@ -13,9 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# The beat datagram's layout and flags, shared with the worker side (mbr_launch.shim.autobeat); the server
-# reads BEAT from here. FINISHED stops the step clock; after a CHECKPOINT, lost work starts anew (goodput);
-# neither is a step.
+# The beat datagram's layout and flags, shared with the worker side (mbr_launch.shim.autobeat).
 from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST, WORK
 
 # The signs of progress, as ``first_progress`` events and status rows name them.

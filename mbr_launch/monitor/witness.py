@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import signal
 
-# The signals a launcher handles by default (torchrun's SIGTERM, SIGINT, SIGHUP, SIGQUIT) and the usual
-# preemption notices (Slurm's --signal=USR1@T; USR2): a signal outside these is not witnessed.
+# A launcher's default stop signals (torchrun's) and the usual preemption notices (Slurm's --signal=USR1@T).
 JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 MAX_BYTES = 8192  # /proc/PID/status is about 1.5 KiB
 
