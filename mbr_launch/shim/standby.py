@@ -102,7 +102,11 @@ def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Re
         while modules and not background and _saturated() and not assigned.wait(SATURATION_RECHECK):
             pass
         _preload_modules(modules, reads, written, assigned)
-        _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
+        if status >= 0:
+            try:  # the agent takes a replacement that cannot lower its priority only once warm
+                os.write(status, STANDBY_WARM)
+            except OSError:
+                pass  # the agent is gone: the assignment read finds out
     finally:
         if status >= 0:
             os.close(status)
@@ -120,14 +124,6 @@ def _adopt_device(level: str) -> None:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     except Exception:
         pass
-
-
-def _tell(fd: int, what: bytes) -> None:
-    if fd >= 0:
-        try:
-            os.write(fd, what)
-        except OSError:
-            pass  # the agent is gone: the assignment read finds out
 
 
 def _saturated() -> bool:
