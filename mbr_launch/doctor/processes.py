@@ -105,7 +105,7 @@ def other_launchers() -> list[LauncherProcess]:
         cmd = _split_cmdline(raw)
         # A worker of another launcher runs mbr_launch.shim.boot, not a launcher: only count agents. A waiting
         # standby shows as "mbr-launch standby ..." (shim.proctitle), a launcher's rank monitor and fork server,
-        # forked from it, by their thread names (monitor.forked, workers.forkserver) even where their titles
+        # forked from it, by their thread names (monitor.link, workers.forkserver) even where their titles
         # could not be written.
         if (launcher_of(cmd) is None or "mbr_launch.shim.boot" in cmd or cmd[:2] == ["mbr-launch", "standby"]
                 or (_read_proc(pid, "comm") or b"").strip().decode(errors="replace") in _HELPER_NAMES

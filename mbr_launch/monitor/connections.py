@@ -1,11 +1,9 @@
 """Client connections: one thread per connection, and the handling of each NVRx request kind.
 
-A thread doing blocking ``recv``/``sendall`` per connection is cheaper per round trip than one epoll loop.
-Frames are decoded outside the lock (``protocol.py`` is pure); handlers run with ``Shared.lock`` held and
-return the reply frame, or ``NO_REPLY`` to a client that reads none (NVRx 0.6+ with
-``skip_section_response``; a refusal then reaches the agent only). A thread wakes the main thread only when it
-makes a deadline earlier. Frames are read in chunks (``frames``), so a burst from a client that does not wait
-for replies costs one ``recv``; a frame's length is checked before its payload is waited for.
+A blocking thread per connection is cheaper per round trip than one epoll loop. Frames are read in chunks
+(a burst costs one ``recv``) and decoded outside the lock; handlers run with ``Shared.lock`` held and return
+the reply frame, or ``NO_REPLY`` to a client that reads none (NVRx 0.6+ ``skip_section_response``). A thread
+wakes the main thread only when it makes a deadline earlier.
 """
 
 from __future__ import annotations
@@ -96,10 +94,6 @@ class Connections:
         for conn in list(slot.conns):
             self.drop(conn)
 
-    def drop_all(self) -> None:
-        for conn in list(self.conns):
-            self.drop(conn)
-
     def _detach(self, conn: Conn) -> bool:
         """Unlink ``conn`` from its slot (lock held); True if it was the rank's active client."""
         slot = conn.slot
@@ -151,8 +145,7 @@ class Connections:
                               "pid": conn.peer_pid, "message": f"{where}: {message}"})
 
     def _admit(self, conn: Conn) -> bool:
-        """Serve only the slot's worker or its descendants (launcher socket: of any armed slot), as the kernel
-        names the peer."""
+        """Serve only the slot's (launcher socket: any armed slot's) worker or descendants, by the kernel's word."""
         shared = self.shared
         with shared.lock:
             shared.pids_known.wait_for(lambda: conn.dropped or bool(self._owners(conn.slot)), PID_WAIT)
@@ -277,8 +270,7 @@ class Connections:
         return replies.OK_FRAME
 
     def _refuse(self, slot: Slot, conn: Conn, cause: str, *, oneway: bool = False) -> bytes:
-        """Report ``cause`` to the agent and answer ``ErrorMsg(cause)``, unless ``oneway`` on a quiet
-        connection."""
+        """Report ``cause`` to the agent; answer ``ErrorMsg(cause)`` unless ``oneway`` on a quiet connection."""
         self.shared.emit({"ev": MonitorEvent.ERROR, "local_rank": slot.local_rank, "pid": conn.peer_pid,
                           "message": f"local rank {slot.local_rank}: refused a request: {cause}"})
         if oneway and conn.quiet:

@@ -1,7 +1,10 @@
-"""The agent's end of the rank monitor process (forked, ``monitor.forked``, where safe; else a new interpreter).
+"""The agent's end of the rank monitor process, forked from the launcher where safe, else a new interpreter.
 
 Commands go down its stdin; replies are waited for here; other events go to ``on_event`` from a reader thread
-(the callback must only enqueue).
+(the callback must only enqueue). A fork (``fork_monitor``) shares what the launcher has imported, where a new
+``python -S`` pays its start-up again; it is taken only while the launcher runs a single thread (``api.launch``
+forks before its threads start). The child shows as ``mbr_launch.monitor.server: rank monitor of mbr-launch
+PID``, thread name ``mbr-monitor``.
 """
 
 from __future__ import annotations
@@ -9,15 +12,17 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 from mbr_launch import procstat
+from mbr_launch.forking import close_from, fork_launcher
 from mbr_launch.monitor import witness
-from mbr_launch.monitor.forked import Forked, fork_monitor
 from mbr_launch.monitor.wire import SERVER_MODULE, MonitorEvent, Op
 
 
@@ -29,19 +34,9 @@ class MonitorError(RuntimeError):
 STARVED_WAIT_FACTOR = 12
 
 
-# The replies the agent waits for. A command that fails answers with an ``error`` event instead, which the
-# waiter gets at once, with the monitor's reason.
+# The replies the agent waits for (a failed command's ``error`` event reaches the waiter instead, at once).
 _REPLY_OF = {Op.CONFIGURE: MonitorEvent.READY, Op.ARM: MonitorEvent.ARMED, Op.SNAPSHOT: MonitorEvent.SNAPSHOT}
 _GONE = "_gone"  # put in every reply queue when the monitor's stdout ends: nothing will answer any more
-
-
-def _without_site(env: dict[str, str] | None) -> dict[str, str]:
-    """The environment for ``python -S`` (no site initialisation: ``.pth`` files that import cost CPU), with
-    this package's folder on ``PYTHONPATH``."""
-    env = dict(os.environ if env is None else env)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 class MonitorLink:
@@ -59,13 +54,17 @@ class MonitorLink:
 
     def spawn(self, *, fork: bool = False) -> "MonitorLink":
         """Start the monitor's process, which waits for ``start``'s configuration; early (``api.launch``), so its
-        start-up overlaps the agent's. ``fork``: fork this process where safe (``monitor.forked``)."""
+        start-up overlaps the agent's. ``fork``: fork this process where safe (``fork_monitor``)."""
         if self._proc is not None:
             return self
+        # ``python -S``: no site initialisation (``.pth`` files that import cost CPU), so the package is named.
+        env = dict(os.environ if self._env is None else self._env)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         # No parent-death signal: on stdin EOF the monitor kills every armed worker's process group first.
         self._proc = (fork_monitor() if fork else None) or subprocess.Popen(
             [sys.executable, "-S", "-m", SERVER_MODULE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_without_site(self._env), start_new_session=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
         )
         self.pidfd = os.pidfd_open(self._proc.pid)
         return self
@@ -91,9 +90,8 @@ class MonitorLink:
 
     def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
             step_socket: str | None = None) -> None:
-        """Arm a rank before its worker starts. A new socket is waited for (it must listen before the worker
-        connects); on one already listened on, the reply is left for ``confirm_armed``: the monitor reads
-        commands before it accepts connections (``server.MonitorServer.run``)."""
+        """Arm a rank before its worker starts; on a socket already listened on, the reply is left for
+        ``confirm_armed`` (the monitor reads commands before connections: ``server.MonitorServer.run``)."""
         self._send({"op": Op.ARM, "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
                     "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
         if socket in self._listening:
@@ -193,3 +191,88 @@ class MonitorLink:
                 self.on_event(event)
         for replies in self._replies.values():
             replies.put({"ev": _GONE})
+
+
+# ---- the forked monitor ------------------------------------------------------------------------------------
+
+COMM = b"mbr-monitor"  # the child's thread name (at most 15 bytes)
+
+
+class Forked:
+    """The part of ``subprocess.Popen`` that ``MonitorLink`` uses, for a child this process forked."""
+
+    def __init__(self, pid: int, stdin: BinaryIO, stdout: BinaryIO) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, its status is not ours to know
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(SERVER_MODULE, timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def fork_monitor() -> Forked | None:
+    """Fork the rank monitor; None where a fork is not safe here (more than one thread, or no ``os.fork``)."""
+    commands_r, commands_w = os.pipe()
+    events_r, events_w = os.pipe()
+    launcher = os.getpid()
+    pid = fork_launcher()
+    if pid is None:
+        for fd in (commands_r, commands_w, events_r, events_w):
+            os.close(fd)
+        return None
+    if pid == 0:
+        _child(commands_r, events_w, launcher)  # never returns
+    os.close(commands_r)
+    os.close(events_w)
+    return Forked(pid, os.fdopen(commands_w, "wb"), os.fdopen(events_r, "rb"))
+
+
+def _child(commands: int, events: int, launcher: int) -> None:
+    code = 1
+    try:
+        os.setsid()  # as start_new_session: a Ctrl-C to the launcher's group does not reach the monitor
+        os.dup2(commands, 0)
+        os.dup2(events, 1)
+        close_from(3)  # the launcher's ends of both pipes included: its death must read as EOF here
+        from mbr_launch.shim.proctitle import retitle, set_name
+
+        if retitle(f"{SERVER_MODULE}: rank monitor of mbr-launch {launcher}", name=COMM) is None:
+            set_name(COMM)  # no title (no /proc/self/mem here): the name still tells it from the launcher
+        from mbr_launch.monitor import server
+        from mbr_launch.gcpause import resume_gc
+
+        resume_gc()  # the launcher paused the collector for its imports; this process runs for days
+        code = server.main()
+    except BaseException:  # noqa: BLE001 - the child must end here, never return into the launcher's code
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)

@@ -1,10 +1,9 @@
 """The per-node rank monitor process: ``python -m mbr_launch.monitor.server``.
 
-The agent drives it with JSON lines on stdin and reads events from stdout (``wire.py``); workers' unchanged
-NVRx ``RankMonitorClient`` connect to the per-rank sockets the agent arms. The main thread runs an ``epoll``
-loop over stdin, the sockets and a wake-up pipe, with the earliest timer as its timeout; each client
-connection gets a thread; ``state.Shared.lock`` guards all rank state. The monitor reports expiries and the
-agent decides; it kills only when its agent is gone (``agent_gone``). Never imports torch, NVRx, typer or rich.
+Driven by the agent over stdin/stdout (``wire.py``); NVRx clients connect to the per-rank sockets. The main
+thread's ``epoll`` loop waits until the earliest timer; each client connection has a thread; ``Shared.lock``
+guards all rank state. It reports expiries and the agent decides; it kills only when its agent is gone
+(``agent_gone``). Never imports torch, NVRx, typer or rich.
 """
 
 from __future__ import annotations
@@ -92,8 +91,7 @@ class MonitorServer:
                     return
 
     def agent_gone(self) -> None:
-        """The agent died (stdin EOF, or a broken stdout; lock held): nobody else is left to clean up, so SIGKILL
-        the process group (else the process) of every rank still armed."""
+        """The agent died (lock held): SIGKILL the process group (else process) of every rank still armed."""
         for slot in self.shared.slots.values():
             if slot.watch.phase is Phase.DISARMED:
                 continue
@@ -108,7 +106,8 @@ class MonitorServer:
 
     def close_all(self, join_timeout: float = 1.0) -> None:
         with self.shared.lock:
-            self.connections.drop_all()
+            for conn in list(self.connections.conns):
+                self.connections.drop(conn)
             for slot in self.shared.slots.values():
                 self.sockets.close_slot(slot)
             self.sockets.close_listeners()
