@@ -163,8 +163,7 @@ class RankWatch:
 
     def init(self, now: float, *, newer: bool = False, warmup_iterations: int = 5,
              timeouts: Optional[Timeouts] = None) -> None:
-        """A client session starts. ``newer``: an NVRx 0.6+ client, whose rules apply; ``timeouts``: its
-        version's, taken unless the client already replaced the armed ones."""
+        """A client session starts: ``newer`` (NVRx 0.6+) rules, its version's ``timeouts`` unless updated."""
         self._go(Trigger.INIT)
         self._reset_session()
         self.first_iteration = self.iteration = None
@@ -273,8 +272,7 @@ class RankWatch:
         return limits.get(name)
 
     def out_of_section_limit(self) -> Timeout:
-        """The out-of-section timeout now: none for a 0.6+ client before its first "step" when sections
-        are configured without "warmup"."""
+        """The out-of-section timeout now (none for 0.6+ before "step" when sections lack "warmup")."""
         limits = self.timeouts.sections
         if self.newer and limits and WARMUP not in limits and not self.step_seen:
             return None

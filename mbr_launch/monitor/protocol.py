@@ -1,11 +1,9 @@
 """The NVRx rank-monitor wire protocol (0.4.1, and 0.6 / 0.7), decoded without NVRx and without trusting the peer.
 
-Frames are a 4-byte big-endian length and a pickle. NVRx unpickles whatever arrives (a code-execution door);
-here ``mbr_launch.unpickle`` reads a frame under the ``FRAMES`` policy into inert records, only of the exact
-classes clients send, then validates them into small frozen requests: a malformed frame is a
-``ProtocolError`` (drop the connection), a bad value an ``Invalid`` request or a ``BadRequest`` (answer, go on).
-NVRx 0.6+ clients pickle a few more attributes; their ``InitMsg`` always carries ``iteration`` and
-``num_warmup_iters``, which tells them from 0.4.1 (``Init.version``).
+Frames are a 4-byte big-endian length and a pickle, which NVRx unpickles blindly (a code-execution door). Here
+``mbr_launch.unpickle`` reads it into inert records of the ``ALLOWED`` classes only, validated into frozen
+requests: a malformed frame is a ``ProtocolError`` (drop), a bad value ``Invalid``/``BadRequest`` (answer).
+An ``InitMsg`` with ``iteration`` and ``num_warmup_iters`` is from NVRx 0.6+ (``Init.version``).
 """
 
 from __future__ import annotations
@@ -46,8 +44,7 @@ class WorkloadAction(enum.Enum):
     ShutdownWorkload = 2
 
 
-# Exactly what the clients pickle: dataclasses and enums of NVRx's data module (``set``/``frozenset``: how
-# pickle protocols 2 and 3 encode sets).
+# Exactly what the clients pickle: NVRx's data classes and enums (and sets as pickle protocols 2 and 3 write them).
 ALLOWED: frozenset[tuple[str, str]] = frozenset({
     *((_DATA, name) for name in ("AuthkeyMsg", "InitMsg", "RankInfo", "HeartbeatMsg", "SectionMsg", "SectionAction",
                                  "UpdateConfigMsg", "HeartbeatTimeouts", "SectionTimeouts", "WorkloadControlRequest",
@@ -161,8 +158,7 @@ class UpdateConfig:
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """Decodes fine but cannot be honoured: answered ``ErrorMsg(cause)`` unless the client reads no reply
-    (``oneway``)."""
+    """Decodes fine but cannot be honoured: answered ``ErrorMsg(cause)`` unless ``oneway`` to a quiet client."""
 
     cause: str
     oneway: bool = False
@@ -352,8 +348,7 @@ class Decoder:
 
 
 def decode_workload_request(payload: bytes) -> WorkloadControlRequest:
-    """Decode the launcher-socket message ``(global_rank, WorkloadControlRequest)``; ``BadRequest`` for bad
-    values."""
+    """Decode the launcher-socket message ``(global_rank, WorkloadControlRequest)``."""
     obj = unpickle(payload)
     if not (isinstance(obj, tuple) and len(obj) == 2):
         raise ProtocolError("expected (rank, WorkloadControlRequest)")

@@ -127,8 +127,7 @@ USER_SET = "user_set"
 
 
 def client_config(cfg: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """The FaultToleranceConfig fields a client of ``version`` gets: what the user set, else that version's
-    defaults (a 0.6+ client is not handed 0.4.1's one-hour heartbeat timeouts it never asked for)."""
+    """The FaultToleranceConfig fields a client of ``version`` gets: what the user set, else its defaults."""
     defaults = DEFAULTS_OF.get(version, CONFIG_DEFAULTS_06)
     user_set = cfg.get(USER_SET)
     chosen = set(cfg) if user_set is None else set(user_set)
@@ -143,12 +142,8 @@ def signal_number(name: str | int) -> int:
 
 
 def ft_config(cfg: Mapping[str, Any], version: str = V041) -> Obj:
-    """A ``FaultToleranceConfig`` of ``version``'s fields: ``cfg`` over that version's defaults (keys the
-    version does not have are dropped).
-
-    BUILD sets ``__dict__`` directly, so ``__post_init__`` does not run: values must already have the
-    types NVRx expects (``Signals``, int log level, dict of sections).
-    """
+    """A ``FaultToleranceConfig`` of ``version``'s fields, ``cfg`` over its defaults. BUILD skips
+    ``__post_init__``: values must already have NVRx's types (``Signals``, int log level, dict of sections)."""
     defaults = DEFAULTS_OF.get(version, CONFIG_DEFAULTS_06)
     state = {k: cfg.get(k, default) for k, default in defaults.items()}
     state["rank_termination_signal"] = EnumMember("signal", "Signals", signal_number(state["rank_termination_signal"]))

@@ -1,9 +1,8 @@
 """The main thread's ``epoll``: the sockets it watches, the step beats it reads, and the timers its wait ends for.
 
-Stream listeners (one per armed rank, plus the launcher socket for workload requests) and step-beat datagram
-sockets, all mode 0600 in the agent's private directory. ``StepBeats`` feeds each rank's step clock
-(``steps.py``) and batches step times into ``steps`` events; ``Timers`` makes the wait end at the earliest of
-the next deadline, ``steps`` report and ``status`` event, so an expiry is reported as it happens.
+Listeners (per rank, plus the launcher socket) and step-beat sockets, mode 0600 in the agent's private
+directory. ``StepBeats`` feeds the step clocks and batches ``steps`` events; ``Timers`` ends the wait at the
+next deadline, report or status, so an expiry is reported as it happens.
 """
 
 from __future__ import annotations
@@ -174,8 +173,7 @@ class Timers:
             self.status_at = self.shared.clock() + interval
 
     def wake_at(self) -> Optional[float]:
-        """The earliest timer; read without the lock: a stale value is fine, as writers that move the
-        deadline check earlier also wake the main thread."""
+        """The earliest timer, read without the lock (whoever moves a check earlier also wakes the loop)."""
         times = [t for t in (self.shared.next_check, self.beats.report_at, self.status_at) if t is not None]
         return min(times, default=None)
 

@@ -1,11 +1,9 @@
 """Step deadlines and step-time records of one rank, fed by automatic step heartbeats: pure, no IO.
 
-``initial`` runs from ``arm`` (the worker's spawn) to its first step beat (``mbr_launch.shim.autobeat``),
-``subsequent`` from each step to the next; ``None`` disables. Once an NVRx client initialises on the rank
-(``yield_to_client``) it owns liveness and beats only feed records (no double heartbeats). A ``FINISHED`` beat
-stops the step clock until the next step; each arm produces at most one expiry. ``progress`` keeps the
-worker's first sign of progress (``PROGRESS_SIGNS``; an NVRx checkpoint* section is none: it may be the load
-at start-up), which the monitor tells the agent once: from then on a failure is no start-up failure.
+``initial`` runs from ``arm`` to the first step beat (``mbr_launch.shim.autobeat``), ``subsequent`` from each
+step to the next; ``None`` disables. Once an NVRx client initialises (``yield_to_client``) beats only feed
+records. ``FINISHED`` stops the clock until the next step; at most one expiry per arm. ``progress``: the
+worker's first sign of progress (``PROGRESS_SIGNS``), told to the agent once.
 """
 
 from __future__ import annotations
@@ -13,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# The beat datagram's layout and flags, shared with the worker side (mbr_launch.shim.autobeat).
+# The beat datagram's layout (BEAT, read by sockets.py from here) and flags, shared with shim.autobeat.
 from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST, WORK
 
 # The signs of progress, as ``first_progress`` events and status rows name them.

@@ -14,12 +14,10 @@ Agent -> monitor, and the reply:
   {"op":"exit"}                                                           (no reply; exit 0)
   EOF: SIGKILL the process group of every armed worker, exit.
 
-Monitor -> agent, unsolicited: connected, first_heartbeat, first_step, first_progress (at most one sign of
-progress per arm: ``steps.py``), expired (``"kind":"step"`` for a missed step beat), timeouts_updated,
-workload_request, steps (batched step times, at most every report_interval), status (every
-status_interval), disconnected, error ({"ev":"error","message":..,"op":..} for a bad control line). Times
-named "monotonic" are this host's ``time.monotonic()``, the agent's clock too; the larger payloads are built
-in ``state.py``.
+Monitor -> agent, unsolicited: the other ``MonitorEvent`` members (``first_progress``: at most one per arm,
+``steps.py``; ``steps``: at most every report_interval; ``status``: every status_interval; ``error``
+{"message":..,"op":..} for a bad control line). "monotonic" fields are this host's ``time.monotonic()``, the
+agent's clock too; the larger payloads are built in ``state.py``.
 """
 
 from __future__ import annotations
