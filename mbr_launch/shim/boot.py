@@ -1,10 +1,8 @@
 """Worker-side entry point: ``python -u -m mbr_launch.shim.boot (-m MODULE | SCRIPT) [ARGS...]``.
 
-Arms diagnostics inside the worker without the user editing the script, each driven by a variable the agent
-sets (``MBR_STACK_FILE``: faulthandler stacks on ``STACK_SIGNAL``, no ptrace needed; ``MBR_FR_TRIGGER``: Flight
-Recorder dumps, ``shim.flight``; ``MBR_IGNORE_SIGNALS``; ``MBR_AUTOBEAT``; ``MBR_STANDBY_CHANNEL``: wait as a
-warm standby first, ``shim.standby``), then runs the script exactly as ``python SCRIPT ARGS`` would: same
-``sys.argv``, ``__main__`` and ``sys.path[0]``; an uncaught exception's traceback starts at the script's frame.
+Arms what the agent's variables ask for (``MBR_STACK_FILE``: faulthandler stacks, no ptrace needed;
+``MBR_FR_TRIGGER``: ``shim.flight``; ``MBR_IGNORE_SIGNALS``; ``MBR_AUTOBEAT``; ``MBR_STANDBY_CHANNEL``: be a warm
+standby first, ``shim.standby``), then runs the script as ``python SCRIPT ARGS`` would, tracebacks included.
 
 Must stay cheap and never import torch (scripts set CUDA_VISIBLE_DEVICES, NCCL_* before their own import).
 One difference from ``python SCRIPT``: when the script fails, leftover non-daemon threads (e.g. NVRx's
@@ -66,9 +64,8 @@ def arm_autobeat() -> None:
 
 
 def collect_process_groups_at_exit() -> None:
-    """Let a destroyed process group die while the interpreter still runs: torch keeps a destroyed gloo group
-    in a reference cycle, and freed inside ``Py_Finalize`` its thread cannot take the GIL and aborts the
-    process (SIGABRT after a clean run). torch releases the GIL in the destructor: no deadlock."""
+    """Free destroyed process groups (torch keeps gloo's in a reference cycle) before ``Py_Finalize``, where
+    their thread could not take the GIL and would abort the process; the destructor releases the GIL."""
     if "torch.distributed" in sys.modules:
         gc.collect()
 

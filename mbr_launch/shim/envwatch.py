@@ -1,15 +1,11 @@
 """The environment variables a standby's extra preload (``--standby-preload``) read, and a warning when the
 script's environment disagrees with what that preload saw.
 
-torch._dynamo (with inductor and sympy) reads hundreds of variables when imported; a standby that imported it
-decided them with its own environment, so a script that sets one after its own ``import torch`` finds it
-ignored. Nothing here changes that; it makes it loud. While a module is preloaded (``recording``),
-``os.environ``'s class is swapped for ``Recording`` (the object stays, so every reference and ``os.getenv`` are
-covered): each key read, and each key written, is recorded. After the hand-over (``adopt``) the script's
-changes are judged only where they can matter, at its first import of a preloaded module and at its exit, so
-what is said depends on what the script did, never on timing (a library's clear-and-restore of
-``os.environ``, or the preload's own late write, is not the script's doing). Not seen: reads by C code
-(getenv(3)) and by code that copied the environment earlier. Standard library only.
+torch._dynamo reads hundreds of variables at import, so a script that sets one after a standby preloaded it
+finds it ignored; this makes that loud. While a module is preloaded (``recording``), ``os.environ``'s class is
+swapped for ``Recording`` (every reference and ``os.getenv`` covered) to record each key read and written.
+After the hand-over (``adopt``) the script's changes are judged at its first import of a preloaded module and
+at its exit, never on timing. Not seen: getenv(3) from C. Standard library only.
 """
 
 from __future__ import annotations
@@ -30,8 +26,7 @@ PRELOADED: dict[str, "tuple[Reads, dict[str, str | None]]"] = {}
 
 
 class Recording(os._Environ):  # type: ignore[name-defined,misc,type-arg]  # os.environ's own class
-    """``os.environ`` while a module is preloaded: what the import reads goes to ``reads``, what it writes to
-    ``written`` (None: deleted)."""
+    """``os.environ`` while a module is preloaded: reads go to ``reads``, writes to ``written`` (None: deleted)."""
 
     reads: Reads = {}
     written: dict[str, "str | None"] = {}
@@ -136,9 +131,8 @@ def settle(present_only: bool = False) -> None:
 
 def adopt(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str, str],
           environ: "os._Environ[str]" = os.environ) -> None:  # type: ignore[name-defined]
-    """After the hand-over, once the preload is over: judge the script's changes at its first import of a
-    preloaded module (keys present then) and at its exit (every key). ``launch``: the environment the launch
-    gave the rank; its values are the launcher's decision, never reported."""
+    """Judge the script's changes at its first import of a preloaded module (keys present) and at exit (all).
+    ``launch``: the rank's environment from the launch, whose values are never reported."""
     if not reads or type(environ) is not os._Environ:  # type: ignore[attr-defined]
         return
     with _lock:
@@ -218,8 +212,7 @@ def replace_environ(env: Mapping[str, str]) -> None:
 
 
 def finish_preload_when_needed(preloading: threading.Thread) -> None:
-    """The script runs while the preload finishes; a fork waits for it (a child would inherit the preload
-    thread's import locks)."""
+    """A fork waits for the preload (a child would inherit the preload thread's import locks)."""
     def before_fork() -> None:
         if threading.current_thread() is not preloading:
             preloading.join()

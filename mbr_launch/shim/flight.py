@@ -25,9 +25,8 @@ def arm() -> bool:
     if not trigger or not out:
         return False
     try:
-        # O_RDWR: we are a writer too, so the FIFO never reads as EOF when the agent closes its end, and
-        # opening does not block waiting for one. O_CLOEXEC (os.open's default): the script's execs do not
-        # inherit it. O_NOFOLLOW and the check: only the agent's own FIFO, never a file put in its place.
+        # O_RDWR: as a writer too, the FIFO never reads EOF and opening never blocks. O_NOFOLLOW and the check
+        # below: only the agent's own FIFO, never a file put in its place (O_CLOEXEC is os.open's default).
         fd = os.open(trigger, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False

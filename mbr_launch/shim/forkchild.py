@@ -1,15 +1,11 @@
 """A worker forked from the launcher's fork server, made to look like the fresh ``python -u -m boot`` it
 stands for, then run through ``boot`` as any worker is.
 
-The fork server (``mbr_launch.workers.forkserver``) is a copy of the launcher forked after its ``import torch``,
-while it ran one thread, so a worker forked from it costs no interpreter start-up and no import. What the child
-inherits and a fresh interpreter would not have is reset before the script's first line: descriptors (as
-``Popen(close_fds=True, pass_fds=...)``), session and parent-death signal, signal dispositions and mask, the
-environment, working directory, ``sys.argv``/``orig_argv``/``path[0]``, unbuffered stdio, torch's C++ log level
-and the resolver's options (the agent forks only where every other variable read at import is the worker's
-already), the collector, faulthandler, numpy's global seed, and the name ``ps`` shows. It ends as the
-interpreter would (threads joined, ``atexit``, files flushed, exit code, death by SIGINT). What a fork cannot
-give: docs/torchrun.md. Imports only the standard library, ``mbr_launch.contract`` and the shim before the script.
+The fork server (``mbr_launch.workers.forkserver``) is the launcher forked after its ``import torch``. What the
+child inherits and a fresh interpreter would not have is reset before the script's first line (descriptors,
+session, signals, environment, ``sys.argv``/``orig_argv``/``path[0]``, stdio, torch's C++ log level, the
+resolver, gc, faulthandler, numpy's seed, the name in ``ps``), and it ends as the interpreter would. What a fork
+cannot give: docs/torchrun.md. Imports only the standard library, ``mbr_launch.contract`` and the shim.
 """
 
 from __future__ import annotations

@@ -30,8 +30,7 @@ class Title:
 
 
 def retitle(title: str, name: bytes = COMM) -> Title | None:
-    """Show ``title`` (cut to fit) as this process's command line and ``name`` as its main thread's name;
-    None when it could not be done."""
+    """Show ``title`` (cut to fit) as the command line and ``name`` as the thread name; None if not done."""
     me = read_stat(os.getpid())
     if me is None or not me.arg_start or me.arg_end is None:
         return None

@@ -29,8 +29,7 @@ from mbr_launch.shim import envwatch
 SATURATED_LOAD_PER_CPU = 4.0
 SATURATION_RECHECK = 1.0
 
-# Variables read when torch (numpy, MKL, OpenMP) is imported; with --standby cuda also CUDA's. Changing one
-# of them before `import torch` has no effect on a standby that imported torch already.
+# Variables read when torch (numpy, MKL, OpenMP) is imported; with --standby cuda also CUDA's.
 _IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
 _CUDA_PREFIXES = ("CUDA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "NVIDIA_TF32_OVERRIDE")
 # Flight Recorder's (TORCH_FR_*, TORCH_INCLUDE_*) are read when the first process group is made or at a dump.
@@ -50,8 +49,7 @@ def serve() -> None:
     # Named as what it is in `ps` while it waits, not as the worker whose command line it was started with.
     title = retitle(f"mbr-launch standby for local rank {os.environ.get('LOCAL_RANK', '?')}: "
                     + " ".join(sys.argv[1:]))
-    # ``background``: the agent runs this standby at the lowest priority, so it preloads at once; otherwise it
-    # waits ``delay`` so as not to slow starting ranks. Assigned during the wait: it starts as a fresh process.
+    # At the lowest priority (``background``) it preloads at once, else after ``delay`` (unless assigned first).
     early = not background and delay > 0 and bool(ready([channel], delay))
     while not early and not background and _saturated():
         early = bool(ready([channel], SATURATION_RECHECK))
@@ -82,8 +80,7 @@ def serve() -> None:
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
     if preloading is not None:
-        # Still importing: the script starts now and waits for the preload only at its first `import torch`
-        # (below), so a script that needs no torch is not held up.
+        # Still importing: the script starts now and waits only at its first `import torch` (below).
         envwatch.finish_preload_when_needed(preloading)
     else:
         adoption.preload_done()
@@ -184,9 +181,8 @@ def _preload(level: str) -> None:
     if level == "interpreter":
         return
     try:
-        # The deprecated `pynvml` that nvidia-resiliency-ext installs warns at `import torch`: noise about the
-        # launcher's install on every rank. Filtered only around this import of ours; a script's own import
-        # shows it as `python SCRIPT` would.
+        # The deprecated `pynvml` that nvidia-resiliency-ext installs warns at `import torch` (noise about the
+        # launcher's install): filtered around this import of ours only, not the script's own.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
             import torch
@@ -247,8 +243,7 @@ def _read_at_import(key: str, level: str) -> bool:
 
 
 def _fresh_thread_count() -> int | None:
-    """The intra-op thread count a fresh ``import torch`` would pick now (ATen's init_num_threads); None:
-    not known."""
+    """The thread count a fresh ``import torch`` would pick now (ATen's init_num_threads); None: unknown."""
     import torch
 
     def number(name: str) -> int | None:

@@ -7,13 +7,11 @@ torch (scripts set ``CUDA_VISIBLE_DEVICES`` or ``NCCL_*`` before their own impor
 does) and leaves the path once nothing is awaited. A warm standby assigned mid-preload also hooks, from a
 short-lived thread, what its ``import torch`` under way has imported.
 
-Each optimizer step sends one ``BEAT`` datagram (step index, step period, this thread's CPU seconds in it,
-flags) to ``MBR_AUTOBEAT_SOCKET``, non-blocking: a full queue or a gone monitor drops it, never stalls
-training. CPU seconds, not periods, tell stragglers apart: in synchronous training every rank's period is the
-same. Only the first optimizer that steps counts (a GAN's two optimizers give one beat per step). Marks:
-``CHECKPOINT`` after a save returns, ``WORK`` once after ``torchhooks.WORK_COLLECTIVES`` collectives (a script
-that trains without ``torch.optim`` is still past start-up), ``FINISHED`` at ``destroy_process_group`` and at
-exit (the time after the last step is no hang).
+Each step of the first optimizer that steps sends a ``BEAT`` datagram (index, period, this thread's CPU
+seconds: what tells stragglers apart, as synchronous ranks share one period) to ``MBR_AUTOBEAT_SOCKET``,
+non-blocking: a full queue drops it, never stalls training. Marks: ``CHECKPOINT`` after a save, ``WORK`` after
+``torchhooks.WORK_COLLECTIVES`` collectives (training without ``torch.optim``), ``FINISHED`` at
+``destroy_process_group`` and exit (the time after the last step is no hang).
 """
 
 from __future__ import annotations
@@ -41,8 +39,7 @@ CHECKPOINTERS = ("nvidia_resiliency_ext.checkpointing.async_ckpt.core",
                  "megatron.core.dist_checkpointing.strategies.async_utils",
                  "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manager")
 
-# The modules whose functions torchhooks hooks (its AT_EXEC and IMPORTED tables, keyed by these names: a test
-# checks that they agree), in the order ``import torch`` imports the first three.
+# The modules torchhooks hooks (the keys of its AT_EXEC and IMPORTED tables: a test checks that they agree).
 HOOKED = (SERIALIZATION, C10D, TARGET, DCP, FUNCTIONAL, *CHECKPOINTERS)
 
 _state: Optional["_Beater"] = None

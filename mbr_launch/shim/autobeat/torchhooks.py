@@ -17,8 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Callable
 
-# The modules hooked, by name: the package's finder waits for the same ones (``autobeat.HOOKED``; this module
-# does not import the package, which imports it).
+# The modules hooked, by name, as the package's ``HOOKED`` (this module does not import the package).
 TARGET = "torch.optim.optimizer"
 C10D = "torch.distributed.distributed_c10d"
 SERIALIZATION = "torch.serialization"
@@ -160,9 +159,8 @@ def _wrap_dcp(package: Any, beater: _Beater) -> None:
 
 
 def _fix_remaps(functional: Any, beater: _Beater) -> None:
-    """torch.compile maps ``dist.*`` collectives to traceable ones by identity
-    (``traceable_collective_remaps``): give our wrappers the entries of the functions they wrap, when that
-    module was imported before we wrapped them (imported after, it holds the wrappers already)."""
+    """torch.compile maps ``dist.*`` collectives to traceable ones by identity: give our wrappers the entries
+    of the functions they wrap (a module imported after them holds the wrappers already)."""
     remaps = getattr(functional, "traceable_collective_remaps", None)
     c10d = sys.modules.get(C10D)
     if not isinstance(remaps, dict) or c10d is None:
@@ -201,8 +199,7 @@ def wrap_local_manager(module: Any, beater: _Beater) -> None:
 # The checkpoint managers' hooks, the same whether their module executes now or was imported before us.
 CHECKPOINT_HOOKS = {NVRX_ASYNC: wrap_async_queue, MCORE_ASYNC: wrap_async_queue, NVRX_LOCAL: wrap_local_manager}
 
-# What the finder does once a module has executed (its names re-exported only later: ``torch.distributed``
-# star-imports c10d, ``torch`` imports ``save`` from torch.serialization, after these ran).
+# What the finder does once a module has executed, before torch and torch.distributed re-export its names.
 AT_EXEC = {TARGET: register, C10D: _hook_c10d, SERIALIZATION: _wrap_save, DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps,
            **CHECKPOINT_HOOKS}
 
