@@ -1,6 +1,6 @@
 """Forking the launcher itself, and a child's descriptors afterwards (the standard library only).
 
-The launcher forks helpers that share what it has imported (the rank monitor, ``monitor.forked``; the fork
+The launcher forks helpers that share what it has imported (the rank monitor, ``monitor.link``; the fork
 server, ``workers.forkserver``) instead of starting new interpreters. A fork is safe only while the process runs
 one thread: a child could otherwise inherit a lock another thread held. What sits in ``sys.stdout`` and
 ``sys.stderr``'s buffers is flushed first, or both processes would write it.

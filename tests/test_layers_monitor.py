@@ -20,9 +20,9 @@ from mbr_launch.monitor.wire import SERVER_MODULE
 PACKAGE_ROOT = os.path.dirname(os.path.dirname(mbr_launch.__file__))
 
 # What ``import mbr_launch.monitor.server`` loaded in a fresh interpreter (2026-12-03): the monitor's own modules
-# but link and forked (the agent's side), and the two standard-library-only leaves.
+# but link (the agent's side), and the two standard-library-only leaves.
 EXPECTED = {"mbr_launch", "mbr_launch.contract", "mbr_launch.procstat", "mbr_launch.monitor",
-            *(f"mbr_launch.monitor.{m}" for m in ("ancestry", "commands", "connections", "control", "deadlines",
+            *(f"mbr_launch.monitor.{m}" for m in ("ancestry", "connections", "control", "deadlines",
                                                   "protocol", "replies", "server", "sockets", "state", "steps",
                                                   "wire", "witness")),
             "mbr_launch.unpickle", *(f"mbr_launch.unpickle.{m}" for m in ("machine", "objects", "policy"))}

@@ -1,4 +1,4 @@
-"""The rank monitor forked from the launcher (monitor/forked.py): what its process looks like, how it ends, and
+"""The rank monitor forked from the launcher (link.fork_monitor): what its process looks like, how it ends, and
 that a threaded process is not forked. Each case runs in its own interpreter: pytest's process is not forked."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def _run(code: str) -> dict:
 def test_the_forked_monitor_is_named_serves_and_ends_on_eof() -> None:
     seen = _run("""
         import json, os, time
-        from mbr_launch.monitor.forked import fork_monitor
+        from mbr_launch.monitor.link import fork_monitor
         child = fork_monitor()
         # The child names itself once it runs: on a loaded machine that may take a while.
         end = time.monotonic() + 30
@@ -58,7 +58,7 @@ def test_the_forked_monitor_is_named_serves_and_ends_on_eof() -> None:
 def test_a_threaded_process_is_not_forked_and_the_link_starts_an_interpreter() -> None:
     seen = _run("""
         import json, threading, time
-        from mbr_launch.monitor.forked import fork_monitor
+        from mbr_launch.monitor.link import fork_monitor
         from mbr_launch.monitor.link import MonitorLink
         stop = threading.Event()
         threading.Thread(target=stop.wait, daemon=True).start()
@@ -83,7 +83,7 @@ def test_a_threaded_process_is_not_forked_and_the_link_starts_an_interpreter() -
 def test_wait_times_out_and_kill_reports_the_signal() -> None:
     seen = _run("""
         import json, subprocess
-        from mbr_launch.monitor.forked import fork_monitor
+        from mbr_launch.monitor.link import fork_monitor
         child = fork_monitor()
         try:
             child.wait(0.2)

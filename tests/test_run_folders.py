@@ -183,7 +183,7 @@ def test_a_real_run_links_latest_leaves_no_empty_stack_file_and_names_its_standb
         assert standby["ps"].startswith("mbr-standby "), standby
     # ... and the preflight's count of other launchers on the host does not take it for one.
     assert not [pid for pid, cmd in seen["launchers"] if cmd.startswith("mbr-launch standby")], seen["launchers"]
-    # The rank monitor, forked from the launcher (monitor.forked), is named as the monitor, not as a second
+    # The rank monitor, forked from the launcher (monitor.link), is named as the monitor, not as a second
     # launcher (its memory holds the launcher's arguments until it writes its title over them).
     [monitor] = seen["monitors"]
     assert monitor["cmdline"][:1] == ["mbr_launch.monitor.server:"], monitor

@@ -128,7 +128,7 @@ def test_when_the_collector_runs(code: str, expected: list[str]) -> None:
 def test_the_rank_monitor_starts_before_the_launcher_imports_torch(tmp_path):
     """Its start-up overlaps the launcher's: the agent does not wait for it before joining (many agents on
     few cores give each process only its share of the CPUs). It is forked from the launcher, not a new
-    interpreter (monitor.forked), and the agent adopts that process."""
+    interpreter (monitor.link), and the agent adopts that process."""
     script = tmp_path / "s.py"
     script.write_text("pass\n")
     seen = _launch_probe("""

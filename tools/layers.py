@@ -42,7 +42,7 @@ ALLOWED: dict[str, tuple[str, ...]] = {
     "workers": (*LEAVES, "unpickle", "decide", "report", "config", "cluster", "shim"),
     # node health before a join: leftover processes are found by workers.strays
     "health": (*LEAVES, "report", "config", "workers"),
-    # a process of its own (PROCESSES below); its agent side (link, forked) also takes the launcher's leaves and
+    # a process of its own (PROCESSES below); its agent side (link) also takes the launcher's leaves and
     # names its forked child as the shim names a standby
     "monitor": (*LEAVES, "unpickle", "shim.proctitle"),
     # the supervisor: everything below it but the worker shim

@@ -1,18 +1,9 @@
 """Client connections: one thread per connection, and the handling of each NVRx request kind.
 
-Each connection gets a thread doing blocking ``recv``/``sendall``: measured against a single epoll loop it
-saves ~10 us per round trip (no ``epoll_wait`` and no Python dispatch between the client's separate header
-and payload writes). Frames are decoded outside the lock (``protocol.py`` is pure); the handlers run with
-``Shared.lock`` held and return the reply frame, or ``NO_REPLY`` to a client that reads none (an NVRx 0.6+
-client's heartbeats and sections with ``skip_section_response``; a refusal then reaches the agent only, as an
-``error`` event it prints). A thread wakes the main thread only when it makes a deadline earlier than the
-planned wake-up (heartbeats only ever move deadlines later).
-
-Frames are read in chunks (``frames``): an NVRx 0.6+ client sends heartbeats and sections without waiting for a
-reply, so a burst of them queues up in the socket and one ``recv`` of up to ``CHUNK`` bytes takes many at once,
-where exact reads of each header and payload cost two system calls a message. A request-reply client (0.4.1)
-has one frame in flight. A frame's length is checked (``protocol.frame_length``) before its payload is waited
-for, so the buffer never holds more than one maximal frame beyond a chunk.
+A blocking thread per connection is cheaper per round trip than one epoll loop. Frames are read in chunks
+(a burst costs one ``recv``) and decoded outside the lock; handlers run with ``Shared.lock`` held and return
+the reply frame, or ``NO_REPLY`` to a client that reads none (NVRx 0.6+ ``skip_section_response``). A thread
+wakes the main thread only when it makes a deadline earlier.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ from mbr_launch.monitor.state import Conn, Shared, Slot, first_progress, timeout
 from mbr_launch.monitor.steps import HEARTBEAT, ITERATION, is_checkpoint_section
 from mbr_launch.monitor.wire import MonitorEvent
 
-# How long a connection that came before the agent named the worker's pid waits for it (the agent sends
-# it right after the spawn; a warm standby can connect within milliseconds of becoming the rank).
+# How long a connection that came before the agent named the worker's pid waits for it.
 PID_WAIT = 5.0
 CHUNK = 64 * 1024
 _NOT_INITIALISED = replies.frame(replies.error_msg("not initialised: send InitMsg first"))
@@ -60,10 +50,11 @@ class Connections:
             SectionOpen: self._on_open,
             SectionClose: self._on_close,
             SectionCloseAll: self._on_close_all,
-            Authkey: self._on_authkey,
+            # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
+            Authkey: lambda slot, conn, req: replies.OK_FRAME,
             Init: self._on_init,
             UpdateConfig: self._on_update,
-            Invalid: self._on_invalid,
+            Invalid: lambda slot, conn, req: self._refuse(slot, conn, req.cause, oneway=req.oneway),
         }
 
     # ---- main thread, lock held ----------------------------------------------------------------------------
@@ -101,10 +92,6 @@ class Connections:
 
     def drop_slot(self, slot: Slot) -> None:
         for conn in list(slot.conns):
-            self.drop(conn)
-
-    def drop_all(self) -> None:
-        for conn in list(self.conns):
             self.drop(conn)
 
     def _detach(self, conn: Conn) -> bool:
@@ -158,8 +145,7 @@ class Connections:
                               "pid": conn.peer_pid, "message": f"{where}: {message}"})
 
     def _admit(self, conn: Conn) -> bool:
-        """Serve only the worker of the slot or one of its descendants (for the launcher socket: of any armed
-        slot). The kernel names the peer; what the client says about itself proves nothing."""
+        """Serve only the slot's (launcher socket: any armed slot's) worker or descendants, by the kernel's word."""
         shared = self.shared
         with shared.lock:
             shared.pids_known.wait_for(lambda: conn.dropped or bool(self._owners(conn.slot)), PID_WAIT)
@@ -229,8 +215,7 @@ class Connections:
         now = self.shared.clock()
         slot.watch.close_section(req.name, now, req.iteration)
         if is_checkpoint_section(req.name):
-            # For goodput only: a section named checkpoint* may as well be the load at start-up, so it is no
-            # sign of progress (a client with sections heartbeats, or reports its iteration).
+            # For goodput only: a checkpoint* section may be the load at start-up, so no sign of progress.
             slot.steps.checkpoint_closed(now)
         if slot.steps.progress is None and req.iteration is not None:
             self._iteration_progress(slot, now)
@@ -246,10 +231,6 @@ class Connections:
     def _on_close_all(self, slot: Slot, conn: Conn, req: SectionCloseAll) -> bytes:
         slot.watch.close_all_sections(self.shared.clock())
         return _ok(conn)
-
-    def _on_authkey(self, slot: Slot, conn: Conn, req: Authkey) -> bytes:
-        # NVRx adopts the client's authkey so it can receive Managers and tensors; we accept neither.
-        return replies.OK_FRAME
 
     def _on_init(self, slot: Slot, conn: Conn, req: Init) -> bytes:
         if slot.active is not None and slot.active is not conn:
@@ -288,12 +269,8 @@ class Connections:
         self.shared.emit(timeouts_updated(slot, req))
         return replies.OK_FRAME
 
-    def _on_invalid(self, slot: Slot, conn: Conn, req: Invalid) -> bytes:
-        return self._refuse(slot, conn, req.cause, oneway=req.oneway)
-
     def _refuse(self, slot: Slot, conn: Conn, cause: str, *, oneway: bool = False) -> bytes:
-        """Lock held: report ``cause`` to the agent and answer ``ErrorMsg(cause)`` (the client raises it),
-        unless the client reads no reply to this message (``oneway`` on a quiet connection)."""
+        """Report ``cause`` to the agent; answer ``ErrorMsg(cause)`` unless ``oneway`` on a quiet connection."""
         self.shared.emit({"ev": MonitorEvent.ERROR, "local_rank": slot.local_rank, "pid": conn.peer_pid,
                           "message": f"local rank {slot.local_rank}: refused a request: {cause}"})
         if oneway and conn.quiet:
@@ -302,8 +279,7 @@ class Connections:
 
 
 def frames(sock: socket.socket) -> Iterator[bytes]:
-    """Each frame's payload until the peer closes between frames; ``EOFError`` when it closes inside one,
-    ``protocol.ProtocolError`` on a bad length, ``OSError`` from the socket."""
+    """Each frame's payload until the peer closes between frames (``EOFError`` inside one)."""
     buf = bytearray()
     start = 0  # where the next frame begins in ``buf``
     while True:

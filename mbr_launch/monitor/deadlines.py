@@ -1,25 +1,13 @@
 """Heartbeat and section deadlines of one rank: pure state, no IO, the clock passed in as ``now``.
 
-Semantics follow NVRx 0.4.1 ``RankMonitorServer``, but as deadlines instead of a periodic poll, so the
-server can sleep exactly until the next one:
-
-- the initial heartbeat timeout runs from client init until the first heartbeat, the subsequent one
-  from the last heartbeat;
-- each open section runs its own timeout from its open; the out-of-section timeout runs while no
-  section is open, from init or from the close that left none open;
-- ``None`` disables a timeout; an update replaces the effective timeouts at once, open sections
-  included (NVRx re-reads ``cfg`` on every check);
-- a section name without a configured timeout can still be opened (the 0.4.1 server accepts it; its
-  client raises afterwards) and never expires. NVRx would crash its checker on the KeyError instead.
-
-A session of an NVRx 0.6+ client (``init(newer=True)``) follows that version's server instead:
-
-- when sections are configured and "warmup" is not one of them, the out-of-section timeout does not run
-  before the session's first open of "step" (NVRx PR #299: start-up outside any section is not a hang);
-- with a "warmup" section timeout, an open "step" is timed by it instead of by "step"'s own for the first
-  ``warmup_iterations`` iterations the client reports in "step" messages, counted from the first one;
-- the client's timeouts start from that version's defaults (the caller passes them to ``init``), unless an
-  update since the arm already replaced them.
+Semantics follow NVRx 0.4.1 ``RankMonitorServer``, as deadlines instead of a periodic poll (the server sleeps
+until the next one): the initial heartbeat timeout runs from client init to the first heartbeat, the
+subsequent one from the last heartbeat; each open section runs its own timeout from its open, the
+out-of-section one while none is open; ``None`` disables; an update replaces the timeouts at once, open
+sections included; a section without a timeout can be opened and never expires. An NVRx 0.6+ session
+(``init(newer=True)``) follows that version: no out-of-section timeout before the first "step" when sections
+are configured without "warmup"; a "warmup" timeout times "step" for the first ``warmup_iterations`` reported
+iterations; its version's default timeouts unless an update since the arm replaced them.
 
 Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state starts over)::
 
@@ -30,9 +18,8 @@ Lifecycle of a rank, one per ``arm`` from the agent (``arm`` from any state star
                                              +--------- re-init --------+
     any state --disarm--> DISARMED
 
-Each client session produces at most one expiry: after EXPIRED nothing expires again until the next arm
-or until the client initialises again. A re-init starts a new session (NVRx's server resets its timers on
-InitMsg too): that is how an NVRx in-process restart reconnects, and its ranks are watched again.
+At most one expiry per client session; a re-init starts a new session (as NVRx's server resets its timers on
+InitMsg): an NVRx in-process restart's ranks are watched again.
 """
 
 from __future__ import annotations
@@ -176,8 +163,7 @@ class RankWatch:
 
     def init(self, now: float, *, newer: bool = False, warmup_iterations: int = 5,
              timeouts: Optional[Timeouts] = None) -> None:
-        """A client session starts. ``newer``: an NVRx 0.6+ client, whose rules apply; ``timeouts``: its
-        version's, taken unless the client already replaced the armed ones."""
+        """A client session starts: ``newer`` (NVRx 0.6+) rules, its version's ``timeouts`` unless updated."""
         self._go(Trigger.INIT)
         self._reset_session()
         self.first_iteration = self.iteration = None
@@ -268,12 +254,10 @@ class RankWatch:
         self.open_sections.clear()
         self.hb_deadline = self.sec_deadline = self.sec_deadline_name = self.sec_timeout = None
         self.step_seen = False
-        # The iterations outlive a disconnect and a disarm (the agent reads them after a rank's crash or its
-        # end); a new session or a new arm starts them over.
+        # The iterations outlive a disconnect and a disarm: the agent reads them after a rank's crash or end.
 
     def _note_iteration(self, name: str, iteration: Optional[int]) -> None:
-        # As NVRx 0.6+: only "step" messages carry a trustworthy iteration (a "setup" may precede the
-        # checkpoint load). A step that goes back is taken as it is (NVRx warns; a reload does that).
+        # As NVRx 0.6+: only "step" messages carry a trustworthy iteration; one that goes back is taken as is.
         if name == STEP and iteration is not None:
             if self.first_iteration is None:
                 self.first_iteration = iteration
@@ -288,8 +272,7 @@ class RankWatch:
         return limits.get(name)
 
     def out_of_section_limit(self) -> Timeout:
-        """The out-of-section timeout now: none for a 0.6+ client before its first "step" when sections
-        are configured without "warmup"."""
+        """The out-of-section timeout now (none for 0.6+ before "step" when sections lack "warmup")."""
         limits = self.timeouts.sections
         if self.newer and limits and WARMUP not in limits and not self.step_seen:
             return None
@@ -321,12 +304,7 @@ def next_deadline(w: RankWatch) -> Optional[float]:
     """The earliest monotonic time at which ``w`` could expire, or None if nothing is timed."""
     if w.phase is not Phase.MONITORING:
         return None
-    hb, sec = w.hb_deadline, w.sec_deadline
-    if hb is None:
-        return sec
-    if sec is None:
-        return hb
-    return hb if hb <= sec else sec
+    return min((d for d in (w.hb_deadline, w.sec_deadline) if d is not None), default=None)
 
 
 def next_expiry(w: RankWatch, now: float) -> Optional[Expiry]:

@@ -1,9 +1,10 @@
-"""The agent's end of the rank monitor process (forked from the launcher, ``monitor.forked``, where that is
-safe; else ``python -S -m mbr_launch.monitor.server``).
+"""The agent's end of the rank monitor process, forked from the launcher where safe, else a new interpreter.
 
-Commands go down the monitor's stdin as JSON lines; events come back on its stdout and are handed to the
-agent through ``on_event`` (from a reader thread: the callback must only enqueue). Replies to commands
-(``ready``, ``armed``, ``snapshot``) are waited for here, with timeouts.
+Commands go down its stdin; replies are waited for here; other events go to ``on_event`` from a reader thread
+(the callback must only enqueue). A fork (``fork_monitor``) shares what the launcher has imported, where a new
+``python -S`` pays its start-up again; it is taken only while the launcher runs a single thread (``api.launch``
+forks before its threads start). The child shows as ``mbr_launch.monitor.server: rank monitor of mbr-launch
+PID``, thread name ``mbr-monitor``.
 """
 
 from __future__ import annotations
@@ -11,15 +12,17 @@ from __future__ import annotations
 import json
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 from mbr_launch import procstat
+from mbr_launch.forking import close_from, fork_launcher
 from mbr_launch.monitor import witness
-from mbr_launch.monitor.forked import Forked, fork_monitor
 from mbr_launch.monitor.wire import SERVER_MODULE, MonitorEvent, Op
 
 
@@ -31,21 +34,9 @@ class MonitorError(RuntimeError):
 STARVED_WAIT_FACTOR = 12
 
 
-# The replies the agent waits for (``disarmed`` is not waited for). A command that fails in the monitor answers
-# with an ``error`` event instead: the waiter is told at once, with the monitor's own reason (say, a socket path
-# too long), rather than after a timeout.
+# The replies the agent waits for (a failed command's ``error`` event reaches the waiter instead, at once).
 _REPLY_OF = {Op.CONFIGURE: MonitorEvent.READY, Op.ARM: MonitorEvent.ARMED, Op.SNAPSHOT: MonitorEvent.SNAPSHOT}
 _GONE = "_gone"  # put in every reply queue when the monitor's stdout ends: nothing will answer any more
-
-
-def _without_site(env: dict[str, str] | None) -> dict[str, str]:
-    """The monitor's environment for ``python -S``: it imports only the standard library and this package,
-    so the site initialisation (every ``.pth`` file of the environment: 30-50 ms of CPU where one of them
-    imports a module, as NVRx's pynvml redirector does) is skipped, and this package's folder is named."""
-    env = dict(os.environ if env is None else env)
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
-    return env
 
 
 class MonitorLink:
@@ -62,19 +53,18 @@ class MonitorLink:
         self._unconfirmed: list[float] = []  # the timeouts of the 'armed' replies ``arm`` left unread
 
     def spawn(self, *, fork: bool = False) -> "MonitorLink":
-        """Start the monitor's process, which waits for ``start``'s configuration. Done early by the launcher
-        (``api.launch``), so that the process's own start-up overlaps the agent's: on a machine where many
-        agents start at once, a process the agent waits for gets only its share of the CPUs (32 agents on 2
-        cores: 0.9-1.0 s from the agent's start event to its join, most of it this wait). ``fork``: fork this
-        process where that is safe (``monitor.forked``: the launcher, before its threads start), which costs a
-        fraction of a new interpreter's CPU."""
+        """Start the monitor's process, which waits for ``start``'s configuration; early (``api.launch``), so its
+        start-up overlaps the agent's. ``fork``: fork this process where safe (``fork_monitor``)."""
         if self._proc is not None:
             return self
-        # No parent-death signal on purpose: when the agent dies, the monitor sees stdin EOF and kills every
-        # armed worker's process group (grandchildren included) before it exits.
+        # ``python -S``: no site initialisation (``.pth`` files that import cost CPU), so the package is named.
+        env = dict(os.environ if self._env is None else self._env)
+        root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
+        # No parent-death signal: on stdin EOF the monitor kills every armed worker's process group first.
         self._proc = (fork_monitor() if fork else None) or subprocess.Popen(
             [sys.executable, "-S", "-m", SERVER_MODULE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=_without_site(self._env), start_new_session=True,
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
         )
         self.pidfd = os.pidfd_open(self._proc.pid)
         return self
@@ -100,12 +90,8 @@ class MonitorLink:
 
     def arm(self, *, local_rank: int, rank: int, socket: str, timeout: float = 10.0,
             step_socket: str | None = None) -> None:
-        """Arm a rank before its worker starts. On a socket this monitor already listens on (an earlier round's
-        worker of this local rank), the reply is left for ``confirm_armed``: the worker may start at once,
-        since the monitor reads its commands before it accepts connections (``server.Monitor.run``), so the
-        worker's connection meets the armed rank. Among 128 agents on 16 cores, each reply took a share of a
-        starved CPU between the round's start and the worker's. A new socket is waited for: it must listen
-        before the worker connects."""
+        """Arm a rank before its worker starts; on a socket already listened on, the reply is left for
+        ``confirm_armed`` (the monitor reads commands before connections: ``server.MonitorServer.run``)."""
         self._send({"op": Op.ARM, "local_rank": local_rank, "rank": rank, "pid": None, "pgid": None,
                     "socket": socket, **({"step_socket": step_socket} if step_socket else {})})
         if socket in self._listening:
@@ -158,10 +144,8 @@ class MonitorLink:
                 raise MonitorError(f"rank monitor is gone: {err}") from None
 
     def _wait(self, name: str, timeout: float) -> dict[str, Any]:
-        """The monitor's reply ``name``. ``timeout`` is how long it may sit idle without answering: a monitor
-        that is starved of CPU (runnable, or using CPU since the last look) is waited for, up to
-        ``STARVED_WAIT_FACTOR`` times as long (256 agents on 16 cores, load 460: 'armed' took over 10 s and
-        the launch failed), where a dead one is known at once (its stdout ends)."""
+        """The monitor's reply ``name``, waited for ``timeout`` while it is idle; a monitor starved of CPU
+        (runnable, or using CPU since the last look) up to ``STARVED_WAIT_FACTOR`` times as long."""
         stat = self._stat()
         for _ in range(STARVED_WAIT_FACTOR):
             try:
@@ -207,3 +191,88 @@ class MonitorLink:
                 self.on_event(event)
         for replies in self._replies.values():
             replies.put({"ev": _GONE})
+
+
+# ---- the forked monitor ------------------------------------------------------------------------------------
+
+COMM = b"mbr-monitor"  # the child's thread name (at most 15 bytes)
+
+
+class Forked:
+    """The part of ``subprocess.Popen`` that ``MonitorLink`` uses, for a child this process forked."""
+
+    def __init__(self, pid: int, stdin: BinaryIO, stdout: BinaryIO) -> None:
+        self.pid = pid
+        self.stdin = stdin
+        self.stdout = stdout
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            try:
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:  # reaped elsewhere: it is gone, its status is not ours to know
+                self.returncode = -1
+                return self.returncode
+            if pid == self.pid:
+                self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() >= deadline:
+                raise subprocess.TimeoutExpired(SERVER_MODULE, timeout or 0.0)
+            time.sleep(0.01)
+        return code
+
+    def kill(self) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def fork_monitor() -> Forked | None:
+    """Fork the rank monitor; None where a fork is not safe here (more than one thread, or no ``os.fork``)."""
+    commands_r, commands_w = os.pipe()
+    events_r, events_w = os.pipe()
+    launcher = os.getpid()
+    pid = fork_launcher()
+    if pid is None:
+        for fd in (commands_r, commands_w, events_r, events_w):
+            os.close(fd)
+        return None
+    if pid == 0:
+        _child(commands_r, events_w, launcher)  # never returns
+    os.close(commands_r)
+    os.close(events_w)
+    return Forked(pid, os.fdopen(commands_w, "wb"), os.fdopen(events_r, "rb"))
+
+
+def _child(commands: int, events: int, launcher: int) -> None:
+    code = 1
+    try:
+        os.setsid()  # as start_new_session: a Ctrl-C to the launcher's group does not reach the monitor
+        os.dup2(commands, 0)
+        os.dup2(events, 1)
+        close_from(3)  # the launcher's ends of both pipes included: its death must read as EOF here
+        from mbr_launch.shim.proctitle import retitle, set_name
+
+        if retitle(f"{SERVER_MODULE}: rank monitor of mbr-launch {launcher}", name=COMM) is None:
+            set_name(COMM)  # no title (no /proc/self/mem here): the name still tells it from the launcher
+        from mbr_launch.monitor import server
+        from mbr_launch.gcpause import resume_gc
+
+        resume_gc()  # the launcher paused the collector for its imports; this process runs for days
+        code = server.main()
+    except BaseException:  # noqa: BLE001 - the child must end here, never return into the launcher's code
+        try:
+            import traceback
+
+            traceback.print_exc()
+        except BaseException:  # noqa: BLE001
+            pass
+    finally:
+        os._exit(code)

@@ -1,19 +1,9 @@
 """The NVRx rank-monitor wire protocol (0.4.1, and 0.6 / 0.7), decoded without NVRx and without trusting the peer.
 
-Frames are a 4-byte big-endian length followed by a pickle made by ``ForkingPickler``. NVRx unpickles
-whatever arrives, which makes its socket a code-execution door for anyone who can connect. Here a frame is
-read by ``mbr_launch.unpickle`` under the ``FRAMES`` policy into inert records (class names, arguments and
-state; no class is ever called or touched) accepting only the exact (module, name) pairs the clients send.
-The records are then validated, types and ranges checked, into small frozen request values, which is all
-the server ever sees: a malformed frame is a ``ProtocolError`` (drop the connection), a well-formed one
-with a bad value an ``Invalid`` request or a ``BadRequest`` (refuse it, answer, keep going).
-
-Importing NVRx is not an option anyway: it imports torch, and the monitor must start in milliseconds.
-
-Clients of NVRx 0.6 and later (0.7's data module is byte-identical to 0.6's) pickle the same classes with a few
-more attributes: ``InitMsg.iteration`` / ``num_warmup_iters``, ``SectionMsg.iteration``,
-``UpdateConfigMsg.current_cycle``. Their ``InitMsg`` always carries both new attributes (``None`` when unset),
-which is how a 0.6+ client is told from a 0.4.1 one (``Init.version``).
+Frames are a 4-byte big-endian length and a pickle, which NVRx unpickles blindly (a code-execution door). Here
+``mbr_launch.unpickle`` reads it into inert records of the ``ALLOWED`` classes only, validated into frozen
+requests: a malformed frame is a ``ProtocolError`` (drop), a bad value ``Invalid``/``BadRequest`` (answer).
+An ``InitMsg`` with ``iteration`` and ``num_warmup_iters`` is from NVRx 0.6+ (``Init.version``).
 """
 
 from __future__ import annotations
@@ -54,18 +44,14 @@ class WorkloadAction(enum.Enum):
     ShutdownWorkload = 2
 
 
-# Exactly what the 0.4.1 and 0.6+ clients pickle (checked with pickletools): dataclasses and enums of its data module.
-# Protocol 4 encodes sets with EMPTY_SET/ADDITEMS; ``set``/``frozenset`` are for peers using protocol 2 or 3.
+# Exactly what the clients pickle: NVRx's data classes and enums (and sets as pickle protocols 2 and 3 write them).
 ALLOWED: frozenset[tuple[str, str]] = frozenset({
     *((_DATA, name) for name in ("AuthkeyMsg", "InitMsg", "RankInfo", "HeartbeatMsg", "SectionMsg", "SectionAction",
                                  "UpdateConfigMsg", "HeartbeatTimeouts", "SectionTimeouts", "WorkloadControlRequest",
                                  "WorkloadAction")),
     ("builtins", "set"), ("builtins", "frozenset"),
 })
-# What a client frame may hold: data, the allowed classes as records, sets, bytes, protocols 0 to 5. The bounds:
-# a real message has under 100 opcodes (a state_dict-sized UpdateConfigMsg a few thousand) and nests 4 deep
-# (UpdateConfigMsg -> SectionTimeouts -> dict -> value); larger integers are refused (the validator bounds them
-# much tighter).
+# What a client frame may hold, bounded far above a real message (under 100 opcodes, 4 levels deep).
 FRAMES = PicklePolicy(
     what="pickle frame", opcodes=DATA_OPCODES | OBJECT_OPCODES | SET_OPCODES | BYTES_OPCODES | TEXT_OPCODES,
     unaccepted="is not accepted in a client frame",
@@ -172,8 +158,7 @@ class UpdateConfig:
 
 @dataclass(frozen=True, slots=True)
 class Invalid:
-    """Decodes fine but cannot be honoured; the reply is ``ErrorMsg(cause)``, except to a client that reads
-    no reply to this kind of message (``oneway``: a heartbeat or section of a 0.6+ client)."""
+    """Decodes fine but cannot be honoured: answered ``ErrorMsg(cause)`` unless ``oneway`` to a quiet client."""
 
     cause: str
     oneway: bool = False
@@ -193,8 +178,7 @@ Request = Union[Authkey, Init, Heartbeat, SectionOpen, SectionClose, SectionClos
 
 
 def _integer(value: Any, what: str, low: int, high: int) -> int:
-    """An int in [low, high). The client sends RANK from the environment as a str when torch.distributed
-    is not initialised, so a decimal string counts too."""
+    """An int in [low, high); a decimal string counts (a client without torch.distributed sends RANK as one)."""
     if isinstance(value, str) and len(value) <= 12:
         try:
             value = int(value)
@@ -346,13 +330,8 @@ def _interpret(obj: Any) -> Request:
 
 
 class Decoder:
-    """Frame payload -> validated request, memoized by the exact payload bytes.
-
-    A rank's heartbeat frame, and its open/close frame for a given section, are byte-identical every
-    time, so after the first one each message costs a dict lookup instead of an unpickle. (A 0.6+ client
-    that reports Megatron's iteration makes each section frame new: those are decoded every time.) Requests
-    are frozen, so sharing them is safe. Refused payloads are never cached.
-    """
+    """Frame payload -> validated request, memoized by the exact payload bytes (a rank's heartbeat and section
+    frames repeat byte for byte); requests are frozen, refused payloads never cached."""
 
     def __init__(self, capacity: int = 512) -> None:
         self._cache: dict[bytes, Request] = {}
@@ -369,8 +348,7 @@ class Decoder:
 
 
 def decode_workload_request(payload: bytes) -> WorkloadControlRequest:
-    """Decode the launcher-socket message: ``(global_rank, WorkloadControlRequest)``. ``BadRequest`` when
-    it is well formed but its values are not (a rank that is not an integer, say)."""
+    """Decode the launcher-socket message ``(global_rank, WorkloadControlRequest)``."""
     obj = unpickle(payload)
     if not (isinstance(obj, tuple) and len(obj) == 2):
         raise ProtocolError("expected (rank, WorkloadControlRequest)")

@@ -1,11 +1,8 @@
 """Reply frames for the NVRx clients (0.4.1, 0.6, 0.7), written as raw pickle opcodes.
 
-The client unpickles replies into real NVRx objects (``OkMsg``, ``ErrorMsg``, ``FaultToleranceConfig``),
-but the monitor cannot import those classes (NVRx imports torch). So we emit the pickle ourselves:
-``GLOBAL module\\nname`` + ``EMPTY_TUPLE NEWOBJ`` (``cls.__new__(cls)``, as pickle does for these classes)
-+ the instance dict + ``BUILD``; ``signal.Signals`` goes through ``REDUCE`` like any Enum. Only the value
-types used below are supported. The result is what ``ForkingPickler.dumps`` would produce, give or take
-memo opcodes.
+The client unpickles replies into NVRx objects (``OkMsg``, ``ErrorMsg``, ``FaultToleranceConfig``), which the
+monitor cannot import (NVRx imports torch), so the pickle is written here: what ``ForkingPickler.dumps`` would
+produce, give or take memo opcodes, for the value types used below only.
 """
 
 from __future__ import annotations
@@ -15,9 +12,8 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from mbr_launch.monitor.protocol import HEADER, V041
+from mbr_launch.monitor.protocol import _DATA, HEADER, V041
 
-_DATA = "nvidia_resiliency_ext.fault_tolerance.data"
 _CONFIG = "nvidia_resiliency_ext.fault_tolerance.config"
 
 _PROTO4 = b"\x80\x04"
@@ -102,45 +98,21 @@ def error_msg(cause: str) -> bytes:
     return dumps(Obj(_DATA, "ErrorMsg", {"cause": cause}))
 
 
-# NVRx 0.7.0 FaultToleranceConfig fields and defaults, in declaration order (0.6.0 lacks the three attribution /
-# segment-health fields 0.7 added; an attribute a client does not read is harmless). What changed for a launcher:
-# heartbeat timeouts are off by default, and ``skip_section_response`` makes the client send heartbeats and
-# sections without reading a reply.
+# NVRx 0.7.0 FaultToleranceConfig fields and defaults, in declaration order (0.6.0 lacks the last three; an
+# attribute a client does not read is harmless). For a launcher: heartbeat timeouts are off by default, and
+# ``skip_section_response`` makes the client send heartbeats and sections without reading a reply.
 CONFIG_DEFAULTS_06: Mapping[str, Any] = {
-    "workload_check_interval": 5.0,
-    "initial_rank_heartbeat_timeout": None,
-    "rank_heartbeat_timeout": None,
-    "rank_section_timeouts": {},
-    "rank_out_of_section_timeout": None,
-    "node_health_check_interval": 5.0,
-    "safety_factor": 5.0,
-    "rank_termination_signal": "SIGKILL",
-    "log_level": 20,
-    "restart_check_interval": 60.0,
-    "enable_nic_monitor": False,
-    "enable_nic_healthcheck": True,
-    "enable_dist_storage_healthcheck": False,
-    "storage_healthcheck_path": None,
-    "pci_topo_file": None,
-    "link_down_path_template": None,
-    "link_state_path_template": None,
-    "skip_section_response": True,
-    "segment": None,
-    "numa_bind_strict": True,
-    "gpu_memory_reclaim_timeout": 50.0,
-    "gpu_memory_tolerance_mb": 512.0,
-    "gpu_memory_poll_interval": 2.0,
-    "check_remaining_processes": False,
-    "max_no_progress_cycles": 3,
-    "min_progress_iterations": 1,
-    "checkpoint_iteration_file": None,
-    "install_exception_hook": False,
-    "num_warmup_iterations": 5,
-    "attribution_endpoint": None,
-    "attribution_stop_action": None,
-    "attribution_export_url": None,
-    "cycle_info_dir": None,
-    "segment_health_check_dir": None,
+    "workload_check_interval": 5.0, "initial_rank_heartbeat_timeout": None, "rank_heartbeat_timeout": None,
+    "rank_section_timeouts": {}, "rank_out_of_section_timeout": None, "node_health_check_interval": 5.0,
+    "safety_factor": 5.0, "rank_termination_signal": "SIGKILL", "log_level": 20, "restart_check_interval": 60.0,
+    "enable_nic_monitor": False, "enable_nic_healthcheck": True, "enable_dist_storage_healthcheck": False,
+    "storage_healthcheck_path": None, "pci_topo_file": None, "link_down_path_template": None,
+    "link_state_path_template": None, "skip_section_response": True, "segment": None, "numa_bind_strict": True,
+    "gpu_memory_reclaim_timeout": 50.0, "gpu_memory_tolerance_mb": 512.0, "gpu_memory_poll_interval": 2.0,
+    "check_remaining_processes": False, "max_no_progress_cycles": 3, "min_progress_iterations": 1,
+    "checkpoint_iteration_file": None, "install_exception_hook": False, "num_warmup_iterations": 5,
+    "attribution_endpoint": None, "attribution_stop_action": None, "attribution_export_url": None,
+    "cycle_info_dir": None, "segment_health_check_dir": None,
 }
 # NVRx 0.4.1's fields, in its declaration order, and its defaults: 0.7's but for the heartbeat timeouts.
 _FIELDS_041 = ("workload_check_interval", "initial_rank_heartbeat_timeout", "rank_heartbeat_timeout",
@@ -155,8 +127,7 @@ USER_SET = "user_set"
 
 
 def client_config(cfg: Mapping[str, Any], version: str) -> dict[str, Any]:
-    """The FaultToleranceConfig fields a client of ``version`` gets: what the user set, else that version's
-    defaults (a 0.6+ client is not handed 0.4.1's one-hour heartbeat timeouts it never asked for)."""
+    """The FaultToleranceConfig fields a client of ``version`` gets: what the user set, else its defaults."""
     defaults = DEFAULTS_OF.get(version, CONFIG_DEFAULTS_06)
     user_set = cfg.get(USER_SET)
     chosen = set(cfg) if user_set is None else set(user_set)
@@ -171,12 +142,8 @@ def signal_number(name: str | int) -> int:
 
 
 def ft_config(cfg: Mapping[str, Any], version: str = V041) -> Obj:
-    """A ``FaultToleranceConfig`` of ``version``'s fields: ``cfg`` over that version's defaults (keys the
-    version does not have are dropped).
-
-    BUILD sets ``__dict__`` directly, so ``__post_init__`` does not run: values must already have the
-    types NVRx expects (``Signals``, int log level, dict of sections).
-    """
+    """A ``FaultToleranceConfig`` of ``version``'s fields, ``cfg`` over its defaults. BUILD skips
+    ``__post_init__``: values must already have NVRx's types (``Signals``, int log level, dict of sections)."""
     defaults = DEFAULTS_OF.get(version, CONFIG_DEFAULTS_06)
     state = {k: cfg.get(k, default) for k, default in defaults.items()}
     state["rank_termination_signal"] = EnumMember("signal", "Signals", signal_number(state["rank_termination_signal"]))

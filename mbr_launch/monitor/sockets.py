@@ -1,17 +1,8 @@
 """The main thread's ``epoll``: the sockets it watches, the step beats it reads, and the timers its wait ends for.
 
-Stream listeners (one per armed rank, plus the launcher socket for workload requests) and the datagram
-sockets that receive automatic step beats. Every socket lives in the agent's private directory (checked at
-``configure``) with mode 0600; a stale file of an earlier monitor there is replaced.
-
-``StepBeats`` feeds each rank's step clock (``steps.py``, pure) from its datagram socket and batches the step
-times for the agent, at most one ``steps`` event per ``report_interval``. A worker's first step is a
-``first_step`` event at once; its first checkpoint or collectives mark, when no step came before, a
-``first_progress`` event: either tells the agent that the worker is past start-up.
-
-``Timers``: the wait's timeout is the earliest of three times, so an expiry is reported about a millisecond
-after it happens instead of on a poll interval: the next rank deadline, the next ``steps`` report, the next
-``status`` event.
+Listeners (per rank, plus the launcher socket) and step-beat sockets, mode 0600 in the agent's private
+directory. ``StepBeats`` feeds the step clocks and batches ``steps`` events; ``Timers`` ends the wait at the
+next deadline, report or status, so an expiry is reported as it happens.
 """
 
 from __future__ import annotations
@@ -35,43 +26,42 @@ class Sockets:
         self.listeners: dict[int, tuple[socket.socket, Optional[Slot]]] = {}  # fd -> (socket, rank or launcher)
         self.step_socks: dict[int, Slot] = {}  # fd -> rank
 
-    def listen(self, path: str, slot: Optional[Slot]) -> socket.socket:
+    def _bind(self, path: str, kind: int) -> socket.socket:
         unlink(path)  # a stale socket from an earlier monitor: the directory is private to the agent
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock = socket.socket(socket.AF_UNIX, kind | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
         sock.bind(path)
         os.chmod(path, 0o600)
-        sock.listen(64)
-        sock.setblocking(False)
-        self.listeners[sock.fileno()] = (sock, slot)
         self.ep.register(sock.fileno(), select.EPOLLIN)
+        return sock
+
+    def _unbind(self, sock: socket.socket, path: str) -> None:
+        try:
+            self.ep.unregister(sock.fileno())
+        except (OSError, ValueError):
+            pass
+        sock.close()
+        unlink(path)
+
+    def listen(self, path: str, slot: Optional[Slot]) -> socket.socket:
+        sock = self._bind(path, socket.SOCK_STREAM)
+        sock.listen(64)
+        self.listeners[sock.fileno()] = (sock, slot)
         return sock
 
     def unlisten(self, slot: Slot) -> None:
         assert slot.listener is not None
         self.listeners.pop(slot.listener.fileno(), None)
-        self.ep.unregister(slot.listener.fileno())
-        slot.listener.close()
-        unlink(slot.path)
+        self._unbind(slot.listener, slot.path)
         slot.listener = None
 
     def open_steps(self, slot: Slot, path: str) -> None:
-        unlink(path)
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_NONBLOCK | socket.SOCK_CLOEXEC)
-        sock.bind(path)
-        os.chmod(path, 0o600)
-        slot.step_sock, slot.step_path = sock, path
-        self.step_socks[sock.fileno()] = slot
-        self.ep.register(sock.fileno(), select.EPOLLIN)
+        slot.step_sock, slot.step_path = self._bind(path, socket.SOCK_DGRAM), path
+        self.step_socks[slot.step_sock.fileno()] = slot
 
     def close_steps(self, slot: Slot) -> None:
         assert slot.step_sock is not None
         self.step_socks.pop(slot.step_sock.fileno(), None)
-        try:
-            self.ep.unregister(slot.step_sock.fileno())
-        except (OSError, ValueError):
-            pass
-        slot.step_sock.close()
-        unlink(slot.step_path)
+        self._unbind(slot.step_sock, slot.step_path)
         slot.step_sock, slot.step_path = None, ""
 
     def close_slot(self, slot: Slot) -> None:
@@ -183,13 +173,11 @@ class Timers:
             self.status_at = self.shared.clock() + interval
 
     def wake_at(self) -> Optional[float]:
-        """The earliest timer; read without the lock: a stale value is fine, as writers that move the
-        deadline check earlier also wake the main thread."""
+        """The earliest timer, read without the lock (whoever moves a check earlier also wakes the loop)."""
         times = [t for t in (self.shared.next_check, self.beats.report_at, self.status_at) if t is not None]
         return min(times, default=None)
 
     def fire(self) -> None:
-        """Run every timer that is due."""
         clock, check = self.shared.clock, self.shared.next_check
         if check is not None and (now := clock()) >= check:
             self.check_deadlines(now)
@@ -203,7 +191,6 @@ class Timers:
 
     def check_deadlines(self, now: float) -> None:
         """Report every rank whose deadline has passed (one expiry per arm), and plan the next check."""
-        earliest: Optional[float] = None
         for slot in self.shared.slots.values():
             w = slot.watch
             expiry = next_expiry(w, now)
@@ -217,7 +204,5 @@ class Timers:
                 slot.steps.expire()
                 if w.phase is Phase.MONITORING:
                     w.expire()
-            d = slot.deadline()
-            if d is not None and (earliest is None or d < earliest):
-                earliest = d
-        self.shared.next_check = earliest
+        deadlines = [d for slot in self.shared.slots.values() if (d := slot.deadline()) is not None]
+        self.shared.next_check = min(deadlines, default=None)

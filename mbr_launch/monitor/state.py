@@ -28,8 +28,7 @@ class Conn:
     slot: Optional[Slot]  # None: a launcher-socket (workload request) connection
     peer_pid: int = 0  # the connecting process, as the kernel tells (SO_PEERCRED)
     dropped: bool = False  # detached from its slot; the serving thread closes the socket
-    # An NVRx 0.6+ client with skip_section_response reads no reply to heartbeats and sections: writing
-    # one would fill the socket buffer and block both sides after a few hundred messages.
+    # NVRx 0.6+ skip_section_response: no reply read to heartbeats and sections (one would fill the socket).
     quiet: bool = False
 
 
@@ -75,8 +74,7 @@ class Shared:
         self.running = True
         # Notified when the agent tells a worker's pid: a connection that came first waits for it.
         self.pids_known = threading.Condition(self.lock)
-        # A connection thread that moves a deadline earlier than the main thread's planned wake-up
-        # writes a byte here; the main thread's epoll watches the read end.
+        # A connection thread that moves a deadline earlier writes a byte here to wake the main thread.
         self.wake_r, self.wake_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def check_by(self, deadline: Optional[float]) -> bool:
@@ -142,8 +140,7 @@ def describe(slot: Slot, now: float) -> dict[str, Any]:
 
 
 def first_progress(slot: Slot, sign: str, now: float) -> dict[str, Any]:
-    """A worker's first sign of progress that was neither a step nor a heartbeat (those have their own
-    events): a checkpoint, enough collectives, an advancing iteration."""
+    """A worker's first sign of progress other than a step or heartbeat (those have their own events)."""
     return {"ev": MonitorEvent.FIRST_PROGRESS, "local_rank": slot.local_rank, "rank": slot.rank, "kind": sign,
             "t": round(now - slot.watch.armed_at, 6), "monotonic": now}  # t: seconds since the worker's arm
 
@@ -155,8 +152,7 @@ def ranks_event(name: MonitorEvent, slots: list[Slot], now: float) -> dict[str, 
 
 def expired(slot: Slot, now: float, expiry: Optional[Expiry] = None, *,
             step: Optional[tuple[float, float]] = None) -> dict[str, Any]:
-    """A heartbeat or section deadline passed (``expiry``), or no step beat came within the step timeout
-    (``step``: that timeout and the time since the last step, or since the arm)."""
+    """A heartbeat or section deadline passed (``expiry``), or a step one (``step``: timeout, elapsed)."""
     w = slot.watch
     if expiry is not None:
         kind, section, timeout, elapsed = expiry.kind.value, expiry.section, expiry.timeout, expiry.elapsed
@@ -174,15 +170,5 @@ def expired(slot: Slot, now: float, expiry: Optional[Expiry] = None, *,
 def timeouts_updated(slot: Slot, req: UpdateConfig) -> dict[str, Any]:
     """The client changed its timeouts (NVRx's calculated timeouts, or the script's own)."""
     hb, sec = req.hb, req.section
-    return {
-        "ev": MonitorEvent.TIMEOUTS_UPDATED,
-        "local_rank": slot.local_rank,
-        "hb": None if hb is None else {"initial": hb.initial, "subsequent": hb.subsequent,
-                                       "were_calculated": hb.were_calculated},
-        "section": None if sec is None else {
-            "section": dict(sec.section),
-            "out_of_section": sec.out_of_section,
-            "calculated_sections": list(sec.calculated_sections),
-            "is_out_of_section_calculated": sec.is_out_of_section_calculated,
-        },
-    }
+    return {"ev": MonitorEvent.TIMEOUTS_UPDATED, "local_rank": slot.local_rank,
+            "hb": None if hb is None else asdict(hb), "section": None if sec is None else asdict(sec)}

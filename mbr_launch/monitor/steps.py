@@ -1,25 +1,9 @@
 """Step deadlines and step-time records of one rank, fed by automatic step heartbeats: pure, no IO.
 
-A worker started with ``MBR_AUTOBEAT`` sends a datagram after every optimizer step (``mbr_launch.shim.autobeat``).
-The ``initial`` timeout runs from ``arm`` (the worker's spawn) to its first step, which includes start-up,
-imports, compilation and data warm-up; ``subsequent`` runs from each step to the next. ``None`` disables.
-
-No double heartbeats: once an NVRx ``RankMonitorClient`` initialises on the rank (``yield_to_client``), the
-script has taken control of its own heartbeats and timeouts, and step beats stop driving deadlines for the
-rest of this arm. They are still recorded, for straggler scores and goodput.
-
-A ``FINISHED`` beat (the script called ``destroy_process_group``, or is exiting) stops the step clock: the
-time after the last step (final save, teardown) is no hang. A later step starts it again.
-
-Each arm produces at most one expiry (``expire`` stops the clock until the next ``arm``).
-
-Progress: besides steps, a worker shows that it is past start-up by a checkpoint (a ``CHECKPOINT`` beat; an
-NVRx section named checkpoint* is not one: it may be the load at start-up), by its collectives (one ``WORK``
-beat once it has made enough of them), by an NVRx heartbeat, or by the training iteration an NVRx 0.6+ client
-reports advancing. ``progress`` keeps the first
-such sign of the worker (``PROGRESS_SIGNS``); ``note_progress`` is True for that first one only, when the
-monitor tells the agent (``first_step``, ``first_heartbeat`` or ``first_progress``), which then no longer
-takes a failure of the round for a start-up failure (crash-loop back-off, --max-startup-restarts).
+``initial`` runs from ``arm`` to the first step beat (``mbr_launch.shim.autobeat``), ``subsequent`` from each
+step to the next; ``None`` disables. Once an NVRx client initialises (``yield_to_client``) beats only feed
+records. ``FINISHED`` stops the clock until the next step; at most one expiry per arm. ``progress``: the
+worker's first sign of progress (``PROGRESS_SIGNS``), told to the agent once.
 """
 
 from __future__ import annotations
@@ -27,9 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-# The beat datagram's layout and flags, shared with the worker side (mbr_launch.shim.autobeat); the server
-# reads BEAT from here. FINISHED stops the step clock; after a CHECKPOINT, lost work starts anew (goodput);
-# neither is a step.
+# The beat datagram's layout (BEAT, read by sockets.py from here) and flags, shared with shim.autobeat.
 from mbr_launch.contract import BEAT, CHECKPOINT, FINISHED, FIRST, WORK
 
 # The signs of progress, as ``first_progress`` events and status rows name them.

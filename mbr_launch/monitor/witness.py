@@ -1,26 +1,17 @@
 """The rank monitor as the witness of a signal sent to every process of a Slurm step: it holds the job's signals
 blocked (and ignored), so that one sent to it stays pending, where the agent reads it in ``/proc/PID/status``.
 
-Why it tells a signal to the job from one to the node: Slurm delivers ``scancel --signal``, a preemption and a
-time limit's signal to every process of the step on every node, whatever its session (tests/test_slurm_cluster.py,
-``test_scancel_signal_delivery``), and has no request that signals one node's part of a step. The monitor runs
-in a session of its own, so a Ctrl-C on the launcher's terminal or a ``kill`` of the launcher does not reach it.
-So, inside a Slurm step, a stop signal pending at this node's monitor came from Slurm to the whole step: the
-agent knows it from its own node, whatever the other nodes' delays (``agent.leaving``).
-
-A blocked signal is never discarded (the kernel keeps it pending even with the disposition SIG_IGN) and is
-never delivered: the monitor's life still ends only through the agent (``exit``, stdin EOF) or SIGKILL. The mask
-is set before the monitor starts a thread, so every thread inherits it (a thread that left it unblocked would
-take the signal and drop it). A process's pending set does not survive its death: a restarted monitor starts
-clean. Standard library only (the monitor's start-up imports it).
+Slurm delivers ``scancel --signal``, preemption and time-limit signals to every process of the step on every
+node, and the monitor runs in a session of its own (a Ctrl-C or ``kill`` of the launcher misses it): a stop
+signal pending here came to the whole step (``agent.leaving``). A blocked signal stays pending and is never
+delivered. The mask is set before any thread starts, so every thread inherits it. Standard library only.
 """
 
 from __future__ import annotations
 
 import signal
 
-# The signals a launcher handles by default (torchrun's SIGTERM, SIGINT, SIGHUP, SIGQUIT) and the usual
-# preemption notices (Slurm's --signal=USR1@T; USR2): a signal outside these is not witnessed.
+# A launcher's default stop signals (torchrun's) and the usual preemption notices (Slurm's --signal=USR1@T).
 JOB_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
 MAX_BYTES = 8192  # /proc/PID/status is about 1.5 KiB
 

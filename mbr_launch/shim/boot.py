@@ -1,38 +1,12 @@
 """Worker-side entry point: ``python -u -m mbr_launch.shim.boot (-m MODULE | SCRIPT) [ARGS...]``.
 
-The agent starts every worker through this shim so it can arm diagnostics inside the worker without the
-user editing the script, then runs the script exactly as ``python SCRIPT ARGS`` (or ``python -m MODULE``)
-would: same ``sys.argv``, ``__main__``, and ``sys.path[0]``.
+Arms what the agent's variables ask for (``MBR_STACK_FILE``: faulthandler stacks, no ptrace needed;
+``MBR_FR_TRIGGER``: ``shim.flight``; ``MBR_IGNORE_SIGNALS``; ``MBR_AUTOBEAT``; ``MBR_STANDBY_CHANNEL``: be a warm
+standby first, ``shim.standby``), then runs the script as ``python SCRIPT ARGS`` would, tracebacks included.
 
-It must stay cheap and must not import torch: scripts may set environment variables (CUDA_VISIBLE_DEVICES,
-NCCL_*) before their own ``import torch``.
-
-What it arms, each driven by an environment variable the agent sets:
-- ``MBR_STACK_FILE``: ``faulthandler`` dumps every thread's Python stack into this file on
-  ``STACK_SIGNAL``. This is the stack-dump path that needs no ptrace rights (py-spy needs them), and it
-  works while a busy loop holds the GIL because faulthandler writes from its C signal handler.
-- ``MBR_FR_TRIGGER`` / ``MBR_FR_FILE``: a thread that writes a Flight Recorder dump on the agent's request
-  (``mbr_launch.shim.flight``), the collective progress the hang verdict compares across ranks.
-- ``MBR_IGNORE_SIGNALS``: preemption signals to ignore (Slurm sends them to workers directly too).
-- ``MBR_AUTOBEAT``: the optional step-heartbeat hook (``mbr_launch.shim.autobeat``), when that module exists.
-- ``MBR_STANDBY_CHANNEL``: this process is a warm standby: ``mbr_launch.shim.standby.serve`` pre-imports what
-  the standby level says, waits for its assignment (environment, working directory) and applies it; all
-  the above is then armed from the assigned environment, as in a fresh worker.
-
-The traceback of an exception the script does not catch starts at the script's own first frame, as under
-``python SCRIPT``: the frames of this shim and of ``runpy`` are left out (``user_frames``). It is printed once
-per line with the agent's ``[rankN]:`` prefix only: torch's ``init_process_group`` wraps ``sys.excepthook``
-in one that prefixes every line with ``[rankN]: `` again, and the shim prints through the hook torch wrapped
-(``unprefixed``); a hook the script installs itself is used as it is.
-
-One difference from ``python SCRIPT``: when the script fails (an exception, or a non-zero ``sys.exit``),
-Python would wait for every non-daemon thread before exiting, forever if one never ends, and the rank would
-neither run nor exit. Here those threads get ``EXIT_GRACE`` seconds, then the process exits with the
-failure's code. (NVRx's in-process Wrapper leaves its ProgressWatchdog thread running when its teardown
-raises, e.g. when the Wrapper's store host exited first at the end of a run.)
-
-The variable names and the signal come from ``mbr_launch.contract``, which the agent uses too; the shim
-imports nothing else of mbr_launch (a standby, ``shim.standby``, also waits through ``mbr_launch.fdwait``).
+Must stay cheap and never import torch (scripts set CUDA_VISIBLE_DEVICES, NCCL_* before their own import).
+One difference from ``python SCRIPT``: when the script fails, leftover non-daemon threads (e.g. NVRx's
+ProgressWatchdog after a failed teardown) get ``EXIT_GRACE`` seconds, then the process exits anyway.
 """
 
 from __future__ import annotations
@@ -69,18 +43,9 @@ def arm_stack_dump() -> None:
     faulthandler.register(STACK_SIGNAL, file=_stack_file, all_threads=True, chain=False)
 
 
-def arm_flight_recorder() -> None:
-    if not os.environ.get(FR_TRIGGER_ENV):
-        return
-    from mbr_launch.shim.flight import arm  # imported only when asked for, like autobeat
-
-    arm()
-
-
 def ignore_preemption_signals() -> None:
-    """Ignore the preemption signals Slurm sends to every process of the step (e.g. SIGUSR1): the agent
-    answers them by sending the workers the forward signal (SIGTERM). A script that installs its own
-    handler for one of them still gets it."""
+    """Ignore the preemption signals Slurm sends to every process of the step: the agent forwards them. A
+    script that installs its own handler still gets them."""
     for sig in preemption_signals(os.environ):
         try:
             signal.signal(sig, signal.SIG_IGN)
@@ -99,15 +64,8 @@ def arm_autobeat() -> None:
 
 
 def collect_process_groups_at_exit() -> None:
-    """Let a destroyed process group die while the interpreter still runs.
-
-    torch keeps a destroyed gloo process group in a reference cycle, so it is freed only by the collector
-    inside ``Py_Finalize``. Its worker thread then drops the last collective's tensors, asks for the GIL,
-    is told to exit (the interpreter is finalizing) and unwinds through C++ that may not unwind:
-    "terminate called without an active exception", SIGABRT, exit 134 after a clean run (3 of 25 runs of
-    examples/train_preemptible.py under plain torchrun 2.13). Collecting at exit, while threads can still
-    take the GIL, frees it in time (0 of 30); torch releases the GIL in the group's destructor, so the
-    join cannot deadlock. A group the script never destroyed is still referenced and is left alone."""
+    """Free destroyed process groups (torch keeps gloo's in a reference cycle) before ``Py_Finalize``, where
+    their thread could not take the GIL and would abort the process; the destructor releases the GIL."""
     if "torch.distributed" in sys.modules:
         gc.collect()
 
@@ -117,9 +75,8 @@ _LAUNCHER_FILES = (os.path.dirname(os.path.abspath(__file__)) + os.sep, runpy.__
 
 
 def user_frames(exc: BaseException, tb: types.TracebackType | None) -> types.TracebackType | None:
-    """``tb`` without its leading launcher frames, so the traceback starts where ``python SCRIPT``'s does.
-    When every frame is the launcher's: none for a SyntaxError (the script's, met while compiling it, which
-    Python prints with no frames), else all (the shim's own failure)."""
+    """``tb`` without its leading launcher frames. All frames the launcher's: none for a SyntaxError (the
+    script's, printed with no frames, as Python does), else all (the shim's own failure)."""
     first = tb
     while first is not None and first.tb_frame.f_code.co_filename.startswith(_LAUNCHER_FILES):
         first = first.tb_next
@@ -127,10 +84,8 @@ def user_frames(exc: BaseException, tb: types.TracebackType | None) -> types.Tra
 
 
 def unprefixed(hook):  # type: ignore[no-untyped-def]
-    """The hook torch's ``init_process_group`` wrapped, when ``hook`` is torch's wrapper: the agent prefixes
-    every line of the rank's console output with ``[rankN]:`` already, and torch's wrapper would add its own
-    ``[rankN]: `` to each line of the traceback (``[rank0]:[rank0]: Traceback``). Anything else (a hook the
-    script installed after torch's) is left as it is."""
+    """The hook torch's ``init_process_group`` wrapped, when ``hook`` is that wrapper: the agent prefixes each
+    line with ``[rankN]:`` already, torch's would add a second. Any other hook is returned as it is."""
     if getattr(hook, "__module__", "") == "torch.distributed.distributed_c10d" and \
             getattr(hook, "__name__", "") == "_distributed_excepthook":
         cells = dict(zip(hook.__code__.co_freevars, (c.cell_contents for c in hook.__closure__ or ())))
@@ -157,11 +112,6 @@ def _trimmed(exc: BaseException, tb: types.TracebackType | None) -> types.Traceb
     # Python's own hook prints the exception's traceback, not the one it is given, when the exception has one.
     exc.__traceback__ = tb
     return tb
-
-
-def show_failure(exc_type: type[BaseException], exc: BaseException, tb: types.TracebackType | None) -> None:
-    """Print the script's uncaught exception as Python would, from the script's first frame, prefixed once."""
-    unprefixed(sys.excepthook)(exc_type, exc, _trimmed(exc, tb))
 
 
 def run_target(argv: list[str]) -> None:
@@ -191,8 +141,8 @@ def run_failing_fast(argv: list[str]) -> None:
         if not isinstance(exc.code, int):
             print(exc.code, file=sys.stderr)  # what Python prints for sys.exit("message")
         _exit_failed(exc.code if isinstance(exc.code, int) else 1)
-    except Exception:
-        show_failure(*sys.exc_info())  # type: ignore[arg-type]  # before waiting for the threads
+    except Exception as exc:  # shown before waiting for the threads, from the script's frame, prefixed once
+        unprefixed(sys.excepthook)(type(exc), exc, _trimmed(exc, exc.__traceback__))
         _exit_failed(1)
 
 
@@ -221,7 +171,10 @@ def main() -> None:
         serve()
         ignore_preemption_signals()  # the assignment's environment decides
     arm_stack_dump()
-    arm_flight_recorder()
+    if os.environ.get(FR_TRIGGER_ENV):
+        from mbr_launch.shim.flight import arm  # imported only when asked for, like autobeat
+
+        arm()
     arm_autobeat()
     install_excepthook()
     # Registered first, so it runs after every atexit handler the script or torch registers.

@@ -1,32 +1,11 @@
 """The environment variables a standby's extra preload (``--standby-preload``) read, and a warning when the
 script's environment disagrees with what that preload saw.
 
-torch._dynamo (with inductor, functorch and sympy) reads about 280 variables when it is imported, torch 2.13:
-its config modules through ``os.environ.get`` and ``os.getenv`` (``torch.utils._config_module`` too), the
-standard library some generic ones (``sysconfig``: HOME, PYTHONUSERBASE; ``tempfile``: TMPDIR; ``getpass``:
-USER). A standby that imported it before the script ran decided all of them with the standby's environment,
-so a script that sets one after its own ``import torch`` (where a fresh process would import dynamo later, at
-its first ``DistributedDataParallel``) would find it ignored. Nothing here changes that; it makes it loud:
-
-- While a module is preloaded (``recording``), ``os.environ`` is an instance of ``Recording``: the object
-  stays the same, only its class is swapped, so every module's reference to it and ``os.getenv`` are covered.
-  Every key looked up (``[]``, ``get``, ``in``) is recorded with the value seen (None: absent), and every key
-  the import wrote (inductor sets TORCHINDUCTOR_CACHE_DIR) with the value it left.
-- After the hand-over (``adopt``), the script's changes are judged where they can matter, and only there: at
-  its first import of a preloaded module (a fresh process would have read them then) and at its exit. A key
-  is "set by the script" when its value then differs from what the launch gave the rank, from what the
-  preload saw and from what the preload itself wrote; one line names them all, once per variable. What is said
-  depends on what the script did, never on timing: Hugging Face accelerate's ``clear_environment()`` clears
-  ``os.environ`` and restores it unchanged (a look at a fixed delay after a write can fall inside the clear),
-  and a preload still running after the hand-over writes inductor's cache directory into the rank's
-  environment; neither is the script's doing.
-
-Not seen: reads by C or C++ code (getenv(3)) and by code that copied the environment before the preload.
-
-At the end, the hand-over of a standby to its rank while its preload may still be running in its own thread (a
-standby assigned mid-preload runs the script at once, ``shim.standby``): the environment replaced without an
-empty moment, the script's fork waiting for the preload, and ``adopt`` called only once the preload's imports
-no longer record. Standard library only: ``shim.standby`` imports it before anything is preloaded.
+torch._dynamo reads hundreds of variables at import, so a script that sets one after a standby preloaded it
+finds it ignored; this makes that loud. While a module is preloaded (``recording``), ``os.environ``'s class is
+swapped for ``Recording`` (every reference and ``os.getenv`` covered) to record each key read and written.
+After the hand-over (``adopt``) the script's changes are judged at its first import of a preloaded module and
+at its exit, never on timing. Not seen: getenv(3) from C. Standard library only.
 """
 
 from __future__ import annotations
@@ -41,15 +20,13 @@ from typing import Callable, Iterator, Mapping
 # variable -> (the value the preload saw first, None where it was unset; the module whose import read it)
 Reads = dict[str, "tuple[str | None, str]"]
 
-# module -> (what its import read, what it wrote): filled in a grown fork server (``workers.forkserver``), which
-# imported the module before forking the standby; the standby, finding the module imported, takes the record
-# from here (its own import would record nothing).
+# module -> (what its import read, what it wrote), filled in the fork server (``workers.forkserver``): a standby
+# forked with the module imported takes the record from here (its own import would record nothing).
 PRELOADED: dict[str, "tuple[Reads, dict[str, str | None]]"] = {}
 
 
 class Recording(os._Environ):  # type: ignore[name-defined,misc,type-arg]  # os.environ's own class
-    """``os.environ`` while a module is preloaded: what the import reads goes to ``reads``, what it writes to
-    ``written`` (None: deleted)."""
+    """``os.environ`` while a module is preloaded: reads go to ``reads``, writes to ``written`` (None: deleted)."""
 
     reads: Reads = {}
     written: dict[str, "str | None"] = {}
@@ -89,9 +66,8 @@ class Recording(os._Environ):  # type: ignore[name-defined,misc,type-arg]  # os.
 @contextmanager
 def recording(reads: Reads, written: dict[str, "str | None"], module: str,
               environ: "os._Environ[str]" = os.environ) -> Iterator[None]:  # type: ignore[name-defined]
-    """Record into ``reads`` and ``written`` what importing ``module`` in the body does with ``environ``
-    (``os.environ``; another ``os._Environ`` in tests). Nothing is recorded where ``environ``'s class is not
-    ``os._Environ`` itself (someone replaced it: swapping it would lose what theirs does)."""
+    """Record into ``reads`` and ``written`` what importing ``module`` in the body does with ``environ``;
+    nothing where its class is not ``os._Environ`` itself (swapping someone's replacement would lose it)."""
     if type(environ) is not os._Environ:  # type: ignore[attr-defined]
         yield
         return
@@ -105,10 +81,8 @@ def recording(reads: Reads, written: dict[str, "str | None"], module: str,
 
 def set_by_script(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str, str],
                   environ: Mapping[str, str], *, present_only: bool = False) -> list[str]:
-    """Recorded keys the script gave another value: neither what the launch gave the rank, nor what the preload
-    saw, nor what the preload itself wrote (inductor sets its cache directory, after the hand-over too when the
-    preload was still running). ``present_only``: a key absent now is not judged (a library's clear-and-restore
-    of ``os.environ`` may be under way)."""
+    """Recorded keys the script gave another value than the launch's, the one the preload saw and the
+    preload's own write. ``present_only``: skip absent keys (a clear-and-restore may be under way)."""
     found = []
     for key, (seen, _) in reads.items():
         now = environ.get(key)
@@ -128,8 +102,7 @@ def warning(keys: list[str], modules: list[str]) -> str:
             "in the launch environment instead, or run with --standby-preload none")
 
 
-# Variables already warned about in this process (shim.standby's warning about torch's import-time variables
-# leaves them out).
+# Variables already warned about in this process (shim.standby's own warning leaves them out).
 reported: set[str] = set()
 _lock = threading.Lock()
 
@@ -144,8 +117,7 @@ class Judged:
 
 
 def settle(present_only: bool = False) -> None:
-    """Warn, in one line, about the recorded variables the script has given another value (``set_by_script``),
-    each once per process."""
+    """Warn, in one line, about the recorded variables the script changed, each once per process."""
     with _lock:
         if Judged.environ is None:
             return
@@ -159,20 +131,14 @@ def settle(present_only: bool = False) -> None:
 
 def adopt(reads: Reads, written: Mapping[str, "str | None"], launch: Mapping[str, str],
           environ: "os._Environ[str]" = os.environ) -> None:  # type: ignore[name-defined]
-    """After the hand-over, once the preload is over: judge the script's changes where they can matter and
-    nowhere else, so that what is said depends on what the script did, never on timing. That is at its first
-    import of a preloaded module (where a fresh process would have read them; keys present then), and at its
-    exit (every key). ``launch``: the environment the launch gave the rank. Nothing is said about a value the
-    launch gave that differs from the preload's: the launcher decides those, not the user. What the preload
-    wrote went with the standby's environment, on purpose: the script's first line sees what a fresh process's
-    does (inductor sets its cache directory again when it needs it)."""
+    """Judge the script's changes at its first import of a preloaded module (keys present) and at exit (all).
+    ``launch``: the rank's environment from the launch, whose values are never reported."""
     if not reads or type(environ) is not os._Environ:  # type: ignore[attr-defined]
         return
     with _lock:
         Judged.reads, Judged.written, Judged.launch, Judged.environ = reads, written, dict(launch), environ
     atexit.register(settle)
-    # the first import statement, outside mbr_launch, that names a preloaded module or one under it (the
-    # script's own, or a library's, as torch's DDP importing torch._dynamo): keys present then
+    # the first import, outside mbr_launch, of a preloaded module or one under it (also a library's)
     modules = {module for _, module in reads.values()}
     on_first_import(lambda name, fromlist, level: level == 0 and _preloaded(name, fromlist, modules),
                     lambda: settle(present_only=True))
@@ -187,8 +153,7 @@ def _preloaded(name: str, fromlist: object, modules: set[str]) -> bool:
 
 def on_first_import(wanted: Callable[[str, object, int], bool], act: Callable[[], None]) -> None:
     """Run ``act`` once, just before the first import statement outside mbr_launch for which ``wanted(name,
-    fromlist, level)`` holds; the hook then takes itself out (a hook installed after it keeps it in the chain:
-    it acts once all the same)."""
+    fromlist, level)`` holds; the hook then takes itself out where it still can."""
     import builtins
 
     original = builtins.__import__
@@ -210,8 +175,7 @@ def on_first_import(wanted: Callable[[str, object, int], bool], act: Callable[[]
 
 
 class Adoption:
-    """``adopt`` once both the preload is over (its imports no longer record) and the environment is
-    the rank's; whichever of the two comes second does it, on its own thread."""
+    """``adopt`` once the preload is over and the environment is the rank's, by whichever comes second."""
 
     def __init__(self, reads: Reads, written: dict[str, str | None]) -> None:
         self._reads, self._written = reads, written
@@ -239,9 +203,7 @@ class Adoption:
 
 
 def replace_environ(env: Mapping[str, str]) -> None:
-    """``os.environ`` becomes ``env`` exactly. Changed and new keys first, then the removed ones: a preload
-    still running in its thread never sees an empty environment in between (``clear()`` then ``update()``
-    would show it one)."""
+    """``os.environ`` becomes ``env`` exactly, never empty in between (a preload may still run in its thread)."""
     for key, value in env.items():
         if os.environ.get(key) != value:
             os.environ[key] = value
@@ -250,9 +212,7 @@ def replace_environ(env: Mapping[str, str]) -> None:
 
 
 def finish_preload_when_needed(preloading: threading.Thread) -> None:
-    """The script runs while the preload finishes. It waits for the preload where sharing the process with it
-    would not be safe: before a fork (a child would inherit import locks held by the preload thread) and at
-    its first ``import torch`` (``_watch_torch_import``); an exit waits for the thread (not a daemon)."""
+    """A fork waits for the preload (a child would inherit the preload thread's import locks)."""
     def before_fork() -> None:
         if threading.current_thread() is not preloading:
             preloading.join()

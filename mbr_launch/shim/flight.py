@@ -1,18 +1,10 @@
 """Flight Recorder dumps on the agent's request, from inside the worker; armed by ``mbr_launch.shim.boot``.
 
-When a job hangs, the agent wants each rank's collective progress (per process group: the last enqueued,
-started and completed collective), which only the rank's own process can read. The agent writes a byte to
-the FIFO ``MBR_FR_TRIGGER`` names; a thread here, blocked reading it, asks torch for its Flight Recorder
-dumps (the pickle NCCL's watchdog writes; gloo records too) and writes them next to ``MBR_FR_FILE``.
-
-Why a Python thread, and not only NCCL's own pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, polled by a C++
-thread): gloo has no such pipe, and neither have builds without NCCL. The thread needs the GIL, which the
-main thread gives up while it waits in a collective (pybind releases it in ``Work.wait``) and every 5 ms in
-a busy loop; a rank stuck in C code holding the GIL gives no dump, and that absence is evidence too.
-
-Cheap by design: nothing happens unless the variable is set; the thread is started with ``_thread`` (which
-the interpreter has loaded already) rather than ``threading``; torch is never imported here, only looked up
-in ``sys.modules``: a script that never imported ``torch.distributed`` has nothing to record.
+The agent writes a byte to the FIFO ``MBR_FR_TRIGGER`` names; a thread here, blocked reading it, writes the
+rank's Flight Recorder dumps (its collective progress per process group) next to ``MBR_FR_FILE``. A Python
+thread because gloo, and builds without NCCL, have no dump pipe of their own; it needs the GIL, so a rank stuck
+in C code holding it gives no dump, which is evidence too. Cheap: started with ``_thread``, and torch is only
+looked up in ``sys.modules``, never imported.
 """
 
 from __future__ import annotations
@@ -33,9 +25,8 @@ def arm() -> bool:
     if not trigger or not out:
         return False
     try:
-        # O_RDWR: we are a writer too, so the FIFO never reads as EOF when the agent closes its end, and
-        # opening does not block waiting for one. O_CLOEXEC (os.open's default): the script's execs do not
-        # inherit it. O_NOFOLLOW and the check: only the agent's own FIFO, never a file put in its place.
+        # O_RDWR: as a writer too, the FIFO never reads EOF and opening never blocks. O_NOFOLLOW and the check
+        # below: only the agent's own FIFO, never a file put in its place (O_CLOEXEC is os.open's default).
         fd = os.open(trigger, os.O_RDWR | os.O_NOFOLLOW | os.O_NONBLOCK)
     except OSError:
         return False
@@ -68,11 +59,8 @@ def _serve(fd: int, out: str) -> None:
 
 
 def dump(out: str) -> bool:
-    """Write this process's Flight Recorder dumps atomically; False when there is nothing to dump.
-
-    Two recorders: ``_dump_fr_trace`` holds gloo's (and other CPU backends') collectives, in ``out``;
-    CUDA builds keep NCCL's apart (``_dump_nccl_trace``, the one NCCL's watchdog dumps), in ``out.nccl``.
-    """
+    """Write this process's Flight Recorder dumps atomically, gloo's (``_dump_fr_trace``) in ``out`` and NCCL's
+    in ``out.nccl``; False when there is nothing to dump."""
     c10d = sys.modules.get(_C10D)
     if "torch.distributed" not in sys.modules or c10d is None:
         return False

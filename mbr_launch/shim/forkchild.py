@@ -1,37 +1,11 @@
 """A worker forked from the launcher's fork server, made to look like the fresh ``python -u -m boot`` it
 stands for, then run through ``boot`` as any worker is.
 
-The fork server (``mbr_launch.workers.forkserver``) is a copy of the launcher forked after its ``import torch``,
-while it ran one thread. A worker forked from it starts with torch imported and costs no interpreter start-up
-and no import (about 2.2 s of CPU on 2 cores per worker, the same again per restart). What the child inherits
-from the launcher and a fresh interpreter would not have, is reset here before the script's first line:
-
-- descriptors: 0, 1 and 2 are the worker's (``/dev/null`` and its output), the descriptors the agent passes
-  keep their numbers, every other one is closed (as ``subprocess.Popen(close_fds=True, pass_fds=...)``);
-- its own session and the parent-death signal (the fork server's; the server has the launcher's);
-- signal dispositions as a fresh interpreter sets them (SIGPIPE and SIGXFSZ ignored, SIGINT raising
-  KeyboardInterrupt, every other one default), plus the preemption signals the worker ignores, no blocked
-  signal, no wake-up descriptor;
-- ``os.environ`` (and the C environment) exactly the worker's, the working directory, ``sys.argv``,
-  ``sys.orig_argv`` and ``sys.path[0]`` as ``python -u -m mbr_launch.shim.boot ...`` has them, unbuffered
-  ``sys.stdin/stdout/stderr`` on the new descriptors with the launcher's encodings (same environment);
-- what torch read from the environment at import that the launcher had differently: the C++ log level
-  (``TORCH_CPP_LOG_LEVEL``; the launcher quiets its own store warnings) and the resolver's options
-  (``RES_OPTIONS``, read again by ``res_init``); the agent forks only where every other variable read at import
-  (``OMP_*``, ``MKL_*``, ``TORCH*``, ``PYTHON*``, the loader's) is the worker's already;
-- the garbage collector on (the launcher paused it for its imports), faulthandler as ``PYTHONFAULTHANDLER``
-  says, numpy's global random state seeded afresh (Python's ``random`` does it itself at a fork), and the
-  command line and thread name that ``ps`` shows: the worker's.
-
-What stays different from a fresh process, by nature of a fork: the modules the launcher had imported are in
-``sys.modules`` (the same files a script would import), ``sys.flags.unbuffered`` is 0 (the streams are
-unbuffered all the same), the hash seed is the launcher's unless ``PYTHONHASHSEED`` fixes it, and
-``/proc/PID/environ`` (fixed at exec) shows the launcher's start-up environment: ``ranks.json`` maps pids to ranks.
-
-The end is the interpreter's as well: non-daemon threads joined, ``atexit`` handlers run, streams and the
-files the script left open flushed, the exit code of ``SystemExit``; an uncaught ``KeyboardInterrupt`` ends the process by SIGINT, as Python's does.
-Imports only the standard library, ``mbr_launch.contract`` and the shim (``boot``, ``proctitle``, ``envwatch``) before
-the script.
+The fork server (``mbr_launch.workers.forkserver``) is the launcher forked after its ``import torch``. What the
+child inherits and a fresh interpreter would not have is reset before the script's first line (descriptors,
+session, signals, environment, ``sys.argv``/``orig_argv``/``path[0]``, stdio, torch's C++ log level, the
+resolver, gc, faulthandler, numpy's seed, the name in ``ps``), and it ends as the interpreter would. What a fork
+cannot give: docs/torchrun.md. Imports only the standard library, ``mbr_launch.contract`` and the shim.
 """
 
 from __future__ import annotations
@@ -88,9 +62,8 @@ def _place(fds: Sequence[int], targets: Sequence[int]) -> None:
 
 
 def _reset_signals(ignore: Sequence[int], inherited: Sequence[int]) -> None:
-    """Dispositions as a new interpreter started by the launcher has them: what the launcher inherited ignored
-    (``inherited``, e.g. nohup's SIGHUP) stays ignored through exec; Python ignores SIGPIPE and SIGXFSZ and
-    raises KeyboardInterrupt on SIGINT unless it is ignored; every other signal is default; then ``ignore``."""
+    """Dispositions as a new interpreter has them (``inherited`` ignored ones stay ignored through exec, as
+    nohup's SIGHUP; Python's own for SIGPIPE, SIGXFSZ and SIGINT; every other default), then ``ignore``."""
     signal.pthread_sigmask(signal.SIG_SETMASK, [])
     try:
         signal.set_wakeup_fd(-1)
@@ -184,10 +157,8 @@ def _run_and_exit() -> NoReturn:
         threading._shutdown()  # type: ignore[attr-defined]  # what Python waits for before atexit
     except BaseException:  # noqa: BLE001
         pass
-    # This process ends with os._exit, never Py_Finalize: a destroyed process group's destructor, which boot's
-    # handler collects before Py_Finalize could crash in it, never runs here. Collecting anyway ran it while
-    # gloo's threads could still need the GIL for their last work: a deadlock, the rank never exiting after its
-    # last line (about 1 launch in 50 of a DCP test that restarts once, on 2 loaded cores).
+    # This process ends with os._exit, never Py_Finalize, so boot's collection of destroyed process groups is
+    # not needed here, and running it while gloo's threads still needed the GIL deadlocked the rank's exit.
     atexit.unregister(boot.collect_process_groups_at_exit)
     atexit._run_exitfuncs()
     _flush_open_files()
@@ -211,8 +182,7 @@ _WRITABLE_FILES = (io.BufferedWriter, io.BufferedRandom, io.TextIOWrapper)
 
 
 def _flush_open_files() -> None:
-    """What Py_Finalize's deallocations would do for files the script left open: flush their buffers (a log
-    file opened once and never closed keeps its last lines there until then)."""
+    """Flush the files the script left open, as Py_Finalize's deallocations would."""
     for obj in gc.get_objects():
         # type(), not isinstance(): isinstance reads ``__class__``, which some objects answer with a warning
         # (torch.distributed.reduce_op's deprecation) that would then show at every rank's exit.

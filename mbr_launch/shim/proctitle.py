@@ -1,13 +1,9 @@
 """A waiting standby's name in ``ps``, ``top`` and psutil: ``mbr-launch standby for local rank N (...)``.
 
-A standby is started with its worker's own command line (the agent checks it when it takes the standby, and
-the rank keeps it once it runs), so without this it looks exactly like a worker. While it waits, ``retitle``
-writes the title over the process's argument area (what ``/proc/PID/cmdline`` and so ``ps -ef`` show; the
-kernel then shows the text up to its first NUL, as for setproctitle(3)) and names the main thread
-``mbr-standby`` (``prctl(PR_SET_NAME)``: ``ps -e``, ``top``, ``pgrep``); ``Title.restore`` puts both back
-when the standby becomes its rank. Python keeps its own copies of the arguments (``sys.argv``,
-``sys.orig_argv``), so nothing in the interpreter changes. The title never grows past the original
-arguments. Best effort: where /proc or prctl are not there, the standby keeps the worker's name.
+A standby is started with its worker's command line (the rank keeps it), so it would look like a worker.
+``retitle`` writes a title over the process's argument area (``/proc/PID/cmdline``, as setproctitle(3)) and
+names the main thread (``prctl(PR_SET_NAME)``); ``Title.restore`` puts both back. ``sys.argv`` is untouched;
+the title never grows past the original arguments. Best effort: without /proc or prctl, nothing changes.
 """
 
 from __future__ import annotations
@@ -34,8 +30,7 @@ class Title:
 
 
 def retitle(title: str, name: bytes = COMM) -> Title | None:
-    """Show ``title`` (cut to fit) as this process's command line and ``name`` as its main thread's name;
-    None when it could not be done."""
+    """Show ``title`` (cut to fit) as the command line and ``name`` as the thread name; None if not done."""
     me = read_stat(os.getpid())
     if me is None or not me.arg_start or me.arg_end is None:
         return None

@@ -1,61 +1,12 @@
 """A warm standby's own side, inside the process: prepare, wait for the assignment, become the rank.
 
-``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent side, which starts standbys and
-sends their assignments, is ``mbr_launch.workers.standbypool``). The standby preloads what its level says (in a
-thread, so that the assignment is read as soon as it comes; an assignment that comes mid-preload starts the
-script at once, which waits for the rest only at its first ``import torch``, before a fork and at exit; a
-replacement that the agent runs at the lowest priority preloads at once), unless an assignment comes during
-the replenish delay or the host is far oversubscribed (above
-``SATURATED_LOAD_PER_CPU`` runnable processes per CPU); then it reads its ``Assignment`` (argv, env, cwd),
-replaces ``os.environ`` with ``env`` exactly, changes to ``cwd``, and returns to ``boot``, which runs the
-script as ``python script.py`` (or ``python -m module``) would: same ``sys.argv``, ``sys.orig_argv``,
-``__main__`` and ``sys.path[0]``.
-
-What each ``--standby`` level pre-initialises before the script's first line:
-
-- ``off``: nothing; every worker is a fresh process, as torchrun starts one.
-- ``interpreter``: the interpreter and ``mbr_launch.shim.boot`` only. Exactly equivalent to a fresh process.
-- ``torch`` (default): also ``import torch`` (which imports numpy when present) with no CUDA
-  initialisation. Anything the script changes *before* its own ``import torch`` that torch (or numpy, MKL,
-  OpenMP) reads at import time is too late. One case is repaired: when the script changed
-  ``OMP_NUM_THREADS`` (or ``MKL_NUM_THREADS``) before its first ``import torch`` statement, the standby
-  calls ``torch.set_num_threads`` at that statement with the count a fresh import would have picked (MKL
-  caps it at the physical cores unless ``MKL_DYNAMIC=FALSE``), so ``torch.get_num_threads()`` is what a
-  fresh process would report. Other changed import-time variables (``MKL_*``, ``KMP_*``, ``OPENBLAS_*``,
-  ``TORCH_*``, ``PYTORCH_*``...) are reported with a warning on the rank's stderr. Variables torch reads
-  later (``CUDA_VISIBLE_DEVICES``, ``NCCL_*``, ``TORCH_NCCL_*``, ``PYTORCH_CUDA_ALLOC_CONF``, ``MASTER_*``)
-  work as usual. Imports through ``importlib.import_module("torch")`` are not watched.
-- ``cuda``: also ``torch.cuda.init()`` and a CUDA context on device ``LOCAL_RANK`` (among the devices
-  ``CUDA_VISIBLE_DEVICES`` shows), which stays the current device. A script that changes
-  ``CUDA_VISIBLE_DEVICES`` or other ``CUDA_*`` variables before ``import torch`` is warned that they had no
-  effect. Each GPU then holds a second context (the standby's) while its rank runs.
-
-``--standby-preload`` modules are imported after the level's own preloading, under the same hold-off on an
-oversubscribed host (a script assigned meanwhile waits for them where it waits for torch, see above).
-Default: ``torch._dynamo`` at ``torch`` and ``cuda`` (nothing at ``interpreter``), which a script's first
-optimizer, ``DistributedDataParallel(...)`` and ``torch.compile`` import on first use (about 2 s of CPU per rank
-and restart on 2 cores). A standby forked from the fork server (``workers.forkserver``) has every module of the
-list already: the server imported them once, before its first fork, and kept what each import read
-(``envwatch.PRELOADED``), which the standby takes over. Otherwise the default list never delays a rank: it is
-skipped without a word where torch has none, not begun once the assignment has come (the script imports it
-itself if it needs it), and imported by the first round's standbys only where there are at least 4 cores per
-local rank (``workers.standbypool.roomy``; on fewer, the replacements import it: two more such imports while
-the launcher itself starts would slow the first round). torch._dynamo reads about 280
-variables when imported (``TORCHDYNAMO_*``, ``TORCHINDUCTOR_*``, ``TORCH_COMPILE_*``, ``PT2_*``, sympy's,
-TMPDIR...): a script that sets one after its own ``import torch`` would find it ignored. The preload
-records which ones it read and with what value (``envwatch``); a rank whose environment has another value at
-the hand-over, or whose script later sets or deletes one of them to another value, gets one warning line on
-its stderr per variable, naming it and the module. Set such variables in the launch environment, or use
-``--standby-preload none`` (a module the user names that fails to import is reported; the script then
-imports it itself).
-
-The variables the launcher itself decides (``OMP_NUM_THREADS``, ``CUDA_VISIBLE_DEVICES`` with
-``--virtual-local-rank``, ``MBR_*``) are in the standby's environment from the start, so they are right at
-every level. Use ``--standby interpreter`` (or ``off``) for scripts that configure torch through the
-environment before importing it; ``--no-python`` never uses standbys.
-
-Runs inside workers: imports only the standard library, ``mbr_launch.contract`` and ``mbr_launch.fdwait`` before its level's
-preloading (torch is imported by ``_preload``, late on purpose).
+``boot`` calls ``serve`` first when ``MBR_STANDBY_CHANNEL`` is set (the agent's side is
+``mbr_launch.workers.standbypool``). The standby preloads what its ``--standby`` level says, plus the
+``--standby-preload`` modules, in a thread (unless assigned during the replenish delay or while the host is
+oversubscribed), then takes its ``Assignment`` (argv, env, cwd) and returns to ``boot``, which runs the script
+as ``python SCRIPT`` would. What each level preloads, and what a script sees: docs/performance.md, "What each
+--standby level pre-initialises". Imports only the standard library, ``mbr_launch.contract`` and
+``mbr_launch.fdwait`` before its preload (torch comes late, in ``_preload``, on purpose).
 """
 
 from __future__ import annotations
@@ -73,14 +24,12 @@ from mbr_launch.contract import (OPTIONAL_PRELOAD, STANDBY_CHANNEL_ENV, STANDBY_
 from mbr_launch.fdwait import ready
 from mbr_launch.shim import envwatch
 
-# A standby does not start preloading while the 1-minute load average is above this many runnable processes
-# per CPU (32 agents on 2 cores reached 15 per CPU: their standbys importing torch made restarts 4x slower
-# than with --standby off); it checks again every SATURATION_RECHECK seconds.
+# No preload starts while more than this many processes per CPU are runnable (standbys importing torch on an
+# oversubscribed host slowed restarts); checked again every SATURATION_RECHECK seconds.
 SATURATED_LOAD_PER_CPU = 4.0
 SATURATION_RECHECK = 1.0
 
-# Variables read when torch (numpy, MKL, OpenMP) is imported; with --standby cuda also CUDA's. Changing one
-# of them before `import torch` has no effect on a standby that imported torch already.
+# Variables read when torch (numpy, MKL, OpenMP) is imported; with --standby cuda also CUDA's.
 _IMPORT_TIME_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_")
 _CUDA_PREFIXES = ("CUDA_", "PYTORCH_CUDA_ALLOC_CONF", "PYTORCH_NVML_BASED_CUDA_CHECK", "NVIDIA_TF32_OVERRIDE")
 # Flight Recorder's (TORCH_FR_*, TORCH_INCLUDE_*) are read when the first process group is made or at a dump.
@@ -89,8 +38,7 @@ _READ_LATER = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CU
 
 
 def serve() -> None:
-    """Run by ``boot`` in a standby: prepare, wait for the assignment, apply it; then boot goes on with its
-    own ``sys.argv`` (the worker's command line, checked by the agent), as in a fresh worker."""
+    """Prepare, wait for the assignment and apply it; boot then goes on as in a fresh worker."""
     channel, level, delay, status, background = StandbyChannel.decode(os.environ.pop(STANDBY_CHANNEL_ENV))
     modules = [m for m in os.environ.pop(STANDBY_PRELOAD_ENV, "").split(",") if m]
     reads: envwatch.Reads = {}  # what the modules' imports read from the environment, and wrote to it
@@ -101,20 +49,14 @@ def serve() -> None:
     # Named as what it is in `ps` while it waits, not as the worker whose command line it was started with.
     title = retitle(f"mbr-launch standby for local rank {os.environ.get('LOCAL_RANK', '?')}: "
                     + " ".join(sys.argv[1:]))
-    # ``background``: the agent runs this standby at the lowest priority (its session's autogroup) and gives
-    # the normal one back before the assignment, so it preloads at once; otherwise it waits ``delay`` so as
-    # not to slow the ranks that are starting.
-    # An assignment that arrives during the wait ends it, and the worker then starts as a fresh process would,
-    # with nothing preloaded: preloading now would only delay a script that may not need it.
+    # At the lowest priority (``background``) it preloads at once, else after ``delay`` (unless assigned first).
     early = not background and delay > 0 and bool(ready([channel], delay))
     while not early and not background and _saturated():
         early = bool(ready([channel], SATURATION_RECHECK))
     preloading, assigned, adoption = None, threading.Event(), envwatch.Adoption(reads, written)
     if not early:
-        # In a thread, so that an assignment that comes meanwhile is read at once: the priority goes back up
-        # before the rest of the preload (which the script would do anyway) runs. The thread owns ``status``
-        # from here on (it says "warm" on it, then closes it). Not a daemon: an exit during the preload waits
-        # for it (a daemon thread stopped inside torch's C++ initialisation can abort the exit).
+        # In a thread, so that an assignment is read at once. The thread owns ``status`` from here on. Not a
+        # daemon: a daemon thread stopped inside torch's C++ initialisation can abort the exit.
         preloading = threading.Thread(target=_prepare, name="standby-preload",
                                       args=(level, modules, status, reads, written, assigned, background, adoption))
         preloading.start()
@@ -138,15 +80,11 @@ def serve() -> None:
         os.chdir(assignment.cwd)
         sys.path[0] = os.getcwd()  # as `python -m mbr_launch.shim.boot` sets it; run_target replaces it for a script
     if preloading is not None:
-        # Still importing: the script starts now instead of after the preload. A script that never imports
-        # torch (or imports it late) is not held up by an import it does not need (32 agents on 2 cores: 32
-        # replacements importing torch at once kept every restarted script waiting 50 s); one that imports
-        # it waits at that import for the rest of the preload (below), no longer than a fresh process would.
+        # Still importing: the script starts now and waits only at its first `import torch` (below).
         envwatch.finish_preload_when_needed(preloading)
     else:
         adoption.preload_done()
-    # Now that the environment is the rank's, the script's writes are watched (``envwatch``); with a preload
-    # still under way, once it is done (its imports record what they read until then).
+    # The script's writes are watched from now on (``envwatch``), or once a preload still under way is done.
     adoption.environment_ready(assignment.env)
     if level in ("torch", "cuda") and not early:
         _watch_torch_import(startup_env, assignment.env, written, level, preloading)
@@ -157,12 +95,15 @@ def _prepare(level: str, modules: Sequence[str], status: int, reads: envwatch.Re
              adoption: envwatch.Adoption) -> None:
     try:
         _preload(level)
-        # The hold-off applies to the extra modules too (torch._dynamo is as much CPU again as torch): the host
-        # may have become oversubscribed while torch was imported. A replacement at the lowest priority goes on.
+        # The hold-off applies to the extra modules too (torch._dynamo costs as much CPU again as torch).
         while modules and not background and _saturated() and not assigned.wait(SATURATION_RECHECK):
             pass
         _preload_modules(modules, reads, written, assigned)
-        _tell(status, STANDBY_WARM)  # the agent takes a replacement that cannot lower its priority only once warm
+        if status >= 0:
+            try:  # the agent takes a replacement that cannot lower its priority only once warm
+                os.write(status, STANDBY_WARM)
+            except OSError:
+                pass  # the agent is gone: the assignment read finds out
     finally:
         if status >= 0:
             os.close(status)
@@ -182,21 +123,9 @@ def _adopt_device(level: str) -> None:
         pass
 
 
-def _tell(fd: int, what: bytes) -> None:
-    if fd >= 0:
-        try:
-            os.write(fd, what)
-        except OSError:
-            pass  # the agent is gone: the assignment read finds out
-
-
 def _saturated() -> bool:
-    """The host is far oversubscribed (many agents on few cores): a preload now would slow every process that
-    is starting, and a restart would wait for it; wait until the load drops (or the assignment comes).
-
-    The 1-minute load average lags a burst by most of a minute: 32 agents started together on 2 cores all
-    began preloading while it still read the idle minute before, and doubled the launch's CPU work. So the
-    processes runnable at this moment count too."""
+    """The host is far oversubscribed: by the 1-minute load average, or by the processes runnable right now
+    (the average lags a burst of agents starting together by most of a minute)."""
     limit = SATURATED_LOAD_PER_CPU * (os.cpu_count() or 1)
     try:
         if os.getloadavg()[0] > limit:
@@ -220,11 +149,8 @@ def _running_now() -> int:
 
 def _preload_modules(modules: Sequence[str], reads: envwatch.Reads, written: dict[str, str | None],
                      assigned: threading.Event) -> None:
-    """--standby-preload: a module that fails to import is left for the script to meet on its own import
-    (reported, unless it comes from the default list: ``OPTIONAL_PRELOAD`` ahead of its name). The
-    environment variables each import reads are recorded (``envwatch``). A module of the default list is not
-    begun once the assignment has come: the script imports it itself if it needs it, as a fresh process
-    would, instead of waiting for a module it may never import. Modules the user named are always imported."""
+    """--standby-preload, recording what each import reads (``envwatch``). A failed import is reported unless
+    the module is from the default list (``OPTIONAL_PRELOAD`` prefix); those are skipped once assigned."""
     import importlib
 
     for entry in modules:
@@ -255,13 +181,8 @@ def _preload(level: str) -> None:
     if level == "interpreter":
         return
     try:
-        # `import torch` looks for pynvml, and the deprecated `pynvml` package that nvidia-resiliency-ext (our
-        # dependency) installs warns once per process that it is deprecated: noise about how the launcher was
-        # installed, which this preload would print on every rank of every round, also for scripts that never
-        # import torch. Only that message is filtered, only around this import of ours (catch_warnings puts
-        # the filters back): every other warning of the preload is shown, and a script's own
-        # `import torch` in a fresh worker (--standby off or interpreter, or a standby assigned before it
-        # preloaded) shows it as `python SCRIPT` would, since that import is the script's, not ours.
+        # The deprecated `pynvml` that nvidia-resiliency-ext installs warns at `import torch` (noise about the
+        # launcher's install): filtered around this import of ours only, not the script's own.
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=PYNVML_DEPRECATED, category=FutureWarning)
             import torch
@@ -297,10 +218,8 @@ def _read_message(channel: int) -> bytes:
 def _watch_torch_import(startup_env: Mapping[str, str], launch: Mapping[str, str],
                         written: Mapping[str, str | None], level: str,
                         preloading: threading.Thread | None = None) -> None:
-    """At the script's first ``import torch`` (or ``import torch.x``, also from a library it imports; not
-    from mbr_launch's own modules), wait for a preload still under way, then compare the environment with the
-    one torch was imported with: repair OMP_NUM_THREADS, warn about the rest. The hook removes itself on first
-    use."""
+    """At the script's first ``import torch`` (or of a submodule, by any module outside mbr_launch): wait for a
+    preload still under way, then repair OMP_NUM_THREADS and warn about other changed import-time variables."""
     def torch_import(name: str, fromlist: object, level_: int) -> bool:
         # torch importing its own parts inside the preload still under way is not the script's import
         return (name == "torch" or name.startswith("torch.")) and threading.current_thread() is not preloading
@@ -324,8 +243,7 @@ def _read_at_import(key: str, level: str) -> bool:
 
 
 def _fresh_thread_count() -> int | None:
-    """The intra-op thread count a fresh ``import torch`` would pick from the environment as it is now
-    (ATen's init_num_threads: MKL's thread count when torch uses MKL, else OpenMP's); None: not known."""
+    """The thread count a fresh ``import torch`` would pick now (ATen's init_num_threads); None: unknown."""
     import torch
 
     def number(name: str) -> int | None:
@@ -352,16 +270,13 @@ def _physical_cores() -> int:
 
 def _reconcile(startup_env: Mapping[str, str], launch: Mapping[str, str], written: Mapping[str, str | None],
                level: str) -> None:
-    """The import-time variables the script changed before its ``import torch``: another value than the launch
-    gave (``launch``) and than torch was imported with (``startup_env``), and not the preload's own write
-    (``written``: inductor's cache directory, set in the rank's environment when the preload was still running
-    at the hand-over)."""
+    """Repair or report the import-time variables the script changed before its ``import torch``: values
+    other than the launch's, the preload's start-up ones and the preload's own writes (``written``)."""
     def by_script(k: str) -> bool:
         now = os.environ.get(k)
         return now != launch.get(k) and now != startup_env.get(k) and (k not in written or now != written[k])
 
-    # envwatch has reported some, and judges those the preloaded modules read (one line per variable, naming
-    # the module that read it: TORCHDYNAMO_* are torch._dynamo's, not torch's)
+    # envwatch judges the variables the preloaded modules read (naming the module), and reports some itself
     changed = sorted(k for k in set(startup_env) | set(os.environ) | set(launch)
                      if _read_at_import(k, level) and by_script(k) and k not in envwatch.reported
                      and k not in envwatch.Judged.reads)

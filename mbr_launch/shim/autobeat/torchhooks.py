@@ -3,21 +3,11 @@ the c10d collectives, torch.save and torch.distributed.checkpoint's saves; and o
 ``torch.save``'s own hook cannot see: NVRx's asynchronous and local checkpoints, and Megatron-Core's asynchronous
 ones (the same queue, vendored there).
 
-- Asynchronous (``AsyncCallsQueue``, NVRx's ``checkpointing.async_ckpt.core`` and Megatron-Core's
-  ``dist_checkpointing.strategies.async_utils``): the save runs in a forked or spawned process, which may not
-  carry our hooks at all, and the checkpoint counts only once the trainer has *finalized* it (its finalize
-  functions validated and published it). So the mark goes with ``maybe_finalize_async_calls`` returning a call
-  it finalized; ``close()`` finalizes through the same method.
-- Local (``BaseCheckpointManager.save``, NVRx's ``checkpointing.local``): it hands ``torch.save`` a
-  ``TensorAwareStateDict``, not a mapping, so the torch.save hook stays quiet; a synchronous save marks when it
-  returns (written, renamed, validated by its finalize function); an asynchronous one returns an
-  ``AsyncRequest`` whose finalization the queue's hook marks.
-
-Imported by the package (``mbr_launch.shim.autobeat``, whose docstring says what each wrapper sends and why)
-only once torch is being imported; it imports nothing of the package in turn. ``AT_EXEC``: what to do with a
-module that has just executed (the finder's hook; its names are re-exported after that, by torch and
-torch.distributed themselves). ``IMPORTED``: the same for a module imported before us, whose re-exports hold
-the unwrapped functions and are rebound here.
+A checkpoint counts once it is done: a ``torch.save`` of a mapping once it returns (not inside a DCP save),
+``async_save`` when its upload future completes, an asynchronous queue's call once the trainer *finalized* it
+(``maybe_finalize_async_calls``), a local save when it returns ``None`` (its async requests go through the
+queue). ``AT_EXEC``: the hooks for a module that has just executed (its names re-exported only after);
+``IMPORTED``: for one imported before us, rebinding its re-exports too. Imports nothing of the package.
 """
 
 from __future__ import annotations
@@ -27,8 +17,7 @@ import sys
 from collections.abc import Mapping
 from typing import Any, Callable
 
-# The modules hooked, by name: the package's finder waits for the same ones (``autobeat.HOOKED``; this module
-# does not import the package, which imports it).
+# The modules hooked, by name, as the package's ``HOOKED`` (this module does not import the package).
 TARGET = "torch.optim.optimizer"
 C10D = "torch.distributed.distributed_c10d"
 SERIALIZATION = "torch.serialization"
@@ -41,14 +30,8 @@ NVRX_LOCAL = "nvidia_resiliency_ext.checkpointing.local.ckpt_managers.base_manag
 # The collectives counted towards the WORK mark, by their names in distributed_c10d (and torch.distributed).
 COLLECTIVES = ("all_reduce", "all_gather", "all_gather_into_tensor", "reduce_scatter", "reduce_scatter_tensor",
                "broadcast", "reduce", "all_to_all", "all_to_all_single", "barrier")
-# How many collectives make a process "working". Start-up makes a few of its own, and they must not count as
-# training: a barrier after init_process_group, DDP's construction (parameter shape check and the broadcast of
-# the module's state: C++ today, Python broadcasts in older versions and in FSDP's sync_module_states), a
-# checkpoint load (torch.distributed.checkpoint plans it with object collectives), all_gather_object or
-# broadcast_object_list of a config or a seed. Measured with torch 2.13 and gloo: init_process_group and DDP's
-# construction make none of ours, a barrier one, a DCP load of a model and its optimizer four, each object
-# collective two, so a start-up stays well below twenty; a training loop makes at least one collective a step,
-# so a round that trained for a few seconds is past it.
+# How many collectives make a process "working": start-up makes a few (a barrier, a DCP load, object
+# collectives of a config) that must not count as training, well below this; training makes one a step or more.
 WORK_COLLECTIVES = 20
 # torch.distributed.checkpoint's saves; the asynchronous one returns before its checkpoint is written.
 DCP_SAVES = ("save", "save_state_dict")
@@ -176,9 +159,8 @@ def _wrap_dcp(package: Any, beater: _Beater) -> None:
 
 
 def _fix_remaps(functional: Any, beater: _Beater) -> None:
-    """torch.compile maps ``dist.*`` collectives to traceable ones by identity
-    (``traceable_collective_remaps``): give our wrappers the entries of the functions they wrap, when that
-    module was imported before we wrapped them (imported after, it holds the wrappers already)."""
+    """torch.compile maps ``dist.*`` collectives to traceable ones by identity: give our wrappers the entries
+    of the functions they wrap (a module imported after them holds the wrappers already)."""
     remaps = getattr(functional, "traceable_collective_remaps", None)
     c10d = sys.modules.get(C10D)
     if not isinstance(remaps, dict) or c10d is None:
@@ -217,8 +199,7 @@ def wrap_local_manager(module: Any, beater: _Beater) -> None:
 # The checkpoint managers' hooks, the same whether their module executes now or was imported before us.
 CHECKPOINT_HOOKS = {NVRX_ASYNC: wrap_async_queue, MCORE_ASYNC: wrap_async_queue, NVRX_LOCAL: wrap_local_manager}
 
-# What the finder does once a module has executed (its names re-exported only later: ``torch.distributed``
-# star-imports c10d, ``torch`` imports ``save`` from torch.serialization, after these ran).
+# What the finder does once a module has executed, before torch and torch.distributed re-export its names.
 AT_EXEC = {TARGET: register, C10D: _hook_c10d, SERIALIZATION: _wrap_save, DCP: _wrap_dcp, FUNCTIONAL: _fix_remaps,
            **CHECKPOINT_HOOKS}
 
