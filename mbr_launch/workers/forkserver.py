@@ -1,32 +1,14 @@
 """The fork server: a copy of the launcher with torch imported, from which workers are forked.
 
-Every worker of a ``python`` script imports torch (about 2.2 s of CPU here), and so does the launcher itself (its
-rendezvous is torch's). torchrun pays both per node and one more per rank at every restart. Forked after the
-launcher's ``import torch``, while it runs a single thread, the server shares that import with every worker it
-forks: a worker (a warm standby, ``workers.standbypool``) then costs a fork, a few milliseconds, at the launch
-and at every restart. 32 agents of one rank on 2 cores do 32 imports of torch fewer than torchrun's.
-
-Before its first fork the server imports the ``--standby-preload`` modules (``torch._dynamo`` by default, which
-a script's optimizer imports: as much CPU again as torch), once per node instead of once per worker and
-restart (``workers.forkpreload``). Then it is single-threaded and only forks and reaps. The agent talks to it over a private socket pair
-(length-prefixed JSON, the worker's descriptors passed with ``SCM_RIGHTS``):
-
-- ``spawn`` (argv, env, cwd, the descriptors and the numbers they take in the worker, the signals it ignores):
-  the server forks; the child becomes the worker (``mbr_launch.shim.forkchild``); the answer is its pid.
-- ``wait`` (pid): the server reaps that child and answers its wait status. The agent asks only once the
-  worker's pidfd says it ended, so the server never blocks on a live one.
-
-The worker is the server's child: its parent-death signal is the server's, the server's is the launcher's main
-thread's, so a SIGKILLed launcher still takes every worker down. The server ignores the signals Slurm sends to
-every process of a step (a preemption's SIGUSR1 or SIGTERM would otherwise end it, and its workers with it,
-before the launcher could let them checkpoint); its children get the dispositions a new process would have. Where the server is gone, a worker's status is
-read as the launcher's own child (the launcher is a subreaper: ``workers.strays``) or known as SIGKILL, and the
-pool starts fresh interpreters again.
-
-Used only where a fork gives the worker what a fresh interpreter would (``usable``): standby level ``torch`` or
-``cuda`` (the child initialises CUDA itself; the server never does), a Python worker through ``boot``, and
-every variable read at interpreter start or at ``import torch`` the same in the launcher as in the worker, but
-for the two the child sets again (``shim.forkchild``). ``--standby interpreter`` and ``off`` never fork.
+Forked right after the launcher's ``import torch`` while it runs one thread, it imports the
+``--standby-preload`` modules once, then only forks and reaps, so a worker costs a fork instead of an import
+(why: docs/performance.md, "Workers forked, not started"). The agent talks to it over a private socket pair
+(length-prefixed JSON, descriptors passed with ``SCM_RIGHTS``): ``spawn`` forks a child that becomes the worker
+(``shim.forkchild``) and answers its pid; ``wait`` reaps one the agent's pidfd saw end, so it never blocks.
+Its workers' parent-death signal chain ends at the launcher's main thread; it ignores the signals Slurm sends
+every process of a step, so a preemption cannot end it before the launcher lets workers checkpoint. Where it
+is gone the pool starts fresh interpreters. Used only where a fork gives what a fresh interpreter would
+(``start_for``).
 """
 
 from __future__ import annotations
@@ -97,9 +79,8 @@ def _cpp_log_level_settable() -> bool:
 
 
 def start_for(argv: Sequence[str], env: Mapping[str, str], preload: Sequence[str] = ()) -> "ForkServer | None":
-    """Import torch here and fork the server for workers ``argv`` with environment ``env`` (a standby's),
-    which imports ``preload`` (``--standby-preload``) before its first fork; None where that would not give
-    them what a fresh interpreter does."""
+    """Import torch here and fork the server for workers ``argv`` with environment ``env`` (a standby's);
+    None where that would not give them what a fresh interpreter does."""
     if not forkable(argv):
         return None
     # The workers' OMP_NUM_THREADS (the launcher's choice for several local ranks) is read at `import torch`:
@@ -173,8 +154,7 @@ class ForkServer:
     @classmethod
     def start(cls, preload: Sequence[str] = (), env: Mapping[str, str] | None = None) -> "ForkServer | None":
         """Fork the server from this process (which has imported torch); None where that is not safe: more
-        than one thread, or torch's C++ log level cannot be set in a child. The server imports ``preload``
-        with environment ``env`` before it answers (``workers.forkpreload``)."""
+        than one thread, or torch's C++ log level cannot be set in a child."""
         if "torch" not in sys.modules or not _cpp_log_level_settable():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -327,9 +307,7 @@ def _serve(sock: socket.socket, launcher: int, preload: Sequence[str] = (),
         if retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver") is None:
             set_name(b"mbr-forkserver")  # no title: the name still tells it from the launcher
         if preload:
-            from mbr_launch.workers.forkpreload import import_once
-
-            import_once(preload, env)
+            _import_once(preload, env)
         me = os.getpid()
         while True:
             message, fds = _receive(sock)
@@ -384,3 +362,28 @@ def _wait(pid: object) -> int | None:
     except ChildProcessError:
         return None
     return status if got == pid else None
+
+
+def _import_once(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
+    """Import ``modules`` in the server before any fork, recording what each read from ``env`` (a standby's)
+    for the standbys' ``envwatch``. A module that fails is left to the standby, which reports it; warnings
+    are hidden (they would reach the launcher's stderr, not the ranks')."""
+    import importlib
+    import warnings
+
+    from mbr_launch.shim import envwatch
+
+    if env is not None:
+        envwatch.replace_environ(env)  # the children replace it with their own; the imports read a standby's
+    for name in modules:
+        reads: envwatch.Reads = {}
+        written: dict[str, str | None] = {}
+        try:
+            with warnings.catch_warnings(), envwatch.recording(reads, written, name):
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the standby meets it and reports it
+            continue
+        envwatch.PRELOADED[name] = (reads, written)
+    if threading.active_count() != 1:
+        os._exit(1)  # an import left a thread running: forking is no longer safe; the agent starts interpreters
