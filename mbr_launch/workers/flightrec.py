@@ -1,23 +1,16 @@
 """Flight Recorder, agent side: the workers' environment for it, asking a rank for a dump, reading one.
 
 A rank's dump says, per process group, the last collective it enqueued, started and completed: a rank
-whose count is behind its peers' never entered the collective they wait in. Two ways to get one:
-- the worker's own thread (``mbr_launch.shim.flight``), woken by a byte on the FIFO ``MBR_FR_TRIGGER``;
-  works for gloo and NCCL, needs the GIL for a moment;
-- NCCL's pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``): torch's C++ watchdog polls ``<prefix><rank>.pipe``
-  about once a second and writes ``<TORCH_FR_DUMP_TEMP_FILE><rank>``; works while Python is stuck, but
-  exists only for NCCL process groups.
+whose count is behind its peers' never entered the collective they wait in. Two ways to get one: the
+worker's own thread (``shim.flight``, woken by a byte on the FIFO ``MBR_FR_TRIGGER``; gloo and NCCL, needs
+the GIL for a moment), or NCCL's pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, polled by torch's C++ watchdog;
+works while Python is stuck, NCCL groups only).
 
-What torch 2.13 reads (checked in ``FlightRecorder.hpp`` / ``ProcessGroupNCCL.hpp`` and the strings of
-libtorch_cpu.so): ``TORCH_FR_BUFFER_SIZE`` with the older ``TORCH_NCCL_TRACE_BUFFER_SIZE`` as an alias
-(default 2000 in FlightRecorder, but gloo recorded nothing here until it was set);
-``TORCH_FR_DUMP_TEMP_FILE`` (alias ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``); ``TORCH_INCLUDE_STACK_TRACE``;
-``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` lives in libtorch_cuda (absent from CPU builds).
-
-A dump is a pickle written by the worker, at a path the user may have put in a directory others can write
-(issue #29). It is opened by ``safefile`` (no symlink, no FIFO, ours, at most ``MAX_DUMP_BYTES``) and read by
-``datapickle`` (data only, string keys, a bounded number of opcodes, within the inquiry's time), so a
-hostile or garbled file yields no progress and a reason, never code execution, an exception or a stall.
+A dump may sit where others can write (docs/security.md). It is opened by ``safefile`` and read by ``loads``,
+never by ``pickle.Unpickler``: that runs no code with globals refused, but an attacker chooses its cost
+(dict keys that all hash alike take seconds of uninterruptible CPU). ``DUMP`` takes only the opcodes a dump
+is made of, strings as dict keys (their hash is keyed by a per-process secret), at most ``max_ops`` opcodes
+and no time past ``deadline``: a hostile or garbled file yields no progress and a reason, never a stall.
 """
 
 from __future__ import annotations
@@ -33,7 +26,9 @@ from typing import Any, Mapping
 from mbr_launch import outside
 from mbr_launch.contract import FR_FILE_ENV, FR_NCCL_SUFFIX, FR_TRIGGER_ENV
 from mbr_launch.decide.verdict import GroupProgress
-from mbr_launch.workers import datapickle, safefile
+from mbr_launch.unpickle.machine import load
+from mbr_launch.unpickle.policy import DATA_OPCODES, STACK_OPCODES, PicklePolicy, PickleRefused
+from mbr_launch.workers import safefile
 
 # In each rank's directory, next to error.json.
 TRIGGER_NAME = "fr.trigger"
@@ -43,25 +38,18 @@ NCCL_PREFIX = "nccl_fr."  # NCCL's dump: nccl_fr.<rank>; its pipe: nccl_fr.<rank
 BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_PREFIX = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_PREFIX = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-# The caps on a dump. A real one is small: torch 2.13's gloo dump of 2000 entries (the default buffer) is
-# 240 KB and 130 k opcodes (its strings are memoised); a large job adds its groups' rank lists to pg_config
-# (as text: about 700 KB for a 100,000-rank group), Python stacks (TORCH_INCLUDE_STACK_TRACE=1) some 300
-# opcodes an entry. 8 MiB and 2 M opcodes leave that room several times over; the costliest dump crafted
-# within them took 1.4 s of CPU to read on the loaded 2-core test machine, and another 150 MB of memory
-# while read (tests/test_hostile_dumps.py); ``pickle.Unpickler`` on such a dump took 37 s (``datapickle`` says why).
+# The caps on a dump: several times a real one (a 2000-entry gloo dump is 240 KB and 130 k opcodes; a
+# 100,000-rank group adds about 700 KB of rank lists). The costliest crafted dump: tests/test_hostile_dumps.py.
 MAX_DUMP_BYTES = 8 << 20
 MAX_DUMP_OPS = 1 << 21
-# What is taken from a dump: a rank is in a few dozen process groups, and the newest entries are last (the
-# ring buffer is dumped oldest first), so more groups is no real dump and older entries add nothing. Rank
-# lists are cut per group, and in all: a memo reference (two bytes) can repeat one list for every group, and
-# the evidence travels to every node.
+# What is taken from a dump (newest entries are last). Rank lists are cut per group and in all: a memo
+# reference (two bytes) can repeat one list for every group, and the evidence travels to every node.
 MAX_GROUPS = 1024
 MAX_ENTRIES = 1 << 16
 MAX_RANKS = 1 << 16
 MAX_RANKS_IN_ALL = 1 << 18
-# What flight_env may set in torch's namespace. torch reads them lazily (the recorder when the first process
-# group is made, the files when it dumps; checked: importing torch before the buffer size is set still
-# records), so a standby that preloaded torch may get them with its assignment.
+# What flight_env may set in torch's namespace. torch reads them lazily (first process group, dump), so a
+# standby that preloaded torch may get them with its assignment.
 TORCH_ENV = frozenset({BUFFER_SIZE[0], DUMP_PREFIX[0], PIPE_PREFIX, "TORCH_INCLUDE_STACK_TRACE"})
 
 
@@ -109,7 +97,6 @@ class DumpFiles:
 
 
 def dump_files(env: Mapping[str, str], rank: int) -> DumpFiles:
-    """Where a worker with environment ``env`` (and global ``rank``) writes its dumps."""
     ours = Path(env[FR_FILE_ENV]) if env.get(FR_FILE_ENV) else None
     prefix = next((env[n] for n in DUMP_PREFIX if env.get(n)), None)
     return DumpFiles(ours=ours, ours_nccl=Path(f"{ours}{FR_NCCL_SUFFIX}") if ours else None,
@@ -156,6 +143,24 @@ def _poke(fifo: Path) -> bool:
 
 # ---- reading a dump ---------------------------------------------------------------------------------------
 
+# What a dump is made of (torch's pickler writes protocol 2; Python's, in tests, 4 and 5); ``max_ops`` is the
+# caller's.
+DUMP = PicklePolicy(what="data-only pickle", opcodes=DATA_OPCODES | STACK_OPCODES,
+                    unaccepted="is not data (a global, a set, bytes, ...)", max_ops=0, keys_why="a dump's keys are strings")
+
+
+class NotData(ValueError):
+    """Not a whole data-only pickle within the bounds; the message says what was wrong."""
+
+
+def loads(data: bytes, *, max_ops: int, deadline: float | None = None) -> Any:
+    """The object in ``data``; raises ``NotData`` for anything else, never another exception."""
+    try:
+        return load(data, DUMP, max_ops=max_ops, deadline=deadline)
+    except PickleRefused as err:
+        raise NotData(str(err)) from None
+
+
 
 @dataclass(frozen=True)
 class DumpRead:
@@ -175,8 +180,8 @@ def load_checked(path: Path, *, deadline: float | None = None) -> DumpRead:
     except OSError as err:  # untrusted.UnsafeFile: there, but not to be read
         return DumpRead(problem=err.strerror or str(err), refused=True)
     try:
-        return DumpRead(data=datapickle.loads(raw, max_ops=MAX_DUMP_OPS, deadline=deadline))
-    except datapickle.NotData as err:
+        return DumpRead(data=loads(raw, max_ops=MAX_DUMP_OPS, deadline=deadline))
+    except NotData as err:
         return DumpRead(problem=str(err))
 
 
