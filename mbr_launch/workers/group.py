@@ -44,10 +44,8 @@ def longest_socket_name(nproc_per_node: int) -> str:
 
 
 def drop_empty_stack_file(worker: Worker) -> None:
-    """Remove the ended worker's faulthandler stack file when nothing was dumped into it. ``boot`` must open
-    it when the worker starts (faulthandler writes to an fd from its signal handler), so every rank has one;
-    it is read only while the worker lives (``stacks``, for a hang's evidence), so once the worker is gone an
-    empty one says nothing."""
+    """Remove the ended worker's faulthandler stack file when empty: ``boot`` opens one for every rank, and it
+    is read only while the worker lives."""
     path = worker.spec.env.get(STACK_FILE_ENV)
     if not path:
         return
@@ -312,7 +310,7 @@ class WorkerGroup:
                  on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"),
                  find_strays=lambda: self._strays(targets, ranks),
                  watch=self.watch_stop(grace) if self.watch_stop else None)
-        strays.reap_zombies(self._own_children())
+        strays.reap_zombies(self.own_pids())
         # Disarm only after the groups are reaped: until then the monitor must still be able to kill them
         # should this agent die mid-stop. Verdicts that arrive meanwhile find the rank gone and are ignored.
         if self.monitor:
@@ -353,16 +351,12 @@ class WorkerGroup:
         table = strays.process_table()
         found = strays.descendants(table, (w.pid for w in targets))
         if local_ranks is None or not self.cfg.workers.virtual_local_rank:
-            adopted = strays.orphans(table, keep=self._own_children(), run_id=self.cfg.rendezvous.run_id,
+            adopted = strays.orphans(table, keep=self.own_pids(), run_id=self.cfg.rendezvous.run_id,
                                      local_ranks=local_ranks)
             found |= adopted | strays.descendants(table, adopted)
         return table, found
 
     def own_pids(self) -> set[int]:
-        """The processes this agent started and still holds (workers, standbys, the rank monitor)."""
-        return self._own_children()
-
-    def _own_children(self) -> set[int]:
         """The processes this agent started (workers, standbys, the rank monitor): never taken for strays."""
         own = {w.pid for w in self.workers}
         if self.standby:
