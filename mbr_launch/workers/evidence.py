@@ -1,14 +1,10 @@
 """One node's evidence for the hang verdict: for each local rank, what the kernel, its stack, its Flight
 Recorder and the rank monitor say, gathered within a bound.
 
-The order matters:
-1. /proc states first: nothing has touched the ranks yet (the faulthandler stack path sends SIGCONT to a
-   stopped process, and a Flight Recorder dump burns CPU that would read as "busy").
-2. Ask every rank for a Flight Recorder dump: the dumps are written while we take stacks.
-3. Stacks of all ranks in parallel (py-spy, or the faulthandler fallback), classified.
-4. Wait for the dumps until the bound: a rank that gives none (stopped, stuck holding the GIL, no
-   ``torch.distributed`` yet) is left without progress, which is evidence too. A dump file that is refused
-   (a FIFO, a symlink, not ours, too big: ``flightrec.load_checked``) is left alone, and said through ``warn``.
+The order matters: /proc states first, before anything touches the ranks (the faulthandler path resumes a
+stopped process, a dump burns CPU that would read as "busy"); then ask every rank for a Flight Recorder dump,
+written while we take stacks; then the dumps until the bound. A rank that gives none is left without progress,
+which is evidence too.
 """
 
 from __future__ import annotations
@@ -35,13 +31,11 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
            bound: float = 2.0, monitor_rows: Rows | Callable[[], Rows | None] | None = None,
            expired: Mapping[int, str] | None = None, window: float = 0.05,
            warn: Callable[[str], None] | None = None) -> list[RankEvidence]:
-    """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
+    """Evidence of every worker (one per local rank), back within about ``bound`` seconds; never raises for a rank.
 
-    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.state.describe``), or how to get them: then
-    they are read last, so a client that initialised again meanwhile (an in-process restart) is seen as
-    watched. ``expired``: local rank -> the kind of deadline that passed. ``warn`` gets one line for each dump
-    file that was there but could not be used, with the reason. Never raises for a rank.
-    """
+    ``monitor_rows``: the monitor's rows, or how to get them (then read last, so a client that initialised
+    again meanwhile is seen as watched). ``expired``: local rank -> the kind of deadline that passed. ``warn``
+    gets one line per dump file that was there but could not be used."""
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
     # The state is read first (the faulthandler path resumes a stopped rank); the CPU share is measured over
@@ -120,13 +114,9 @@ Problems = dict[tuple[int, Path], str]
 
 def _await_dumps(files: Mapping[int, flightrec.DumpFiles], before: Mapping[int, Mapping[Path, Any]],
                  deadline: float) -> tuple[dict[int, tuple[GroupProgress, ...]], Problems]:
-    """Each asked rank's progress, from the dumps written since we asked, until the deadline; and the
-    problems worth a line: every refused file, and why the files of a rank left without progress gave none.
-
-    A rank is done once the shim's file (written last) or NCCL's own dump is new and readable; a file
-    caught half-written by NCCL's writer reads as nothing and is read again once it changes. A file is
-    read again only when it changed, and never past the deadline: a hostile one costs one bounded read.
-    """
+    """Each asked rank's progress from the dumps written since we asked, until the deadline; and the problems
+    worth a line (refused files, and why a rank left without progress gave none). A file is read again only
+    when it changed (one half-written reads as nothing), so a hostile one costs one bounded read."""
     out: dict[int, tuple[GroupProgress, ...]] = {}
     read: dict[Path, tuple[Any, flightrec.DumpRead]] = {}  # path -> (signature, its read) as last read
     pending = dict(files)

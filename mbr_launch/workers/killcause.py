@@ -1,16 +1,10 @@
 """Who sent the signal that killed a worker, as precisely as this node can tell; never a guess.
 
-1. this launcher's own stop: the worker group records what its stops sent to each worker;
-2. the kernel's OOM killer: the worker's memory cgroup counts the OOM kills of its processes (cgroup v2
-   ``memory.events``, v1 ``memory.oom_control``: ``oom_kill N``), read when the worker started and again at
-   its exit; and the kernel's own record of the kill (``Killed process PID (name)`` in ``/dev/kmsg``, which
-   needs CAP_SYSLOG where ``kernel.dmesg_restrict`` is set), which names the victim;
-3. anyone else: Linux does not tell a parent who sent a signal, so the sender is said to be unknown, with
-   what was ruled out.
-
-The cgroup is the one the worker started in (read while it lives: a dead process's ``/proc/PID/cgroup``
-says ``/``). Signals a process raises by its own fault (SIGSEGV, SIGABRT, SIGBUS...) are not looked into:
-``report.exitstatus`` says what they mean. Every file read here is bounded.
+In order: this launcher's own stop (the group records what it sent); the kernel's OOM killer (the
+worker's memory cgroup OOM count, read at its start and at its exit, and the kernel's ``Killed process PID``
+record in ``/dev/kmsg``, which names the victim); else "unknown", with what was ruled out (Linux does not tell
+a parent who sent a signal). Faults a process raises itself (SIGSEGV...) are ``report.exitstatus``'s. The
+cgroup is read while the worker lives (a dead process's ``/proc/PID/cgroup`` says ``/``); every read is bounded.
 """
 
 from __future__ import annotations
@@ -181,9 +175,8 @@ def cause(signal: str | None, *, sent: Collection[str], started: CgroupMark | No
 
 def explain(pid: int, signal: str | None, *, sent: Collection[str], started: CgroupMark | None,
             since: float) -> KillCause | None:
-    """``cause`` with the counter and the kernel's log read now, at the worker's exit. The log is read only for
-    a SIGKILL that the counter does not rule out (a counter that did not rise: the kernel killed nothing in
-    the worker's cgroup)."""
+    """``cause`` with the counter and the kernel's log read now, at the worker's exit; the log only for a
+    SIGKILL the counter does not rule out."""
     if signal is None or signal in FAULTS or signal in sent or signal != "SIGKILL":
         return cause(signal, sent=sent, started=started, oom_now=None, kernel=None)
     now = oom_kills(started.path) if started else None

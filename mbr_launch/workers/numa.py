@@ -1,14 +1,7 @@
-"""NUMA binding of the workers, as ft_launcher 0.6/0.7 does it with ``NVRX_GPUS_PER_NUMA``.
+"""NUMA binding of the workers (and their standbys), as ft_launcher 0.6/0.7 does it with ``NVRX_GPUS_PER_NUMA``.
 
-When ``NVRX_GPUS_PER_NUMA`` is set in the launcher's environment, ft_launcher starts local rank L through
-``numactl --cpunodebind=N --membind=N`` (``--ft-numa-bind-strict``, the default) or ``numactl
---cpunodebind=N --localalloc`` (``--ft-numa-bind-strict false``), with N = L // NVRX_GPUS_PER_NUMA, at every
-start of the workers (each round). Here too, and the warm standby of a local rank is started through the
-same ``numactl``, so what it preloads is already on its node.
-
-What NVRx would crash on (no numactl, a value that is not a positive whole number, a NUMA node this host does
-not have) binds nothing here and says so in one line at launch. ``plan`` is pure: the value, ``numactl``'s
-path and the host's nodes come in.
+What it does and says is in docs/node-checks.md ("NUMA binding"). What NVRx would crash on binds nothing here
+and says so in one line. ``plan`` is pure: the value, ``numactl``'s path and the host's nodes come in.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
 """Worker processes: spawn, watch, stop.
 
-Each worker starts in its own session (so the whole process group, DataLoader workers included, can be
-signalled) with a parent-death signal (so a SIGKILLed agent cannot orphan it). Exits are observed through
-pidfds: the agent's selector wakes when a worker dies, with no polling. Copying their output is
-``mbr_launch.workers.output``; decoding how they ended, ``mbr_launch.report.exitstatus``.
+Each worker starts in its own session (the whole process group can be signalled) with a parent-death
+signal (a SIGKILLed agent cannot orphan it); exits are observed through pidfds, with no polling.
 """
 
 from __future__ import annotations
@@ -54,9 +52,7 @@ class Worker:
     noticed: bool = False  # the agent has seen (and logged) this worker's exit
     standby_age: float | None = None  # seconds it waited as a warm standby (None: started fresh)
     standby_state: str | None = None  # how far that standby was when taken (StandbyPool.state)
-    # A stop took it down and cleaned up after it (its group, strays, zombies): another stop has nothing to do
-    # (``WorkerGroup.stop`` then returns at once, without a /proc scan). Set on the Worker, not by pid: a
-    # restarted rank is a new Worker.
+    # A stop took it down and cleaned up after it: another stop has nothing to do (a restarted rank is a new Worker).
     stopped: bool = False
 
     @property
@@ -160,20 +156,15 @@ STOP_TICK = 0.2
 def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, grace: float = 30.0,
              on_escalate: Callable[[Worker], None] | None = None, find_strays: FindStrays | None = None,
              watch: StopWatch | None = None) -> None:
-    """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left.
-
-    Groups are signalled again with SIGKILL even after the leader exited, so grandchildren die too. Strays
-    (descendants that left the group, found by ``find_strays`` before the first signal and again before
-    SIGKILL) get the same signals, a short grace once the workers are gone, and are waited for; then the
-    output pumps get one short, shared drain: a pipe some escaped process still holds never holds a stop.
-    """
+    """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left (groups
+    too, after the leader exited). Strays get the same signals and a short grace once the workers are gone;
+    the pumps one short shared drain, so a pipe an escaped process holds never holds a stop."""
     targets = list(workers)
     found = strays.Strays(groups={w.pid for w in targets})
     if find_strays:
         found.add(*find_strays())  # before any signal, while the process tree is intact
-    # The signal first, SIGCONT after: a stopped process cannot act on SIGTERM, but resumed first it ran on
-    # between the two calls (a SIGSTOPped culprit finished its collective and logged a step after its
-    # verdict). Pending when it resumes, the signal is taken before any more of its code runs.
+    # The signal first, SIGCONT after: resumed first, a stopped culprit ran on between the two calls; pending
+    # when it resumes, the signal is taken before any more of its code runs.
     for worker in targets:
         if worker.alive:
             signal_group(worker, first_signal)

@@ -1,9 +1,7 @@
 """What the kernel says about a rank: its scheduler state and how much CPU it burns, from /proc/<pid>/stat.
 
-Evidence that needs nothing from the process itself: a stopped (T) or uninterruptible (D) rank gives no
-stack and no Flight Recorder dump, and a rank spinning at 100% CPU while its peers sleep in a collective
-is as telling as one asleep outside any. Read before anything else touches the ranks (the faulthandler
-stack path sends SIGCONT to stopped processes).
+Needs nothing from the process: a stopped (T) or uninterruptible (D) rank gives no stack and no dump, and
+one spinning while its peers sleep in a collective is telling. Read before anything else touches the ranks.
 """
 
 from __future__ import annotations

@@ -1,21 +1,11 @@
 """Stack dumps of hung ranks, taken by the agent before it kills them.
 
-Two ways to get a Python stack out of a process that is stuck:
-
-- py-spy reads the target's memory from outside (ptrace rights needed: root, CAP_SYS_PTRACE, or Yama
-  ``ptrace_scope`` 0/1 with us as an ancestor). Its default mode briefly stops the target for a
-  consistent picture, which fails on a SIGSTOPped process; ``--nonblocking`` reads without stopping,
-  so it is the retry.
-- faulthandler, armed inside every worker by ``mbr_launch.shim.boot``: on ``STACK_SIGNAL`` its C signal
-  handler writes every thread's stack into the file named by ``MBR_STACK_FILE``. No ptrace needed, and
-  it works while a busy loop holds the GIL. A stopped process gets the signal, then SIGCONT (the pending
-  signal's handler runs before any of its own code), and SIGSTOP again once its dump is in: a culprit found
-  stopped stays stopped for the verdict, and runs no more than the moment its dump takes.
-
-``dump_stacks`` runs py-spy for all ranks in parallel and falls back to faulthandler for the ranks
-py-spy could not do. Each dump is saved as ``rank{R}.txt`` with a header, and summarised in one line
-(the innermost frame of the main thread) for the failure summary, and classified for the hang verdict:
-waiting in a collective (or a CUDA synchronize, a store call) versus anywhere else (``classify``).
+``dump_stacks`` runs py-spy (ptrace rights needed; ``--nonblocking`` is the retry, for a stopped process)
+for all ranks in parallel, and falls back to faulthandler for the rest: ``STACK_SIGNAL`` makes the handler
+``shim.boot`` armed write every thread's stack into ``MBR_STACK_FILE``, even while a busy loop holds the GIL.
+A rank found stopped gets SIGCONT after the signal and SIGSTOP again once its dump is in, so it stays
+stopped for the verdict. Each dump is saved as ``rank{R}.txt``, summarised in one line, and classified for
+the hang verdict: waiting in a collective (or a CUDA synchronize, a store call) or elsewhere (``classify``).
 """
 
 from __future__ import annotations
@@ -85,9 +75,7 @@ def dump_stacks(
     targets: Sequence[StackTarget], out_dir: Path, *, method: Method = "auto", timeout: float = 10.0
 ) -> list[StackDump]:
     """Dump every target's Python stacks into ``out_dir``; never raises for a target that fails.
-
-    ``timeout`` bounds the whole call; with ``auto`` a share of it is kept for the fallback.
-    """
+    ``timeout`` bounds the whole call; with ``auto`` a share of it is kept for the fallback."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:

@@ -1,19 +1,11 @@
 """Descendants of workers that left the worker's process group: found, stopped with the workers, and reaped.
 
-A stop signals each worker's process group (its session, made at spawn). A child that calls ``setsid()``
-leaves that group: it missed every signal, and if it ignored SIGTERM it outlived the launcher, holding the
-worker's output pipe open. Such strays are found two ways:
-
-* while the worker lives: the process tree under the worker pid (``/proc/<pid>/stat`` parent links);
-* once its parent died: the agent is the child subreaper (``PR_SET_CHILD_SUBREAPER``), so the kernel hands
-  every orphaned descendant of the agent to the agent instead of init. An orphan is a child of the agent
-  that the agent did not start (not a worker, standby or monitor; the caller passes those as ``keep``)
-  whose environment carries this run's ``TORCHELASTIC_RUN_ID`` (so only a worker's descendant matches),
-  and, for a stop of some local ranks only, one of their ``LOCAL_RANK`` values.
-
-Each stray found gets a pidfd at once, so a later signal cannot hit a recycled pid; orphans, the agent's
-children now, are reaped after they die, and so are zombies of the agent that nobody else will wait for.
-A descendant that clears its environment and is orphaned is not recognised: it lives on as under torchrun.
+A stop signals each worker's process group; a child that called ``setsid()`` misses those signals. Strays
+are found under the live worker's pid (``/proc`` parent links), or, once orphaned, as children of the agent
+(a child subreaper) it did not start whose environment carries this run's ``TORCHELASTIC_RUN_ID`` (and, for
+a partial stop, one of its ``LOCAL_RANK`` values). Each gets a pidfd at once, so a signal cannot hit a
+recycled pid; orphans and the agent's unwaited zombies are reaped. A descendant that clears its environment
+and is orphaned is not recognised: it lives on as under torchrun.
 """
 
 from __future__ import annotations
@@ -121,8 +113,7 @@ class Strays:
                     pass
 
     def wait(self, timeout: float) -> bool:
-        """Until every stray has exited, at most ``timeout`` seconds; True when none is left. Those that are
-        this process's children (orphans) are reaped."""
+        """Until every stray has exited (orphans reaped), at most ``timeout`` seconds; True when none is left."""
         deadline = time.monotonic() + timeout
         live = dict(self.fds)
         while live:
