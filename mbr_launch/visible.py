@@ -1,10 +1,7 @@
-"""Text that came from outside the launcher (a peer's value in the rendezvous store, a worker's output, a file
-of a run folder) made safe to show on a terminal or to write into one line of a record.
+"""Text that came from outside the launcher, made safe to show on a terminal or to write into one line.
 
-A control character written raw can move the cursor, erase what the launcher printed, set the window title
-or forge a whole ``[mbr-launch host] HANG:`` line; a bidirectional override can make a line read differently
-from what it says. Each such character is written as its Python escape (``\\x1b``, ``\\u202e``) instead: the
-reader still sees that it was there, and nothing it does reaches the terminal.
+A raw control character can move the cursor, erase the launcher's lines or forge a ``[mbr-launch host] HANG:``
+line; a bidi override can make a line read differently. Each is written as its Python escape instead.
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def truncated(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying how many were left out (a bounded record never hides that
-    it was cut)."""
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
@@ -41,8 +37,7 @@ def visible(text: str, limit: int | None = None) -> str:
 
 
 def one_line(text: str, limit: int | None = None) -> str:
-    """``text`` as one line: as :func:`visible`, and tabs and newlines escaped too (a reason quoted in a launcher
-    line cannot start a line of its own)."""
+    """``text`` as one line: as :func:`visible`, with tabs and newlines escaped too."""
     shown = _IN_LINE.sub(_escape, text)
     return truncated(shown, limit) if limit is not None else shown
 
