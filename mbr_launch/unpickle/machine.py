@@ -19,9 +19,8 @@ _CHECK_EVERY = 0x1000  # opcodes between two looks at the clock
 
 
 def load(data: bytes, policy: PicklePolicy, *, max_ops: int | None = None, deadline: float | None = None) -> Any:
-    """The value in ``data`` as plain containers, scalars, ``Global`` names and ``Record`` objects; raises
-    ``PickleRefused`` for anything ``policy`` does not accept (``max_ops`` in place of its own bound), or not
-    read by ``deadline`` (``time.monotonic``), never another exception."""
+    """The value in ``data`` as plain containers, scalars, ``Global`` names and ``Record`` objects; raises only
+    ``PickleRefused``: for anything ``policy`` does not accept, or not read by ``deadline``."""
     try:
         value = _run(data, policy, policy.max_ops if max_ops is None else max_ops, deadline)
     except PickleRefused:
