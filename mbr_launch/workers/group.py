@@ -25,11 +25,10 @@ from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standbypool import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
-from mbr_launch.workers import pidmap
 from mbr_launch.workers.cyclelog import CycleLogs
 from mbr_launch.workers.output import OutputPump, rank_prefix
 from mbr_launch.workers import killcause, numa, strays
-from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
+from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all, write_rank_map
 
 
 # The rank monitor's sockets of one local rank, in the agent's socket folder (the monitor adds launcher.sock).
@@ -107,14 +106,11 @@ class WorkerGroup:
         if self.standby:
             self.standby.prepare = self._standby  # refills know the latest real environment
 
-    def _argv(self, local_rank: int) -> list[str]:
-        return numa.worker_argv(self.cfg, self.environ, local_rank)
-
     def _standby(self, local_rank: int) -> tuple[list[str], dict[str, str]] | None:
         env = self._envs.get(local_rank)
         if env is None:  # before the first round: the round's values are filled in when it is taken
             return first_assignment(self.cfg, self.environ, local_rank)
-        return self._argv(local_rank), standby_env(env)
+        return numa.worker_argv(self.cfg, self.environ, local_rank), standby_env(env)
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -132,8 +128,8 @@ class WorkerGroup:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
-        pidmap.write(self.run_dir, round_index=rnd.index, restart_count=count, world_size=rnd.world_size,
-                     workers=self.workers)
+        write_rank_map(self.run_dir, round_index=rnd.index, restart_count=count, world_size=rnd.world_size,
+                       workers=self.workers)
         # Replacements prepare in the background once these ranks are under way, while a restart may use them.
         if self.standby and restart_possible(self.cfg.policy, restarts_used=count, elastic=self.cfg.rendezvous.elastic):
             self.standby.starting()
@@ -162,9 +158,8 @@ class WorkerGroup:
                 make_trigger(rank_dir / TRIGGER_NAME)  # boot opens it at start: it must exist before the worker
             except OSError:
                 pass  # a full disk: the worker runs without a Flight Recorder trigger
-        argv = self._argv(local_rank)
-        spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE)
+        spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=numa.worker_argv(cfg, self.environ, local_rank),
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._envs[local_rank] = env
         worker = self.standby.take(spec) if self.standby else None
         if worker is None:
@@ -213,7 +208,7 @@ class WorkerGroup:
             pump = OutputPump(stream, prefix=prefix, console=to_console,
                               logfile=logfile, filters=filters, filtered=filtered,
                               tail=worker.tail if name == "stderr" else None, fallback=console,
-                              on_log_failure=self._pump_failed,
+                              on_log_failure=lambda _pump, log: self._warn_once(log.path, log.error),
                               mirror=self.cycle_logs.sink(cycle[0], worker.rank, cycle[1]) if self.cycle_logs else None,
                               on_done=functools.partial(self._pump_done, worker, name))
             pumps.append(pump.start())
@@ -223,9 +218,6 @@ class WorkerGroup:
         if name not in self._filtered:
             self._filtered[name] = LineAppender(self.run_dir / f"filtered_{name}.log")
         return self._filtered[name]
-
-    def _pump_failed(self, pump: OutputPump, log: LineAppender) -> None:
-        self._warn_once(log.path, log.error)
 
     def _warn_once(self, path: Path, error: OSError | None) -> None:
         """One warning for the whole group: a full disk fails every log at once."""

@@ -8,17 +8,20 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from mbr_launch.contract import preemption_signals
 from mbr_launch.fdwait import ready
 from mbr_launch.report.exitstatus import ExitStatus
+from mbr_launch.report.private import write_private
 from mbr_launch.workers import strays
 
 _PR_SET_PDEATHSIG = 1
@@ -118,6 +121,21 @@ def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] =
         pass_fds=tuple(pass_fds),
     )
     return Worker(spec=spec, proc=proc, pidfd=os.pidfd_open(proc.pid), started=time.monotonic())
+
+
+def write_rank_map(run_dir: Path, *, round_index: int, restart_count: int, world_size: int,
+                   workers: Sequence[Worker]) -> None:
+    """Replace ``<run_dir>/ranks.json``, which pid is which rank now, for tools that look at processes (a rank
+    born from a standby has no ``RANK`` in ``/proc/PID/environ``); a full disk leaves the old one."""
+    record = {"round": round_index, "restart_count": restart_count, "world_size": world_size,
+              "ranks": [{"rank": w.rank, "local_rank": w.local_rank, "pid": w.pid}
+                        for w in sorted(workers, key=lambda w: w.local_rank)]}
+    path, tmp = run_dir / "ranks.json", run_dir / ".ranks.json.tmp"
+    try:
+        write_private(tmp, (json.dumps(record) + "\n").encode())
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def signal_group(worker: Worker, sig: int) -> None:
