@@ -108,8 +108,7 @@ def _signals_while_starting(cfg: LaunchConfig) -> Iterator[None]:
 
 
 def _sealer(cfg: LaunchConfig) -> "Sealer | None":
-    """The job's store sealer (the secret read again: the config keeps only its path); None, said, when the
-    file is no longer usable."""
+    """The job's store sealer (its secret read again); None, said, when the file is no longer usable."""
     from mbr_launch.cluster.storevalue import Sealer
     from mbr_launch.config.secret import SecretFileError, read_secret
 
@@ -162,8 +161,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
 
 
 def serve_store(port: int, *, host: str = "") -> "Served":
-    """Serve the c10d rendezvous store on ``port`` from this process until SIGINT, SIGTERM or SIGHUP
-    (``cluster.storeserver``). Raises ``StoreServeError`` with a one-line reason when it cannot."""
+    """Serve the c10d rendezvous store on ``port`` until SIGINT, SIGTERM or SIGHUP; raises ``StoreServeError``."""
     from mbr_launch.cluster.storeserver import serve
 
     return serve(port, host=host)

@@ -66,8 +66,7 @@ def _finite_float(digits: str) -> float:
 
 
 def json_value(data: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, depth: int = MAX_JSON_DEPTH) -> Any:
-    """The JSON value in ``data`` within ``max_bytes`` and ``depth``, every number finite; raises only
-    RefusedValue, with the reason."""
+    """The JSON value in ``data`` within ``max_bytes`` and ``depth``, numbers finite; raises only RefusedValue."""
     if len(data) > max_bytes:
         raise RefusedValue(f"{len(data)} bytes, over the bound of {max_bytes}")
     try:
@@ -92,6 +91,3 @@ def nesting(value: Any) -> int:
             todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
 
-
-__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TEXT", "RefusedValue", "finite", "integer", "json_value",
-           "nesting", "text"]

@@ -41,5 +41,3 @@ def one_line(text: str, limit: int | None = None) -> str:
     shown = _IN_LINE.sub(_escape, text)
     return truncated(shown, limit) if limit is not None else shown
 
-
-__all__ = ["one_line", "truncated", "visible"]

@@ -158,5 +158,3 @@ class CycleSink:
             text += tail if (self._continued and not lines) else self._prefix + tail
         return text.encode()
 
-
-__all__ = ["CycleLogs", "CycleSink", "driver_noise", "rank_prefix"]

@@ -38,14 +38,12 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     gets one line per dump file that was there but could not be used."""
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
-    # The state is read first (the faulthandler path resumes a stopped rank); the CPU share is measured over
-    # the gathering itself, which waits anyway, so the inquiry pays no sampling window of its own.
+    # The state first; the CPU share is measured over the gathering itself, which waits anyway.
     sample = procstate.Sample([w.pid for w in live])
 
     files = {w.local_rank: flightrec.dump_files(w.spec.env, w.rank) for w in live}
     before = {lr: {p: _signature(p) for p in f.all()} for lr, f in files.items()}
-    # A stopped or uninterruptible process writes no dump before the bound (its state says enough already):
-    # asking it would only make the inquiry wait out the whole bound for nothing.
+    # A stopped or uninterruptible process writes no dump: asking would only wait out the bound.
     mute = {w.local_rank for w in live if sample.state(w.pid) in _MUTE}
     asked = [w.local_rank for w in live if w.local_rank not in mute
              and flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
@@ -78,8 +76,7 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     return out
 
 
-# The monitor's phases once a client initialised again after a heartbeat or section expiry (and, armed, closed
-# again): until then the rank stays "expired" (monitor.deadlines). The inquiry keeps this only for such expiries.
+# The monitor's phases once a client initialised again after an expiry (until then it stays "expired").
 _SINCE = ("monitoring", "armed")
 _MUTE = (ProcState.STOPPED, ProcState.DISK, ProcState.ZOMBIE, ProcState.GONE)
 
@@ -99,9 +96,7 @@ def _stacks(live: Sequence[Worker], out_dir: Path, method: str, deadline: float)
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
-    """(inode, mtime, size) of the name itself (lstat: a symlink is not followed): the shim replaces its
-    file, so a new dump changes all three; NCCL writes in place, and a dump it finished after a partial read
-    in the same clock tick still changes the size."""
+    """(inode, mtime, size) of the name itself: the shim replaces its file, NCCL writes in place (size changes)."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -149,8 +144,6 @@ def _section(row: Mapping[str, Any]) -> str | None:
 
 
 def _freshest(*ages: Any) -> float | None:
-    """The youngest sign of life the monitor has: an NVRx heartbeat or an optimizer step (autobeat's beat, all
-    a zero-code rank sends); None when it has neither. A NaN or infinite age is no sign (``min`` would return a
-    NaN that compares false with every bound)."""
+    """The youngest finite age of a sign of life (a heartbeat or an optimizer step); None when there is none."""
     known = [age for age in map(outside.finite, ages) if age is not None]
     return min(known) if known else None

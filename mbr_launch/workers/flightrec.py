@@ -1,16 +1,11 @@
 """Flight Recorder, agent side: the workers' environment for it, asking a rank for a dump, reading one.
 
-A rank's dump says, per process group, the last collective it enqueued, started and completed: a rank
-whose count is behind its peers' never entered the collective they wait in. Two ways to get one: the
-worker's own thread (``shim.flight``, woken by a byte on the FIFO ``MBR_FR_TRIGGER``; gloo and NCCL, needs
-the GIL for a moment), or NCCL's pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``, polled by torch's C++ watchdog;
-works while Python is stuck, NCCL groups only).
-
-A dump may sit where others can write (docs/security.md). It is opened by ``safefile`` and read by ``loads``,
-never by ``pickle.Unpickler``: that runs no code with globals refused, but an attacker chooses its cost
-(dict keys that all hash alike take seconds of uninterruptible CPU). ``DUMP`` takes only the opcodes a dump
-is made of, strings as dict keys (their hash is keyed by a per-process secret), at most ``max_ops`` opcodes
-and no time past ``deadline``: a hostile or garbled file yields no progress and a reason, never a stall.
+A dump says, per process group, the last collective a rank enqueued, started and completed: a rank behind its
+peers never entered the collective they wait in. It comes from the worker's own thread (``shim.flight``, woken
+through the FIFO ``MBR_FR_TRIGGER``; needs the GIL a moment) or NCCL's pipe (torch's C++ watchdog; works while
+Python is stuck). A dump may sit where others can write (docs/security.md): it is opened by ``safefile`` and
+read by ``loads``, never ``pickle.Unpickler`` (``mbr_launch.unpickle`` says why), under ``DUMP``: data
+opcodes only, string keys, bounded opcodes and time. A hostile file yields no progress and a reason.
 """
 
 from __future__ import annotations
@@ -54,8 +49,7 @@ TORCH_ENV = frozenset({BUFFER_SIZE[0], DUMP_PREFIX[0], PIPE_PREFIX, "TORCH_INCLU
 
 
 def flight_env(rank_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """What a worker started through boot gets for Flight Recorder; a name the user set (either spelling)
-    is left to them."""
+    """What a worker started through boot gets for Flight Recorder; a name the user set is left to them."""
     env: dict[str, str] = {}
     if not any(n in environ for n in BUFFER_SIZE):
         env["TORCH_FR_BUFFER_SIZE"] = "2000"  # gloo records nothing without it (torch 2.13)
@@ -85,8 +79,6 @@ def make_trigger(path: Path) -> None:
 
 @dataclass(frozen=True)
 class DumpFiles:
-    """Where one worker's dumps land."""
-
     ours: Path | None  # the shim's dump of the CPU backends' recorder (gloo), written last
     ours_nccl: Path | None  # the shim's dump of NCCL's recorder (CUDA builds), written just before ``ours``
     nccl: Path | None  # NCCL's watchdog dump (written on a pipe request, or on a local timeout)
@@ -121,9 +113,8 @@ def _poke(fifo: Path) -> bool:
     try:
         if not stat.S_ISFIFO(os.lstat(fifo).st_mode):
             return False  # never write into a regular file by mistake
-        # O_NONBLOCK: open fails with ENXIO when nobody reads (the worker is gone or never armed). O_NOFOLLOW:
-        # NCCL's pipe may sit in a directory others can write, and a symlink swapped in after the lstat
-        # must not get our byte into a file of ours.
+        # O_NONBLOCK: ENXIO when nobody reads. O_NOFOLLOW: NCCL's pipe may sit where others can write, and a
+        # symlink swapped in after the lstat must not get our byte into a file of ours.
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
@@ -143,10 +134,9 @@ def _poke(fifo: Path) -> bool:
 
 # ---- reading a dump ---------------------------------------------------------------------------------------
 
-# What a dump is made of (torch's pickler writes protocol 2; Python's, in tests, 4 and 5); ``max_ops`` is the
-# caller's.
-DUMP = PicklePolicy(what="data-only pickle", opcodes=DATA_OPCODES | STACK_OPCODES,
-                    unaccepted="is not data (a global, a set, bytes, ...)", max_ops=0, keys_why="a dump's keys are strings")
+# What a dump is made of (torch's pickler writes protocol 2; Python's 4 and 5); ``max_ops`` is the caller's.
+DUMP = PicklePolicy(what="data-only pickle", opcodes=DATA_OPCODES | STACK_OPCODES, max_ops=0,
+                    unaccepted="is not data (a global, a set, bytes, ...)", keys_why="a dump's keys are strings")
 
 
 class NotData(ValueError):
@@ -164,8 +154,6 @@ def loads(data: bytes, *, max_ops: int, deadline: float | None = None) -> Any:
 
 @dataclass(frozen=True)
 class DumpRead:
-    """One read of a dump file."""
-
     data: Any = None  # the loaded data; None when there is none
     problem: str = ""  # why not: "" when the file is simply not there (no dump yet)
     refused: bool = False  # the file itself was refused (a FIFO, a symlink, not ours, too big), not its content
@@ -237,16 +225,14 @@ def _op(entry: Any) -> str:
 
 
 def _group_order(g: GroupProgress) -> tuple[bool, int, str]:
-    """Numbered groups first, by number; a number too long to be a group id sorts as a name (converting a
-    string of a million digits would take minutes where Python's digit limit is lifted)."""
+    """Numbered groups first, by number; a number too long to be a group id sorts as a name (int() of it is slow)."""
     numbered = g.pg.isdigit() and len(g.pg) < 19
     return not numbered, int(g.pg) if numbered else 0, g.pg
 
 
 def merge(dumps: list[tuple[GroupProgress, ...]]) -> tuple[GroupProgress, ...]:
-    """One rank's groups from several dumps, the first dump that names a group winning, except that a
-    group that never enqueued anything there gives way (a CUDA build's NCCL recorder lists groups it never
-    ran). Callers pass the dumps in the same order for every rank, so ranks stay comparable."""
+    """One rank's groups from several dumps (in the same order for every rank): the first that names a group
+    wins, unless it never enqueued there (a CUDA build's NCCL recorder lists groups it never ran)."""
     chosen: dict[str, GroupProgress] = {}
     for groups in dumps:
         for g in groups:

@@ -1,14 +1,10 @@
-"""The fork server: a copy of the launcher with torch imported, from which workers are forked.
+"""The fork server: a copy of the launcher with torch imported, from which workers are forked (why:
+docs/performance.md, "Workers forked, not started").
 
-Forked right after the launcher's ``import torch`` while it runs one thread, it imports the
-``--standby-preload`` modules once, then only forks and reaps, so a worker costs a fork instead of an import
-(why: docs/performance.md, "Workers forked, not started"). The agent talks to it over a private socket pair
-(length-prefixed JSON, descriptors passed with ``SCM_RIGHTS``): ``spawn`` forks a child that becomes the worker
-(``shim.forkchild``) and answers its pid; ``wait`` reaps one the agent's pidfd saw end, so it never blocks.
-Its workers' parent-death signal chain ends at the launcher's main thread; it ignores the signals Slurm sends
-every process of a step, so a preemption cannot end it before the launcher lets workers checkpoint. Where it
-is gone the pool starts fresh interpreters. Used only where a fork gives what a fresh interpreter would
-(``start_for``).
+Forked while the launcher runs one thread, it imports the ``--standby-preload`` modules once, then only forks
+(``spawn``) and reaps (``wait``, asked once the worker's pidfd says it ended, so it never blocks) over a private
+socket pair (length-prefixed JSON, descriptors by ``SCM_RIGHTS``). It ignores the signals Slurm sends every
+process of a step and dies with the launcher; where it is gone the pool starts fresh interpreters.
 """
 
 from __future__ import annotations
@@ -34,12 +30,10 @@ from mbr_launch.forking import close_from, fork_launcher
 _HEADER = struct.Struct("!I")
 MAX_MESSAGE = 16 << 20  # bytes: a worker's environment and command line, with room
 MAX_FDS = 16
-# Read when the interpreter starts or torch is imported: the worker must have what the launcher had, or the
-# fork would give it what the launcher's environment asked for (``usable``).
+# Read when the interpreter starts or torch is imported: a forked worker gets the launcher's values of these.
 _IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "PYTHON", "LD_", "MALLOC_",
                 "GLIBC_TUNABLES", "NUMEXPR_", "CUDA_MODULE_LOADING")
-# ... except these: read later (by torch.distributed, the CUDA initialisation, Flight Recorder) or set again in
-# the child (TORCH_CPP_LOG_LEVEL, by ``shim.forkchild``), or the agent's only.
+# ... except these: read later, set again in the child (``shim.forkchild``), or the agent's only.
 _NOT_AT_IMPORT = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CUDA_ALLOC_CONF", "TORCH_FR_",
                   "TORCH_INCLUDE_", "TORCH_CPP_LOG_LEVEL", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
                   "PYTORCH_NVML_BASED_CUDA_CHECK")
@@ -54,8 +48,7 @@ def read_at_start(key: str) -> bool:
 
 
 def differences(launcher: Mapping[str, str], worker: Mapping[str, str]) -> list[str]:
-    """Variables read at start-up or import whose values differ: a worker forked from the launcher would not
-    see what a fresh one sees."""
+    """Variables read at start-up or import whose values differ (a forked worker would not see them)."""
     keys = {k for k in (*launcher, *worker) if read_at_start(k)}
     return sorted(k for k in keys if launcher.get(k) != worker.get(k))
 
@@ -79,12 +72,10 @@ def _cpp_log_level_settable() -> bool:
 
 
 def start_for(argv: Sequence[str], env: Mapping[str, str], preload: Sequence[str] = ()) -> "ForkServer | None":
-    """Import torch here and fork the server for workers ``argv`` with environment ``env`` (a standby's);
-    None where that would not give them what a fresh interpreter does."""
+    """Import torch and fork the server for workers ``argv``/``env``; None where a fork would not do."""
     if not forkable(argv):
         return None
-    # The workers' OMP_NUM_THREADS (the launcher's choice for several local ranks) is read at `import torch`:
-    # this process imports it with the same, as torchrun's agent does (it sets it in its own environment).
+    # The workers' OMP_NUM_THREADS is read at `import torch`: import it with the same, as torchrun's agent does.
     if "OMP_NUM_THREADS" in env and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]
     if differences(os.environ, env):
@@ -129,9 +120,6 @@ class ServedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def _collect(self) -> None:
         status = self._server.reap(self.pid)
         self.returncode = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
@@ -153,8 +141,7 @@ class ForkServer:
 
     @classmethod
     def start(cls, preload: Sequence[str] = (), env: Mapping[str, str] | None = None) -> "ForkServer | None":
-        """Fork the server from this process (which has imported torch); None where that is not safe: more
-        than one thread, or torch's C++ log level cannot be set in a child."""
+        """Fork the server; None where that is not safe (threads, or a child cannot set torch's C++ log level)."""
         if "torch" not in sys.modules or not _cpp_log_level_settable():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -292,15 +279,14 @@ def _serve(sock: socket.socket, launcher: int, preload: Sequence[str] = (),
         # What a new process would inherit ignored (nohup's SIGHUP), before this process ignores more.
         inherited = [int(sig) for sig in signal.valid_signals()
                      if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) == signal.SIG_IGN]
-        # Slurm signals every process of the step (scancel, preemption): the server must outlive them, its
-        # workers decide for themselves. It ends with the launcher (parent-death signal) or its socket.
+        # Slurm signals every process of the step: the server outlives them; it ends with the launcher or its socket.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
                     signal.SIGALRM):
             signal.signal(sig, signal.SIG_IGN)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)  # a pipe the launcher's caller reads to its end must not be held open here
-        # Nor the launcher's other descriptors (the monitor's pipes: its end must read EOF when the launcher ends).
+        # Nor the launcher's other descriptors (the monitor's end must read EOF when the launcher ends).
         close_from(3, keep={sock.fileno()})
         from mbr_launch.shim.proctitle import retitle, set_name
 
@@ -365,9 +351,8 @@ def _wait(pid: object) -> int | None:
 
 
 def _import_once(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
-    """Import ``modules`` in the server before any fork, recording what each read from ``env`` (a standby's)
-    for the standbys' ``envwatch``. A module that fails is left to the standby, which reports it; warnings
-    are hidden (they would reach the launcher's stderr, not the ranks')."""
+    """Import ``modules`` before any fork, recording what each read for the standbys' ``envwatch``; a failure is
+    left to the standby to report, warnings hidden (they would reach the launcher's stderr)."""
     import importlib
     import warnings
 

@@ -56,8 +56,7 @@ def drop_empty_stack_file(worker: Worker) -> None:
 
 
 class RankArming(Protocol):
-    """The rank monitor as the group uses it (``monitor.link.MonitorLink``, which sits above workers in the
-    layers): arm a rank's socket before it starts, give the monitor its pid, disarm it once reaped."""
+    """The rank monitor as the group uses it (``monitor.link.MonitorLink``, a layer above)."""
 
     launcher_socket: str | None
 
@@ -100,8 +99,7 @@ class WorkerGroup:
         self._kills = killcause.Ledger()  # who sent the signal a worker died of
 
     def start_standbys(self, pool: StandbyPool | None = None) -> None:
-        """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
-        (``--standby``); call before the first round."""
+        """Adopt ``pool`` (started early) or start one standby per local rank; call before the first round."""
         self.standby = pool or early_pool(self.cfg, self.environ)
         if self.standby:
             self.standby.prepare = self._standby  # refills know the latest real environment
@@ -177,8 +175,7 @@ class WorkerGroup:
         return worker
 
     def _make_rank_dir(self, rank_dir: Path) -> None:
-        """``attempt_N/L`` (0700); on a full disk the worker starts anyway, its logs then fail and are
-        counted like any other log that cannot be written."""
+        """``attempt_N/L`` (0700); on a full disk the worker starts anyway (its lost logs are counted)."""
         try:
             make_dir(rank_dir.parent)
             make_dir(rank_dir)
@@ -287,8 +284,7 @@ class WorkerGroup:
 
     def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None,
              first_signal: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        """Staged stop of ``local_ranks`` (default all); their exits are logged but not reported as new. Idempotent:
-        when every target was stopped already (a failure's stop, then the round's end) it does nothing."""
+        """Staged stop of ``local_ranks`` (default all), exits logged but not reported as new; idempotent."""
         targets = [w for w in self.workers if local_ranks is None or w.local_rank in local_ranks]
         if all(w.stopped for w in targets):  # none, or all: no signal, no /proc scan
             return
@@ -337,9 +333,8 @@ class WorkerGroup:
             pass  # best effort: /proc unreadable
 
     def _strays(self, targets: list[Worker], local_ranks: set[int] | None) -> tuple[dict[int, strays.Proc], set[int]]:
-        """Descendants of ``targets`` outside their process groups' reach, and orphans of theirs (ours now, as
-        the subreaper). With --virtual-local-rank every worker says LOCAL_RANK=0, so a stop of some ranks
-        cannot tell whose an orphan is: it is left to the next full stop."""
+        """Descendants of ``targets`` outside their groups, and their orphans (with --virtual-local-rank every
+        LOCAL_RANK is 0, so a partial stop leaves orphans to the next full stop)."""
         table = strays.process_table()
         found = strays.descendants(table, (w.pid for w in targets))
         if local_ranks is None or not self.cfg.workers.virtual_local_rank:

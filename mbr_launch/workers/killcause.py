@@ -60,8 +60,7 @@ def _unescape(path: str) -> str:
 
 
 def candidates(proc_cgroup: str, mounts: Sequence[tuple[str, str, str, str]]) -> list[tuple[Path, str]]:
-    """Folders that may hold the memory counters of a process, given its /proc/PID/cgroup text: its cgroup v2
-    folder, then its v1 memory folder (a host mounts either, or both: the hybrid layout)."""
+    """Folders that may hold a process's memory counters, from its /proc/PID/cgroup text: v2, then v1 memory."""
     v2, v1 = None, None
     for line in proc_cgroup.splitlines():
         hier, _, rest = line.partition(":")
@@ -109,9 +108,8 @@ def mark(pid: int) -> CgroupMark | None:
 
 
 def kernel_record(pid: int, *, since: float, records: Sequence[bytes] | None = None) -> str | None:
-    """The kernel's log line that says it killed ``pid`` for want of memory (``... Killed process PID (name)``),
-    logged after ``since`` (``time.monotonic()`` seconds; the kernel stamps its records with its clock since
-    boot, close to ours), or None: no such line, or the log cannot be read."""
+    """The kernel's ``Killed process PID (name)`` line for ``pid``, logged after ``since`` (``time.monotonic()``,
+    close to the kernel's clock), or None."""
     needle = f"Killed process {pid} (".encode()
     for record in (records if records is not None else _kmsg()):
         head, _, message = record.partition(b";")
@@ -186,8 +184,7 @@ def explain(pid: int, signal: str | None, *, sent: Collection[str], started: Cgr
 
 
 class Ledger:
-    """What the worker group knows of each worker's death, by pid: its cgroup's OOM count when it started and
-    the signals the group's stops sent it. ``settle`` at its exit names the sender (and forgets the pid)."""
+    """By pid: the cgroup's OOM count at start and the signals stops sent; ``settle`` at exit names the sender."""
 
     def __init__(self) -> None:
         self._marks: dict[int, CgroupMark | None] = {}

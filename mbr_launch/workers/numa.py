@@ -41,8 +41,7 @@ def parse_nodes(text: str) -> set[int]:
 
 def plan(value: str | None, *, nproc_per_node: int, strict: bool, numactl: str | None,
          nodes: set[int] | None) -> NumaPlan:
-    """The binding of each local rank for ``NVRX_GPUS_PER_NUMA=value``; ``nodes``: the host's NUMA nodes
-    (None: unknown, not checked)."""
+    """The binding of each local rank for ``NVRX_GPUS_PER_NUMA=value``; ``nodes`` None: not checked."""
     if value is None:
         return NumaPlan()
     why_not = f"{ENV}={value!r} asks for NUMA binding, but "

@@ -27,15 +27,13 @@ LINE_CAP = 64 * 1024  # the longest line kept whole (tail, filters) or held back
 
 # Worker bytes that need no look on a terminal: printable ASCII, tab, \r and \n.
 _PLAIN = re.compile(rb"[\t\n\r\x20-\x7e]*")
-# What a worker may send a terminal as it is: colours and text attributes (SGR), and the erasing of its own line
-# to the right of the cursor (``ESC [ K``, which progress bars write after \r: the cursor is past the prefix
-# then). The split keeps them, and each \r and \n, as pieces of their own.
+# What a worker may send a terminal as it is: SGR colours and attributes, and ``ESC [ K`` (progress bars erase
+# their line after \r; the cursor is past the prefix then). The split keeps them, \r and \n as pieces.
 _KEPT = re.compile(r"(\x1b\[[0-9;:]{0,32}m|\x1b\[0?K|[\r\n])")
 # The start of an SGR at the end of a chunk: held until the next chunk completes it (or shows it as escaped).
 _SGR_START = re.compile(r"\x1b(?:\[[0-9;:]{0,32})?\Z")
 _RESET = "\x1b[0m"
-# Characters of SGR remembered since the last reset, to apply again after each line start: bounded, so that a
-# worker cannot make each of its short lines cost the terminal much more than it wrote.
+# Characters of SGR applied again after each line start: bounded, so a short line costs little more than written.
 _SGR_KEPT = 128
 
 
@@ -104,8 +102,7 @@ class Mirror(Protocol):
 
 
 def rank_prefix(template: str, *, rank: int, local_rank: int, role: str, hostname: str) -> bytes:
-    """``[rankN]:``, or torchrun's --log-line-prefix-template with its macros put in as torch 2.14 does
-    (``string.Template``: an unknown ``${name}`` stays as written)."""
+    """``[rankN]:``, or --log-line-prefix-template filled in as torch 2.14 does (``string.Template``)."""
     if not template:
         return f"[rank{rank}]:".encode()
     return string.Template(template).safe_substitute(
@@ -119,10 +116,8 @@ def prefixed(prefix: bytes, line: bytes) -> bytes:
 
 class OutputPump:
     """Copies one worker stream to a log file and/or the console (a ``ConsoleSource`` that adds the rank prefix).
-
-    ``fallback`` is the console the stream switches to when its log file fails (None: the lines are only
-    counted); ``on_log_failure`` is told once, at the first failure, and ``on_done`` when the stream ends
-    (both on the pump's thread: they must be quick and thread-safe)."""
+    ``fallback``: the console used once the log file fails; ``on_log_failure`` (once) and ``on_done`` run on
+    the pump's thread."""
 
     _filter_lock = threading.Lock()  # the filtered files are shared by the pumps of all ranks
 

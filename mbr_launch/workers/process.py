@@ -94,13 +94,11 @@ def _close(fd: int) -> None:
 
 def _child_setup(parent_pid: int, ignore: Sequence[int] = ()) -> Callable[[], None]:
     def setup() -> None:
-        # Runs in the child between fork and exec. The death signal fires when the *thread* that forked
-        # us exits, so the agent only spawns from its main thread.
+        # Between fork and exec. The death signal fires when the *thread* that forked exits: spawn from main.
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the agent died before prctl took effect
             os._exit(1)
-        # Ignored signals stay ignored across exec: this closes the window while the interpreter starts,
-        # before boot can ignore Slurm's preemption signals itself (a signal then would kill the process).
+        # Ignored signals stay ignored across exec: no window before boot ignores Slurm's preemption signals.
         for sig in ignore:
             signal.signal(sig, signal.SIG_IGN)
 
@@ -165,8 +163,7 @@ def wait_any(workers: Sequence[Worker], timeout: float | None) -> list[Worker]:
 # Strays finder for a stop: (process table, pids) of descendants the group signals may miss (``strays.py``).
 FindStrays = Callable[[], "tuple[dict[int, strays.Proc], set[int]]"]
 PUMP_DRAIN = 1.0  # seconds, for all pumps of a stop together, to copy what the dead workers wrote last
-# Watches a stop's grace, called about every STOP_TICK s with (the workers stopping, those still alive,
-# seconds of grace left): reports progress; True ends the grace at once (SIGKILL now: a second Ctrl-C).
+# Called about every STOP_TICK s with (workers stopping, those alive, grace left); True: SIGKILL now.
 StopWatch = Callable[[Sequence[Worker], Sequence[Worker], float], bool]
 STOP_TICK = 0.2
 

@@ -26,8 +26,7 @@ def read_stat(pid: int) -> tuple[ProcState, int] | None:
 
 
 class Sample:
-    """Started now: each pid's state as it is (before any signal touches it) and its CPU time, so that
-    ``finish`` can tell the CPU share over whatever the caller did in between (no idle wait of its own)."""
+    """Each pid's state and CPU time now; ``finish`` gives the CPU share over whatever the caller did since."""
 
     def __init__(self, pids: Iterable[int]) -> None:
         self.pids = list(pids)

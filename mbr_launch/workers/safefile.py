@@ -30,8 +30,7 @@ def open_owned(path: "str | os.PathLike[str]") -> int:
 
 
 def read_owned(path: "str | os.PathLike[str]", limit: int) -> bytes:
-    """The whole of ``path`` (``open_owned``'s rules), refused when it holds more than ``limit`` bytes, or
-    grows past them while read."""
+    """The whole of ``path`` (``open_owned``'s rules), refused past ``limit`` bytes."""
     return _worded(read_file, path, OWNED, limit)
 
 

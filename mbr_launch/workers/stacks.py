@@ -230,8 +230,7 @@ def _stop(pid: int) -> None:
 
 def _wait_for_growth(pending: dict[int, int], sizes: dict[int, int], deadline: float,
                      restop: set[int] = frozenset()) -> dict[int, str]:  # type: ignore[assignment]
-    """The bytes each file (pid -> fd) gained, once it stopped growing for a moment (the handler writes in
-    pieces), at most ``MAX_STACK_BYTES``; a pid in ``restop`` gets SIGSTOP as soon as its dump is complete."""
+    """The bytes each file (pid -> fd) gained once it settles; a pid in ``restop`` is stopped once dumped."""
     texts: dict[int, str] = {}
     last: dict[int, tuple[int, float]] = {}
     settle = 0.05
@@ -279,8 +278,7 @@ def _faulthandler_main_frames(text: str) -> list[Frame]:
 
 
 def _is_thread_bootstrap(frame: Frame) -> bool:
-    """The outermost frame of a helper thread: ``threading``'s, or the shim's Flight Recorder thread (started
-    with ``_thread``, so it has no ``threading`` frame)."""
+    """The outermost frame of a helper thread: ``threading``'s, or the shim's Flight Recorder thread's."""
     if frame.filename.endswith(os.path.join("shim", "flight.py")):
         return True
     return frame.function == "_bootstrap" and os.path.basename(frame.filename) == "threading.py"
@@ -356,16 +354,14 @@ _STDLIB = re.compile(r"^<|/lib/python3\.\d+/(?!(site|dist)-packages/)")
 
 
 def _restarting(frames: list[Frame]) -> bool:
-    """In NVRx's in-process Wrapper between runs of the wrapped function (its restart: barriers, health checks,
-    aborting the process group): the innermost frame outside torch and the standard library is the Wrapper's.
-    While the function runs, that frame is the script's (the Wrapper's frames lie further down)."""
+    """In NVRx's in-process Wrapper between runs of the wrapped function: the innermost frame outside torch and
+    the standard library is the Wrapper's (while the function runs, it is the script's)."""
     own = next((f for f in frames if _TORCH not in f.filename and not _STDLIB.search(f.filename)), None)
     return own is not None and _INPROCESS in own.filename
 
 
 def _waiting_in(frames: list[Frame]) -> str:
-    """What the innermost torch frames wait in; "" when the thread is elsewhere. Only the run of torch
-    frames at the top counts: a collective far down the stack under user code is not where it waits."""
+    """What the run of torch frames at the top waits in; "" when the thread is elsewhere."""
     for frame in frames:
         name = frame.function.rsplit(".", 1)[-1]
         if _DIST in frame.filename or frame.filename.endswith(_DDP):

@@ -33,8 +33,7 @@ LEVELS = STANDBY_LEVELS
 REPLENISH_DELAY = 0.5  # seconds a replacement waits before preloading where it cannot lower its priority
 # With few cores per rank, replacements importing torch right away slow down the ranks that are starting.
 REPLENISH_DELAY_FEW_CORES = 3.0
-# A replacement stays at the lowest priority this long into training (so it is never behind waiting
-# REPLENISH_DELAY_FEW_CORES and preloading), and while ranks start, up to LOW_PRIORITY_CAP after its own start.
+# How long a replacement stays at the lowest priority into training, and at most after its start.
 LOW_PRIORITY_SPAN = REPLENISH_DELAY_FEW_CORES
 LOW_PRIORITY_CAP = 120.0
 
@@ -82,8 +81,7 @@ ROUND_KEYS = frozenset({
     "RANK", "GROUP_RANK", "ROLE_RANK", "WORLD_SIZE", "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "MASTER_ADDR",
     "MASTER_PORT", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_ERROR_FILE", STACK_FILE_ENV,
 })
-# Variables a standby's start-up environment may have wrong because nothing reads them before the script
-# runs; any other difference makes the standby unusable.
+# Variables a standby may have wrong because nothing reads them before the script runs.
 ASSIGNED_PREFIXES = ("MBR_", "FT_", "TORCHELASTIC_")
 ASSIGNED_KEYS = flightrec.TORCH_ENV
 
@@ -146,8 +144,7 @@ class Standby:
 
 
 class StandbyPool:
-    """One standby per local rank, started and taken on the agent's main thread only (the parent-death
-    signal belongs to the thread that spawned)."""
+    """One standby per local rank, started and taken on the agent's main thread only (parent-death signal)."""
 
     def __init__(self, *, level: str, prepare: Callable[[int], "tuple[Sequence[str], dict[str, str]] | None"],
                  cwd: str | None = None, preload: Sequence[str] = (), optional: bool = False,
@@ -182,7 +179,7 @@ class StandbyPool:
 
         forked = self.server is not None and not self.server.gone and forkserver.forkable(argv) and \
             not forkserver.differences(self.server.environ, env)
-        # A forked standby has torch already: it is warm at once and has no preload to hold back or deprioritise.
+        # A forked standby is warm at once: no preload to hold back or deprioritise.
         background = background and autogroup_enabled() and not forked
         status_read, status_write = os.pipe2(os.O_CLOEXEC)
         os.set_blocking(status_read, False)
@@ -225,8 +222,7 @@ class StandbyPool:
         return Worker(spec=spec, proc=proc, pidfd=os.pidfd_open(proc.pid), started=time.monotonic())  # type: ignore[arg-type]
 
     def promote(self, now: float | None = None) -> None:
-        """Give the normal priority back to replacements that are warm or due (``_due``); called every turn
-        of the agent's loop, so a write refused by the rate limit is retried."""
+        """Give the normal priority back to replacements warm or due; called every turn of the agent's loop."""
         now = time.monotonic() if now is None else now
         for standby in self._ready.values():
             if standby.low and not standby.promoted and (self.state(standby) == "warm" or self._due(standby, now)):
@@ -260,8 +256,7 @@ class StandbyPool:
         return "warming" if standby.background else "starting"
 
     def take(self, spec: "WorkerSpec") -> "Worker | None":
-        """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when there is
-        no usable one and the caller must spawn a fresh process."""
+        """The standby of ``spec.local_rank``, now running ``spec``; None (see ``last_miss``) when none is usable."""
         from mbr_launch.workers.process import Worker
 
         self.last_miss = None

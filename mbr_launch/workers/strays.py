@@ -85,8 +85,7 @@ def reap_zombies(keep: Collection[int]) -> int:
 
 
 class Strays:
-    """The strays of one stop, held by pidfd. Those in a stopped worker's process group get the group's
-    signals already; the others get the same signals here."""
+    """The strays of one stop, held by pidfd; those outside the stopped groups are signalled here."""
 
     def __init__(self, groups: Collection[int]) -> None:
         self.groups = set(groups)
