@@ -18,9 +18,8 @@ BOOT_MODULE = "mbr_launch.shim.boot"
 
 # faulthandler dumps every thread's stack into this file on STACK_SIGNAL (boot arms it).
 STACK_FILE_ENV = "MBR_STACK_FILE"
-# "1": boot installs the optimizer-step hook (mbr_launch.shim.autobeat), which sends to AUTOBEAT_SOCKET_ENV.
+# "1": boot installs the optimizer-step hook (shim.autobeat), which sends to the monitor's AUTOBEAT_SOCKET_ENV.
 AUTOBEAT_ENV = "MBR_AUTOBEAT"
-# The rank monitor's per-rank datagram socket for step beats.
 AUTOBEAT_SOCKET_ENV = "MBR_AUTOBEAT_SOCKET"
 # Comma-separated signal names the worker ignores (Slurm's preemption signals; the agent forwards its own).
 IGNORE_SIGNALS_ENV = "MBR_IGNORE_SIGNALS"
@@ -34,8 +33,7 @@ OPTIONAL_PRELOAD = "?"
 # torch.compile import torch._dynamo).
 DEFAULT_PRELOAD = {"torch": ("torch._dynamo",), "cuda": ("torch._dynamo",)}
 
-# A FIFO the worker keeps open (``mbr_launch.shim.flight``): each byte the agent writes asks for a Flight
-# Recorder dump, which the worker writes to FR_FILE_ENV (atomically: a temporary file, then a rename).
+# A FIFO the worker keeps open (``shim.flight``): each byte asks for a Flight Recorder dump into FR_FILE_ENV.
 FR_TRIGGER_ENV = "MBR_FR_TRIGGER"
 FR_FILE_ENV = "MBR_FR_FILE"
 # CUDA builds keep NCCL's recorder apart from gloo's: its dump goes to MBR_FR_FILE + this suffix.

@@ -1,10 +1,8 @@
 """One node's evidence for the hang verdict: for each local rank, what the kernel, its stack, its Flight
 Recorder and the rank monitor say, gathered within a bound.
 
-The order matters: /proc states first, before anything touches the ranks (the faulthandler path resumes a
-stopped process, a dump burns CPU that would read as "busy"); then ask every rank for a Flight Recorder dump,
-written while we take stacks; then the dumps until the bound. A rank that gives none is left without progress,
-which is evidence too.
+/proc states first, before anything touches the ranks; then ask for Flight Recorder dumps, written while
+the stacks are taken; then the dumps until the bound. A rank that gives none is left without progress.
 """
 
 from __future__ import annotations

@@ -43,13 +43,9 @@ class ForkServerGone(Exception):
     """The server is not there any more: start fresh interpreters."""
 
 
-def read_at_start(key: str) -> bool:
-    return key.startswith(_IMPORT_TIME) and not key.startswith(_NOT_AT_IMPORT)
-
-
 def differences(launcher: Mapping[str, str], worker: Mapping[str, str]) -> list[str]:
     """Variables read at start-up or import whose values differ (a forked worker would not see them)."""
-    keys = {k for k in (*launcher, *worker) if read_at_start(k)}
+    keys = {k for k in (*launcher, *worker) if k.startswith(_IMPORT_TIME) and not k.startswith(_NOT_AT_IMPORT)}
     return sorted(k for k in keys if launcher.get(k) != worker.get(k))
 
 

@@ -1,10 +1,8 @@
 """Who sent the signal that killed a worker, as precisely as this node can tell; never a guess.
 
-In order: this launcher's own stop (the group records what it sent); the kernel's OOM killer (the
-worker's memory cgroup OOM count, read at its start and at its exit, and the kernel's ``Killed process PID``
-record in ``/dev/kmsg``, which names the victim); else "unknown", with what was ruled out (Linux does not tell
-a parent who sent a signal). Faults a process raises itself (SIGSEGV...) are ``report.exitstatus``'s. The
-cgroup is read while the worker lives (a dead process's ``/proc/PID/cgroup`` says ``/``); every read is bounded.
+In order: this launcher's own stop; the kernel's OOM killer (the memory cgroup's OOM count at the worker's start
+and exit, and the kernel's ``Killed process PID`` record in ``/dev/kmsg``); else "unknown", with what was ruled
+out. Faults a process raises itself are ``report.exitstatus``'s. Every read is bounded.
 """
 
 from __future__ import annotations

@@ -1,10 +1,8 @@
 """Reading files that someone else on this host could have put in place, and telling where they could.
 
-Flight Recorder dumps and faulthandler stack files may sit where a neighbour can plant a FIFO (a plain
-``open`` blocks for ever), a symlink (to /dev/zero, or to a file of ours) or a huge file (docs/security.md).
-Every such read goes through ``report.untrusted``'s ``OWNED`` policy; here is how the agent words a refusal
-(its ``strerror`` lands in the evidence and in warnings). ``planting_risk`` lets the preflight refuse a dump
-directory where others can create names (``doctor.host``).
+Dumps and stack files may sit where a neighbour can plant a FIFO, a symlink or a huge file (docs/security.md):
+reads go through ``report.untrusted``'s ``OWNED`` policy, and here is how a refusal is worded. ``planting_risk``
+lets the preflight refuse a directory where others can create names.
 """
 
 from __future__ import annotations

@@ -1,11 +1,9 @@
 """Stack dumps of hung ranks, taken by the agent before it kills them.
 
-``dump_stacks`` runs py-spy (ptrace rights needed; ``--nonblocking`` is the retry, for a stopped process)
-for all ranks in parallel, and falls back to faulthandler for the rest: ``STACK_SIGNAL`` makes the handler
-``shim.boot`` armed write every thread's stack into ``MBR_STACK_FILE``, even while a busy loop holds the GIL.
-A rank found stopped gets SIGCONT after the signal and SIGSTOP again once its dump is in, so it stays
-stopped for the verdict. Each dump is saved as ``rank{R}.txt``, summarised in one line, and classified for
-the hang verdict: waiting in a collective (or a CUDA synchronize, a store call) or elsewhere (``classify``).
+py-spy for all ranks in parallel (``--nonblocking`` the retry), faulthandler for the rest: ``STACK_SIGNAL``
+makes the handler ``shim.boot`` armed write into ``MBR_STACK_FILE``, even while a busy loop holds the GIL (a
+rank found stopped is resumed for it and stopped again). Each dump is saved, summarised in one line, and
+classified for the hang verdict: waiting in a collective (a CUDA synchronize, a store call) or elsewhere.
 """
 
 from __future__ import annotations

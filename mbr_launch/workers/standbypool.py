@@ -1,12 +1,9 @@
 """Warm standby workers, the agent side: processes that paid the start-up cost ahead of time and wait to become a rank.
 
-A standby runs the worker's own command line with the worker's environment minus ``ROUND_KEYS`` plus
-``MBR_STANDBY_CHANNEL``; taking it sends one ``contract.Assignment`` over that pipe and the standby continues
-as the rank (its own side: ``mbr_launch.shim.standby``). Replacements preload at the lowest CPU priority (their
-session's autogroup at nice 19) and get the normal one back when warm, when due (``LOW_PRIORITY_SPAN``,
-``LOW_PRIORITY_CAP``) or just before their assignment, so a standby is never behind a fresh process. A rank
-starts fresh when no standby is ready, one died, or its environment differs in anything not ``assigned``.
-Behaviour and measurements: docs/performance.md ("Standbys at low priority").
+A standby runs the worker's command line with its environment minus ``ROUND_KEYS``; taking it sends one
+``contract.Assignment`` over its channel (its own side: ``shim.standby``). Replacements preload at the lowest
+CPU priority until warm, due or assigned, so a standby is never behind a fresh process; a rank starts fresh
+when none is usable. Behaviour: docs/performance.md ("Standbys at low priority").
 """
 
 from __future__ import annotations

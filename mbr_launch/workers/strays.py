@@ -1,11 +1,9 @@
 """Descendants of workers that left the worker's process group: found, stopped with the workers, and reaped.
 
-A stop signals each worker's process group; a child that called ``setsid()`` misses those signals. Strays
-are found under the live worker's pid (``/proc`` parent links), or, once orphaned, as children of the agent
-(a child subreaper) it did not start whose environment carries this run's ``TORCHELASTIC_RUN_ID`` (and, for
-a partial stop, one of its ``LOCAL_RANK`` values). Each gets a pidfd at once, so a signal cannot hit a
-recycled pid; orphans and the agent's unwaited zombies are reaped. A descendant that clears its environment
-and is orphaned is not recognised: it lives on as under torchrun.
+A child that called ``setsid()`` misses the group's signals. Strays are found under the live worker, or once
+orphaned as the agent's (a subreaper) children it did not start with this run's ``TORCHELASTIC_RUN_ID`` in their
+environment; each is held by pidfd (no recycled pid is hit). One that clears its environment and is orphaned
+is not recognised: it lives on as under torchrun.
 """
 
 from __future__ import annotations
