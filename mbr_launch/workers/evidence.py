@@ -1,8 +1,9 @@
 """One node's evidence for the hang verdict: for each local rank, what the kernel, its stack, its Flight
 Recorder and the rank monitor say, gathered within a bound.
 
-/proc states first, before anything touches the ranks; then ask for Flight Recorder dumps, written while
-the stacks are taken; then the dumps until the bound. A rank that gives none is left without progress.
+/proc states first (``Sample``: scheduler state and CPU share, needing nothing from the process), before
+anything touches the ranks; then ask for Flight Recorder dumps, written while the stacks are taken; then the
+dumps until the bound. A rank that gives none is left without progress.
 """
 
 from __future__ import annotations
@@ -10,16 +11,64 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from mbr_launch import outside
+from mbr_launch import outside, procstat
 from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.decide.verdict import GroupProgress, ProcState, RankEvidence, StackClass
-from mbr_launch.workers import flightrec, procstate
+from mbr_launch.workers import flightrec
 from mbr_launch.workers.process import Worker
 from mbr_launch.workers.stacks import StackDump, StackTarget, dump_stacks
 
 _POLL = 0.02
+_STATES = {"R": ProcState.RUNNING, "S": ProcState.SLEEPING, "I": ProcState.SLEEPING, "D": ProcState.DISK,
+           "T": ProcState.STOPPED, "t": ProcState.STOPPED, "Z": ProcState.ZOMBIE, "X": ProcState.ZOMBIE,
+           "x": ProcState.ZOMBIE}
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def read_stat(pid: int) -> tuple[ProcState, int] | None:
+    """(state, utime + stime in clock ticks), or None when the process is gone."""
+    stat = procstat.read(pid)
+    return None if stat is None else (_STATES.get(stat.state, ProcState.UNKNOWN), stat.cpu_ticks)
+
+
+class Sample:
+    """Each pid's state and CPU time now; ``finish`` gives the CPU share over whatever the caller did since."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self.pids = list(pids)
+        self.start = time.monotonic()
+        self.first = {pid: read_stat(pid) for pid in self.pids}
+
+    def state(self, pid: int) -> ProcState:
+        first = self.first.get(pid)
+        return ProcState.GONE if first is None else first[0]
+
+    def finish(self, min_window: float = 0.05) -> dict[int, tuple[ProcState, float | None]]:
+        """(state at the start, CPU share since: 1.0 = one core busy; None when it vanished meanwhile)."""
+        if any(v is not None for v in self.first.values()):
+            time.sleep(max(0.0, min_window - (time.monotonic() - self.start)))  # a tick is 10 ms
+        return _shares(self.pids, self.first, max(time.monotonic() - self.start, 1e-6))
+
+
+def sample(pids: Iterable[int], window: float = 0.2) -> dict[int, tuple[ProcState, float | None]]:
+    """Each pid's state at the start of the window and its CPU share over the window."""
+    return Sample(pids).finish(min_window=window)
+
+
+def _shares(pids: list[int], first: dict[int, tuple[ProcState, int] | None],
+            elapsed: float) -> dict[int, tuple[ProcState, float | None]]:
+    out: dict[int, tuple[ProcState, float | None]] = {}
+    for pid in pids:
+        before = first[pid]
+        if before is None:
+            out[pid] = (ProcState.GONE, None)
+            continue
+        after = read_stat(pid)
+        cpu = None if after is None else max(0, after[1] - before[1]) / _TICKS / elapsed
+        out[pid] = (before[0], None if cpu is None else round(cpu, 3))
+    return out
 
 
 Rows = Sequence[Mapping[str, Any]]
@@ -37,12 +86,12 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
     # The state first; the CPU share is measured over the gathering itself, which waits anyway.
-    sample = procstate.Sample([w.pid for w in live])
+    kernel = Sample([w.pid for w in live])
 
     files = {w.local_rank: flightrec.dump_files(w.spec.env, w.rank) for w in live}
     before = {lr: {p: _signature(p) for p in f.all()} for lr, f in files.items()}
     # A stopped or uninterruptible process writes no dump: asking would only wait out the bound.
-    mute = {w.local_rank for w in live if sample.state(w.pid) in _MUTE}
+    mute = {w.local_rank for w in live if kernel.state(w.pid) in _MUTE}
     asked = [w.local_rank for w in live if w.local_rank not in mute
              and flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
 
@@ -52,7 +101,7 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     for (lr, path), problem in problems.items():
         if warn is not None:
             warn(f"WARNING: rank {ranks[lr]}'s Flight Recorder dump {path} was not read: {problem}")
-    states = sample.finish(min_window=min(window, bound / 4))
+    states = kernel.finish(min_window=min(window, bound / 4))
 
     if callable(monitor_rows):
         monitor_rows = monitor_rows()
