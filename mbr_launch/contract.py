@@ -29,8 +29,7 @@ STANDBY_CHANNEL_ENV = "MBR_STANDBY_CHANNEL"
 # name). A module marked OPTIONAL_PRELOAD comes from the default list: one that cannot be imported is skipped.
 STANDBY_PRELOAD_ENV = "MBR_STANDBY_PRELOAD"
 OPTIONAL_PRELOAD = "?"
-# What standbys of these levels also import when --standby-preload is not given (an optimizer, DDP and
-# torch.compile import torch._dynamo).
+# What standbys of these levels also import when --standby-preload is not given.
 DEFAULT_PRELOAD = {"torch": ("torch._dynamo",), "cuda": ("torch._dynamo",)}
 
 # A FIFO the worker keeps open (``shim.flight``): each byte asks for a Flight Recorder dump into FR_FILE_ENV.

@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import re
 
-# C0 controls (tab and newline are handled by the caller's choice), DEL, C1 controls, the Unicode formatting
-# characters that reorder or hide text (bidi embeddings, overrides and isolates, line and paragraph separators,
-# zero-width joiners and marks), and lone surrogates ("\\ud800" in JSON, or a file name's byte that is not
-# UTF-8): printing one raises UnicodeEncodeError.
+# C0 controls (tab and newline: the caller's choice), DEL, C1 controls, the Unicode characters that reorder or
+# hide text (bidi, separators, zero-width), and lone surrogates (printing one raises UnicodeEncodeError).
 _UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ud800-\udfff\ufeff"
 _IN_TEXT = re.compile(f"[{_UNSAFE}]")
 _IN_LINE = re.compile(f"[{_UNSAFE}\t\n]")

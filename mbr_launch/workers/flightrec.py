@@ -33,8 +33,7 @@ NCCL_PREFIX = "nccl_fr."  # NCCL's dump: nccl_fr.<rank>; its pipe: nccl_fr.<rank
 BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_PREFIX = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_PREFIX = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-# The caps on a dump: several times a real one (a 2000-entry gloo dump is 240 KB and 130 k opcodes; a
-# 100,000-rank group adds about 700 KB of rank lists). The costliest crafted dump: tests/test_hostile_dumps.py.
+# The caps on a dump: several times a real one (the costliest crafted one: tests/test_hostile_dumps.py).
 MAX_DUMP_BYTES = 8 << 20
 MAX_DUMP_OPS = 1 << 21
 # What is taken from a dump (newest entries are last). Rank lists are cut per group and in all: a memo
@@ -43,8 +42,7 @@ MAX_GROUPS = 1024
 MAX_ENTRIES = 1 << 16
 MAX_RANKS = 1 << 16
 MAX_RANKS_IN_ALL = 1 << 18
-# What flight_env may set in torch's namespace. torch reads them lazily (first process group, dump), so a
-# standby that preloaded torch may get them with its assignment.
+# What flight_env may set in torch's namespace: read lazily, so a standby may get them with its assignment.
 TORCH_ENV = frozenset({BUFFER_SIZE[0], DUMP_PREFIX[0], PIPE_PREFIX, "TORCH_INCLUDE_STACK_TRACE"})
 
 

@@ -74,19 +74,16 @@ def plan(value: str | None, *, nproc_per_node: int, strict: bool, numactl: str |
                                             f"{ranks} {', '.join(spans)}")
 
 
-def host_nodes(path: str = NODES_ONLINE) -> set[int] | None:
-    try:
-        return parse_nodes(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 @functools.lru_cache(maxsize=8)
 def _cached(value: str | None, nproc_per_node: int, strict: bool, path: str | None) -> NumaPlan:
     if value is None:
         return NumaPlan()
+    try:
+        nodes: set[int] | None = parse_nodes(Path(NODES_ONLINE).read_text())
+    except (OSError, ValueError):
+        nodes = None
     return plan(value, nproc_per_node=nproc_per_node, strict=strict, numactl=shutil.which("numactl", path=path),
-                nodes=host_nodes())
+                nodes=nodes)
 
 
 def for_launch(environ: Mapping[str, str], *, nproc_per_node: int, strict: bool) -> NumaPlan:

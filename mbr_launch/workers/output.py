@@ -161,7 +161,9 @@ class OutputPump:
             while data := os.read(fd, CHUNK):
                 self._take(data)
                 if len(self._pending_log) >= CHUNK or not ready.poll(0):
-                    self._flush()
+                    self._write_log(final=False)
+                    if self._console is not None:
+                        self._console.flush()
         except (OSError, ValueError):
             pass  # the pipe itself failed: there is nothing left to drain
         finally:
@@ -183,11 +185,6 @@ class OutputPump:
         if self._console.console.is_terminal(self._console.stream):
             data = self._for_terminal.shown(data, final)
         return not data or self._console.write(data)
-
-    def _flush(self) -> None:
-        self._write_log(final=False)
-        if self._console is not None:
-            self._console.flush()
 
     def _finish(self) -> None:
         if self._line:

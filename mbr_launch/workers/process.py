@@ -81,15 +81,11 @@ class Worker:
             if code is not None:
                 self.status = ExitStatus.from_returncode(code)
                 self.ended = time.monotonic()
-                _close(self.pidfd)
+                try:
+                    os.close(self.pidfd)
+                except OSError:
+                    pass
         return self.status
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
 
 
 def _child_setup(parent_pid: int, ignore: Sequence[int] = ()) -> Callable[[], None]:
