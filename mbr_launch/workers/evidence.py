@@ -79,10 +79,8 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
            expired: Mapping[int, str] | None = None, window: float = 0.05,
            warn: Callable[[str], None] | None = None) -> list[RankEvidence]:
     """Evidence of every worker (one per local rank), back within about ``bound`` seconds; never raises for a rank.
-
-    ``monitor_rows``: the monitor's rows, or how to get them (then read last, so a client that initialised
-    again meanwhile is seen as watched). ``expired``: local rank -> the kind of deadline that passed. ``warn``
-    gets one line per dump file that was there but could not be used."""
+    ``monitor_rows``: the monitor's rows, or how to get them (then read last). ``expired``: local rank -> the kind
+    of deadline that passed. ``warn`` gets one line per dump file that was there but could not be used."""
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
     # The state first; the CPU share is measured over the gathering itself, which waits anyway.

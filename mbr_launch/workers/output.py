@@ -39,10 +39,8 @@ _SGR_KEPT = 128
 
 class ForTerminal:
     """A worker's stream made safe for a terminal, chunk by chunk: colours kept, every other control shown escaped.
-
-    Colours in effect at a line end (or a chunk's: another source's line may come next) are reset there and
-    applied again after the next prefix, so a worker cannot conceal the prefix; non-UTF-8 bytes show as ``\\xNN``
-    (a C1 byte would be a control to some terminals)."""
+    Colours are reset at each line (and chunk) end and applied again after the next prefix, which a worker thus
+    cannot conceal; non-UTF-8 bytes show as ``\\xNN`` (a C1 byte is a control to some terminals)."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
