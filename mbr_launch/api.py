@@ -96,9 +96,8 @@ def _stop_early(signum: int, _frame: Any) -> None:
 
 @contextlib.contextmanager
 def _signals_while_starting(cfg: LaunchConfig) -> Iterator[None]:
-    """Until the agent installs its own handlers, a signal it would handle (Ctrl-C, scancel's SIGTERM) ends
-    the start-up at once, with the exit code the agent would give it, instead of killing the launcher
-    uncleanly (SIGTERM's default) or surfacing as a traceback."""
+    """Until the agent installs its own handlers, a signal it would handle ends the start-up at once with the
+    agent's exit code, not uncleanly or as a traceback."""
     names = dict.fromkeys((*cfg.workers.signals_to_handle, *cfg.preemption.signals))
     old = {sig: signal.signal(sig, _stop_early) for sig in (signal.Signals[name] for name in names)}
     try:
@@ -109,9 +108,7 @@ def _signals_while_starting(cfg: LaunchConfig) -> Iterator[None]:
 
 
 def _sealer(cfg: LaunchConfig) -> "Sealer | None":
-    """The job's sealer, which seals and verifies every rendezvous store value with the job's secret when it has
-    one (read again here: the configuration keeps only its path). None, said, when the file is no longer
-    usable."""
+    """The job's store sealer (its secret read again); None, said, when the file is no longer usable."""
     from mbr_launch.cluster.storevalue import Sealer
     from mbr_launch.config.secret import SecretFileError, read_secret
 
@@ -125,19 +122,14 @@ def _sealer(cfg: LaunchConfig) -> "Sealer | None":
 
 def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_after: bool = False) -> int:
     """Run this node's agent until the job ends; returns the launcher's exit code (see exitcodes).
-
-    ``environ`` is what the workers inherit (default: this process's environment). ``exit_after``: the
-    caller ends the process with ``os._exit`` right after (the CLI), so lingering watcher threads need no
-    join."""
+    ``environ``: what the workers inherit. ``exit_after``: the caller ``os._exit``s right after (no joins)."""
     from mbr_launch.monitor.link import MonitorLink
     from mbr_launch.report import exitcodes
     from mbr_launch.workers.standbypool import early_pool
 
     env = dict(os.environ if environ is None else environ)
-    # The rank monitor's process and the warm workers start first: their start-up and `import torch` overlap
-    # the launcher's own imports, preflight and rendezvous (cold launch), and the agent would otherwise wait
-    # for the monitor before it joins; nothing above this line imports torch. The monitor before the pool:
-    # it is forked while this process has one thread (the pool starts output pumps).
+    # The monitor and the warm workers start first, overlapping the launcher's imports, preflight and
+    # rendezvous. The monitor before the pool: it is forked while this process has one thread.
     monitor = MonitorLink(env=dict(env)).spawn(fork=True) if cfg.monitor.enabled else None
     pool = None
     try:
@@ -169,8 +161,7 @@ def launch(cfg: LaunchConfig, *, environ: Mapping[str, str] | None = None, exit_
 
 
 def serve_store(port: int, *, host: str = "") -> "Served":
-    """Serve the c10d rendezvous store on ``port`` from this process until SIGINT, SIGTERM or SIGHUP
-    (``cluster.storeserver``). Raises ``StoreServeError`` with a one-line reason when it cannot."""
+    """Serve the c10d rendezvous store on ``port`` until SIGINT, SIGTERM or SIGHUP; raises ``StoreServeError``."""
     from mbr_launch.cluster.storeserver import serve
 
     return serve(port, host=host)
@@ -178,8 +169,7 @@ def serve_store(port: int, *, host: str = "") -> "Served":
 
 def run_report(run_dir: "str | os.PathLike[str] | None" = None) -> "RunTimeline":
     """What happened in the run at ``run_dir`` (a run folder, its events.jsonl, or a folder of runs: the
-    latest there), default the latest run under this user's default log folder. Raises
-    ``report.runs.ReportError`` with a one-line reason when there is nothing to report."""
+    latest), default the latest under the default log folder. Raises ``report.runs.ReportError``."""
     from pathlib import Path
 
     from mbr_launch.config.rundir import default_base

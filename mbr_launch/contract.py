@@ -1,9 +1,7 @@
 """What the agent and the code inside its workers (``mbr_launch.shim``) agree on; standard library only.
 
-The agent configures each worker through environment variables, signals and a few small wire formats; the
-worker side reads them before the user's script runs. Both sides take the names from here, so neither
-imports the other: the shim stays free of the agent's modules (and of torch), and the agent never imports
-code that is meant to run inside a worker.
+Environment variable names, signals and small wire formats, taken from here by both sides, so the shim never
+imports the agent's modules (or torch) and the agent never imports code meant to run inside a worker.
 """
 
 from __future__ import annotations
@@ -20,26 +18,21 @@ BOOT_MODULE = "mbr_launch.shim.boot"
 
 # faulthandler dumps every thread's stack into this file on STACK_SIGNAL (boot arms it).
 STACK_FILE_ENV = "MBR_STACK_FILE"
-# "1": boot installs the optimizer-step hook (mbr_launch.shim.autobeat), which sends to AUTOBEAT_SOCKET_ENV.
+# "1": boot installs the optimizer-step hook (shim.autobeat), which sends to the monitor's AUTOBEAT_SOCKET_ENV.
 AUTOBEAT_ENV = "MBR_AUTOBEAT"
-# The rank monitor's per-rank datagram socket for step beats.
 AUTOBEAT_SOCKET_ENV = "MBR_AUTOBEAT_SOCKET"
 # Comma-separated signal names the worker ignores (Slurm's preemption signals; the agent forwards its own).
 IGNORE_SIGNALS_ENV = "MBR_IGNORE_SIGNALS"
 # ``FD:LEVEL:DELAY``, set in warm standbys only: boot waits on pipe FD for the assignment (see shim.standby).
 STANDBY_CHANNEL_ENV = "MBR_STANDBY_CHANNEL"
-# --standby-preload's modules, comma-separated, set in standbys only (always: it hides the setting's own
-# variable of the same name, which the standby inherits from the launch environment). A module marked with
-# OPTIONAL_PRELOAD ahead of its name comes from the default list: one that cannot be imported is skipped
-# without a word (torch._dynamo in a torch that has none).
+# --standby-preload's modules, set in standbys only (always: it hides the setting's own variable of the same
+# name). A module marked OPTIONAL_PRELOAD comes from the default list: one that cannot be imported is skipped.
 STANDBY_PRELOAD_ENV = "MBR_STANDBY_PRELOAD"
 OPTIONAL_PRELOAD = "?"
-# What standbys of these levels also import when --standby-preload is not given: a torch.optim optimizer's
-# construction, DistributedDataParallel's and torch.compile import torch._dynamo, about 2 s of CPU on 2 cores.
+# What standbys of these levels also import when --standby-preload is not given.
 DEFAULT_PRELOAD = {"torch": ("torch._dynamo",), "cuda": ("torch._dynamo",)}
 
-# A FIFO the worker keeps open (``mbr_launch.shim.flight``): each byte the agent writes asks for a Flight
-# Recorder dump, which the worker writes to FR_FILE_ENV (atomically: a temporary file, then a rename).
+# A FIFO the worker keeps open (``shim.flight``): each byte asks for a Flight Recorder dump into FR_FILE_ENV.
 FR_TRIGGER_ENV = "MBR_FR_TRIGGER"
 FR_FILE_ENV = "MBR_FR_FILE"
 # CUDA builds keep NCCL's recorder apart from gloo's: its dump goes to MBR_FR_FILE + this suffix.
@@ -73,8 +66,7 @@ STANDBY_WARM = b"w"  # the standby has preloaded its level
 
 
 class Assignment(NamedTuple):
-    """What the agent sends a standby over its channel, once, when the standby becomes a rank: one JSON
-    message, then the agent closes the pipe (end of message)."""
+    """What the agent sends a standby once, when it becomes a rank: one JSON message, then end of pipe."""
 
     argv: tuple[str, ...]  # the worker's command line (the standby already runs it; the agent checked)
     env: dict[str, str]  # the worker's environment, exactly: the standby replaces os.environ with it

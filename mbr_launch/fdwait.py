@@ -1,10 +1,7 @@
 """Waiting for descriptors to be ready: ``poll(2)``, never ``select(2)``; standard library only.
 
-``select`` refuses descriptor numbers from 1024 up (FD_SETSIZE), and an agent gets there: the agent that hosts
-the rendezvous store holds a descriptor for every connection of every agent (256 agents on one machine: the
-store's host ended with "filedescriptor out of range in select()" in its restart round, exit 4), so the pidfds
-and pipes it opens after that are numbered above 1024, and a standby keeps its channel's number from the agent.
-``poll`` takes any number. Used by the agent, the workers' code and the shim (``shim`` may import this module).
+``select`` refuses descriptor numbers from 1024 up (FD_SETSIZE), and the agent that hosts the rendezvous store
+gets there (a descriptor per connection of every agent). Used by the agent, the workers' code and the shim.
 """
 
 from __future__ import annotations

@@ -1,9 +1,7 @@
-"""Forking the launcher itself, and a child's descriptors afterwards (the standard library only).
+"""Forking the launcher itself (for the rank monitor and the fork server), and a child's descriptors afterwards.
 
-The launcher forks helpers that share what it has imported (the rank monitor, ``monitor.link``; the fork
-server, ``workers.forkserver``) instead of starting new interpreters. A fork is safe only while the process runs
-one thread: a child could otherwise inherit a lock another thread held. What sits in ``sys.stdout`` and
-``sys.stderr``'s buffers is flushed first, or both processes would write it.
+A fork is safe only while the process runs one thread (a child could inherit a lock another thread held);
+``sys.stdout``/``sys.stderr`` are flushed first, or both processes would write what they buffer.
 """
 
 from __future__ import annotations

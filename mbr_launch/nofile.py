@@ -1,12 +1,7 @@
-"""The launcher's own open-files limit, raised toward the hard one at start-up, and what was done, for the run's
-``start`` event.
+"""The launcher's own open-files limit, raised toward the hard one at start-up (reported in the ``start`` event).
 
-Many hosts keep a soft limit of 1024 under a far higher hard one. The rendezvous store's host holds about four
-descriptors per agent (torchrun's about one: each of our agents keeps a store connection per thread that must
-not wait behind another's call), so at 1024 a job of about 220 nodes would run it out where torchrun's would
-not. Servers raise their own soft limit for this; so does a launch. The workers inherit it (torchrun's would get
-1024; a DataLoader sharing tensors needs more). Where the hard limit is too low, doctor's ``limits.nofile`` says
-so and what to do.
+The rendezvous store's host holds about four descriptors per agent, so a soft limit of 1024 would run out
+at about 220 nodes; the workers inherit the raised limit. doctor's ``limits.nofile`` covers a low hard limit.
 """
 
 from __future__ import annotations
@@ -16,8 +11,7 @@ from typing import Optional
 
 WANTED = 65536  # what doctor's limits.nofile asks for; no higher (code that closes every fd up to it)
 
-# (soft before, soft after) when this process raised its soft limit; None when it did not (already high
-# enough, or the system refused).
+# (soft before, soft after) when this process raised its soft limit; None when it did not.
 raised: Optional[tuple[int, int]] = None
 
 

@@ -1,12 +1,9 @@
-"""Values that came from outside this process (the rendezvous store, a socket, a dump file, a run folder), read as
-the type we expect or refused: an int that is not a bool, a finite float, bounded text, bounded JSON.
+"""Values that came from outside this process (the store, a socket, a dump, a run folder), read as the type
+we expect or refused: an int that is not a bool, a finite float, bounded text, bounded JSON.
 
-Anything outside may be hostile or just another version: a bool is an int to Python (``True`` would read as rank
-1), NaN compares false with everything (a NaN age is never "too old", ``min`` of ages returns it), and
-``json.loads`` accepts ``NaN``, ``Infinity``, any size and any depth (a deeply nested value raises
-RecursionError, not ValueError). The scalar readers answer None (or the caller's default) for what is not
-what they read; ``json_value`` raises ``RefusedValue`` with the reason. Standard library and ``visible`` only,
-so every layer may use it, the worker's shim included.
+A bool is an int to Python (``True`` would read as rank 1); NaN compares false with everything; ``json.loads``
+takes ``NaN``, any size and any depth (RecursionError). The scalar readers answer None (or the default) for
+what they do not read; ``json_value`` raises ``RefusedValue``. Standard library and ``visible`` only.
 """
 
 from __future__ import annotations
@@ -29,8 +26,7 @@ class RefusedValue(ValueError):
 
 
 def integer(value: object, low: int | None = None, high: int | None = None) -> int | None:
-    """``value`` when it is an int (a bool is not one) within ``[low, high]`` (a bound of None: no bound), else
-    None."""
+    """``value`` when it is an int (a bool is not one) within ``[low, high]`` (None: no bound), else None."""
     if not isinstance(value, int) or isinstance(value, bool):
         return None
     if (low is not None and value < low) or (high is not None and value > high):
@@ -39,8 +35,7 @@ def integer(value: object, low: int | None = None, high: int | None = None) -> i
 
 
 def finite(value: object, low: float | None = None, high: float | None = None) -> float | None:
-    """``value`` as a float when it is a finite int or float (not a bool, not NaN or an infinity) within
-    ``[low, high]``, else None."""
+    """``value`` as a float when it is a finite int or float (not a bool) within ``[low, high]``, else None."""
     if not isinstance(value, (int, float)) or isinstance(value, bool):
         return None
     try:
@@ -55,8 +50,7 @@ def finite(value: object, low: float | None = None, high: float | None = None) -
 
 
 def text(value: object, default: _D = "", limit: int = MAX_TEXT) -> str | _D:  # type: ignore[assignment]
-    """A string from outside, safe to print and to record: one line, control characters shown as escapes, cut to
-    ``limit`` characters (saying how many were cut); ``default`` for anything that is not a string."""
+    """A string from outside as one safe line (``visible.one_line``) cut to ``limit``; ``default`` for a non-string."""
     return one_line(value, limit) if isinstance(value, str) else default
 
 
@@ -72,8 +66,7 @@ def _finite_float(digits: str) -> float:
 
 
 def json_value(data: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, depth: int = MAX_JSON_DEPTH) -> Any:
-    """The JSON value in ``data``: at most ``max_bytes`` long, nested at most ``depth`` deep, every number
-    finite; raises RefusedValue with the reason (never another exception of the parser)."""
+    """The JSON value in ``data`` within ``max_bytes`` and ``depth``, numbers finite; raises only RefusedValue."""
     if len(data) > max_bytes:
         raise RefusedValue(f"{len(data)} bytes, over the bound of {max_bytes}")
     try:
@@ -89,8 +82,7 @@ def json_value(data: bytes | str, *, max_bytes: int = MAX_JSON_BYTES, depth: int
 
 
 def nesting(value: Any) -> int:
-    """How deep ``value`` nests (a scalar: 0, a flat list or dict: 1), without recursion: the parser has a
-    recursion bound, this walk has none."""
+    """How deep ``value`` nests (a scalar: 0, a flat list or dict: 1), without recursion."""
     deepest, todo = 0, [(value, 1)]
     while todo:
         item, level = todo.pop()
@@ -99,6 +91,3 @@ def nesting(value: Any) -> int:
             todo.extend((v, level + 1) for v in (item.values() if isinstance(item, dict) else item))
     return deepest
 
-
-__all__ = ["MAX_JSON_BYTES", "MAX_JSON_DEPTH", "MAX_TEXT", "RefusedValue", "finite", "integer", "json_value",
-           "nesting", "text"]

@@ -1,12 +1,9 @@
-"""One process's ``/proc/<pid>/stat`` and ``/proc/<pid>/environ``, each read in one place (the rank monitor's peer
-check, the stop's strays, a hang's scheduler states, the worker shim's process title read the stat; the strays,
-the leftovers between rounds, the GPU owners and the doctor read the environment). Standard library only: the
-rank monitor imports it at start, and the shim may import it (tests/test_shim_isolation.py).
+"""One process's ``/proc/<pid>/stat`` and ``/proc/<pid>/environ``, each read in one place; standard library
+only (the rank monitor and the shim import it).
 
-The line is ``pid (comm) state ppid pgrp session ...``. The command name is whatever the process set (``prctl``,
-the name of the file it ran): spaces, parentheses and newlines included, so the fields are taken after the
-LAST ``)``. The read is bounded; a process that is gone (or a file that cannot be read or parsed) is None,
-never an exception: a pid can vanish between any two calls.
+The command name in ``pid (comm) state ...`` may hold spaces, parentheses and newlines, so the fields are
+taken after the LAST ``)``. Reads are bounded; a process that is gone (or a file unreadable) is None, never an
+exception: a pid can vanish between any two calls.
 """
 
 from __future__ import annotations
@@ -15,8 +12,7 @@ import os
 from typing import Dict, List, NamedTuple, Optional
 
 MAX_BYTES = 4096  # the line is ~300 bytes: a 64-byte name and 52 numbers of at most 20 digits fit many times over
-# An environment is at most a quarter of the stack limit (execve's rule): 8 MiB is a 32 MiB stack's, and a bound
-# on what one read of a process that is not ours to trust (it may have rewritten its environment) can cost.
+# An environment is at most a quarter of the stack limit (execve's rule): 8 MiB is a 32 MiB stack's.
 MAX_ENVIRON = 8 << 20
 ZOMBIE_STATES = frozenset("ZXx")  # dead, waiting to be reaped (Z) or being torn down (X; x before 3.14)
 
@@ -78,9 +74,8 @@ def read(pid: int) -> Optional[Stat]:
 
 
 def environ(pid: int, limit: int = MAX_ENVIRON) -> Optional[List[bytes]]:
-    """Process ``pid``'s environment as it was at exec (its ``NAME=value`` entries, split at NUL; the text after
-    the last NUL is the last item, ``b""`` when the block ends with one), at most ``limit`` bytes of it; None
-    when it is gone or not ours to read (another user's environment is private)."""
+    """Process ``pid``'s environment as at exec, split at NUL (``b""`` last when it ends with one), at most
+    ``limit`` bytes; None when it is gone or not ours to read."""
     try:
         with open(f"/proc/{int(pid)}/environ", "rb") as f:
             return f.read(limit).split(b"\0")

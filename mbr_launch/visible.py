@@ -1,20 +1,15 @@
-"""Text that came from outside the launcher (a peer's value in the rendezvous store, a worker's output, a file
-of a run folder) made safe to show on a terminal or to write into one line of a record.
+"""Text that came from outside the launcher, made safe to show on a terminal or to write into one line.
 
-A control character written raw can move the cursor, erase what the launcher printed, set the window title
-or forge a whole ``[mbr-launch host] HANG:`` line; a bidirectional override can make a line read differently
-from what it says. Each such character is written as its Python escape (``\\x1b``, ``\\u202e``) instead: the
-reader still sees that it was there, and nothing it does reaches the terminal.
+A raw control character can move the cursor, erase the launcher's lines or forge a ``[mbr-launch host] HANG:``
+line; a bidi override can make a line read differently. Each is written as its Python escape instead.
 """
 
 from __future__ import annotations
 
 import re
 
-# C0 controls (tab and newline are handled by the caller's choice), DEL, C1 controls, the Unicode formatting
-# characters that reorder or hide text (bidi embeddings, overrides and isolates, line and paragraph separators,
-# zero-width joiners and marks), and lone surrogates ("\\ud800" in JSON, or a file name's byte that is not
-# UTF-8): printing one raises UnicodeEncodeError.
+# C0 controls (tab and newline: the caller's choice), DEL, C1 controls, the Unicode characters that reorder or
+# hide text (bidi, separators, zero-width), and lone surrogates (printing one raises UnicodeEncodeError).
 _UNSAFE = "\x00-\x08\x0b-\x1f\x7f-\x9f\u200b-\u200f\u2028-\u202e\u2060-\u2069\ud800-\udfff\ufeff"
 _IN_TEXT = re.compile(f"[{_UNSAFE}]")
 _IN_LINE = re.compile(f"[{_UNSAFE}\t\n]")
@@ -27,8 +22,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def truncated(text: str, limit: int) -> str:
-    """``text`` cut to ``limit`` characters, saying how many were left out (a bounded record never hides that
-    it was cut)."""
+    """``text`` cut to ``limit`` characters, saying how many were left out."""
     if len(text) <= limit:
         return text
     return f"{text[:limit]}... ({len(text) - limit} more characters)"
@@ -41,10 +35,7 @@ def visible(text: str, limit: int | None = None) -> str:
 
 
 def one_line(text: str, limit: int | None = None) -> str:
-    """``text`` as one line: as :func:`visible`, and tabs and newlines escaped too (a reason quoted in a launcher
-    line cannot start a line of its own)."""
+    """``text`` as one line: as :func:`visible`, with tabs and newlines escaped too."""
     shown = _IN_LINE.sub(_escape, text)
     return truncated(shown, limit) if limit is not None else shown
 
-
-__all__ = ["one_line", "truncated", "visible"]

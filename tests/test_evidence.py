@@ -18,7 +18,7 @@ import pytest
 from mbr_launch.contract import FR_FILE_ENV, FR_TRIGGER_ENV, STACK_FILE_ENV
 from mbr_launch.decide.verdict import GroupProgress, ProcState, StackClass
 from mbr_launch.report.exitstatus import ExitStatus
-from mbr_launch.workers import flightrec, procstate
+from mbr_launch.workers import evidence, flightrec
 from mbr_launch.workers.evidence import gather
 from mbr_launch.workers.process import Worker, WorkerSpec, spawn, stop_all
 from mbr_launch.workers.stacks import classify, find_py_spy
@@ -157,7 +157,7 @@ def test_busy_rank_is_running_outside_any_collective(job, tmp_path):
 def test_gone_ranks_and_ranks_without_a_reader(tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "pass"])
     proc.wait()
-    assert procstate.sample([proc.pid], window=0.05) == {proc.pid: (ProcState.GONE, None)}
+    assert evidence.sample([proc.pid], window=0.05) == {proc.pid: (ProcState.GONE, None)}
     fifo = tmp_path / "t.fifo"
     flightrec.make_trigger(fifo)
     flightrec.make_trigger(fifo)  # idempotent
@@ -280,7 +280,7 @@ def test_flight_thread_costs_nothing_unless_asked(tmp_path):
 
 def _wait_stopped(pid: int) -> None:
     deadline = time.monotonic() + 5
-    while procstate.read_stat(pid)[0] is not ProcState.STOPPED:
+    while evidence.read_stat(pid)[0] is not ProcState.STOPPED:
         assert time.monotonic() < deadline, f"{pid} never stopped"
         time.sleep(0.01)
 

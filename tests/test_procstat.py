@@ -16,7 +16,7 @@ import pytest
 from mbr_launch import procstat
 from mbr_launch.decide.verdict import ProcState
 from mbr_launch.monitor import ancestry
-from mbr_launch.workers import procstate, strays
+from mbr_launch.workers import evidence, strays
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -92,7 +92,7 @@ def test_the_name_of_an_executed_symlink(tmp_path):
         table = strays.process_table()
         assert table[proc.pid] == strays.Proc(ppid=os.getpid(), pgid=proc.pid, zombie=False)
         assert proc.pid in strays.descendants(table, [os.getpid()])
-        state = procstate.read_stat(proc.pid)
+        state = evidence.read_stat(proc.pid)
         assert state is not None and state[0] is ProcState.SLEEPING
     finally:
         _stop(proc)
@@ -124,8 +124,8 @@ def test_a_zombie_then_a_reaped_pid():
     assert procstat.read(proc.pid) is None  # gone: None, not an exception
     assert ancestry.parent_of(proc.pid) is None
     assert not ancestry.descends_from(proc.pid, {os.getpid()})
-    assert procstate.read_stat(proc.pid) is None
-    assert procstate.sample([proc.pid], window=0.01) == {proc.pid: (ProcState.GONE, None)}
+    assert evidence.read_stat(proc.pid) is None
+    assert evidence.sample([proc.pid], window=0.01) == {proc.pid: (ProcState.GONE, None)}
 
 
 @pytest.mark.parametrize("pid", [0, -1, 2 ** 40])
@@ -164,7 +164,7 @@ def test_unreadable_is_none(monkeypatch):
 
     monkeypatch.setattr(procstat.os, "read", refuse)
     assert procstat.read(os.getpid()) is None
-    assert procstate.read_stat(os.getpid()) is None
+    assert evidence.read_stat(os.getpid()) is None
 
 
 def test_only_the_standard_library():
@@ -178,7 +178,7 @@ def test_only_the_standard_library():
 
 def test_the_three_private_parsers_are_gone():
     root = Path(procstat.__file__).parent
-    for module in ("monitor/ancestry.py", "workers/strays.py", "workers/procstate.py"):
+    for module in ("monitor/ancestry.py", "workers/strays.py", "workers/evidence.py"):
         text = (root / module).read_text()
         assert '/stat"' not in text and "rsplit" not in text and "procstat." in text, module
 

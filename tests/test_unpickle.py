@@ -1,4 +1,4 @@
-"""``mbr_launch.unpickle``, alone, under its two policies: the Flight Recorder dump's (``datapickle.DUMP``: data
+"""``mbr_launch.unpickle``, alone, under its two policies: the Flight Recorder dump's (``flightrec.DUMP``: data
 only, string keys) and the rank monitor's client frames (``protocol.FRAMES``: allowed classes as inert records,
 sets, bytes, protocols 0 to 5). What each accepts, and that a forbidden global is refused under each without
 running anything. Pure: pickles made here, read here."""
@@ -16,7 +16,7 @@ from mbr_launch.monitor.protocol import FRAMES
 from mbr_launch.unpickle.machine import load
 from mbr_launch.unpickle.objects import Global, Record
 from mbr_launch.unpickle.policy import PickleRefused
-from mbr_launch.workers.datapickle import DUMP, NotData, loads
+from mbr_launch.workers.flightrec import DUMP, NotData, loads
 
 pytestmark = pytest.mark.timeout(30)
 DATA = {"pg_status": {"0": {"last_enqueued_collective": 3}}, "entries": [{"time": 1.5, "ok": True, "n": None,

@@ -16,12 +16,12 @@ from mbr_launch.unpickle.policy import (APPEND, APPENDS, BINFLOAT, BINGET, BININ
                                         target_of, top)
 
 _CHECK_EVERY = 0x1000  # opcodes between two looks at the clock
+_CONSTANTS = {NONE: None, NEWTRUE: True, NEWFALSE: False, EMPTY_TUPLE: ()}  # immutable: shared safely
 
 
 def load(data: bytes, policy: PicklePolicy, *, max_ops: int | None = None, deadline: float | None = None) -> Any:
-    """The value in ``data`` as plain containers, scalars, ``Global`` names and ``Record`` objects; raises
-    ``PickleRefused`` for anything ``policy`` does not accept (``max_ops`` in place of its own bound), or not
-    read by ``deadline`` (``time.monotonic``), never another exception."""
+    """The value in ``data`` as plain containers, scalars, ``Global`` names and ``Record`` objects; raises only
+    ``PickleRefused``: for anything ``policy`` does not accept, or not read by ``deadline``."""
     try:
         value = _run(data, policy, policy.max_ops if max_ops is None else max_ops, deadline)
     except PickleRefused:
@@ -74,8 +74,8 @@ def _run(data: bytes, policy: PicklePolicy, max_ops: int, deadline: float | None
         elif op == BININT1:
             push(data[i])
             i += 1
-        elif op == NONE:
-            push(None)
+        elif op in _CONSTANTS:
+            push(_CONSTANTS[op])
         elif op == EMPTY_DICT:
             push({})
         elif op == SETITEMS:
@@ -93,10 +93,6 @@ def _run(data: bytes, policy: PicklePolicy, max_ops: int, deadline: float | None
             n = data[i]
             push(int.from_bytes(take(data, i + 1, n), "little", signed=True))
             i += 1 + n
-        elif op == NEWTRUE:
-            push(True)
-        elif op == NEWFALSE:
-            push(False)
         elif op == BINPUT:
             if len(stack) <= floor:
                 raise PickleBroken(PAST_MARK)
@@ -143,8 +139,6 @@ def _run(data: bytes, policy: PicklePolicy, max_ops: int, deadline: float | None
             items = stack[k:]
             del stack[k:]
             push(tuple(items) if op == TUPLE else items if op == LIST else frozenset(members(items, policy)))
-        elif op == EMPTY_TUPLE:
-            push(())
         elif op == DICT:
             k, floor = pop_mark(marks)
             target: dict[Any, Any] = {}

@@ -1,9 +1,6 @@
 """What no Flight Recorder dump holds, read for a policy that accepts it: globals as ``Global`` names, objects
-as inert ``Record``s, sets, bytes, and protocol 0's text forms; and the shape bound on the value read.
-
-NVRx pickles dataclasses as NEWOBJ + BUILD(state dict) and enums as REDUCE(class, (value,)), so a real client
-message reads as records. Nothing is ever imported, called or mutated outside the frame: BUILD sets the state
-of a record this frame made, once, and nothing else.
+as inert ``Record``s (NVRx's dataclasses and enums read as records), sets, bytes, and protocol 0's text forms;
+and the shape bound on the value read. Nothing is imported, called or mutated outside the frame.
 """
 
 from __future__ import annotations

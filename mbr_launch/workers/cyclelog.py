@@ -1,15 +1,9 @@
 """Per-cycle application logs (``--ft-per-cycle-applog-prefix``), as ft_launcher 0.6/0.7 writes them.
 
-Each cycle's worker output also goes to ``<prefix>_cycle<N>.log`` (``report.cycleinfo.cycle_log_file``; N is
-the ``TORCHELASTIC_RESTART_COUNT`` the workers saw), besides this launcher's own run folder logs: stdout and
-stderr of every rank of the node in one file, each line as NVRx's log reader writes it: the global rank,
-right-aligned to the width of the largest rank (``srun -l``), ``": "``, the line (UTF-8, undecodable bytes
-replaced, NUL as ``<NUL>``). The NVIDIA driver's device-table dump that some processes print on exit
-(``Character devices:``, ``195 nvidia``, ...) is left out, as NVRx leaves it out. Nodes sharing a file system
-append to the same file: each write is whole lines on an ``O_APPEND`` descriptor.
-
-A file that cannot be written (full disk, I/O error) is given up with one warning; the job and the run
-folder logs go on.
+The format is in docs/logs.md: every rank's lines as ``<rank right-aligned>: <line>`` (UTF-8, undecodable
+bytes replaced, NUL as ``<NUL>``), the driver's device-table dump left out as NVRx leaves it out. Nodes share
+the file: each write is whole lines on an ``O_APPEND`` descriptor. A file that cannot be written is given
+up with one warning; the job and the run folder logs go on.
 """
 
 from __future__ import annotations
@@ -164,5 +158,3 @@ class CycleSink:
             text += tail if (self._continued and not lines) else self._prefix + tail
         return text.encode()
 
-
-__all__ = ["CycleLogs", "CycleSink", "driver_noise", "rank_prefix"]

@@ -39,9 +39,8 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         "TORCHELASTIC_RESTART_COUNT": str(rnd.restart_count if restart_count is None else restart_count),
         "TORCHELASTIC_MAX_RESTARTS": str(cfg.policy.max_restarts),
         "TORCHELASTIC_RUN_ID": cfg.rendezvous.run_id,
-        # c10d: each round gets a fresh MASTER_PORT, served by group rank 0's agent when it could bind it
-        # (cluster.workerstore), else by global rank 0. static: torchrun's agent store, the static endpoint
-        # itself, cleared of the workers' keys between rounds (cluster.workerstore).
+        # c10d: a fresh MASTER_PORT each round, served by group rank 0's agent when it could bind it, else by
+        # global rank 0; static: the static endpoint, cleared between rounds (cluster.workerstore).
         "TORCHELASTIC_USE_AGENT_STORE": str(agent_store),
         "TORCH_NCCL_ASYNC_ERROR_HANDLING": environ.get("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1"),
         "TORCHELASTIC_ERROR_FILE": str(error_file),
@@ -57,8 +56,7 @@ def worker_env(cfg: LaunchConfig, rnd: Round, local_rank: int, environ: Mapping[
         env["CUDA_VISIBLE_DEVICES"] = devices[local_rank].strip() if devices else str(local_rank)
     ignored = [sig for sig in cfg.preemption.signals if sig != cfg.preemption.forward_signal]
     if ignored and cfg.workers.use_boot:
-        # Slurm delivers scancel/srun --signal to every process of the step: without this a worker would
-        # die of SIGUSR1's default action before the agent asks it to checkpoint.
+        # Slurm signals every process of the step: a worker must not die of SIGUSR1 before it checkpoints.
         env[IGNORE_SIGNALS_ENV] = ",".join(ignored)
     if cfg.nvrx.cycle_info_dir:  # ft_launcher 0.6+: the link to the current cycle's cycle-info file
         env[cycleinfo.ENV] = cycleinfo.current_path(cfg.nvrx.cycle_info_dir, cfg.nvrx.cycle_info_job_id, environ)

@@ -1,14 +1,9 @@
 """One node's evidence for the hang verdict: for each local rank, what the kernel, its stack, its Flight
 Recorder and the rank monitor say, gathered within a bound.
 
-The order matters:
-1. /proc states first: nothing has touched the ranks yet (the faulthandler stack path sends SIGCONT to a
-   stopped process, and a Flight Recorder dump burns CPU that would read as "busy").
-2. Ask every rank for a Flight Recorder dump: the dumps are written while we take stacks.
-3. Stacks of all ranks in parallel (py-spy, or the faulthandler fallback), classified.
-4. Wait for the dumps until the bound: a rank that gives none (stopped, stuck holding the GIL, no
-   ``torch.distributed`` yet) is left without progress, which is evidence too. A dump file that is refused
-   (a FIFO, a symlink, not ours, too big: ``flightrec.load_checked``) is left alone, and said through ``warn``.
+/proc states first (``Sample``: scheduler state and CPU share, needing nothing from the process), before
+anything touches the ranks; then ask for Flight Recorder dumps, written while the stacks are taken; then the
+dumps until the bound. A rank that gives none is left without progress.
 """
 
 from __future__ import annotations
@@ -16,16 +11,64 @@ from __future__ import annotations
 import os
 import time
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from mbr_launch import outside
+from mbr_launch import outside, procstat
 from mbr_launch.contract import STACK_FILE_ENV
 from mbr_launch.decide.verdict import GroupProgress, ProcState, RankEvidence, StackClass
-from mbr_launch.workers import flightrec, procstate
+from mbr_launch.workers import flightrec
 from mbr_launch.workers.process import Worker
 from mbr_launch.workers.stacks import StackDump, StackTarget, dump_stacks
 
 _POLL = 0.02
+_STATES = {"R": ProcState.RUNNING, "S": ProcState.SLEEPING, "I": ProcState.SLEEPING, "D": ProcState.DISK,
+           "T": ProcState.STOPPED, "t": ProcState.STOPPED, "Z": ProcState.ZOMBIE, "X": ProcState.ZOMBIE,
+           "x": ProcState.ZOMBIE}
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def read_stat(pid: int) -> tuple[ProcState, int] | None:
+    """(state, utime + stime in clock ticks), or None when the process is gone."""
+    stat = procstat.read(pid)
+    return None if stat is None else (_STATES.get(stat.state, ProcState.UNKNOWN), stat.cpu_ticks)
+
+
+class Sample:
+    """Each pid's state and CPU time now; ``finish`` gives the CPU share over whatever the caller did since."""
+
+    def __init__(self, pids: Iterable[int]) -> None:
+        self.pids = list(pids)
+        self.start = time.monotonic()
+        self.first = {pid: read_stat(pid) for pid in self.pids}
+
+    def state(self, pid: int) -> ProcState:
+        first = self.first.get(pid)
+        return ProcState.GONE if first is None else first[0]
+
+    def finish(self, min_window: float = 0.05) -> dict[int, tuple[ProcState, float | None]]:
+        """(state at the start, CPU share since: 1.0 = one core busy; None when it vanished meanwhile)."""
+        if any(v is not None for v in self.first.values()):
+            time.sleep(max(0.0, min_window - (time.monotonic() - self.start)))  # a tick is 10 ms
+        return _shares(self.pids, self.first, max(time.monotonic() - self.start, 1e-6))
+
+
+def sample(pids: Iterable[int], window: float = 0.2) -> dict[int, tuple[ProcState, float | None]]:
+    """Each pid's state at the start of the window and its CPU share over the window."""
+    return Sample(pids).finish(min_window=window)
+
+
+def _shares(pids: list[int], first: dict[int, tuple[ProcState, int] | None],
+            elapsed: float) -> dict[int, tuple[ProcState, float | None]]:
+    out: dict[int, tuple[ProcState, float | None]] = {}
+    for pid in pids:
+        before = first[pid]
+        if before is None:
+            out[pid] = (ProcState.GONE, None)
+            continue
+        after = read_stat(pid)
+        cpu = None if after is None else max(0, after[1] - before[1]) / _TICKS / elapsed
+        out[pid] = (before[0], None if cpu is None else round(cpu, 3))
+    return out
 
 
 Rows = Sequence[Mapping[str, Any]]
@@ -35,24 +78,18 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
            bound: float = 2.0, monitor_rows: Rows | Callable[[], Rows | None] | None = None,
            expired: Mapping[int, str] | None = None, window: float = 0.05,
            warn: Callable[[str], None] | None = None) -> list[RankEvidence]:
-    """Evidence of every worker in ``workers`` (one per local rank), back within about ``bound`` seconds.
-
-    ``monitor_rows``: the rank monitor's per-rank rows (``monitor.state.describe``), or how to get them: then
-    they are read last, so a client that initialised again meanwhile (an in-process restart) is seen as
-    watched. ``expired``: local rank -> the kind of deadline that passed. ``warn`` gets one line for each dump
-    file that was there but could not be used, with the reason. Never raises for a rank.
-    """
+    """Evidence of every worker (one per local rank), back within about ``bound`` seconds; never raises for a rank.
+    ``monitor_rows``: the monitor's rows, or how to get them (then read last). ``expired``: local rank -> the kind
+    of deadline that passed. ``warn`` gets one line per dump file that was there but could not be used."""
     deadline = time.monotonic() + bound
     live = [w for w in workers if w.alive]
-    # The state is read first (the faulthandler path resumes a stopped rank); the CPU share is measured over
-    # the gathering itself, which waits anyway, so the inquiry pays no sampling window of its own.
-    sample = procstate.Sample([w.pid for w in live])
+    # The state first; the CPU share is measured over the gathering itself, which waits anyway.
+    kernel = Sample([w.pid for w in live])
 
     files = {w.local_rank: flightrec.dump_files(w.spec.env, w.rank) for w in live}
     before = {lr: {p: _signature(p) for p in f.all()} for lr, f in files.items()}
-    # A stopped or uninterruptible process writes no dump before the bound (its state says enough already):
-    # asking it would only make the inquiry wait out the whole bound for nothing.
-    mute = {w.local_rank for w in live if sample.state(w.pid) in _MUTE}
+    # A stopped or uninterruptible process writes no dump: asking would only wait out the bound.
+    mute = {w.local_rank for w in live if kernel.state(w.pid) in _MUTE}
     asked = [w.local_rank for w in live if w.local_rank not in mute
              and flightrec.trigger(flightrec.trigger_file(w.spec.env), flightrec.nccl_pipe(w.spec.env, w.rank))]
 
@@ -62,7 +99,7 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     for (lr, path), problem in problems.items():
         if warn is not None:
             warn(f"WARNING: rank {ranks[lr]}'s Flight Recorder dump {path} was not read: {problem}")
-    states = sample.finish(min_window=min(window, bound / 4))
+    states = kernel.finish(min_window=min(window, bound / 4))
 
     if callable(monitor_rows):
         monitor_rows = monitor_rows()
@@ -84,8 +121,7 @@ def gather(workers: Sequence[Worker], *, node: str, group_rank: int, out_dir: Pa
     return out
 
 
-# The monitor's phases once a client initialised again after a heartbeat or section expiry (and, armed, closed
-# again): until then the rank stays "expired" (monitor.deadlines). The inquiry keeps this only for such expiries.
+# The monitor's phases once a client initialised again after an expiry (until then it stays "expired").
 _SINCE = ("monitoring", "armed")
 _MUTE = (ProcState.STOPPED, ProcState.DISK, ProcState.ZOMBIE, ProcState.GONE)
 
@@ -105,9 +141,7 @@ def _stacks(live: Sequence[Worker], out_dir: Path, method: str, deadline: float)
 
 
 def _signature(path: Path) -> tuple[int, int, int] | None:
-    """(inode, mtime, size) of the name itself (lstat: a symlink is not followed): the shim replaces its
-    file, so a new dump changes all three; NCCL writes in place, and a dump it finished after a partial read
-    in the same clock tick still changes the size."""
+    """(inode, mtime, size) of the name itself: the shim replaces its file, NCCL writes in place (size changes)."""
     try:
         st = os.lstat(path)
     except OSError:
@@ -120,13 +154,9 @@ Problems = dict[tuple[int, Path], str]
 
 def _await_dumps(files: Mapping[int, flightrec.DumpFiles], before: Mapping[int, Mapping[Path, Any]],
                  deadline: float) -> tuple[dict[int, tuple[GroupProgress, ...]], Problems]:
-    """Each asked rank's progress, from the dumps written since we asked, until the deadline; and the
-    problems worth a line: every refused file, and why the files of a rank left without progress gave none.
-
-    A rank is done once the shim's file (written last) or NCCL's own dump is new and readable; a file
-    caught half-written by NCCL's writer reads as nothing and is read again once it changes. A file is
-    read again only when it changed, and never past the deadline: a hostile one costs one bounded read.
-    """
+    """Each asked rank's progress from the dumps written since we asked, until the deadline; and the problems
+    worth a line (refused files, and why a rank left without progress gave none). A file is read again only
+    when it changed (one half-written reads as nothing), so a hostile one costs one bounded read."""
     out: dict[int, tuple[GroupProgress, ...]] = {}
     read: dict[Path, tuple[Any, flightrec.DumpRead]] = {}  # path -> (signature, its read) as last read
     pending = dict(files)
@@ -159,8 +189,6 @@ def _section(row: Mapping[str, Any]) -> str | None:
 
 
 def _freshest(*ages: Any) -> float | None:
-    """The youngest sign of life the monitor has: an NVRx heartbeat or an optimizer step (autobeat's beat, all
-    a zero-code rank sends); None when it has neither. A NaN or infinite age is no sign (``min`` would return a
-    NaN that compares false with every bound)."""
+    """The youngest finite age of a sign of life (a heartbeat or an optimizer step); None when there is none."""
     known = [age for age in map(outside.finite, ages) if age is not None]
     return min(known) if known else None

@@ -1,23 +1,11 @@
 """Flight Recorder, agent side: the workers' environment for it, asking a rank for a dump, reading one.
 
-A rank's dump says, per process group, the last collective it enqueued, started and completed: a rank
-whose count is behind its peers' never entered the collective they wait in. Two ways to get one:
-- the worker's own thread (``mbr_launch.shim.flight``), woken by a byte on the FIFO ``MBR_FR_TRIGGER``;
-  works for gloo and NCCL, needs the GIL for a moment;
-- NCCL's pipe (``TORCH_NCCL_DEBUG_INFO_PIPE_FILE``): torch's C++ watchdog polls ``<prefix><rank>.pipe``
-  about once a second and writes ``<TORCH_FR_DUMP_TEMP_FILE><rank>``; works while Python is stuck, but
-  exists only for NCCL process groups.
-
-What torch 2.13 reads (checked in ``FlightRecorder.hpp`` / ``ProcessGroupNCCL.hpp`` and the strings of
-libtorch_cpu.so): ``TORCH_FR_BUFFER_SIZE`` with the older ``TORCH_NCCL_TRACE_BUFFER_SIZE`` as an alias
-(default 2000 in FlightRecorder, but gloo recorded nothing here until it was set);
-``TORCH_FR_DUMP_TEMP_FILE`` (alias ``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``); ``TORCH_INCLUDE_STACK_TRACE``;
-``TORCH_NCCL_DEBUG_INFO_PIPE_FILE`` lives in libtorch_cuda (absent from CPU builds).
-
-A dump is a pickle written by the worker, at a path the user may have put in a directory others can write
-(issue #29). It is opened by ``safefile`` (no symlink, no FIFO, ours, at most ``MAX_DUMP_BYTES``) and read by
-``datapickle`` (data only, string keys, a bounded number of opcodes, within the inquiry's time), so a
-hostile or garbled file yields no progress and a reason, never code execution, an exception or a stall.
+A dump says, per process group, the last collective a rank enqueued, started and completed: a rank behind its
+peers never entered the collective they wait in. It comes from the worker's own thread (``shim.flight``, woken
+through the FIFO ``MBR_FR_TRIGGER``; needs the GIL a moment) or NCCL's pipe (torch's C++ watchdog; works while
+Python is stuck). A dump may sit where others can write (docs/security.md): it is opened by ``safefile`` and
+read by ``loads``, never ``pickle.Unpickler`` (``mbr_launch.unpickle`` says why), under ``DUMP``: data
+opcodes only, string keys, bounded opcodes and time. A hostile file yields no progress and a reason.
 """
 
 from __future__ import annotations
@@ -33,7 +21,9 @@ from typing import Any, Mapping
 from mbr_launch import outside
 from mbr_launch.contract import FR_FILE_ENV, FR_NCCL_SUFFIX, FR_TRIGGER_ENV
 from mbr_launch.decide.verdict import GroupProgress
-from mbr_launch.workers import datapickle, safefile
+from mbr_launch.unpickle.machine import load
+from mbr_launch.unpickle.policy import DATA_OPCODES, STACK_OPCODES, PicklePolicy, PickleRefused
+from mbr_launch.workers import safefile
 
 # In each rank's directory, next to error.json.
 TRIGGER_NAME = "fr.trigger"
@@ -43,31 +33,21 @@ NCCL_PREFIX = "nccl_fr."  # NCCL's dump: nccl_fr.<rank>; its pipe: nccl_fr.<rank
 BUFFER_SIZE = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 DUMP_PREFIX = ("TORCH_FR_DUMP_TEMP_FILE", "TORCH_NCCL_DEBUG_INFO_TEMP_FILE")
 PIPE_PREFIX = "TORCH_NCCL_DEBUG_INFO_PIPE_FILE"
-# The caps on a dump. A real one is small: torch 2.13's gloo dump of 2000 entries (the default buffer) is
-# 240 KB and 130 k opcodes (its strings are memoised); a large job adds its groups' rank lists to pg_config
-# (as text: about 700 KB for a 100,000-rank group), Python stacks (TORCH_INCLUDE_STACK_TRACE=1) some 300
-# opcodes an entry. 8 MiB and 2 M opcodes leave that room several times over; the costliest dump crafted
-# within them took 1.4 s of CPU to read on the loaded 2-core test machine, and another 150 MB of memory
-# while read (tests/test_hostile_dumps.py); ``pickle.Unpickler`` on such a dump took 37 s (``datapickle`` says why).
+# The caps on a dump: several times a real one (the costliest crafted one: tests/test_hostile_dumps.py).
 MAX_DUMP_BYTES = 8 << 20
 MAX_DUMP_OPS = 1 << 21
-# What is taken from a dump: a rank is in a few dozen process groups, and the newest entries are last (the
-# ring buffer is dumped oldest first), so more groups is no real dump and older entries add nothing. Rank
-# lists are cut per group, and in all: a memo reference (two bytes) can repeat one list for every group, and
-# the evidence travels to every node.
+# What is taken from a dump (newest entries are last). Rank lists are cut per group and in all: a memo
+# reference (two bytes) can repeat one list for every group, and the evidence travels to every node.
 MAX_GROUPS = 1024
 MAX_ENTRIES = 1 << 16
 MAX_RANKS = 1 << 16
 MAX_RANKS_IN_ALL = 1 << 18
-# What flight_env may set in torch's namespace. torch reads them lazily (the recorder when the first process
-# group is made, the files when it dumps; checked: importing torch before the buffer size is set still
-# records), so a standby that preloaded torch may get them with its assignment.
+# What flight_env may set in torch's namespace: read lazily, so a standby may get them with its assignment.
 TORCH_ENV = frozenset({BUFFER_SIZE[0], DUMP_PREFIX[0], PIPE_PREFIX, "TORCH_INCLUDE_STACK_TRACE"})
 
 
 def flight_env(rank_dir: Path, environ: Mapping[str, str]) -> dict[str, str]:
-    """What a worker started through boot gets for Flight Recorder; a name the user set (either spelling)
-    is left to them."""
+    """What a worker started through boot gets for Flight Recorder; a name the user set is left to them."""
     env: dict[str, str] = {}
     if not any(n in environ for n in BUFFER_SIZE):
         env["TORCH_FR_BUFFER_SIZE"] = "2000"  # gloo records nothing without it (torch 2.13)
@@ -97,8 +77,6 @@ def make_trigger(path: Path) -> None:
 
 @dataclass(frozen=True)
 class DumpFiles:
-    """Where one worker's dumps land."""
-
     ours: Path | None  # the shim's dump of the CPU backends' recorder (gloo), written last
     ours_nccl: Path | None  # the shim's dump of NCCL's recorder (CUDA builds), written just before ``ours``
     nccl: Path | None  # NCCL's watchdog dump (written on a pipe request, or on a local timeout)
@@ -109,7 +87,6 @@ class DumpFiles:
 
 
 def dump_files(env: Mapping[str, str], rank: int) -> DumpFiles:
-    """Where a worker with environment ``env`` (and global ``rank``) writes its dumps."""
     ours = Path(env[FR_FILE_ENV]) if env.get(FR_FILE_ENV) else None
     prefix = next((env[n] for n in DUMP_PREFIX if env.get(n)), None)
     return DumpFiles(ours=ours, ours_nccl=Path(f"{ours}{FR_NCCL_SUFFIX}") if ours else None,
@@ -134,9 +111,8 @@ def _poke(fifo: Path) -> bool:
     try:
         if not stat.S_ISFIFO(os.lstat(fifo).st_mode):
             return False  # never write into a regular file by mistake
-        # O_NONBLOCK: open fails with ENXIO when nobody reads (the worker is gone or never armed). O_NOFOLLOW:
-        # NCCL's pipe may sit in a directory others can write, and a symlink swapped in after the lstat
-        # must not get our byte into a file of ours.
+        # O_NONBLOCK: ENXIO when nobody reads. O_NOFOLLOW: NCCL's pipe may sit where others can write, and a
+        # symlink swapped in after the lstat must not get our byte into a file of ours.
         fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except OSError:
         return False
@@ -156,11 +132,26 @@ def _poke(fifo: Path) -> bool:
 
 # ---- reading a dump ---------------------------------------------------------------------------------------
 
+# What a dump is made of (torch's pickler writes protocol 2; Python's 4 and 5); ``max_ops`` is the caller's.
+DUMP = PicklePolicy(what="data-only pickle", opcodes=DATA_OPCODES | STACK_OPCODES, max_ops=0,
+                    unaccepted="is not data (a global, a set, bytes, ...)", keys_why="a dump's keys are strings")
+
+
+class NotData(ValueError):
+    """Not a whole data-only pickle within the bounds; the message says what was wrong."""
+
+
+def loads(data: bytes, *, max_ops: int, deadline: float | None = None) -> Any:
+    """The object in ``data``; raises ``NotData`` for anything else, never another exception."""
+    try:
+        return load(data, DUMP, max_ops=max_ops, deadline=deadline)
+    except PickleRefused as err:
+        raise NotData(str(err)) from None
+
+
 
 @dataclass(frozen=True)
 class DumpRead:
-    """One read of a dump file."""
-
     data: Any = None  # the loaded data; None when there is none
     problem: str = ""  # why not: "" when the file is simply not there (no dump yet)
     refused: bool = False  # the file itself was refused (a FIFO, a symlink, not ours, too big), not its content
@@ -175,8 +166,8 @@ def load_checked(path: Path, *, deadline: float | None = None) -> DumpRead:
     except OSError as err:  # untrusted.UnsafeFile: there, but not to be read
         return DumpRead(problem=err.strerror or str(err), refused=True)
     try:
-        return DumpRead(data=datapickle.loads(raw, max_ops=MAX_DUMP_OPS, deadline=deadline))
-    except datapickle.NotData as err:
+        return DumpRead(data=loads(raw, max_ops=MAX_DUMP_OPS, deadline=deadline))
+    except NotData as err:
         return DumpRead(problem=str(err))
 
 
@@ -232,16 +223,14 @@ def _op(entry: Any) -> str:
 
 
 def _group_order(g: GroupProgress) -> tuple[bool, int, str]:
-    """Numbered groups first, by number; a number too long to be a group id sorts as a name (converting a
-    string of a million digits would take minutes where Python's digit limit is lifted)."""
+    """Numbered groups first, by number; a number too long to be a group id sorts as a name (int() of it is slow)."""
     numbered = g.pg.isdigit() and len(g.pg) < 19
     return not numbered, int(g.pg) if numbered else 0, g.pg
 
 
 def merge(dumps: list[tuple[GroupProgress, ...]]) -> tuple[GroupProgress, ...]:
-    """One rank's groups from several dumps, the first dump that names a group winning, except that a
-    group that never enqueued anything there gives way (a CUDA build's NCCL recorder lists groups it never
-    ran). Callers pass the dumps in the same order for every rank, so ranks stay comparable."""
+    """One rank's groups from several dumps (in the same order for every rank): the first that names a group
+    wins, unless it never enqueued there (a CUDA build's NCCL recorder lists groups it never ran)."""
     chosen: dict[str, GroupProgress] = {}
     for groups in dumps:
         for g in groups:

@@ -1,32 +1,10 @@
-"""The fork server: a copy of the launcher with torch imported, from which workers are forked.
+"""The fork server: a copy of the launcher with torch imported, from which workers are forked (why:
+docs/performance.md, "Workers forked, not started").
 
-Every worker of a ``python`` script imports torch (about 2.2 s of CPU here), and so does the launcher itself (its
-rendezvous is torch's). torchrun pays both per node and one more per rank at every restart. Forked after the
-launcher's ``import torch``, while it runs a single thread, the server shares that import with every worker it
-forks: a worker (a warm standby, ``workers.standbypool``) then costs a fork, a few milliseconds, at the launch
-and at every restart. 32 agents of one rank on 2 cores do 32 imports of torch fewer than torchrun's.
-
-Before its first fork the server imports the ``--standby-preload`` modules (``torch._dynamo`` by default, which
-a script's optimizer imports: as much CPU again as torch), once per node instead of once per worker and
-restart (``workers.forkpreload``). Then it is single-threaded and only forks and reaps. The agent talks to it over a private socket pair
-(length-prefixed JSON, the worker's descriptors passed with ``SCM_RIGHTS``):
-
-- ``spawn`` (argv, env, cwd, the descriptors and the numbers they take in the worker, the signals it ignores):
-  the server forks; the child becomes the worker (``mbr_launch.shim.forkchild``); the answer is its pid.
-- ``wait`` (pid): the server reaps that child and answers its wait status. The agent asks only once the
-  worker's pidfd says it ended, so the server never blocks on a live one.
-
-The worker is the server's child: its parent-death signal is the server's, the server's is the launcher's main
-thread's, so a SIGKILLed launcher still takes every worker down. The server ignores the signals Slurm sends to
-every process of a step (a preemption's SIGUSR1 or SIGTERM would otherwise end it, and its workers with it,
-before the launcher could let them checkpoint); its children get the dispositions a new process would have. Where the server is gone, a worker's status is
-read as the launcher's own child (the launcher is a subreaper: ``workers.strays``) or known as SIGKILL, and the
-pool starts fresh interpreters again.
-
-Used only where a fork gives the worker what a fresh interpreter would (``usable``): standby level ``torch`` or
-``cuda`` (the child initialises CUDA itself; the server never does), a Python worker through ``boot``, and
-every variable read at interpreter start or at ``import torch`` the same in the launcher as in the worker, but
-for the two the child sets again (``shim.forkchild``). ``--standby interpreter`` and ``off`` never fork.
+Forked while the launcher runs one thread, it imports the ``--standby-preload`` modules once, then only forks
+(``spawn``) and reaps (``wait``, asked once the worker's pidfd says it ended, so it never blocks) over a private
+socket pair (length-prefixed JSON, descriptors by ``SCM_RIGHTS``). It ignores the signals Slurm sends every
+process of a step and dies with the launcher; where it is gone the pool starts fresh interpreters.
 """
 
 from __future__ import annotations
@@ -52,12 +30,10 @@ from mbr_launch.forking import close_from, fork_launcher
 _HEADER = struct.Struct("!I")
 MAX_MESSAGE = 16 << 20  # bytes: a worker's environment and command line, with room
 MAX_FDS = 16
-# Read when the interpreter starts or torch is imported: the worker must have what the launcher had, or the
-# fork would give it what the launcher's environment asked for (``usable``).
+# Read when the interpreter starts or torch is imported: a forked worker gets the launcher's values of these.
 _IMPORT_TIME = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "TORCH", "PYTORCH_", "PYTHON", "LD_", "MALLOC_",
                 "GLIBC_TUNABLES", "NUMEXPR_", "CUDA_MODULE_LOADING")
-# ... except these: read later (by torch.distributed, the CUDA initialisation, Flight Recorder) or set again in
-# the child (TORCH_CPP_LOG_LEVEL, by ``shim.forkchild``), or the agent's only.
+# ... except these: read later, set again in the child (``shim.forkchild``), or the agent's only.
 _NOT_AT_IMPORT = ("TORCH_NCCL_", "TORCH_DISTRIBUTED_", "TORCHELASTIC_", "PYTORCH_CUDA_ALLOC_CONF", "TORCH_FR_",
                   "TORCH_INCLUDE_", "TORCH_CPP_LOG_LEVEL", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE",
                   "PYTORCH_NVML_BASED_CUDA_CHECK")
@@ -67,14 +43,9 @@ class ForkServerGone(Exception):
     """The server is not there any more: start fresh interpreters."""
 
 
-def read_at_start(key: str) -> bool:
-    return key.startswith(_IMPORT_TIME) and not key.startswith(_NOT_AT_IMPORT)
-
-
 def differences(launcher: Mapping[str, str], worker: Mapping[str, str]) -> list[str]:
-    """Variables read at start-up or import whose values differ: a worker forked from the launcher would not
-    see what a fresh one sees."""
-    keys = {k for k in (*launcher, *worker) if read_at_start(k)}
+    """Variables read at start-up or import whose values differ (a forked worker would not see them)."""
+    keys = {k for k in (*launcher, *worker) if k.startswith(_IMPORT_TIME) and not k.startswith(_NOT_AT_IMPORT)}
     return sorted(k for k in keys if launcher.get(k) != worker.get(k))
 
 
@@ -97,13 +68,10 @@ def _cpp_log_level_settable() -> bool:
 
 
 def start_for(argv: Sequence[str], env: Mapping[str, str], preload: Sequence[str] = ()) -> "ForkServer | None":
-    """Import torch here and fork the server for workers ``argv`` with environment ``env`` (a standby's),
-    which imports ``preload`` (``--standby-preload``) before its first fork; None where that would not give
-    them what a fresh interpreter does."""
+    """Import torch and fork the server for workers ``argv``/``env``; None where a fork would not do."""
     if not forkable(argv):
         return None
-    # The workers' OMP_NUM_THREADS (the launcher's choice for several local ranks) is read at `import torch`:
-    # this process imports it with the same, as torchrun's agent does (it sets it in its own environment).
+    # The workers' OMP_NUM_THREADS is read at `import torch`: import it with the same, as torchrun's agent does.
     if "OMP_NUM_THREADS" in env and "OMP_NUM_THREADS" not in os.environ:
         os.environ["OMP_NUM_THREADS"] = env["OMP_NUM_THREADS"]
     if differences(os.environ, env):
@@ -148,9 +116,6 @@ class ServedProcess:
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
 
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
     def _collect(self) -> None:
         status = self._server.reap(self.pid)
         self.returncode = os.waitstatus_to_exitcode(status) if status is not None else -signal.SIGKILL
@@ -172,9 +137,7 @@ class ForkServer:
 
     @classmethod
     def start(cls, preload: Sequence[str] = (), env: Mapping[str, str] | None = None) -> "ForkServer | None":
-        """Fork the server from this process (which has imported torch); None where that is not safe: more
-        than one thread, or torch's C++ log level cannot be set in a child. The server imports ``preload``
-        with environment ``env`` before it answers (``workers.forkpreload``)."""
+        """Fork the server; None where that is not safe (threads, or a child cannot set torch's C++ log level)."""
         if "torch" not in sys.modules or not _cpp_log_level_settable():
             return None
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -312,24 +275,21 @@ def _serve(sock: socket.socket, launcher: int, preload: Sequence[str] = (),
         # What a new process would inherit ignored (nohup's SIGHUP), before this process ignores more.
         inherited = [int(sig) for sig in signal.valid_signals()
                      if sig not in (signal.SIGKILL, signal.SIGSTOP) and signal.getsignal(sig) == signal.SIG_IGN]
-        # Slurm signals every process of the step (scancel, preemption): the server must outlive them, its
-        # workers decide for themselves. It ends with the launcher (parent-death signal) or its socket.
+        # Slurm signals every process of the step: the server outlives them; it ends with the launcher or its socket.
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGQUIT,
                     signal.SIGALRM):
             signal.signal(sig, signal.SIG_IGN)
         null = os.open(os.devnull, os.O_RDWR)
         os.dup2(null, 0)
         os.dup2(null, 1)  # a pipe the launcher's caller reads to its end must not be held open here
-        # Nor the launcher's other descriptors (the monitor's pipes: its end must read EOF when the launcher ends).
+        # Nor the launcher's other descriptors (the monitor's end must read EOF when the launcher ends).
         close_from(3, keep={sock.fileno()})
         from mbr_launch.shim.proctitle import retitle, set_name
 
         if retitle(f"mbr-launch fork server of {launcher}", name=b"mbr-forkserver") is None:
             set_name(b"mbr-forkserver")  # no title: the name still tells it from the launcher
         if preload:
-            from mbr_launch.workers.forkpreload import import_once
-
-            import_once(preload, env)
+            _import_once(preload, env)
         me = os.getpid()
         while True:
             message, fds = _receive(sock)
@@ -384,3 +344,27 @@ def _wait(pid: object) -> int | None:
     except ChildProcessError:
         return None
     return status if got == pid else None
+
+
+def _import_once(modules: Sequence[str], env: Mapping[str, str] | None) -> None:
+    """Import ``modules`` before any fork, recording what each read for the standbys' ``envwatch``; a failure is
+    left to the standby to report, warnings hidden (they would reach the launcher's stderr)."""
+    import importlib
+    import warnings
+
+    from mbr_launch.shim import envwatch
+
+    if env is not None:
+        envwatch.replace_environ(env)  # the children replace it with their own; the imports read a standby's
+    for name in modules:
+        reads: envwatch.Reads = {}
+        written: dict[str, str | None] = {}
+        try:
+            with warnings.catch_warnings(), envwatch.recording(reads, written, name):
+                warnings.simplefilter("ignore")
+                importlib.import_module(name)
+        except Exception:  # noqa: BLE001 - the standby meets it and reports it
+            continue
+        envwatch.PRELOADED[name] = (reads, written)
+    if threading.active_count() != 1:
+        os._exit(1)  # an import left a thread running: forking is no longer safe; the agent starts interpreters

@@ -25,11 +25,10 @@ from mbr_launch.report.private import make_dir
 from mbr_launch.workers.standbypool import StandbyPool, early_pool, first_assignment, replenish_delay, standby_env
 from mbr_launch.workers.env import worker_env
 from mbr_launch.workers.flightrec import TRIGGER_NAME, make_trigger
-from mbr_launch.workers import pidmap
 from mbr_launch.workers.cyclelog import CycleLogs
 from mbr_launch.workers.output import OutputPump, rank_prefix
 from mbr_launch.workers import killcause, numa, strays
-from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all
+from mbr_launch.workers.process import StopWatch, Worker, WorkerSpec, signal_group, spawn, stop_all, write_rank_map
 
 
 # The rank monitor's sockets of one local rank, in the agent's socket folder (the monitor adds launcher.sock).
@@ -44,10 +43,8 @@ def longest_socket_name(nproc_per_node: int) -> str:
 
 
 def drop_empty_stack_file(worker: Worker) -> None:
-    """Remove the ended worker's faulthandler stack file when nothing was dumped into it. ``boot`` must open
-    it when the worker starts (faulthandler writes to an fd from its signal handler), so every rank has one;
-    it is read only while the worker lives (``stacks``, for a hang's evidence), so once the worker is gone an
-    empty one says nothing."""
+    """Remove the ended worker's faulthandler stack file when empty: ``boot`` opens one for every rank, and it
+    is read only while the worker lives."""
     path = worker.spec.env.get(STACK_FILE_ENV)
     if not path:
         return
@@ -59,8 +56,7 @@ def drop_empty_stack_file(worker: Worker) -> None:
 
 
 class RankArming(Protocol):
-    """The rank monitor as the group uses it (``monitor.link.MonitorLink``, which sits above workers in the
-    layers): arm a rank's socket before it starts, give the monitor its pid, disarm it once reaped."""
+    """The rank monitor as the group uses it (``monitor.link.MonitorLink``, a layer above)."""
 
     launcher_socket: str | None
 
@@ -103,20 +99,16 @@ class WorkerGroup:
         self._kills = killcause.Ledger()  # who sent the signal a worker died of
 
     def start_standbys(self, pool: StandbyPool | None = None) -> None:
-        """Adopt ``pool`` (started early by the launcher) or start one warm standby per local rank
-        (``--standby``); call before the first round."""
+        """Adopt ``pool`` (started early) or start one standby per local rank; call before the first round."""
         self.standby = pool or early_pool(self.cfg, self.environ)
         if self.standby:
             self.standby.prepare = self._standby  # refills know the latest real environment
-
-    def _argv(self, local_rank: int) -> list[str]:
-        return numa.worker_argv(self.cfg, self.environ, local_rank)
 
     def _standby(self, local_rank: int) -> tuple[list[str], dict[str, str]] | None:
         env = self._envs.get(local_rank)
         if env is None:  # before the first round: the round's values are filled in when it is taken
             return first_assignment(self.cfg, self.environ, local_rank)
-        return self._argv(local_rank), standby_env(env)
+        return numa.worker_argv(self.cfg, self.environ, local_rank), standby_env(env)
 
     # ---- start ----------------------------------------------------------------------------------
 
@@ -134,8 +126,8 @@ class WorkerGroup:
             worker = self._spawn(rnd, local_rank, count)
             self.workers = [w for w in self.workers if w.local_rank != local_rank] + [worker]
         self.workers.sort(key=lambda w: w.local_rank)
-        pidmap.write(self.run_dir, round_index=rnd.index, restart_count=count, world_size=rnd.world_size,
-                     workers=self.workers)
+        write_rank_map(self.run_dir, round_index=rnd.index, restart_count=count, world_size=rnd.world_size,
+                       workers=self.workers)
         # Replacements prepare in the background once these ranks are under way, while a restart may use them.
         if self.standby and restart_possible(self.cfg.policy, restarts_used=count, elastic=self.cfg.rendezvous.elastic):
             self.standby.starting()
@@ -164,9 +156,8 @@ class WorkerGroup:
                 make_trigger(rank_dir / TRIGGER_NAME)  # boot opens it at start: it must exist before the worker
             except OSError:
                 pass  # a full disk: the worker runs without a Flight Recorder trigger
-        argv = self._argv(local_rank)
-        spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=argv, env=env, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE)
+        spec = WorkerSpec(local_rank=local_rank, rank=rank, argv=numa.worker_argv(cfg, self.environ, local_rank),
+                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         self._envs[local_rank] = env
         worker = self.standby.take(spec) if self.standby else None
         if worker is None:
@@ -184,8 +175,7 @@ class WorkerGroup:
         return worker
 
     def _make_rank_dir(self, rank_dir: Path) -> None:
-        """``attempt_N/L`` (0700); on a full disk the worker starts anyway, its logs then fail and are
-        counted like any other log that cannot be written."""
+        """``attempt_N/L`` (0700); on a full disk the worker starts anyway (its lost logs are counted)."""
         try:
             make_dir(rank_dir.parent)
             make_dir(rank_dir)
@@ -215,7 +205,7 @@ class WorkerGroup:
             pump = OutputPump(stream, prefix=prefix, console=to_console,
                               logfile=logfile, filters=filters, filtered=filtered,
                               tail=worker.tail if name == "stderr" else None, fallback=console,
-                              on_log_failure=self._pump_failed,
+                              on_log_failure=lambda _pump, log: self._warn_once(log.path, log.error),
                               mirror=self.cycle_logs.sink(cycle[0], worker.rank, cycle[1]) if self.cycle_logs else None,
                               on_done=functools.partial(self._pump_done, worker, name))
             pumps.append(pump.start())
@@ -225,9 +215,6 @@ class WorkerGroup:
         if name not in self._filtered:
             self._filtered[name] = LineAppender(self.run_dir / f"filtered_{name}.log")
         return self._filtered[name]
-
-    def _pump_failed(self, pump: OutputPump, log: LineAppender) -> None:
-        self._warn_once(log.path, log.error)
 
     def _warn_once(self, path: Path, error: OSError | None) -> None:
         """One warning for the whole group: a full disk fails every log at once."""
@@ -297,8 +284,7 @@ class WorkerGroup:
 
     def stop(self, rnd: Round | None, *, local_ranks: list[int] | None = None,
              first_signal: int = signal.SIGTERM, grace: float = 30.0) -> None:
-        """Staged stop of ``local_ranks`` (default all); their exits are logged but not reported as new. Idempotent:
-        when every target was stopped already (a failure's stop, then the round's end) it does nothing."""
+        """Staged stop of ``local_ranks`` (default all), exits logged but not reported as new; idempotent."""
         targets = [w for w in self.workers if local_ranks is None or w.local_rank in local_ranks]
         if all(w.stopped for w in targets):  # none, or all: no signal, no /proc scan
             return
@@ -312,7 +298,7 @@ class WorkerGroup:
                  on_escalate=lambda w: self.say(f"rank {w.rank} did not stop within {grace:g} s: SIGKILL"),
                  find_strays=lambda: self._strays(targets, ranks),
                  watch=self.watch_stop(grace) if self.watch_stop else None)
-        strays.reap_zombies(self._own_children())
+        strays.reap_zombies(self.own_pids())
         # Disarm only after the groups are reaped: until then the monitor must still be able to kill them
         # should this agent die mid-stop. Verdicts that arrive meanwhile find the rank gone and are ignored.
         if self.monitor:
@@ -347,22 +333,17 @@ class WorkerGroup:
             pass  # best effort: /proc unreadable
 
     def _strays(self, targets: list[Worker], local_ranks: set[int] | None) -> tuple[dict[int, strays.Proc], set[int]]:
-        """Descendants of ``targets`` outside their process groups' reach, and orphans of theirs (ours now, as
-        the subreaper). With --virtual-local-rank every worker says LOCAL_RANK=0, so a stop of some ranks
-        cannot tell whose an orphan is: it is left to the next full stop."""
+        """Descendants of ``targets`` outside their groups, and their orphans (with --virtual-local-rank every
+        LOCAL_RANK is 0, so a partial stop leaves orphans to the next full stop)."""
         table = strays.process_table()
         found = strays.descendants(table, (w.pid for w in targets))
         if local_ranks is None or not self.cfg.workers.virtual_local_rank:
-            adopted = strays.orphans(table, keep=self._own_children(), run_id=self.cfg.rendezvous.run_id,
+            adopted = strays.orphans(table, keep=self.own_pids(), run_id=self.cfg.rendezvous.run_id,
                                      local_ranks=local_ranks)
             found |= adopted | strays.descendants(table, adopted)
         return table, found
 
     def own_pids(self) -> set[int]:
-        """The processes this agent started and still holds (workers, standbys, the rank monitor)."""
-        return self._own_children()
-
-    def _own_children(self) -> set[int]:
         """The processes this agent started (workers, standbys, the rank monitor): never taken for strays."""
         own = {w.pid for w in self.workers}
         if self.standby:

@@ -1,16 +1,8 @@
 """Who sent the signal that killed a worker, as precisely as this node can tell; never a guess.
 
-1. this launcher's own stop: the worker group records what its stops sent to each worker;
-2. the kernel's OOM killer: the worker's memory cgroup counts the OOM kills of its processes (cgroup v2
-   ``memory.events``, v1 ``memory.oom_control``: ``oom_kill N``), read when the worker started and again at
-   its exit; and the kernel's own record of the kill (``Killed process PID (name)`` in ``/dev/kmsg``, which
-   needs CAP_SYSLOG where ``kernel.dmesg_restrict`` is set), which names the victim;
-3. anyone else: Linux does not tell a parent who sent a signal, so the sender is said to be unknown, with
-   what was ruled out.
-
-The cgroup is the one the worker started in (read while it lives: a dead process's ``/proc/PID/cgroup``
-says ``/``). Signals a process raises by its own fault (SIGSEGV, SIGABRT, SIGBUS...) are not looked into:
-``report.exitstatus`` says what they mean. Every file read here is bounded.
+In order: this launcher's own stop; the kernel's OOM killer (the memory cgroup's OOM count at the worker's start
+and exit, and the kernel's ``Killed process PID`` record in ``/dev/kmsg``); else "unknown", with what was ruled
+out. Faults a process raises itself are ``report.exitstatus``'s. Every read is bounded.
 """
 
 from __future__ import annotations
@@ -66,8 +58,7 @@ def _unescape(path: str) -> str:
 
 
 def candidates(proc_cgroup: str, mounts: Sequence[tuple[str, str, str, str]]) -> list[tuple[Path, str]]:
-    """Folders that may hold the memory counters of a process, given its /proc/PID/cgroup text: its cgroup v2
-    folder, then its v1 memory folder (a host mounts either, or both: the hybrid layout)."""
+    """Folders that may hold a process's memory counters, from its /proc/PID/cgroup text: v2, then v1 memory."""
     v2, v1 = None, None
     for line in proc_cgroup.splitlines():
         hier, _, rest = line.partition(":")
@@ -115,9 +106,8 @@ def mark(pid: int) -> CgroupMark | None:
 
 
 def kernel_record(pid: int, *, since: float, records: Sequence[bytes] | None = None) -> str | None:
-    """The kernel's log line that says it killed ``pid`` for want of memory (``... Killed process PID (name)``),
-    logged after ``since`` (``time.monotonic()`` seconds; the kernel stamps its records with its clock since
-    boot, close to ours), or None: no such line, or the log cannot be read."""
+    """The kernel's ``Killed process PID (name)`` line for ``pid``, logged after ``since`` (``time.monotonic()``,
+    close to the kernel's clock), or None."""
     needle = f"Killed process {pid} (".encode()
     for record in (records if records is not None else _kmsg()):
         head, _, message = record.partition(b";")
@@ -181,9 +171,8 @@ def cause(signal: str | None, *, sent: Collection[str], started: CgroupMark | No
 
 def explain(pid: int, signal: str | None, *, sent: Collection[str], started: CgroupMark | None,
             since: float) -> KillCause | None:
-    """``cause`` with the counter and the kernel's log read now, at the worker's exit. The log is read only for
-    a SIGKILL that the counter does not rule out (a counter that did not rise: the kernel killed nothing in
-    the worker's cgroup)."""
+    """``cause`` with the counter and the kernel's log read now, at the worker's exit; the log only for a
+    SIGKILL the counter does not rule out."""
     if signal is None or signal in FAULTS or signal in sent or signal != "SIGKILL":
         return cause(signal, sent=sent, started=started, oom_now=None, kernel=None)
     now = oom_kills(started.path) if started else None
@@ -193,8 +182,7 @@ def explain(pid: int, signal: str | None, *, sent: Collection[str], started: Cgr
 
 
 class Ledger:
-    """What the worker group knows of each worker's death, by pid: its cgroup's OOM count when it started and
-    the signals the group's stops sent it. ``settle`` at its exit names the sender (and forgets the pid)."""
+    """By pid: the cgroup's OOM count at start and the signals stops sent; ``settle`` at exit names the sender."""
 
     def __init__(self) -> None:
         self._marks: dict[int, CgroupMark | None] = {}

@@ -1,14 +1,7 @@
-"""NUMA binding of the workers, as ft_launcher 0.6/0.7 does it with ``NVRX_GPUS_PER_NUMA``.
+"""NUMA binding of the workers (and their standbys), as ft_launcher 0.6/0.7 does it with ``NVRX_GPUS_PER_NUMA``.
 
-When ``NVRX_GPUS_PER_NUMA`` is set in the launcher's environment, ft_launcher starts local rank L through
-``numactl --cpunodebind=N --membind=N`` (``--ft-numa-bind-strict``, the default) or ``numactl
---cpunodebind=N --localalloc`` (``--ft-numa-bind-strict false``), with N = L // NVRX_GPUS_PER_NUMA, at every
-start of the workers (each round). Here too, and the warm standby of a local rank is started through the
-same ``numactl``, so what it preloads is already on its node.
-
-What NVRx would crash on (no numactl, a value that is not a positive whole number, a NUMA node this host does
-not have) binds nothing here and says so in one line at launch. ``plan`` is pure: the value, ``numactl``'s
-path and the host's nodes come in.
+What it does and says is in docs/node-checks.md ("NUMA binding"). What NVRx would crash on binds nothing here
+and says so in one line. ``plan`` is pure: the value, ``numactl``'s path and the host's nodes come in.
 """
 
 from __future__ import annotations
@@ -48,8 +41,7 @@ def parse_nodes(text: str) -> set[int]:
 
 def plan(value: str | None, *, nproc_per_node: int, strict: bool, numactl: str | None,
          nodes: set[int] | None) -> NumaPlan:
-    """The binding of each local rank for ``NVRX_GPUS_PER_NUMA=value``; ``nodes``: the host's NUMA nodes
-    (None: unknown, not checked)."""
+    """The binding of each local rank for ``NVRX_GPUS_PER_NUMA=value``; ``nodes`` None: not checked."""
     if value is None:
         return NumaPlan()
     why_not = f"{ENV}={value!r} asks for NUMA binding, but "
@@ -82,19 +74,16 @@ def plan(value: str | None, *, nproc_per_node: int, strict: bool, numactl: str |
                                             f"{ranks} {', '.join(spans)}")
 
 
-def host_nodes(path: str = NODES_ONLINE) -> set[int] | None:
-    try:
-        return parse_nodes(Path(path).read_text())
-    except (OSError, ValueError):
-        return None
-
-
 @functools.lru_cache(maxsize=8)
 def _cached(value: str | None, nproc_per_node: int, strict: bool, path: str | None) -> NumaPlan:
     if value is None:
         return NumaPlan()
+    try:
+        nodes: set[int] | None = parse_nodes(Path(NODES_ONLINE).read_text())
+    except (OSError, ValueError):
+        nodes = None
     return plan(value, nproc_per_node=nproc_per_node, strict=strict, numactl=shutil.which("numactl", path=path),
-                nodes=host_nodes())
+                nodes=nodes)
 
 
 def for_launch(environ: Mapping[str, str], *, nproc_per_node: int, strict: bool) -> NumaPlan:

@@ -1,22 +1,9 @@
 """Worker output: each stream copied as it comes to its log file and/or the console, with a rank prefix.
 
-The pump reads whatever the pipe holds (``os.read``: partial lines and ``\\r`` progress bars show at once) and
-hands it to the console, which adds the prefix at each line start. Writes are batched: the console and the
-log file are written when the pipe has nothing more ready (or a batch is full), not once per line. Memory
-stays bounded whatever a worker writes: the log file gets whole lines, except that a line without end is
-written on in pieces of ``LINE_CAP``; the copies kept for the failure report and the filters are cut there.
-
-On a terminal the console gets what ``ForTerminal`` passes: colours, and every other control character shown
-escaped, so that a worker cannot forge, erase or retitle anything there. Off a terminal (a file, a pipe:
-Slurm's output file) it gets the bytes as the worker wrote them, as the log file does: nothing draws them
-there, tools read them (grep, a log parser, ``less -R`` for colours), and whoever shows that file on a
-terminal would show the rank's own log file the same way. The console adds the prefix at each line start
-(after ``\\n`` and ``\\r``) in both cases.
-
-The pump never stops reading before the worker's end of the pipe closes: a worker whose pipe is not
-drained blocks in ``write`` and the job freezes. A log file that fails (disk full, I/O error) is given up
-with its complete lines kept; from then on the stream goes to the console (where it was not already)
-and what the file missed is counted. A console that fails (a closed terminal) is dropped the same way.
+What the user sees is in docs/console.md. The pump never stops reading before the worker's end of the pipe
+closes (an undrained worker blocks in ``write`` and the job freezes), and memory stays bounded whatever a
+worker writes (``LINE_CAP``). A log file that fails is given up with its complete lines kept; the stream then
+goes to the console and what the file missed is counted. A console that fails is dropped the same way.
 """
 
 from __future__ import annotations
@@ -40,28 +27,20 @@ LINE_CAP = 64 * 1024  # the longest line kept whole (tail, filters) or held back
 
 # Worker bytes that need no look on a terminal: printable ASCII, tab, \r and \n.
 _PLAIN = re.compile(rb"[\t\n\r\x20-\x7e]*")
-# What a worker may send a terminal as it is: colours and text attributes (SGR), and the erasing of its own line
-# to the right of the cursor (``ESC [ K``, which progress bars write after \r: the cursor is past the prefix
-# then). The split keeps them, and each \r and \n, as pieces of their own.
+# What a worker may send a terminal as it is: SGR colours and attributes, and ``ESC [ K`` (progress bars erase
+# their line after \r; the cursor is past the prefix then). The split keeps them, \r and \n as pieces.
 _KEPT = re.compile(r"(\x1b\[[0-9;:]{0,32}m|\x1b\[0?K|[\r\n])")
 # The start of an SGR at the end of a chunk: held until the next chunk completes it (or shows it as escaped).
 _SGR_START = re.compile(r"\x1b(?:\[[0-9;:]{0,32})?\Z")
 _RESET = "\x1b[0m"
-# Characters of SGR remembered since the last reset, to apply again after each line start: bounded, so that a
-# worker cannot make each of its short lines cost the terminal much more than it wrote.
+# Characters of SGR applied again after each line start: bounded, so a short line costs little more than written.
 _SGR_KEPT = 128
 
 
 class ForTerminal:
     """A worker's stream made safe for a terminal, chunk by chunk: colours kept, every other control shown escaped.
-
-    What a worker writes could otherwise move the cursor into the launcher's lines, erase them or the status
-    area, set the window title, or start a row with ``[mbr-launch node] HANG:`` of its own. ``\\r`` and ``\\n``
-    stay (the console puts the prefix after them, so a progress bar still redraws its line, prefix first);
-    bytes that are not UTF-8 are shown as ``\\xNN`` (a C1 byte would be a control to some terminals). Colours
-    in effect at a line end are reset there and applied again after the next prefix: the prefix is always
-    drawn plainly (a worker cannot conceal it, or paint it black on black), and a block of red lines stays red.
-    They are reset at the end of each chunk as well: another source's line may come next."""
+    Colours are reset at each line (and chunk) end and applied again after the next prefix, which a worker thus
+    cannot conceal; non-UTF-8 bytes show as ``\\xNN`` (a C1 byte is a control to some terminals)."""
 
     def __init__(self) -> None:
         self._decoder = codecs.getincrementaldecoder("utf-8")("backslashreplace")
@@ -121,9 +100,7 @@ class Mirror(Protocol):
 
 
 def rank_prefix(template: str, *, rank: int, local_rank: int, role: str, hostname: str) -> bytes:
-    """The prefix of a rank's console lines (and of its lines in the filtered files): ``[rankN]:``, or torchrun's
-    --log-line-prefix-template with its macros put in as torch 2.14 does (``string.Template``, where an unknown
-    ``${name}`` stays as written). torchrun puts it only before tee'd lines; here every console line has one."""
+    """``[rankN]:``, or --log-line-prefix-template filled in as torch 2.14 does (``string.Template``)."""
     if not template:
         return f"[rank{rank}]:".encode()
     return string.Template(template).safe_substitute(
@@ -137,10 +114,8 @@ def prefixed(prefix: bytes, line: bytes) -> bytes:
 
 class OutputPump:
     """Copies one worker stream to a log file and/or the console (a ``ConsoleSource`` that adds the rank prefix).
-
-    ``fallback`` is the console the stream switches to when its log file fails (None: the lines are only
-    counted); ``on_log_failure`` is told once, at the first failure, and ``on_done`` when the stream ends
-    (both on the pump's thread: they must be quick and thread-safe)."""
+    ``fallback``: the console used once the log file fails; ``on_log_failure`` (once) and ``on_done`` run on
+    the pump's thread."""
 
     _filter_lock = threading.Lock()  # the filtered files are shared by the pumps of all ranks
 
@@ -184,7 +159,9 @@ class OutputPump:
             while data := os.read(fd, CHUNK):
                 self._take(data)
                 if len(self._pending_log) >= CHUNK or not ready.poll(0):
-                    self._flush()
+                    self._write_log(final=False)
+                    if self._console is not None:
+                        self._console.flush()
         except (OSError, ValueError):
             pass  # the pipe itself failed: there is nothing left to drain
         finally:
@@ -206,11 +183,6 @@ class OutputPump:
         if self._console.console.is_terminal(self._console.stream):
             data = self._for_terminal.shown(data, final)
         return not data or self._console.write(data)
-
-    def _flush(self) -> None:
-        self._write_log(final=False)
-        if self._console is not None:
-            self._console.flush()
 
     def _finish(self) -> None:
         if self._line:

@@ -1,26 +1,27 @@
 """Worker processes: spawn, watch, stop.
 
-Each worker starts in its own session (so the whole process group, DataLoader workers included, can be
-signalled) with a parent-death signal (so a SIGKILLed agent cannot orphan it). Exits are observed through
-pidfds: the agent's selector wakes when a worker dies, with no polling. Copying their output is
-``mbr_launch.workers.output``; decoding how they ended, ``mbr_launch.report.exitstatus``.
+Each worker starts in its own session (the whole process group can be signalled) with a parent-death
+signal (a SIGKILLed agent cannot orphan it); exits are observed through pidfds, with no polling.
 """
 
 from __future__ import annotations
 
 import collections
 import ctypes
+import json
 import os
 import signal
 import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import BinaryIO, Callable, Sequence
 
 from mbr_launch.contract import preemption_signals
 from mbr_launch.fdwait import ready
 from mbr_launch.report.exitstatus import ExitStatus
+from mbr_launch.report.private import write_private
 from mbr_launch.workers import strays
 
 _PR_SET_PDEATHSIG = 1
@@ -54,9 +55,7 @@ class Worker:
     noticed: bool = False  # the agent has seen (and logged) this worker's exit
     standby_age: float | None = None  # seconds it waited as a warm standby (None: started fresh)
     standby_state: str | None = None  # how far that standby was when taken (StandbyPool.state)
-    # A stop took it down and cleaned up after it (its group, strays, zombies): another stop has nothing to do
-    # (``WorkerGroup.stop`` then returns at once, without a /proc scan). Set on the Worker, not by pid: a
-    # restarted rank is a new Worker.
+    # A stop took it down and cleaned up after it: another stop has nothing to do (a restarted rank is a new Worker).
     stopped: bool = False
 
     @property
@@ -82,26 +81,20 @@ class Worker:
             if code is not None:
                 self.status = ExitStatus.from_returncode(code)
                 self.ended = time.monotonic()
-                _close(self.pidfd)
+                try:
+                    os.close(self.pidfd)
+                except OSError:
+                    pass
         return self.status
-
-
-def _close(fd: int) -> None:
-    try:
-        os.close(fd)
-    except OSError:
-        pass
 
 
 def _child_setup(parent_pid: int, ignore: Sequence[int] = ()) -> Callable[[], None]:
     def setup() -> None:
-        # Runs in the child between fork and exec. The death signal fires when the *thread* that forked
-        # us exits, so the agent only spawns from its main thread.
+        # Between fork and exec. The death signal fires when the *thread* that forked exits: spawn from main.
         _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent_pid:  # the agent died before prctl took effect
             os._exit(1)
-        # Ignored signals stay ignored across exec: this closes the window while the interpreter starts,
-        # before boot can ignore Slurm's preemption signals itself (a signal then would kill the process).
+        # Ignored signals stay ignored across exec: no window before boot ignores Slurm's preemption signals.
         for sig in ignore:
             signal.signal(sig, signal.SIG_IGN)
 
@@ -122,6 +115,21 @@ def spawn(spec: WorkerSpec, *, cwd: str | None = None, pass_fds: Sequence[int] =
         pass_fds=tuple(pass_fds),
     )
     return Worker(spec=spec, proc=proc, pidfd=os.pidfd_open(proc.pid), started=time.monotonic())
+
+
+def write_rank_map(run_dir: Path, *, round_index: int, restart_count: int, world_size: int,
+                   workers: Sequence[Worker]) -> None:
+    """Replace ``<run_dir>/ranks.json``, which pid is which rank now, for tools that look at processes (a rank
+    born from a standby has no ``RANK`` in ``/proc/PID/environ``); a full disk leaves the old one."""
+    record = {"round": round_index, "restart_count": restart_count, "world_size": world_size,
+              "ranks": [{"rank": w.rank, "local_rank": w.local_rank, "pid": w.pid}
+                        for w in sorted(workers, key=lambda w: w.local_rank)]}
+    path, tmp = run_dir / "ranks.json", run_dir / ".ranks.json.tmp"
+    try:
+        write_private(tmp, (json.dumps(record) + "\n").encode())
+        os.replace(tmp, path)
+    except OSError:
+        pass
 
 
 def signal_group(worker: Worker, sig: int) -> None:
@@ -151,8 +159,7 @@ def wait_any(workers: Sequence[Worker], timeout: float | None) -> list[Worker]:
 # Strays finder for a stop: (process table, pids) of descendants the group signals may miss (``strays.py``).
 FindStrays = Callable[[], "tuple[dict[int, strays.Proc], set[int]]"]
 PUMP_DRAIN = 1.0  # seconds, for all pumps of a stop together, to copy what the dead workers wrote last
-# Watches a stop's grace, called about every STOP_TICK s with (the workers stopping, those still alive,
-# seconds of grace left): reports progress; True ends the grace at once (SIGKILL now: a second Ctrl-C).
+# Called about every STOP_TICK s with (workers stopping, those alive, grace left); True: SIGKILL now.
 StopWatch = Callable[[Sequence[Worker], Sequence[Worker], float], bool]
 STOP_TICK = 0.2
 
@@ -160,20 +167,15 @@ STOP_TICK = 0.2
 def stop_all(workers: Sequence[Worker], *, first_signal: int = signal.SIGTERM, grace: float = 30.0,
              on_escalate: Callable[[Worker], None] | None = None, find_strays: FindStrays | None = None,
              watch: StopWatch | None = None) -> None:
-    """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left.
-
-    Groups are signalled again with SIGKILL even after the leader exited, so grandchildren die too. Strays
-    (descendants that left the group, found by ``find_strays`` before the first signal and again before
-    SIGKILL) get the same signals, a short grace once the workers are gone, and are waited for; then the
-    output pumps get one short, shared drain: a pipe some escaped process still holds never holds a stop.
-    """
+    """Staged stop: ``first_signal`` to every group, wait up to ``grace``, then SIGKILL what is left (groups
+    too, after the leader exited). Strays get the same signals and a short grace once the workers are gone;
+    the pumps one short shared drain, so a pipe an escaped process holds never holds a stop."""
     targets = list(workers)
     found = strays.Strays(groups={w.pid for w in targets})
     if find_strays:
         found.add(*find_strays())  # before any signal, while the process tree is intact
-    # The signal first, SIGCONT after: a stopped process cannot act on SIGTERM, but resumed first it ran on
-    # between the two calls (a SIGSTOPped culprit finished its collective and logged a step after its
-    # verdict). Pending when it resumes, the signal is taken before any more of its code runs.
+    # The signal first, SIGCONT after: resumed first, a stopped culprit ran on between the two calls; pending
+    # when it resumes, the signal is taken before any more of its code runs.
     for worker in targets:
         if worker.alive:
             signal_group(worker, first_signal)

@@ -1,19 +1,8 @@
 """Reading files that someone else on this host could have put in place, and telling where they could.
 
-The agent reads files its workers write: Flight Recorder dumps (where ``TORCH_FR_DUMP_TEMP_FILE`` points; the
-user may aim it at a shared directory) and faulthandler stack files. A neighbour who can write that directory
-can leave anything under the expected name, and each of these stopped or hurt an agent (issue #29):
-- a FIFO: a plain ``open`` blocks until a writer comes, for ever; the agent's signal handlers only queue
-  the signal, so not even SIGTERM got it out;
-- a symlink to /dev/zero (``stat`` says 0 bytes): read until memory ran out; a symlink to a file of ours
-  would feed our own data to a parser;
-- a huge file, or one of theirs.
-So every such read goes through ``report.untrusted`` with its ``OWNED`` policy: no symlink followed, no FIFO
-or device opened, a regular file of ours with one link, no more than the caller's cap. What is here is how
-the agent words a refusal (its ``strerror``, which lands in the evidence and in warnings).
-
-``planting_risk`` says whether others can create names in a directory at all: the preflight refuses a dump
-directory where they can (``doctor.host``), before any file there is trusted with a rank's evidence.
+Dumps and stack files may sit where a neighbour can plant a FIFO, a symlink or a huge file (docs/security.md):
+reads go through ``report.untrusted``'s ``OWNED`` policy, and here is how a refusal is worded. ``planting_risk``
+lets the preflight refuse a directory where others can create names.
 """
 
 from __future__ import annotations
@@ -33,17 +22,13 @@ _KINDS = ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR,
 
 
 def open_owned(path: "str | os.PathLike[str]") -> int:
-    """A read-only fd on ``path``, a regular file of ours with one link; the caller closes it.
-
-    Raises ``FileNotFoundError`` when nothing is there (no dump yet is no refusal), ``UnsafeFile`` for a file
-    the rules refuse, and an ``OSError`` that says "cannot be read" for any other trouble. Never blocks, never
-    follows a symlink."""
+    """A read-only fd on ``path``, a regular file of ours with one link; the caller closes it. Raises
+    ``FileNotFoundError`` (no dump yet is no refusal), ``UnsafeFile``, or an ``OSError`` saying "cannot be read"."""
     return _worded(open_file, path, OWNED)
 
 
 def read_owned(path: "str | os.PathLike[str]", limit: int) -> bytes:
-    """The whole of ``path`` (``open_owned``'s rules), refused when it holds more than ``limit`` bytes, or
-    grows past them while read."""
+    """The whole of ``path`` (``open_owned``'s rules), refused past ``limit`` bytes."""
     return _worded(read_file, path, OWNED, limit)
 
 
@@ -69,13 +54,8 @@ def _worded(call: Callable[..., _T], path: "str | os.PathLike[str]", *args: Any)
 
 def planting_risk(directory: "str | os.PathLike[str]", *, uid: int | None = None) -> str | None:
     """Why someone other than us (``uid``) and root could create or replace a name in ``directory``; None
-    when nobody else can.
-
-    Others can when they can write the directory, the sticky bit notwithstanding (it stops them deleting
-    our names, not creating new ones, and a dump's name is known before the dump exists); when it belongs
-    to someone else; or when they can replace the directory itself: an ancestor they own, or one they can
-    write without the sticky bit. A missing directory is judged where it would be created. A symlink on the
-    way must be ours or root's. POSIX ACLs are not read: the mode bits are what is judged."""
+    when nobody else can. The sticky bit does not help (a dump's name is known before it exists); an ancestor
+    they own or can write without it lets them replace the directory. POSIX ACLs are not read."""
     uid = os.geteuid() if uid is None else uid
     path = os.path.abspath(os.fspath(directory))
     for link in _symlinks(path):
@@ -132,8 +112,7 @@ def _others_write(st: os.stat_result, uid: int) -> str | None:
 
 def _group_is_only(gid: int, uid: int) -> bool:
     """Whether group ``gid`` is ``uid``'s own private group: its primary group, named after it, listing no one
-    else. Other users whose primary group it is are not listed in it, and finding them would mean reading
-    every account (``getpwall``, slow on a site with LDAP), so any other group counts as shared."""
+    else (finding others whose primary group it is would need ``getpwall``, slow with LDAP)."""
     try:
         group, user = grp.getgrgid(gid), pwd.getpwuid(uid)
     except KeyError:

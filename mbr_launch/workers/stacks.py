@@ -1,21 +1,9 @@
 """Stack dumps of hung ranks, taken by the agent before it kills them.
 
-Two ways to get a Python stack out of a process that is stuck:
-
-- py-spy reads the target's memory from outside (ptrace rights needed: root, CAP_SYS_PTRACE, or Yama
-  ``ptrace_scope`` 0/1 with us as an ancestor). Its default mode briefly stops the target for a
-  consistent picture, which fails on a SIGSTOPped process; ``--nonblocking`` reads without stopping,
-  so it is the retry.
-- faulthandler, armed inside every worker by ``mbr_launch.shim.boot``: on ``STACK_SIGNAL`` its C signal
-  handler writes every thread's stack into the file named by ``MBR_STACK_FILE``. No ptrace needed, and
-  it works while a busy loop holds the GIL. A stopped process gets the signal, then SIGCONT (the pending
-  signal's handler runs before any of its own code), and SIGSTOP again once its dump is in: a culprit found
-  stopped stays stopped for the verdict, and runs no more than the moment its dump takes.
-
-``dump_stacks`` runs py-spy for all ranks in parallel and falls back to faulthandler for the ranks
-py-spy could not do. Each dump is saved as ``rank{R}.txt`` with a header, and summarised in one line
-(the innermost frame of the main thread) for the failure summary, and classified for the hang verdict:
-waiting in a collective (or a CUDA synchronize, a store call) versus anywhere else (``classify``).
+py-spy for all ranks in parallel (``--nonblocking`` the retry), faulthandler for the rest: ``STACK_SIGNAL``
+makes the handler ``shim.boot`` armed write into ``MBR_STACK_FILE``, even while a busy loop holds the GIL (a
+rank found stopped is resumed for it and stopped again). Each dump is saved, summarised in one line, and
+classified for the hang verdict: waiting in a collective (a CUDA synchronize, a store call) or elsewhere.
 """
 
 from __future__ import annotations
@@ -85,9 +73,7 @@ def dump_stacks(
     targets: Sequence[StackTarget], out_dir: Path, *, method: Method = "auto", timeout: float = 10.0
 ) -> list[StackDump]:
     """Dump every target's Python stacks into ``out_dir``; never raises for a target that fails.
-
-    ``timeout`` bounds the whole call; with ``auto`` a share of it is kept for the fallback.
-    """
+    ``timeout`` bounds the whole call; with ``auto`` a share of it is kept for the fallback."""
     try:
         out_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
     except OSError:
@@ -242,8 +228,7 @@ def _stop(pid: int) -> None:
 
 def _wait_for_growth(pending: dict[int, int], sizes: dict[int, int], deadline: float,
                      restop: set[int] = frozenset()) -> dict[int, str]:  # type: ignore[assignment]
-    """The bytes each file (pid -> fd) gained, once it stopped growing for a moment (the handler writes in
-    pieces), at most ``MAX_STACK_BYTES``; a pid in ``restop`` gets SIGSTOP as soon as its dump is complete."""
+    """The bytes each file (pid -> fd) gained once it settles; a pid in ``restop`` is stopped once dumped."""
     texts: dict[int, str] = {}
     last: dict[int, tuple[int, float]] = {}
     settle = 0.05
@@ -291,8 +276,7 @@ def _faulthandler_main_frames(text: str) -> list[Frame]:
 
 
 def _is_thread_bootstrap(frame: Frame) -> bool:
-    """The outermost frame of a helper thread: ``threading``'s, or the shim's Flight Recorder thread (started
-    with ``_thread``, so it has no ``threading`` frame)."""
+    """The outermost frame of a helper thread: ``threading``'s, or the shim's Flight Recorder thread's."""
     if frame.filename.endswith(os.path.join("shim", "flight.py")):
         return True
     return frame.function == "_bootstrap" and os.path.basename(frame.filename) == "threading.py"
@@ -368,16 +352,14 @@ _STDLIB = re.compile(r"^<|/lib/python3\.\d+/(?!(site|dist)-packages/)")
 
 
 def _restarting(frames: list[Frame]) -> bool:
-    """In NVRx's in-process Wrapper between runs of the wrapped function (its restart: barriers, health checks,
-    aborting the process group): the innermost frame outside torch and the standard library is the Wrapper's.
-    While the function runs, that frame is the script's (the Wrapper's frames lie further down)."""
+    """In NVRx's in-process Wrapper between runs of the wrapped function: the innermost frame outside torch and
+    the standard library is the Wrapper's (while the function runs, it is the script's)."""
     own = next((f for f in frames if _TORCH not in f.filename and not _STDLIB.search(f.filename)), None)
     return own is not None and _INPROCESS in own.filename
 
 
 def _waiting_in(frames: list[Frame]) -> str:
-    """What the innermost torch frames wait in; "" when the thread is elsewhere. Only the run of torch
-    frames at the top counts: a collective far down the stack under user code is not where it waits."""
+    """What the run of torch frames at the top waits in; "" when the thread is elsewhere."""
     for frame in frames:
         name = frame.function.rsplit(".", 1)[-1]
         if _DIST in frame.filename or frame.filename.endswith(_DDP):

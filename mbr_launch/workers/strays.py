@@ -1,19 +1,9 @@
 """Descendants of workers that left the worker's process group: found, stopped with the workers, and reaped.
 
-A stop signals each worker's process group (its session, made at spawn). A child that calls ``setsid()``
-leaves that group: it missed every signal, and if it ignored SIGTERM it outlived the launcher, holding the
-worker's output pipe open. Such strays are found two ways:
-
-* while the worker lives: the process tree under the worker pid (``/proc/<pid>/stat`` parent links);
-* once its parent died: the agent is the child subreaper (``PR_SET_CHILD_SUBREAPER``), so the kernel hands
-  every orphaned descendant of the agent to the agent instead of init. An orphan is a child of the agent
-  that the agent did not start (not a worker, standby or monitor; the caller passes those as ``keep``)
-  whose environment carries this run's ``TORCHELASTIC_RUN_ID`` (so only a worker's descendant matches),
-  and, for a stop of some local ranks only, one of their ``LOCAL_RANK`` values.
-
-Each stray found gets a pidfd at once, so a later signal cannot hit a recycled pid; orphans, the agent's
-children now, are reaped after they die, and so are zombies of the agent that nobody else will wait for.
-A descendant that clears its environment and is orphaned is not recognised: it lives on as under torchrun.
+A child that called ``setsid()`` misses the group's signals. Strays are found under the live worker, or once
+orphaned as the agent's (a subreaper) children it did not start with this run's ``TORCHELASTIC_RUN_ID`` in their
+environment; each is held by pidfd (no recycled pid is hit). One that clears its environment and is orphaned
+is not recognised: it lives on as under torchrun.
 """
 
 from __future__ import annotations
@@ -93,8 +83,7 @@ def reap_zombies(keep: Collection[int]) -> int:
 
 
 class Strays:
-    """The strays of one stop, held by pidfd. Those in a stopped worker's process group get the group's
-    signals already; the others get the same signals here."""
+    """The strays of one stop, held by pidfd; those outside the stopped groups are signalled here."""
 
     def __init__(self, groups: Collection[int]) -> None:
         self.groups = set(groups)
@@ -121,8 +110,7 @@ class Strays:
                     pass
 
     def wait(self, timeout: float) -> bool:
-        """Until every stray has exited, at most ``timeout`` seconds; True when none is left. Those that are
-        this process's children (orphans) are reaped."""
+        """Until every stray has exited (orphans reaped), at most ``timeout`` seconds; True when none is left."""
         deadline = time.monotonic() + timeout
         live = dict(self.fds)
         while live:
