@@ -36,8 +36,7 @@ from mbr_launch.cluster.peers import StoreLost
 from mbr_launch.cluster.storeguard import StoreUnreachable
 from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed
 from mbr_launch.cluster.round import Round
-from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.timeouts import collective_timeout, peer_gone
+from mbr_launch.decide.causes import Cause, collective_timeout, peer_gone
 from mbr_launch.report import exitcodes
 from mbr_launch.report.summary import ErrorFile, FailureRecord
 from mbr_launch.workers.process import Worker
