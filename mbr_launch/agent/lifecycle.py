@@ -43,14 +43,10 @@ from mbr_launch.workers import numa, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standbypool import StandbyPool
 
-# Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
-# outside the round (spares): they poll about once a second and should read "closed", not find it gone.
-SPARE_LINGER = 3.0
-# After a successful job the store's host waits for every node's farewell (stops.await_farewells) while they
-# keep coming: until none has come for FAREWELL_QUIET seconds, FAREWELL_CAP in all. Another node's farewell
-# thread is given PART_BOUND seconds (its own farewell is one store call).
+SPARE_LINGER = 3.0  # seconds the store's host serves on after closing, so spares read "closed", not "gone"
+# After a successful job the store's host waits for farewells until none came for FAREWELL_QUIET s (CAP in all).
 FAREWELL_QUIET, FAREWELL_CAP = 5.0, 60.0
-PART_BOUND = 5.0
+PART_BOUND = 5.0  # seconds for this node's own farewell (one store call)
 
 
 class Agent:
@@ -77,7 +73,7 @@ class Agent:
         self._guard: StoreGuard | None = None
 
     def run(self) -> int:
-        # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them (strays.py).
+        # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them.
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
@@ -105,7 +101,6 @@ class Agent:
         # A stop's grace: its progress, and a second Ctrl-C that ends it.
         group.watch_stop = progress.stop_watch(wakeup, self.say, preemption=cfg.preemption.signals)
         slurm = cfg.slurm
-        # Which of torch's private rendezvous parts, patched for the c10d restart speed-ups, this torch lacks.
         internals = torch_internals.status() if cfg.rendezvous.backend == "c10d" else None
         # The command line without secrets; the environment is never written.
         log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
@@ -210,8 +205,7 @@ class Agent:
         progress.farewell(wakeup, farewell, bound)  # a Ctrl-C now ends the wait
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
-        """After a successful job (``done``: its round) every node says farewell and the store's host waits
-        for all of them before it closes the rendezvous and takes the store down with its process."""
+        """After a successful job (``done``) the store's host waits for every node's farewell before closing."""
         if done is not None:
             try:
                 stops.farewell(done)
@@ -223,8 +217,7 @@ class Agent:
         self._rendezvous.shutdown(linger=SPARE_LINGER if hosting else 0.0)
 
     def _store_host_alive(self) -> bool:
-        """Watchdog thread: whether the agent serving the latest round's store runs here, neither stopped nor
-        gone (the guard then waits on: a slow call, not a cut link)."""
+        """Watchdog thread: whether the store's host runs here, alive (then a blocked call is slow, not cut)."""
         rnd = self.ctx.round if self.ctx is not None else None
         return rnd is not None and store_host_alive(rnd)
 
@@ -235,8 +228,7 @@ class Agent:
         self._end_from_watchdog(exitcodes.RENDEZVOUS, reason, f"LOST THE RENDEZVOUS STORE: {reason}")
 
     def _signal_unseen(self, signum: int) -> None:
-        """Watchdog thread: a signal came while the main thread is stuck in C code (torch's store client waiting
-        for a rendezvous host that is not up yet, a store call on a dead link). Stop everything from here."""
+        """Watchdog thread: a signal came while the main thread is stuck in C code. Stop everything from here."""
         name = signal.Signals(signum).name
         preempted = name in self.cfg.preemption.signals
         code = exitcodes.PREEMPTED if preempted else 128 + signum
@@ -262,5 +254,4 @@ class Agent:
 
     def say(self, message: str) -> None:
         if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
-            # through the console the worker output and the live view share: never glued to a worker's line
             process_console().say(f"[mbr-launch {self.node}] {message}")

@@ -1,5 +1,4 @@
-"""The rank monitor process as the agent holds it: start, restart after it died, ask for a rank's open
-sections, close. Its events are decoded into typed values on the reader thread and posted to the loop."""
+"""The rank monitor process as the agent holds it; its events are decoded on the reader thread and posted."""
 
 from __future__ import annotations
 
@@ -63,8 +62,7 @@ class MonitorHandle:
         return self.link.snapshot(timeout=1.0) if self.link else None
 
     def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
-        """Each rank's open sections ("a,b"; None: none open, or no answer), from one snapshot: one round trip
-        to the monitor for every rank a round end records."""
+        """Each rank's open sections ("a,b"; None: none, or no answer), from one snapshot."""
         wanted = dict.fromkeys(local_ranks)
         try:
             snap = self.snapshot()
@@ -77,8 +75,7 @@ class MonitorHandle:
         return wanted
 
     def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
-        """Seconds since each rank's last heartbeat or step, as the monitor sees it now, from one snapshot; a
-        rank it cannot say this of (none yet, no monitor, no answer) is left out."""
+        """Seconds since each rank's last heartbeat or step, from one snapshot; unknown ones left out."""
         wanted = set(local_ranks)
         try:
             snap = self.snapshot()

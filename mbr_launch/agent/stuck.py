@@ -1,20 +1,11 @@
 """A signal the main thread cannot act on, because it is stuck inside C code.
 
-Python runs a signal handler in the main thread, between two bytecodes. While that thread waits inside a
-C++ call that never returns to the interpreter, no handler runs: torch's TCPStore client waiting for a
-rendezvous host that is not up yet (up to its 60 s connect timeout, retried by the rendezvous), or a store
-call on a link that drops packets. A Ctrl-C there did nothing. CPython's C-level handler does write the
-signal's number to the file given to ``signal.set_wakeup_fd``, even then: this watchdog thread reads it,
-and when the Python-level handler (``Wakeup.post_signal``) has not seen that signal within ``patience``
-seconds, the main thread is stuck and ``on_stuck`` ends the process from here.
-
-Only a store call can block for ever, so ``patience`` applies while the main thread is inside one
-(``blocked_in``: the store guard's name for it). Elsewhere the main thread may be slow in C code that returns
-(loading a large extension module on a loaded machine took over 1 s in CI, and the watchdog then cut a
-Ctrl-C's 20 s grace to nothing): there the watchdog waits ``long_patience``, or ``patience`` after a second
-signal the handler has not seen (a second Ctrl-C means "now"). A watched signal also ``nudge``s the main
-loop: the kernel may deliver a process's signal to any of its threads, and one taken by another thread does
-not interrupt the main thread's ``select``; the nudge wakes it so that the handler runs at once.
+Python runs signal handlers in the main thread between bytecodes: while it waits in a C++ call (torch's
+store client connecting to a host not up yet, a store call on a cut link) a Ctrl-C did nothing. CPython's
+C-level handler still writes the signal's number to ``signal.set_wakeup_fd``'s file: this watchdog reads it,
+and when the Python handler has not seen the signal within ``patience`` (inside a store call, the only one
+that can block for ever) or ``long_patience`` (elsewhere, short of a second signal), ``on_stuck`` ends the
+process. A watched signal also ``nudge``s the loop: one taken by another thread does not wake ``select``.
 """
 
 from __future__ import annotations
@@ -33,8 +24,7 @@ LONG_PATIENCE = 10.0  # seconds: outside a store call, before a single unseen si
 
 class StuckSignals:
     """Started and closed on the main thread (``set_wakeup_fd`` must be); ``handled()``: how many of the
-    ``watched`` signals the Python-level handler has seen so far. Other signals that some Python handler
-    catches (a terminal's SIGWINCH, say) are written to the same file and are not counted."""
+    ``watched`` signals the Python handler has seen so far."""
 
     def __init__(self, watched: Iterable[int], handled: Callable[[], int], on_stuck: Callable[[int], None], *,
                  blocked_in: Callable[[], str | None] = lambda: "", nudge: Callable[[], None] = lambda: None,
@@ -53,11 +43,8 @@ class StuckSignals:
         return self
 
     def _run(self) -> None:
-        # CPython runs a handler once for a signal however often it came before the handler ran, so bytes in
-        # the file are not handler runs: any run of the handler since the last look means the main thread is
-        # alive and has taken every signal that came before it ran. The count is read before the file, so a
-        # byte written before a run is never read after that run's count (a signal that comes between the two
-        # reads is taken as seen: the next one is caught).
+        # A handler runs once for a signal however often it came, so any run since the last look means every
+        # signal before it was taken. The count is read before the file, so no byte is read after its run.
         pending, last, unseen_since, last_handled = 0, 0, None, self._handled()
         while not self._closed.is_set():
             ready([self._read_fd], 0.25)
@@ -83,7 +70,6 @@ class StuckSignals:
                 return
 
     def _drain(self) -> list[int] | None:
-        """The watched signals written to the file so far; None once it is closed."""
         ours: list[int] = []
         while True:
             try:

@@ -1,10 +1,7 @@
 """How the supervisor loop sleeps and is woken.
 
-Threads (monitor reader, peer watch, stop listeners) ``post`` typed events; signal handlers only append the
-signal number to their own queue (no logging, no locks: gunicorn's rule). Both write a byte to a
-non-blocking pipe, so one ``select`` over that pipe, the workers' pidfds and the monitor's pidfd wakes the
-loop for any of them. Signals have their own queue so that a back-off or a round change can look for one
-without draining and refilling the event queue.
+Threads ``post`` typed events; signal handlers only append the signal number to their own queue (no logging,
+no locks: gunicorn's rule). Both write a byte to a pipe, so one ``select`` over it and the pidfds wakes the loop.
 """
 
 from __future__ import annotations
@@ -21,8 +18,7 @@ from mbr_launch.fdwait import ready
 
 
 class Interrupted(BaseException):
-    """A signal arrived inside ``Wakeup.interruptible``. A BaseException, like KeyboardInterrupt, so that the
-    ``except Exception`` of the code it cuts short (torch's rendezvous, ours around it) lets it through."""
+    """A signal arrived inside ``Wakeup.interruptible``; a BaseException, so ``except Exception`` lets it by."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -45,8 +41,7 @@ class Wakeup:
         self._poke()
 
     def post_signal(self, signum: int) -> None:
-        """Safe in a signal handler: record the signal and wake the loop; inside ``interruptible``, also raise
-        ``Interrupted`` in the main thread, where the handler runs."""
+        """Safe in a signal handler: record the signal, wake the loop; inside ``interruptible``, raise."""
         self._signals.append(signum)
         self.received += 1
         self._poke()
@@ -56,8 +51,7 @@ class Wakeup:
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
-        """For a blocking call that cannot wait on the wake-up pipe (torch's rendezvous waits for the other
-        nodes up to join_timeout, 600 s by default): a signal, queued before or during it, cuts it short."""
+        """For a blocking call that cannot wait on the pipe (torch's rendezvous): a signal cuts it short."""
         if self._signals:
             raise Interrupted(self._signals[0])
         self._interruptible = True
@@ -67,8 +61,7 @@ class Wakeup:
             self._interruptible = False
 
     def nudge(self) -> None:
-        """Thread-safe: wake the loop with nothing queued (a signal another thread took: the handler then runs
-        in the main thread as soon as it is back in Python code)."""
+        """Thread-safe: wake the loop with nothing queued (for a signal another thread took)."""
         self._poke()
 
     def _poke(self) -> None:

@@ -6,8 +6,6 @@ free than its ranks used in the last round (the next round would run out of it).
     a stop begins --> note what the round's live workers hold on each GPU (NVML's per-process view)
     round stopped --> wait (health.gpumem) --> short of memory because of strangers: the node stays out
                                            \\-> otherwise: one line (back after, or not back) naming strangers
-
-The rules live in ``health.gpumem`` and ``health.gpuowners``; NVML in ``health.nvml``.
 """
 
 from __future__ import annotations
@@ -61,8 +59,7 @@ class GpuGate:
     # ---- around a round ---------------------------------------------------------------------------
 
     def first_join(self, ctx: Context) -> None:
-        """Before the first round: open NVML, note who is on the GPUs already, and have every stop of the
-        worker group tell this gate what its workers hold first (``WorkerGroup.before_stop``)."""
+        """Before the first round: open NVML, note who is on the GPUs, and hook the group's stops."""
         if isinstance(self._nvml(), str):
             return
         self._present = frozenset(h.pid for h in self._read(self._job()).holders)
@@ -81,7 +78,7 @@ class GpuGate:
             self._used[device] = max(mb, self._used.get(device, 0.0))
 
     def after_stop(self, ctx: Context, index: int) -> str | None:
-        """Wait for the stopped round's memory. Returns why this node must stay out, or None to join."""
+        """Wait for the stopped round's memory; why this node must stay out, or None."""
         spec, session = self._spec, self._nvml()
         if isinstance(session, str):
             if not self._skip_said:

@@ -1,6 +1,4 @@
-"""What a node does before it joins a round: after a stop, look for what the stop left alive and wait for
-the GPUs' memory; then check itself, and stay out when a check fails (ft_launcher 0.6/0.7's health checks,
-GPU memory reclaim wait and leftover-process check; the checks and waits themselves are in ``health``).
+"""What a node does before it joins a round (ft_launcher 0.6/0.7's checks; they live in ``health``):
 
     round stopped --> leftovers (--ft-check-remaining-processes) --> GPU memory (--ft-gpu-memory-reclaim-timeout,
                       ``agent.features.gpumemory``; strangers leave too little memory free: stay out, as below)
@@ -52,8 +50,7 @@ class HealthGate(Feature):
             else None
 
     def before_join(self, ctx: Context, previous: Round | None) -> int | None:
-        """None: join. Otherwise the exit code, this node having stayed out (or a signal came meanwhile:
-        the join that follows sees it)."""
+        """None: join (or a signal came: the join sees it). Otherwise the exit code, this node staying out."""
         index = ctx.round.index + 1 if ctx.round else 0
         if previous is None and self._gpu:
             self._gpu.first_join(ctx)
@@ -92,9 +89,7 @@ class HealthGate(Feature):
         return finish(ctx, exitcodes.UNHEALTHY, reason)
 
     def _abort_fast_path(self, ctx: Context, previous: Round, reason: str) -> str:
-        """The previous round's other agents may be waiting for this one to agree on the next round: tell
-        them to go to the full join, where it will be missing. Returns a note when this node's exit takes
-        the rendezvous store with it."""
+        """Send the previous round's other agents to the full join; a note when this node hosts the store."""
         try:
             with ctx.store_call("telling the other nodes this one stays out"):
                 if self._cfg.rendezvous.backend == "c10d":
