@@ -136,8 +136,6 @@ class Postponed:
 
 @dataclass
 class InquiryState:
-    """This round's hang inquiries: how many were held, and the quiet time after a verdict."""
-
     number: int = 0  # the next inquiry's number in this round
     quiet_until: float = float("-inf")
     expired: dict[int, object] = field(default_factory=dict)  # local rank -> its RankExpired, this round

@@ -88,7 +88,6 @@ def _healthy_nodes(ctx: Context, rnd: Round) -> int:
 
 def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision,
                 facts: FailureFacts) -> None:
-    """min-healthy, enough healthy nodes: the crashed ranks stay lost, nothing is stopped or restarted."""
     ranks = [r.rank for r in records]
     ctx.current.lost |= {r.local_rank for r in records}
     ctx.log.emit("rank_lost", round=rnd.index, ranks=ranks, local_ranks=[r.local_rank for r in records],
@@ -118,7 +117,6 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
 
 
 def _leave(ctx: Context, rnd: Round, decision: Decision) -> RoundResult:
-    """This node is excluded: tell the others (they re-form without it, spares join), then go."""
     message = StopMessage(reason=f"node {ctx.node} leaves the job: {decision.reason}", origin=ctx.node,
                           group_rank=rnd.group_rank, exclude=ctx.node, restart_count=rnd.restart_count)
     ctx.log.emit("exclude", round=rnd.index, reason=decision.reason)

@@ -149,7 +149,6 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
 
 
 def gather(ctx: Context, rnd: Round, bound: float) -> list[RankEvidence]:
-    """This node's ranks' evidence, back within about ``bound``."""
 
     def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
         try:
@@ -248,7 +247,6 @@ def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
 
 
 def _trigger(ctx: Context, opener: Opener) -> str:
-    """What opened the inquiry, in the monitor's words when the deadline passed on this node."""
     expired = ctx.current.inquiry.expired.values()
     event = next((e for e in expired if isinstance(e, RankExpired) and e.rank == opener.rank), None)
     if opener.rank in ctx.current.inquiry.timed_out:

@@ -78,7 +78,6 @@ def stop_outside_round(ctx: Context, signum: int, *, phase: str = "while waiting
 
 
 def conclude(ctx: Context, rnd: Round, result: RoundResult) -> int:
-    """The exit code of a round that a stop signal ended."""
     if result.outcome is Outcome.SIGNALED:
         assert result.signum is not None
         return finish_signaled(ctx, result.signum, rnd)
@@ -199,7 +198,6 @@ def _leave_rendezvous(ctx: Context) -> str | None:
 
 
 def leave_failed(ctx: Context, why: str | None) -> str | None:
-    """Log and say why this node could not leave the rendezvous, if it could not."""
     if why is not None:
         ctx.log.emit("leave_failed", round=ctx.round.index if ctx.round else None, reason=why)
         ctx.say(f"WARNING: could not leave the rendezvous: {why}; the other nodes drop this node once its "

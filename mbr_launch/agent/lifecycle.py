@@ -21,8 +21,7 @@ from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.loop import Supervisor
 from mbr_launch.agent.messages import Departure
 from mbr_launch.agent.monitoring import MonitorHandle
-from mbr_launch.agent.stuck import StuckSignals
-from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.agent.wakeup import StuckSignals, Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.round import Round

@@ -16,8 +16,6 @@ from mbr_launch.monitor.wire import MonitorEvent
 
 
 class Outcome(enum.Enum):
-    """How a round ended for this node."""
-
     SUCCEEDED = "succeeded"  # every node's workers finished
     RESTART = "restart"  # a new rendezvous round, decided by us or a peer
     FINAL = "final"  # the job ends: the stop message says why and with which code

@@ -58,7 +58,6 @@ class JoinReport:
         return f"rendezvous: {state.joined} of {self.expected} nodes joined, {waited}"
 
     def timed_out(self) -> str:
-        """The reason of a join that timed out."""
         state = self.last_state
         seen = f", {state.joined} of {self.expected} nodes joined" if state and not state.complete else ""
         return (f"the rendezvous timed out after {self.timeout:g} s{seen} (raise the limit with "
@@ -106,7 +105,6 @@ class JoinProgress:
 
 
 def join_progress(ctx: Context) -> JoinProgress:
-    """Report the rendezvous that ``ctx`` is about to join (c10d: with the count of nodes joined)."""
     rdzv = ctx.cfg.rendezvous
     report = JoinReport(min_nodes=rdzv.min_nodes, max_nodes=rdzv.max_nodes, timeout=rdzv.join_timeout)
     counter = None
@@ -118,7 +116,6 @@ def join_progress(ctx: Context) -> JoinProgress:
 
 
 def timed_out(error: BaseException) -> bool:
-    """Whether a failed join failed for its join timeout."""
     from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
     return isinstance(error.__cause__, RendezvousTimeoutError)

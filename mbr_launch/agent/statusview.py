@@ -26,8 +26,6 @@ Rows = dict[int, dict[str, Any]]  # local rank -> the monitor's last status row 
 
 
 class StatusView:
-    """The display mode (``live``, ``plain`` or ``off``) and its state."""
-
     def __init__(self, cfg: "LaunchConfig", *, now: float, stream: TextIO | None = None,
                  console: Console | None = None) -> None:
         self.stream = stream or sys.stderr
@@ -50,7 +48,6 @@ class StatusView:
         return interval or None
 
     def show(self, rows: Rows, starts: dict[int, int]) -> None:
-        """New status rows: the live table is redrawn."""
         if self.mode == "live":
             self._draw_live(rows, starts)
 
@@ -90,7 +87,6 @@ class StatusView:
 
 
 def table(rows: Rows, starts: dict[int, int]) -> Any:
-    """The status table, one row per local rank, as a rich renderable."""
     from rich.table import Table
     from rich.text import Text
 

@@ -37,7 +37,6 @@ class RoundWatch:
         self._listen(stops.ALL_DONE_KEY, lambda _raw: AllDone())
 
     def watch_inquiry(self, number: int) -> None:
-        """Wake the agent when another node opens hang inquiry ``number`` of this round."""
         self._listen(inquiry_key(number, "open"), lambda raw: InquiryOpened(Opener.decode(number, raw)))
 
     def _listen(self, key: str, event: Callable[[bytes], Event]) -> None:

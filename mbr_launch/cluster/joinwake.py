@@ -26,7 +26,7 @@ from mbr_launch.cluster.torch_internals import Patch
 
 PAUSE = 1.0  # torch's pause between two reads of the state while it waits in a join
 # A wait inside torch's C++ client holds off this thread's signal handlers until it returns: waits of at most
-# STEP keep a Ctrl-C in the join prompt (a whole second let the stuck-signal watchdog, agent/stuck.py, end the
+# STEP keep a Ctrl-C in the join prompt (a whole second let the stuck-signal watchdog, agent/wakeup.py, end the
 # agent too, and the signal and the end were recorded twice).
 STEP = 0.25
 _local = threading.local()

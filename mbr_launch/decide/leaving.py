@@ -24,8 +24,6 @@ def window(peer_timeout: float) -> float:
 
 
 class Reach(enum.Enum):
-    """How far a stop signal reached."""
-
     JOB = "job"  # every node of the round: the job stops (exit 5 or 128+N, requeue where asked)
     NODE = "node"  # only some: those nodes leave the job (exit 6), the others go on
 

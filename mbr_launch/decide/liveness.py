@@ -57,7 +57,6 @@ class SlowestAnswer:
 
 
 def grace(timeout: float, slowest: float) -> float:
-    """How much silence a peer or the store gets: the timeout, and more when the store answers slowly."""
     return timeout + SLOW_FACTOR * slowest
 
 

@@ -50,7 +50,6 @@ def build_features(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], Non
                    environ: Mapping[str, str], rendezvous: Rendezvous, hosts_store: Callable[[Any], bool],
                    snapshot: Snapshot, own_pids: Callable[[], Collection[int]],
                    clock: Callable[[], float] = time.monotonic) -> list[Feature]:
-    """The features this launch asked for, in the order they act; ``snapshot``: the rank monitor's view."""
     features: list[Feature] = []
     if health.wanted(cfg):
         features.append(HealthGate(cfg, environ, own_pids=own_pids))
@@ -63,7 +62,6 @@ def build_features(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], Non
 
 def _cycles(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], None], node: str, environ: Mapping[str, str],
             rendezvous: Rendezvous, hosts_store: Callable[[Any], bool], snapshot: Snapshot) -> CycleFeature:
-    """ft_launcher 0.6/0.7's progress tracking and cycle-info files."""
     def members() -> Members | None:
         state = rendezvous.state()
         return None if state is None else (state.members, state.outsiders)

@@ -174,7 +174,6 @@ class CycleRecords:
             return None
 
     def close(self) -> None:
-        """The open cycle ends; what is queued is written (bounded)."""
         if self.reporter is not None:
             self.reporter.end()
         if self.writer is not None:
@@ -203,7 +202,6 @@ class CycleFeature(Feature):
             self.records.on_progress(event.payload)
 
     def on_failure(self, ctx: Context, rnd: Round) -> tuple[str, int] | None:
-        """Not worth another cycle: the line and the no-restart exit code."""
         with ctx.store_call("recording the cycle's progress"):
             stuck = self.records.check(rnd)
         return None if stuck is None else (stuck, self.records.exit_code)
