@@ -91,7 +91,7 @@ class Cluster(Protocol):
 
 
 class Monitor(Protocol):
-    """The rank monitor process as the loop sees it (``agent.monitoring.MonitorHandle``)."""
+    """The rank monitor process as the loop sees it (``agent.lifecycle.MonitorHandle``)."""
 
     @property
     def pidfd(self) -> int | None: ...

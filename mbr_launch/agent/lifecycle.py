@@ -1,6 +1,6 @@
 """The agent's life around the supervisor loop: set up (run folder, event log, worker group and its
 standbys, rank monitor, signal handlers, store guard), run the loop, and tear everything down so that
-nothing of ours outlives the launcher."""
+nothing of ours outlives the launcher. ``MonitorHandle``: the rank monitor process as the agent holds it."""
 
 from __future__ import annotations
 
@@ -12,15 +12,14 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from mbr_launch import nofile
+from mbr_launch import nofile, outside
 from mbr_launch.agent import leaving, progress
 from mbr_launch.agent.context import Context, Feature
 from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.loop import Supervisor
-from mbr_launch.agent.messages import Departure
-from mbr_launch.agent.monitoring import MonitorHandle
+from mbr_launch.agent.messages import Departure, Event, decode_monitor_event
 from mbr_launch.agent.wakeup import StuckSignals, Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous
@@ -46,6 +45,87 @@ SPARE_LINGER = 3.0  # seconds the store's host serves on after closing, so spare
 # After a successful job the store's host waits for farewells until none came for FAREWELL_QUIET s (CAP in all).
 FAREWELL_QUIET, FAREWELL_CAP = 5.0, 60.0
 PART_BOUND = 5.0  # seconds for this node's own farewell (one store call)
+
+
+class MonitorHandle:
+    def __init__(self, *, enabled: bool, sock_dir: Path, ft: dict[str, Any], steps: dict[str, Any] | None,
+                 env: dict[str, str], post: Callable[[Event], None],
+                 on_link: Callable[[MonitorLink | None], None], early: MonitorLink | None = None) -> None:
+        self._enabled = enabled
+        self._early = early  # the monitor's process, spawned by the launcher before it imported torch
+        self._sock_dir, self._ft, self._env = sock_dir, ft, env
+        self.steps = steps  # step deadlines and status rows, as the features asked (``agent.features``)
+        self._post = post
+        self._on_link = on_link  # the worker group arms its ranks through the current link
+        self.link: MonitorLink | None = None
+
+    def start(self) -> None:
+        if not self._enabled:
+            return
+        link, self._early = self._early, None
+        self.link = link or MonitorLink(env=dict(self._env))
+        self.link.on_event = self._on_raw
+        self.link.start(self._sock_dir, self._ft, steps=self.steps)
+        self._on_link(self.link)
+
+    restart = start  # after the monitor died (``reap``)
+
+    def _on_raw(self, raw: dict[str, Any]) -> None:
+        event = decode_monitor_event(raw)
+        if event is not None:
+            self._post(event)
+
+    @property
+    def pidfd(self) -> int | None:
+        return self.link.pidfd if self.link else None
+
+    def reap(self) -> int | None:
+        """The monitor exited (its pidfd is readable): forget it; its exit code."""
+        assert self.link is not None
+        code = self.link.exit_code()
+        if self.link.pidfd is not None:
+            os.close(self.link.pidfd)
+            self.link.pidfd = None
+        self.link = None
+        self._on_link(None)
+        return code
+
+    def pending_signals(self) -> frozenset[int] | None:
+        """The job's signals sent to the monitor's process too (``monitor.witness``); None without a monitor."""
+        return self.link.pending_signals() if self.link else None
+
+    def snapshot(self) -> dict[str, Any] | None:
+        return self.link.snapshot(timeout=1.0) if self.link else None
+
+    def _rows(self) -> list[Any]:
+        try:
+            return (self.snapshot() or {}).get("ranks", [])
+        except Exception:  # the monitor's view is a bonus: none is no rows
+            return []
+
+    def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
+        """Each rank's open sections ("a,b"; None: none, or no answer), from one snapshot."""
+        wanted = dict.fromkeys(local_ranks)
+        for entry in self._rows():
+            local_rank = entry.get("local_rank")
+            if local_rank in wanted and entry.get("open_sections"):
+                wanted[local_rank] = ",".join(entry["open_sections"])
+        return wanted
+
+    def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
+        """Seconds since each rank's last heartbeat or step, from one snapshot; unknown ones left out."""
+        wanted, out = set(local_ranks), {}
+        for entry in self._rows():
+            ages = [a for a in (outside.finite(entry.get("last_heartbeat_age"), 0.0),
+                                outside.finite(entry.get("last_step_age"), 0.0)) if a is not None]
+            if entry.get("local_rank") in wanted and ages:
+                out[entry["local_rank"]] = min(ages)
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        for link in (self.link, self._early):
+            if link:
+                link.close(timeout=timeout)
 
 
 class Agent:

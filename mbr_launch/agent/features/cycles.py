@@ -84,8 +84,6 @@ class CycleRecords:
         if self.rule.enabled and self.rule.file:
             self._launch_iteration, _ = read_bounded(self._read_file, self.rule.file)
 
-    # ---- rounds ---------------------------------------------------------------------------------------
-
     def begin(self, rnd: Round) -> None:
         self._iteration = self._steps = None
         if self.reporter is None or not self._hosts_store(rnd):
@@ -111,8 +109,6 @@ class CycleRecords:
             self._iteration = iteration if self._iteration is None else max(self._iteration, iteration)
         if steps is not None:
             self._steps = steps if self._steps is None else max(self._steps, steps)
-
-    # ---- progress ---------------------------------------------------------------------------------------
 
     def check(self, rnd: Round) -> str | None:
         """Score the round ending in a failure; why the job must end (with ``exit_code``), else None. The caller

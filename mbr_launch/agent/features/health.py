@@ -104,8 +104,6 @@ class HealthGate(Feature):
             return ""
         return "; it serves the rendezvous store, so the other nodes lose it too" if hosting else ""
 
-    # ---- between rounds ---------------------------------------------------------------------------
-
     def report_leftovers(self, ctx: Context, previous: Round) -> None:
         found = leftovers.find(strays.process_table(), me=os.getpid(), workers=[w.pid for w in ctx.group.workers],
                                keep=self._own_pids(), environ_of=leftovers.environ_of,
@@ -134,8 +132,6 @@ class GpuGate:
         self._used: dict[str, float] = {}  # MB the job's workers held per GPU in the last round, where seen
         self._skip_said = False
 
-    # ---- NVML -------------------------------------------------------------------------------------
-
     def _nvml(self) -> Session | str:
         if self._session is None:
             self._session = self._open() if self._devices else "no GPU is visible (CUDA_VISIBLE_DEVICES)"
@@ -150,8 +146,6 @@ class GpuGate:
 
     def _job(self, ended: Sequence[int] = ()) -> Job:
         return Job(me=os.getpid(), run_id=self._run_id, ended=frozenset(ended), present_before=self._present)
-
-    # ---- around a round ---------------------------------------------------------------------------
 
     def first_join(self, ctx: Context) -> None:
         """Before the first round: open NVML, note who is on the GPUs, and hook the group's stops."""

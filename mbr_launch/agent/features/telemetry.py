@@ -59,14 +59,10 @@ class Telemetry:
     def mode(self) -> str:
         return self.view.mode
 
-    # ---- what the monitor and the workers need --------------------------------------------------
-
     def monitor_config(self) -> dict[str, Any]:
         initial, subsequent = self.step_timeouts
         return {"initial": initial, "subsequent": subsequent, "report_interval": 1.0,
                 "status_interval": self.view.status_interval()}
-
-    # ---- segments ---------------------------------------------------------------------------------
 
     def begin(self, round_index: int, local_ranks: list[int]) -> None:
         """Workers (re)started: a new attempt; one still open ends as stopped."""
@@ -101,8 +97,6 @@ class Telemetry:
                       checkpoint=None if seg.checkpoint is None else t(seg.checkpoint), cause=cause,
                       steps=seg.steps, cause_detail=detail or None, first_iteration=seg.first_iteration,
                       last_iteration=seg.last_iteration)
-
-    # ---- monitor events -----------------------------------------------------------------------------
 
     def _catch_up(self, seg: RoundSteps) -> None:
         """Steps batched in the monitor but not yet reported, and the iterations NVRx clients reported."""
@@ -162,8 +156,6 @@ class Telemetry:
         for entry in event.get("ranks", []):
             self.rows.setdefault(entry.get("local_rank"), {}).update(entry)
         self.view.show(self.rows, self.starts)
-
-    # ---- the loop's timer ---------------------------------------------------------------------------
 
     def next_tick(self) -> float | None:
         times = [t for t in (self.check.next_due() if self.check.started else None, self.view.next_plain)
