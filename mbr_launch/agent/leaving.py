@@ -9,6 +9,7 @@ the job (exit 3 everywhere). Outside a round (``stop_outside_round``) there are 
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 from mbr_launch.agent.context import Context
@@ -229,8 +230,6 @@ def _announce(ctx: Context, rnd: Round | None, name: str, where: str, after: Aft
 
 
 def _try_publish(ctx: Context, rnd: Round, message: StopMessage) -> None:
-    try:
-        with ctx.store_call("telling the other nodes"):
-            ctx.cluster.publish(rnd, message)
-    except Exception:  # noqa: BLE001 - the store may be gone too; this node's own exit does not depend on it
-        pass
+    # The store may be gone too; this node's own exit does not depend on it.
+    with contextlib.suppress(Exception), ctx.store_call("telling the other nodes"):
+        ctx.cluster.publish(rnd, message)

@@ -4,6 +4,7 @@ nothing of ours outlives the launcher. ``MonitorHandle``: the rank monitor proce
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -178,7 +179,7 @@ class Agent:
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
         # A stop's grace: its progress, and a second Ctrl-C that ends it.
-        group.watch_stop = progress.stop_watch(wakeup, self.say, preemption=cfg.preemption.signals)
+        group.watch_stop = functools.partial(progress.StopProgress, wakeup, self.say, preemption=cfg.preemption.signals)
         slurm = cfg.slurm
         internals = torch_internals.status() if cfg.rendezvous.backend == "c10d" else None
         # The command line without secrets; the environment is never written.
@@ -233,10 +234,8 @@ class Agent:
     def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any], stuck: StuckSignals) -> None:
         rnd = self.ctx.round if self.ctx else None
         if self._group:
-            try:
+            with contextlib.suppress(Exception):
                 self._group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
-            except Exception:
-                pass
             self._group.close()
         if self._early_standby and (self._group is None or self._group.standby is not self._early_standby):
             self._early_standby.close()  # set-up failed before the group adopted it
@@ -286,12 +285,10 @@ class Agent:
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
         """After a successful job (``done``) the store's host waits for every node's farewell before closing."""
         if done is not None:
-            try:
+            with contextlib.suppress(Exception):  # the store is gone already: nothing to wait for
                 stops.farewell(done)
                 if hosting:
                     stops.await_farewells(done, FAREWELL_QUIET, FAREWELL_CAP)
-            except Exception:
-                pass  # the store is gone already: nothing to wait for
         assert self._rendezvous is not None
         self._rendezvous.shutdown(linger=SPARE_LINGER if hosting else 0.0)
 

@@ -13,7 +13,7 @@ from typing import Callable, Collection, Sequence
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.joining import JoinCounter, JoinState
-from mbr_launch.workers.process import StopWatch, Worker
+from mbr_launch.workers.process import Worker
 
 # Rendezvous: silent for FIRST_REPORT s, then a line every REPORT_EVERY s (REPORT_EVERY_LATER after LATER_AFTER).
 FIRST_REPORT = 2.0
@@ -82,14 +82,11 @@ class JoinProgress:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        self._stopped.set()  # not joined: a store read may take its 2 s timeout, and nothing waits on it
-
     def __enter__(self) -> "JoinProgress":
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.stop()
+        self._stopped.set()  # not joined: a store read may take its 2 s timeout, and nothing waits on it
 
     def _run(self) -> None:
         next_read = FIRST_REPORT - POLL  # no store connection for a join that completes before a line is due
@@ -181,12 +178,6 @@ def _ranks(workers: Sequence[Worker]) -> str:
     ranks = sorted(w.rank for w in workers)
     shown = ",".join(str(r) for r in ranks[:8]) + (",..." if len(ranks) > 8 else "")
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
-
-
-def stop_watch(wakeup: Wakeup, say: Callable[[str], None], *, preemption: Collection[str] = (),
-               clock: Callable[[], float] = time.monotonic) -> Callable[[float], StopWatch]:
-    """For ``WorkerGroup.watch_stop``: a fresh watch for each stop."""
-    return lambda grace: StopProgress(wakeup, say, grace, preemption=preemption, clock=clock)
 
 
 def farewell(wakeup: Wakeup, thread: threading.Thread, bound: float) -> None:

@@ -6,6 +6,7 @@ the console they share; ``plain`` a line of all ranks, printed only when it chan
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import statistics
@@ -65,10 +66,8 @@ class StatusView:
     def close(self) -> None:
         if self._live and self.console is not None:
             self._live = False
-            try:
+            with contextlib.suppress(Exception):
                 self.console.set_status(None)
-            except Exception:
-                pass
 
     def _draw_live(self, rows: Rows, starts: dict[int, int]) -> None:
         try:

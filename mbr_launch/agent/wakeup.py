@@ -101,11 +101,9 @@ class Wakeup:
     def _select(self, fds: Sequence[int], timeout: float | None) -> list[int]:
         woke = ready([self._read_fd, *fds], timeout)
         if self._read_fd in woke:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 while os.read(self._read_fd, 4096):
                     pass
-            except BlockingIOError:
-                pass
         return [fd for fd in woke if fd != self._read_fd]
 
     def sleep(self, seconds: float) -> bool:
@@ -117,10 +115,8 @@ class Wakeup:
 
     def close(self) -> None:
         for fd in (self._read_fd, self._write_fd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
 
 
 PATIENCE = 1.0  # seconds: a main thread in Python code runs the handler within milliseconds
@@ -194,13 +190,9 @@ class StuckSignals:
 
     def close(self) -> None:
         self._closed.set()
-        try:
+        with contextlib.suppress(ValueError):  # not on the main thread (never, as the agent uses it)
             signal.set_wakeup_fd(self._old_fd)
-        except ValueError:  # not on the main thread (never, as the agent uses it)
-            pass
         self._thread.join(1.0)
         for fd in (self._read_fd, self._write_fd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
