@@ -55,10 +55,6 @@ class Telemetry:
         self.rows: dict[int, dict[str, Any]] = {}  # local rank -> last status from the monitor
         self.view = statusview.StatusView(cfg, now=clock(), stream=stream, console=console)
 
-    @property
-    def mode(self) -> str:
-        return self.view.mode
-
     def monitor_config(self) -> dict[str, Any]:
         initial, subsequent = self.step_timeouts
         return {"initial": initial, "subsequent": subsequent, "report_interval": 1.0,
