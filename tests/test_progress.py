@@ -106,13 +106,13 @@ def test_a_signal_during_a_failures_stop_ends_the_run_instead_of_restarting(tmp_
 
 
 def test_a_watched_signal_that_no_handler_sees_is_reported_and_other_signals_are_not():
-    """``agent.stuck`` with real signals to this process: a watched signal whose Python handler runs is fine,
+    """``agent.wakeup.StuckSignals`` with real signals to this process: a watched signal whose Python handler runs is fine,
     an unwatched one (a terminal's SIGWINCH, say) is ignored, a watched one that the handler does not see
     (the main thread stuck in C code, here: a handler that does not count it) is reported."""
     import os
     import time
 
-    from mbr_launch.agent.stuck import StuckSignals
+    from mbr_launch.agent.wakeup import StuckSignals
 
     seen, fired = [], []
     counted = {"on": True}
@@ -147,7 +147,7 @@ def test_a_handler_that_ran_once_for_two_signals_is_not_taken_for_a_stuck_main_t
     import os
     import time
 
-    from mbr_launch.agent.stuck import StuckSignals
+    from mbr_launch.agent.wakeup import StuckSignals
 
     runs, fired = [], []
 
@@ -176,7 +176,7 @@ def test_outside_a_store_call_one_unseen_signal_waits_the_long_patience_and_a_se
     import os
     import time
 
-    from mbr_launch.agent.stuck import StuckSignals
+    from mbr_launch.agent.wakeup import StuckSignals
 
     fired, nudges = [], []
 

@@ -24,7 +24,7 @@ from mbr_launch.workers import process
 from mbr_launch.workers.group import WorkerGroup
 
 from mbr_launch.agent.messages import RankStarted
-from mbr_launch.agent.monitoring import MonitorHandle
+from mbr_launch.agent.lifecycle import MonitorHandle
 from mbr_launch.report import exitcodes
 
 from .replay import FakeMonitor, all_exit, build_world, exited, make_round, post

@@ -36,7 +36,7 @@ def _telemetry(clock: Clock, stream, **cli):
 def test_segments_stragglers_and_plain_status():
     clock = Clock()
     tel, log, said = _telemetry(clock, io.StringIO())
-    assert tel.mode == "plain"  # not a terminal
+    assert tel.view.mode == "plain"  # not a terminal
     assert tel.monitor_config() == {"initial": 3600.0, "subsequent": 1800.0, "report_interval": 1.0,
                                     "status_interval": 5.0}
     tel.begin(0, [0, 1])
@@ -73,7 +73,7 @@ def test_segments_stragglers_and_plain_status():
 def test_table_renders_and_off_is_silent():
     clock = Clock()
     tel, _log, said = _telemetry(clock, io.StringIO(), status="off")
-    assert tel.mode == "off" and tel.next_tick() is None
+    assert tel.view.mode == "off" and tel.next_tick() is None
     tel.rows = {0: {"local_rank": 0, "rank": 0, "state": "armed", "steps": 3, "last_step_age": 0.1,
                     "last_step_time": 0.0105, "step": 3}}
     from rich.console import Console

@@ -16,7 +16,7 @@ from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import C10dRen
 from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRendezvousHandler
 
 from mbr_launch.agent.lifecycle import Agent
-from mbr_launch.agent.stuck import StuckSignals
+from mbr_launch.agent.wakeup import StuckSignals
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.api import build_launch_config
 from mbr_launch.cluster import joining, rdzvstore, torch_internals

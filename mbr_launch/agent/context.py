@@ -1,10 +1,6 @@
-"""What the supervisor loop and its handlers share: the collaborators (injected, so tests replay scripted
-histories through the real loop with fakes and a fake clock) and the little state that outlives one event.
-
-Each collaborator is a ``Protocol`` naming only what the agent calls; ``agent.lifecycle`` wires the real
-ones (torch's rendezvous, worker processes, the rank monitor process, the round's store). The optional
-features are a list of ``Feature`` (``agent.features``); what one round knows is a ``RoundState``, made fresh
-by the loop as each round starts.
+"""What the supervisor loop and its handlers share: the collaborators, each a ``Protocol`` naming only what
+the agent calls (``agent.lifecycle`` wires the real ones; tests replay histories with fakes), and the state
+that outlives one event. What one round knows is a ``RoundState``, made fresh as each round starts.
 """
 
 from __future__ import annotations
@@ -95,7 +91,7 @@ class Cluster(Protocol):
 
 
 class Monitor(Protocol):
-    """The rank monitor process as the loop sees it (``agent.monitoring.MonitorHandle``)."""
+    """The rank monitor process as the loop sees it (``agent.lifecycle.MonitorHandle``)."""
 
     @property
     def pidfd(self) -> int | None: ...
@@ -108,9 +104,7 @@ class Monitor(Protocol):
 
 
 class Feature(Protocol):
-    """An optional part of the round (``agent.features`` draws where each hook comes). Every hook's default does
-    nothing: a feature names ``Feature`` as its base and writes only the hooks it uses; a hook that may end the
-    join, the round or the job returns what the loop's own code would (an exit code, a result)."""
+    """An optional part of the round (``agent.features`` draws where each hook comes); every default does nothing."""
 
     def monitor_settings(self) -> dict[str, Any]: return {}
     def before_join(self, ctx: Context, previous: Round | None) -> int | None: return None
@@ -133,8 +127,7 @@ class Guard(Protocol):
 
 @dataclass(frozen=True)
 class Postponed:
-    """An expiry that came in the quiet time after a verdict: judged when that time ends, if its rank is still
-    the same process, alive, and has made no heartbeat or step since (``agent.inquiry.resume_postponed``)."""
+    """An expiry that came in the quiet time after a verdict (``agent.inquiry.resume_postponed``)."""
 
     event: RankExpired
     pid: int | None  # the worker's process when its deadline passed (a restarted rank's old expiry is moot)
@@ -143,10 +136,6 @@ class Postponed:
 
 @dataclass
 class InquiryState:
-    """This round's hang inquiries: how many were held, and the quiet time after a verdict (the expiries of
-    the ranks that waited for the culprit arrive then, and must not open an inquiry of their own: they are
-    postponed to its end, never dropped)."""
-
     number: int = 0  # the next inquiry's number in this round
     quiet_until: float = float("-inf")
     expired: dict[int, object] = field(default_factory=dict)  # local rank -> its RankExpired, this round
@@ -161,8 +150,7 @@ class InquiryState:
 
 @dataclass
 class RoundState:
-    """What one round of this node knows and nothing after it needs: the loop makes a fresh one as each round
-    starts (``loop.Supervisor._run_round``), so nothing of a round leaks into the next."""
+    """What one round of this node knows: made fresh as each round starts, so nothing leaks into the next."""
 
     started: float = 0.0  # when the round's workers were started, on ``Context.clock``
     watch: Watch | None = None  # the threads watching the round (None before the first round)
@@ -198,8 +186,8 @@ class Context:
 
     @contextlib.contextmanager
     def store_call(self, what: str) -> Iterator[None]:
-        """Bound a store call (a cut link never returns): past it, the guard ends the process (exit 3). A store
-        that is gone (its host died) raises ``StoreUnreachable`` naming ``what``: the supervisor ends the run."""
+        """Bound a store call (a cut link never returns: the guard exits 3); a store that is gone raises
+        ``StoreUnreachable`` naming ``what``."""
         with self.guard.around(self.cfg.rendezvous.peer_timeout * 2 + 5, what):
             try:
                 yield

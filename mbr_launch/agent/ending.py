@@ -33,11 +33,8 @@ def finish(ctx: Context, code: int, reason: str) -> int:
 
 
 def final_code(ctx: Context, message: StopMessage) -> tuple[int, str]:
-    """The code and reason a final stop ends this node's run with. Exit 0 says every worker of the job
-    succeeded, and agents end a job that way only when every node reports its workers done ("all done"), never
-    by a stop: a stop that claims 0 while this node's workers had not all exited 0 came from no agent of this
-    job (a value written into the store), and ends the run as the failure it is. One exception: 0 is the code
-    this job's own configuration stops with (--ft-no-restart-exit-code 0)."""
+    """The code and reason a final stop ends this node's run with. Agents end a job with 0 only by "all done",
+    so a stop claiming 0 while workers here had not succeeded is forged (unless --ft-no-restart-exit-code 0)."""
     if (message.exit_code != exitcodes.OK or ctx.group.all_succeeded()
             or ctx.cfg.nvrx.no_restart_exit_code == exitcodes.OK):
         return message.exit_code, message.reason
@@ -47,8 +44,7 @@ def final_code(ctx: Context, message: StopMessage) -> tuple[int, str]:
 
 
 def finish_signaled(ctx: Context, signum: int, rnd: Round | None) -> int:
-    """A stop request ends with 128+N, as a shell reports it; a preemption signal with exit 5 (after asking
-    Slurm to requeue the job, where that is allowed)."""
+    """128+N, as a shell reports it; a preemption signal: exit 5, after a Slurm requeue where allowed."""
     name = signal.Signals(signum).name
     if name not in ctx.cfg.preemption.signals:
         return finish(ctx, 128 + signum, f"launcher received {name}")
@@ -59,7 +55,6 @@ def finish_signaled(ctx: Context, signum: int, rnd: Round | None) -> int:
 
 
 def _goodput(ctx: Context) -> None:
-    """Goodput of this node's run, from its event log: into the summary and the log."""
     if not any(r.get("event") == "progress" for r in ctx.log.records):
         return
     result = compute(ctx.log.records, wall=ctx.log.t_of(ctx.clock()))

@@ -16,9 +16,8 @@ from mbr_launch.report.summary import FailureRecord
 
 def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, shutdown: bool = False,
                    exclude: bool = False, nodes_lost: int = 0, culprit_known: bool = True) -> RoundResult | None:
-    """Record failures, ask the policy, act. None when the round goes on (node/rank-scope restart, or ranks
-    left lost under min-healthy).
-    ``culprit_known`` False (an undetermined hang): the job restarts and no node is blamed."""
+    """Record failures, ask the policy, act; None when the round goes on. ``culprit_known`` False: an
+    undetermined hang, no node blamed."""
     for record in records:
         ctx.summary.failures.append(record)
         ctx.log.emit("failure", **record.to_event(), startup=not ctx.current.heartbeats)
@@ -49,8 +48,7 @@ def handle_failure(ctx: Context, rnd: Round, records: list[FailureRecord], *, sh
     reason = records[0].describe() if plain else f"{records[0].describe()}; {decision.reason}"
     nv = ctx.cfg.nvrx
     if decision.unfixable and nv.attribution_stop_action == "no-restart":
-        # ft_launcher 0.7 ends the job with its no-restart code on an attribution STOP verdict; ours is the
-        # policy's: a failure that restarting cannot fix. The code tells a requeue script not to requeue.
+        # ft_launcher 0.7's attribution STOP: the no-restart code tells a requeue script not to requeue.
         reason += f"; not to be requeued (--ft-attribution-stop-action no-restart: exit {nv.no_restart_exit_code})"
         return _stop_round(ctx, rnd, decision, reason, exit_code=nv.no_restart_exit_code)
     return _stop_round(ctx, rnd, decision, reason)
@@ -64,12 +62,8 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
         lost = tolerated(ctx.cfg.policy, FailureFacts(cause=cause, healthy_nodes=healthy))
         blamed = cause.node_fault and culprit_known and not lost  # a lost rank is no node failure: nothing restarts
         node_failures = ctx.rendezvous.count_node_failure(rnd, ctx.node) if blamed else 0
-        # Read only where the policy weighs it: a job-wide restart reads it once, after its stop
-        # (``loop.fast_blocker``), and a failure costs one read of torch's whole rendezvous state, not two.
+        # Read only where the policy weighs it (torch's whole rendezvous state).
         waiting = ctx.rendezvous.spare_count() if _spares_matter(ctx, cause, exclude, node_failures) else 0
-    # ctx.current.heartbeats: the local ranks that showed a sign of progress this round
-    # (handlers.note_rank_started: a heartbeat, a step, a checkpoint, enough collectives, an advancing
-    # iteration); none: a start-up failure.
     return FailureFacts(
         cause=cause, exit_code=first.status.code if first.status else None, startup=not ctx.current.heartbeats,
         round_seconds=ctx.clock() - ctx.current.started, restarts_used=restarts,
@@ -82,23 +76,18 @@ def _facts(ctx: Context, rnd: Round, cause: Cause, first: FailureRecord, *, shut
 
 
 def _spares_matter(ctx: Context, cause: Cause, exclude: bool, node_failures: int) -> bool:
-    """Whether the nodes waiting outside the round can change ``decide``'s answer: they count only in
-    ``nodes_left`` (a node about to leave: asked to, or past --max-node-failures) and ``nodes_remaining`` (a
-    lost peer)."""
+    """Whether the nodes waiting outside the round can change ``decide``'s answer (a leaving node, a lost peer)."""
     limit = ctx.cfg.policy.max_node_failures
     return exclude or cause is Cause.PEER or bool(limit and node_failures >= limit)
 
 
 def _healthy_nodes(ctx: Context, rnd: Round) -> int:
-    """min-healthy: the round's nodes that still have every rank alive, job-wide; this node's first lost rank
-    of the round counts it out (once) in the round's store."""
+    """min-healthy: the round's nodes with every rank alive; this node's first lost rank counts it out."""
     return rnd.group_world_size - ctx.cluster.count_unhealthy(rnd, add=not ctx.current.lost)
 
 
 def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision,
                 facts: FailureFacts) -> None:
-    """min-healthy, enough healthy nodes: the crashed ranks stay lost and everything else goes on (an NVRx
-    in-process Wrapper recovers without them); the failure is recorded, nothing is stopped or restarted."""
     ranks = [r.rank for r in records]
     ctx.current.lost |= {r.local_rank for r in records}
     ctx.log.emit("rank_lost", round=rnd.index, ranks=ranks, local_ranks=[r.local_rank for r in records],
@@ -108,7 +97,7 @@ def _leave_lost(ctx: Context, rnd: Round, records: list[FailureRecord], decision
 
 
 def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decision: Decision) -> RoundResult | None:
-    """--restart-scope node|rank: only this node's (or the failed ranks') processes restart; the round goes on."""
+    """--restart-scope node|rank: only this node's (or the failed ranks') processes restart."""
     cfg = ctx.cfg
     with ctx.store_call("counting a restart"):
         total = ctx.rendezvous.count_restart(rnd, startup=decision.counts_as_startup, once_per_round=False)
@@ -128,7 +117,6 @@ def _restart_here(ctx: Context, rnd: Round, records: list[FailureRecord], decisi
 
 
 def _leave(ctx: Context, rnd: Round, decision: Decision) -> RoundResult:
-    """This node is excluded: tell the others (they re-form without it, spares join), then go."""
     message = StopMessage(reason=f"node {ctx.node} leaves the job: {decision.reason}", origin=ctx.node,
                           group_rank=rnd.group_rank, exclude=ctx.node, restart_count=rnd.restart_count)
     ctx.log.emit("exclude", round=rnd.index, reason=decision.reason)
@@ -140,8 +128,7 @@ def _leave(ctx: Context, rnd: Round, decision: Decision) -> RoundResult:
 
 def _stop_round(ctx: Context, rnd: Round, decision: Decision, reason: str,
                 exit_code: int = exitcodes.FAILED) -> RoundResult:
-    """Restart the job (a new round everywhere) or end it (with ``exit_code``): the first stop message of the
-    round wins."""
+    """Restart the job or end it (with ``exit_code``): the round's first stop message wins."""
     final = decision.action is Action.STOP
     with ctx.store_call("announcing the failure to the other nodes"):
         count = rnd.restart_count if final else ctx.rendezvous.count_restart(

@@ -19,33 +19,25 @@ from mbr_launch.report.summary import FailureRecord
 
 
 def dispatch(ctx: Context, rnd: Round, event: Event, local_done: bool) -> RoundResult | None:
-    """Hand the event to its handler (``HANDLERS``, at the end of this module); once this node's workers are
-    done (``local_done``), only an event of ``AFTER_LOCAL_DONE``."""
+    """Hand the event to its handler (``HANDLERS``); once this node's workers are done, only those of
+    ``AFTER_LOCAL_DONE``."""
     if local_done and type(event) not in AFTER_LOCAL_DONE:
         return None
     handler = HANDLERS.get(type(event))
     return handler(ctx, rnd, event) if handler is not None else None
 
 
-# The events that still matter once this node's workers have all ended (``local_done``: succeeded, or left lost under
-# min-healthy; ``Context.finished_here``). The node then waits for the other nodes, and only their news can end that
-# wait: a peer's stop (the round restarts or the job ends, and this node goes with it), a lost peer or a lost store
-# (the others may never finish: the failure path decides), every node done (the success it waits for); a monitor
-# warning is only recorded. Every other event is about this node's workers or about re-forming their round, and
-# neither is left to act on: a rank's start, steps or expired deadline, a worker's request, the monitor's death
-# (nothing left for it to watch), a hang inquiry (the ranks here have exited: none of them hangs), nodes waiting to
-# join (re-forming the round would restart workers that are done).
+# Once this node's workers have all ended (``Context.finished_here``) it waits for the other nodes: only their news
+# can end that wait. Every other event is about workers that are done, or re-forming a round that would restart them.
 AFTER_LOCAL_DONE: frozenset[type] = frozenset({PeerStopped, PeerLost, StoreLost, AllDone, MonitorWarning})
 
 
-# The signs of progress (monitor.steps.PROGRESS_SIGNS) with events of their own: first_step (which telemetry
-# records) and first_heartbeat. Every other kind comes as first_progress and is recorded here.
+# The signs of progress with events of their own; every other kind comes as first_progress, recorded here.
 _STEP_OR_HEARTBEAT = ("step", "heartbeat")
 
 
 def note_rank_started(ctx: Context, rnd: Round, event: RankStarted) -> None:
-    """A rank is past start-up (its first heartbeat, step, checkpoint, collectives or iteration): a failure of
-    this round is no longer a start-up failure (``failures._facts``)."""
+    """A rank is past start-up: a failure of this round is no longer a start-up failure."""
     ctx.current.heartbeats.add(event.local_rank)
     if len(ctx.current.heartbeats) >= len(ctx.group.workers):
         ctx.group.training()  # our own extra processes waited for the job's start (issue #38)
@@ -62,8 +54,7 @@ def note_progress(ctx: Context, rnd: Round, event: Progress) -> None:
 
 
 def note_peers_left(ctx: Context, rnd: Round, event: PeersLeft) -> None:
-    """Nodes left the round (a signal stopped them and not the job): what the round does about it was decided
-    by the node that left (``agent.leaving``); here it is only recorded."""
+    """Nodes left the round: the node that left decided what follows (``agent.leaving``); only recorded here."""
     ctx.log.emit("peer_left", round=rnd.index, group_ranks=list(event.group_ranks))
     ctx.say(f"group rank(s) {list(event.group_ranks)} left the job (stopped by a signal that did not reach every "
             "node)")
@@ -88,9 +79,8 @@ def handle_nodes_waiting(ctx: Context, rnd: Round, event: NodesWaiting) -> Round
 
 
 def _stop_here(ctx: Context, rnd: Round, message: StopMessage) -> RoundResult:
-    """This node's workers stop for the round's stop message. The attempt ends when they stop, not when the
-    next one starts: goodput's detection time for this node is then up to the stop, and the rendezvous after
-    it counts as restart."""
+    """This node's workers stop for the round's stop message; the attempt ends then (goodput's restart time
+    begins)."""
     ctx.group.stop(rnd, grace=ctx.cfg.workers.shutdown_timeout)
     for feature in ctx.features:
         feature.attempt_ended(ctx, "stop")
@@ -121,8 +111,7 @@ def handle_monitor_died(ctx: Context, rnd: Round, event: MonitorDied) -> RoundRe
     return handle_failure(ctx, rnd, [record])
 
 
-# A hostile or broken client can make the monitor refuse a lot: the console gets the first few warnings,
-# events.jsonl a bounded number, so neither fills up.
+# A hostile client can make the monitor refuse a lot: neither the console nor events.jsonl may fill up.
 CONSOLE_WARNINGS = 5
 LOGGED_WARNINGS = 200
 
@@ -154,7 +143,7 @@ def handle_workload_request(ctx: Context, rnd: Round, event: WorkloadRequest) ->
 
 Handler = Callable[[Context, Round, Any], Optional[RoundResult]]
 
-# What each kind of event does (tests/test_dispatch.py: every kind of ``messages.Event`` has its handler).
+# tests/test_dispatch.py: every kind of ``messages.Event`` has its handler.
 HANDLERS: dict[type, Handler] = {
     PeerStopped: handle_peer_stop,
     PeerLost: handle_silence,

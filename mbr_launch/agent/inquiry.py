@@ -1,22 +1,12 @@
 """A hang, from the first expired deadline to the verdict and what this node does about it.
 
-The monitor's expiry names the rank whose deadline fired first; in a synchronous job that is as often a rank
-waiting for the culprit as the culprit itself. So nothing is killed yet: the expiry opens a job-wide inquiry
-(``cluster.inquiry``), every node gathers its ranks' evidence within ``--hang-inquiry-timeout``
-(``workers.evidence``), the opener's node judges (``decide.verdict``) and publishes the verdict, and every
-node acts on it: the culprit's node stops the culprit and runs the failure path (restart scope, node failure
-counts and exclusion follow the culprit); an undetermined verdict restarts the job and blames no node.
-
-The rendezvous store is reachable by more than the job's agents, so three rules keep what it says from
-turning into a restart or a kill on its own:
-- no rank past a deadline, no hang: an inquiry in which no node's evidence shows an expired rank is withdrawn
-  (``judge_inquiry``, by the decider, or by a node that got no verdict);
-- a verdict this node did not judge itself stops a rank here only when this node's own evidence bears it out
-  (``unsupported``) and the rank made no heartbeat or step during the inquiry (one found stopped excepted: the
-  moment its stack dump resumes it is ours, not its own progress); otherwise nothing is stopped
-  here, and the job restarts blaming no node if the round is still running when the culprit's node would have
-  stopped it (``overdue``);
-- an expiry in the quiet time after a verdict is postponed to its end, never dropped (``resume_postponed``).
+An expiry kills nothing: it opens a job-wide inquiry (``cluster.inquiry``), every node gathers its ranks'
+evidence (``workers.evidence``), the opener's node judges (``decide.verdict``), and every node acts on the
+verdict: the culprit's node stops it and runs the failure path; an undetermined verdict restarts the job.
+What the store says cannot kill or restart on its own (docs/security.md): an inquiry without an expired rank
+is withdrawn (``judge_inquiry``), another node's verdict stops a rank here only when this node's evidence
+bears it out (``_doubt``), else ``overdue`` restarts the job blaming no node, and an expiry in the quiet time
+after a verdict is postponed, never dropped (``resume_postponed``).
 """
 
 from __future__ import annotations
@@ -39,8 +29,7 @@ from mbr_launch.report.summary import FailureRecord
 from mbr_launch.workers.evidence import gather as evidence_of
 from mbr_launch.workers.process import Worker
 
-# Seconds a node that does not decide waits for the verdict beyond the gathering bound.
-VERDICT_SLACK = 2.0
+VERDICT_SLACK = 2.0  # seconds a node that does not decide waits for the verdict beyond the gathering bound
 TIMED_OUT = "collective_timeout"  # the evidence's ``kind`` for a rank that died of a collective timeout
 
 
@@ -53,17 +42,16 @@ def on_expiry(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | Non
                  last_heartbeat_age=event.last_heartbeat_age, open_sections=list(event.open_sections) or None)
     ctx.current.inquiry.expired[event.local_rank] = event
     if ctx.current.inquiry.quiet(ctx.clock()):
-        # The peers of a culprit named a moment ago: their deadlines pass too. Judged when the quiet time ends
-        # (a rank that hung in it is no less hung), never dropped: the monitor tells each expiry only once.
+        # A peer of the culprit named a moment ago, or a new hang: judged when the quiet time ends (the
+        # monitor tells each expiry only once).
         ctx.current.inquiry.postponed.setdefault(event.local_rank, Postponed(event, worker.pid, ctx.clock()))
         return None
     return _open(ctx, rnd, event)
 
 
 def resume_postponed(ctx: Context, rnd: Round) -> RoundResult | None:
-    """The quiet time is over: an expiry it postponed opens the inquiry now, if its rank is still the same
-    process, alive, and made no heartbeat or step since (then it went on, and is no longer counted as past its
-    deadline). While a culprit named on another node is being stopped, they wait: ``overdue`` covers that."""
+    """After the quiet time, a postponed expiry opens the inquiry if its rank is the same process, alive and
+    unmoved since; not while a culprit elsewhere is being stopped (``overdue`` covers that)."""
     postponed, now = ctx.current.inquiry.postponed, ctx.clock()
     if not postponed or ctx.current.inquiry.quiet(now) or ctx.current.inquiry.elsewhere is not None:
         return None
@@ -91,13 +79,13 @@ def _open(ctx: Context, rnd: Round, event: RankExpired) -> RoundResult | None:
 
 
 def _opener(ctx: Context, rnd: Round, rank: int | None, kind: str) -> Opener:
-    """Open this round's next inquiry; the opener that won (another node's, when it opened it first)."""
+    """Open this round's next inquiry; the opener that won."""
     with ctx.store_call("opening a hang inquiry"):
         return ctx.cluster.open_inquiry(rnd, Opener(ctx.current.inquiry.number, rnd.group_rank, rank, kind))
 
 
 def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | None:
-    """Another node opened an inquiry: join it, unless this node joined already through its own expiry."""
+    """Another node opened an inquiry: join it, unless this node already did."""
     if event.opener.number != ctx.current.inquiry.number:
         return None
     return _act(ctx, rnd, _verdict(ctx, rnd, event.opener))
@@ -105,8 +93,8 @@ def on_opened(ctx: Context, rnd: Round, event: InquiryOpened) -> RoundResult | N
 
 def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
                           lines: Mapping[int, str]) -> tuple[bool, RoundResult | None]:
-    """Local ranks died of a collective timeout (no heartbeat caught the hang first): each waited for another
-    rank. (True, result) when the verdict names a culprit; (False, None) leaves them to the crash path."""
+    """Local ranks died of a collective timeout, waiting for another rank. (True, result) when the verdict
+    names a culprit; (False, None) leaves them to the crash path."""
     waited = [RankEvidence(rank=w.rank, node=ctx.node, group_rank=rnd.group_rank, local_rank=w.local_rank,
                            pid=w.pid, state=ProcState.GONE, stack=StackClass.COLLECTIVE,
                            collective="a collective that timed out", where=lines[w.local_rank][:160],
@@ -120,8 +108,6 @@ def on_collective_timeout(ctx: Context, rnd: Round, failed: Sequence[Worker],
 
 @dataclass(frozen=True)
 class _Found:
-    """An inquiry's verdict as this node has it, with this node's evidence."""
-
     verdict: Verdict
     local: list[RankEvidence]
     decider: bool  # this node opened the inquiry, and judged it
@@ -129,7 +115,7 @@ class _Found:
 
 
 def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvidence] = ()) -> _Found:
-    """Gather and publish this node's evidence; decide (the opener's node) or wait for the decision."""
+    """Gather and publish this node's evidence; decide (the opener's node) or wait for the verdict."""
     number, began, bound = opener.number, ctx.clock(), ctx.cfg.monitor.inquiry_timeout
     decider = opener.group_rank == rnd.group_rank
     ctx.current.inquiry.number += 1
@@ -154,8 +140,7 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
             stored = ctx.cluster.wait_verdict(rnd, number, deadline=began + bound + VERDICT_SLACK)
         verdict = stored if stored is not None else _silence_noted(judge_inquiry(local), [opener.group_rank])
         judged = None if stored is not None else verdict
-    # A verdict from the store (another node's, or one that beat this decider's own) is checked against what
-    # this node saw before a rank here is stopped for it; this node's own judgement needs no check.
+    # A verdict from the store is checked against what this node saw; its own judgement needs no check.
     doubt = None if verdict is judged else _doubt(ctx, verdict, local, began)
     if verdict.basis is not Basis.WITHDRAWN:  # after a withdrawn one, the next expiry is judged afresh
         ctx.current.inquiry.quiet_until = ctx.clock() + ctx.cfg.monitor.hang_kill_grace + bound + VERDICT_SLACK
@@ -164,7 +149,6 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
 
 
 def gather(ctx: Context, rnd: Round, bound: float) -> list[RankEvidence]:
-    """This node's ranks' evidence (process state, Flight Recorder, stacks), back within about ``bound``."""
 
     def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
         try:
@@ -179,17 +163,15 @@ def gather(ctx: Context, rnd: Round, bound: float) -> list[RankEvidence]:
 
 
 def _doubt(ctx: Context, verdict: Verdict, local: Sequence[RankEvidence], began: float) -> str | None:
-    """Why this node does not stop its ranks that a verdict read from the store blames (None: it does, or none
-    is blamed): its own evidence does not bear the verdict out, or the rank made a heartbeat or step after
-    this node began gathering (a hung rank makes neither: its peers' deadlines passed waiting for it)."""
+    """Why this node does not stop its ranks a stored verdict blames (None: it does): its own evidence does not
+    bear it out, or the rank made a heartbeat or step since gathering began (a hung rank makes neither)."""
     mine = [e for e in local if e.rank in verdict.culprits]
     if not mine:
         return None
     if (why := unsupported(verdict, local)) is not None:
         return why
-    # A rank this node found stopped cannot step: a beat from it since is the one its stack dump let through
-    # (the faulthandler path resumes it for the moment the dump takes; 128 agents on 16 cores: long enough
-    # for a step, and every such verdict was refused).
+    # A rank found stopped cannot step: a beat since is the one its stack dump let through (faulthandler
+    # resumes it for the dump).
     running = [e for e in mine if e.state is not ProcState.STOPPED]
     ages, waited = ctx.monitor.ages([e.local_rank for e in running]), ctx.clock() - began
     moved = [(e.rank, ages[e.local_rank]) for e in running if e.local_rank in ages and ages[e.local_rank] < waited]
@@ -201,10 +183,8 @@ NOTHING_EXPIRED = "no hang: no rank of any node is past a deadline"
 
 
 def judge_inquiry(evidence: Sequence[RankEvidence]) -> Verdict:
-    """``judge`` for a job-wide inquiry: withdrawn when no rank of any node is past a deadline (a rank that died
-    of a collective timeout counts as past one). An agent opens an inquiry only on an expiry, which its node's
-    evidence then carries; one opened without any came from no agent (anyone who can reach the store can write
-    its key), and restarting the job for it would hand them a restart per write."""
+    """``judge``, withdrawn when no rank is past a deadline: an agent opens an inquiry only on an expiry, so one
+    without came from no agent (anyone who reaches the store could buy a restart per write)."""
     if not any(e.expired for e in evidence):
         return Verdict((), Basis.WITHDRAWN, f"{NOTHING_EXPIRED} (the inquiry was opened without an expiry)", (),
                        tuple(sorted(evidence, key=lambda e: e.rank)))
@@ -212,12 +192,9 @@ def judge_inquiry(evidence: Sequence[RankEvidence]) -> Verdict:
 
 
 def unsupported(verdict: Verdict, own: Sequence[RankEvidence]) -> str | None:
-    """Why this node's own evidence does not bear out a verdict read from the store that blames ranks of this
-    node (None: it does, or no rank here is blamed). The decider judges what each node published, and the
-    verdict carries the culprits' evidence: for a culprit here it must be what this node saw of that rank (the
-    same process, in the same state, stack, deadline and collective counts). A verdict that judged another
-    process, or facts this node never reported, was not decided from this node's evidence: stopping the rank
-    for it would stop a healthy rank (and count a failure against a healthy node)."""
+    """Why this node's evidence does not bear out a stored verdict blaming ranks here (None: it does): the
+    verdict's evidence of a culprit here must be what this node saw of it, else it judged another process or
+    facts this node never reported, and stopping the rank would stop a healthy one."""
     mine = {e.rank: e for e in own}
     carried = {e.rank: e for e in verdict.evidence}
     for rank in verdict.culprits:
@@ -235,15 +212,13 @@ def unsupported(verdict: Verdict, own: Sequence[RankEvidence]) -> str | None:
 
 
 def _facts(e: RankEvidence) -> dict[str, object]:
-    """What the rules read of one rank's evidence, as compared between a verdict and the node that gave it
-    (strings are left out: the store's decoder shortens and escapes them)."""
+    """What the rules read of one rank's evidence (no strings: the store's decoder shortens them)."""
     return {"pid": e.pid, "state": e.state.value, "stack": e.stack.value, "expired": e.expired,
             "collective counts": sorted((g.enqueued, g.started, g.completed) for g in e.progress)}
 
 
 def overdue(ctx: Context, rnd: Round) -> RoundResult | None:
-    """The culprit's node had its time to stop the round and did not (its agent is stuck or gone without
-    its peers noticing yet): restart the job from here, blaming no node."""
+    """The culprit's node had its time to stop the round and did not: restart the job, blaming no node."""
     if ctx.current.inquiry.elsewhere is None or ctx.clock() < ctx.current.inquiry.elsewhere_by:
         return None
     reason, ctx.current.inquiry.elsewhere = ctx.current.inquiry.elsewhere, None
@@ -254,9 +229,7 @@ def overdue(ctx: Context, rnd: Round) -> RoundResult | None:
 
 
 def _with_expiry(evidence: RankEvidence, event: object) -> RankEvidence:
-    """This node's expiry of the rank, in its evidence. ``watched`` (the monitor's phase is no longer
-    "expired") says the client initialised again only for the NVRx client's deadlines: a step deadline of
-    autobeat leaves the phase alone."""
+    """This node's expiry of the rank, in its evidence (``watched`` means nothing for autobeat's step deadline)."""
     if not isinstance(event, RankExpired):
         return dataclasses.replace(evidence, watched=False)
     return dataclasses.replace(evidence, expired=True, kind=event.kind, section=event.section,
@@ -266,8 +239,7 @@ def _with_expiry(evidence: RankEvidence, event: object) -> RankEvidence:
 
 
 def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
-    """Nodes that sent no evidence in time: a culprit named from the others' evidence stands (it was seen
-    outside the collective they wait in); an undetermined verdict says whose evidence was missing."""
+    """An undetermined verdict names the nodes that sent no evidence in time; a named culprit stands."""
     if not silent or verdict.determined:
         return verdict
     nodes = ", ".join(str(g) for g in silent)
@@ -275,7 +247,6 @@ def _silence_noted(verdict: Verdict, silent: Sequence[int]) -> Verdict:
 
 
 def _trigger(ctx: Context, opener: Opener) -> str:
-    """What opened the inquiry, for people: the monitor's own words when the deadline passed on this node."""
     expired = ctx.current.inquiry.expired.values()
     event = next((e for e in expired if isinstance(e, RankExpired) and e.rank == opener.rank), None)
     if opener.rank in ctx.current.inquiry.timed_out:
@@ -304,10 +275,8 @@ def _record(ctx: Context, rnd: Round, number: int, verdict: Verdict, local: Sequ
 
 
 def _act(ctx: Context, rnd: Round, found: _Found) -> RoundResult | None:
-    """The culprit's node stops it and runs the failure path; an undetermined verdict restarts the job from the
-    decider; a node without culprits waits for the culprit's node to act (its stop message). A node whose own
-    evidence does not bear out the blame of its ranks stops nothing, and waits as if the culprit were elsewhere:
-    a real hang still ends in a restart (``overdue``), blaming no node."""
+    """The culprit's node stops it and runs the failure path; the decider restarts the job for an undetermined
+    verdict; other nodes (and one in doubt) wait for the culprit's node, or ``overdue``."""
     verdict, local = found.verdict, found.local
     if verdict.basis is Basis.WITHDRAWN:
         return None  # the ranks restart in process: nothing hung, nothing to stop
@@ -348,8 +317,7 @@ def _record_of(ctx: Context, rnd: Round, evidence: RankEvidence, verdict: Verdic
                          stacks=evidence.stacks_path, stack_summary=evidence.where or None)
 
 
-# What each kind of expired deadline (the ``kind`` of the monitor's ``expired`` event) means, for people.
-EXPIRY_TEXT = {
+EXPIRY_TEXT = {  # the ``kind`` of the monitor's ``expired`` event, for people
     "initial_heartbeat": "sent no first heartbeat",
     "heartbeat": "sent no heartbeat",
     "section": "stayed in section '{section}'",
@@ -359,7 +327,6 @@ EXPIRY_TEXT = {
 
 
 def describe_expiry(event: RankExpired) -> str:
-    """A rank monitor's expiry, described for people (the verdict, above, decides who hung)."""
     text = EXPIRY_TEXT.get(event.kind, event.kind).format(section=event.section)
     parts = [f"{text} for {event.elapsed:.2f} s (timeout {event.timeout:g} s)"
              if event.elapsed is not None and event.timeout is not None else text]

@@ -1,25 +1,15 @@
 """A stop signal in a job of several nodes: whether it stops the job or only this node, and this node's
-departure when it stops only this node (the rules: ``decide.leaving``).
+departure when it stops only this node (the rules: ``decide.leaving``; cases and exit codes: docs/slurm.md).
 
-In a round (``stop_for_signal``): the signal is recorded in the round's store at once, the workers get it (or
-the preemption's forward signal) with their grace, and then this node's witness of a signal to the whole Slurm
-step, or the round's count, says how far it reached:
-
-- every node of the round (Slurm's preemption, ``scancel``, a time limit, a Ctrl-C that reached every agent):
-  the job stops as it always did, with exit 5 (``--preempt-signals``) or 128+N, and a requeue where asked;
-- only this node (a ``kill`` of one launcher, a drained node): this node leaves the rendezvous, names itself
-  in the round's departures and counts as done there, tells the others what the policy makes of its
-  departure (``decide.leaving.after_departure``: go on, re-form with the nodes waiting, restart, or stop), and
-  exits 6. The node that serves the rendezvous store cannot leave without taking the store with it: its
-  signal ends the job, and every node exits 3 (run the store apart with ``mbr-launch store``).
-
-Outside a round (``stop_outside_round``: waiting to join, or between two rounds) there are no workers to
-stop: the node leaves the rendezvous (never closing it for the others) and exits 5 or 128+N when the signal
-stopped the whole job, or the job had not started; 6 when a round of the job goes on without it.
+The signal is recorded in the round's store at once and the workers get it with their grace; then the
+signal's reach decides: the job stops (exit 5 or 128+N), or this node leaves the rendezvous, tells the others
+what the policy makes of it, and exits 6. The store's host cannot leave without the store: its signal ends
+the job (exit 3 everywhere). Outside a round (``stop_outside_round``) there are no workers to stop.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 
 from mbr_launch.agent.context import Context
@@ -36,9 +26,8 @@ POLL = 0.25  # seconds between counts of the round's signalled nodes, while the 
 
 def note_signal(ctx: Context, signum: int, *, workers: bool = True,
                 phase: str = "while waiting in the rendezvous") -> tuple[signal.Signals, float]:
-    """Record a signal (and a preemption) in the log and on the console; what the workers get, and their grace.
-    ``workers`` False: none are running (the signal came in ``phase``, e.g. while this node waited in the
-    rendezvous)."""
+    """Log and say a signal (or preemption); the signal the workers get, and their grace. ``workers`` False:
+    none run (the signal came in ``phase``)."""
     cfg = ctx.cfg
     name = signal.Signals(signum).name
     ctx.log.emit("signal", signal=name)
@@ -56,8 +45,8 @@ def note_signal(ctx: Context, signum: int, *, workers: bool = True,
 
 
 def stop_for_signal(ctx: Context, rnd: Round, signum: int, *, workers: bool = True) -> RoundResult:
-    """A stop signal in round ``rnd``: stop this node's workers, then stop the job (``Outcome.SIGNALED``) or
-    leave it (``Outcome.LEFT``; ``FINAL`` for the store's host)."""
+    """Stop this node's workers, then stop the job (``SIGNALED``) or leave it (``LEFT``; the store's host:
+    ``FINAL``)."""
     name = signal.Signals(signum).name
     began = ctx.clock()
     forward, grace = note_signal(ctx, signum, workers=workers, phase="before the workers started")
@@ -71,7 +60,7 @@ def stop_for_signal(ctx: Context, rnd: Round, signum: int, *, workers: bool = Tr
 
 
 def stop_outside_round(ctx: Context, signum: int, *, phase: str = "while waiting in the rendezvous") -> int:
-    """A stop signal while this node is in no round; the exit code. ``ctx.round``: the round it was in last."""
+    """A stop signal while this node is in no round (``ctx.round``: its last); the exit code."""
     name = signal.Signals(signum).name
     note_signal(ctx, signum, workers=False, phase=phase)
     ctx.departure = Departure.LEAVE  # this node goes; the rendezvous stays open for the nodes that stay
@@ -90,8 +79,6 @@ def stop_outside_round(ctx: Context, signum: int, *, phase: str = "while waiting
 
 
 def conclude(ctx: Context, rnd: Round, result: RoundResult) -> int:
-    """The exit code of a round that a stop signal ended (``SIGNALED``, ``LEFT`` or, for the store's host,
-    ``FINAL``)."""
     if result.outcome is Outcome.SIGNALED:
         assert result.signum is not None
         return finish_signaled(ctx, result.signum, rnd)
@@ -116,9 +103,8 @@ def _record(ctx: Context, rnd: Round, name: str) -> int | None:
 
 
 def _settle(ctx: Context, rnd: Round, signum: int, count: int | None, began: float) -> Reach:
-    """Look at this node's witness and count the round's signalled nodes until the answer is known (the rules:
-    ``decide.leaving``). A second signal ends the wait (this node goes now); a store that no longer answers
-    stops the job (no node goes on without it)."""
+    """Count the round's signalled nodes until the reach is known. A second signal ends the wait (this node
+    goes now); a store that no longer answers stops the job."""
     limit = window(ctx.cfg.rendezvous.peer_timeout)
     while True:
         step_wide = _step_wide(ctx, signum)
@@ -145,8 +131,7 @@ def _settle(ctx: Context, rnd: Round, signum: int, count: int | None, began: flo
 
 
 def _step_wide(ctx: Context, signum: int) -> bool:
-    """Slurm sent ``signum`` to every process of this node's part of its step: this node's rank monitor, in a
-    session of its own, has it pending too (``monitor.witness``). Outside a step nothing is read from it."""
+    """Slurm sent ``signum`` to this node's whole step: the rank monitor has it pending too (``monitor.witness``)."""
     slurm = ctx.cfg.slurm
     if slurm is None or not slurm.in_step:
         return False
@@ -164,8 +149,7 @@ def _spare(ctx: Context) -> bool:
 
 
 def _job_stopped(ctx: Context, signum: int, began: float) -> bool:
-    """A spare's signal: whether the nodes of the round got it too (Slurm's to the whole step, or the job's
-    mark within the window)."""
+    """A spare's signal: whether the round's nodes got it too (the step's, or the job's mark in the window)."""
     limit = window(ctx.cfg.rendezvous.peer_timeout)
     while True:
         if _step_wide(ctx, signum) or job_stopped(ctx.rendezvous.job_get(JOB_STOP_KEY)) is not None:
@@ -207,8 +191,7 @@ def _depart(ctx: Context, rnd: Round, name: str, signum: int) -> RoundResult:
 
 
 def _leave_rendezvous(ctx: Context) -> str | None:
-    """Leave torch's rendezvous now, before the others re-form without this node; why it could not (its
-    keep-alive then expires). A static rendezvous has no membership to leave."""
+    """Leave torch's rendezvous before the others re-form; why it could not (a static one has no membership)."""
     if ctx.cfg.rendezvous.backend != "c10d":
         return None
     with ctx.guard.around(ctx.cfg.rendezvous.peer_timeout * 2 + 15, "leaving the rendezvous"):
@@ -216,8 +199,6 @@ def _leave_rendezvous(ctx: Context) -> str | None:
 
 
 def leave_failed(ctx: Context, why: str | None) -> str | None:
-    """Where this node could not leave the rendezvous, the log and the console say why (its keep-alive then
-    expires, and the others drop it)."""
     if why is not None:
         ctx.log.emit("leave_failed", round=ctx.round.index if ctx.round else None, reason=why)
         ctx.say(f"WARNING: could not leave the rendezvous: {why}; the other nodes drop this node once its "
@@ -249,8 +230,6 @@ def _announce(ctx: Context, rnd: Round | None, name: str, where: str, after: Aft
 
 
 def _try_publish(ctx: Context, rnd: Round, message: StopMessage) -> None:
-    try:
-        with ctx.store_call("telling the other nodes"):
-            ctx.cluster.publish(rnd, message)
-    except Exception:  # noqa: BLE001 - the store may be gone too; this node's own exit does not depend on it
-        pass
+    # The store may be gone too; this node's own exit does not depend on it.
+    with contextlib.suppress(Exception), ctx.store_call("telling the other nodes"):
+        ctx.cluster.publish(rnd, message)

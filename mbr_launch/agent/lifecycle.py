@@ -1,9 +1,10 @@
 """The agent's life around the supervisor loop: set up (run folder, event log, worker group and its
 standbys, rank monitor, signal handlers, store guard), run the loop, and tear everything down so that
-nothing of ours outlives the launcher."""
+nothing of ours outlives the launcher. ``MonitorHandle``: the rank monitor process as the agent holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
@@ -12,17 +13,15 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from mbr_launch import nofile
+from mbr_launch import nofile, outside
 from mbr_launch.agent import leaving, progress
 from mbr_launch.agent.context import Context, Feature
 from mbr_launch.agent.features import build_features, monitor_settings
 from mbr_launch.agent.loop import Supervisor
-from mbr_launch.agent.messages import Departure
-from mbr_launch.agent.monitoring import MonitorHandle
-from mbr_launch.agent.stuck import StuckSignals
-from mbr_launch.agent.wakeup import Wakeup
+from mbr_launch.agent.messages import Departure, Event, decode_monitor_event
+from mbr_launch.agent.wakeup import StuckSignals, Wakeup
 from mbr_launch.agent.watch import StoreCluster
 from mbr_launch.cluster.rendezvous import Rendezvous
 from mbr_launch.cluster.round import Round
@@ -42,14 +41,91 @@ from mbr_launch.workers import numa, strays
 from mbr_launch.workers.group import WorkerGroup, longest_socket_name
 from mbr_launch.workers.standbypool import StandbyPool
 
-# Seconds the agent serving the rendezvous store keeps it up after closing the rendezvous, when agents wait
-# outside the round (spares): they poll about once a second and should read "closed", not find it gone.
-SPARE_LINGER = 3.0
-# After a successful job the store's host waits for every node's farewell (stops.await_farewells) while they
-# keep coming: until none has come for FAREWELL_QUIET seconds, FAREWELL_CAP in all. Another node's farewell
-# thread is given PART_BOUND seconds (its own farewell is one store call).
+SPARE_LINGER = 3.0  # seconds the store's host serves on after closing, so spares read "closed", not "gone"
+# After a successful job the store's host waits for farewells until none came for FAREWELL_QUIET s (CAP in all).
 FAREWELL_QUIET, FAREWELL_CAP = 5.0, 60.0
-PART_BOUND = 5.0
+PART_BOUND = 5.0  # seconds for this node's own farewell (one store call)
+
+
+class MonitorHandle:
+    def __init__(self, *, enabled: bool, sock_dir: Path, ft: dict[str, Any], steps: dict[str, Any] | None,
+                 env: dict[str, str], post: Callable[[Event], None],
+                 on_link: Callable[[MonitorLink | None], None], early: MonitorLink | None = None) -> None:
+        self._enabled = enabled
+        self._early = early  # the monitor's process, spawned by the launcher before it imported torch
+        self._sock_dir, self._ft, self._env = sock_dir, ft, env
+        self.steps = steps  # step deadlines and status rows, as the features asked (``agent.features``)
+        self._post = post
+        self._on_link = on_link  # the worker group arms its ranks through the current link
+        self.link: MonitorLink | None = None
+
+    def start(self) -> None:
+        if not self._enabled:
+            return
+        link, self._early = self._early, None
+        self.link = link or MonitorLink(env=dict(self._env))
+        self.link.on_event = self._on_raw
+        self.link.start(self._sock_dir, self._ft, steps=self.steps)
+        self._on_link(self.link)
+
+    restart = start  # after the monitor died (``reap``)
+
+    def _on_raw(self, raw: dict[str, Any]) -> None:
+        event = decode_monitor_event(raw)
+        if event is not None:
+            self._post(event)
+
+    @property
+    def pidfd(self) -> int | None:
+        return self.link.pidfd if self.link else None
+
+    def reap(self) -> int | None:
+        """The monitor exited (its pidfd is readable): forget it; its exit code."""
+        assert self.link is not None
+        code = self.link.exit_code()
+        if self.link.pidfd is not None:
+            os.close(self.link.pidfd)
+            self.link.pidfd = None
+        self.link = None
+        self._on_link(None)
+        return code
+
+    def pending_signals(self) -> frozenset[int] | None:
+        """The job's signals sent to the monitor's process too (``monitor.witness``); None without a monitor."""
+        return self.link.pending_signals() if self.link else None
+
+    def snapshot(self) -> dict[str, Any] | None:
+        return self.link.snapshot(timeout=1.0) if self.link else None
+
+    def _rows(self) -> list[Any]:
+        try:
+            return (self.snapshot() or {}).get("ranks", [])
+        except Exception:  # the monitor's view is a bonus: none is no rows
+            return []
+
+    def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
+        """Each rank's open sections ("a,b"; None: none, or no answer), from one snapshot."""
+        wanted = dict.fromkeys(local_ranks)
+        for entry in self._rows():
+            local_rank = entry.get("local_rank")
+            if local_rank in wanted and entry.get("open_sections"):
+                wanted[local_rank] = ",".join(entry["open_sections"])
+        return wanted
+
+    def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
+        """Seconds since each rank's last heartbeat or step, from one snapshot; unknown ones left out."""
+        wanted, out = set(local_ranks), {}
+        for entry in self._rows():
+            ages = [a for a in (outside.finite(entry.get("last_heartbeat_age"), 0.0),
+                                outside.finite(entry.get("last_step_age"), 0.0)) if a is not None]
+            if entry.get("local_rank") in wanted and ages:
+                out[entry["local_rank"]] = min(ages)
+        return out
+
+    def close(self, timeout: float = 5.0) -> None:
+        for link in (self.link, self._early):
+            if link:
+                link.close(timeout=timeout)
 
 
 class Agent:
@@ -76,7 +152,7 @@ class Agent:
         self._guard: StoreGuard | None = None
 
     def run(self) -> int:
-        # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them (strays.py).
+        # Orphaned descendants of the workers become ours, not init's: a stop finds and kills them.
         strays.become_subreaper()
         wakeup = Wakeup(self.clock)
         old_handlers = self._install_signals(wakeup)
@@ -102,9 +178,8 @@ class Agent:
         group = self._group = WorkerGroup(cfg, environ=self.environ, run_dir=run_dir, sock_dir=self._sock_dir,
                                           log=log, monitor=None, say=self.say)
         # A stop's grace: its progress, and a second Ctrl-C that ends it.
-        group.watch_stop = progress.stop_watch(wakeup, self.say, preemption=cfg.preemption.signals)
+        group.watch_stop = functools.partial(progress.StopProgress, wakeup, self.say, preemption=cfg.preemption.signals)
         slurm = cfg.slurm
-        # Which of torch's private rendezvous parts, patched for the c10d restart speed-ups, this torch lacks.
         internals = torch_internals.status() if cfg.rendezvous.backend == "c10d" else None
         # The command line without secrets; the environment is never written.
         log.emit("start", argv=redact_argv(sys.argv), run_id=cfg.rendezvous.run_id,
@@ -158,10 +233,8 @@ class Agent:
     def _teardown(self, guard: StoreGuard, wakeup: Wakeup, old_handlers: dict[int, Any], stuck: StuckSignals) -> None:
         rnd = self.ctx.round if self.ctx else None
         if self._group:
-            try:
+            with contextlib.suppress(Exception):
                 self._group.stop(rnd, grace=self.cfg.workers.shutdown_timeout)
-            except Exception:
-                pass
             self._group.close()
         if self._early_standby and (self._group is None or self._group.standby is not self._early_standby):
             self._early_standby.close()  # set-up failed before the group adopted it
@@ -209,21 +282,17 @@ class Agent:
         progress.farewell(wakeup, farewell, bound)  # a Ctrl-C now ends the wait
 
     def _close_rendezvous(self, done: Round | None, hosting: bool) -> None:
-        """After a successful job (``done``: its round) every node says farewell and the store's host waits
-        for all of them before it closes the rendezvous and takes the store down with its process."""
+        """After a successful job (``done``) the store's host waits for every node's farewell before closing."""
         if done is not None:
-            try:
+            with contextlib.suppress(Exception):  # the store is gone already: nothing to wait for
                 stops.farewell(done)
                 if hosting:
                     stops.await_farewells(done, FAREWELL_QUIET, FAREWELL_CAP)
-            except Exception:
-                pass  # the store is gone already: nothing to wait for
         assert self._rendezvous is not None
         self._rendezvous.shutdown(linger=SPARE_LINGER if hosting else 0.0)
 
     def _store_host_alive(self) -> bool:
-        """Watchdog thread: whether the agent serving the latest round's store runs here, neither stopped nor
-        gone (the guard then waits on: a slow call, not a cut link)."""
+        """Watchdog thread: whether the store's host runs here, alive (then a blocked call is slow, not cut)."""
         rnd = self.ctx.round if self.ctx is not None else None
         return rnd is not None and store_host_alive(rnd)
 
@@ -234,8 +303,7 @@ class Agent:
         self._end_from_watchdog(exitcodes.RENDEZVOUS, reason, f"LOST THE RENDEZVOUS STORE: {reason}")
 
     def _signal_unseen(self, signum: int) -> None:
-        """Watchdog thread: a signal came while the main thread is stuck in C code (torch's store client waiting
-        for a rendezvous host that is not up yet, a store call on a dead link). Stop everything from here."""
+        """Watchdog thread: a signal came while the main thread is stuck in C code. Stop everything from here."""
         name = signal.Signals(signum).name
         preempted = name in self.cfg.preemption.signals
         code = exitcodes.PREEMPTED if preempted else 128 + signum
@@ -261,5 +329,4 @@ class Agent:
 
     def say(self, message: str) -> None:
         if not self.cfg.output.quiet or message.startswith(("FAILURE", "HANG", "LOST", "PREEMPTION", "WARNING")):
-            # through the console the worker output and the live view share: never glued to a worker's line
             process_console().say(f"[mbr-launch {self.node}] {message}")

@@ -12,11 +12,9 @@ Round states::
                    \\--> SIGNAL --> every node of the round got one: the job stops --> exit 5 / 128+N
                                only this node (or some): it leaves, the others go on --> exit 6 (agent.leaving)
 
-Inside a round the loop has fixed steps: wait (one ``select`` over the wake-up pipe, the workers' pidfds and
-the monitor's) -> reap exited workers (a crash: ``handle_crashes``) -> dispatch queued events (signals first) -> judge expiries postponed
-by a quiet time that has ended -> tick the features (telemetry) -> check whether this node is done and whether the store
-still answers. Every collaborator comes in through the ``Context``, so tests replay scripted histories through
-this very loop.
+Inside a round the loop has fixed steps: wait (one ``select`` over the wake-up pipe and the pidfds) -> signals
+-> reap exited workers -> dispatch events -> postponed expiries -> tick the features -> done here? -> store
+silence. Every collaborator comes in through the ``Context``, so tests replay scripted histories through it.
 """
 
 from __future__ import annotations
@@ -36,8 +34,7 @@ from mbr_launch.cluster.peers import StoreLost
 from mbr_launch.cluster.storeguard import StoreUnreachable
 from mbr_launch.cluster.rendezvous import RendezvousClosed, RendezvousFailed
 from mbr_launch.cluster.round import Round
-from mbr_launch.decide.causes import Cause
-from mbr_launch.decide.timeouts import collective_timeout, peer_gone
+from mbr_launch.decide.causes import Cause, collective_timeout, peer_gone
 from mbr_launch.report import exitcodes
 from mbr_launch.report.summary import ErrorFile, FailureRecord
 from mbr_launch.workers.process import Worker
@@ -63,8 +60,7 @@ class Supervisor:
                 return code
 
     def _store_gone(self, rnd: Round, lost: StoreUnreachable) -> int:
-        """A store call failed with the store gone (its host's agent died, typically with the workers'
-        collectives failing first): every survivor ends with exit 3 and one line saying what to do."""
+        """The store is gone (its host's agent died): every survivor ends with exit 3 and what to do."""
         ctx = self.ctx
         result = handle_silence(ctx, rnd, StoreLost(
             f"the rendezvous store at {rnd.store_host}:{rnd.store_port} is gone ({lost.what} failed: "
@@ -105,8 +101,7 @@ class Supervisor:
         return handle_crashes(self.ctx, rnd, failed)
 
     def _signal(self, rnd: Round) -> RoundResult | None:
-        """Before the workers' exits: a stop signal is recorded for the other nodes as soon as it comes, and the
-        ranks it killed too (Slurm signals every process of the step) are its consequence, not a crash."""
+        """Before the reaping: the ranks a stop signal killed too (Slurm signals the step) are no crash."""
         signum = self.ctx.wakeup.take_signal()
         return None if signum is None else leaving.stop_for_signal(self.ctx, rnd, signum)
 
@@ -136,8 +131,7 @@ class Supervisor:
         return None
 
     def _silence(self, rnd: Round) -> RoundResult | None:
-        """A store call on a cut-off link never returns, so silence is judged here, by arithmetic; so is a
-        culprit's node that was named by a verdict and has not acted."""
+        """A store call on a cut link never returns: silence is judged by arithmetic, as is an overdue culprit."""
         watch = self.ctx.current.watch
         silent = watch.store_silence() if watch else None
         if silent is None:  # answering, or silent for less than its grace (cluster.peers, decide.liveness)
@@ -239,10 +233,8 @@ class Supervisor:
 
 
 def fast_blocker(ctx: Context, rnd: Round, result: RoundResult) -> str | None:
-    """Whether this agent may take the fast path to the next round (``cluster.fastround``) after a job-wide
-    restart, or must send every agent of the round to the full c10d join: why the next round must be a full
-    join (membership may change), or None: the same agents go on. Every agent of the round decides for
-    itself; one that says no aborts the fast path for all of them."""
+    """Why the next round after a job-wide restart must be a full c10d join (membership may change), or None:
+    the same agents take the fast path (``cluster.fastround``). One agent's no aborts it for all."""
     message = result.message
     if message is None:
         return "the round ended without a decision"
@@ -265,17 +257,13 @@ def fast_blocker(ctx: Context, rnd: Round, result: RoundResult) -> str | None:
 
 # ---- crashes: workers that exited with an error -----------------------------------------------------------
 
-# Seconds a rank that died of a lost peer waits for that peer's own exit on this node, when a local rank is
-# still alive to be that peer (a peer on another node tells its own agent, whose stop message comes).
-CASCADE_WAIT = 0.5
+CASCADE_WAIT = 0.5  # seconds to wait for a local peer's exit when the failed ranks only lost their peer
 
 
 def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundResult | None:
-    """A crash to record and restart, or, when every one of them died of a collective timeout, ranks that
-    waited for a hung one (the hang inquiry names that one instead)."""
+    """Record and act on crashes; ranks that all died of a collective timeout open the hang inquiry."""
     if ctx.current.inquiry.elsewhere and ctx.current.inquiry.quiet(ctx.clock()):
-        # A verdict named a culprit on another node a moment ago: that node is stopping it, and these ranks
-        # lost their peer in the collective. Consequences, not failures: the culprit's node ends the round.
+        # A verdict named a culprit elsewhere a moment ago: these ranks lost it, and its node ends the round.
         for worker in failed:
             ctx.say(f"rank {worker.rank} exited ({worker.status.describe() if worker.status else '?'}) after the "
                     f"verdict: {ctx.current.inquiry.elsewhere}; waiting for that node to stop the round")
@@ -299,8 +287,7 @@ def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundR
 
 
 def _await_cause(ctx: Context, rnd: Round) -> list[Worker]:
-    """The ranks that failed so far only lost their peer: the peer is exiting too (a crash on its way out, a
-    script's own exit code), and its exit is the failure to act on. Wait briefly for it."""
+    """The failed ranks only lost their peer, which is exiting too: its exit is the failure to act on."""
     deadline = ctx.clock() + CASCADE_WAIT
     while (left := deadline - ctx.clock()) > 0:
         ctx.wakeup.wait(ctx.group.pidfds(), left)
@@ -311,7 +298,6 @@ def _await_cause(ctx: Context, rnd: Round) -> list[Worker]:
 
 
 def crash_record(ctx: Context, rnd: Round, worker: Worker, section: str | None) -> FailureRecord:
-    """``section``: the rank's open sections when it died, as the monitor said (``Monitor.last_sections``)."""
     assert worker.status is not None
     error_file = ErrorFile.read(Path(worker.spec.env["TORCHELASTIC_ERROR_FILE"]))
     return FailureRecord(round=rnd.index, rank=worker.rank, local_rank=worker.local_rank, node=ctx.node,

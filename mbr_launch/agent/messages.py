@@ -1,8 +1,5 @@
-"""Typed values that reach the supervisor loop from other threads and processes, decoded once at the edge.
-
-Producers: the rank monitor's reader thread (``decode_monitor_event``), the peer watch and the stop listeners
-(``cluster``), the wake-up on the monitor's pidfd. Signals travel on their own queue (``wakeup``). Past
-this module no code looks an event up by a string key.
+"""Typed values that reach the supervisor loop from other threads and processes, decoded once at the edge
+(``decode_monitor_event``): past this module no code looks an event up by a string key.
 """
 
 from __future__ import annotations
@@ -19,8 +16,6 @@ from mbr_launch.monitor.wire import MonitorEvent
 
 
 class Outcome(enum.Enum):
-    """How a round ended for this node."""
-
     SUCCEEDED = "succeeded"  # every node's workers finished
     RESTART = "restart"  # a new rendezvous round, decided by us or a peer
     FINAL = "final"  # the job ends: the stop message says why and with which code
@@ -75,10 +70,7 @@ class MonitorDied:
 
 @dataclass(frozen=True)
 class RankStarted:
-    """A local rank showed its first sign of progress: it is past start-up, and a failure of its round is no
-    start-up failure (crash-loop back-off, --max-startup-restarts). The sign (``kind``): an NVRx heartbeat
-    (``first_heartbeat``), an optimizer step (``first_step``), or, from ``first_progress``, a checkpoint saved,
-    enough collectives made, the NVRx iteration advancing (``monitor.steps.PROGRESS_SIGNS``)."""
+    """A local rank showed its first sign of progress (``kind``: ``monitor.steps.PROGRESS_SIGNS``)."""
 
     local_rank: int
     first_step: Mapping[str, Any] | None = None  # the monitor's first_step record, for telemetry
@@ -120,8 +112,7 @@ class WorkloadRequest:
 
 @dataclass(frozen=True)
 class MonitorWarning:
-    """The rank monitor refused a connection or a request, or a client connection broke: recorded, and the
-    job goes on (a refusal protects it; the client that sent it gets the error)."""
+    """The rank monitor refused a connection or a request, or one broke: recorded, the job goes on."""
 
     message: str
     local_rank: int | None = None  # None: the launcher socket, or the monitor's control channel
@@ -130,8 +121,7 @@ class MonitorWarning:
 
 @dataclass(frozen=True)
 class Progress:
-    """Step beats and status rows for telemetry (``steps``, ``status``). The payload is the
-    monitor's own record, read only by ``agent.features.telemetry``, which checks each field it uses."""
+    """Step beats and status rows: the monitor's record, read only by features that check each field."""
 
     kind: str
     payload: Mapping[str, Any] = field(default_factory=dict)
@@ -145,8 +135,7 @@ MAX_WARNING = 500  # characters of a monitor warning kept: the monitor quotes wh
 
 
 def decode_monitor_event(raw: Mapping[str, Any]) -> Event | None:
-    """One line of the monitor's event stream -> a typed event; None for what the agent does not act on
-    (connected, disconnected, timeouts_updated)."""
+    """One line of the monitor's event stream -> a typed event; None for what the agent does not act on."""
     name = raw.get("ev")
     local_rank = outside.integer(raw.get("local_rank"))
     if name == MonitorEvent.FIRST_HEARTBEAT and local_rank is not None:

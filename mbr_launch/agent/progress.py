@@ -1,9 +1,5 @@
-"""Signs of life where a person waits on the launcher: the rendezvous (nodes joined of expected, time waited
-of the join timeout), the crash-loop back-off (a countdown), and a stop's grace (who is still running, how
-long until SIGKILL). Each wait that a person may want to cut short also gives way to a signal here: the
-back-off sleeps on the wake-up pipe, a stop's grace ends (SIGKILL now) when a signal comes in.
-
-Lines are short and few: nothing while a wait is quick, then one line every few seconds or on a change.
+"""Signs of life where a person waits on the launcher: the rendezvous, the crash-loop back-off, a stop's grace.
+Nothing while a wait is quick, then a line every few seconds or on a change; a signal cuts each wait short.
 """
 
 from __future__ import annotations
@@ -17,22 +13,18 @@ from typing import Callable, Collection, Sequence
 from mbr_launch.agent.context import Context
 from mbr_launch.agent.wakeup import Wakeup
 from mbr_launch.cluster.joining import JoinCounter, JoinState
-from mbr_launch.workers.process import StopWatch, Worker
+from mbr_launch.workers.process import Worker
 
-# Rendezvous: a join that completes within FIRST_REPORT seconds prints nothing; then a line every
-# REPORT_EVERY seconds (REPORT_EVERY_LATER after the first LATER_AFTER seconds) or as soon as the count changes.
+# Rendezvous: silent for FIRST_REPORT s, then a line every REPORT_EVERY s (REPORT_EVERY_LATER after LATER_AFTER).
 FIRST_REPORT = 2.0
 REPORT_EVERY = 5.0
 REPORT_EVERY_LATER = 30.0
 LATER_AFTER = 60.0
 POLL = 1.0  # seconds between two looks at the clock (and, in small jobs, reads of the rendezvous state)
-# Every waiting agent reads torch's whole rendezvous state (one key, O(nodes) bytes) from the store host:
-# reads are spread so that the host serves at most STATE_READS_PER_SECOND of them whatever the job's size.
+# Each read of torch's rendezvous state is O(nodes) bytes from the store host: spread, whatever the job's size.
 STATE_READS_PER_SECOND = 16.0
-# Back-off: a countdown line every COUNTDOWN_EVERY seconds of a longer back-off.
-COUNTDOWN_EVERY = 10.0
-# Stop grace: the first line once the ranks have had STOP_FIRST_REPORT seconds, then every STOP_REPORT_EVERY.
-STOP_FIRST_REPORT = 1.0
+COUNTDOWN_EVERY = 10.0  # seconds between the back-off's countdown lines
+STOP_FIRST_REPORT = 1.0  # a stop's grace: the first line after this, then every STOP_REPORT_EVERY
 STOP_REPORT_EVERY = 5.0
 
 
@@ -66,7 +58,6 @@ class JoinReport:
         return f"rendezvous: {state.joined} of {self.expected} nodes joined, {waited}"
 
     def timed_out(self) -> str:
-        """The reason of a join that timed out."""
         state = self.last_state
         seen = f", {state.joined} of {self.expected} nodes joined" if state and not state.complete else ""
         return (f"the rendezvous timed out after {self.timeout:g} s{seen} (raise the limit with "
@@ -74,8 +65,7 @@ class JoinReport:
 
 
 class JoinProgress:
-    """A thread that reports a rendezvous under way, from ``start()`` to ``stop()`` (the join's own thread is
-    blocked inside torch meanwhile)."""
+    """A thread that reports a rendezvous under way (the join's own thread is blocked inside torch)."""
 
     def __init__(self, report: JoinReport, counter: JoinCounter | None, say: Callable[[str], None], *,
                  clock: Callable[[], float] = time.monotonic, read_every: float = POLL) -> None:
@@ -92,14 +82,11 @@ class JoinProgress:
         self._thread.start()
         return self
 
-    def stop(self) -> None:
-        self._stopped.set()  # not joined: a store read may take its 2 s timeout, and nothing waits on it
-
     def __enter__(self) -> "JoinProgress":
         return self
 
     def __exit__(self, *_exc: object) -> None:
-        self.stop()
+        self._stopped.set()  # not joined: a store read may take its 2 s timeout, and nothing waits on it
 
     def _run(self) -> None:
         next_read = FIRST_REPORT - POLL  # no store connection for a join that completes before a line is due
@@ -115,36 +102,31 @@ class JoinProgress:
 
 
 def join_progress(ctx: Context) -> JoinProgress:
-    """Report the rendezvous that ``ctx`` is about to join (c10d: with the count of nodes joined)."""
     rdzv = ctx.cfg.rendezvous
     report = JoinReport(min_nodes=rdzv.min_nodes, max_nodes=rdzv.max_nodes, timeout=rdzv.join_timeout)
     counter = None
     if rdzv.backend == "c10d":
-        # The handler is made on the first join, by the blocked thread: read it when there is one (asked at each
-        # read; None before the first join, and from a stand-in rendezvous: unknown).
+        # The handler is made on the first join, by the blocked thread: asked for at each read.
         counter = JoinCounter(ctx.rendezvous.existing_handler, ctx.rendezvous.sealer)
     read_every = max(POLL, rdzv.max_nodes / STATE_READS_PER_SECOND)
     return JoinProgress(report, counter, ctx.say, read_every=read_every).start()  # real time: what a person waits
 
 
 def timed_out(error: BaseException) -> bool:
-    """Whether a failed join failed for its join timeout (torch's RendezvousTimeoutError, as our cause)."""
     from torch.distributed.elastic.rendezvous import RendezvousTimeoutError
 
     return isinstance(error.__cause__, RendezvousTimeoutError)
 
 
 def bounded_backoff(ctx: Context, seconds: float) -> float:
-    """A back-off this agent will wait, between 0 and --restart-backoff-max: a peer's stop message carries the
-    number, and no number may make the agent spin (NaN never counts down) or wait without end (inf)."""
+    """A back-off between 0 and --restart-backoff-max: a peer's number may be NaN or inf."""
     if math.isnan(seconds):
         return 0.0
     return min(max(seconds, 0.0), ctx.cfg.policy.backoff_max)
 
 
 def back_off(ctx: Context, seconds: float, origin: str | None = None) -> bool:
-    """The crash-loop back-off, counted down on the console; False when a signal cut it short.
-    ``origin``: the node whose crash loop it is, when not this one."""
+    """The crash-loop back-off (``origin``'s, when not this node's), counted down; False when a signal cut it."""
     seconds = bounded_backoff(ctx, seconds)
     if seconds > 0:
         count = ctx.quick_failures
@@ -154,7 +136,6 @@ def back_off(ctx: Context, seconds: float, origin: str | None = None) -> bool:
     end = ctx.clock() + seconds
     while True:
         left = end - ctx.clock()
-        # Sleep to the next multiple of COUNTDOWN_EVERY seconds left (one sleep for a short back-off).
         step = left - COUNTDOWN_EVERY * math.floor((left - 1e-9) / COUNTDOWN_EVERY) if left > COUNTDOWN_EVERY else left
         if not ctx.wakeup.sleep(max(0.0, step)):
             return False
@@ -165,10 +146,8 @@ def back_off(ctx: Context, seconds: float, origin: str | None = None) -> bool:
 
 
 class StopProgress:
-    """One stop's grace, watched (``workers.process.StopWatch``): after a moment, who is still running and
-    when SIGKILL comes. A stop request that arrives, or is pending (a second Ctrl-C, SIGHUP), ends the grace
-    at once. A preemption signal does not: the grace is what lets the workers finish a checkpoint (Slurm sends
-    USR1 ahead of the time limit, then SIGTERM at it, and SIGKILL itself later)."""
+    """One stop's grace, watched: who is still running, when SIGKILL comes. A stop request ends the grace at
+    once; a preemption signal does not (the grace lets the workers finish a checkpoint)."""
 
     def __init__(self, wakeup: Wakeup, say: Callable[[str], None], grace: float, *,
                  preemption: Collection[str] = (), clock: Callable[[], float] = time.monotonic) -> None:
@@ -199,12 +178,6 @@ def _ranks(workers: Sequence[Worker]) -> str:
     ranks = sorted(w.rank for w in workers)
     shown = ",".join(str(r) for r in ranks[:8]) + (",..." if len(ranks) > 8 else "")
     return f"rank{'s' if len(ranks) != 1 else ''} {shown}"
-
-
-def stop_watch(wakeup: Wakeup, say: Callable[[str], None], *, preemption: Collection[str] = (),
-               clock: Callable[[], float] = time.monotonic) -> Callable[[float], StopWatch]:
-    """For ``WorkerGroup.watch_stop``: a fresh watch for each stop, given its grace."""
-    return lambda grace: StopProgress(wakeup, say, grace, preemption=preemption, clock=clock)
 
 
 def farewell(wakeup: Wakeup, thread: threading.Thread, bound: float) -> None:

@@ -1,17 +1,12 @@
-"""The per-rank status display (``--status``): what the rank monitor's status rows look like on the terminal.
-Rows in, text out: it decides nothing and counts nothing (``agent.features.telemetry`` keeps the rows).
-
-``live`` is a rich table, one row per local rank (rank, state, age of the last heartbeat or step, open
-sections, last step time, restarts), pinned at the bottom of the terminal by the console that the worker
-output goes through (report/console.py: lines scroll above it, nothing is drawn over), redrawn when the
-monitor sends a status update (twice a second); ``plain`` prints one summary line of all ranks every
-``--status-interval`` seconds, short whatever the number of ranks, and only when it differs from the last
-one; ``auto`` is live on a terminal and plain otherwise.
+"""The per-rank status display (``--status``): the rank monitor's status rows on the terminal. Rows in, text
+out (``agent.features.telemetry`` keeps the rows). ``live`` is a rich table pinned below the worker output by
+the console they share; ``plain`` a line of all ranks, printed only when it changed.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
 import io
 import statistics
@@ -32,9 +27,6 @@ Rows = dict[int, dict[str, Any]]  # local rank -> the monitor's last status row 
 
 
 class StatusView:
-    """The display mode (``live``, ``plain`` or ``off``) and its state: the live table's console, the plain
-    line's next time and the last line printed."""
-
     def __init__(self, cfg: "LaunchConfig", *, now: float, stream: TextIO | None = None,
                  console: Console | None = None) -> None:
         self.stream = stream or sys.stderr
@@ -57,12 +49,11 @@ class StatusView:
         return interval or None
 
     def show(self, rows: Rows, starts: dict[int, int]) -> None:
-        """New status rows: the live table is redrawn (the plain line waits for its time)."""
         if self.mode == "live":
             self._draw_live(rows, starts)
 
     def plain_line(self, now: float, rows: Rows, starts: dict[int, int]) -> str | None:
-        """The plain line to print now: when it is due, and only when it differs from the last one."""
+        """The plain line to print now, if due and changed."""
         if self.next_plain is None or now < self.next_plain:
             return None
         self.next_plain = now + self.plain_interval
@@ -75,10 +66,8 @@ class StatusView:
     def close(self) -> None:
         if self._live and self.console is not None:
             self._live = False
-            try:
+            with contextlib.suppress(Exception):
                 self.console.set_status(None)
-            except Exception:
-                pass
 
     def _draw_live(self, rows: Rows, starts: dict[int, int]) -> None:
         try:
@@ -97,7 +86,6 @@ class StatusView:
 
 
 def table(rows: Rows, starts: dict[int, int]) -> Any:
-    """The status table, one row per local rank, as a rich renderable."""
     from rich.table import Table
     from rich.text import Text
 
@@ -133,8 +121,7 @@ def _cells(row: dict[str, Any], starts: dict[int, int]) -> list[str]:
 
 
 def _step_cell(row: dict[str, Any]) -> str:
-    """The run's step where the rank reports it (an NVRx 0.6+ client's iteration, Megatron's: it resumes from
-    the checkpoint), else the optimizer steps autobeat counted since the rank's process started."""
+    """The iteration an NVRx 0.6+ client reports (it resumes from the checkpoint), else autobeat's steps."""
     iteration = row.get("iteration")
     if isinstance(iteration, int):
         return f"it {iteration}"
@@ -142,8 +129,7 @@ def _step_cell(row: dict[str, Any]) -> str:
 
 
 def status_line(rows: Rows, starts: dict[int, int], width: int = PLAIN_WIDTH) -> str:
-    """All ranks in one line that fits ``width``: "status: 8 ranks monitoring · step 120 · 310 ms/step · slowest
-    rank 3 (450 ms) · sections: step · restarts 1". The least telling parts are left out when it is too long."""
+    """All ranks in one line that fits ``width``, the least telling parts left out first."""
     ranks = [r for _, r in sorted(rows.items(), key=lambda kv: kv[0] or 0)]
     states = collections.Counter(_cells(r, starts)[2] for r in ranks)
     n = len(ranks)
@@ -151,8 +137,6 @@ def status_line(rows: Rows, starts: dict[int, int], width: int = PLAIN_WIDTH) ->
                                           ": " + ", ".join(f"{c} {s}" for s, c in states.most_common()))
     parts = [(0, head)]  # (rank: the highest is left out first, text), in the order shown
     restarts = max((starts.get(r.get("local_rank"), 1) - 1 for r in ranks), default=0)
-    # The run's step where the ranks report it (the iteration, which resumes from the checkpoint); autobeat's
-    # count starts again at each restart, and says so then.
     its = [r["iteration"] for r in ranks if isinstance(r.get("iteration"), int)]
     steps = [r["step"] for r in ranks if isinstance(r.get("step"), int)]
     if its:

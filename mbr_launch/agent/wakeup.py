@@ -1,10 +1,7 @@
-"""How the supervisor loop sleeps and is woken.
+"""How the supervisor loop sleeps and is woken, and the watchdog of signals it cannot take (``StuckSignals``).
 
-Threads (monitor reader, peer watch, stop listeners) ``post`` typed events; signal handlers only append the
-signal number to their own queue (no logging, no locks: gunicorn's rule). Both write a byte to a
-non-blocking pipe, so one ``select`` over that pipe, the workers' pidfds and the monitor's pidfd wakes the
-loop for any of them. Signals have their own queue so that a back-off or a round change can look for one
-without draining and refilling the event queue.
+Threads ``post`` typed events; signal handlers only append the signal number to their own queue (no logging,
+no locks: gunicorn's rule). Both write a byte to a pipe, so one ``select`` over it and the pidfds wakes the loop.
 """
 
 from __future__ import annotations
@@ -13,16 +10,17 @@ import collections
 import contextlib
 import os
 import queue
+import signal
+import threading
 import time
-from typing import Callable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Sequence
 
 from mbr_launch.agent.messages import Event
 from mbr_launch.fdwait import ready
 
 
 class Interrupted(BaseException):
-    """A signal arrived inside ``Wakeup.interruptible``. A BaseException, like KeyboardInterrupt, so that the
-    ``except Exception`` of the code it cuts short (torch's rendezvous, ours around it) lets it through."""
+    """A signal arrived inside ``Wakeup.interruptible``; a BaseException, so ``except Exception`` lets it by."""
 
     def __init__(self, signum: int) -> None:
         super().__init__(signum)
@@ -36,7 +34,7 @@ class Wakeup:
         self._events: queue.SimpleQueue[Event] = queue.SimpleQueue()
         # A deque: append and popleft are atomic, so a signal handler may append while the loop reads.
         self._signals: collections.deque[int] = collections.deque()
-        self.received = 0  # signals seen by the handler so far (``agent.stuck`` compares it with the C level's)
+        self.received = 0  # signals seen by the handler so far (``StuckSignals`` compares it with the C level's)
         self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
 
     def post(self, event: Event) -> None:
@@ -45,8 +43,7 @@ class Wakeup:
         self._poke()
 
     def post_signal(self, signum: int) -> None:
-        """Safe in a signal handler: record the signal and wake the loop; inside ``interruptible``, also raise
-        ``Interrupted`` in the main thread, where the handler runs."""
+        """Safe in a signal handler: record the signal, wake the loop; inside ``interruptible``, raise."""
         self._signals.append(signum)
         self.received += 1
         self._poke()
@@ -56,8 +53,7 @@ class Wakeup:
 
     @contextlib.contextmanager
     def interruptible(self) -> Iterator[None]:
-        """For a blocking call that cannot wait on the wake-up pipe (torch's rendezvous waits for the other
-        nodes up to join_timeout, 600 s by default): a signal, queued before or during it, cuts it short."""
+        """For a blocking call that cannot wait on the pipe (torch's rendezvous): a signal cuts it short."""
         if self._signals:
             raise Interrupted(self._signals[0])
         self._interruptible = True
@@ -67,8 +63,7 @@ class Wakeup:
             self._interruptible = False
 
     def nudge(self) -> None:
-        """Thread-safe: wake the loop with nothing queued (a signal another thread took: the handler then runs
-        in the main thread as soon as it is back in Python code)."""
+        """Thread-safe: wake the loop with nothing queued (for a signal another thread took)."""
         self._poke()
 
     def _poke(self) -> None:
@@ -106,11 +101,9 @@ class Wakeup:
     def _select(self, fds: Sequence[int], timeout: float | None) -> list[int]:
         woke = ready([self._read_fd, *fds], timeout)
         if self._read_fd in woke:
-            try:
+            with contextlib.suppress(BlockingIOError):
                 while os.read(self._read_fd, 4096):
                     pass
-            except BlockingIOError:
-                pass
         return [fd for fd in woke if fd != self._read_fd]
 
     def sleep(self, seconds: float) -> bool:
@@ -122,7 +115,84 @@ class Wakeup:
 
     def close(self) -> None:
         for fd in (self._read_fd, self._write_fd):
-            try:
+            with contextlib.suppress(OSError):
                 os.close(fd)
-            except OSError:
-                pass
+
+
+PATIENCE = 1.0  # seconds: a main thread in Python code runs the handler within milliseconds
+LONG_PATIENCE = 10.0  # seconds: outside a store call, before a single unseen signal ends the run
+
+
+class StuckSignals:
+    """A signal the main thread cannot act on, stuck in C code (torch's store client connecting to a host not up
+    yet, a store call on a cut link): CPython's C-level handler still writes its number to ``set_wakeup_fd``'s
+    file. This thread reads it, and when the Python handler (``handled()``: how many of the ``watched`` it saw)
+    has not seen it within ``patience`` (inside a store call, the only one that can block for ever) or
+    ``long_patience`` (elsewhere, short of a second signal), ``on_stuck`` ends the process. A watched signal
+    also ``nudge``s the loop: one taken by another thread does not wake ``select``. Started and closed on the
+    main thread (``set_wakeup_fd`` must be)."""
+
+    def __init__(self, watched: Iterable[int], handled: Callable[[], int], on_stuck: Callable[[int], None], *,
+                 blocked_in: Callable[[], str | None] = lambda: "", nudge: Callable[[], None] = lambda: None,
+                 patience: float = PATIENCE, long_patience: float = LONG_PATIENCE) -> None:
+        self._watched = frozenset(int(sig) for sig in watched)
+        self._handled, self._on_stuck, self._patience = handled, on_stuck, patience
+        self._blocked_in, self._nudge, self._long_patience = blocked_in, nudge, long_patience
+        self._read_fd, self._write_fd = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+        self._old_fd = -1
+        self._closed = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stuck-signals", daemon=True)
+
+    def start(self) -> "StuckSignals":
+        self._old_fd = signal.set_wakeup_fd(self._write_fd, warn_on_full_buffer=False)
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        # A handler runs once for a signal however often it came, so any run since the last look means every
+        # signal before it was taken. The count is read before the file, so no byte is read after its run.
+        pending, last, unseen_since, last_handled = 0, 0, None, self._handled()
+        while not self._closed.is_set():
+            ready([self._read_fd], 0.25)
+            handled = self._handled()
+            ours = self._drain()  # whether or not select saw it: a byte may have come since it returned
+            if ours is None:
+                return
+            if ours:
+                self._nudge()
+            last = ours[-1] if ours else last
+            pending += len(ours)
+            if handled != last_handled:
+                pending, last_handled, unseen_since = 0, handled, None
+            if not pending:
+                continue
+            if unseen_since is None:
+                unseen_since = time.monotonic()
+                continue
+            waited = time.monotonic() - unseen_since
+            patience = self._patience if pending > 1 or self._blocked_in() is not None else self._long_patience
+            if waited >= patience and not self._closed.is_set():
+                self._on_stuck(last)
+                return
+
+    def _drain(self) -> list[int] | None:
+        ours: list[int] = []
+        while True:
+            try:
+                data = os.read(self._read_fd, 512)
+            except BlockingIOError:
+                return ours
+            except OSError:  # closed at exit
+                return None
+            if not data:
+                return ours
+            ours += [signum for signum in data if signum in self._watched]
+
+    def close(self) -> None:
+        self._closed.set()
+        with contextlib.suppress(ValueError):  # not on the main thread (never, as the agent uses it)
+            signal.set_wakeup_fd(self._old_fd)
+        self._thread.join(1.0)
+        for fd in (self._read_fd, self._write_fd):
+            with contextlib.suppress(OSError):
+                os.close(fd)

@@ -37,7 +37,6 @@ class RoundWatch:
         self._listen(stops.ALL_DONE_KEY, lambda _raw: AllDone())
 
     def watch_inquiry(self, number: int) -> None:
-        """Wake the agent when another node opens hang inquiry ``number`` of this round."""
         self._listen(inquiry_key(number, "open"), lambda raw: InquiryOpened(Opener.decode(number, raw)))
 
     def _listen(self, key: str, event: Callable[[bytes], Event]) -> None:
@@ -55,9 +54,8 @@ class RoundWatch:
 
 
 class StoreCluster:
-    """``Cluster`` over the round's store, and the watchers of every round (joined at exit). The store's own
-    operations that take the round as the agent has it are named here as they are (the agent calls them, no
-    wrapper between); the methods below add what a call needs beyond the round (codec, job store)."""
+    """``Cluster`` over the round's store: the store's own operations as they are, the methods below adding
+    what a call needs beyond the round (codec, job store)."""
 
     publish = staticmethod(stops.publish_stop)
     read = staticmethod(stops.read_stop)
@@ -74,9 +72,7 @@ class StoreCluster:
         self.current: RoundWatch | None = None  # the latest round's (earlier ones were cancelled with their round)
 
     def watch(self, rnd: Round, post: Callable[[Event], None]) -> RoundWatch:
-        # Only the watching node (group rank 0, or the lowest still in the round once it left) asks whether
-        # nodes wait to join (it then stops the round for all): each ask reads torch's whole rendezvous state,
-        # O(N) bytes, so N askers cost the store's host O(N^2) per interval.
+        # Only the watching node asks whether nodes wait to join: each ask reads O(N) bytes from the store host.
         self.current = RoundWatch(rnd, post, peer_timeout=self._peer_timeout,
                                   waiting=self._rendezvous.waiting_counter() if self._membership else None,
                                   hosting=self.hosts_store(rnd))
@@ -95,8 +91,7 @@ class StoreCluster:
         inquiry.publish_evidence(rnd, number, rnd.group_rank, [evidence_to_dict(e) for e in evidence])
 
     def collect_evidence(self, rnd: Round, number: int, *, deadline: float) -> tuple[list[RankEvidence], list[int]]:
-        """Every node's evidence that came in time, and the group ranks of the nodes that sent none (a node that
-        left the round is not waited for, nor missed)."""
+        """Every node's evidence that came in time, and the nodes that sent none (those that left excepted)."""
         gone = departures.read_left(rnd)
         found = inquiry.collect_evidence(rnd, number, nodes=rnd.group_world_size, deadline=deadline, gone=gone)
         evidence = [e for items in found.values() for e in evidence_list_from_dicts(items)]
@@ -113,8 +108,8 @@ class StoreCluster:
         return verdict_from_dict(stored) if stored is not None else None
 
     def close(self, *, join: bool) -> None:
-        """At exit. A thread blocked inside a torch store call at interpreter exit aborts the process: join
-        them, unless the process ends with os._exit right after (the CLI), which saves up to a poll (~1 s)."""
+        """At exit: a thread in a torch store call at interpreter exit aborts it, so join them (not before
+        os._exit)."""
         if self.current is not None:
             self.current.cancel()
             if join:

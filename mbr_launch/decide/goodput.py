@@ -1,30 +1,8 @@
 """Goodput: how much of a run's wall time went into training steps that were kept. Pure, no IO.
 
-Computed per node from its event log: one ``progress`` record per attempt ("segment": from the workers'
-start to their stop; a rank- or node-scope restart starts a new one) and the ``end`` record. Times are the
-log's ``t`` (seconds since launch). The run's wall time is cut, without overlap or gap, into spans of six
-kinds (``CATEGORIES``; ``goodput_text.MEANING`` says each in a line for people):
-
-- startup: launch -> the first optimizer step of the first attempt (the launcher's own start and
-  rendezvous, then the workers' interpreter and torch start-up, model build, the first step itself with its
-  compilation and data warm-up);
-- productive ("training"): from an attempt's first step to its last step, minus lost work;
-- lost: work a failure threw away. A plain script restarts from its beginning, so that is the failed
-  attempt's whole stepping time; when the script marks its checkpoints with an NVRx section whose name starts
-  with ``checkpoint``, ``ckpt`` or ``save``, or saves a dict with ``torch.save`` (seen by the automatic step
-  heartbeat), only the steps after the last such checkpoint are lost;
-- detection: a failed attempt's last step -> the failure was detected (a crash: its exit seen; a hang: the
-  verdict, about the step timeout after the last step; the record's ``detected``, else its ``ended``);
-- restart: detection -> the first step of the next attempt (the culprit's kill grace, the stop, back-off,
-  rendezvous, start-up again);
-  when no step came after it, up to the next failure or the last attempt's end;
-- other: after the last step of a successful attempt (the script's final save, teardown, interpreter exit),
-  and after the last attempt (the launcher's stop).
-
-Per failure: its lost work, detection time and restart downtime, and whether a step was seen after it; where an
-NVRx 0.6+ client reports its training iteration (Megatron), also the iterations it redid: the last one the
-failed attempt reached minus the one the next attempt started from.
-The spans are what the run report draws; the seconds are their sums, so the fractions add up to 1.
+Computed per node from its event log: one ``progress`` record per attempt (the workers' start to their stop)
+and the ``end`` record, in the log's ``t``. The wall time is cut, without overlap or gap, into spans of the
+six ``CATEGORIES`` (what each holds: docs/report.md, "Where the time went"); the seconds are their sums.
 """
 
 from __future__ import annotations
@@ -37,8 +15,7 @@ CATEGORIES = ("startup", "productive", "lost", "detection", "restart", "other")
 
 @dataclass(frozen=True)
 class Span:
-    """One stretch of a node's run, in the log's ``t``; ``failure``: index into ``Goodput.failures`` of the
-    failure whose lost work, detection or downtime it is."""
+    """One stretch of a node's run; ``failure``: the index in ``Goodput.failures`` of the failure it costs."""
 
     kind: str
     start: float
@@ -63,7 +40,7 @@ class FailureCost:
 
     @property
     def redone(self) -> int | None:
-        """Iterations trained again because of this failure (None: the client reports none)."""
+        """Iterations trained again because of this failure (None: none reported)."""
         if self.reached is None or self.resumed_at is None:
             return None
         return max(0, self.reached - self.resumed_at)
@@ -80,7 +57,6 @@ class Goodput:
 
     @property
     def stepped(self) -> bool:
-        """Whether any optimizer step was seen (without one there is no goodput to speak of)."""
         return self.steps > 0 or any(s.kind in ("productive", "lost") for s in self.spans)
 
     @property
@@ -107,8 +83,7 @@ class _Cutter:
         self._index: dict[int, int] = {}  # id(failure) -> its place in g.failures (append-only)
 
     def index(self, failure: FailureCost | None) -> int | None:
-        """The failure's place in ``g.failures``, found by identity in O(1): ``list.index`` compared dataclasses
-        and made a log of thousands of failed attempts take minutes (quadratic) in ``mbr-launch report``."""
+        """The failure's place in ``g.failures``, by identity (``list.index`` compares dataclasses: quadratic)."""
         if failure is None:
             return None
         failures = self.g.failures

@@ -1,7 +1,6 @@
 """Words for goodput: the summary's block, each bucket named and explained. Pure; a ``Goodput`` in, text out.
 
-Kept apart from ``goodput`` so the accounting reads as accounting. ``LABEL`` and ``MEANING`` are shared with
-the run report (``mbr-launch report``), so the terminal, the files and the summary say the same thing.
+``LABEL`` and ``MEANING`` are shared with the run report, so both say the same thing.
 """
 
 from __future__ import annotations
@@ -47,7 +46,7 @@ def _failures(g: Goodput) -> list[str]:
 
 
 def _startup_parts(g: Goodput) -> str:
-    """Start-up in two: the launcher's own (before its workers started) and the workers' (until a step)."""
+    """Start-up in two: the launcher's own and the workers' (until a step)."""
     if g.workers_started is None or g.seconds["startup"] <= g.workers_started:
         return ""
     workers = g.seconds["startup"] - g.workers_started
@@ -55,8 +54,7 @@ def _startup_parts(g: Goodput) -> str:
 
 
 def failure_line(f: FailureCost) -> str:
-    """One failure's cost, claiming only what the log shows: no "after the last step" without a step, no
-    "training again" unless a step came after it."""
+    """One failure's cost, claiming only what the log shows (docs/report.md)."""
     if f.stepped:
         cost = f"lost {f.lost:.1f} s of work, detected {f.detection:.1f} s after the last step"
     else:

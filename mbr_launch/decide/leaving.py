@@ -1,24 +1,11 @@
 """A stop signal that reaches one node, and the nodes that go on without it. Pure: counts in, one answer out.
 
-Who a stop signal stops (``reach``). A signal (SIGTERM, SIGINT, a ``--preempt-signals`` one, ...) stops the
-job when, with it, every node of the round has been stopped by one: Slurm's preemption, ``scancel`` and time
-limit signal every task of the step, and a Ctrl-C on a terminal reaches every agent it runs. A signal that
-reaches fewer nodes (a ``kill`` of one launcher, a node drained by its scheduler, a pod evicted) stops only
-the nodes it reached: each leaves the job, as under torchrun and ft_launcher, and the others go on. The
-rules, in order:
-
-1. Inside a Slurm step, a signal that reached every process of this node's part of the step (``step_wide``:
-   this node's rank monitor, in a session of its own, got it too: ``monitor.witness``) came from Slurm,
-   which signals a step on all its nodes and never on one alone: the job's, known on this node at once,
-   however late the other nodes see theirs.
-2. Every node of the round has recorded a signal in the round's store (nodes that left the round earlier,
-   stopped by their own, count: the signal that stops the last nodes is the job's): the job's.
-3. ``window`` seconds have passed since this node's signal without that: only some nodes (this one leaves).
-
-The workers get the signal at once either way: the answer only decides what the node does after its workers
-stopped. What the other nodes do when a node leaves (``after_departure``) is what ft_launcher 0.4.1 does
-with ``--ft-restart-policy``; a workload whose collectives needed the node that left fails there, and that
-failure restarts the job as any does.
+A signal that reached every node of the round stops the job; one that reached fewer stops only those nodes,
+which leave while the others go on (``after_departure``: ft_launcher's ``--ft-restart-policy``). ``reach``'s
+rules, in order: (1) inside a Slurm step, a signal this node's rank monitor has pending too (``step_wide``,
+``monitor.witness``) came from Slurm, which signals the whole step: the job's; (2) every node of the round
+recorded a signal (those that left earlier count): the job's; (3) ``window`` seconds passed without that:
+only some nodes'. Cases and reasons: docs/slurm.md.
 """
 
 from __future__ import annotations
@@ -28,9 +15,7 @@ from dataclasses import dataclass
 
 from mbr_launch.decide.policy import RestartPolicy
 
-# The share of --peer-timeout within which every node of the round records the same stop for it to be the
-# job's: an agent that takes longer to show a sign of life is taken for lost anyway.
-WINDOW_SHARE = 0.5
+WINDOW_SHARE = 0.5  # of --peer-timeout: an agent slower to show a sign of life is taken for lost anyway
 MIN_WINDOW = 1.0  # seconds: the signal's delivery to every node, and each agent's wake-up, on a loaded machine
 
 
@@ -39,16 +24,13 @@ def window(peer_timeout: float) -> float:
 
 
 class Reach(enum.Enum):
-    """How far a stop signal reached."""
-
     JOB = "job"  # every node of the round: the job stops (exit 5 or 128+N, requeue where asked)
     NODE = "node"  # only some: those nodes leave the job (exit 6), the others go on
 
 
 def reach(*, nodes: int, signalled: int, waited: float, window: float, step_wide: bool = False) -> Reach | None:
-    """``signalled``: the round's nodes stopped by a signal so far, this one included (those that left the
-    round earlier count: they were stopped too); ``waited``: seconds since this node's signal; ``step_wide``:
-    Slurm sent it to every process of this node's step. None: not known yet (wait and count again)."""
+    """``signalled``: the round's nodes stopped by a signal so far, this one and those that left included;
+    ``waited``: seconds since this node's signal. None: not known yet (wait and count again)."""
     if step_wide or signalled >= nodes:
         return Reach.JOB
     return Reach.NODE if waited >= window else None

@@ -1,23 +1,9 @@
 """When silence means dead or cut off, and when it means only starved of CPU (issue #38).
 
-A peer agent proves it is alive by a beat through the rendezvous store; the store by answering. Either can
-fall silent for three reasons: it died (SIGKILL, a crash), it was cut off (SIGSTOP, a debugger, a lost link),
-or it, the store's host or this watcher was only starved of CPU (32 agents starting on 2 cores). Only the first
-two may end a job. Three rules keep the third from looking like them, and none delays a verdict on an idle
-machine:
-
-1. Silence is counted on this process's own time (``OwnTime``): a thread that ticks every ``period`` credits
-   at most ``2 * period`` per tick. When this process wakes late, every process here is starved, and the
-   time it lost proves nothing about the other side.
-2. A process seen alive on this machine is not silent (``Seen.ALIVE``): same kernel, pid and network
-   namespace, its pid with the start time it published, running or sleeping. A stopped one (state T) or
-   a gone one counts as silent; one on another machine is judged by its beats alone. The agent hosting the
-   store is alive while the store answers: that is its own process answering.
-3. The grace grows with the store's own answer times (``SlowestAnswer``): a beat goes through the store,
-   so a peer gets the timeout plus ``SLOW_FACTOR`` times the slowest recent answer, and so does the store.
-   An idle store answers in milliseconds: the timeout alone.
-
-Pure: clocks and observations come in, a number or a verdict goes out.
+A peer agent proves it is alive by a beat through the rendezvous store; the store by answering. Only death or
+a cut may end a job, never starvation: silence is counted on this process's own time (``OwnTime``), a process
+seen alive on this machine is not silent (``Seen.ALIVE``), and the grace grows with the store's slowest recent
+answer (``SlowestAnswer``). Pure: clocks and observations in, a number or a verdict out.
 """
 
 from __future__ import annotations
@@ -38,9 +24,8 @@ class Seen(enum.Enum):
 
 
 class OwnTime:
-    """Seconds this process was itself served: ``tick`` every ``period`` seconds of the real clock; a tick
-    that comes late (the process, or its thread, waited for a CPU or the GIL) credits at most
-    ``CREDIT_TICKS * period``."""
+    """Seconds this process was itself served: ``tick`` every ``period``; a late tick (it waited for a CPU or
+    the GIL) credits at most ``CREDIT_TICKS * period``."""
 
     def __init__(self, now: float, period: float) -> None:
         self.period = period
@@ -55,8 +40,7 @@ class OwnTime:
 
 
 class SlowestAnswer:
-    """The slowest recent answer of the store: the longest seen, halving every ``half_life`` seconds after
-    it, so one slow start does not slow the verdicts of a whole run."""
+    """The store's slowest recent answer, halving every ``half_life`` seconds (one slow start is forgotten)."""
 
     def __init__(self, half_life: float) -> None:
         self._half_life = max(half_life, 1e-3)
@@ -73,13 +57,11 @@ class SlowestAnswer:
 
 
 def grace(timeout: float, slowest: float) -> float:
-    """How much silence a peer or the store gets: the timeout, and more when the store answers slowly."""
     return timeout + SLOW_FACTOR * slowest
 
 
 class Silence:
-    """One subject's silence, on ``OwnTime``: ``observe`` with each look at it; reset whenever it gave a sign
-    of life (a new beat, an answer) or is seen alive on this machine."""
+    """One subject's silence on ``OwnTime``, reset by a sign of life or by being seen alive here."""
 
     def __init__(self, own_now: float) -> None:
         self._since = own_now
@@ -93,8 +75,7 @@ class Silence:
 
 @dataclass(frozen=True)
 class Identity:
-    """Which process an agent is, as another process on the same machine can check it: the kernel's boot id,
-    the pid and network namespaces (inode numbers), the pid and its start time (clock ticks after boot)."""
+    """Which process an agent is, as a process on the same machine can check it (start time: ticks after boot)."""
 
     boot_id: str
     pid_ns: int
@@ -109,8 +90,7 @@ class Identity:
 
     @classmethod
     def decode(cls, text: str) -> "Identity | None":
-        """From a peer (the store may hold anything): five fields, a boot id of hex and dashes, numbers in
-        range; None for anything else."""
+        """From a peer (the store may hold anything): five fields in range, else None."""
         if len(text) > cls.MAX_TEXT:
             return None
         parts = text.split(" ")
@@ -125,16 +105,13 @@ class Identity:
         return cls(parts[0], pid_ns, net_ns, pid, start)
 
     def same_machine(self, other: "Identity") -> bool:
-        """Whether ``other``'s pid means the same process here: same kernel, same pid and network namespace
-        (in another network namespace a process can be cut off although it runs)."""
+        """Whether ``other``'s pid means the same process here (in another network namespace it can be cut off)."""
         return (self.boot_id, self.pid_ns, self.net_ns) == (other.boot_id, other.pid_ns, other.net_ns)
 
 
 @dataclass(frozen=True)
 class Beat:
-    """One agent's beat as stored: a count that moves every interval, and its identity. The value is
-    ``<count> <identity>``; a value that does not parse still counts as a change (a sign of life) but
-    names no process."""
+    """One agent's beat as stored, ``<count> <identity>``; an unparsable value still counts as a change."""
 
     count: int
     identity: Identity | None

@@ -1,32 +1,12 @@
 """Progress across restarts (ft_launcher 0.6/0.7's ``--ft-max-no-progress-cycles``): was a cycle worth
 restarting after? Pure: the facts of one cycle and the job-wide record in, the new record and a verdict out.
 
-A cycle is one job-wide round of workers (its number is the job's restart count when it started, the
-``TORCHELASTIC_RESTART_COUNT`` its workers saw). When it ends in a failure that the policy would restart (or
-that spent the restart budget), it is scored:
-
-1. ``--ft-checkpoint-iteration-file`` given: the iteration in that file, read when the cycle ends, against
-   the one read when the previous scored cycle ended (at launch for the first). As NVRx 0.7 reads it: the
-   stripped text as an integer (a negative one counts as 0); a missing or empty file, or one that cannot be
-   read or parsed, leaves the iteration unknown, and a cycle whose iteration is unknown is not scored at
-   all: the record stays as it was (scoring it as 0 would count a step back now and a leap forward later).
-2. otherwise, once an NVRx 0.6+ client reported a training iteration (Megatron's, in its "step" section
-   messages): the highest one reported in the cycle against the previous scored cycle's; a cycle in which no
-   rank reported one made none.
-3. otherwise the optimizer steps the automatic step heartbeat counted (``--autobeat``, scripts without
-   NVRx): the most any rank made in the cycle; they start from 0 in every cycle, so a cycle made progress
-   when it made at least ``min_progress_iterations`` of them.
-
-As NVRx, a cycle is not scored while nothing has ever been reported (the iteration was 0 before and is 0
-now, or no step was ever seen): a job that crashes before any training is left to the restart budget.
-
-A scored cycle made progress when its iteration advanced by at least ``min_progress_iterations``; it resets
-the count. One that did not extends the run of cycles without progress, and when that run reaches
-``max_no_progress_cycles`` (the first cycle included, as NVRx counts: 3 lets cycles 0, 1 and 2 fail without
-progress, then ends the job instead of starting cycle 3) the job ends with ``--ft-no-restart-exit-code``.
-
-The record (``Tracking``) lives in the rendezvous store between cycles, and each cycle's verdict is claimed
-there by the first node to score it (``cluster.jobstore``), so every node acts on the same one.
+A cycle (one job-wide round, numbered by the restart count) that ends in a failure is scored by the first
+source there is: the checkpoint iteration file, the iteration NVRx 0.6+ clients report, or the optimizer steps
+``--autobeat`` counts (from 0 in every cycle). A cycle whose file iteration is unknown is not scored (as 0 it
+would count a step back now and a leap forward later), nor is one before anything was ever reported. The rules
+as users see them: docs/architecture.md, "Restart policy". The record (``Tracking``) lives in the rendezvous
+store, and the first node to score a cycle claims its verdict there for every node.
 """
 
 from __future__ import annotations
@@ -110,20 +90,16 @@ class Scored:
 
 
 def initial(rule: Rule, file_iteration: int | None) -> Tracking:
-    """The record before the first cycle: with a checkpoint file, the iteration it held at launch (the
-    training resumes from there; absent: 0)."""
+    """The record before the first cycle: with a checkpoint file, the iteration it held at launch (or 0)."""
     if rule.file:
         return Tracking(baseline=file_iteration or 0, source=Source.FILE)
     return Tracking()
 
 
 def parse_iteration(text: str) -> int | None:
-    """The checkpoint iteration file's content as NVRx reads it: None when empty or not an integer."""
-    raw = text.strip()
-    if not raw:
-        return None
+    """The checkpoint iteration file's content as NVRx reads it (negative: 0); None when not an integer."""
     try:
-        return max(0, int(raw))
+        return max(0, int(text))  # int() strips white space; "" raises
     except ValueError:
         return None
 
@@ -174,8 +150,6 @@ SHOWN = 6  # cycles listed in the stop line; a longer run shows its first two an
 
 
 def stop_line(rule: Rule, stuck: tuple[Stuck, ...]) -> str:
-    """'no progress in 3 cycles in a row (cycle 0: checkpoint iteration 100 -> 100; ...; at least 1 needed):
-    not restarting (--ft-max-no-progress-cycles 3)'."""
     shown = [s.describe() for s in stuck]
     if len(shown) > SHOWN:
         shown = [*shown[:2], "...", *shown[-3:]]
@@ -193,8 +167,7 @@ def cycle_line(rule: Rule, scored: Scored) -> str:
     return f"{last}: no progress, {run} of {rule.max_cycles} cycles in a row"
 
 
-# ---- the store's copy (JSON): decoded once, here (``outside.json_value``: bounded, NaN refused); anything
-# unreadable reads as "nothing recorded" -----------------------------------------------------------------
+# ---- the store's copy (JSON, ``outside.json_value``): anything unreadable reads as "nothing recorded" ----
 
 
 def encode(scored: Scored) -> str:

@@ -1,14 +1,11 @@
 """The restart policy: failure facts in, one decision out. Pure: no IO, no clocks, no store.
 
-What a restart restarts is its ``Scope``, which failures restart is ``When``. Budgets are job-wide (the agent
-keeps the counts in the rendezvous store, so every node agrees): failures before any local rank of a round
-showed a sign of progress ("startup" failures) count against ``max_startup_restarts`` when it is set, and
-against ``max_restarts`` otherwise. Some exit codes are never restarted. A node whose ranks failed
-``max_node_failures`` times, or whose worker asked for it, is excluded while at least MIN nodes remain. An
-exclusion is turned down (``Kept``), and the job restarts with the node while the budget lasts, when its exit
-would end the job instead: the node serves the rendezvous store, or no node would take its place (a spare
-still starting up is not counted yet: ending a job whose budget is left would be worse than one more round
-on a suspect node).
+``Scope`` is what a restart restarts, ``When`` which failures restart. Budgets are job-wide (counted in the
+rendezvous store): failures before any local rank showed a sign of progress ("startup") count against
+``max_startup_restarts`` when set, else ``max_restarts``. Some exit codes are never restarted. A node whose
+ranks failed ``max_node_failures`` times, or whose worker asked, is excluded while MIN nodes remain; the
+exclusion is turned down (``Kept``: the job restarts with the node while the budget lasts) when its exit would
+end the job: it serves the store, or no node would take its place (a spare still starting is not counted).
 """
 
 from __future__ import annotations
@@ -27,8 +24,7 @@ class Action(enum.Enum):
 
 
 class _Spelled(str, enum.Enum):
-    """A choice of the command line as a value: equal to its flag's text, and printed (and written to the event
-    log) as that text, so a message or a record spells the choice as the person typed it."""
+    """A command-line choice as a value: equal to, printed as and logged as its flag's text."""
 
     def __str__(self) -> str:
         return self.value
@@ -49,8 +45,7 @@ class When(_Spelled):
     """Which failures restart (``--restart-policy``, ft_launcher's ``--ft-restart-policy``)."""
 
     ANY_FAILED = "any-failed"  # any failure restarts at the policy's scope (torchrun's semantics)
-    # A crashed rank is lost, not restarted (an NVRx in-process Wrapper carries on without it): the job restarts
-    # only when fewer than MIN nodes are whole. Hangs, lost peers, a lost monitor and requests act as above.
+    # A crashed rank is lost, not restarted: the job restarts when fewer than MIN nodes are whole.
     MIN_HEALTHY = "min-healthy"
 
 
@@ -85,8 +80,7 @@ class RestartPolicy:
 class FailureFacts:
     cause: Cause
     exit_code: int | None = None
-    # No local rank had shown a sign of progress yet in this round: an NVRx heartbeat, an optimizer step, a
-    # checkpoint saved, enough collectives made, the NVRx iteration advancing (agent.handlers.note_rank_started).
+    # No local rank showed a sign of progress yet this round (agent.handlers.note_rank_started).
     startup: bool = False
     round_seconds: float = 0.0  # how long the failed round had run
     restarts_used: int = 0  # job-wide restarts counted so far (before this failure)
@@ -117,8 +111,7 @@ class Decision:
     counts_as_startup: bool = False
     kept: Kept | None = None  # why an exclusion was turned down (the node stays)
     exhausted: bool = False  # STOP because the restart budget is spent (progress tracking may still name why)
-    # STOP because restarting cannot fix the failure (a --no-restart-exit-codes code, a worker's shutdown
-    # request): what ft_launcher's attribution service calls a STOP verdict (--ft-attribution-stop-action).
+    # STOP that restarting cannot fix (a no-restart code, a shutdown request): ft_launcher's attribution STOP.
     unfixable: bool = False
 
     def __post_init__(self) -> None:
@@ -126,10 +119,8 @@ class Decision:
 
 
 def quick_failure(policy: RestartPolicy, facts: FailureFacts) -> bool:
-    """Whether this failure extends a crash loop: the round died within the window *and* before any local rank
-    showed a sign of progress (``facts.startup``). A round that trained was healthy however short it was:
-    backing off would only make it slower than a launcher that never backs off (torchrun). CPU time is no sign
-    of training: start-up (imports, compilation, data loading) burns it as fast."""
+    """Whether this failure extends a crash loop: the round died within the window *and* before any sign of
+    progress. A round that trained was healthy however short (torchrun never backs off)."""
     return facts.startup and facts.round_seconds < policy.crash_loop_window
 
 
@@ -147,11 +138,8 @@ def tolerated(policy: RestartPolicy, facts: FailureFacts) -> bool:
 
 
 def restart_possible(policy: RestartPolicy, *, restarts_used: int, elastic: bool) -> bool:
-    """Whether the job may still start another round of workers: job-wide restarts left, a start-up budget
-    (counted apart), or an elastic node count (``--nnodes MIN:MAX``, MIN < MAX: nodes that join re-form the
-    round without spending a restart). When none holds (torchrun's default ``--max-restarts 0`` on a fixed
-    node count) a replacement standby could never be used: it would only cost each node the CPU of
-    ``import torch`` and the memory of one more Python process per local rank."""
+    """Whether the job may start another round of workers: restarts left, a start-up budget, or an elastic
+    node count (MIN < MAX). When none holds, a replacement standby could never be used."""
     return restarts_used < policy.max_restarts or bool(policy.max_startup_restarts) or elastic
 
 
@@ -201,8 +189,7 @@ def decide(policy: RestartPolicy, facts: FailureFacts) -> Decision:
 
 
 def keep_node(exclude_reason: str, kept: Kept, facts: FailureFacts, policy: RestartPolicy) -> Decision:
-    """An exclusion turned down because the node's exit would end the job: a job-wide restart while the budget
-    lasts, else the end of the job."""
+    """An exclusion turned down: a job-wide restart while the budget lasts, else the end of the job."""
     why = f"not excluded although {exclude_reason}"
     if facts.restarts_used >= policy.max_restarts:
         return Decision(Action.STOP, Scope.JOB, f"{why}; restart budget exhausted ({policy.max_restarts} restarts "

@@ -1,14 +1,7 @@
-"""Straggler scores from step times: pure, no IO (NVRx's definitions).
+"""Straggler scores from step times: pure, no IO (NVRx's definitions, in ``--straggler-threshold``'s help).
 
-- relative score of a rank = the fastest rank's median step time / this rank's median (1.0 = as fast as
-  the fastest; 0.5 = twice as slow);
-- individual score of a rank = its best median so far / its current median (1.0 = as fast as it ever was).
-
-A rank is a straggler when either score is below the threshold (default 0.7, Megatron-Bridge's choice).
-``StragglerCheck`` collects the step times of each interval (``--straggler-interval``), scores them when
-the interval is over, and starts the next one; ranks with fewer than ``min_samples`` steps in an interval
-are left out of it. The step time used is each rank's own busy time (``mbr_launch.shim.autobeat``): in
-synchronous training the step period is the same for every rank, because the fast ones wait for the slow.
+The step time is each rank's own busy time (``shim.autobeat``): in synchronous training the step period is
+the same for every rank, because the fast ones wait for the slow.
 """
 
 from __future__ import annotations
@@ -32,8 +25,7 @@ class Score:
 
 def scores(step_times: Mapping[int, Iterable[float]],
            best_medians: Mapping[int, float] | None = None) -> dict[int, Score]:
-    """Scores of every rank with at least one step time. ``best_medians``: each rank's best median of
-    earlier intervals (absent: this interval is its first, individual score 1.0)."""
+    """Scores of every rank with a step time; ``best_medians``: each rank's best of earlier intervals."""
     medians = {rank: (statistics.median(times), len(times)) for rank, times in
                ((rank, list(ts)) for rank, ts in step_times.items()) if times}
     if not medians:
@@ -82,7 +74,8 @@ class Report:
 
 @dataclass
 class StragglerCheck:
-    """Collects step times per rank; ``due(now)`` closes an interval and returns its report."""
+    """Collects step times per rank; ``due(now)`` closes an interval (ranks with under ``min_samples`` left
+    out) and returns its report."""
 
     interval: float
     threshold: float

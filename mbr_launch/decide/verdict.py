@@ -1,16 +1,8 @@
 """The job-wide hang verdict: every rank's evidence in, the culprit (or "undetermined") out. Pure: no IO.
 
-When one rank stops calling collectives, its peers block in their next collective within the same step, so
-every heartbeat stops at about the same moment and the deadline that fires first names a rank at random.
-The evidence tells them apart (the signals Ray's NCCL hang detector and ByteRobust use):
-- collective progress from Flight Recorder: per process group, the rank whose last enqueued collective is
-  behind its peers' never entered the collective they wait in;
-- stacks: a rank outside any collective while its peers wait in one;
-- process state: a stopped (T) or uninterruptible (D) rank, or one that gives no evidence at all;
-- the monitor's view: last heartbeat, steps, the open section.
-
-``judge`` applies the rules strongest first (see each rule's function); ``verdict_codec`` carries evidence and
-verdicts through the rendezvous store as plain dicts.
+When one rank stops calling collectives, its peers block in their next collective, so the deadline that fires
+first names a rank at random. The evidence (process state, Flight Recorder counters, stacks, the monitor's
+view: docs/architecture.md, "Which rank hung") tells them apart; ``judge`` applies the rules strongest first.
 """
 
 from __future__ import annotations
@@ -119,8 +111,7 @@ _STATE_TEXT = {
     ProcState.GONE: f"is gone and gave no evidence {_NO_EVIDENCE}",
     ProcState.UNKNOWN: f"gave no evidence {_NO_EVIDENCE}",
 }
-# States that say nothing about what a live rank is doing. An exited one (zombie, gone) is no culprit of a
-# hang by itself: its crash is handled as a crash.
+# States that say nothing about what a live rank is doing (an exited one's crash is handled as a crash).
 _SILENT = (ProcState.GONE, ProcState.ZOMBIE, ProcState.UNKNOWN)
 
 
@@ -138,9 +129,8 @@ def judge(evidence: Sequence[RankEvidence]) -> Verdict:
         waiting = tuple(e.rank for e in ev if _waits(e))
         return Verdict((), Basis.UNDETERMINED, _why_undetermined(ev), waiting, tuple(ev))
     if len(ev) > 1 and 2 * len(found.culprits) > len(ev):
-        # ByteRobust's rule: the dominant group is healthy and outliers are culprits. When most ranks look
-        # guilty there is no healthy majority to compare against (a shared file system or switch, a bug every
-        # rank hits), and blaming most of the job would exclude healthy nodes.
+        # ByteRobust's rule: outliers of a healthy majority are culprits. Without a majority (a shared file
+        # system, a bug every rank hits) blaming most of the job would exclude healthy nodes.
         reason = (f"{len(found.culprits)} of {len(ev)} ranks would be culprits ({found.basis.value}: "
                   f"{ranks_phrase(found.culprits)}): no healthy majority to compare against, no rank to blame")
         return Verdict((), Basis.UNDETERMINED, reason, (), tuple(ev))
@@ -164,14 +154,12 @@ def _has_evidence(e: RankEvidence) -> bool:
 
 
 def _pending(e: RankEvidence) -> GroupProgress | None:
-    """The process group in which this rank has a collective that has not completed (gloo records no
-    "started", so enqueued counts as well)."""
+    """The process group with a collective of this rank not completed (gloo records no "started")."""
     return next((g for g in sorted(e.progress, key=lambda g: g.pg) if _pending_in(g)), None)
 
 
 def _waits(e: RankEvidence) -> bool:
-    """Waits in a collective: its stack says so (the in-process restart's barrier waits for every rank too),
-    or, with no stack, its counters do."""
+    """Waits in a collective (or the in-process restart's barrier): by its stack, else by its counters."""
     return e.stack in _WAITING or (e.stack is StackClass.NONE and _pending(e) is not None)
 
 
@@ -195,12 +183,10 @@ def _with_waiting(clauses: list[str], ev: Sequence[RankEvidence], waiting: Seque
 
 
 def _stopped(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Rule a, the strongest: a stopped (T) or uninterruptible (D) process cannot be waiting for anyone, and a
-    rank that gives no evidence at all while its peers do is evidence itself (a SIGSTOPped rank gives no stack
-    and no dump). When no rank gives evidence, silence tells nothing apart (every rank gone: a crash)."""
+    """Rule a, the strongest: a stopped (T) or uninterruptible (D) process waits for no one, and a live rank
+    silent while its peers give evidence is evidence itself (a SIGSTOPped rank gives no stack, no dump)."""
     anyone_speaks = any(_has_evidence(e) for e in ev)
-    # A rank that is GONE exited during the inquiry (a finished rank, or a crash the reaper reports): an
-    # exited process hangs nobody, and its exit is handled on its own. Only a live rank's silence speaks.
+    # A GONE rank exited during the inquiry: it hangs nobody, and its exit is handled on its own.
     culprits = [e for e in ev if e.state in (ProcState.STOPPED, ProcState.DISK)
                 or (anyone_speaks and e.state is ProcState.UNKNOWN and not _has_evidence(e))]
     if not culprits:
@@ -212,15 +198,10 @@ def _stopped(ev: Sequence[RankEvidence]) -> Verdict | None:
 
 
 def _withdrawn(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Before the rules: no hang when every rank whose deadline passed is restarting in process, in NVRx's
-    Wrapper (which watches its own restart with its soft, hard and barrier timeouts), or is back with a new
-    client session (the restart re-initialises the client, which starts its deadlines over, as in
-    ft_launcher), or has exited (its exit is handled as a crash). A restart that outlasts the heartbeat timeout
-    is no hang; a rank that never rejoins it still expires outside it (it sleeps, spins or waits elsewhere)
-    and is judged by the rules."""
+    """Before the rules: no hang when every expired rank is restarting in NVRx's Wrapper (which watches its
+    own restart), is back with a new client session (its deadlines start over), or has exited (a crash)."""
     expired = [e for e in ev if e.expired]
-    # A step deadline (the zero-code step timeout) is kept apart from the client's session: the rank is
-    # "armed" (no client) or "monitoring" all along, which says nothing of a restart.
+    # A step deadline (autobeat's) says nothing of the client's session, hence of a restart.
     back = [e.rank for e in expired if e.watched and e.kind != STEP_DEADLINE]
     inside = [e.rank for e in expired if not e.watched and e.stack is StackClass.RESTARTING]
     # (a rank that died of a collective timeout waited for someone: that is evidence of a hang, not an exit)
@@ -237,9 +218,7 @@ def _withdrawn(ev: Sequence[RankEvidence]) -> Verdict | None:
 
 
 def _progress_or_stacks(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Rules b and c. When they name different ranks the counters win: they are the process group's own
-    record, while a stack is one sample of a thread that may have moved since. The disagreement is kept in
-    the reason for whoever reads it."""
+    """Rules b and c; where they differ the counters win (a stack is one sample of a thread that moves)."""
     by_counters, by_stacks = _progress(ev), _stacks(ev)
     if by_counters and by_stacks and set(by_counters.culprits) != set(by_stacks.culprits):
         note = (f"; the stacks point at {ranks_phrase(by_stacks.culprits)} instead (outside any collective): "
@@ -249,10 +228,8 @@ def _progress_or_stacks(ev: Sequence[RankEvidence]) -> Verdict | None:
 
 
 def _lags(ev: Sequence[RankEvidence]) -> list[_Lag]:
-    """Process groups (in at least two dumps) with ranks behind the group's maximum, whose leaders look like
-    they wait for them. A group is known by its id and, when the dump says, its global ranks: subgroups of
-    different ranks can share an id (one DP group per TP rank). Ranks without a dump are left out: a
-    missing dump is not "behind"."""
+    """Process groups with ranks behind the group's top whose leaders wait, keyed by id and global ranks
+    (one DP group per TP rank share an id). A missing dump is not "behind"."""
     groups: dict[tuple[str, tuple[int, ...]], dict[int, GroupProgress]] = {}
     for e in ev:
         for g in e.progress:
@@ -265,8 +242,7 @@ def _lags(ev: Sequence[RankEvidence]) -> list[_Lag]:
         top = max(g.enqueued for g in members.values())
         leaders = tuple(sorted(r for r, g in members.items() if g.enqueued == top))
         behind = tuple(sorted(r for r, g in members.items() if g.enqueued < top))
-        # Leaders that do not wait (outside any collective with nothing pending) may just be ahead, e.g.
-        # between steps while a slow rank catches up: no hang in this group.
+        # Leaders that do not wait may just be ahead (between steps while a slow rank catches up).
         if behind and all(by_rank[r].stack is not StackClass.OUTSIDE or _pending_in(members[r])
                           for r in leaders):
             lags.append(_Lag(pg, top, leaders, behind, members))
@@ -278,11 +254,8 @@ def _pending_in(g: GroupProgress) -> bool:
 
 
 def _progress(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Rule b: a rank whose last enqueued collective is behind its group's never entered the collective its
-    peers wait in (NVRx's attribution and Ray's hang detector compare the same counters). A behind rank
-    that itself leads another group waits for someone else (pipeline stages): the culprits are the ends of
-    that chain. With a cycle (collectives called in a different order), the ranks behind in a group where
-    they are the minority are the odd ones out."""
+    """Rule b: a rank behind its group never entered the collective its peers wait in. One that leads another
+    group waits for someone else (pipeline stages): the culprits end that chain; in a cycle, the minority."""
     lags = _lags(ev)
     if not lags:
         return None
@@ -304,8 +277,7 @@ def _progress(ev: Sequence[RankEvidence]) -> Verdict | None:
 
 
 def _stacks(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Rule c (ByteRobust's stack grouping): with some ranks waiting in a collective, the ranks outside any
-    are what they wait for. If no rank waits in one (independent workers), stacks tell nothing apart."""
+    """Rule c (ByteRobust's): with some ranks waiting in a collective, the ranks outside any are awaited."""
     outside = [e for e in ev if e.stack is StackClass.OUTSIDE]
     inside = tuple(e.rank for e in ev if e.stack in _WAITING)
     if not outside or not inside:
@@ -318,9 +290,8 @@ STALL_SHARE = 0.5  # a rank whose last beat is at least this share as old as the
 
 
 def _job_stall(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Before rule d: every live rank outside any collective, one past a deadline, and nothing says another
-    still progresses: all at the same place, or every last beat old (a checkpoint write to a stuck file
-    system). The first deadline to fire names a rank at random here: blame no rank and no node."""
+    """Before rule d: every live rank outside any collective, one expired, none progressing (a checkpoint
+    write to a stuck file system): the first deadline names a rank at random, so blame none."""
     live = [e for e in ev if e.state not in _EXITED]
     expired = [e for e in live if e.expired]
     if len(live) < 2 or not expired or any(e.stack is not StackClass.OUTSIDE or _waits(e) for e in live):
@@ -342,10 +313,8 @@ def _job_stall(ev: Sequence[RankEvidence]) -> Verdict | None:
 
 
 def _only_expired(ev: Sequence[RankEvidence]) -> Verdict | None:
-    """Rule d: one rank past its deadline while every other rank is known to run outside any collective
-    (independent workers, or no collectives yet). The others must show it by their stacks: a peer that is
-    merely "not expired yet" may be blocked on the expired rank, and the first deadline to fire names a rank
-    at random in a hang where everyone waits (the bug this verdict exists for)."""
+    """Rule d: the one rank past its deadline while every other's stack shows it outside any collective (a
+    peer merely not expired yet may be blocked on it)."""
     expired = [e for e in ev if e.expired]
     if len(expired) != 1:
         return None
@@ -363,7 +332,7 @@ def _only_expired(ev: Sequence[RankEvidence]) -> Verdict | None:
 
 
 def _why_undetermined(ev: Sequence[RankEvidence]) -> str:
-    """Rule e: nothing names a rank; say why, so the person reading the summary knows what was seen."""
+    """Rule e: nothing names a rank; say what was seen."""
     if not ev:
         return "no evidence: no rank was reported"
     if not any(_has_evidence(e) for e in ev):

@@ -1,8 +1,7 @@
 """Hang evidence and verdicts as plain dicts for the rendezvous store, and back. Pure: dicts in, dicts out.
 
-Enums travel by value. Decoding never raises: the dict came from another node, perhaps another version, so
-an invalid field falls back to its default and an unreadable entry is skipped (``None``).
-"""
+Decoding never raises: the dict came from another node, so an invalid field falls back to its default and an
+unreadable entry is skipped."""
 
 from __future__ import annotations
 
@@ -23,8 +22,7 @@ def evidence_to_dict(e: RankEvidence) -> dict[str, Any]:
 
 
 def evidence_from_dict(d: object) -> RankEvidence | None:
-    """None when the entry is unreadable (not a dict, or no rank): the caller skips it. Any other invalid
-    field falls back to its default (UNKNOWN, NONE, None, "")."""
+    """None when the entry is unreadable (not a dict, or no rank); other invalid fields take their default."""
     if not isinstance(d, Mapping) or _int(d.get("rank")) is None or d["rank"] < 0:
         return None
     progress = tuple(g for g in map(_progress_from_dict, _list(d.get("progress"))) if g is not None)
@@ -41,15 +39,12 @@ def evidence_from_dict(d: object) -> RankEvidence | None:
 
 
 def evidence_list_from_dicts(items: object) -> tuple[RankEvidence, ...]:
-    """Every readable entry of a list, unreadable ones skipped."""
     return tuple(e for e in map(evidence_from_dict, _list(items)) if e is not None)
 
 
 def verdict_to_wire(v: Verdict) -> dict[str, Any]:
-    """The verdict as every other node reads it from the store: the culprits' evidence only (a node acts on its
-    own ranks' evidence and names the culprits' nodes from theirs) and the waiting ranks as ranges ("0-16,18").
-    Every rank's evidence made the verdict O(ranks) bytes, read by every node: O(nodes x ranks) through the
-    store's host per hang (about 6 GB at 4,096 nodes of one rank); this is about a kilobyte at any size."""
+    """The verdict as the other nodes read it: the culprits' evidence only and the waiting ranks as ranges,
+    about a kilobyte at any size (every rank's evidence, read by every node, is O(nodes x ranks))."""
     culprits = set(v.culprits)
     return {"culprits": list(v.culprits), "basis": v.basis.value, "reason": v.reason,
             "waiting": compress_ranks(v.waiting),
@@ -61,8 +56,7 @@ _BLAMELESS = (Basis.UNDETERMINED, Basis.WITHDRAWN, Basis.JOB_STALL)
 
 
 def verdict_from_dict(d: object) -> Verdict | None:
-    """None when not a dict. A basis this version does not know makes the verdict undetermined (no culprits):
-    acting on a rule we cannot name would restart or exclude the wrong thing with no reason to give."""
+    """None when not a dict. An unknown basis makes the verdict undetermined: no culprit without a rule."""
     if not isinstance(d, Mapping):
         return None
     basis = _enum(Basis, d.get("basis"), Basis.UNDETERMINED)
@@ -94,8 +88,7 @@ def _int(v: object, default: _D = None) -> int | _D:  # type: ignore[assignment]
     return default if got is None else got
 
 
-# Characters of one string field kept: a stack line or a reason with room. Another node's strings reach every
-# node's console and events.jsonl; a 7 MB reason must not become 22 MB of console.
+# Characters of one string field kept: another node's strings reach every node's console and events.jsonl.
 MAX_TEXT = 2000
 
 

@@ -1,7 +1,4 @@
-"""Words for the hang verdict: rank lists, who is where, which collective. Pure; plain values in, text out.
-
-Kept apart from ``verdict`` so the rules read as rules; nothing here decides anything.
-"""
+"""Words for the hang verdict: rank lists, who is where, which collective. Pure; plain values in, text out."""
 
 from __future__ import annotations
 
@@ -9,7 +6,7 @@ from typing import Iterable, Sequence
 
 
 def consecutive_runs(values: Sequence[int]) -> list[tuple[int, int]]:
-    """``[0, 1, 2, 5, 6, 9]`` -> ``[(0, 2), (5, 6), (9, 9)]``: the runs of consecutive numbers, in the order given."""
+    """``[0, 1, 2, 5, 6, 9]`` -> ``[(0, 2), (5, 6), (9, 9)]``."""
     runs: list[tuple[int, int]] = []
     for v in values:
         if runs and v == runs[-1][1] + 1:
@@ -20,8 +17,7 @@ def consecutive_runs(values: Sequence[int]) -> list[tuple[int, int]]:
 
 
 def compress_ranks(ranks: Iterable[int]) -> str:
-    """``[0, 1, 2, 3, 4, 6, 7]`` -> ``"0-4,6,7"``. Runs of three or more become a range; a run of two stays
-    listed ("6,7", since "6-7" saves nothing and reads like a subtraction)."""
+    """``[0, 1, 2, 3, 4, 6, 7]`` -> ``"0-4,6,7"`` (a run of two stays listed: "6-7" reads like a subtraction)."""
     parts: list[str] = []
     for first, last in consecutive_runs(sorted(set(ranks))):
         if last - first >= 2:
@@ -42,7 +38,7 @@ def verb(count: int, one: str, many: str) -> str:
 
 
 def who(rank: int, node: str) -> str:
-    """``"rank 5 on n2"``: the node matters as much as the rank, since a node is what gets excluded."""
+    """``"rank 5 on n2"``: a node is what gets excluded."""
     return f"rank {rank} on {node}" if node else f"rank {rank}"
 
 
@@ -64,8 +60,7 @@ def count_phrase(n: int) -> str:
 
 
 def place_phrase(where: str, cpu: float | None) -> str:
-    """``" (in `sleep at train.py:42`)"``, with how busy it is when it burns a CPU (a busy loop holding the
-    GIL looks like any other frame in a stack, the CPU share tells it apart)."""
+    """``" (in `sleep at train.py:42`)"``, with its CPU share when busy (a busy loop's stack looks like any)."""
     parts = [f"in `{where}`"] if where else []
     if cpu is not None and cpu >= 0.8:
         parts.append(f"busy at {cpu * 100:.0f}% of a CPU")
@@ -73,7 +68,6 @@ def place_phrase(where: str, cpu: float | None) -> str:
 
 
 def waiting_lines(described: dict[str, list[int]]) -> str:
-    """``{"all_reduce #183 of process group 0": [0, 1, 2]}`` -> ``"ranks 0-2 wait in all_reduce #183 of
-    process group 0"``; several places are joined with "; "."""
+    """``{"all_reduce #183 of process group 0": [0, 1, 2]}`` -> ``"ranks 0-2 wait in all_reduce #183 of ..."``."""
     return "; ".join(f"{ranks_phrase(ranks)} {verb(len(ranks), 'waits', 'wait')} in {what}"
                      for what, ranks in sorted(described.items(), key=lambda item: min(item[1])))

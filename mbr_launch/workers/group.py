@@ -94,7 +94,7 @@ class WorkerGroup:
         self.watch_stop: Callable[[float], StopWatch] | None = None  # grace -> a watch for one stop (the agent's)
         self._store: Any = None  # this round's workers' store, when this agent serves it (group rank 0)
         self._agent_store = False  # whether the workers find their store served (TORCHELASTIC_USE_AGENT_STORE)
-        # Told the workers a stop is about to signal (``agent.features.gpumemory`` notes what they hold on the GPUs then).
+        # Told the workers a stop is about to signal (``features.health.GpuGate`` notes what they hold on the GPUs then).
         self.before_stop: Callable[[Sequence[Worker]], None] | None = None
         self._kills = killcause.Ledger()  # who sent the signal a worker died of
 

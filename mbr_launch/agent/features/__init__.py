@@ -16,10 +16,7 @@ Where the hooks come in a round, top-down::
                    round_ended        the round's end, whatever it was
     job's end      job_ends           before the summary; close: at teardown, whatever happened
 
-``build_features`` makes the list this launch asked for, once at the agent's start, in the order they act:
-the health gate, progress tracking, telemetry. Each hook's default does nothing, so a feature (a class that
-names ``Feature`` as its base) writes only those it uses. Hooks that may end something return an exit code
-or a result where the loop's own code would.
+Hooks that may end something return an exit code or a result where the loop's own code would.
 """
 
 from __future__ import annotations
@@ -38,9 +35,7 @@ from mbr_launch.report.events import EventLog
 
 
 def monitor_settings(features: Iterable[Feature]) -> dict[str, Any]:
-    """Every feature's rank monitor settings in one, in the list's order: a later feature's value stands, but
-    None is "nothing asked" and replaces nothing (so progress tracking's status rows, asked before telemetry,
-    are sent at the status display's interval where there is a display, and at their own where there is none)."""
+    """Every feature's rank monitor settings in one: a later feature's value stands, but None replaces nothing."""
     merged: dict[str, Any] = {}
     for feature in features:
         asked: Mapping[str, Any] = feature.monitor_settings()
@@ -55,8 +50,6 @@ def build_features(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], Non
                    environ: Mapping[str, str], rendezvous: Rendezvous, hosts_store: Callable[[Any], bool],
                    snapshot: Snapshot, own_pids: Callable[[], Collection[int]],
                    clock: Callable[[], float] = time.monotonic) -> list[Feature]:
-    """``snapshot``: the rank monitor's latest view (the monitor is started after this, with the features'
-    ``monitor_settings``)."""
     features: list[Feature] = []
     if health.wanted(cfg):
         features.append(HealthGate(cfg, environ, own_pids=own_pids))
@@ -69,7 +62,6 @@ def build_features(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], Non
 
 def _cycles(cfg: LaunchConfig, *, log: EventLog, say: Callable[[str], None], node: str, environ: Mapping[str, str],
             rendezvous: Rendezvous, hosts_store: Callable[[Any], bool], snapshot: Snapshot) -> CycleFeature:
-    """ft_launcher 0.6/0.7's progress tracking and cycle-info files."""
     def members() -> Members | None:
         state = rendezvous.state()
         return None if state is None else (state.members, state.outsiders)

@@ -1,16 +1,6 @@
-"""ft_launcher 0.6/0.7's per-cycle features as a round feature (values from ``cfg.nvrx``): ``CycleRecords``
-keeps the records and the rule, ``CycleFeature`` says when the round feeds them.
-
-- progress across restarts (``--ft-max-no-progress-cycles``): each round gathers what its ranks reported (the
-  training iteration of NVRx 0.6+ clients, the optimizer steps of ``--autobeat``), and when a failure would
-  restart the job, ``check`` reads the checkpoint iteration file, scores the cycle (``decide.noprogress``)
-  against the job-wide record in the rendezvous store (``cluster.jobstore``) and says whether the job
-  must end instead, with the line that says why;
-- cycle-info files (``--ft-cycle-info-dir``): the node that hosts the rendezvous store reports each round's
-  start and end (``report.cycleinfo``).
-
-The per-cycle application logs are the worker group's (``workers.cyclelog``); ``NVRX_CURRENT_CYCLE_INFO`` is
-in each worker's environment (``workers.env``).
+"""ft_launcher 0.6/0.7's per-cycle features as a round feature. Progress across restarts: ``check`` scores a
+failed cycle (``decide.noprogress``) against the job-wide record in the store; the cycle-info files: the
+store's host writes them (``report.cycleinfo``). ``CycleRecords`` keeps the records, ``CycleFeature`` feeds them.
 """
 
 from __future__ import annotations
@@ -37,8 +27,7 @@ Members = tuple[Sequence[tuple[str, int]], Sequence[str]]  # the round's (addres
 
 
 def read_iteration_file(path: str) -> tuple[int | None, str | None]:
-    """(iteration, problem): a missing file is no problem (no checkpoint yet); one that cannot be read or
-    holds no integer is, and the iteration is unknown either way."""
+    """(iteration, problem): a missing file is no problem (no checkpoint yet); an unreadable one is."""
     try:
         with open(path, encoding="utf-8", errors="replace") as f:
             text = f.read(4096)
@@ -91,11 +80,9 @@ class CycleRecords:
         return cfg.nvrx.max_no_progress_cycles > 0 or bool(cfg.nvrx.cycle_info_dir)
 
     def start(self) -> None:
-        """At launch: the checkpoint iteration the training resumes from (the first cycle's baseline)."""
+        """At launch: the checkpoint iteration the training resumes from."""
         if self.rule.enabled and self.rule.file:
             self._launch_iteration, _ = read_bounded(self._read_file, self.rule.file)
-
-    # ---- rounds ---------------------------------------------------------------------------------------
 
     def begin(self, rnd: Round) -> None:
         self._iteration = self._steps = None
@@ -107,12 +94,11 @@ class CycleRecords:
         self.reporter.start(rnd.restart_count, *got)
 
     def end(self, *, membership: bool = False) -> None:
-        """The round ended; one that re-forms to admit nodes goes on with the same cycle."""
+        """The round ended; one that re-forms to admit nodes keeps its cycle."""
         if self.reporter is not None and not membership:
             self.reporter.end()
 
     def on_progress(self, payload: Mapping[str, Any]) -> None:
-        """A ``steps`` or ``status`` event of the rank monitor: every rank's row."""
         for row in payload.get("ranks") or []:
             if isinstance(row, Mapping) and row.get("state") != "disarmed":  # a stopped rank's row is the last round's
                 self._take(row)
@@ -124,11 +110,9 @@ class CycleRecords:
         if steps is not None:
             self._steps = steps if self._steps is None else max(self._steps, steps)
 
-    # ---- progress ---------------------------------------------------------------------------------------
-
     def check(self, rnd: Round) -> str | None:
-        """Score the round that is ending in a failure; the line that says why when the job must end (the
-        caller ends it with ``exit_code``), else None. Makes store calls: the caller bounds them."""
+        """Score the round ending in a failure; why the job must end (with ``exit_code``), else None. The caller
+        bounds the store calls."""
         if not self.rule.enabled:
             return None
         self._catch_up()
@@ -151,7 +135,6 @@ class CycleRecords:
         return scored.reason if scored.stop else None
 
     def _catch_up(self) -> None:
-        """The ranks' latest rows (what the last events did not carry yet)."""
         if self._snapshot is None:
             return
         try:
@@ -177,8 +160,7 @@ class CycleRecords:
             self._say(cycle_line(self.rule, scored))
 
     def no_restart_line(self, read: Callable[[str], bytes | None]) -> tuple[int, str] | None:
-        """For an agent that waited outside the rounds when the job closed: the exit code and line when the
-        job ended for lack of progress (``read``: a job store key, without a round)."""
+        """For a spare when the job closed: the exit code and line when it ended for lack of progress."""
         raw = read(NO_RESTART_KEY)
         try:
             data = storevalue.decode_json(raw) if raw else None
@@ -188,15 +170,13 @@ class CycleRecords:
             return None
 
     def close(self) -> None:
-        """The job is over for this node: the open cycle ends; what is queued is written (bounded)."""
         if self.reporter is not None:
             self.reporter.end()
         if self.writer is not None:
             self.writer.close()
 
 
-# Seconds between the rank monitor's status rows when only progress tracking asks for them (no status display).
-PROGRESS_STATUS_INTERVAL = 1.0
+PROGRESS_STATUS_INTERVAL = 1.0  # seconds between status rows when only progress tracking asks for them
 
 
 class CycleFeature(Feature):
@@ -218,7 +198,6 @@ class CycleFeature(Feature):
             self.records.on_progress(event.payload)
 
     def on_failure(self, ctx: Context, rnd: Round) -> tuple[str, int] | None:
-        """Not worth another cycle (no progress in too many): the line and the no-restart exit code."""
         with ctx.store_call("recording the cycle's progress"):
             stuck = self.records.check(rnd)
         return None if stuck is None else (stuck, self.records.exit_code)

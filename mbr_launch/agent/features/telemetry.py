@@ -1,12 +1,6 @@
-"""Telemetry as a round feature: the agent's view of its ranks' progress. Step beats and status rows in;
-straggler reports, goodput records and the rows for the status display (``agent.statusview``) out;
-``TelemetryFeature`` says when the round feeds it (step deadlines for the rank monitor, a straggler stop).
-
-``Telemetry`` is fed the rank monitor's ``first_step``, ``steps`` and ``status`` events by the agent loop and
-ticked from it; it never blocks and starts no thread of its own. It keeps the current attempt ("segment") of
-this node: when the first and last steps were made, the last checkpoint, how many steps; ``end`` writes that
-as a ``progress`` event, from which ``goodput.compute`` splits the run's time. It keeps the last status row of
-each local rank and how often each was started; how those look on the terminal is ``agent.statusview``'s.
+"""Telemetry as a round feature: step beats and status rows in; straggler reports, goodput records (one
+``progress`` event per attempt) and the status display's rows out. Fed and ticked by the loop: it never
+blocks and starts no thread. ``TelemetryFeature`` says when the round feeds it.
 """
 
 from __future__ import annotations
@@ -38,8 +32,7 @@ class RoundSteps:
     last_step: float | None = None
     checkpoint: float | None = None
     steps: int = 0
-    # The training iterations an NVRx 0.6+ client reported in "step" (Megatron's): where the attempt started
-    # (resumed) and the last one it reached. Real progress where the step count restarts from 0.
+    # The training iterations an NVRx 0.6+ client reported: where the attempt resumed, and how far it got.
     first_iteration: int | None = None
     last_iteration: int | None = None
     detected: float | None = None  # when its failure was detected (a hang: the verdict), before any stop
@@ -62,22 +55,13 @@ class Telemetry:
         self.rows: dict[int, dict[str, Any]] = {}  # local rank -> last status from the monitor
         self.view = statusview.StatusView(cfg, now=clock(), stream=stream, console=console)
 
-    @property
-    def mode(self) -> str:
-        """The status display's mode: live, plain or off."""
-        return self.view.mode
-
-    # ---- what the monitor and the workers need --------------------------------------------------
-
     def monitor_config(self) -> dict[str, Any]:
         initial, subsequent = self.step_timeouts
         return {"initial": initial, "subsequent": subsequent, "report_interval": 1.0,
                 "status_interval": self.view.status_interval()}
 
-    # ---- segments ---------------------------------------------------------------------------------
-
     def begin(self, round_index: int, local_ranks: list[int]) -> None:
-        """Workers (re)started: a new attempt; one still open ends as stopped (a peer's stop, a signal)."""
+        """Workers (re)started: a new attempt; one still open ends as stopped."""
         now = self.clock()
         if self.segment is not None:
             self.end("stop")
@@ -88,8 +72,7 @@ class Telemetry:
             self.check.start(now)
 
     def detected(self) -> None:
-        """The attempt's failure was detected now (a crash seen, a hang's verdict): what follows (the culprit's
-        kill grace, the stop) is restart time, not detection, and no step made after now counts as progress."""
+        """The attempt's failure was detected now: what follows is restart time, and no later step counts."""
         if self.segment is not None and self.segment.detected is None:
             self._catch_up(self.segment)
             self.segment.detected = self.clock()
@@ -111,11 +94,8 @@ class Telemetry:
                       steps=seg.steps, cause_detail=detail or None, first_iteration=seg.first_iteration,
                       last_iteration=seg.last_iteration)
 
-    # ---- monitor events -----------------------------------------------------------------------------
-
     def _catch_up(self, seg: RoundSteps) -> None:
-        """Steps batched in the monitor but not yet reported (at most one report interval's worth), and the
-        iterations NVRx clients reported (with or without autobeat)."""
+        """Steps batched in the monitor but not yet reported, and the iterations NVRx clients reported."""
         if self.snapshot is None:
             return
         try:
@@ -173,15 +153,13 @@ class Telemetry:
             self.rows.setdefault(entry.get("local_rank"), {}).update(entry)
         self.view.show(self.rows, self.starts)
 
-    # ---- the loop's timer ---------------------------------------------------------------------------
-
     def next_tick(self) -> float | None:
         times = [t for t in (self.check.next_due() if self.check.started else None, self.view.next_plain)
                  if t is not None]
         return min(times) if times else None
 
     def tick(self, round_index: int) -> Report | None:
-        """Due work: a straggler report (returned, already printed and logged), a plain status line."""
+        """Due work: a straggler report (returned, already said and logged), a plain status line."""
         now = self.clock()
         report = self.check.due(now) if self.check.started else None
         if report is not None:
@@ -197,7 +175,6 @@ class Telemetry:
         self.view.close()
 
     def table(self) -> Any:
-        """The status table as a rich renderable (the live display's, for one-off printing)."""
         return statusview.table(self.rows, self.starts)
 
 
@@ -220,7 +197,7 @@ class TelemetryFeature(Feature):
             (telemetry.on_steps if event.kind == "steps" else telemetry.on_status)(dict(event.payload))
 
     def tick(self, ctx: Context, rnd: Round) -> RoundResult | None:
-        """Straggler check, goodput segments, the plain status line, when due; a straggler may stop the job."""
+        """Due telemetry work; a straggler may stop the job (--stop-on-straggler)."""
         due = self.telemetry.next_tick()
         if due is None or ctx.clock() < due:
             return None
