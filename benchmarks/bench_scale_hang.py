@@ -139,8 +139,8 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
     rec: dict = {"launch": index, "agents": n, "hangs": k, "ok": False, "reason": ""}
     hangs: list[dict] = []
     procs: list[h.Proc] = []
+    t0 = time.time()
     try:
-        t0 = time.time()
         for i in range(n):
             common = ["--nnodes", str(n), "--nproc-per-node", "1", "--max-restarts", str(k), "--rdzv-backend", "c10d",
                       "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", f"h{port}"]
@@ -225,8 +225,14 @@ def launch(plan: list[str], root: Path, index: int, args: argparse.Namespace) ->
         if not rec["ok"]:
             rec["reason"] = f"exit codes {sorted(set(codes), key=str)}"
         return rec, hangs
+    except KeyboardInterrupt:  # Ctrl-C, or SIGTERM from `timeout`: how far the launch got is still a result
+        rec["cut"] = True
+        rec["reason"] = f"cut by a signal {time.time() - t0:.0f} s after the first agent; phases: {_phases(d, n, t0)}"
+        return rec, hangs
     finally:
+        t_end = time.monotonic()
         h.end_agents(procs, token, rec)
+        rec["teardown"] = round(time.monotonic() - t_end, 1)
 
 
 def render(launches: list[dict], hangs: list[dict], args: argparse.Namespace) -> str:
@@ -307,7 +313,10 @@ def main() -> int:
             launches.append(rec)
             hangs += done
             print(f"[launch {i + 1}/{args.launches}] ok={rec['ok']} started={rec.get('started')} "
-                  f"hangs ok {sum(x['ok'] for x in done)}/{len(done)} {rec['reason']}", flush=True)
+                  f"hangs ok {sum(x['ok'] for x in done)}/{len(done)} teardown {rec['teardown']} s "
+                  f"(processes left after it: {rec.get('still_alive', 0)}) {rec['reason']}", flush=True)
+            if rec.get("cut"):
+                break
     finally:
         finish_dir(root, args.keep)
     h.write_raw(args.raw, launches + hangs)

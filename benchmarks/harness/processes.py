@@ -168,6 +168,9 @@ def end_agents(procs: "list[Proc]", token: str, rec: dict) -> None:
     left = kill_marked(token)
     if left:
         rec["leftovers"] = left
+        # Hundreds of processes on a starved machine can outlast kill_marked's deadline: the next trial must know.
+        if alive := len(marked_pids(token)):
+            rec["still_alive"] = alive
     for p in procs:
         p.close()
 
