@@ -4,12 +4,14 @@ Writes what it saw to ``$TABLE_OUT/<RANK>.<TORCHELASTIC_RESTART_COUNT>.json`` (t
 table compares, its arguments, ``__name__``), prints one line on stdout and one on stderr, then does what
 ``TABLE_*`` asks: ``TABLE_INIT`` env|tcp: ``init_process_group("gloo")`` by ``env://`` or by
 ``tcp://MASTER_ADDR:MASTER_PORT`` (as older scripts build it from what they gave the launcher) and one
-all_reduce; ``TABLE_FAIL`` ``RANK:CODE``: that rank exits with CODE in the first attempt. No torch import
+all_reduce; ``TABLE_FAIL`` ``RANK:CODE``: that rank exits with CODE in the first attempt, once every rank of
+that attempt has written its record. No torch import
 unless asked: most rows only look at the environment.
 """
 import json
 import os
 import sys
+import time
 
 SEEN = ("RANK", "LOCAL_RANK", "GROUP_RANK", "ROLE_RANK", "ROLE_NAME", "LOCAL_WORLD_SIZE", "WORLD_SIZE",
         "GROUP_WORLD_SIZE", "ROLE_WORLD_SIZE", "TORCHELASTIC_RESTART_COUNT", "TORCHELASTIC_MAX_RESTARTS",
@@ -32,8 +34,16 @@ if init:
     dist.all_reduce(t)
     record["sum"] = t.item()
     dist.destroy_process_group()
-with open(os.path.join(os.environ["TABLE_OUT"], f"{rank}.{restart}.json"), "w") as f:
+out = os.environ["TABLE_OUT"]
+with open(os.path.join(out, f".{rank}.{restart}.tmp"), "w") as f:
     json.dump(record, f)
+os.rename(f.name, os.path.join(out, f"{rank}.{restart}.json"))  # whole or absent: the others wait for it below
 fail_rank, _, code = os.environ.get("TABLE_FAIL", "").partition(":")
 if fail_rank == rank and restart == "0":
+    # Fail once every rank of this attempt wrote its record: else a launcher that stops the others at once (both
+    # do) decides, by how busy the machine is, whether a slower rank's record of this attempt exists.
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not all(os.path.exists(os.path.join(out, f"{r}.0.json"))
+                                             for r in range(int(os.environ["WORLD_SIZE"]))):
+        time.sleep(0.05)
     sys.exit(int(code))
