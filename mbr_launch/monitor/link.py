@@ -57,17 +57,18 @@ class MonitorLink:
         start-up overlaps the agent's. ``fork``: fork this process where safe (``fork_monitor``)."""
         if self._proc is not None:
             return self
+        self._proc = (fork_monitor() if fork else None) or self._new_interpreter()
+        self.pidfd = os.pidfd_open(self._proc.pid)
+        return self
+
+    def _new_interpreter(self) -> subprocess.Popen:
         # ``python -S``: no site initialisation (``.pth`` files that import cost CPU), so the package is named.
         env = dict(os.environ if self._env is None else self._env)
         root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
         env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH", "")) if p)
         # No parent-death signal: on stdin EOF the monitor kills every armed worker's process group first.
-        self._proc = (fork_monitor() if fork else None) or subprocess.Popen(
-            [sys.executable, "-S", "-m", SERVER_MODULE],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, start_new_session=True,
-        )
-        self.pidfd = os.pidfd_open(self._proc.pid)
-        return self
+        return subprocess.Popen([sys.executable, "-S", "-m", SERVER_MODULE], stdin=subprocess.PIPE,
+                                stdout=subprocess.PIPE, env=env, start_new_session=True)
 
     def start(self, sock_dir: Path, cfg: dict[str, Any], timeout: float = 30.0, *,
               steps: dict[str, Any] | None = None) -> None:
