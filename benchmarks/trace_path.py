@@ -13,8 +13,8 @@ Counted: the modules called in the window on the agent's main thread and on the 
 counted: the rank monitor's process (it detects hangs, in ``monitor/``) and the agent's background threads
 (peer beats, own time), which run whether or not a fault happens. Run it against two trees to compare::
 
-    python benchmarks/trace_path.py --fault hang
-    git archive 8c78063 mbr_launch | tar -x -C /tmp/old && python benchmarks/trace_path.py --fault hang --mbr-path /tmp/old
+    python benchmarks/trace_path.py --fault hang               # the working tree
+    python benchmarks/trace_path.py --fault hang --rev 8c78063  # a git archive of that commit's mbr_launch
 """
 
 from __future__ import annotations
@@ -116,15 +116,20 @@ def main() -> int:
         return 0
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--fault", choices=("hang", "crash"), required=True)
-    ap.add_argument("--mbr-path", type=Path, default=Path(__file__).resolve().parent.parent)
+    ap.add_argument("--rev", help="run a git archive of this commit's mbr_launch (default: the working tree)")
     ap.add_argument("--timeout", type=float, default=240.0)
     args = ap.parse_args()
+    # Here only: the harness puts this checkout first on sys.path, which the agent (run below) must not inherit.
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import harness as h
+    from harness.launchers import snapshot
+
     with tempfile.TemporaryDirectory(prefix="mbr-trace-") as tmp:
         d = Path(tmp)
+        code = snapshot(args.rev, d / "src") if args.rev else h.REPO
         (d / "worker.py").write_text(WORKER)
         trace_file, fault_file = d / "trace.json", d / "fault"
-        env = {**os.environ, "PYTHONPATH": f"{args.mbr_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}",
-               "TRACE_FAULT_FILE": str(fault_file)}
+        env = {**os.environ, **h.mbr_env(code), "TRACE_FAULT_FILE": str(fault_file)}
         argv = [sys.executable, __file__, "--agent", str(trace_file), "--standalone", "--nproc-per-node", "2",
                 "--max-restarts", "1", "--step-timeout", "6", "--status", "off", "--skip-check", "all",
                 "--log-dir", str(d / "logs"), str(d / "worker.py"), args.fault]
@@ -139,7 +144,7 @@ def main() -> int:
             start, tid = float(fault_file.read_text()), None
         mods = modules_in_window(trace, start, tid)
     print(f"{args.fault}: {len(mods)} modules of mbr_launch from detection to the restart's worker_start "
-          f"({trace['marks']['restart'] - start:.2f} s; agent exit {proc.returncode}; code from {args.mbr_path})")
+          f"({trace['marks']['restart'] - start:.2f} s; agent exit {proc.returncode}; code from {args.rev or 'the working tree'})")
     for mod in mods:
         print(f"  {mod}")
     return 0
