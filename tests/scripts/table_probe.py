@@ -5,8 +5,7 @@ table compares, its arguments, ``__name__``), prints one line on stdout and one 
 ``TABLE_*`` asks: ``TABLE_INIT`` env|tcp: ``init_process_group("gloo")`` by ``env://`` or by
 ``tcp://MASTER_ADDR:MASTER_PORT`` (as older scripts build it from what they gave the launcher) and one
 all_reduce; ``TABLE_FAIL`` ``RANK:CODE``: that rank exits with CODE in the first attempt, once every rank of
-that attempt has written its record. No torch import
-unless asked: most rows only look at the environment.
+that attempt has written its record. No torch import unless asked: most rows only look at the environment.
 """
 import json
 import os
@@ -43,7 +42,7 @@ if fail_rank == rank and restart == "0":
     # Fail once every rank of this attempt wrote its record: else a launcher that stops the others at once (both
     # do) decides, by how busy the machine is, whether a slower rank's record of this attempt exists.
     end = time.monotonic() + 60
-    while time.monotonic() < end and not all(os.path.exists(os.path.join(out, f"{r}.0.json"))
+    while time.monotonic() < end and not all(os.path.exists(os.path.join(out, f"{r}.{restart}.json"))
                                              for r in range(int(os.environ["WORLD_SIZE"]))):
         time.sleep(0.05)
     sys.exit(int(code))
