@@ -204,6 +204,21 @@ def test_crash_cascade_the_peer_that_lost_its_partner_is_not_the_cause(tmp_path)
     assert world.rendezvous.joined == 1
 
 
+def test_crash_cascade_seen_in_one_look_the_cause_decides(tmp_path):
+    """Both exits reaped together (the CI race): rank 0 lost its peer, rank 1's 17 must still decide."""
+    world = build_world(tmp_path, ("max_restarts", 3))
+    world.group.lines[0] = ["RuntimeError: [gloo/transport/tcp/pair.cc:553] Connection closed by peer [127.0.0.1]:1"]
+
+    def both(w):
+        exit_rank(0, 1)(w)
+        exit_rank(1, 17)(w)
+
+    assert world.run([post(RankStarted(0)), both]) == exitcodes.FAILED
+    assert [(r["rank"], r["exit_code"]) for r in world.events("failure")] == [(1, 17), (0, 1)]
+    assert "exit code 17 is not restarted" in world.events("end")[-1]["reason"]
+    assert world.rendezvous.joined == 1
+
+
 def test_a_verdict_for_a_rank_already_gone_is_ignored(tmp_path):
     world = build_world(tmp_path)
     late = RankExpired(local_rank=0, rank=0, pid=None, kind="heartbeat")

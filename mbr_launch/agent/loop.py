@@ -275,6 +275,9 @@ def handle_crashes(ctx: Context, rnd: Round, failed: Sequence[Worker]) -> RoundR
         if cause:  # record the cause; the ranks that lost it are in the log as worker exits
             failed = cause
             lines = {w.local_rank: ctx.group.last_lines(w) for w in failed}
+    # The policy weighs the first record: a rank that only lost its peer is that peer's consequence, not the cause
+    # (rank 1 exits 17, rank 0's all_reduce dies of it in the same instant: the 17 decides).
+    failed = sorted(failed, key=lambda w: peer_gone(lines[w.local_rank]) is not None)
     sections = ctx.monitor.last_sections([w.local_rank for w in failed])  # one monitor round trip for all
     records = [crash_record(ctx, rnd, w, sections.get(w.local_rank)) for w in failed]
     timed_out = {w.local_rank: line for w in failed
