@@ -25,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness as h  # noqa: E402
-from harness.machine import run_quiet  # noqa: E402
+from harness.machine import Cost, run_quiet  # noqa: E402
 from harness.reports import finish_dir, work_dir  # noqa: E402
 
 SECTION = "bench_scale_once"
@@ -65,6 +65,7 @@ def trial(name: str, root: Path, index: int, args: argparse.Namespace) -> dict:
     rec: dict = {"launcher": name, "trial": index, "agents": n, "ok": False, "reason": "",
                  "load_before": os.getloadavg()[0]}
     procs: list[h.Proc] = []
+    cost = Cost(started=lambda: len(_first_steps(ready)) >= n)
     try:
         t0 = time.time()
         for i in range(n):  # all at once: nothing waits for the store's host
@@ -87,6 +88,12 @@ def trial(name: str, root: Path, index: int, args: argparse.Namespace) -> dict:
     finally:
         rec["load_after"] = os.getloadavg()[0]
         h.end_agents(procs, token, rec)
+        rec.update(cost.stop())
+
+
+def _each(values: list) -> str:
+    """Every trial's value, in trial order ('-': none, e.g. a launch cut before every rank stepped)."""
+    return ", ".join("-" if v is None else f"{v:.1f}" for v in values)
 
 
 def render(records: list[dict], args: argparse.Namespace, code: str) -> str:
@@ -100,7 +107,9 @@ def render(records: list[dict], args: argparse.Namespace, code: str) -> str:
         rows.append([name, f"{len(ok)}/{len(rs)}", ", ".join(f"{c}: {k}" for c, k in sorted(codes.items(), key=str)),
                      h.fmt_cell(h.summarize([r["first_step_all"] for r in rs if "first_step_all" in r])),
                      h.fmt_cell(h.summarize([r["wall"] for r in rs])),
-                     h.fmt_cell(h.summarize([r["wall"] for r in ok]))])
+                     h.fmt_cell(h.summarize([r["wall"] for r in ok])),
+                     _each([r["cpu_s"].get("first_step") for r in rs]), _each([r["cpu_s"]["end"] for r in rs]),
+                     _each([r["peak_mem_gib"] for r in rs])])
     pairs: dict[int, dict[str, dict]] = {}
     for r in records:
         pairs.setdefault(r["trial"], {})[r["launcher"]] = r
@@ -116,7 +125,10 @@ def render(records: list[dict], args: argparse.Namespace, code: str) -> str:
            + ", ".join(f"{r['launcher']}#{r['trial']} {r['load_before']:.1f}" for r in records), "",
            h.table(["launcher", "trials with every agent exit 0", "exit codes (code: agents)",
                     "launch -> every rank's first step (s)", "launch -> last agent exited (s), all trials",
-                    "same, ok trials"], rows), "",
+                    "same, ok trials", "machine CPU s to every first step", "machine CPU s, whole launch",
+                    "peak memory over the start (GiB)"], rows), "",
+           "CPU and memory are the whole machine's (every process, not only the launch's): meaningful only when "
+           "nothing else runs; `load average before` says.", "",
            *(f"- {name} wall time / torchrun's, same trial, both ok: {ratios(name)}" for name in LAUNCHERS[1:]
              if any(r["launcher"] == name for r in records)), ""]
     failed = [r for r in records if not r["ok"]]
