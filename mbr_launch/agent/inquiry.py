@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from mbr_launch.agent.context import Context, Postponed
 from mbr_launch.agent.failures import handle_failure
@@ -149,16 +149,10 @@ def _verdict(ctx: Context, rnd: Round, opener: Opener, extra: Sequence[RankEvide
 
 
 def gather(ctx: Context, rnd: Round, bound: float) -> list[RankEvidence]:
-
-    def rows() -> Any:  # read after the stacks: a client initialised again meanwhile counts as watched
-        try:
-            return (ctx.monitor.snapshot() or {}).get("ranks")
-        except Exception:  # the monitor's view is a bonus; the inquiry must not wait on it
-            return None
-
+    # The rows are read after the stacks: a client initialised again meanwhile counts as watched.
     return evidence_of(ctx.group.workers, node=ctx.node, group_rank=rnd.group_rank,
                        out_dir=ctx.run_dir / f"attempt_{rnd.index}" / "stacks",
-                       stack_method=ctx.cfg.monitor.stack_dump, bound=bound, monitor_rows=rows,
+                       stack_method=ctx.cfg.monitor.stack_dump, bound=bound, monitor_rows=ctx.monitor.rows,
                        warn=ctx.say)  # a refused dump file: its line starts "WARNING:"
 
 

@@ -97,7 +97,8 @@ class MonitorHandle:
     def snapshot(self) -> dict[str, Any] | None:
         return self.link.snapshot(timeout=1.0) if self.link else None
 
-    def _rows(self) -> list[Any]:
+    def rows(self) -> list[Any]:
+        """The monitor's per-rank rows from one snapshot; none when it does not answer."""
         try:
             return (self.snapshot() or {}).get("ranks", [])
         except Exception:  # the monitor's view is a bonus: none is no rows
@@ -106,7 +107,7 @@ class MonitorHandle:
     def last_sections(self, local_ranks: Iterable[int]) -> dict[int, str | None]:
         """Each rank's open sections ("a,b"; None: none, or no answer), from one snapshot."""
         wanted = dict.fromkeys(local_ranks)
-        for entry in self._rows():
+        for entry in self.rows():
             local_rank = entry.get("local_rank")
             if local_rank in wanted and entry.get("open_sections"):
                 wanted[local_rank] = ",".join(entry["open_sections"])
@@ -115,7 +116,7 @@ class MonitorHandle:
     def ages(self, local_ranks: Iterable[int]) -> dict[int, float]:
         """Seconds since each rank's last heartbeat or step, from one snapshot; unknown ones left out."""
         wanted, out = set(local_ranks), {}
-        for entry in self._rows():
+        for entry in self.rows():
             ages = [a for a in (outside.finite(entry.get("last_heartbeat_age"), 0.0),
                                 outside.finite(entry.get("last_step_age"), 0.0)) if a is not None]
             if entry.get("local_rank") in wanted and ages:
