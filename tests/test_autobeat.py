@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -127,6 +128,17 @@ def test_step_deadlines_initial_then_subsequent():
     assert w.take_report() is None
 
 
+def test_beats_dropped_by_a_full_queue_still_count_as_steps():
+    """The worker numbers its steps: a monitor that lost beats 2-4 (its queue was full) still counts 5 steps."""
+    w = StepWatch(initial=60.0, subsequent=2.0)
+    w.arm(0.0)
+    w.beat(1.0, 1, 1.0, 1.0, FIRST)
+    w.beat(2.0, 5, 0.2, 0.1, 0)
+    w.beat(2.1, 6, 0.1, 0.1, 0)
+    report = w.take_report()
+    assert report is not None and report["steps"] == 6 and report["index"] == 6 and report["periods"] == [0.2, 0.1]
+
+
 def test_finished_stops_the_clock_until_the_next_step():
     w = StepWatch(initial=None, subsequent=2.0)
     w.arm(0.0)
@@ -155,6 +167,7 @@ class MonitorProc:
     def __init__(self, directory: str, steps: dict) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "mbr_launch.monitor.server"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, cwd=REPO)
+        self._pending = b""
         self.send({"op": "configure", "dir": directory, "cfg": {"initial_rank_heartbeat_timeout": 30,
                                                                  "rank_heartbeat_timeout": 30}, "steps": steps})
         assert self.wait("ready")
@@ -168,14 +181,21 @@ class MonitorProc:
         import select
 
         assert self.proc.stdout
+        fd = self.proc.stdout.fileno()  # read unbuffered: select cannot see lines a file object has buffered
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            ready, _, _ = select.select([self.proc.stdout], [], [], deadline - time.monotonic())
+            while b"\n" in self._pending:
+                line, self._pending = self._pending.split(b"\n", 1)
+                event = json.loads(line)
+                if event.get("ev") == name:
+                    return event
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
             if not ready:
                 break
-            event = json.loads(self.proc.stdout.readline())
-            if event.get("ev") == name:
-                return event
+            data = os.read(fd, 1 << 16)
+            if not data:
+                break
+            self._pending += data
         raise AssertionError(f"no {name} event within {timeout} s")
 
     def close(self) -> None:
@@ -207,6 +227,37 @@ def test_monitor_expires_a_silent_rank_and_reports_step_times():
         expired = mon.wait("expired")
         assert expired["kind"] == "step" and expired["rank"] == 3 and expired["step"] == 4
         assert 0.5 <= expired["elapsed"] < 0.5 + 0.5 and time.monotonic() - t0 < 1.5
+        client.close()
+    finally:
+        mon.close()
+        for name in os.listdir(directory):
+            os.unlink(os.path.join(directory, name))
+        os.rmdir(directory)
+
+
+@pytest.mark.processes
+def test_a_snapshot_counts_the_beats_queued_before_it():
+    """The monitor reads commands before step sockets: a snapshot asked while beats wait unread (the monitor was
+    starved, here stopped) must still count them (the agent's catch-up at a failure reads steps this way)."""
+    directory = tempfile.mkdtemp(prefix="mbr-test-")
+    mon = MonitorProc(directory, {"initial": 30, "subsequent": 30, "report_interval": 30})
+    try:
+        path = os.path.join(directory, "steps0.sock")
+        mon.send({"op": "arm", "local_rank": 0, "rank": 0, "socket": os.path.join(directory, "rmon0.sock"),
+                  "step_socket": path})
+        mon.wait("armed")
+        client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        client.connect(path)
+        os.kill(mon.proc.pid, signal.SIGSTOP)
+        try:
+            client.send(BEAT.pack(1, 5.0, 4.0, FIRST))
+            for i in range(2, 9):  # 8 beats: within the kernel's default queue of 10 datagrams
+                client.send(BEAT.pack(i, 0.01, 0.005, 0))
+            mon.send({"op": "snapshot"})  # in the same wake-up as the beats
+        finally:
+            os.kill(mon.proc.pid, signal.SIGCONT)
+        (row,) = mon.wait("snapshot")["ranks"]
+        assert (row["steps"], row["step"]) == (8, 8), row
         client.close()
     finally:
         mon.close()

@@ -200,6 +200,11 @@ class MonitorServer:
         self.shared.emit({"ev": MonitorEvent.DISARMED, "local_rank": slot.local_rank})
 
     def snapshot(self, msg: dict[str, Any]) -> None:
+        # Commands are read before the step sockets (``run``): the beats queued before this command count too.
+        now = self.shared.clock()
+        for slot in self.shared.sorted_slots():
+            if slot.step_sock is not None:
+                self.beats.read(slot, now)
         self.shared.emit(ranks_event(MonitorEvent.SNAPSHOT, self.shared.sorted_slots(), self.shared.clock()))
 
     def exit(self, msg: dict[str, Any]) -> None:

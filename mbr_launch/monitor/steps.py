@@ -27,7 +27,7 @@ class StepWatch:
     armed_at: float = 0.0
     enforced: bool = True  # False once an NVRx client owns the rank's liveness
     expired: bool = False
-    steps: int = 0  # beats received this arm (beats dropped by a full queue are not counted)
+    steps: int = 0  # steps this arm: the worker's own counter, so a beat dropped by a full queue still counts
     last_index: int = 0  # the worker's own step counter, from the last beat
     first_at: Optional[float] = None
     last_at: Optional[float] = None
@@ -84,7 +84,9 @@ class StepWatch:
         if flags & FINISHED:
             self.deadline = None
             return False
-        self.steps += 1
+        # The index is the worker's count of its steps since it started (after this arm): a starved monitor's
+        # queue (10 datagrams by default) drops beats, never steps.
+        self.steps = max(self.steps + 1, index)
         self.last_index, self.last_at = index, now
         first = self.first_at is None
         if first:
