@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -11,6 +12,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Iterator
 from pathlib import Path
 
 import pytest
@@ -164,7 +166,11 @@ def test_an_nvrx_client_takes_over_the_deadlines():
 
 
 class MonitorProc:
+    """A real rank monitor driven like the agent drives it; as a context manager it owns a temporary folder for
+    its sockets and removes it, after ``close``, on the way out."""
+
     def __init__(self, directory: str, steps: dict) -> None:
+        self.directory = directory
         self.proc = subprocess.Popen([sys.executable, "-m", "mbr_launch.monitor.server"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, cwd=REPO)
         self._pending = b""
@@ -202,18 +208,40 @@ class MonitorProc:
         self.send({"op": "exit"})
         self.proc.wait(10)
 
+    @classmethod
+    @contextlib.contextmanager
+    def running(cls, steps: dict) -> Iterator["MonitorProc"]:
+        directory = tempfile.mkdtemp(prefix="mbr-test-")
+        try:
+            mon = cls(directory, steps)
+            try:
+                yield mon
+            finally:
+                mon.close()
+        finally:
+            for name in os.listdir(directory):
+                os.unlink(os.path.join(directory, name))
+            os.rmdir(directory)
+
+    def arm(self, rank: int) -> tuple[str, str]:
+        """Arm local rank 0 as ``rank``; (its step socket, its NVRx client socket)."""
+        steps, rmon = os.path.join(self.directory, "steps0.sock"), os.path.join(self.directory, "rmon0.sock")
+        self.send({"op": "arm", "local_rank": 0, "rank": rank, "socket": rmon, "step_socket": steps})
+        self.wait("armed")
+        return steps, rmon
+
+
+@contextlib.contextmanager
+def armed_monitor(steps: dict, rank: int) -> Iterator[tuple[MonitorProc, socket.socket]]:
+    """A real monitor with local rank 0 armed as ``rank`` on a step socket, and a client of that socket."""
+    with MonitorProc.running(steps) as mon, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as client:
+        client.connect(mon.arm(rank)[0])
+        yield mon, client
+
 
 @pytest.mark.processes
 def test_monitor_expires_a_silent_rank_and_reports_step_times():
-    directory = tempfile.mkdtemp(prefix="mbr-test-")
-    mon = MonitorProc(directory, {"initial": 30, "subsequent": 0.5, "report_interval": 0.2})
-    try:
-        path = os.path.join(directory, "steps0.sock")
-        mon.send({"op": "arm", "local_rank": 0, "rank": 3, "socket": os.path.join(directory, "rmon0.sock"),
-                  "step_socket": path})
-        mon.wait("armed")
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        client.connect(path)
+    with armed_monitor({"initial": 30, "subsequent": 0.5, "report_interval": 0.2}, rank=3) as (mon, client):
         client.send(BEAT.pack(1, 5.0, 4.0, FIRST))
         first = mon.wait("first_step")
         assert (first["local_rank"], first["rank"]) == (0, 3)
@@ -227,27 +255,13 @@ def test_monitor_expires_a_silent_rank_and_reports_step_times():
         expired = mon.wait("expired")
         assert expired["kind"] == "step" and expired["rank"] == 3 and expired["step"] == 4
         assert 0.5 <= expired["elapsed"] < 0.5 + 0.5 and time.monotonic() - t0 < 1.5
-        client.close()
-    finally:
-        mon.close()
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
 
 
 @pytest.mark.processes
 def test_a_snapshot_counts_the_beats_queued_before_it():
     """The monitor reads commands before step sockets: a snapshot asked while beats wait unread (the monitor was
     starved, here stopped) must still count them (the agent's catch-up at a failure reads steps this way)."""
-    directory = tempfile.mkdtemp(prefix="mbr-test-")
-    mon = MonitorProc(directory, {"initial": 30, "subsequent": 30, "report_interval": 30})
-    try:
-        path = os.path.join(directory, "steps0.sock")
-        mon.send({"op": "arm", "local_rank": 0, "rank": 0, "socket": os.path.join(directory, "rmon0.sock"),
-                  "step_socket": path})
-        mon.wait("armed")
-        client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        client.connect(path)
+    with armed_monitor({"initial": 30, "subsequent": 30, "report_interval": 30}, rank=0) as (mon, client):
         os.kill(mon.proc.pid, signal.SIGSTOP)
         try:
             client.send(BEAT.pack(1, 5.0, 4.0, FIRST))
@@ -258,24 +272,20 @@ def test_a_snapshot_counts_the_beats_queued_before_it():
             os.kill(mon.proc.pid, signal.SIGCONT)
         (row,) = mon.wait("snapshot")["ranks"]
         assert (row["steps"], row["step"]) == (8, 8), row
-        client.close()
-    finally:
-        mon.close()
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
 
 
 @pytest.mark.processes
 def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
     """A script using RankMonitorClient owns its liveness: step beats no longer expire, NVRx timeouts do."""
-    directory = tempfile.mkdtemp(prefix="mbr-test-")
-    mon = MonitorProc(directory, {"initial": 30, "subsequent": 0.5, "report_interval": 0.2})
+    with MonitorProc.running({"initial": 30, "subsequent": 0.5, "report_interval": 0.2}) as mon:
+        _nvrx_client_owns_liveness(mon)
+
+
+def _nvrx_client_owns_liveness(mon: MonitorProc) -> None:
+    """The worker under a real NVRx client; killed on the way out."""
     worker = None
     try:
-        path, rmon = os.path.join(directory, "steps0.sock"), os.path.join(directory, "rmon0.sock")
-        mon.send({"op": "arm", "local_rank": 0, "rank": 0, "socket": rmon, "step_socket": path})
-        mon.wait("armed")
+        path, rmon = mon.arm(rank=0)
         worker = subprocess.Popen([sys.executable, "-c", textwrap.dedent("""
             from mbr_launch.shim import autobeat
             assert autobeat.install()  # what the boot shim does under the launcher
@@ -306,10 +316,6 @@ def test_no_double_heartbeats_with_the_nvrx_client(tmp_path):
         if worker is not None:
             worker.kill()
             worker.wait()
-        mon.close()
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
 
 
 @pytest.mark.processes

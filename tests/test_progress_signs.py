@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import socket
-import tempfile
 
 import pytest
 
@@ -159,18 +158,9 @@ def test_an_nvrx_heartbeat_is_the_first_sign_and_has_its_own_event(conns):
 def test_the_monitor_reports_the_first_mark_of_each_worker_once():
     from tests.test_autobeat import MonitorProc
 
-    directory = tempfile.mkdtemp(prefix="mbr-test-")
-    mon = MonitorProc(directory, {"initial": 30, "subsequent": 30, "report_interval": 0.2, "status_interval": None})
-    path = os.path.join(directory, "steps0.sock")
-    client = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-    try:
-        def arm() -> None:
-            mon.send({"op": "arm", "local_rank": 0, "rank": 2, "socket": os.path.join(directory, "rmon0.sock"),
-                      "step_socket": path})
-            mon.wait("armed")
-
-        arm()
-        client.connect(path)
+    steps = {"initial": 30, "subsequent": 30, "report_interval": 0.2, "status_interval": None}
+    with MonitorProc.running(steps) as mon, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as client:
+        client.connect(mon.arm(rank=2)[0])
         client.send(BEAT.pack(0, 0.0, 0.0, WORK))
         first = mon.wait("first_progress")
         assert (first["local_rank"], first["rank"], first["kind"]) == (0, 2, "collectives") and first["t"] >= 0
@@ -180,18 +170,12 @@ def test_the_monitor_reports_the_first_mark_of_each_worker_once():
         mon.send({"op": "snapshot"})
         row = mon.wait("snapshot")["ranks"][0]
         assert row["progress"] == "collectives" and row["work_at"] is not None and row["checkpoint_at"] is not None
-        arm()  # a new worker: its first mark is told again
+        mon.arm(rank=2)  # a new worker: its first mark is told again
         client.send(BEAT.pack(0, 0.0, 0.0, CHECKPOINT))
         assert mon.wait("first_progress")["kind"] == "checkpoint"
         with pytest.raises(AssertionError):  # one per worker
             client.send(BEAT.pack(0, 0.0, 0.0, WORK))
             mon.wait("first_progress", timeout=1.0)
-    finally:
-        client.close()
-        mon.close()
-        for name in os.listdir(directory):
-            os.unlink(os.path.join(directory, name))
-        os.rmdir(directory)
 
 
 # ---- real launches ---------------------------------------------------------------------------------------
