@@ -88,13 +88,22 @@ def for_launcher(launcher: Sequence[str], *, env: dict[str, str], cwd: Path) -> 
 
 @contextlib.contextmanager
 def exclusive() -> Iterator[None]:
-    """Hold the machine-wide lock on the example's fixed /tmp files (see the module docstring)."""
+    """Hold the machine-wide lock on the example's fixed /tmp files (see the module docstring), which start
+    empty (a run killed before its end leaves a rank's last fault, which would disarm that fault next time)
+    and are gone after."""
     with open(LOCK, "a") as handle:
         fcntl.flock(handle, fcntl.LOCK_EX)
         try:
+            _forget_faults()
             yield
         finally:
+            _forget_faults()
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _forget_faults() -> None:
+    for path in LOCK.parent.glob("_injob_inproc_example_rank*_failed_iter.txt"):
+        path.unlink(missing_ok=True)
 
 
 _ITERATION = re.compile(r"rank=0 iteration=(\d+) ")

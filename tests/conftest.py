@@ -13,6 +13,7 @@ without it that starts a process fails, saying so.
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import tempfile
@@ -35,9 +36,10 @@ _DAEMONS = {"slurmctld", "slurmd", "slurmstepd", "munged"}
 # dir: one worker's leftover check must never take the other's running launchers for leftovers, and launches
 # without --log-dir must not share (and prune) one default run folder.
 WORKER = os.environ.get("PYTEST_XDIST_WORKER")
+WORKER_TMPDIR: str | None = None  # removed when this worker's session ends
 if WORKER:
     os.environ[MARKER] = uuid.uuid4().hex
-    os.environ["TMPDIR"] = tempfile.mkdtemp(prefix=f"mbr-{WORKER}-")
+    os.environ["TMPDIR"] = WORKER_TMPDIR = tempfile.mkdtemp(prefix=f"mbr-{WORKER}-")
     os.chmod(os.environ["TMPDIR"], 0o1777)  # as /tmp is: tests run fakes as another user from under it
     tempfile.tempdir = None  # read TMPDIR again
 else:
@@ -186,6 +188,11 @@ def _time_limit(item) -> float:
     if marker is not None and marker.args:
         return float(marker.args[0])
     return float(item.config.getini("timeout") or 0)
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if WORKER_TMPDIR is not None:
+        shutil.rmtree(WORKER_TMPDIR, ignore_errors=True)
 
 
 def _warm_matplotlib_font_cache() -> None:
