@@ -211,17 +211,12 @@ class MonitorProc:
     @classmethod
     @contextlib.contextmanager
     def running(cls, steps: dict) -> Iterator["MonitorProc"]:
-        directory = tempfile.mkdtemp(prefix="mbr-test-")
-        try:
+        with tempfile.TemporaryDirectory(prefix="mbr-test-") as directory:
             mon = cls(directory, steps)
             try:
                 yield mon
             finally:
                 mon.close()
-        finally:
-            for name in os.listdir(directory):
-                os.unlink(os.path.join(directory, name))
-            os.rmdir(directory)
 
     def arm(self, rank: int) -> tuple[str, str]:
         """Arm local rank 0 as ``rank``; (its step socket, its NVRx client socket)."""

@@ -5,7 +5,6 @@ change in the restart policy (no crash-loop back-off, no start-up budget) and in
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 
@@ -156,11 +155,10 @@ def test_an_nvrx_heartbeat_is_the_first_sign_and_has_its_own_event(conns):
 
 @pytest.mark.processes
 def test_the_monitor_reports_the_first_mark_of_each_worker_once():
-    from tests.test_autobeat import MonitorProc
+    from tests.test_autobeat import armed_monitor
 
     steps = {"initial": 30, "subsequent": 30, "report_interval": 0.2, "status_interval": None}
-    with MonitorProc.running(steps) as mon, socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as client:
-        client.connect(mon.arm(rank=2)[0])
+    with armed_monitor(steps, rank=2) as (mon, client):
         client.send(BEAT.pack(0, 0.0, 0.0, WORK))
         first = mon.wait("first_progress")
         assert (first["local_rank"], first["rank"], first["kind"]) == (0, 2, "collectives") and first["t"] >= 0

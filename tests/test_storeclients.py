@@ -33,8 +33,8 @@ def _until(condition, seconds: float = 10.0) -> None:
         time.sleep(0.02)
 
 
-# How long a new connection may take: torch's store server looks up each client's name, and on a machine
-# whose DNS drops a query (this sandbox's: about one in 25) that lookup holds every connect for 5 s.
+# How long a new connection may take: torch's store client looks up the name of the address it connected to,
+# and where DNS drops a query (this sandbox's: about one in 25) that lookup holds the connect for 5 s.
 CONNECT = 30
 
 
@@ -91,7 +91,7 @@ def test_prefill_opens_the_first_rounds_connections_ahead_and_gives_up_quietly_w
     pool = ClientPool()
     pool.prefill("127.0.0.1", port, 3).join(30)
     assert pool.idle("127.0.0.1", port) == 3
-    taken = pool.acquire("127.0.0.1", port, timeout=CONNECT)  # one of those, already connected
+    taken = pool.acquire("127.0.0.1", port, timeout=5)  # one of those, already connected
     assert pool.idle("127.0.0.1", port) == 2
     taken.set("k", "v")
     assert host.get("k") == b"v"

@@ -205,7 +205,7 @@ class MonitorServer:
         for slot in self.shared.sorted_slots():
             if slot.step_sock is not None:
                 self.beats.read(slot, now)
-        self.shared.emit(ranks_event(MonitorEvent.SNAPSHOT, self.shared.sorted_slots(), self.shared.clock()))
+        self.shared.emit(ranks_event(MonitorEvent.SNAPSHOT, self.shared.sorted_slots(), now))
 
     def exit(self, msg: dict[str, Any]) -> None:
         self.shared.running = False
