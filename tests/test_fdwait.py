@@ -60,7 +60,9 @@ if os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     time.sleep(1.0 if os.environ["RANK"] == "1" else 60)  # rank 0 is stopped by the restart
     sys.exit(3)
 time.sleep(0.5)
-print("rank", os.environ["RANK"], "done in round", os.environ["TORCHELASTIC_RESTART_COUNT"], flush=True)
+# One write: under `python -u` a print of several arguments is several writes, and when the other rank's line
+# comes between two of them the console ends the unfinished one (two ranks never share a line).
+print(f"rank {os.environ['RANK']} done in round {os.environ['TORCHELASTIC_RESTART_COUNT']}", flush=True)
 """
 # Takes descriptors 3..HIGH (inherited across exec), then becomes the launcher.
 CROWD = ("import os, sys\n"
